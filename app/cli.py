@@ -1,0 +1,78 @@
+"""The `cachescope` command: no arguments opens the desktop app; subcommands run headless.
+
+Subcommands are the modules of `app.commands`; each defines NAME, HELP, `add_arguments`
+and `run(args) -> int`. Exit status: 0 success, 2 bad input (one line on stderr), 1
+internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+from types import ModuleType
+
+from engine.errors import InputError
+
+import app.commands
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"cachescope: error: {message}\n")
+        raise SystemExit(2)
+
+
+def command_modules() -> list[ModuleType]:
+    mods = []
+    for info in sorted(pkgutil.iter_modules(app.commands.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        mods.append(importlib.import_module(f"app.commands.{info.name}"))
+    return mods
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cachescope", description="Inspect the caches of LLM inference.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for mod in command_modules():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not argv:
+        argv = ["gui"]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except InputError as exc:
+        sys.stderr.write(f"cachescope: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("cachescope: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the last line of defence of a command line
+        if args.debug:
+            raise
+        sys.stderr.write(f"cachescope: internal error: {type(exc).__name__}: {exc} (run with --debug for details)\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""`cachescope replay`: run a trace or a conversation through a fresh engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from app.commands._common import byte_size, non_negative_int, positive_int, print_json
+from engine.errors import InputError
+
+NAME = "replay"
+HELP = "replay a token/block trace (no model) or a conversation (real model) through a fresh engine"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", metavar="TRACE", help="token-level or Mooncake JSONL trace, or an OpenAI-style conversation JSON")
+    p.add_argument("--no-model", action="store_true", help="bookkeeping only: no model, no tensors")
+    p.add_argument("--model", metavar="M", default=None, help="local HF folder, .gguf file or hub id (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--capacity-blocks", type=positive_int, metavar="N", help="pool size in blocks")
+    cap.add_argument("--capacity-tokens", type=positive_int, metavar="N", help="pool size in tokens")
+    cap.add_argument("--kv-memory", type=byte_size, metavar="SIZE", help="pool size as a KV memory budget, e.g. 512MiB (needs a model)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
+    p.add_argument("--random-seed", action="store_true", help="use a random hash root instead of --seed")
+    p.add_argument("--hash", choices=("sha256", "xxh3"), default="sha256", help="block hash (default sha256)")
+    p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once (default 1)")
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=32, metavar="N", help="tokens to generate per turn (model replay)")
+    p.add_argument("--verify", action="store_true", help="repeat the run without reuse and compare outputs and logits")
+    p.add_argument("--teacher-forced", action="store_true", help="keep recorded assistant turns instead of generating them")
+    p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _is_request_trace(path: Path) -> bool:
+    """True when the first non-blank line is a token-level or block-level request."""
+    try:
+        with path.open("rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.trace)
+    if not path.exists():
+        raise InputError(f"{args.trace}: no such file")
+    if args.no_model or _is_request_trace(path):
+        result = _replay_trace(args)
+    else:
+        from engine.model_replay import replay_conversation_command
+
+        result = replay_conversation_command(args)
+    if args.totals_only:
+        result.pop("requests", None)
+    if args.json:
+        print_json(result)
+    else:
+        _print_human(result)
+    return 0
+
+
+def _replay_trace(args: argparse.Namespace) -> dict:
+    from engine.replay import ReplayConfig, replay
+    from engine.trace import read_trace
+
+    if args.kv_memory is not None:
+        raise InputError("--kv-memory needs a model; with --no-model give --capacity-blocks or --capacity-tokens")
+    if args.capacity_tokens is not None:
+        capacity = ReplayConfig.capacity_from_tokens(args.capacity_tokens, args.block_size)
+    elif args.capacity_blocks is not None:
+        capacity = args.capacity_blocks
+    else:
+        raise InputError("give the pool size: --capacity-blocks N or --capacity-tokens N")
+    config = ReplayConfig(block_size=args.block_size, capacity_blocks=capacity,
+                          seed=None if args.random_seed else args.seed, hash=args.hash,
+                          concurrency=args.concurrency)
+    result = replay(read_trace(args.trace, args.block_size), config)
+    result["config"]["trace"] = str(args.trace)
+    return result
+
+
+def _print_human(result: dict) -> None:
+    t = result["totals"]
+    out = sys.stdout
+    out.write(f"requests {t['requests']}  prompt tokens {t['prompt_tokens']}  cached {t['cached_tokens']}  "
+              f"computed {t['computed_tokens']}  hit rate {t['hit_rate']:.1%}\n")
+    out.write(f"stored blocks {t['stored_blocks']}  evicted {t['evicted_blocks']}  refused {t['refused_requests']}\n")
+    rows = result.get("requests") or []
+    if rows:
+        out.write(f"{'#':>5} {'id':<12} {'prompt':>7} {'cached':>7} {'computed':>8}  reason\n")
+        for r in rows[:200]:
+            out.write(f"{r['index']:>5} {str(r['id'])[:12]:<12} {r['prompt_tokens']:>7} {r['cached_tokens']:>7} "
+                      f"{r['computed_tokens']:>8}  {r['miss_reason']}@{r['first_miss_block']}\n")
+        if len(rows) > 200:
+            out.write(f"... {len(rows) - 200} more (use --json)\n")

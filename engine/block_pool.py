@@ -1,0 +1,178 @@
+"""Physical blocks, the LRU free queue and the hash -> block map (DESIGN 4.3).
+
+Plain Python bookkeeping, no tensors: the KV tensors live in `engine.kv_pool`, indexed by
+the same block ids. Modelled on vLLM v1's `BlockPool` and `FreeKVCacheBlockQueue`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """One physical block. `block_hash` stays set while the block sits free, so it can be hit."""
+
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+    parent_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+    salt: str | None = None
+    external_id: int | None = None
+    last_used: int = 0  # the pool's use clock when the ref count last changed
+    prev_free: Block | None = None
+    next_free: Block | None = None
+
+    def __repr__(self) -> str:
+        digest = self.block_hash.hex()[:8] if self.block_hash else None
+        return f"Block(id={self.block_id}, ref={self.ref_count}, hash={digest})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks with O(1) removal from anywhere.
+
+    The head is the least recently freed block, the next to be taken for new data.
+    """
+
+    __slots__ = ("_head", "_tail", "num_free_blocks")
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self._head = Block(-1)
+        self._tail = Block(-2)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def popleft(self) -> Block:
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise IndexError("no free block left")
+        self.remove(block)
+        return block
+
+    def remove(self, block: Block) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: Block) -> None:
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def __iter__(self) -> Iterator[Block]:
+        """Blocks from the head (evicted next) to the tail (freed last)."""
+        block = self._head.next_free
+        while block is not None and block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def contains(self, block: Block) -> bool:
+        return block.prev_free is not None
+
+
+@dataclass(slots=True)
+class BlockPool:
+    """A fixed number of blocks, their free queue and the map from hash to cached blocks.
+
+    Like vLLM, several physical blocks may hold the same hash (two requests computed the
+    same block at once); a lookup takes any of them.
+    """
+
+    num_blocks: int
+    blocks: list[Block] = field(init=False)
+    free_queue: FreeBlockQueue = field(init=False)
+    cached: dict[bytes, dict[int, Block]] = field(init=False, default_factory=dict)
+    use_clock: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError("the pool needs at least one block")
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.free_queue.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(len(v) for v in self.cached.values())
+
+    def get_cached_block(self, block_hash: bytes) -> Block | None:
+        found = self.cached.get(block_hash)
+        if not found:
+            return None
+        return next(iter(found.values()))
+
+    def take_free_block(self) -> tuple[Block, bytes | None, bytes | None]:
+        """Pop the LRU free block for new data; returns it, the hash it lost and that hash's parent."""
+        block = self.free_queue.popleft()
+        evicted = block.block_hash
+        parent = self.uncache(block)
+        return block, evicted, parent
+
+    def uncache(self, block: Block) -> bytes | None:
+        """Drop the block's hash from the map; returns the parent hash it had."""
+        if block.block_hash is None:
+            return None
+        parent = block.parent_hash
+        holders = self.cached.get(block.block_hash)
+        if holders is not None:
+            holders.pop(block.block_id, None)
+            if not holders:
+                del self.cached[block.block_hash]
+        block.block_hash = None
+        block.parent_hash = None
+        block.token_ids = ()
+        block.salt = None
+        block.external_id = None
+        return parent
+
+    def cache(self, block: Block, block_hash: bytes, parent_hash: bytes | None,
+              token_ids: tuple[int, ...], salt: str | None, external_id: int | None) -> None:
+        block.block_hash = block_hash
+        block.parent_hash = parent_hash
+        block.token_ids = token_ids
+        block.salt = salt
+        block.external_id = external_id
+        self.cached.setdefault(block_hash, {})[block.block_id] = block
+
+    def touch(self, block: Block) -> None:
+        """A request takes a reference; a free block leaves the free queue."""
+        if block.ref_count == 0 and self.free_queue.contains(block):
+            self.free_queue.remove(block)
+        block.ref_count += 1
+        self.use_clock += 1
+        block.last_used = self.use_clock
+
+    def release(self, block: Block) -> bool:
+        """Drop a reference; returns True when the block became free (appended to the queue)."""
+        if block.ref_count <= 0:
+            raise ValueError(f"block {block.block_id} has no reference to release")
+        block.ref_count -= 1
+        self.use_clock += 1
+        block.last_used = self.use_clock
+        if block.ref_count == 0:
+            self.free_queue.append(block)
+            return True
+        return False

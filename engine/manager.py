@@ -1,0 +1,539 @@
+"""The prefix-cache manager: lookup, allocate, append, finish, reset (DESIGN 4.2-4.4).
+
+It decides what vLLM v1's KV-cache manager decides for one KV-cache group: which leading
+full blocks of a request are reused, which blocks are taken (and what that evicts), when
+blocks become findable, and why the first missing block missed. Plain Python; emits
+events on the caller's thread through an `EventBus`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from engine.block_pool import Block, BlockPool
+from engine.errors import CapacityError, ResetRefusedError
+from engine.events import (
+    BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, EventBus,
+    LookupDone, MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
+)
+from engine.hashing import BlockHasher
+
+MISS_REASONS = ("new_content", "evicted", "salt", "partial_block", "last_token")
+_MAX_SALTS_CHECKED = 64
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True)
+class Request:
+    """What the engine needs of a request: its prompt tokens (or block ids) and its salt.
+
+    Token-level requests give `prompt_token_ids`. Block-level traces (Mooncake) give
+    `num_prompt_tokens` and `external_block_ids`, one id per block whose identity already
+    includes its prefix; their decode blocks are never cacheable.
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int] | None = None
+    num_prompt_tokens: int = 0
+    salt: str | None = None
+    external_block_ids: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_ids is not None:
+            self.num_prompt_tokens = len(self.prompt_token_ids)
+        elif self.external_block_ids is None:
+            raise ValueError(f"request {self.request_id!r} has neither token ids nor block ids")
+        if self.num_prompt_tokens < 1:
+            raise ValueError(f"request {self.request_id!r} has an empty prompt; it needs at least one token")
+
+
+@dataclass(slots=True, frozen=True)
+class LookupResult:
+    """The outcome of a lookup. `hit_block_ids` are reused, at most prompt_len - 1 tokens."""
+
+    block_hashes: tuple[bytes, ...]
+    hit_block_ids: tuple[int, ...]
+    num_cached_tokens: int
+    num_prompt_tokens: int
+    miss: MissInfo
+
+    @property
+    def num_hit_blocks(self) -> int:
+        return len(self.hit_block_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_cached_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class Allocation:
+    request_id: str
+    block_ids: tuple[int, ...]
+    num_hit_blocks: int
+    num_cached_tokens: int
+    num_computed_tokens: int
+    miss: MissInfo
+    block_hashes: tuple[bytes, ...]
+
+
+@dataclass(slots=True)
+class Counters:
+    """Plain counters, as vLLM's prefix-cache metrics."""
+
+    num_requests: int = 0
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_stored_blocks: int = 0
+    num_evicted_blocks: int = 0
+    num_refused_requests: int = 0
+    num_finished_requests: int = 0
+    num_hash_collisions: int = 0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    request: Request
+    block_table: list[Block]
+    block_hashes: list[bytes]
+    token_ids: list[int] | None
+    num_tokens: int  # tokens whose KV is (being) computed
+    stored: list[Block] = field(default_factory=list)
+
+
+@dataclass(slots=True, frozen=True)
+class BlockView:
+    """One block as a snapshot shows it."""
+
+    block_id: int
+    ref_count: int
+    block_hash: bytes | None
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    salt: str | None
+    external_id: int | None
+    free_rank: int | None  # 0 = next to be evicted; None while in use
+    last_used: int
+
+
+@dataclass(slots=True, frozen=True)
+class PoolSnapshot:
+    block_size: int
+    blocks: tuple[BlockView, ...]
+    num_free_blocks: int
+    num_used_blocks: int
+    num_cached_blocks: int
+    running: dict[str, tuple[int, ...]]
+    counters: Counters
+
+
+class PrefixCacheManager:
+    """A paged prefix cache over `num_blocks` blocks of `block_size` tokens.
+
+    Any interleaving of `allocate` / `append` / `finish` across requests is allowed, so a
+    block shared by running requests carries a ref count above one. Methods emit events
+    on the calling thread; a refused call raises `CapacityError` and changes nothing.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, hasher: BlockHasher | None = None,
+                 events: EventBus | None = None) -> None:
+        if block_size < 1:
+            raise ValueError(f"block size must be at least 1, not {block_size}")
+        if num_blocks < 1:
+            raise ValueError(f"capacity must be at least one block, not {num_blocks}")
+        self.block_size = block_size
+        self.hasher = hasher if hasher is not None else BlockHasher()
+        self.events = events if events is not None else EventBus()
+        self.pool = BlockPool(num_blocks)
+        self.counters = Counters()
+        self._running: dict[str, _Running] = {}
+        # hash -> seq of the eviction (or reset) event that removed it; None if unnumbered
+        self._evicted: dict[bytes, int | None] = {}
+        self._salts_seen: dict[str | None, None] = {}
+        # parent hash -> child hashes currently cached; used to find where a request diverges
+        self._children: dict[bytes | None, dict[bytes, None]] = {}
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def running_request_ids(self) -> tuple[str, ...]:
+        return tuple(self._running)
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return tuple(b.block_id for b in self._get(request_id).block_table)
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens of the request whose KV exists (prompt plus decoded, minus the last sampled)."""
+        return self._get(request_id).num_tokens
+
+    def block(self, block_id: int) -> Block:
+        return self.pool.blocks[block_id]
+
+    def is_cached(self, block_hash: bytes) -> bool:
+        return block_hash in self.pool.cached
+
+    def _get(self, request_id: str) -> _Running:
+        try:
+            return self._running[request_id]
+        except KeyError:
+            raise ValueError(f"request {request_id!r} is not running") from None
+
+    # ------------------------------------------------------------------ lookup
+    def hash_request(self, request: Request) -> list[bytes]:
+        n_full = request.num_prompt_tokens // self.block_size
+        if request.prompt_token_ids is not None:
+            return self.hasher.hash_chain(request.prompt_token_ids, self.block_size, request.salt)
+        assert request.external_block_ids is not None
+        return self.hasher.hash_external_chain(list(request.external_block_ids[:n_full]), request.salt)
+
+    def lookup(self, request: Request, block_hashes: Sequence[bytes] | None = None) -> LookupResult:
+        """Find the reusable leading blocks of `request`. Changes nothing, emits nothing."""
+        bs = self.block_size
+        hashes = list(block_hashes) if block_hashes is not None else self.hash_request(request)
+        tokens = request.prompt_token_ids
+        ext = request.external_block_ids
+        hits: list[Block] = []
+        for i, h in enumerate(hashes):
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            # A digest match alone never returns KV: the stored content must match too.
+            if tokens is not None:
+                if block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
+                    self.counters.num_hash_collisions += 1
+                    break
+            elif ext is not None and block.external_id != ext[i]:
+                self.counters.num_hash_collisions += 1
+                break
+            hits.append(block)
+        n_prompt = request.num_prompt_tokens
+        n_full = len(hashes)
+        max_hit_blocks = (n_prompt - 1) // bs
+        capped = len(hits) > max_hit_blocks
+        if capped:
+            hits = hits[:max_hit_blocks]
+        k = len(hits)
+        if capped:
+            miss = MissInfo(reason="last_token", first_miss_block=k)
+        elif k < n_full:
+            miss = self._classify_miss(request, hashes, k)
+        else:
+            remaining = n_prompt - k * bs
+            miss = MissInfo(reason="last_token" if remaining == 1 else "partial_block", first_miss_block=k)
+        return LookupResult(tuple(hashes), tuple(b.block_id for b in hits), k * bs, n_prompt, miss)
+
+    def _classify_miss(self, request: Request, hashes: list[bytes], k: int) -> MissInfo:
+        h = hashes[k]
+        if h in self._evicted:
+            return MissInfo(reason="evicted", first_miss_block=k, evicted_by_seq=self._evicted[h])
+        other = self._find_other_salt(request, k)
+        if other is not None:
+            return MissInfo(reason="salt", first_miss_block=k, other_salt=other[0] if other[0] is not None else "")
+        return MissInfo(reason="new_content", first_miss_block=k,
+                        divergence_token=self._divergence(request, hashes, k))
+
+    def _find_other_salt(self, request: Request, k: int) -> tuple[str | None] | None:
+        bs = self.block_size
+        checked = 0
+        for salt in self._salts_seen:
+            if salt == request.salt:
+                continue
+            checked += 1
+            if checked > _MAX_SALTS_CHECKED:
+                break
+            if request.prompt_token_ids is not None:
+                chain = self.hasher.hash_chain(request.prompt_token_ids[:(k + 1) * bs], bs, salt)
+            else:
+                assert request.external_block_ids is not None
+                chain = self.hasher.hash_external_chain(list(request.external_block_ids[:k + 1]), salt)
+            if chain and chain[-1] in self.pool.cached:
+                return (salt,)
+        return None
+
+    def _divergence(self, request: Request, hashes: list[bytes], k: int) -> int:
+        bs = self.block_size
+        start = k * bs
+        tokens = request.prompt_token_ids
+        if tokens is None:
+            return start
+        parent = hashes[k - 1] if k > 0 else None
+        best = 0
+        mine = tokens[start:start + bs]
+        for child in self._children.get(parent, ()):
+            block = self.pool.get_cached_block(child)
+            if block is None or (parent is None and block.salt != request.salt):
+                continue
+            m = 0
+            for a, b in zip(mine, block.token_ids):
+                if a != b:
+                    break
+                m += 1
+            best = max(best, m)
+        return start + best
+
+    # ------------------------------------------------------------------ allocation
+    def can_allocate(self, request: Request, lookup: LookupResult | None = None,
+                     num_lookahead_tokens: int = 0) -> bool:
+        lookup = lookup if lookup is not None else self.lookup(request)
+        return self._num_blocks_short(request, lookup, num_lookahead_tokens) <= 0
+
+    def _num_blocks_short(self, request: Request, lookup: LookupResult, num_lookahead_tokens: int) -> int:
+        needed = _cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
+        hits_in_free_queue = sum(1 for b in lookup.hit_block_ids if self.pool.blocks[b].ref_count == 0)
+        return needed - (self.pool.num_free_blocks - hits_in_free_queue)
+
+    def allocate(self, request: Request, lookup: LookupResult | None = None,
+                 num_lookahead_tokens: int = 0) -> Allocation:
+        """Take the hit blocks and fresh blocks for the whole prompt; store its full blocks.
+
+        `num_lookahead_tokens` only widens the admission check (room for the output);
+        those blocks are taken later by `append`. Raises `CapacityError` with nothing
+        changed when the pool cannot serve the request.
+        """
+        rid = request.request_id
+        if rid in self._running:
+            raise ValueError(f"request {rid!r} is already running")
+        lookup = lookup if lookup is not None else self.lookup(request)
+        bus = self.events
+        short = self._num_blocks_short(request, lookup, num_lookahead_tokens)
+        if short > 0:
+            needed = _cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
+            self.counters.num_refused_requests += 1
+            if bus.active:
+                bus.emit(RequestRefused, request_id=rid, num_blocks_needed=needed,
+                         num_blocks_available=needed - short)
+            raise CapacityError(rid, needed, needed - short, self.pool.num_blocks)
+
+        self._salts_seen.setdefault(request.salt, None)
+        if bus.active:
+            bus.emit(RequestStarted, request_id=rid, num_prompt_tokens=request.num_prompt_tokens,
+                     salt=request.salt)
+            bus.emit(LookupDone, request_id=rid, block_hashes=lookup.block_hashes,
+                     num_hit_blocks=lookup.num_hit_blocks, num_cached_tokens=lookup.num_cached_tokens,
+                     num_prompt_tokens=request.num_prompt_tokens, miss=lookup.miss)
+        pool = self.pool
+        table: list[Block] = []
+        for block_id in lookup.hit_block_ids:
+            block = pool.blocks[block_id]
+            pool.touch(block)
+            table.append(block)
+        num_new = _cdiv(request.num_prompt_tokens, self.block_size) - len(table)
+        table.extend(self._take_blocks(num_new, rid))
+
+        tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
+        seq = _Running(request, table, list(lookup.block_hashes), tokens, request.num_prompt_tokens)
+        self._running[rid] = seq
+        if bus.active:
+            bus.emit(BlocksAllocated, request_id=rid, block_ids=tuple(b.block_id for b in table),
+                     num_hit_blocks=lookup.num_hit_blocks)
+            bus.emit(RefCountsChanged, request_id=rid, block_ids=tuple(b.block_id for b in table),
+                     ref_counts=tuple(b.ref_count for b in table))
+        for i in range(lookup.num_hit_blocks, len(seq.block_hashes)):
+            self._store(seq, i)
+
+        c = self.counters
+        c.num_requests += 1
+        c.num_prompt_tokens += request.num_prompt_tokens
+        c.num_cached_tokens += lookup.num_cached_tokens
+        return Allocation(rid, tuple(b.block_id for b in table), lookup.num_hit_blocks,
+                          lookup.num_cached_tokens, lookup.num_computed_tokens, lookup.miss,
+                          lookup.block_hashes)
+
+    def _take_blocks(self, n: int, request_id: str) -> list[Block]:
+        pool = self.pool
+        bus = self.events
+        taken: list[Block] = []
+        for _ in range(n):
+            block, evicted, parent = pool.take_free_block()
+            if evicted is not None:
+                self._forget_child(evicted, parent)
+                self.counters.num_evicted_blocks += 1
+                event = bus.emit(BlockEvicted, block_id=block.block_id, block_hash=evicted,
+                                 by_request_id=request_id) if bus.active else None
+                self._evicted[evicted] = event.seq if event is not None else None
+            pool.touch(block)
+            taken.append(block)
+        return taken
+
+    def _forget_child(self, block_hash: bytes, parent: bytes | None) -> None:
+        if block_hash in self.pool.cached:  # another copy still holds it
+            return
+        kids = self._children.get(parent)
+        if kids is not None:
+            kids.pop(block_hash, None)
+            if not kids:
+                del self._children[parent]
+
+    def _store(self, seq: _Running, i: int) -> None:
+        block = seq.block_table[i]
+        if block.block_hash is not None:
+            return
+        bs = self.block_size
+        block_hash = seq.block_hashes[i]
+        parent = seq.block_hashes[i - 1] if i > 0 else None
+        if seq.token_ids is not None:
+            token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            external_id = None
+        else:
+            token_ids = ()
+            assert seq.request.external_block_ids is not None
+            external_id = int(seq.request.external_block_ids[i])
+        salt = seq.request.salt if i == 0 else None
+        first_copy = block_hash not in self.pool.cached
+        self.pool.cache(block, block_hash, parent, token_ids, salt, external_id)
+        if first_copy:
+            self._children.setdefault(parent, {})[block_hash] = None
+        self._evicted.pop(block_hash, None)
+        seq.stored.append(block)
+        self.counters.num_stored_blocks += 1
+        if self.events.active:
+            self.events.emit(BlockStored, request_id=seq.request.request_id, block_id=block.block_id,
+                             block_hash=block_hash, parent_hash=parent, token_ids=token_ids,
+                             salt=seq.request.salt if i == 0 else None, external_id=external_id)
+
+    def append(self, request_id: str, token_ids: Sequence[int] | None = None,
+               num_tokens: int | None = None) -> tuple[int, ...]:
+        """Add decoded tokens whose KV is now computed; returns the ids of new blocks.
+
+        Pass `token_ids` for token-level requests (blocks that fill become cacheable at
+        once) or `num_tokens` for block-level ones (their decode blocks never are).
+        Raises `CapacityError`, changing nothing, when no block is left for them.
+        """
+        seq = self._get(request_id)
+        if token_ids is not None:
+            if seq.token_ids is None:
+                raise ValueError(f"request {request_id!r} is block-level; append a count, not token ids")
+            n = len(token_ids)
+        elif num_tokens is not None:
+            if seq.token_ids is not None:
+                raise ValueError(f"request {request_id!r} is token-level; append its token ids")
+            n = num_tokens
+        else:
+            raise ValueError("append needs token_ids or num_tokens")
+        if n < 0:
+            raise ValueError("cannot append a negative number of tokens")
+        total = seq.num_tokens + n
+        num_new = _cdiv(total, self.block_size) - len(seq.block_table)
+        if num_new > self.pool.num_free_blocks:
+            raise CapacityError(request_id, num_new, self.pool.num_free_blocks, self.pool.num_blocks)
+        new_blocks = self._take_blocks(num_new, request_id) if num_new > 0 else []
+        seq.block_table.extend(new_blocks)
+        if new_blocks and self.events.active:
+            self.events.emit(BlocksAllocated, request_id=request_id,
+                             block_ids=tuple(b.block_id for b in new_blocks), num_hit_blocks=0)
+            self.events.emit(RefCountsChanged, request_id=request_id,
+                             block_ids=tuple(b.block_id for b in new_blocks),
+                             ref_counts=tuple(b.ref_count for b in new_blocks))
+        seq.num_tokens = total
+        if seq.token_ids is not None and token_ids is not None:
+            seq.token_ids.extend(token_ids)
+            bs = self.block_size
+            while len(seq.block_hashes) < total // bs:
+                i = len(seq.block_hashes)
+                parent = seq.block_hashes[i - 1] if i > 0 else None
+                seq.block_hashes.append(self.hasher.hash_block(
+                    parent, seq.token_ids[i * bs:(i + 1) * bs], seq.request.salt if i == 0 else None))
+                self._store(seq, i)
+        return tuple(b.block_id for b in new_blocks)
+
+    def finish(self, request_id: str, aborted: bool = False) -> tuple[int, ...]:
+        """Release the request's blocks tail first; returns the ids that became free.
+
+        An aborted request's own stored blocks are dropped from the map, since their KV
+        may never have been written.
+        """
+        seq = self._get(request_id)
+        del self._running[request_id]
+        bus = self.events
+        if aborted:
+            for block in seq.stored:
+                if block.block_hash is not None and block.ref_count == 1:
+                    old = block.block_hash
+                    self._forget_child(old, self.pool.uncache(block))
+                    if bus.active:
+                        bus.emit(BlockEvicted, block_id=block.block_id, block_hash=old, by_request_id=request_id)
+        freed: list[Block] = []
+        ordered = seq.block_table[::-1]
+        for block in ordered:
+            if self.pool.release(block):
+                freed.append(block)
+        self.counters.num_finished_requests += 1
+        if bus.active:
+            bus.emit(RefCountsChanged, request_id=request_id, block_ids=tuple(b.block_id for b in ordered),
+                     ref_counts=tuple(b.ref_count for b in ordered))
+            if freed:
+                bus.emit(BlocksFreed, request_id=request_id, block_ids=tuple(b.block_id for b in freed))
+            bus.emit(RequestFinished, request_id=request_id, num_tokens_with_kv=seq.num_tokens, aborted=aborted)
+        return tuple(b.block_id for b in freed)
+
+    def reset(self) -> int:
+        """Forget every cached hash; refused while any block is in use. Returns blocks cleared."""
+        if self.pool.num_used_blocks > 0:
+            raise ResetRefusedError(
+                f"cannot reset the prefix cache while {self.pool.num_used_blocks} blocks are in use "
+                f"by {len(self._running)} running requests")
+        cleared = [b for b in self.pool.blocks if b.block_hash is not None]
+        event = self.events.emit(CacheReset, num_blocks_cleared=len(cleared)) if self.events.active else None
+        for block in cleared:
+            self._evicted[block.block_hash] = event.seq if event is not None else None  # type: ignore[index]
+            self.pool.uncache(block)
+        self._children.clear()
+        return len(cleared)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self) -> PoolSnapshot:
+        ranks = {b.block_id: i for i, b in enumerate(self.pool.free_queue)}
+        views = tuple(
+            BlockView(b.block_id, b.ref_count, b.block_hash, b.parent_hash, b.token_ids, b.salt,
+                      b.external_id, ranks.get(b.block_id), b.last_used)
+            for b in self.pool.blocks)
+        c = self.counters
+        counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks,
+                            c.num_evicted_blocks, c.num_refused_requests, c.num_finished_requests,
+                            c.num_hash_collisions)
+        return PoolSnapshot(self.block_size, views, self.pool.num_free_blocks, self.pool.num_used_blocks,
+                            self.pool.num_cached_blocks,
+                            {rid: tuple(b.block_id for b in s.block_table) for rid, s in self._running.items()},
+                            counters)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
+        pool = self.pool
+        free = list(pool.free_queue)
+        assert len(free) == pool.num_free_blocks
+        free_ids = {b.block_id for b in free}
+        assert len(free_ids) == len(free), "a block is twice in the free queue"
+        for b in pool.blocks:
+            assert b.ref_count >= 0
+            assert (b.ref_count == 0) == (b.block_id in free_ids), f"block {b.block_id} free state wrong"
+            if b.block_hash is not None:
+                assert pool.cached[b.block_hash][b.block_id] is b
+        for h, holders in pool.cached.items():
+            for b in holders.values():
+                assert b.block_hash == h
+        refs: dict[int, int] = {}
+        for seq in self._running.values():
+            for b in seq.block_table:
+                refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        for b in pool.blocks:
+            assert b.ref_count == refs.get(b.block_id, 0), f"block {b.block_id} ref count disagrees"
+        assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks

@@ -1,0 +1,146 @@
+"""Replaying a trace through a fresh engine without a model (`cachescope replay --no-model`).
+
+Requests run in file order; with `concurrency` K, up to K are in flight and decode
+round-robin, one token per request per step, so shared prefixes carry ref counts up to K.
+The result is the JSON contract of the replay command.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from engine.errors import CapacityError, InputError
+from engine.events import EventBus
+from engine.hashing import BlockHasher
+from engine.manager import PrefixCacheManager, Request, _cdiv
+from engine.trace import TraceRequest
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayConfig:
+    block_size: int = 16
+    capacity_blocks: int = 1024
+    seed: int | None = 0
+    hash: str = "sha256"
+    concurrency: int = 1
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise InputError(f"--block-size must be at least 1, not {self.block_size}")
+        if self.capacity_blocks < 1:
+            raise InputError(f"the capacity must be at least one block, not {self.capacity_blocks}")
+        if self.concurrency < 1:
+            raise InputError(f"--concurrency must be at least 1, not {self.concurrency}")
+
+    @staticmethod
+    def capacity_from_tokens(num_tokens: int, block_size: int) -> int:
+        if num_tokens < block_size:
+            raise InputError(f"a capacity of {num_tokens} tokens holds no block of {block_size} tokens")
+        return num_tokens // block_size
+
+
+def make_manager(config: ReplayConfig, events: EventBus | None = None) -> PrefixCacheManager:
+    hasher = BlockHasher(config.hash, config.seed, config.model or "")
+    return PrefixCacheManager(config.capacity_blocks, config.block_size, hasher, events)
+
+
+def to_request(tr: TraceRequest) -> Request:
+    if tr.tokens is not None:
+        return Request(tr.id, tr.tokens, salt=tr.tenant)
+    return Request(tr.id, None, tr.input_length, tr.tenant, tr.hash_ids)
+
+
+@dataclass(slots=True)
+class _Live:
+    tr: TraceRequest
+    row: dict[str, Any]
+    num_kv_output: int  # output tokens that get KV: all but the last sampled
+    num_appended: int = 0
+
+
+def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: EventBus | None = None,
+           manager: PrefixCacheManager | None = None) -> dict[str, Any]:
+    """Run `requests` through a fresh manager; returns {"config", "totals", "requests"}."""
+    mgr = manager if manager is not None else make_manager(config, events)
+    bs = config.block_size
+    pending = deque(requests)
+    rows: list[dict[str, Any]] = []
+    running: list[_Live] = []
+    totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "computed_tokens": 0,
+              "hit_rate": 0.0, "stored_blocks": 0, "evicted_blocks": 0, "refused_requests": 0}
+
+    def outstanding(live: _Live) -> int:
+        total = live.tr.input_length + live.num_kv_output
+        return _cdiv(total, bs) - len(mgr.block_table(live.tr.id))
+
+    while pending or running:
+        while pending and len(running) < config.concurrency:
+            tr = pending[0]
+            req = to_request(tr)
+            kv_out = max(tr.output_length - 1, 0)
+            reserve = sum(outstanding(l) for l in running)
+            lookup = mgr.lookup(req)
+            row = {"index": tr.index, "id": tr.id, "tenant": tr.tenant, "prompt_tokens": tr.input_length,
+                   "cached_tokens": 0, "computed_tokens": 0, "output_tokens": tr.output_length,
+                   "miss_reason": lookup.miss.reason, "first_miss_block": lookup.miss.first_miss_block,
+                   "divergence_token": lookup.miss.divergence_token}
+            if tr.id in mgr.running_request_ids:
+                raise InputError(f"trace line {tr.line}: request id {tr.id!r} is already running")
+            try:
+                alloc = mgr.allocate(req, lookup, num_lookahead_tokens=kv_out + reserve * bs)
+            except CapacityError:
+                if running:
+                    break  # wait for running requests to free their blocks
+                row["refused"] = True
+                totals["refused_requests"] += 1
+                rows.append(row)
+                pending.popleft()
+                continue
+            pending.popleft()
+            row["cached_tokens"] = alloc.num_cached_tokens
+            row["computed_tokens"] = alloc.num_computed_tokens
+            rows.append(row)
+            running.append(_Live(tr, row, kv_out))
+        if not running:
+            continue
+        if len(running) == 1:
+            live = running[0]
+            _append(mgr, live, live.num_kv_output - live.num_appended)
+        else:
+            for live in running:
+                if live.num_appended < live.num_kv_output:
+                    _append(mgr, live, 1)
+        still: list[_Live] = []
+        for live in running:
+            if live.num_appended >= live.num_kv_output:
+                mgr.finish(live.tr.id)
+            else:
+                still.append(live)
+        running = still
+
+    c = mgr.counters
+    served = [r for r in rows if not r.get("refused")]
+    totals["requests"] = len(rows)
+    totals["prompt_tokens"] = sum(r["prompt_tokens"] for r in served)
+    totals["cached_tokens"] = sum(r["cached_tokens"] for r in served)
+    totals["computed_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
+    totals["hit_rate"] = round(totals["cached_tokens"] / totals["prompt_tokens"], 6) if totals["prompt_tokens"] else 0.0
+    totals["stored_blocks"] = c.num_stored_blocks
+    totals["evicted_blocks"] = c.num_evicted_blocks
+    rows.sort(key=lambda r: r["index"])
+    return {"config": asdict(config), "totals": totals, "requests": rows}
+
+
+def _append(mgr: PrefixCacheManager, live: _Live, n: int) -> None:
+    if n <= 0:
+        return
+    tr = live.tr
+    if tr.output_tokens is not None:
+        start = live.num_appended
+        mgr.append(tr.id, token_ids=tr.output_tokens[start:start + n])
+    else:
+        mgr.append(tr.id, num_tokens=n)
+    live.num_appended += n
