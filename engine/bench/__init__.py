@@ -1,0 +1,1 @@
+"""Benchmarks behind `cachescope bench NAME`; each module has `run_bench(quick=False) -> dict`."""
