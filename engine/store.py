@@ -1,0 +1,502 @@
+"""The one module that owns Cachescope's SQLite database (sqlite-utils, WAL).
+
+Sessions, messages with their edit history, runs, requests, imported trace lines and the
+engine's event stream. Every write is one transaction; `StoreWriter` is the single writer
+thread the app feeds through a queue. Importing and replaying live in `engine.sessions`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import sqlite_utils
+
+from engine.errors import InputError
+from engine.events import Event, event_from_dict
+
+DB_ENV = "CACHESCOPE_DB"
+Migration = Callable[[sqlite_utils.Database], None]
+
+
+def default_db_path() -> Path:
+    """`$CACHESCOPE_DB` if set, else `cachescope.db` in the user data directory."""
+    env = os.environ.get(DB_ENV)
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("cachescope")) / "cachescope.db"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+# ---------------------------------------------------------------------------- schema
+def _core_v1(db: sqlite_utils.Database) -> None:
+    db.executescript("""
+    CREATE TABLE IF NOT EXISTS sessions (
+        id INTEGER PRIMARY KEY, title TEXT NOT NULL, kind TEXT NOT NULL,
+        model TEXT, block_size INTEGER NOT NULL, capacity_blocks INTEGER NOT NULL,
+        seed INTEGER, hash TEXT NOT NULL, created TEXT NOT NULL,
+        source_path TEXT, source_format TEXT, settings TEXT NOT NULL DEFAULT '{}');
+    CREATE TABLE IF NOT EXISTS messages (
+        id INTEGER PRIMARY KEY,
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL, version INTEGER NOT NULL, role TEXT NOT NULL,
+        content TEXT NOT NULL, extra TEXT, created TEXT NOT NULL,
+        UNIQUE (session_id, position, version));
+    CREATE TABLE IF NOT EXISTS trace_requests (
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL, line INTEGER, request_id TEXT NOT NULL, tenant TEXT,
+        tokens TEXT, output_tokens TEXT, hash_ids TEXT, input_length INTEGER NOT NULL,
+        output_length INTEGER NOT NULL, timestamp REAL, PRIMARY KEY (session_id, idx));
+    CREATE TABLE IF NOT EXISTS runs (
+        id INTEGER PRIMARY KEY,
+        session_id INTEGER REFERENCES sessions(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL, created TEXT NOT NULL, config TEXT NOT NULL DEFAULT '{}',
+        totals TEXT, status TEXT NOT NULL DEFAULT 'running');
+    CREATE TABLE IF NOT EXISTS requests (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL, request_id TEXT NOT NULL, tenant TEXT,
+        prompt_token_ids TEXT, output_token_ids TEXT, prompt_tokens INTEGER NOT NULL,
+        cached_tokens INTEGER NOT NULL, computed_tokens INTEGER NOT NULL,
+        miss_reason TEXT, first_miss_block INTEGER, divergence_token INTEGER,
+        message_position INTEGER, ttft_ms REAL, prefill_ms REAL, decode_ms REAL,
+        output_text TEXT, refused INTEGER NOT NULL DEFAULT 0, created TEXT NOT NULL,
+        UNIQUE (run_id, idx));
+    CREATE TABLE IF NOT EXISTS events (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL, kind TEXT NOT NULL, time REAL NOT NULL, payload TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq));
+    CREATE INDEX IF NOT EXISTS messages_by_session ON messages(session_id, position);
+    CREATE INDEX IF NOT EXISTS runs_by_session ON runs(session_id);
+    """)
+
+
+CORE_MIGRATIONS: tuple[tuple[str, Migration], ...] = (("core-0001-initial", _core_v1),)
+
+
+# ---------------------------------------------------------------------------- rows
+@dataclass(slots=True, frozen=True)
+class SessionInfo:
+    """One stored session. `kind` is "chat" (messages) or "trace" (token/block requests)."""
+
+    id: int
+    title: str
+    kind: str
+    model: str | None
+    block_size: int
+    capacity_blocks: int
+    seed: int | None
+    hash: str
+    created: str
+    source_path: str | None
+    source_format: str | None
+    settings: dict[str, Any]
+    num_messages: int = 0
+    num_runs: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class MessageRow:
+    """One version of one message; `position` counts from 0, the system message included."""
+
+    id: int
+    session_id: int
+    position: int
+    version: int
+    role: str
+    content: str
+    extra: dict[str, Any] | None
+    created: str
+    is_current: bool
+
+
+@dataclass(slots=True, frozen=True)
+class RunInfo:
+    id: int
+    session_id: int | None
+    kind: str  # replay | edit | live
+    created: str
+    config: dict[str, Any]
+    totals: dict[str, Any] | None
+    status: str  # running | done
+
+
+REQUEST_FIELDS = ("request_id", "tenant", "prompt_token_ids", "output_token_ids", "prompt_tokens",
+                  "cached_tokens", "computed_tokens", "miss_reason", "first_miss_block",
+                  "divergence_token", "message_position", "ttft_ms", "prefill_ms", "decode_ms",
+                  "output_text", "refused")
+
+
+@dataclass(slots=True, frozen=True)
+class StoredRequest:
+    """One request of a run as the engine served it."""
+
+    id: int
+    run_id: int
+    idx: int
+    request_id: str
+    tenant: str | None
+    prompt_token_ids: list[int] | None
+    output_token_ids: list[int] | None
+    prompt_tokens: int
+    cached_tokens: int
+    computed_tokens: int
+    miss_reason: str | None
+    first_miss_block: int | None
+    divergence_token: int | None
+    message_position: int | None
+    ttft_ms: float | None
+    prefill_ms: float | None
+    decode_ms: float | None
+    output_text: str | None
+    refused: bool
+    created: str
+
+
+# ---------------------------------------------------------------------------- store
+class Store:
+    """The Cachescope database. Thread-safe: one lock serialises every statement.
+
+    `path=None` opens the default database (`default_db_path()`); ":memory:" is allowed
+    for tests. Writes are grouped with `atomic()`; nested calls join the outer transaction.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path not in (None, ":memory:") else (None if path == ":memory:" else default_db_path())
+        if self.path is not None:
+            if self.path.is_dir():
+                raise InputError(f"{self.path} is a directory, not a database file")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0)
+            except (OSError, sqlite3.Error) as exc:
+                raise InputError(f"cannot open the database {self.path}: {exc}") from None
+        else:
+            conn = sqlite3.connect(":memory:", check_same_thread=False)
+        self._lock = threading.RLock()
+        self.db = sqlite_utils.Database(conn)
+        try:
+            self.db.execute("PRAGMA foreign_keys=ON")
+            if self.path is not None:
+                self.db.enable_wal()
+                # NORMAL is durable across process crashes in WAL mode; only a power
+                # loss can drop the last commits.
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied TEXT NOT NULL)")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise InputError(f"{self.path} is not a Cachescope database ({exc})") from None
+        for name, fn in CORE_MIGRATIONS:
+            self.register_migration(name, fn)
+        self.db.execute(f"PRAGMA user_version={len(CORE_MIGRATIONS)}")
+
+    # -- plumbing
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def atomic(self):
+        """`with store.atomic():` groups writes into one transaction (holding the lock)."""
+        return _Atomic(self)
+
+    def register_migration(self, name: str, fn: Migration) -> bool:
+        """Run `fn(db)` once per database, in a transaction; returns True if it ran now.
+
+        Modules that own extra tables (the semantic cache) call this when they open the
+        store; the name is recorded so the migration never runs twice.
+        """
+        with self.atomic():
+            done = self.db.execute("SELECT 1 FROM schema_migrations WHERE name = ?", [name]).fetchone()
+            if done:
+                return False
+            fn(self.db)
+            self.db.execute("INSERT INTO schema_migrations (name, applied) VALUES (?, ?)", [name, now_iso()])
+            return True
+
+    def applied_migrations(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self.db.execute("SELECT name FROM schema_migrations ORDER BY rowid")]
+
+    def integrity_check(self) -> str:
+        with self._lock:
+            return self.db.execute("PRAGMA integrity_check").fetchone()[0]
+
+    # -- sessions
+    def create_session(self, title: str, kind: str = "chat", *, model: str | None = None,
+                       block_size: int = 16, capacity_blocks: int = 4096, seed: int | None = 0,
+                       hash: str = "sha256", created: str | None = None, source_path: str | None = None,
+                       source_format: str | None = None, settings: dict[str, Any] | None = None) -> int:
+        """Add an empty session and return its id."""
+        if kind not in ("chat", "trace"):
+            raise ValueError(f"a session is 'chat' or 'trace', not {kind!r}")
+        if block_size < 1 or capacity_blocks < 1:
+            raise InputError("block size and capacity must be at least 1")
+        with self.atomic():
+            cur = self.db.execute(
+                "INSERT INTO sessions (title, kind, model, block_size, capacity_blocks, seed, hash, created,"
+                " source_path, source_format, settings) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [title, kind, model, block_size, capacity_blocks, seed, hash, created or now_iso(),
+                 source_path, source_format, _dumps(settings or {})])
+            return int(cur.lastrowid)
+
+    _SESSION_SQL = ("SELECT s.*, (SELECT COUNT(DISTINCT position) FROM messages m WHERE m.session_id = s.id),"
+                    " (SELECT COUNT(*) FROM runs r WHERE r.session_id = s.id) FROM sessions s")
+
+    @staticmethod
+    def _session(row: Sequence[Any]) -> SessionInfo:
+        return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                           row[9], row[10], _loads(row[11]) or {}, row[12], row[13])
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every session, oldest first, with its message and run counts."""
+        with self._lock:
+            return [self._session(r) for r in self.db.execute(self._SESSION_SQL + " ORDER BY s.id")]
+
+    def get_session(self, session_id: int) -> SessionInfo:
+        """The session `session_id`; raises `InputError` when there is none."""
+        with self._lock:
+            row = self.db.execute(self._SESSION_SQL + " WHERE s.id = ?", [session_id]).fetchone()
+        if row is None:
+            raise InputError(f"there is no session {session_id} in {self.path or 'this database'}")
+        return self._session(row)
+
+    def update_session(self, session_id: int, **fields: Any) -> None:
+        """Change settings columns of a session (title, capacity_blocks, seed, settings, ...)."""
+        allowed = {"title", "model", "block_size", "capacity_blocks", "seed", "hash", "settings"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot update {', '.join(sorted(bad))} of a session")
+        self.get_session(session_id)
+        if "settings" in fields:
+            fields["settings"] = _dumps(fields["settings"])
+        with self.atomic():
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            self.db.execute(f"UPDATE sessions SET {sets} WHERE id = ?", [*fields.values(), session_id])
+
+    def delete_session(self, session_id: int) -> None:
+        """Delete a session with its messages, runs, requests and events."""
+        self.get_session(session_id)
+        with self.atomic():
+            for table in ("events", "requests"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT id FROM runs WHERE session_id = ?)",
+                                [session_id])
+            self.db.execute("DELETE FROM runs WHERE session_id = ?", [session_id])
+            for table in ("messages", "trace_requests"):
+                self.db.execute(f"DELETE FROM {table} WHERE session_id = ?", [session_id])
+            self.db.execute("DELETE FROM sessions WHERE id = ?", [session_id])
+
+    # -- messages
+    @staticmethod
+    def _message(row: Sequence[Any], current: bool) -> MessageRow:
+        return MessageRow(row[0], row[1], row[2], row[3], row[4], row[5], _loads(row[6]), row[7], current)
+
+    def messages(self, session_id: int, include_history: bool = False) -> list[MessageRow]:
+        """The current version of every message in position order; with `include_history`,
+        every version (ordered by position, then version) with `is_current` marking the latest."""
+        with self._lock:
+            rows = list(self.db.execute(
+                "SELECT id, session_id, position, version, role, content, extra, created FROM messages"
+                " WHERE session_id = ? ORDER BY position, version", [session_id]))
+        latest: dict[int, int] = {}
+        for r in rows:
+            latest[r[2]] = r[3]
+        out = [self._message(r, latest[r[2]] == r[3]) for r in rows]
+        return out if include_history else [m for m in out if m.is_current]
+
+    def add_message(self, session_id: int, role: str, content: str, extra: dict[str, Any] | None = None,
+                    *, position: int | None = None, version: int = 1, created: str | None = None) -> MessageRow:
+        """Append a message (or, with `position`/`version`, store one version as given)."""
+        if not isinstance(content, str):
+            raise ValueError("message content must be text")
+        with self.atomic():
+            if position is None:
+                position = self.db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE session_id = ?",
+                                            [session_id]).fetchone()[0]
+            created = created or now_iso()
+            cur = self.db.execute(
+                "INSERT INTO messages (session_id, position, version, role, content, extra, created)"
+                " VALUES (?,?,?,?,?,?,?)", [session_id, position, version, role, content, _dumps(extra), created])
+            return MessageRow(int(cur.lastrowid), session_id, position, version, role, content, extra, created, True)
+
+    def edit_message(self, session_id: int, position: int, content: str, role: str | None = None) -> MessageRow:
+        """Store a new version of message `position`; the older versions are kept."""
+        current = {m.position: m for m in self.messages(session_id)}
+        if position not in current:
+            n = len(current)
+            raise InputError(f"session {session_id} has no message {position}; messages are numbered 0 to {n - 1}")
+        old = current[position]
+        extra = old.extra if content == old.content else _edited_extra(old.extra)
+        return self.add_message(session_id, role or old.role, content, extra,
+                                position=position, version=old.version + 1)
+
+    # -- trace lines of a trace session
+    def add_trace_requests(self, session_id: int, requests: Iterable[Any]) -> int:
+        """Store `engine.trace.TraceRequest`s of a trace session; returns how many."""
+        rows = [(session_id, r.index, r.line, r.id, r.tenant, _dumps(list(r.tokens) if r.tokens is not None else None),
+                 _dumps(list(r.output_tokens) if r.output_tokens is not None else None),
+                 _dumps(list(r.hash_ids) if r.hash_ids is not None else None), r.input_length, r.output_length,
+                 r.timestamp) for r in requests]
+        with self.atomic():
+            self.db.conn.executemany("INSERT INTO trace_requests VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+        return len(rows)
+
+    def trace_requests(self, session_id: int) -> list[Any]:
+        """The `TraceRequest`s of a trace session, in file order."""
+        from engine.trace import TraceRequest
+
+        def tup(text: str | None) -> tuple[int, ...] | None:
+            return None if text is None else tuple(json.loads(text))
+
+        with self._lock:
+            rows = list(self.db.execute("SELECT idx, line, request_id, tenant, tokens, output_tokens, hash_ids,"
+                                        " input_length, output_length, timestamp FROM trace_requests"
+                                        " WHERE session_id = ? ORDER BY idx", [session_id]))
+        return [TraceRequest(r[0], r[1], r[2], r[3], tup(r[4]), tup(r[5]), tup(r[6]), r[7], r[8], r[9]) for r in rows]
+
+    # -- runs, requests, events
+    def create_run(self, session_id: int | None, kind: str = "replay", config: dict[str, Any] | None = None) -> int:
+        """Open a run (a replay, an edit re-run or a live chat) and return its id."""
+        with self.atomic():
+            cur = self.db.execute("INSERT INTO runs (session_id, kind, created, config) VALUES (?,?,?,?)",
+                                  [session_id, kind, now_iso(), _dumps(config or {})])
+            return int(cur.lastrowid)
+
+    def finish_run(self, run_id: int, totals: dict[str, Any] | None = None) -> None:
+        with self.atomic():
+            self.db.execute("UPDATE runs SET status = 'done', totals = ? WHERE id = ?", [_dumps(totals), run_id])
+
+    def runs(self, session_id: int | None = None) -> list[RunInfo]:
+        """Runs of one session (or all), oldest first."""
+        sql = "SELECT id, session_id, kind, created, config, totals, status FROM runs"
+        with self._lock:
+            rows = list(self.db.execute(sql + (" WHERE session_id = ?" if session_id is not None else "") + " ORDER BY id",
+                                        [session_id] if session_id is not None else []))
+        return [RunInfo(r[0], r[1], r[2], r[3], _loads(r[4]) or {}, _loads(r[5]), r[6]) for r in rows]
+
+    def record_request(self, run_id: int, idx: int, **fields: Any) -> int:
+        """Persist one served request of a run (fields: see `REQUEST_FIELDS`); returns its row id."""
+        bad = set(fields) - set(REQUEST_FIELDS)
+        if bad:
+            raise ValueError(f"unknown request fields: {', '.join(sorted(bad))}")
+        values = {k: fields.get(k) for k in REQUEST_FIELDS}
+        for k in ("prompt_token_ids", "output_token_ids"):
+            if values[k] is not None:
+                values[k] = _dumps(list(values[k]))
+        values["request_id"] = str(values["request_id"] if values["request_id"] is not None else idx)
+        values["refused"] = int(bool(values["refused"]))
+        for k in ("prompt_tokens", "cached_tokens", "computed_tokens"):
+            values[k] = int(values[k] or 0)
+        cols = ", ".join(("run_id", "idx", *REQUEST_FIELDS, "created"))
+        marks = ", ".join("?" * (len(REQUEST_FIELDS) + 3))
+        with self.atomic():
+            cur = self.db.execute(f"INSERT INTO requests ({cols}) VALUES ({marks})",
+                                  [run_id, idx, *values.values(), now_iso()])
+            return int(cur.lastrowid)
+
+    def requests(self, run_id: int) -> list[StoredRequest]:
+        """The requests of a run, in request order."""
+        cols = ", ".join(("id", "run_id", "idx", *REQUEST_FIELDS, "created"))
+        with self._lock:
+            rows = list(self.db.execute(f"SELECT {cols} FROM requests WHERE run_id = ? ORDER BY idx", [run_id]))
+        out = []
+        for r in rows:
+            r = list(r)
+            r[5], r[6] = _loads(r[5]), _loads(r[6])
+            r[18] = bool(r[18])
+            out.append(StoredRequest(*r))
+        return out
+
+    def record_events(self, run_id: int, events: Iterable[Event | dict[str, Any]]) -> int:
+        """Append engine events (objects or `to_dict()` dicts) to a run; returns how many."""
+        rows = []
+        for e in events:
+            d = e.to_dict() if isinstance(e, Event) else e
+            rows.append((run_id, d["seq"], d["kind"], d["time"], _dumps(d)))
+        with self.atomic():
+            self.db.conn.executemany("INSERT INTO events (run_id, seq, kind, time, payload) VALUES (?,?,?,?,?)", rows)
+        return len(rows)
+
+    def event_dicts(self, run_id: int, since_seq: int = -1, limit: int | None = None) -> list[dict[str, Any]]:
+        """Events of a run as `Event.to_dict()` dicts, in sequence order, after `since_seq`."""
+        sql = "SELECT payload FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+        params: list[Any] = [run_id, since_seq]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            return [json.loads(r[0]) for r in self.db.execute(sql, params)]
+
+    def events(self, run_id: int, since_seq: int = -1, limit: int | None = None) -> list[Event]:
+        """Events of a run rebuilt as engine `Event` objects, in sequence order."""
+        return [event_from_dict(d) for d in self.event_dicts(run_id, since_seq, limit)]
+
+    def count(self, table: str) -> int:
+        """Rows in one of the store's tables (used by tests and `sessions show`)."""
+        if table not in self.db.table_names():
+            raise ValueError(f"no table {table!r}")
+        with self._lock:
+            return self.db.execute(f"SELECT COUNT(*) FROM [{table}]").fetchone()[0]
+
+
+def _edited_extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    # Structured content (tool calls, content blocks) no longer matches edited text.
+    if not extra:
+        return extra
+    kept = {k: v for k, v in extra.items() if k not in ("blocks", "tool_calls", "parts")}
+    return kept or None
+
+
+class _Atomic:
+    """The store's lock plus a sqlite-utils transaction (savepoints when nested)."""
+
+    __slots__ = ("store", "_cm")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> sqlite_utils.Database:
+        self.store._lock.acquire()
+        try:
+            self._cm = self.store.db.atomic()
+            return self._cm.__enter__()
+        except BaseException:
+            self.store._lock.release()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._cm.__exit__(*exc)
+        finally:
+            self.store._lock.release()
+
+
+
+from engine.store_writer import StoreWriter  # noqa: E402 - re-exported; it needs Store first
+
+__all__ = ["Store", "StoreWriter", "SessionInfo", "MessageRow", "RunInfo", "StoredRequest", "default_db_path"]
