@@ -1,0 +1,442 @@
+"""What a hosted API would bill for prompt caching (DESIGN section 6), request by request.
+
+Provider rules come from resources/billing_rules.json, never from code. Requests are
+sequences of content blocks (`Segment`s); building them from files lives in
+`engine.billing_inputs`-style helpers at the end of this module. No Qt, no model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Iterable, Sequence
+
+from engine.errors import InputError
+
+RULES_PATH = Path(__file__).resolve().parents[1] / "resources" / "billing_rules.json"
+PROVIDERS = ("anthropic", "openai", "openai-legacy")
+
+
+@dataclass(slots=True, frozen=True)
+class Segment:
+    """One content block. Equal `key`s mean equal content up to and including this block."""
+
+    key: Hashable
+    num_tokens: int
+    token_ids: tuple[int, ...] | None = None
+    label: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class BillingRequest:
+    request_id: str
+    segments: tuple[Segment, ...]
+    time_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.segments)
+
+
+@dataclass(slots=True, frozen=True)
+class ProviderRules:
+    """The rules of one provider and model, resolved from the data file."""
+
+    provider: str
+    model: str
+    label: str
+    checked: str
+    mode: str  # "breakpoints" (explicit cache_control) or "implicit" (longest cached prefix)
+    min_cacheable_tokens: int
+    ttl_seconds: float
+    ttl_refreshed_on_hit: bool
+    write_multiplier: float
+    read_multiplier: float
+    max_breakpoints: int
+    lookback_blocks: int | None
+    hit_step_tokens: int
+    max_lifetime_seconds: float | None
+    price_per_mtok: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+def load_rules(path: str | Path | None = None) -> dict[str, Any]:
+    p = Path(path) if path is not None else RULES_PATH
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read the billing rules ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{p}: the billing rules are not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def provider_rules(provider: str, model: str | None = None, ttl: str = "5m",
+                   price_per_mtok: float | None = None, rules: dict[str, Any] | None = None) -> ProviderRules:
+    """Resolve `provider` + `model` (a family name or a dated id such as claude-sonnet-4-5-20250929)."""
+    data = rules if rules is not None else load_rules()
+    providers = data.get("providers", {})
+    if provider not in providers:
+        raise InputError(f"unknown provider {provider!r}; choose one of {', '.join(sorted(providers))}")
+    p = providers[provider]
+    models = p["models"]
+    name = model or p["default_model"]
+    family = _match_family(name, models)
+    if family is None:
+        raise InputError(f"unknown {provider} model {name!r}; known: {', '.join(models)}")
+    m = models[family]
+    ttl_s, write_mult = p["ttl_seconds"], p["write_multiplier"]
+    options = p.get("ttl_options", {})
+    if ttl in options:
+        ttl_s, write_mult = options[ttl]["ttl_seconds"], options[ttl]["write_multiplier"]
+    elif ttl != "5m":
+        raise InputError(f"{provider} has no {ttl!r} cache lifetime option")
+    price = price_per_mtok if price_per_mtok is not None else m.get("base_input_usd_per_mtok")
+    if price is not None and price < 0:
+        raise InputError(f"the price per million tokens cannot be negative ({price})")
+    return ProviderRules(
+        provider=provider, model=name, label=p.get("label", provider), checked=p.get("checked", data.get("checked", "")),
+        mode=p["mode"], min_cacheable_tokens=int(m.get("min_cacheable_tokens", p.get("min_cacheable_tokens", 1024))),
+        ttl_seconds=float(ttl_s), ttl_refreshed_on_hit=bool(p.get("ttl_refreshed_on_hit", True)),
+        write_multiplier=float(m.get("write_multiplier", write_mult)),
+        read_multiplier=float(m.get("read_multiplier", p["read_multiplier"])),
+        max_breakpoints=int(p.get("max_breakpoints", 4)), lookback_blocks=p.get("lookback_blocks"),
+        hit_step_tokens=int(p.get("hit_step_tokens", 1)), max_lifetime_seconds=p.get("max_lifetime_seconds"),
+        price_per_mtok=price)
+
+
+def _match_family(name: str, models: dict[str, Any]) -> str | None:
+    if name in models:
+        return name
+    # Dated ids ("claude-sonnet-4-5-20250929") belong to the longest family name they start with.
+    best = [f for f in models if name.startswith(f + "-")]
+    return max(best, key=len) if best else None
+
+
+def parse_breakpoints(text: str | None, rules: ProviderRules) -> tuple[int, ...] | None:
+    """'auto' -> (-1,): one slot at the last block; '0,-1' -> block indices (negative from the end).
+
+    None means the provider's implicit caching (OpenAI without explicit breakpoints).
+    """
+    if text is None or text.strip() == "":
+        return (-1,) if rules.mode == "breakpoints" else None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if rules.max_breakpoints == 0:
+        raise InputError(f"{rules.label} caches automatically and takes no breakpoints; drop --breakpoints")
+    if items == ["auto"] and rules.mode == "implicit":
+        return None
+    out: list[int] = []
+    for item in items:
+        if item == "auto":
+            out.append(-1)
+            continue
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise InputError(f"breakpoint {item!r} is not a block index; give 'auto' or a list such as 0,-1") from None
+    if len(set(out)) > rules.max_breakpoints:
+        raise InputError(f"{rules.label} allows at most {rules.max_breakpoints} cache breakpoints, not {len(set(out))}")
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class _Entry:
+    num_tokens: int
+    created_s: float
+    last_used_s: float
+    request_id: str
+
+
+@dataclass(slots=True)
+class BillingCalculator:
+    """Feeds requests in time order through one provider's cache and prices each one."""
+
+    rules: ProviderRules
+    breakpoints: tuple[int, ...] | None = (-1,)
+    entries: dict[Hashable, _Entry] = field(default_factory=dict)
+    children: dict[Hashable, dict[Hashable, tuple[int, ...]]] = field(default_factory=dict)
+
+    def _alive(self, key: Hashable, t: float, notes: list[str]) -> _Entry | None:
+        e = self.entries.get(key)
+        if e is None:
+            return None
+        r = self.rules
+        idle = t - e.last_used_s
+        if idle > r.ttl_seconds:
+            notes.append(f"the cached prefix of {e.num_tokens} tokens from request {e.request_id} expired: "
+                         f"{idle:.0f} s idle is past the {r.ttl_seconds:.0f} s time to live")
+        elif r.max_lifetime_seconds is not None and t - e.created_s > r.max_lifetime_seconds:
+            notes.append(f"the cached prefix of {e.num_tokens} tokens from request {e.request_id} expired: "
+                         f"older than the {r.max_lifetime_seconds:.0f} s maximum lifetime")
+        else:
+            return e
+        del self.entries[key]
+        return None
+
+    def _touch(self, key: Hashable, num_tokens: int, t: float, request_id: str) -> bool:
+        """Refresh or create the entry for a prefix; True when it was created."""
+        e = self.entries.get(key)
+        if e is not None:
+            if self.rules.ttl_refreshed_on_hit:
+                e.last_used_s = t
+            return False
+        self.entries[key] = _Entry(num_tokens, t, t, request_id)
+        return True
+
+    def bill(self, req: BillingRequest) -> dict[str, Any]:
+        if self.breakpoints is None:
+            return self._price(req, *self._implicit(req))
+        return self._price(req, *self._explicit(req))
+
+    def _explicit(self, req: BillingRequest) -> tuple[int, int, list[int], list[str]]:
+        """Anthropic-style: reads look back from each breakpoint; writes land on breakpoints."""
+        r, t, notes = self.rules, req.time_s, []
+        segs = req.segments
+        n = len(segs)
+        ends = _cumsum(s.num_tokens for s in segs)
+        bps = sorted({b if b >= 0 else n + b for b in self.breakpoints if -n <= b < n})
+        lookback = r.lookback_blocks if r.lookback_blocks is not None else n
+        read_j = -1
+        for b in bps:
+            for j in range(b, max(-1, b - lookback), -1):
+                if self._alive(segs[j].key, t, notes) is not None:
+                    read_j = max(read_j, j)
+                    break
+        if bps:
+            # A longer cached prefix that no breakpoint's lookback reached is silently not read.
+            for j in range(bps[-1], read_j, -1):
+                if self._alive(segs[j].key, t, notes) is not None:
+                    notes.append(f"a cached prefix of {ends[j]} tokens (block {j}) lies more than {lookback} blocks "
+                                 f"before every breakpoint, outside the lookback: it was not read")
+                    break
+        read_tokens = ends[read_j] if read_j >= 0 else 0
+        if read_j >= 0:
+            self._touch(segs[read_j].key, ends[read_j], t, req.request_id)
+        written_to = read_tokens
+        for b in bps:
+            if ends[b] < r.min_cacheable_tokens:
+                notes.append(f"the prefix of {ends[b]} tokens at breakpoint block {b} is below the "
+                             f"{r.min_cacheable_tokens}-token minimum of {r.model}: silently not cached")
+                continue
+            self._touch(segs[b].key, ends[b], t, req.request_id)
+            if b > read_j:
+                written_to = max(written_to, ends[b])
+        if not bps:
+            notes.append("no breakpoint falls inside this request: nothing is cached")
+        return read_tokens, written_to - read_tokens, [ends[b] for b in bps], notes
+
+    def _implicit(self, req: BillingRequest) -> tuple[int, int, list[int], list[str]]:
+        """OpenAI-style: the longest cached prefix is read; a long enough prompt is written whole."""
+        r, t, notes = self.rules, req.time_s, []
+        segs = req.segments
+        total = req.num_tokens
+        matched, parent, j = 0, None, 0
+        while j < len(segs) and self._alive(segs[j].key, t, notes) is not None:
+            matched += segs[j].num_tokens
+            parent = segs[j].key
+            j += 1
+        if j < len(segs) and segs[j].token_ids is not None:
+            best = 0
+            for child_key, tokens in self.children.get(parent, {}).items():
+                if child_key in self.entries and self._alive(child_key, t, []) is not None:
+                    best = max(best, _common_prefix(tokens, segs[j].token_ids))
+            matched += best
+        cached = 0
+        if matched >= r.min_cacheable_tokens:
+            step = r.hit_step_tokens
+            cached = r.min_cacheable_tokens + (matched - r.min_cacheable_tokens) // step * step
+        elif matched:
+            notes.append(f"the {matched} tokens shared with the cache are below the {r.min_cacheable_tokens}-token "
+                         f"minimum of {r.model}: not read")
+        written = 0
+        if total < r.min_cacheable_tokens:
+            notes.append(f"the prompt's {total} tokens are below the {r.min_cacheable_tokens}-token minimum of "
+                         f"{r.model}: silently not cached (the API does not say so)")
+        else:
+            end, parent = 0, None
+            for s in segs:
+                end += s.num_tokens
+                self._touch(s.key, end, t, req.request_id)
+                if s.token_ids is not None:
+                    self.children.setdefault(parent, {})[s.key] = s.token_ids
+                parent = s.key
+            written = total - matched
+        return cached, written, [], notes
+
+    def _price(self, req: BillingRequest, read: int, write: int, bps: list[int], notes: list[str]) -> dict[str, Any]:
+        r = self.rules
+        total = req.num_tokens
+        uncached = total - read - write
+        weighted = uncached + write * r.write_multiplier + read * r.read_multiplier
+        row: dict[str, Any] = {"id": req.request_id, "time_s": req.time_s, "prompt_tokens": total,
+                               "read_tokens": read, "write_tokens": write, "uncached_tokens": uncached,
+                               "usage": usage_fields(r.provider, total, read, write, uncached),
+                               "weighted_tokens": round(weighted, 4),
+                               "cost_usd": _usd(weighted, r.price_per_mtok),
+                               "cost_without_cache_usd": _usd(total, r.price_per_mtok),
+                               "breakpoint_tokens": bps, "notes": notes}
+        return row
+
+
+def usage_fields(provider: str, total: int, read: int, write: int, uncached: int) -> dict[str, Any]:
+    """The usage object as the provider's API would return it."""
+    if provider == "anthropic":
+        return {"cache_creation_input_tokens": write, "cache_read_input_tokens": read, "input_tokens": uncached}
+    if provider == "openai":
+        return {"prompt_tokens": total, "cached_tokens": read, "cache_write_tokens": write}
+    return {"prompt_tokens": total, "prompt_tokens_details": {"cached_tokens": read}}
+
+
+def bill(requests: Iterable[BillingRequest], rules: ProviderRules,
+         breakpoints: tuple[int, ...] | None = (-1,)) -> dict[str, Any]:
+    """Price `requests` (sorted by time, stable) through a fresh cache; the billing JSON."""
+    calc = BillingCalculator(rules, breakpoints)
+    ordered = sorted(enumerate(requests), key=lambda ir: (ir[1].time_s, ir[0]))
+    rows = []
+    for index, req in ordered:
+        row = calc.bill(req)
+        row["index"] = index
+        rows.append(row)
+    tot = {k: sum(row[k] for row in rows) for k in ("prompt_tokens", "read_tokens", "write_tokens", "uncached_tokens")}
+    weighted = sum(row["weighted_tokens"] for row in rows)
+    tot["requests"] = len(rows)
+    tot["weighted_tokens"] = round(weighted, 4)
+    tot["usage"] = usage_fields(rules.provider, tot["prompt_tokens"], tot["read_tokens"], tot["write_tokens"],
+                                tot["uncached_tokens"])
+    tot["cost_usd"] = _usd(weighted, rules.price_per_mtok)
+    tot["cost_without_cache_usd"] = _usd(tot["prompt_tokens"], rules.price_per_mtok)
+    tot["savings_usd"] = (None if tot["cost_usd"] is None
+                          else round(tot["cost_without_cache_usd"] - tot["cost_usd"], 8))
+    tot["savings_fraction"] = round(1 - weighted / tot["prompt_tokens"], 6) if tot["prompt_tokens"] else 0.0
+    tot["num_notes"] = sum(len(row["notes"]) for row in rows)
+    return {"provider": rules.provider, "model": rules.model, "rules": rules.to_dict(),
+            "breakpoints": "implicit" if breakpoints is None else list(breakpoints),
+            "requests": rows, "totals": tot}
+
+
+def _usd(weighted_tokens: float, price: float | None) -> float | None:
+    return None if price is None else round(weighted_tokens * price / 1e6, 8)
+
+
+def _cumsum(values: Iterable[int]) -> list[int]:
+    out, acc = [], 0
+    for v in values:
+        acc += v
+        out.append(acc)
+    return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def chain_segments(parts: Sequence[tuple[str, Sequence[int]]], salt: str | None = None) -> tuple[Segment, ...]:
+    """Content blocks from (label, token ids) pairs; each key digests every block before it."""
+    out = []
+    digest = hashlib.blake2b(repr(salt).encode(), digest_size=16).digest()
+    for label, tokens in parts:
+        ids = tuple(int(t) for t in tokens)
+        digest = hashlib.blake2b(digest + array("q", ids).tobytes(), digest_size=16).digest()
+        out.append(Segment(digest, len(ids), ids, label))
+    return tuple(out)
+
+
+# ---- building requests from files -------------------------------------------------------
+
+MOONCAKE_BLOCK_TOKENS = 512
+_MOD = (1 << 61) - 1
+_BASE = 1_000_003
+
+
+def _prefix_hashes(tokens: Sequence[int]) -> list[int]:
+    out, h = [0], 0
+    for tok in tokens:
+        h = (h * _BASE + tok + 1) % _MOD
+        out.append(h)
+    return out
+
+
+def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
+    """Billing requests from `engine.trace.TraceRequest`s; timestamps are milliseconds.
+
+    A trace has no message boundaries, so a token-level request is cut where an earlier
+    request's prompt (or prompt plus output) ended: that is where a conversation's turns
+    meet. A Mooncake request is cut into its 512-token hash blocks.
+    """
+    known: dict[int, set[int]] = {}
+    out = []
+    for tr in trace:
+        t = (tr.timestamp or 0) / 1000.0
+        if tr.hash_ids is not None:
+            segs, left = [], tr.input_length
+            for i, hid in enumerate(tr.hash_ids):
+                n = min(MOONCAKE_BLOCK_TOKENS, left) if i < len(tr.hash_ids) - 1 else left
+                if n <= 0:
+                    break
+                segs.append(Segment(("mooncake", tr.tenant, i, hid), n, None, f"block {i}"))
+                left -= n
+            out.append(BillingRequest(tr.id, tuple(segs), t))
+            continue
+        tokens = tr.tokens
+        hashes = _prefix_hashes(tuple(tokens) + tuple(tr.output_tokens or ()))
+        n = len(tokens)
+        cuts = sorted(L for L, seen in known.items() if 0 < L < n and hashes[L] in seen) + [n]
+        segs, start = [], 0
+        for end in cuts:
+            segs.append(Segment(("tokens", tr.tenant, end, hashes[end]), end - start, tuple(tokens[start:end]),
+                                f"tokens {start}-{end}"))
+            start = end
+        out.append(BillingRequest(tr.id, tuple(segs), t))
+        for end in {n, len(hashes) - 1}:
+            known.setdefault(end, set()).add(hashes[end])
+    return out
+
+
+def message_text(content: Any) -> str:
+    """The text of an OpenAI/Anthropic message content: a string or a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(message_text(p.get("text", p.get("content")) if isinstance(p, dict) else p) for p in content)
+    return str(content)
+
+
+def _messages_of(conv: Any) -> list[tuple[str, str]]:
+    msgs = getattr(conv, "messages", conv)
+    out = []
+    for m in msgs:
+        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        out.append((str(role or "user"), message_text(content)))
+    return out
+
+
+def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
+                                turn_gap_s: float = 0.0) -> list[BillingRequest]:
+    """One request per user turn, each message one content block, tokens from `tokenizer`.
+
+    Token counts are an approximation: the bundled model's tokenizer with ChatML framing,
+    not the provider's own tokenizer (which the APIs do not publish).
+    """
+    out, clock = [], 0.0
+    for ci, conv in enumerate(conversations):
+        msgs = _messages_of(conv)
+        parts = [(f"{i}:{role}", tokenizer.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n", add_special_tokens=False))
+                 for i, (role, text) in enumerate(msgs)]
+        segs = chain_segments(parts)
+        cid = getattr(conv, "id", None) or getattr(conv, "conversation_id", None) or str(ci)
+        for k, (role, _) in enumerate(msgs):
+            if role == "user":
+                out.append(BillingRequest(f"{cid}/{k}", segs[:k + 1], clock))
+                clock += turn_gap_s
+    return out
