@@ -1,0 +1,519 @@
+"""The pool as the event stream tells it: a projection rebuilt purely from engine events.
+
+`PoolProjection` follows one engine's events (or a remote vLLM pool's stored/removed/
+cleared events, where block ids may be unknown); `EventLog` keeps every event with
+checkpoints so the pool at any past seq is rebuilt fast. No Qt, no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from array import array
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from engine.events import (
+    BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone,
+    MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
+)
+from engine.manager import BlockView, Counters, PoolSnapshot
+
+# Block categories of the grid; the counts of each are kept up to date per event.
+EMPTY, CACHED_FREE, IN_USE = 0, 1, 2
+
+
+@dataclass(slots=True, frozen=True)
+class RequestRecord:
+    """One request as its events describe it: the lookup outcome and, later, its end."""
+
+    request_id: str
+    salt: str | None
+    num_prompt_tokens: int
+    started_seq: int
+    num_cached_tokens: int = 0
+    num_hit_blocks: int = 0
+    block_hashes: tuple[bytes, ...] = ()
+    miss: MissInfo | None = None
+    finished_seq: int | None = None
+    num_tokens_with_kv: int | None = None
+    aborted: bool = False
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_cached_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class BlockInfo:
+    """Everything the projection knows of one physical block (for tooltips and tests)."""
+
+    block_id: int
+    ref_count: int
+    block_hash: bytes | None
+    parent_hash: bytes | None
+    token_ids: tuple[int, ...]
+    salt: str | None
+    tenant: str | None
+    external_id: int | None
+    free_rank: int | None
+    last_used: int
+    last_use_seq: int | None
+    evicted_seq: int | None
+    owners: tuple[str, ...]
+
+
+class PoolProjection:
+    """Per-block state, the free queue, running requests and counters, from events only.
+
+    Block state lives in parallel lists (one entry per block) so that a copy for a
+    checkpoint is a handful of list copies, not thousands of objects.
+    """
+
+    __slots__ = (
+        "block_size", "num_blocks", "ref_counts", "hashes", "parents", "token_ids", "salts",
+        "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "free", "by_hash",
+        "running", "requests", "order", "counters", "use_clock", "seq", "num_events",
+        "num_in_use", "num_cached_free", "num_hashed", "ref_hist", "last_request_id",
+        "num_resets", "last_eviction_seq",
+    )
+
+    def __init__(self, num_blocks: int = 0, block_size: int = 16) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"a pool cannot have {num_blocks} blocks")
+        if block_size < 1:
+            raise ValueError(f"block size must be at least 1, not {block_size}")
+        self.block_size = block_size
+        self.num_blocks = 0
+        self.ref_counts: list[int] = []
+        self.hashes: list[bytes | None] = []
+        self.parents: list[bytes | None] = []
+        self.token_ids: list[tuple[int, ...]] = []
+        self.salts: list[str | None] = []
+        self.tenants: list[str | None] = []
+        self.external_ids: list[int | None] = []
+        self.last_used: list[int] = []
+        self.last_seq: list[int] = []
+        self.evicted_seq: list[int] = []
+        # The LRU free queue as an ordered set: first key is evicted next.
+        self.free: dict[int, None] = {}
+        # hash -> ids of the physical blocks holding it (usually one)
+        self.by_hash: dict[bytes, tuple[int, ...]] = {}
+        self.running: dict[str, tuple[int, ...]] = {}
+        self.requests: dict[str, RequestRecord] = {}
+        self.order: list[str] = []  # request ids in start order (repeats allowed)
+        self.counters = Counters()
+        self.use_clock = 0
+        self.seq = -1
+        self.num_events = 0
+        self.num_in_use = 0
+        self.num_cached_free = 0
+        self.num_hashed = 0
+        self.ref_hist: dict[int, int] = {}
+        self.last_request_id: str | None = None
+        self.num_resets = 0
+        self.last_eviction_seq = -1
+        self._grow(num_blocks)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_empty(self) -> int:
+        return self.num_blocks - self.num_in_use - self.num_cached_free
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def max_ref_count(self) -> int:
+        return max(self.ref_hist) if self.ref_hist else 0
+
+    def category(self, block_id: int) -> int:
+        if self.ref_counts[block_id] > 0:
+            return IN_USE
+        return CACHED_FREE if self.hashes[block_id] is not None else EMPTY
+
+    def free_ranks(self) -> dict[int, int]:
+        """block id -> position in the free queue (0 = next to be taken)."""
+        return {b: i for i, b in enumerate(self.free)}
+
+    def block_of_hash(self, block_hash: bytes | None) -> int | None:
+        holders = self.by_hash.get(block_hash) if block_hash is not None else None
+        return holders[0] if holders else None
+
+    def owners(self, block_id: int) -> tuple[str, ...]:
+        return tuple(rid for rid, table in self.running.items() if block_id in table)
+
+    def chain_of(self, block_id: int) -> list[int]:
+        """The block and its cached ancestors, root first (stops where a parent was evicted)."""
+        chain = [block_id]
+        seen = {block_id}
+        parent = self.parents[block_id]
+        while parent is not None:
+            holder = self.block_of_hash(parent)
+            if holder is None or holder in seen:
+                break
+            chain.append(holder)
+            seen.add(holder)
+            parent = self.parents[holder]
+        chain.reverse()
+        return chain
+
+    def block_info(self, block_id: int) -> BlockInfo:
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block {block_id} is not in this pool of {self.num_blocks} blocks")
+        rank = None
+        if block_id in self.free:
+            rank = next(i for i, b in enumerate(self.free) if b == block_id)
+        return BlockInfo(
+            block_id, self.ref_counts[block_id], self.hashes[block_id], self.parents[block_id],
+            self.token_ids[block_id], self.salts[block_id], self.tenants[block_id],
+            self.external_ids[block_id], rank, self.last_used[block_id],
+            self.last_seq[block_id] if self.last_seq[block_id] >= 0 else None,
+            self.evicted_seq[block_id] if self.evicted_seq[block_id] >= 0 else None,
+            self.owners(block_id))
+
+    def request_records(self) -> list[RequestRecord]:
+        """Every started request in start order (the latest record for a reused id)."""
+        return [self.requests[rid] for rid in dict.fromkeys(self.order)]
+
+    def snapshot(self) -> PoolSnapshot:
+        """The projection in the shape of `PrefixCacheManager.snapshot()`, for comparison."""
+        ranks = self.free_ranks()
+        views = tuple(
+            BlockView(i, self.ref_counts[i], self.hashes[i], self.parents[i], self.token_ids[i],
+                      self.salts[i], self.external_ids[i], ranks.get(i), self.last_used[i])
+            for i in range(self.num_blocks))
+        return PoolSnapshot(self.block_size, views, len(self.free), self.num_blocks - len(self.free),
+                            self.num_hashed, dict(self.running), dataclasses.replace(self.counters))
+
+    # ------------------------------------------------------------------ copying
+    def copy(self) -> PoolProjection:
+        new = PoolProjection.__new__(PoolProjection)
+        for name in PoolProjection.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, (list, dict)):
+                value = value.copy()  # elements are immutable (tuples, bytes, records)
+            elif isinstance(value, Counters):
+                value = dataclasses.replace(value)
+            setattr(new, name, value)
+        return new
+
+    # ------------------------------------------------------------------ applying events
+    def apply(self, event: Event) -> None:
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+        self.seq = event.seq
+        self.num_events += 1
+
+    def apply_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def _grow(self, num_blocks: int) -> None:
+        # A remote pool announces no size; blocks appear as events name them.
+        start = self.num_blocks
+        if num_blocks <= start:
+            return
+        n = num_blocks - start
+        self.ref_counts.extend([0] * n)
+        for lst in (self.hashes, self.parents, self.salts, self.tenants, self.external_ids):
+            lst.extend([None] * n)
+        self.token_ids.extend([()] * n)
+        self.last_used.extend([0] * n)
+        self.last_seq.extend([-1] * n)
+        self.evicted_seq.extend([-1] * n)
+        for b in range(start, num_blocks):
+            self.free[b] = None
+        self.num_blocks = num_blocks
+
+    def _set_ref(self, b: int, ref: int) -> None:
+        old = self.ref_counts[b]
+        if old == ref:
+            return
+        hist = self.ref_hist
+        if old > 0:
+            left = hist[old] - 1
+            if left:
+                hist[old] = left
+            else:
+                del hist[old]
+        else:
+            self.num_in_use += 1
+            if self.hashes[b] is not None:
+                self.num_cached_free -= 1
+            self.free.pop(b, None)  # a hit or an allocation takes it off the queue
+        if ref > 0:
+            hist[ref] = hist.get(ref, 0) + 1
+        else:
+            self.num_in_use -= 1
+            if self.hashes[b] is not None:
+                self.num_cached_free += 1
+        self.ref_counts[b] = ref
+
+    def _uncache(self, b: int) -> None:
+        h = self.hashes[b]
+        if h is None:
+            return
+        holders = tuple(x for x in self.by_hash.get(h, ()) if x != b)
+        if holders:
+            self.by_hash[h] = holders
+        else:
+            self.by_hash.pop(h, None)
+        self.hashes[b] = self.parents[b] = self.salts[b] = self.tenants[b] = self.external_ids[b] = None
+        self.token_ids[b] = ()
+        self.num_hashed -= 1
+        if self.ref_counts[b] == 0:
+            self.num_cached_free -= 1
+
+    def _slot_for_remote(self, block_hash: bytes) -> int:
+        # vLLM's events carry hashes, not block ids: reuse the slot of that hash, else
+        # take the first empty free slot, else grow the pool by one.
+        holder = self.block_of_hash(block_hash)
+        if holder is not None:
+            return holder
+        for b in self.free:
+            if self.hashes[b] is None:
+                return b
+        self._grow(self.num_blocks + 1)
+        return self.num_blocks - 1
+
+    def _on_started(self, e: RequestStarted) -> None:
+        self.requests[e.request_id] = RequestRecord(e.request_id, e.salt, e.num_prompt_tokens, e.seq)
+        self.order.append(e.request_id)
+        self.running[e.request_id] = ()
+        self.last_request_id = e.request_id
+
+    def _on_lookup(self, e: LookupDone) -> None:
+        rec = self.requests.get(e.request_id)
+        if rec is None:  # a stream that starts mid-request
+            rec = RequestRecord(e.request_id, None, e.num_prompt_tokens, e.seq)
+            self.order.append(e.request_id)
+        self.requests[e.request_id] = dataclasses.replace(
+            rec, num_prompt_tokens=e.num_prompt_tokens, num_cached_tokens=e.num_cached_tokens,
+            num_hit_blocks=e.num_hit_blocks, block_hashes=e.block_hashes, miss=e.miss)
+        c = self.counters
+        c.num_requests += 1
+        c.num_prompt_tokens += e.num_prompt_tokens
+        c.num_cached_tokens += e.num_cached_tokens
+        self.last_request_id = e.request_id
+
+    def _on_allocated(self, e: BlocksAllocated) -> None:
+        top = max(e.block_ids, default=-1)
+        if top >= self.num_blocks:
+            self._grow(top + 1)
+        self.running[e.request_id] = self.running.get(e.request_id, ()) + tuple(e.block_ids)
+
+    def _on_ref_counts(self, e: RefCountsChanged) -> None:
+        top = max(e.block_ids, default=-1)
+        if top >= self.num_blocks:
+            self._grow(top + 1)
+        # The manager ticks its use clock once per block touched or released, in this order.
+        for b, ref in zip(e.block_ids, e.ref_counts):
+            self._set_ref(b, ref)
+            self.use_clock += 1
+            self.last_used[b] = self.use_clock
+            self.last_seq[b] = e.seq
+
+    def _on_stored(self, e: BlockStored) -> None:
+        b = e.block_id
+        if b is None or b < 0:
+            b = self._slot_for_remote(e.block_hash)
+        elif b >= self.num_blocks:
+            self._grow(b + 1)
+        if self.hashes[b] is not None:
+            self._uncache(b)
+        self.hashes[b] = e.block_hash
+        self.parents[b] = e.parent_hash
+        self.token_ids[b] = tuple(e.token_ids)
+        self.salts[b] = e.salt
+        parent_holder = self.block_of_hash(e.parent_hash)
+        self.tenants[b] = e.salt if e.parent_hash is None or parent_holder is None else self.tenants[parent_holder]
+        self.external_ids[b] = e.external_id
+        self.by_hash[e.block_hash] = self.by_hash.get(e.block_hash, ()) + (b,)
+        self.num_hashed += 1
+        if self.ref_counts[b] == 0:
+            self.num_cached_free += 1
+            # Only a remote pool stores into an unreferenced block: count it as just used.
+            self.free.pop(b, None)
+            self.free[b] = None
+        self.counters.num_stored_blocks += 1
+
+    def _on_freed(self, e: BlocksFreed) -> None:
+        for b in e.block_ids:
+            if 0 <= b < self.num_blocks and self.ref_counts[b] == 0:
+                self.free.pop(b, None)
+                self.free[b] = None
+
+    def _on_evicted(self, e: BlockEvicted) -> None:
+        b = e.block_id
+        if b is None or not 0 <= b < self.num_blocks or self.hashes[b] != e.block_hash:
+            b = self.block_of_hash(e.block_hash)
+            if b is None:
+                return
+        # Taking a free block for new data is an eviction; an aborted request dropping
+        # its own in-use blocks is not counted as one, as in the manager.
+        if self.ref_counts[b] == 0:
+            self.counters.num_evicted_blocks += 1
+        self._uncache(b)
+        self.evicted_seq[b] = e.seq
+        self.last_eviction_seq = e.seq
+
+    def _on_refused(self, e: RequestRefused) -> None:
+        self.counters.num_refused_requests += 1
+
+    def _on_finished(self, e: RequestFinished) -> None:
+        self.running.pop(e.request_id, None)
+        rec = self.requests.get(e.request_id)
+        if rec is not None:
+            self.requests[e.request_id] = dataclasses.replace(
+                rec, finished_seq=e.seq, num_tokens_with_kv=e.num_tokens_with_kv, aborted=e.aborted)
+        self.counters.num_finished_requests += 1
+
+    def _on_reset(self, e: CacheReset) -> None:
+        for b in range(self.num_blocks):
+            if self.hashes[b] is not None:
+                self._uncache(b)
+                self.evicted_seq[b] = e.seq
+        self.by_hash.clear()
+        self.num_resets += 1
+
+
+_HANDLERS: dict[type, Callable[[PoolProjection, Event], None]] = {
+    RequestStarted: PoolProjection._on_started,
+    LookupDone: PoolProjection._on_lookup,
+    BlocksAllocated: PoolProjection._on_allocated,
+    RefCountsChanged: PoolProjection._on_ref_counts,
+    BlockStored: PoolProjection._on_stored,
+    BlocksFreed: PoolProjection._on_freed,
+    BlockEvicted: PoolProjection._on_evicted,
+    RequestRefused: PoolProjection._on_refused,
+    RequestFinished: PoolProjection._on_finished,
+    CacheReset: PoolProjection._on_reset,
+}
+
+
+class PoolSeries:
+    """One sample per event (x = seq) of what the timelines plot; compact typed arrays."""
+
+    __slots__ = ("seq", "in_use", "cached_free", "empty", "max_ref", "evicted", "cached_tokens",
+                 "prompt_tokens", "refusal_seqs", "reset_seqs")
+
+    def __init__(self) -> None:
+        self.seq = array("q")
+        self.in_use = array("l")
+        self.cached_free = array("l")
+        self.empty = array("l")
+        self.max_ref = array("l")
+        self.evicted = array("q")  # cumulative evictions
+        self.cached_tokens = array("q")  # cumulative, for the hit rate over time
+        self.prompt_tokens = array("q")
+        self.refusal_seqs = array("q")
+        self.reset_seqs = array("q")
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def sample(self, p: PoolProjection, event: Event) -> None:
+        self.seq.append(event.seq)
+        self.in_use.append(p.num_in_use)
+        self.cached_free.append(p.num_cached_free)
+        self.empty.append(p.num_blocks - p.num_in_use - p.num_cached_free)
+        self.max_ref.append(max(p.ref_hist) if p.ref_hist else 0)
+        c = p.counters
+        self.evicted.append(c.num_evicted_blocks)
+        self.cached_tokens.append(c.num_cached_tokens)
+        self.prompt_tokens.append(c.num_prompt_tokens)
+        if type(event) is RequestRefused:
+            self.refusal_seqs.append(event.seq)
+        elif type(event) is CacheReset:
+            self.reset_seqs.append(event.seq)
+
+
+class EventLog:
+    """Every event of one engine, the live projection, and checkpoints for scrubbing.
+
+    A checkpoint (a projection copy) is taken every `checkpoint_every` events; when more
+    than `max_checkpoints` pile up, every other one is dropped and the interval doubles,
+    so memory stays bounded and `state_at` replays at most one interval.
+    """
+
+    def __init__(self, num_blocks: int = 0, block_size: int = 16, checkpoint_every: int | None = None,
+                 max_checkpoints: int = 32) -> None:
+        self.live = PoolProjection(num_blocks, block_size)
+        self.events: list[Event] = []
+        self.seqs: list[int] = []
+        self.series = PoolSeries()
+        # Copying costs about as much as replaying a few events per block; scale with size.
+        self.checkpoint_every = checkpoint_every or max(1024, num_blocks // 4)
+        if self.checkpoint_every < 1:
+            raise ValueError("checkpoints must be at least one event apart")
+        self.max_checkpoints = max(2, max_checkpoints)
+        self._checkpoint_pos: list[int] = [0]
+        self._checkpoints: list[PoolProjection] = [self.live.copy()]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @property
+    def first_seq(self) -> int | None:
+        return self.seqs[0] if self.seqs else None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.seqs[-1] if self.seqs else None
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self._checkpoints)
+
+    def append(self, event: Event) -> None:
+        if self.seqs and event.seq <= self.seqs[-1]:
+            raise ValueError(f"event seq {event.seq} arrived after seq {self.seqs[-1]}; events must be in order")
+        self.events.append(event)
+        self.seqs.append(event.seq)
+        self.live.apply(event)
+        self.series.sample(self.live, event)
+        n = len(self.events)
+        if n - self._checkpoint_pos[-1] >= self.checkpoint_every:
+            self._checkpoint_pos.append(n)
+            self._checkpoints.append(self.live.copy())
+            if len(self._checkpoints) > self.max_checkpoints:
+                self._checkpoint_pos = self._checkpoint_pos[::2]
+                self._checkpoints = self._checkpoints[::2]
+                self.checkpoint_every *= 2
+
+    def extend(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.append(event)
+
+    def count_upto(self, seq: int | None) -> int:
+        """How many events have `event.seq <= seq` (all of them for None)."""
+        if seq is None:
+            return len(self.seqs)
+        return bisect.bisect_right(self.seqs, seq)
+
+    def event_at_seq(self, seq: int) -> Event | None:
+        i = bisect.bisect_left(self.seqs, seq)
+        return self.events[i] if i < len(self.seqs) and self.seqs[i] == seq else None
+
+    def state_at(self, seq: int | None, base: PoolProjection | None = None) -> PoolProjection:
+        """A new projection after every event with seq <= `seq` (the live one copied for None).
+
+        `base`, a projection this log produced earlier and the caller owns, is advanced in
+        place when it lies before the target and closer than the nearest checkpoint
+        (a slider dragged forward replays only the events it passes).
+        """
+        n = self.count_upto(seq)
+        if n == len(self.events):
+            return self.live.copy()
+        i = bisect.bisect_right(self._checkpoint_pos, n) - 1
+        start = self._checkpoint_pos[i]
+        if base is not None and start <= base.num_events <= n:
+            proj = base
+        else:
+            proj = self._checkpoints[i].copy()
+        for event in self.events[proj.num_events:n]:
+            proj.apply(event)
+        return proj
