@@ -1,0 +1,175 @@
+"""What-if sweeps: the hit rate of a trace against block size and against pool capacity.
+
+Each point is a fresh no-model replay (`engine.replay`). Also here: turning conversation
+files into token-level requests with the real tokenizer, shared by diff and billing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from engine.errors import InputError, TraceError
+from engine.replay import ReplayConfig, replay
+from engine.trace import TraceRequest, load_trace
+
+MOONCAKE_BLOCK_SIZE = 512
+DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(slots=True, frozen=True)
+class SweepPoint:
+    series: str  # "block_size" (capacity held in tokens) or "capacity" (block size held)
+    block_size: int
+    capacity_blocks: int
+    hit_rate: float
+    cached_tokens: int
+    prompt_tokens: int
+    evicted_blocks: int
+    refused_requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+# ---- inputs -------------------------------------------------------------------------------
+
+def is_request_trace(path: str | Path) -> bool:
+    """True when the first non-blank line is a token-level or block-level request."""
+    try:
+        with Path(path).open("rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def load_conversation_file(path: str | Path) -> list[Any]:
+    """Conversations of a message file, through `engine.formats` (OpenAI, ShareGPT, Anthropic)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        from engine.formats import load_conversations
+    except ImportError:
+        return _load_messages_minimal(p)
+    return list(load_conversations(p))
+
+
+def _load_messages_minimal(p: Path) -> list[Any]:
+    # Only until engine.formats lands: OpenAI-style {"messages": [...]} or a bare list.
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(str(p), None, None, f"not a JSON conversation ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("messages"), list):
+        return [data["messages"]]
+    if isinstance(data, list) and data and all(isinstance(m, dict) and "role" in m for m in data):
+        return [data]
+    if isinstance(data, list) and all(isinstance(c, dict) and isinstance(c.get("messages"), list) for c in data):
+        return [c["messages"] for c in data]
+    raise TraceError(str(p), None, "messages", "expected an OpenAI-style conversation with a 'messages' list")
+
+
+def messages_of(conv: Any) -> list[dict[str, str]]:
+    """[{"role", "content"}] with text content, from a formats.Conversation or a message list."""
+    from engine.billing import message_text
+
+    msgs = getattr(conv, "messages", conv)
+    out = []
+    for m in msgs:
+        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        out.append({"role": str(role or "user"), "content": message_text(content)})
+    return out
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of `messages` through the chat template, as the runner renders a prompt."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def conversation_trace(conversations: Iterable[Any], tokenizer: Any) -> list[TraceRequest]:
+    """One token-level request per user turn; the recorded assistant reply is its output."""
+    out: list[TraceRequest] = []
+    for ci, conv in enumerate(conversations):
+        msgs = messages_of(conv)
+        for k, m in enumerate(msgs):
+            if m["role"] != "user":
+                continue
+            prompt = render_chat(tokenizer, msgs[:k + 1])
+            output: list[int] = []
+            if k + 1 < len(msgs) and msgs[k + 1]["role"] == "assistant":
+                full = render_chat(tokenizer, msgs[:k + 2], add_generation_prompt=False)
+                if full[:len(prompt)] == prompt:
+                    output = full[len(prompt):]
+                else:
+                    output = tokenizer(msgs[k + 1]["content"], add_special_tokens=False)["input_ids"]
+            out.append(TraceRequest(len(out), 0, f"{ci}/{k}", None, tuple(prompt), tuple(output), None,
+                                    len(prompt), len(output)))
+    if not out:
+        raise InputError("the conversations hold no user message, so there is no request to replay")
+    return out
+
+
+def load_sweep_requests(path: str | Path, tokenizer_loader: Callable[[], Any] | None = None) -> tuple[list[TraceRequest], str]:
+    """The requests of a trace or conversation file and its kind: tokens, mooncake or conversation."""
+    if is_request_trace(path):
+        reqs = load_trace(path)
+        return reqs, ("mooncake" if reqs[0].is_block_level else "tokens")
+    convs = load_conversation_file(path)
+    if tokenizer_loader is None:
+        from engine.models import load_tokenizer as tokenizer_loader  # type: ignore[assignment]
+    return conversation_trace(convs, tokenizer_loader()), "conversation"
+
+
+# ---- the sweep ----------------------------------------------------------------------------
+
+def _point(reqs: list[TraceRequest], series: str, block_size: int, capacity: int, seed: int) -> SweepPoint:
+    result = replay(reqs, ReplayConfig(block_size=block_size, capacity_blocks=capacity, seed=seed))
+    t = result["totals"]
+    return SweepPoint(series, block_size, capacity, t["hit_rate"], t["cached_tokens"], t["prompt_tokens"],
+                      t["evicted_blocks"], t["refused_requests"])
+
+
+def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+          capacities: Sequence[int] = DEFAULT_CAPACITIES, block_size: int = 16,
+          capacity_tokens: int | None = None, seed: int = 0, trace: str = "",
+          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Replay `requests` once per point; the sweep JSON.
+
+    The block-size series holds the pool at `capacity_tokens` tokens (default: every token
+    of the trace, so nothing is evicted and only granularity matters); the capacity series
+    holds the block size at `block_size`. A Mooncake trace fixes the block size at 512.
+    """
+    reqs = list(requests)
+    if not reqs:
+        raise InputError("the trace holds no requests")
+    if any(b < 1 for b in block_sizes) or any(c < 1 for c in capacities):
+        raise InputError("block sizes and capacities must be whole numbers of at least 1")
+    notes: list[str] = []
+    block_level = any(r.is_block_level for r in reqs)
+    if block_level:
+        if any(b != MOONCAKE_BLOCK_SIZE for b in block_sizes) or block_size != MOONCAKE_BLOCK_SIZE:
+            notes.append("a Mooncake trace fixes the block size at 512 tokens (its hash ids name 512-token "
+                         "blocks), so only the capacity varies")
+        block_sizes, block_size = (), MOONCAKE_BLOCK_SIZE
+    total_tokens = sum(r.input_length + r.output_length for r in reqs)
+    budget = capacity_tokens if capacity_tokens is not None else total_tokens
+    plan = [("block_size", b, max(1, -(-budget // b))) for b in sorted(set(block_sizes))]
+    plan += [("capacity", block_size, c) for c in sorted(set(capacities))]
+    points = []
+    for i, (series, bs, cap) in enumerate(plan):
+        points.append(_point(reqs, series, bs, cap, seed).to_dict())
+        if progress is not None:
+            progress(i + 1, len(plan))
+    return {"trace": trace, "kind": "mooncake" if block_level else "tokens", "requests": len(reqs),
+            "total_tokens": total_tokens, "block_size": block_size, "capacity_tokens": budget,
+            "notes": notes, "points": points}
