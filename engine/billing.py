@@ -1,8 +1,8 @@
 """What a hosted API would bill for prompt caching (DESIGN section 6), request by request.
 
 Provider rules come from resources/billing_rules.json, never from code. Requests are
-sequences of content blocks (`Segment`s); building them from files lives in
-`engine.billing_inputs`-style helpers at the end of this module. No Qt, no model.
+sequences of content blocks (`Segment`s), built from conversations or traces by the
+helpers at the end of this module. No Qt, no model.
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ class Segment:
 
 @dataclass(slots=True, frozen=True)
 class BillingRequest:
+    """One request. `implied_boundaries`: the source has no message boundaries (a block-level
+    trace), so every block boundary inside a written prefix counts as readable later."""
+
     request_id: str
     segments: tuple[Segment, ...]
     time_s: float = 0.0
+    implied_boundaries: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -225,6 +229,9 @@ class BillingCalculator:
             self._touch(segs[b].key, ends[b], t, req.request_id)
             if b > read_j:
                 written_to = max(written_to, ends[b])
+                if req.implied_boundaries:
+                    for j in range(read_j + 1, b):
+                        self._touch(segs[j].key, ends[j], t, req.request_id)
         if not bps:
             notes.append("no breakpoint falls inside this request: nothing is cached")
         return read_tokens, written_to - read_tokens, [ends[b] for b in bps], notes
@@ -369,7 +376,9 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
 
     A trace has no message boundaries, so a token-level request is cut where an earlier
     request's prompt (or prompt plus output) ended: that is where a conversation's turns
-    meet. A Mooncake request is cut into its 512-token hash blocks.
+    meet. A Mooncake request is cut into its 512-token hash blocks; its partial last block
+    has its own id, so a later turn can only be matched on whole blocks (an underestimate
+    of at most 511 tokens per read).
     """
     known: dict[int, set[int]] = {}
     out = []
@@ -383,7 +392,7 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
                     break
                 segs.append(Segment(("mooncake", tr.tenant, i, hid), n, None, f"block {i}"))
                 left -= n
-            out.append(BillingRequest(tr.id, tuple(segs), t))
+            out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True))
             continue
         tokens = tr.tokens
         hashes = _prefix_hashes(tuple(tokens) + tuple(tr.output_tokens or ()))

@@ -1,0 +1,125 @@
+"""`cachescope billing`: what a hosted API would bill for a session or trace, with and without caching."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from app.commands._common import positive_int, print_json
+from engine.errors import InputError
+
+NAME = "billing"
+HELP = "hosted prompt-caching bill (Anthropic / OpenAI rules) of a conversation, trace or stored session"
+
+_SESSION = re.compile(r"^(?:session:)?(\d+)$")
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"{text} must be a number of at least 0")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SESSION_OR_TRACE",
+                   help="conversation file (OpenAI/Anthropic JSON), token-level or Mooncake trace, or a stored session id")
+    p.add_argument("--provider", choices=("anthropic", "openai", "openai-legacy"), default="anthropic",
+                   help="whose rules to apply (default anthropic)")
+    p.add_argument("--model", metavar="NAME", default=None, help="model family, e.g. claude-sonnet-4-5 (sets the minimum and price)")
+    p.add_argument("--breakpoints", metavar="auto|LIST", default=None,
+                   help="cache breakpoints: 'auto' (the last block) or block indices such as 0,-1 (negative from the end)")
+    p.add_argument("--ttl", choices=("5m", "1h"), default="5m", help="Anthropic cache lifetime (1h writes cost 2x)")
+    p.add_argument("--price-per-mtok", type=non_negative_float, default=None, metavar="X",
+                   help="base input price in USD per million tokens (default: from the rules file)")
+    p.add_argument("--turn-gap", type=non_negative_float, default=0.0, metavar="SECONDS",
+                   help="seconds between turns of a conversation file, which has no timestamps (default 0)")
+    p.add_argument("--rules", metavar="PATH", default=None, help="another rules file (default resources/billing_rules.json)")
+    p.add_argument("--db", metavar="PATH", default=None, help="the session database (default: the user data dir)")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use only the first N requests")
+    p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def load_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0, model: str | None = None):
+    """BillingRequests of a file or a stored session, and a note on where token counts come from."""
+    from engine import billing
+    from engine.sweep import is_request_trace, load_conversation_file
+
+    path = Path(source)
+    m = _SESSION.match(source)
+    if not path.exists() and m:
+        from engine.store import Store
+
+        with Store(db) as store:
+            info = store.get_session(int(m.group(1)))
+            if info.kind == "trace":
+                return billing.requests_from_trace(store.trace_requests(info.id)), "trace token counts"
+            convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
+    elif not path.is_file():
+        raise InputError(f"{source}: no such file or stored session")
+    elif is_request_trace(path):
+        from engine.trace import load_trace
+
+        return billing.requests_from_trace(load_trace(path)), "trace token counts; timestamps read as milliseconds"
+    else:
+        convs = load_conversation_file(path)
+    from engine.models import load_tokenizer
+
+    reqs = billing.requests_from_conversations(convs, load_tokenizer(model), turn_gap_s)
+    if not reqs:
+        raise InputError(f"{source}: the conversation holds no user message, so nothing is billed")
+    return reqs, ("approximate: the bundled SmolLM2 tokenizer with ChatML framing per message, "
+                  "not the provider's own tokenizer")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine import billing
+
+    rules = billing.provider_rules(args.provider, args.model, args.ttl, args.price_per_mtok,
+                                   billing.load_rules(args.rules) if args.rules else None)
+    breakpoints = billing.parse_breakpoints(args.breakpoints, rules)
+    reqs, counts = load_requests(args.source, args.db, args.turn_gap)
+    if args.limit is not None:
+        reqs = reqs[:args.limit]
+    result = billing.bill(reqs, rules, breakpoints)
+    result["source"] = args.source
+    result["token_counts"] = counts
+    if args.totals_only:
+        result.pop("requests")
+    if args.json:
+        print_json(result)
+    else:
+        _print_human(result)
+    return 0
+
+
+def _money(v: float | None) -> str:
+    return "n/a" if v is None else f"${v:.6f}"
+
+
+def _print_human(result: dict) -> None:
+    out = sys.stdout
+    r, t = result["rules"], result["totals"]
+    out.write(f"{r['label']}, {r['model']} (rules checked {r['checked']}): write {r['write_multiplier']}x, "
+              f"read {r['read_multiplier']}x, minimum {r['min_cacheable_tokens']} tokens, TTL {r['ttl_seconds']:.0f} s\n")
+    out.write(f"token counts: {result['token_counts']}\n")
+    rows = result.get("requests") or []
+    if rows:
+        out.write(f"{'#':>5} {'id':<14} {'prompt':>8} {'read':>8} {'write':>8} {'uncached':>9} {'cost':>11}\n")
+        for row in rows[:200]:
+            out.write(f"{row['index']:>5} {str(row['id'])[:14]:<14} {row['prompt_tokens']:>8} {row['read_tokens']:>8} "
+                      f"{row['write_tokens']:>8} {row['uncached_tokens']:>9} {_money(row['cost_usd']):>11}\n")
+            for note in row["notes"]:
+                out.write(f"      note: {note}\n")
+        if len(rows) > 200:
+            out.write(f"... {len(rows) - 200} more (use --json)\n")
+    out.write(f"total: {t['prompt_tokens']} prompt tokens, read {t['read_tokens']}, written {t['write_tokens']}, "
+              f"uncached {t['uncached_tokens']}\n")
+    out.write(f"cost {_money(t['cost_usd'])} with caching, {_money(t['cost_without_cache_usd'])} without "
+              f"(saves {t['savings_fraction']:.1%})\n")
