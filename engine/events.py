@@ -168,6 +168,9 @@ class SemanticLookup(Event):
     threshold: float
     flags: tuple[str, ...] = ()
     tenant: str | None = None
+    guard: bool = False  # guarded mode: a flagged neighbour is not served
+    entry_id: int | None = None  # the entry served on a hit
+    neighbour_flags: tuple[tuple[str, ...], ...] = ()  # risk flags of each neighbour, same order
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -182,7 +185,7 @@ class SemanticStored(Event):
 class SemanticEvicted(Event):
     kind: ClassVar[str] = "semantic_evicted"
     entry_id: int
-    reason: str  # lru | ttl
+    reason: str  # lru | ttl | removed
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -209,6 +212,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
             value = MissInfo(**value)
         elif f.name == "neighbours":
             value = tuple((int(a), float(b)) for a, b in value)
+        elif f.name == "neighbour_flags" and value is not None:
+            value = tuple(tuple(v) for v in value)
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[f.name] = value
