@@ -16,6 +16,9 @@ from engine.projection import EventLog, PoolProjection
 
 # While scrubbing, blocks evicted this many events before the shown one still flash.
 SCRUB_FLASH_EVENTS = 8
+# Live, only the evictions of the last batch flash, and at most this many events back,
+# so that opening a whole trace in one batch does not paint every eviction ever made.
+LIVE_FLASH_EVENTS = 256
 
 
 @dataclass(slots=True, frozen=True)
@@ -145,4 +148,4 @@ class PoolState(QObject):
             return self._scrubbed.seq - SCRUB_FLASH_EVENTS + 1
         if self.last_batch is None:
             return 1 << 62
-        return self.last_batch[0]
+        return max(self.last_batch[0], self.last_batch[1] - LIVE_FLASH_EVENTS + 1)

@@ -1,0 +1,375 @@
+"""The block table: every physical block of the pool as one cell of a grid, coloured by state.
+
+One pyqtgraph ImageItem holds the whole grid as an RGBA array (16K blocks redraw in a few
+milliseconds); hovering shows a block's details, clicking selects its hash chain.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
+from PySide6.QtGui import QColor, QCursor, QPixmap
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+
+from app import theme
+from engine.projection import PoolProjection
+
+FLASH_SECONDS = 0.6
+MAX_TOOLTIP_TOKENS = 48
+
+
+def block_colors(name: str | None = None) -> dict[str, QColor]:
+    """The grid's colours for a theme; other views reuse them so states read the same."""
+    p = theme.palette(name)
+    dark = (name or theme.current_theme()) == "dark"
+    return {
+        "background": QColor(p["bg"]),
+        "empty": QColor(p["empty"]),
+        # cached & free: LRU age from the next to be evicted (dim) to the last freed (bright)
+        "cached_old": QColor("#1d4a3b" if dark else "#b9dccb"),
+        "cached_new": QColor(p["cached"]),
+        "ref1": QColor("#3d8fd6" if dark else "#2f7fc4"),
+        "ref2": QColor("#8f7cf0" if dark else "#6a55d6"),
+        "ref3": QColor("#f2b134" if dark else "#d08a00"),
+        "evicted": QColor(p["miss"]),
+        "selected": QColor("#ffffff" if dark else "#111111"),
+    }
+
+
+def _rgba(c: QColor) -> np.ndarray:
+    return np.array([c.red(), c.green(), c.blue(), 255], dtype=np.uint8)
+
+
+def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq: int | None) -> np.ndarray:
+    """An (num_blocks, 4) uint8 RGBA array: one colour per block, vectorised."""
+    n = p.num_blocks
+    out = np.empty((n, 4), dtype=np.uint8)
+    out[:] = _rgba(colors["empty"])
+    if n == 0:
+        return out
+    ref = np.array(p.ref_counts, dtype=np.int32)
+    hashed = np.fromiter((h is not None for h in p.hashes), dtype=bool, count=n)
+    if p.free:
+        free_ids = np.fromiter(p.free, dtype=np.int64, count=len(p.free))
+        cached_free = free_ids[hashed[free_ids] & (ref[free_ids] == 0)]
+        if len(cached_free):
+            # position among cached free blocks in queue order: 0 = evicted next, darkest
+            t = np.linspace(0.0, 1.0, len(cached_free)) if len(cached_free) > 1 else np.ones(1)
+            old, new = _rgba(colors["cached_old"]).astype(np.float32), _rgba(colors["cached_new"]).astype(np.float32)
+            out[cached_free] = (old + (new - old) * t[:, None]).astype(np.uint8)
+    out[ref == 1] = _rgba(colors["ref1"])
+    out[ref == 2] = _rgba(colors["ref2"])
+    out[ref >= 3] = _rgba(colors["ref3"])
+    if flash_since_seq is not None and p.last_eviction_seq >= flash_since_seq:
+        ev = np.array(p.evicted_seq, dtype=np.int64)
+        out[(ev >= flash_since_seq) & (ev <= p.seq)] = _rgba(colors["evicted"])
+    return out
+
+
+def grid_columns(num_blocks: int) -> int:
+    """A wide grid in multiples of 8 columns so block ids are easy to count."""
+    if num_blocks <= 8:
+        return max(1, num_blocks)
+    return 8 * math.ceil(math.sqrt(num_blocks * 1.8) / 8)
+
+
+def cell_pixels(num_blocks: int) -> int:
+    if num_blocks <= 4096:
+        return 8
+    if num_blocks <= 65536:
+        return 4
+    return 1
+
+
+class BlockTableView(QWidget):
+    """Every physical block as a grid cell; hover for details, click to select a chain.
+
+    `selected_chain` holds the block ids of the selected chain (root first); `select_block`
+    and `select_request` set it from code (tests, other views).
+    """
+
+    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctx = ctx
+        self.state = ctx.state
+        self.setObjectName("block_table_view")
+        self.colors = block_colors()
+        self.selected_chain: list[int] = []
+        self._selected_block: int | None = None
+        self._selected_request: str | None = None
+        self._hover_block: int | None = None
+        self._drawn_version = -1
+        self._flash_until = 0.0
+        self._last_batch: tuple[int, int] | None = None
+        self.cols = 1
+        self.rows = 1
+        self.cell_px = 8
+        self.cell_colors = np.zeros((0, 4), dtype=np.uint8)
+        self._img = np.zeros((1, 1, 4), dtype=np.uint8)
+        self._rect_dirty = True
+
+        self.summary = QLabel()
+        self.summary.setObjectName("block_table_summary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.glw = pg.GraphicsLayoutWidget()
+        self.glw.ci.setContentsMargins(4, 4, 4, 4)
+        self.vb = self.glw.addViewBox(lockAspect=True, invertY=True, enableMenu=False)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.vb.addItem(self.image)
+        self.outline = pg.ScatterPlotItem(symbol="s", size=1.0, pxMode=False, brush=None)
+        self.vb.addItem(self.outline)
+        self.glw.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        self.glw.scene().sigMouseClicked.connect(self._on_mouse_clicked)
+        self.legend = QWidget()
+        self._legend_layout = QHBoxLayout(self.legend)
+        self._legend_layout.setContentsMargins(4, 0, 4, 0)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.glw, 1)
+        layout.addWidget(self.legend)
+
+        self._flash_timer = QTimer(self)
+        self._flash_timer.setSingleShot(True)
+        self._flash_timer.timeout.connect(self._end_flash)
+        self.state.sigChanged.connect(self.refresh)
+        self.state.sigReset.connect(self._on_reset)
+        if hasattr(ctx, "sigThemeChanged"):
+            ctx.sigThemeChanged.connect(self.apply_theme)
+        self.apply_theme()
+
+    # ------------------------------------------------------------------ appearance
+    def apply_theme(self, name: str | None = None) -> None:
+        self.colors = block_colors(name)
+        self.glw.setBackground(self.colors["background"])
+        self.outline.setPen(pg.mkPen(self.colors["selected"], width=2))
+        self._build_legend()
+        self._resize_grid(force=True)
+        self.redraw()
+
+    def _build_legend(self) -> None:
+        while self._legend_layout.count():
+            item = self._legend_layout.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        c = self.colors
+        entries = [("empty", "empty"), ("cached_old", "cached, free: evicted next"),
+                   ("cached_new", "cached, free: freed last"), ("ref1", "in use, ref 1"),
+                   ("ref2", "ref 2"), ("ref3", "ref 3+"), ("evicted", "just evicted")]
+        for key, text in entries:
+            swatch = QLabel()
+            pix = QPixmap(12, 12)
+            pix.fill(c[key])
+            swatch.setPixmap(pix)
+            label = QLabel(text)
+            label.setObjectName(f"legend_{key}")
+            self._legend_layout.addWidget(swatch)
+            self._legend_layout.addWidget(label)
+            self._legend_layout.addSpacing(8)
+        hint = QLabel("click a block: its chain is outlined")
+        hint.setEnabled(False)
+        self._legend_layout.addStretch(1)
+        self._legend_layout.addWidget(hint)
+
+    # ------------------------------------------------------------------ drawing
+    def _on_reset(self) -> None:
+        self.clear_selection(redraw=False)
+        self._resize_grid(force=True)
+
+    def _resize_grid(self, force: bool = False) -> None:
+        n = self.state.projection.num_blocks
+        cols = grid_columns(n)
+        rows = max(1, math.ceil(n / cols)) if n else 1
+        px = cell_pixels(n)
+        if not force and (cols, rows, px) == (self.cols, self.rows, self.cell_px):
+            return
+        self.cols, self.rows, self.cell_px = cols, rows, px
+        img = np.empty((rows * px, cols * px, 4), dtype=np.uint8)
+        img[:] = _rgba(self.colors["background"])  # gaps between cells stay background
+        self._img = img
+        self._rect_dirty = True  # the rect maps image pixels to cells once the image is set
+        self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
+
+    def refresh(self) -> None:
+        """Redraw if the projection changed since the last frame."""
+        if self.state.version == self._drawn_version:
+            return
+        batch = self.state.last_batch
+        if self.state.is_live and batch != self._last_batch:
+            self._flash_until = time.monotonic() + FLASH_SECONDS
+            self._flash_timer.start(int(FLASH_SECONDS * 1000) + 20)
+        self._last_batch = batch
+        self.redraw()
+
+    def _end_flash(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        p = self.state.projection
+        self._drawn_version = self.state.version
+        self._resize_grid()
+        flash = None
+        if not self.state.is_live or time.monotonic() < self._flash_until:
+            flash = self.state.flash_since_seq
+        colors = compute_colors(p, self.colors, flash)
+        self.cell_colors = colors
+        n, cols, rows, px = p.num_blocks, self.cols, self.rows, self.cell_px
+        cells = np.empty((rows * cols, 4), dtype=np.uint8)
+        cells[:] = _rgba(self.colors["background"])
+        cells[:n] = colors
+        cells = cells.reshape(rows, cols, 4)
+        inner = px - 1 if px >= 3 else px  # one pixel of gap when cells are big enough to show it
+        view = self._img.reshape(rows, px, cols, px, 4)
+        view[:, :inner, :, :inner, :] = cells[:, None, :, None, :]
+        self.image.setImage(self._img, autoLevels=False, levels=(0, 255))
+        if self._rect_dirty:
+            self.image.setRect(QRectF(0, 0, cols, rows))
+            self._rect_dirty = False
+        self._refresh_selection(p)
+        self._update_summary(p)
+
+    def _refresh_selection(self, p: PoolProjection) -> None:
+        chain: list[int] = []
+        if self._selected_block is not None and self._selected_block < p.num_blocks:
+            b = self._selected_block
+            chain = p.chain_of(b) if p.hashes[b] is not None else [b]
+        elif self._selected_request is not None:
+            chain = self._request_blocks(p, self._selected_request)
+        self.selected_chain = chain
+        if chain:
+            ids = np.array(chain)
+            self.outline.setData(x=ids % self.cols + 0.5, y=ids // self.cols + 0.5)
+        else:
+            self.outline.setData(x=[], y=[])
+
+    @staticmethod
+    def _request_blocks(p: PoolProjection, request_id: str) -> list[int]:
+        if request_id in p.running:
+            return list(p.running[request_id])
+        rec = p.requests.get(request_id)
+        if rec is None:
+            return []
+        found = (p.block_of_hash(h) for h in rec.block_hashes)
+        return [b for b in found if b is not None]
+
+    def _update_summary(self, p: PoolProjection) -> None:
+        c = p.counters
+        where = "live" if self.state.is_live else "<b>scrubbed</b>"
+        seq = "no events yet" if p.seq < 0 else f"event {p.seq} ({where})"
+        self.summary.setText(
+            f"<b>{p.num_blocks:,}</b> blocks × {p.block_size} tokens &nbsp;·&nbsp; in use <b>{p.num_in_use:,}</b>"
+            f" &nbsp;·&nbsp; cached free <b>{p.num_cached_free:,}</b> &nbsp;·&nbsp; empty <b>{p.num_empty:,}</b>"
+            f" &nbsp;·&nbsp; max ref {p.max_ref_count} &nbsp;·&nbsp; hit rate {100 * c.hit_rate:.1f}%"
+            f" &nbsp;·&nbsp; {seq}")
+
+    # ------------------------------------------------------------------ selection
+    def select_block(self, block_id: int | None) -> list[int]:
+        """Select the chain of `block_id` (its cached ancestors and itself); returns it."""
+        self._selected_request = None
+        p = self.state.projection
+        if block_id is None or not 0 <= block_id < p.num_blocks:
+            self._selected_block = None
+        else:
+            self._selected_block = int(block_id)
+        self._refresh_selection(p)
+        return self.selected_chain
+
+    def select_request(self, request_id: str | None) -> list[int]:
+        """Outline a request's blocks (its block table while running, else its cached path)."""
+        self._selected_block = None
+        self._selected_request = request_id
+        self._refresh_selection(self.state.projection)
+        return self.selected_chain
+
+    def clear_selection(self, redraw: bool = True) -> None:
+        self._selected_block = None
+        self._selected_request = None
+        self.selected_chain = []
+        if redraw:
+            self.outline.setData(x=[], y=[])
+
+    # ------------------------------------------------------------------ mouse
+    def block_at(self, x: float, y: float) -> int | None:
+        """The block under view coordinates (x, y), or None."""
+        if x < 0 or y < 0:
+            return None
+        col, row = int(x), int(y)
+        if col >= self.cols:
+            return None
+        b = row * self.cols + col
+        return b if b < self.state.projection.num_blocks else None
+
+    def view_point_of(self, block_id: int) -> QPointF:
+        """The centre of a block's cell in view coordinates."""
+        return QPointF(block_id % self.cols + 0.5, block_id // self.cols + 0.5)
+
+    def _on_mouse_moved(self, scene_pos: QPointF) -> None:
+        if not self.vb.sceneBoundingRect().contains(scene_pos):
+            return
+        pt = self.vb.mapSceneToView(scene_pos)
+        b = self.block_at(pt.x(), pt.y())
+        if b == self._hover_block:
+            return
+        self._hover_block = b
+        if b is None:
+            QToolTip.hideText()
+        else:
+            QToolTip.showText(QCursor.pos(), self.tooltip_for(b), self.glw)
+
+    def _on_mouse_clicked(self, ev: Any) -> None:
+        if ev.button() != Qt.MouseButton.LeftButton:
+            return
+        pt = self.vb.mapSceneToView(ev.scenePos())
+        self.select_block(self.block_at(pt.x(), pt.y()))
+
+    def _decode(self, token_ids: tuple[int, ...]) -> str:
+        shown = list(token_ids[:MAX_TOOLTIP_TOKENS])
+        more = " …" if len(token_ids) > MAX_TOOLTIP_TOKENS else ""
+        tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
+        if tokenizer is not None:
+            try:
+                return repr(tokenizer.decode(shown)) + more
+            except Exception:  # noqa: BLE001 - ids from another model still show as ids
+                pass
+        return str(shown)[1:-1] + more
+
+    def tooltip_for(self, block_id: int) -> str:
+        """The hover text of a block: id, digest, parent, tokens, ref count, tenant, last use."""
+        p = self.state.projection
+        info = p.block_info(block_id)
+        if info.ref_count > 0:
+            state = f"in use, ref count {info.ref_count}"
+        elif info.block_hash is not None:
+            state = "cached, free"
+        else:
+            state = "empty"
+        lines = [f"Block {block_id} · {state}"]
+        if info.block_hash is not None:
+            parent = info.parent_hash.hex()[:12] if info.parent_hash is not None else "none (first block)"
+            lines.append(f"digest {info.block_hash.hex()[:12]}… · parent {parent}")
+            tenant = info.tenant if info.tenant is not None else "none"
+            lines.append(f"tenant: {tenant}")
+            if info.token_ids:
+                lines.append(f"tokens: {self._decode(info.token_ids)}")
+            elif info.external_id is not None:
+                lines.append(f"external block id {info.external_id}")
+        if info.free_rank is not None:
+            lines.append(f"free queue position {info.free_rank} of {p.num_free_blocks} (0 = evicted next)")
+        if info.owners:
+            lines.append("used by: " + ", ".join(info.owners[:6]) + (" …" if len(info.owners) > 6 else ""))
+        if info.last_use_seq is not None:
+            lines.append(f"last use: event {info.last_use_seq} (use clock {info.last_used})")
+        if info.evicted_seq is not None:
+            lines.append(f"last evicted at event {info.evicted_seq}")
+        return "\n".join(lines)
+
+    def color_of(self, block_id: int) -> QColor:
+        """The colour the grid currently shows for `block_id` (for tests)."""
+        r, g, b, a = (int(v) for v in self.cell_colors[block_id])
+        return QColor(r, g, b, a)
