@@ -1,0 +1,339 @@
+"""The model runner: a transformers causal LM driven by the prefix-cache engine.
+
+A request looks up its cached blocks, gathers them from the KV pool into a `DynamicCache`,
+prefills only the uncached suffix, decodes, and writes every block that fills back to the
+pool. Bookkeeping stays in `manager`; tensors stay in `kv_pool`; transformers stays here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from engine.events import EventBus, MissInfo
+from engine.hashing import BlockHasher
+from engine.kv_pool import KVPool, KVShape
+from engine.manager import PrefixCacheManager, Request
+from engine.models import LoadedModel
+
+DEFAULT_NUM_BLOCKS = 1024
+OnToken = Callable[[int, str], None]
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """One finished request: what was reused, what was computed, what came out, how long.
+
+    `miss` is None when `use_cache=False` (nothing was looked up). `first_logits` are the
+    logits at the last prompt position, `last_logits` those the last token was sampled
+    from (float32, on the CPU). `timings` splits the work in milliseconds: hash, lookup,
+    allocate, gather, store (pool writes and block bookkeeping), prefill, decode.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_text: str
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_computed_tokens: int
+    miss: MissInfo | None
+    block_ids: tuple[int, ...]
+    ttft_ms: float
+    prefill_ms: float
+    decode_ms: float
+    last_logits: torch.Tensor | None
+    first_logits: torch.Tensor | None = None
+    finish_reason: str = "length"  # "length" | "stop" (an end-of-sequence token)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bookkeeping_ms(self) -> float:
+        t = self.timings
+        return sum(t.get(k, 0.0) for k in ("hash_ms", "lookup_ms", "allocate_ms", "gather_ms", "store_ms"))
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """A request in flight: its tokens, its DynamicCache and its engine blocks."""
+
+    request_id: str
+    prompt: list[int]
+    cache: Any
+    block_ids: list[int]
+    num_written: int  # tokens from the front whose KV is in the pool (whole blocks)
+    managed: bool
+    output: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+class ModelRunner:
+    """Runs a `LoadedModel` over a paged prefix cache of `num_blocks` blocks (or as many as
+    `kv_memory_bytes` holds). `seed` seeds both the hash root and sampling."""
+
+    def __init__(self, loaded: LoadedModel, num_blocks: int | None = None, kv_memory_bytes: int | None = None,
+                 block_size: int = 16, seed: int | None = 0, hash: str = "sha256",
+                 events: EventBus | None = None) -> None:
+        if num_blocks is not None and kv_memory_bytes is not None:
+            raise ValueError("give the pool size as a number of blocks or as a KV memory budget, not both")
+        if num_blocks is None and kv_memory_bytes is None:
+            num_blocks = DEFAULT_NUM_BLOCKS
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.events = events if events is not None else EventBus()
+        shape = KVShape(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
+        self.kv_pool = KVPool(shape, block_size, num_blocks=num_blocks, memory_bytes=kv_memory_bytes,
+                              device=next(self.model.parameters()).device)
+        self.block_size = block_size
+        self.manager = PrefixCacheManager(self.kv_pool.num_blocks, block_size,
+                                          BlockHasher(hash, seed, loaded.model_id), self.events)
+        self.generator = torch.Generator(device="cpu")
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5.x renamed `past_key_values` to `cache`; accept models of either kind.
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._keep_last_logits = "logits_to_keep" in params
+        self._ids = itertools.count()
+        self._eos_ids = self._find_eos_ids()
+
+    def _find_eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return frozenset(ids)
+
+    # ---------------------------------------------------------------- public API
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of `messages` through the model's chat template, ready for the reply."""
+        if not messages:
+            raise ValueError("a chat needs at least one message")
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+        return list(encoded["input_ids"])
+
+    def chat(self, messages: list[dict], **kwargs: Any) -> GenerationResult:
+        return self.generate(self.render_chat(messages), **kwargs)
+
+    def generate(self, prompt_token_ids: Sequence[int], max_new_tokens: int = 32, salt: str | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, on_token: OnToken | None = None,
+                 use_cache: bool = True, request_id: str | None = None) -> GenerationResult:
+        """Generate up to `max_new_tokens` tokens after `prompt_token_ids`.
+
+        With `use_cache` the prompt goes through the prefix cache (hit blocks are gathered,
+        only the rest is prefilled, filled blocks are stored); without it the whole prompt
+        is prefilled afresh and the pool is not touched.
+        """
+        self._check_sampling(max_new_tokens, temperature, top_p)
+        start = time.perf_counter()
+        seq, result = self._start(list(prompt_token_ids), max_new_tokens, salt, use_cache, request_id, start)
+        aborted = True
+        try:
+            logits = self._prefill(seq, result)
+            self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, start)
+            aborted = False
+        finally:
+            if seq.managed:
+                self.manager.finish(seq.request_id, aborted=aborted)
+        return result
+
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, salt: str | None = None,
+                       temperature: float = 0.0, top_p: float = 1.0, on_token: OnToken | None = None,
+                       use_cache: bool = True) -> list[GenerationResult]:
+        """Fan-out: several prompts over a shared prefix, admitted together.
+
+        Requests are admitted and prefilled in order, so the shared prefix is computed once
+        (by the first) and is in the pool before the others look up; they hit its blocks
+        (ref count N while all N run) and get their own blocks from the first divergent
+        block on. The shared hit blocks are gathered from the pool once and every later
+        continuation starts from views of that one gather. Decoding runs request by
+        request; no request finishes before all are done.
+        """
+        self._check_sampling(max_new_tokens, temperature, top_p)
+        prompts = [list(p) for p in prompts]
+        started: list[tuple[_Sequence, GenerationResult, torch.Tensor, float]] = []
+        shared: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        aborted = True
+        try:
+            for index, prompt in enumerate(prompts):
+                t0 = time.perf_counter()
+                seq, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0)
+                started.append((seq, result, torch.empty(0), t0))
+                if index >= 1 and shared is None and seq.num_written > 0:
+                    t = time.perf_counter()
+                    hit_ids = seq.block_ids[:seq.num_written // self.block_size]
+                    shared = (hit_ids, self.kv_pool.gather(hit_ids, seq.num_written))
+                    seq.timings["gather_ms"] = _ms(t)
+                logits = self._prefill(seq, result, shared)
+                started[-1] = (seq, result, logits, t0)
+            for seq, result, logits, t0 in started:
+                self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, t0)
+            aborted = False
+        finally:
+            for seq, _, _, _ in started:
+                if seq.managed:
+                    self.manager.finish(seq.request_id, aborted=aborted)
+        return [result for _, result, _, _ in started]
+
+    # ---------------------------------------------------------------- steps
+    def _check_sampling(self, max_new_tokens: int, temperature: float, top_p: float) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must not be negative, not {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], not {top_p}")
+
+    def _start(self, prompt: list[int], max_new_tokens: int, salt: str | None, use_cache: bool,
+               request_id: str | None, start: float) -> tuple[_Sequence, GenerationResult]:
+        """Hash, look up and allocate (or, without the cache, just set up a cold request)."""
+        if not prompt:
+            raise ValueError("the prompt is empty; it needs at least one token")
+        rid = request_id if request_id is not None else f"gen-{next(self._ids)}"
+        timings: dict[str, float] = {}
+        miss: MissInfo | None = None
+        block_ids: list[int] = []
+        num_cached = 0
+        if use_cache:
+            request = Request(rid, prompt, salt=salt)
+            t = time.perf_counter()
+            hashes = self.manager.hash_request(request)
+            timings["hash_ms"] = _ms(t)
+            t = time.perf_counter()
+            lookup = self.manager.lookup(request, hashes)
+            timings["lookup_ms"] = _ms(t)
+            t = time.perf_counter()
+            # Admit only when the whole output fits, so decoding never runs out of blocks.
+            allocation = self.manager.allocate(request, lookup, num_lookahead_tokens=max_new_tokens - 1)
+            timings["allocate_ms"] = _ms(t)
+            block_ids = list(allocation.block_ids)
+            num_cached = allocation.num_cached_tokens
+            miss = allocation.miss
+        seq = _Sequence(rid, prompt, DynamicCache(config=self.model.config), block_ids, num_cached, use_cache,
+                        timings=timings)
+        result = GenerationResult(rid, prompt, seq.output, "", len(prompt), num_cached, len(prompt) - num_cached,
+                                  miss, (), 0.0, 0.0, 0.0, None, timings=timings)
+        return seq, result
+
+    def _fill_cache(self, seq: _Sequence, shared: tuple[list[int], list] | None) -> None:
+        """Put the cached prefix (gathered from the pool) into the request's DynamicCache."""
+        n = seq.num_written
+        if n == 0:
+            return
+        t = time.perf_counter()
+        num_hit_blocks = n // self.block_size
+        if shared is not None and num_hit_blocks <= len(shared[0]) \
+                and seq.block_ids[:num_hit_blocks] == shared[0][:num_hit_blocks]:
+            kv = [(k[:, :, :n], v[:, :, :n]) for k, v in shared[1]]  # views: no copy
+        else:
+            kv = self.kv_pool.gather(seq.block_ids, n)
+        cache = seq.cache
+        for index, (k, v) in enumerate(kv):
+            layer = cache.layers[index] if index < len(cache.layers) else None
+            if type(layer) is DynamicLayer:
+                # Hand over the gathered tensors as they are: `update` would copy them once more.
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+            else:
+                cache.update(k, v, index)
+        seq.timings["gather_ms"] = seq.timings.get("gather_ms", 0.0) + _ms(t)
+
+    def _forward(self, seq: _Sequence, token_ids: list[int], start: int) -> torch.Tensor:
+        ids = torch.tensor([token_ids], dtype=torch.long)
+        positions = torch.arange(start, start + len(token_ids), dtype=torch.long).unsqueeze(0)
+        kwargs: dict[str, Any] = {self._cache_kwarg: seq.cache, "use_cache": True, "position_ids": positions}
+        if self._keep_last_logits:
+            kwargs["logits_to_keep"] = 1
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, **kwargs)
+        return out.logits[0, -1].float()
+
+    def _prefill(self, seq: _Sequence, result: GenerationResult,
+                 shared: tuple[list[int], list] | None = None) -> torch.Tensor:
+        self._fill_cache(seq, shared)
+        t = time.perf_counter()
+        logits = self._forward(seq, seq.prompt[seq.num_written:], seq.num_written)
+        result.prefill_ms = _ms(t)
+        seq.timings["prefill_ms"] = result.prefill_ms
+        if seq.managed:
+            t = time.perf_counter()
+            self._write_full_blocks(seq, len(seq.prompt))
+            seq.timings["store_ms"] = _ms(t)
+        result.first_logits = logits
+        return logits
+
+    def _write_full_blocks(self, seq: _Sequence, num_tokens: int) -> None:
+        """Copy the request's newly filled blocks (up to `num_tokens` tokens of KV) to the pool."""
+        end = (num_tokens // self.block_size) * self.block_size
+        start = seq.num_written
+        if end <= start:
+            return
+        layers = [(layer.keys[:, :, start:end], layer.values[:, :, start:end]) for layer in seq.cache.layers]
+        self.kv_pool.write(seq.block_ids, start, layers)
+        seq.num_written = end
+
+    def _decode(self, seq: _Sequence, result: GenerationResult, logits: torch.Tensor, max_new_tokens: int,
+                temperature: float, top_p: float, on_token: OnToken | None, start: float) -> None:
+        t_decode = time.perf_counter()
+        decoded_text = ""
+        position = len(seq.prompt)
+        store_ms = 0.0
+        while True:
+            token = self._sample(logits, temperature, top_p)
+            seq.output.append(token)
+            if len(seq.output) == 1:
+                result.ttft_ms = _ms(start)
+                t_decode = time.perf_counter()
+            if on_token is not None:
+                text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
+                on_token(token, text[len(decoded_text):])
+                decoded_text = text
+            if token in self._eos_ids:
+                result.finish_reason = "stop"
+                break
+            if len(seq.output) >= max_new_tokens:
+                break
+            logits = self._forward(seq, [token], position)
+            position += 1
+            if seq.managed:
+                t = time.perf_counter()
+                new_blocks = self.manager.append(seq.request_id, token_ids=[token])
+                seq.block_ids.extend(new_blocks)
+                self._write_full_blocks(seq, position)
+                store_ms += _ms(t)
+        result.decode_ms = _ms(t_decode)
+        seq.timings["decode_ms"] = result.decode_ms
+        seq.timings["decode_store_ms"] = store_ms
+        result.last_logits = logits
+        result.output_text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
+        result.block_ids = tuple(seq.block_ids)
+
+    def _sample(self, logits: torch.Tensor, temperature: float, top_p: float) -> int:
+        if temperature == 0.0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p  # always keeps the first
+            sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+            choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=self.generator)
+            return int(order[choice])
+        return int(torch.multinomial(probs, 1, generator=self.generator))
