@@ -1,0 +1,146 @@
+"""Token diff on the real SmolLM2 tokenizer: one test per cause class, and the command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from engine.diff import DiffRequest, default_system_prompt, diff_requests, request_from_messages
+
+DOCS = "You are a support agent for Acme. Answer from the documents below.\n\n"
+
+
+def msgs(system: str | None, user: str = "Where is my order?") -> list[dict[str, str]]:
+    out = [] if system is None else [{"role": "system", "content": system}]
+    return out + [{"role": "user", "content": user}]
+
+
+def diff(tok, a, b, **kw):
+    return diff_requests(tok, request_from_messages(tok, a), request_from_messages(tok, b), **kw)
+
+
+def test_template_default_system_prompt_is_found(default_tokenizer):
+    assert default_system_prompt(default_tokenizer) == \
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def test_identical_requests(default_tokenizer):
+    r = diff(default_tokenizer, msgs(DOCS), msgs(DOCS))
+    assert r.first_divergent_token is None and r.cause == "identical"
+    n = len(request_from_messages(default_tokenizer, msgs(DOCS)).token_ids)
+    assert r.matching_blocks == n // 16
+    assert r.to_dict()["a"]["tokens"] == r.to_dict()["b"]["tokens"]
+
+
+def test_default_system_prompt(default_tokenizer):
+    # Turn one had no system message, so the template rendered its default; turn two has one.
+    r = diff(default_tokenizer, msgs(None), msgs("You are concise."))
+    assert r.cause == "default_system_prompt"
+    assert r.first_divergent_token < 16 and r.matching_blocks == 0
+    assert "SmolLM" in r.a["text"] and "concise" in r.b["text"]
+
+
+def test_trailing_newline_is_whitespace(default_tokenizer):
+    r = diff(default_tokenizer, msgs(DOCS + "Be brief."), msgs(DOCS + "Be brief.\n"))
+    assert r.cause == "whitespace"
+    a_ids = request_from_messages(default_tokenizer, msgs(DOCS + "Be brief.")).token_ids
+    b_ids = request_from_messages(default_tokenizer, msgs(DOCS + "Be brief.\n")).token_ids
+    d = r.first_divergent_token
+    assert a_ids[:d] == b_ids[:d] and a_ids[d] != b_ids[d]
+    assert r.matching_blocks == d // 16
+    assert r.b["divergent"]["text"] == "\n"
+
+
+def test_double_space_is_whitespace(default_tokenizer):
+    r = diff(default_tokenizer, msgs(DOCS + "Be  brief. Use lists."), msgs(DOCS + "Be brief. Use lists."))
+    assert r.cause == "whitespace"
+
+
+def test_timestamp_at_front(default_tokenizer):
+    a = msgs("Current time: 2025-05-17 10:31:07. " + DOCS)
+    b = msgs("Current time: 2025-05-17 10:32:44. " + DOCS)
+    r = diff(default_tokenizer, a, b)
+    assert r.cause == "timestamp_or_id"
+    assert r.matching_blocks <= 1  # the timestamp sits in the first blocks: almost nothing is reused
+
+
+def test_uuid(default_tokenizer):
+    r = diff(default_tokenizer, msgs("session 3f2a9c1e-7b4d-4c2a-9e1f-0a1b2c3d4e5f\n" + DOCS),
+             msgs("session 8d1b2e3f-1a2b-4c3d-8e9f-112233445566\n" + DOCS))
+    assert r.cause == "timestamp_or_id"
+
+
+def test_reordered_rag_chunks(default_tokenizer):
+    chunks = ["Doc A: refunds take 5 days.", "Doc B: shipping is free over $50.", "Doc C: returns within 30 days."]
+    a = msgs(DOCS + "\n\n".join(chunks))
+    b = msgs(DOCS + "\n\n".join([chunks[1], chunks[0], chunks[2]]))
+    r = diff(default_tokenizer, a, b)
+    assert r.cause == "reordered"
+    assert r.first_divergent_token > 16 and r.matching_blocks >= 1
+
+
+def test_new_content(default_tokenizer):
+    r = diff(default_tokenizer, msgs(DOCS + "Refunds take 5 days."), msgs(DOCS + "Refunds take 7 days."))
+    assert r.cause == "new_content"
+    assert r.a["divergent"]["text"].strip() == "5" and r.b["divergent"]["text"].strip() == "7"
+
+
+def test_next_turn_only_adds_content(default_tokenizer):
+    first = msgs(DOCS)
+    second = first + [{"role": "assistant", "content": "Let me check."}, {"role": "user", "content": "Thanks"}]
+    r = diff(default_tokenizer, first, second)
+    n = len(request_from_messages(default_tokenizer, first).token_ids)
+    assert r.cause == "new_content" and r.first_divergent_token == n
+    assert r.a["divergent"] is None
+
+
+def test_bos_and_special_tokens(default_tokenizer):
+    tok = default_tokenizer
+    ids = request_from_messages(tok, msgs(DOCS)).token_ids
+    bos = tok.convert_tokens_to_ids("<|im_start|>")
+    r = diff_requests(tok, DiffRequest(ids), DiffRequest((bos,) + ids))  # a doubled BOS
+    assert r.cause == "bos_or_special_token" and r.first_divergent_token == 1
+    end = tok.convert_tokens_to_ids("<|endoftext|>")
+    r = diff_requests(tok, DiffRequest(ids), DiffRequest(ids[:20] + (end,) + ids[20:]))
+    assert r.cause == "bos_or_special_token" and r.first_divergent_token == 20
+
+
+def test_tenant_salt(default_tokenizer):
+    ids = request_from_messages(default_tokenizer, msgs(DOCS)).token_ids
+    r = diff_requests(default_tokenizer, DiffRequest(ids, "acme"), DiffRequest(ids, "globex"))
+    assert r.cause == "tenant_salt"
+    assert r.first_divergent_token is None and r.matching_blocks == 0
+
+
+def test_diff_command_json(default_tokenizer, tmp_path, capsys):
+    a, b = tmp_path / "a.txt", tmp_path / "b.json"
+    a.write_text("Summarise the meeting notes below.\n")
+    b.write_text(json.dumps({"messages": [{"role": "user", "content": "Summarise the meeting notes below."}]}))
+    assert main(["diff", str(a), str(b), "--json", "--block-size", "8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"first_divergent_token", "matching_blocks", "cause", "a", "b"}
+    assert set(out["a"]) >= {"tokens", "text"}
+    assert out["cause"] == "whitespace"
+    assert out["matching_blocks"] == out["first_divergent_token"] // 8
+    assert main(["diff", str(a), str(tmp_path / "none.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err
+
+
+def test_diff_command_tenant(tmp_path, capsys):
+    a = tmp_path / "a.txt"
+    a.write_text("Hello there")
+    assert main(["diff", str(a), str(a), "--salt-a", "t1", "--salt-b", "t2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cause"] == "tenant_salt" and out["first_divergent_token"] is None
+
+
+@pytest.mark.parametrize("bad", ["0", "x"])
+def test_bad_block_size(tmp_path, bad):
+    a = tmp_path / "a.txt"
+    a.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["diff", str(a), str(a), "--block-size", bad])
+    assert exc.value.code == 2
