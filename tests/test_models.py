@@ -1,0 +1,84 @@
+"""Model loading: the bundled SmolLM2 GGUF, its cached conversion, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine.errors import InputError
+from engine.models import _converted_dir, default_gguf_path, load_model, load_tokenizer, resolve_model
+
+
+def test_default_model_shape_and_chat_template(default_model):
+    assert default_model.name == "SmolLM2-135M-Instruct"
+    assert (default_model.num_layers, default_model.num_kv_heads, default_model.head_dim) == (30, 3, 64)
+    assert str(default_model.dtype) == "torch.float32"
+    assert default_model.tokenizer.chat_template
+    ids = default_model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                      add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>assistant" in ids
+
+
+def test_conversion_is_cached_as_plain_safetensors(default_model):
+    folder = _converted_dir(default_gguf_path()) / "model"
+    assert any(folder.glob("*.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config  # a plain float checkpoint, loadable by anyone
+    assert config["num_key_value_heads"] == 3
+
+
+def test_tokenizer_alone_matches_the_model_tokenizer(default_model):
+    tokenizer = load_tokenizer()
+    text = "Cachescope shows what the KV cache holds."
+    assert tokenizer(text)["input_ids"] == default_model.tokenizer(text)["input_ids"]
+
+
+def test_local_folder_loads(default_model, tmp_path):
+    folder = tmp_path / "smol"
+    shutil.copytree(_converted_dir(default_gguf_path()) / "model", folder)
+    for f in (_converted_dir(default_gguf_path()) / "tokenizer").iterdir():
+        shutil.copy(f, folder / f.name)
+    loaded = load_model(str(folder))
+    assert loaded.num_layers == 30 and loaded.model_id.startswith("folder:")
+
+
+@pytest.fixture()
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_truncated_gguf_is_one_clear_sentence(private_cache):
+    bad = private_cache / "cut.gguf"
+    with default_gguf_path().open("rb") as src:
+        bad.write_bytes(src.read(5_000_000))
+    with pytest.raises(InputError, match="truncated or corrupt|truncated") as info:
+        load_model(str(bad))
+    assert str(bad) in str(info.value) and "\n" not in str(info.value)
+    assert not any((private_cache / "cache").rglob("*.safetensors"))
+
+
+def test_corrupt_gguf_is_one_clear_sentence(private_cache):
+    bad = private_cache / "junk.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    with pytest.raises(InputError, match="corrupt"):
+        load_model(str(bad))
+    not_gguf = private_cache / "text.gguf"
+    not_gguf.write_text("hello")
+    with pytest.raises(InputError, match="not a GGUF"):
+        load_tokenizer(str(not_gguf))
+
+
+def test_missing_paths_and_uncached_hub_ids(private_cache):
+    with pytest.raises(InputError, match="no such model"):
+        resolve_model(str(private_cache / "nowhere.gguf"))
+    (private_cache / "empty").mkdir()
+    with pytest.raises(InputError, match="config.json"):
+        resolve_model(str(private_cache / "empty"))
+    (private_cache / "weights.bin").write_bytes(b"x")
+    with pytest.raises(InputError, match=".gguf"):
+        resolve_model(str(private_cache / "weights.bin"))
+    with pytest.raises(InputError, match="HF_HUB_OFFLINE"):
+        load_model("cachescope-tests/no-such-model")
