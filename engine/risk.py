@@ -15,11 +15,11 @@ FLAG_KINDS = ("negation", "number", "entity")
 
 _NEGATORS = frozenset({
     "not", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor",
-    "without", "cannot", "hardly", "barely", "lack", "lacks", "lacking", "except",
+    "without", "cannot", "hardly", "barely", "lack", "lacks", "lacking", "except", "non",
 })
 # "n't" is split off by the tokenizer; these forms drop more than the suffix.
 _CONTRACTIONS = {"can't": "can not", "won't": "will not", "shan't": "shall not", "cannot": "can not"}
-_NEGATIVE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "anti", "a")
+_NEGATIVE_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "anti", "a", "ab")
 # Opposites that flip the answer while barely moving the embedding. Kept to pairs whose
 # members are rarely swapped in a paraphrase.
 _OPPOSITES = [
@@ -43,6 +43,10 @@ _OPPOSITES = [
     ("happy", "sad"), ("success", "failure"), ("strengths", "weaknesses"), ("strong", "weak"),
     ("male", "female"), ("men", "women"), ("day", "night"), ("morning", "evening"),
     ("summer", "winter"), ("spring", "autumn"), ("arrive", "leave"), ("inside", "outside"),
+    ("public", "private"), ("good", "bad"), ("turn on", "turn off"), ("switch on", "switch off"),
+    ("log in", "log out"), ("lock", "unlock"), ("show", "hide"), ("block", "allow"),
+    ("hottest", "coldest"), ("warmest", "coldest"), ("warm", "cold"), ("highest", "lowest"),
+    ("biggest", "smallest"), ("richest", "poorest"), ("closest", "farthest"), ("nearest", "farthest"),
 ]
 _OPPOSITE_OF: dict[str, set[str]] = {}
 for _a, _b in _OPPOSITES:
@@ -59,6 +63,8 @@ _NUMBER_WORDS = {
     "thousand": 1000, "million": 10**6, "billion": 10**9, "trillion": 10**12,
     "twice": 2, "half": 0.5,
 }
+# Units of measure that "a"/"an" counts as one of ("cups in a gallon" = "in one gallon").
+_MEASURES = frozenset({"gal", "mile", "km", "m", "lb", "kg", "l", "cup", "inch", "ft", "oz", "tbsp", "tsp", "g"})
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _SCALE_SUFFIX = {"k": 1000, "m": 10**6, "b": 10**9, "bn": 10**9}
 # Units attached to a number; spelled-out forms are mapped to one canonical name.
@@ -157,8 +163,9 @@ def _tokenize(text: str) -> _Parsed:
         else:
             parts = [low]
         raws = [word] * len(parts)
-        if len(parts) == 1 and "-" in word:
-            # "three-sentence", "GPT-4", "well-known": each part is a word of its own.
+        if len(parts) == 1 and "-" in word and any(
+                w[:1].isdigit() or w.lower() in _NUMBER_WORDS or w.lower() == "non" for w in word.split("-")):
+            # "three-sentence", "GPT-4", "non-toxic": the number or negation is a word of its own.
             raws = [w for w in word.split("-") if w]
             parts = [w.lower() for w in raws]
         for i, (part, rw) in enumerate(zip(parts, raws)):
@@ -214,7 +221,8 @@ def _is_negated_form(word: str, other: str) -> bool:
     """True when `other` is `word` with a negative prefix, e.g. safe -> unsafe."""
     if len(word) < 3:
         return False
-    return any(other == p + word for p in _NEGATIVE_PREFIXES if p != "a" or len(word) >= 5)
+    # The one- and two-letter prefixes only on longer words: "abnormal", not "abuse".
+    return any(other == p + word for p in _NEGATIVE_PREFIXES if len(p) > 2 or p in ("un", "in", "im", "il", "ir") or len(word) >= 5)
 
 
 def _are_opposites(x: str, y: str) -> bool:
@@ -257,6 +265,8 @@ def _numbers(p: _Parsed) -> list[tuple[str, str, str]]:
                 unit = _UNITS[suffix]
             else:
                 unit = suffix
+        elif tok in ("a", "an") and j < len(toks) and _unit_of(toks[j]) in _MEASURES:
+            value = 1.0  # "a gallon" says "one gallon"
         elif tok in _NUMBER_WORDS and not (tok == "one" and not _counts_next(toks, j)):
             value = float(_NUMBER_WORDS[tok])
             # "twenty five", "three hundred".
