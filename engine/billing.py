@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -449,3 +450,35 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
                 out.append(BillingRequest(f"{cid}/{k}", segs[:k + 1], clock))
                 clock += turn_gap_s
     return out
+
+
+def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0,
+                          model: str | None = None) -> tuple[list[BillingRequest], str]:
+    """Requests of a file or a stored session id ("7" or "session:7"), and where counts come from."""
+    from engine.sweep import is_request_trace, load_conversation_file
+
+    path = Path(source)
+    m = re.fullmatch(r"(?:session:)?(\d+)", source)
+    if not path.exists() and m:
+        from engine.store import Store
+
+        with Store(db) as store:
+            info = store.get_session(int(m.group(1)))
+            if info.kind == "trace":
+                return requests_from_trace(store.trace_requests(info.id)), "trace token counts"
+            convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
+    elif not path.is_file():
+        raise InputError(f"{source}: no such file or stored session")
+    elif is_request_trace(path):
+        from engine.trace import load_trace
+
+        return requests_from_trace(load_trace(path)), "trace token counts; timestamps read as milliseconds"
+    else:
+        convs = load_conversation_file(path)
+    from engine.models import load_tokenizer
+
+    reqs = requests_from_conversations(convs, load_tokenizer(model), turn_gap_s)
+    if not reqs:
+        raise InputError(f"{source}: the conversation holds no user message, so nothing is billed")
+    return reqs, ("approximate: the bundled SmolLM2 tokenizer with ChatML framing per message, "
+                  "not the provider's own tokenizer")

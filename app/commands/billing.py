@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from pathlib import Path
 
 from app.commands._common import positive_int, print_json
-from engine.errors import InputError
 
 NAME = "billing"
 HELP = "hosted prompt-caching bill (Anthropic / OpenAI rules) of a conversation, trace or stored session"
-
-_SESSION = re.compile(r"^(?:session:)?(\d+)$")
-
 
 def non_negative_float(text: str) -> float:
     try:
@@ -46,45 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def load_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0, model: str | None = None):
-    """BillingRequests of a file or a stored session, and a note on where token counts come from."""
-    from engine import billing
-    from engine.sweep import is_request_trace, load_conversation_file
-
-    path = Path(source)
-    m = _SESSION.match(source)
-    if not path.exists() and m:
-        from engine.store import Store
-
-        with Store(db) as store:
-            info = store.get_session(int(m.group(1)))
-            if info.kind == "trace":
-                return billing.requests_from_trace(store.trace_requests(info.id)), "trace token counts"
-            convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
-    elif not path.is_file():
-        raise InputError(f"{source}: no such file or stored session")
-    elif is_request_trace(path):
-        from engine.trace import load_trace
-
-        return billing.requests_from_trace(load_trace(path)), "trace token counts; timestamps read as milliseconds"
-    else:
-        convs = load_conversation_file(path)
-    from engine.models import load_tokenizer
-
-    reqs = billing.requests_from_conversations(convs, load_tokenizer(model), turn_gap_s)
-    if not reqs:
-        raise InputError(f"{source}: the conversation holds no user message, so nothing is billed")
-    return reqs, ("approximate: the bundled SmolLM2 tokenizer with ChatML framing per message, "
-                  "not the provider's own tokenizer")
-
-
 def run(args: argparse.Namespace) -> int:
     from engine import billing
 
     rules = billing.provider_rules(args.provider, args.model, args.ttl, args.price_per_mtok,
                                    billing.load_rules(args.rules) if args.rules else None)
     breakpoints = billing.parse_breakpoints(args.breakpoints, rules)
-    reqs, counts = load_requests(args.source, args.db, args.turn_gap)
+    reqs, counts = billing.load_billing_requests(args.source, args.db, args.turn_gap)
     if args.limit is not None:
         reqs = reqs[:args.limit]
     result = billing.bill(reqs, rules, breakpoints)
