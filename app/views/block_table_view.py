@@ -67,7 +67,7 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     out[ref >= 3] = _rgba(colors["ref3"])
     if flash_since_seq is not None and p.last_eviction_seq >= flash_since_seq:
         ev = np.array(p.evicted_seq, dtype=np.int64)
-        out[(ev >= flash_since_seq) & (ev <= p.seq)] = _rgba(colors["evicted"])
+        out[(ev >= max(flash_since_seq, 0)) & (ev <= p.seq)] = _rgba(colors["evicted"])
     return out
 
 
@@ -105,6 +105,7 @@ class BlockTableView(QWidget):
         self._hover_block: int | None = None
         self._drawn_version = -1
         self._flash_until = 0.0
+        self.flash_seconds = FLASH_SECONDS  # how long live evictions stay red
         self._last_batch: tuple[int, int] | None = None
         self.cols = 1
         self.rows = 1
@@ -202,8 +203,8 @@ class BlockTableView(QWidget):
             return
         batch = self.state.last_batch
         if self.state.is_live and batch != self._last_batch:
-            self._flash_until = time.monotonic() + FLASH_SECONDS
-            self._flash_timer.start(int(FLASH_SECONDS * 1000) + 20)
+            self._flash_until = time.monotonic() + self.flash_seconds
+            self._flash_timer.start(int(self.flash_seconds * 1000) + 20)
         self._last_batch = batch
         self.redraw()
 

@@ -1,0 +1,315 @@
+"""The engine views, offscreen: what each shows after real engine events, both directions.
+
+Events come from a real PrefixCacheManager (driven directly or by a trace replay) wired to
+the app context's bus; `bridge.flush` delivers them the way the per-frame timer does.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+from app.context import engine_info, make_test_context
+from app.views.block_table_view import BlockTableView, compute_colors
+from app.views.event_log_view import EventLogView, request_of
+from app.views.hash_chain_view import HashChainView
+from app.views.kv_memory_view import KvMemoryView, formula_bytes
+from app.views.metrics_view import MetricsView
+from app.views.scrub_bar import ScrubBar
+from app.views.timeline_view import TimelineView
+from engine.events import BlockEvicted
+from engine.hashing import BlockHasher
+from engine.manager import PrefixCacheManager, Request
+from engine.replay import ReplayConfig, replay
+from engine.trace import load_trace
+
+
+@pytest.fixture
+def ctx(qtbot, tmp_path):
+    context = make_test_context(tmp_path)
+    yield context
+    context.shutdown()
+
+
+def make_engine(ctx, num_blocks=12, block_size=4):
+    bus = ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=num_blocks))
+    events: list = []
+    bus.subscribe(events.append)
+    return PrefixCacheManager(num_blocks, block_size, BlockHasher(seed=0), bus), events
+
+
+def deliver(ctx):
+    ctx.bridge.flush(everything=True)
+
+
+def write_trace(path, seed=0):
+    """A token-level trace: two tenants, shared system prompts, growing conversations."""
+    rng = random.Random(seed)
+    lines = []
+    for c in range(6):
+        tenant = "acme" if c % 2 == 0 else "globex"
+        system = [1000 + (c % 2)] * 8
+        history = list(system)
+        for turn in range(3):
+            history += [rng.randrange(50, 500) for _ in range(rng.randrange(3, 9))]
+            out = [rng.randrange(50, 500) for _ in range(4)]
+            lines.append({"id": f"c{c}t{turn}", "tenant": tenant, "tokens": list(history), "output_tokens": out})
+            history += out
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def replay_trace(ctx, tmp_path, capacity=40, block_size=4, concurrency=2):
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity, concurrency=concurrency)
+    bus = ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity))
+    events: list = []
+    bus.subscribe(events.append)
+    mgr = PrefixCacheManager(capacity, block_size, BlockHasher(seed=0), bus)
+    result = replay(load_trace(write_trace(tmp_path / "trace.jsonl")), config, manager=mgr)
+    deliver(ctx)
+    return mgr, events, result
+
+
+def test_block_grid_colours_follow_the_pool(ctx, qtbot):
+    view = BlockTableView(ctx)
+    qtbot.addWidget(view)
+    mgr, events = make_engine(ctx, num_blocks=12, block_size=4)
+    c = view.colors
+    mgr.allocate(Request("a", list(range(1, 14))))  # 3 full blocks + 1 partial: 4 blocks
+    mgr.allocate(Request("b", list(range(1, 9)) + [99, 98, 97, 96, 95]))  # shares a's first 2 blocks
+    mgr.allocate(Request("c", [7] * 9))
+    mgr.finish("c")
+    deliver(ctx)
+    a, b = mgr.block_table("a"), mgr.block_table("b")
+    assert view.color_of(a[0]) == c["ref2"] and view.color_of(a[1]) == c["ref2"]
+    assert view.color_of(a[2]) == c["ref1"] and view.color_of(b[2]) == c["ref1"]
+    snap = mgr.snapshot()
+    cached_free = sorted((v.free_rank, v.block_id) for v in snap.blocks
+                         if v.ref_count == 0 and v.block_hash is not None)
+    assert len(cached_free) == 2  # c's two full blocks; its partial tail was never hashed
+    # LRU age: the next to be evicted is drawn darkest, the one freed last brightest
+    assert view.color_of(cached_free[0][1]) == c["cached_old"]
+    assert view.color_of(cached_free[-1][1]) == c["cached_new"]
+    empty = [v.block_id for v in snap.blocks if v.ref_count == 0 and v.block_hash is None]
+    assert all(view.color_of(x) == c["empty"] for x in empty)
+    assert "in use 6" in view.summary.text().replace("<b>", "").replace("</b>", "")
+
+    # fill the pool: the LRU cached blocks are evicted and flash in this frame
+    mgr.allocate(Request("d", [5] * 20))  # 5 blocks: the empty ones first, then the LRU cached one
+    deliver(ctx)
+    evicted = {e.block_id for e in events if isinstance(e, BlockEvicted)}
+    assert evicted == {cached_free[0][1]}, "only the oldest cached block was needed"
+    assert view.color_of(cached_free[0][1]) == c["evicted"]
+
+
+def test_click_selects_the_chain_and_hover_explains(ctx, qtbot):
+    view = BlockTableView(ctx)
+    qtbot.addWidget(view)
+    view.resize(700, 420)
+    view.show()
+    qtbot.waitExposed(view)
+    mgr, _ = make_engine(ctx, num_blocks=24, block_size=4)
+    mgr.allocate(Request("a", list(range(1, 18)), salt="acme"))
+    deliver(ctx)
+    table = mgr.block_table("a")
+    target = table[3]
+    # view to model: a real mouse click on the cell of block 3 of the chain
+    scene_pt = view.vb.mapViewToScene(view.view_point_of(target))
+    pos = view.glw.mapFromScene(scene_pt)
+    qtbot.mouseClick(view.glw.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert view.selected_chain == list(table[:4])
+    assert view.select_block(table[1]) == list(table[:2])
+    tip = view.tooltip_for(target)
+    digest = mgr.block(target).block_hash.hex()[:12]
+    assert f"Block {target}" in tip and digest in tip and "ref count 1" in tip
+    assert "tenant: acme" in tip and "13, 14, 15, 16" in tip  # token ids without a tokenizer
+    # clicking empty space clears the selection
+    qtbot.mouseClick(view.glw.viewport(), Qt.MouseButton.LeftButton,
+                     pos=view.glw.mapFromScene(view.vb.mapViewToScene(view.view_point_of(23))))
+    assert view.selected_chain == [23]
+    view.select_block(None)
+    assert view.selected_chain == []
+
+
+def test_hash_tree_nodes_path_and_divergence(ctx, qtbot, tmp_path):
+    view = HashChainView(ctx)
+    qtbot.addWidget(view)
+    mgr, events, result = replay_trace(ctx, tmp_path, capacity=200)
+    view.refresh(force=True)
+    assert view.tree.num_nodes == len(mgr.pool.cached)
+    labels = {label for label, _ in view.tree.groups}
+    assert {"tenant acme", "tenant globex"} <= labels
+    last = result["requests"][-1]
+    rec = ctx.state.projection.requests[last["id"]]
+    assert view.path_record is rec
+    assert view.divergence_block == last["cached_tokens"] // 4 == rec.num_hit_blocks
+    assert view.path_hashes == [h for h in rec.block_hashes if h in mgr.pool.cached]
+    assert len(view.tree.segments) < view.tree.num_nodes  # unary runs are collapsed
+    # another request chosen in the box
+    first = result["requests"][0]["id"]
+    view.show_request(first)
+    assert view.path_record.request_id == first and view.divergence_block == 0
+
+
+def test_event_log_filters_and_scrubs_both_ways(ctx, qtbot, tmp_path):
+    view = EventLogView(ctx)
+    qtbot.addWidget(view)
+    mgr, events, _ = replay_trace(ctx, tmp_path, capacity=24)
+    assert len(view.model.rows) == len(events)
+    n_evicted = sum(isinstance(e, BlockEvicted) for e in events)
+    assert n_evicted > 0
+    view.set_filter(kind="block_evicted")
+    assert len(view.model.rows) == n_evicted
+    assert all(view.model.event(r).kind == "block_evicted" for r in range(len(view.model.rows)))
+    view.set_filter(request="c3t1")
+    assert {request_of(view.model.event(r)) for r in range(len(view.model.rows))} == {"c3t1"}
+    view.set_filter(text="new content")
+    assert len(view.model.rows) > 0
+    assert all("new content" in view.model.details(i) for i in view.model.rows)
+    assert all(view.model.event(r).kind == "lookup" for r in range(len(view.model.rows)))
+    view.set_filter()
+    # view to model: selecting a row scrubs the pool to that event
+    row = len(view.model.rows) // 2
+    view.table.selectRow(row)
+    seq = view.model.event(row).seq
+    assert not ctx.state.is_live and ctx.state.current_seq == seq
+    # model to view: scrubbing elsewhere selects that event's row
+    ctx.state.scrub_to(events[10].seq)
+    assert view.selected_event() is events[10]
+    # new events while scrubbed are listed, and live follows again
+    mgr.allocate(Request("late", [3, 3, 3, 3, 3]))
+    deliver(ctx)
+    assert view.model.event(len(view.model.rows) - 1).request_id == "late"
+    ctx.state.scrub_to(None)
+    assert ctx.state.is_live and ctx.state.current_seq == events[-1].seq
+
+
+def test_scrubbing_restores_earlier_colours_then_live_returns(ctx, qtbot, tmp_path):
+    grid = BlockTableView(ctx)
+    bar = ScrubBar(ctx)
+    qtbot.addWidget(grid)
+    qtbot.addWidget(bar)
+    grid.flash_seconds = 0  # live flashes would depend on how fast this test runs
+    mgr, events = make_engine(ctx, num_blocks=8, block_size=2)
+    mgr.allocate(Request("a", [1, 2, 3, 4, 5]))
+    deliver(ctx)
+    moment = events[-1].seq
+    before = grid.cell_colors.copy()
+    a_blocks = mgr.block_table("a")
+    mgr.finish("a")
+    mgr.allocate(Request("b", [9] * 12))
+    deliver(ctx)
+    after = grid.cell_colors.copy()
+    assert not np.array_equal(before, after)
+    # view to model: drag the slider back to the moment
+    bar.slider.setValue(ctx.state.log.count_upto(moment) - 1)
+    assert ctx.state.current_seq == moment and not ctx.state.is_live
+    assert np.array_equal(grid.cell_colors[:, :3], before[:, :3])
+    assert all(grid.color_of(b) == grid.colors["ref1"] for b in a_blocks)
+    assert f"event {ctx.state.log.count_upto(moment)} of {len(events)}" in bar.label.text()
+    assert not bar.live.isChecked()
+    # Live returns to the present
+    bar.live.click()
+    assert ctx.state.is_live and bar.live.isChecked()
+    assert np.array_equal(grid.cell_colors[:, :3], after[:, :3])
+    # model to view: a scrub from code moves the slider
+    ctx.state.scrub_to(events[3].seq)
+    assert bar.slider.value() == 3
+    bar.step(1)
+    assert ctx.state.current_seq == events[4].seq
+
+
+def test_timelines_match_the_projection(ctx, qtbot, tmp_path):
+    view = TimelineView(ctx)
+    qtbot.addWidget(view)
+    mgr, events, result = replay_trace(ctx, tmp_path, capacity=24)
+    view.refresh(force=True)
+    x, used = view.c_used.xData, view.c_used.yData
+    p = ctx.state.projection
+    assert x[-1] == events[-1].seq and used[-1] == p.num_in_use == 0
+    total = view.c_total.yData
+    assert total.max() == 24
+    assert view.eviction_counts.sum() == result["totals"]["evicted_blocks"] > 0
+    max_ref = view.c_ref.yData
+    assert max_ref.max() == 2  # concurrency 2 over shared system prompts
+    view.scrub_to_x(events[40].seq + 0.4)
+    assert ctx.state.current_seq == events[40].seq
+    assert all(line.value() == events[40].seq and line.isVisible() for line in view.cursors)
+
+
+def test_metrics_show_reuse_and_timings(ctx, qtbot, tmp_path):
+    view = MetricsView(ctx)
+    qtbot.addWidget(view)
+    _, _, result = replay_trace(ctx, tmp_path, capacity=200)
+    rows = [r for r in result["requests"] if not r.get("refused")]
+    assert list(view.cached_tokens) == [r["cached_tokens"] for r in rows]
+    assert list(view.computed_tokens) == [r["computed_tokens"] for r in rows]
+    assert view.hit_rates[-1] == pytest.approx(result["totals"]["hit_rate"], abs=1e-6)
+    assert view.ttft_hint.isVisible()
+    ctx.state.record_timing(rows[-1]["id"], 12.5, 40.0)
+    assert not view.ttft_hint.isVisible()
+    assert view.b_warm.opts["height"][0] == 12.5 and view.b_cold.opts["height"][0] == 40.0
+
+
+def test_kv_memory_formula_and_what_if(ctx, qtbot):
+    per_layer = [formula_bytes(1, 3, 64, 4, 16 * 64)] * 30
+    ctx.new_event_bus(engine_info(block_size=16, num_blocks=64, model="SmolLM2-135M-Instruct", num_layers=30,
+                                  num_kv_heads=3, head_dim=64, dtype="float32", per_layer_bytes=per_layer))
+    view = KvMemoryView(ctx)
+    qtbot.addWidget(view)
+    assert "✓ equals" in view.totals.text()
+    assert "2 × 30 layers × 3 kv heads × 64 head dim × 4 bytes × 1,024 tokens" in view.totals.text()
+    assert view.what_if_bytes == sum(per_layer)
+    view.dtype_box.setCurrentText("float16")
+    assert view.what_if_bytes == sum(per_layer) // 2
+    view.tokens_box.setValue(2048)
+    assert view.what_if_bytes == sum(per_layer)
+
+
+@pytest.mark.model
+def test_views_on_the_real_model(ctx, qtbot, default_model):
+    """A chat on SmolLM2 reaches the views: decoded tokens in tooltips, measured KV bytes."""
+    from engine.runner import ModelRunner
+
+    runner = ModelRunner(default_model, num_blocks=32, block_size=16, seed=0)
+    ctx.set_runner(runner)
+    grid = BlockTableView(ctx)
+    kv = KvMemoryView(ctx)
+    qtbot.addWidget(grid)
+    qtbot.addWidget(kv)
+    messages = [{"role": "system", "content": "You are a terse assistant."},
+                {"role": "user", "content": "Name three colours of the rainbow."}]
+    first = runner.chat(messages, max_new_tokens=8)
+    second = runner.chat(messages, max_new_tokens=8)
+    deliver(ctx)
+    assert second.num_cached_tokens > 0
+    p = ctx.state.projection
+    assert p.snapshot().blocks == runner.manager.snapshot().blocks
+    block = p.block_of_hash(p.requests[second.request_id].block_hashes[0])
+    tip = grid.tooltip_for(block)
+    assert runner.tokenizer.decode(list(first.prompt_token_ids[:16])) in tip
+    measured = sum(runner.kv_pool.per_layer_bytes())
+    assert measured == formula_bytes(default_model.num_layers, default_model.num_kv_heads,
+                                     default_model.head_dim, 4, runner.manager.num_blocks * 16)
+    assert "✓ equals" in kv.totals.text()
+
+
+def test_colour_redraw_handles_a_large_pool(ctx, qtbot):
+    """16K blocks in one image: colours come out per block (the speed is in the benchmark)."""
+    mgr, _ = make_engine(ctx, num_blocks=16384, block_size=2)
+    for i in range(200):
+        mgr.allocate(Request(f"r{i}", [i % 7, i, i + 1, i + 2, 5]))
+        if i % 3:
+            mgr.finish(f"r{i}")
+    view = BlockTableView(ctx)
+    qtbot.addWidget(view)
+    deliver(ctx)
+    colors = compute_colors(ctx.state.projection, view.colors, None)
+    assert colors.shape == (16384, 4)
+    assert view._img.shape[0] * view._img.shape[1] >= 16384
+    in_use = [v.block_id for v in mgr.snapshot().blocks if v.ref_count == 1]
+    assert in_use and all(view.color_of(b) == view.colors["ref1"] for b in in_use[:50])
