@@ -484,3 +484,35 @@ class SemanticCache:
         for entry_id in ids:
             self.remove(entry_id, reason="removed")
         return len(ids)
+
+
+# ---------------------------------------------------------------------------- store-only access
+def list_entries(store: Any, tenant: str | None = None, all_tenants: bool = False,
+                 model: str | None = None) -> list[SemanticEntry]:
+    """Entries as stored, without loading an embedding model (for `semantic list`)."""
+    store.register_migration(MIGRATION, _migrate)
+    sql = "SELECT id, prompt, response, model, tenant, created, last_hit, hits FROM semantic_entries"
+    where, params = [], []
+    if not all_tenants:
+        where.append("tenant IS ?")
+        params.append(tenant)
+    if model is not None:
+        where.append("model = ?")
+        params.append(model)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    rows = store.db.execute(sql + " ORDER BY id", params).fetchall()
+    return [SemanticEntry(*row) for row in rows]
+
+
+def delete_entries(store: Any, entry_ids: Sequence[int]) -> int:
+    """Delete stored entries; all or nothing: an unknown id raises and deletes none."""
+    store.register_migration(MIGRATION, _migrate)
+    with store.atomic():
+        found = {r[0] for r in store.db.execute(
+            f"SELECT id FROM semantic_entries WHERE id IN ({','.join('?' * len(entry_ids))})", list(entry_ids))}
+        missing = [i for i in entry_ids if i not in found]
+        if missing:
+            raise InputError(f"no semantic-cache entry with id {', '.join(map(str, missing))}; nothing was removed")
+        store.db.execute(f"DELETE FROM semantic_entries WHERE id IN ({','.join('?' * len(entry_ids))})", list(entry_ids))
+    return len(entry_ids)
