@@ -291,7 +291,8 @@ def test_views_on_the_real_model(ctx, qtbot, default_model):
     assert p.snapshot().blocks == runner.manager.snapshot().blocks
     block = p.block_of_hash(p.requests[second.request_id].block_hashes[0])
     tip = grid.tooltip_for(block)
-    assert runner.tokenizer.decode(list(first.prompt_token_ids[:16])) in tip
+    assert "You are a terse assistant." in tip
+    assert runner.tokenizer.decode(list(first.prompt_token_ids[:16])).replace("\n", "⏎") in tip
     measured = sum(runner.kv_pool.per_layer_bytes())
     assert measured == formula_bytes(default_model.num_layers, default_model.num_kv_heads,
                                      default_model.head_dim, 4, runner.manager.num_blocks * 16)

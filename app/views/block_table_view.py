@@ -335,7 +335,8 @@ class BlockTableView(QWidget):
         tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
         if tokenizer is not None:
             try:
-                return repr(tokenizer.decode(shown)) + more
+                text = tokenizer.decode(shown).replace("\n", "⏎")
+                return f"“{text}”{more}"
             except Exception:  # noqa: BLE001 - ids from another model still show as ids
                 pass
         return str(shown)[1:-1] + more
