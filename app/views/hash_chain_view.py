@@ -147,6 +147,7 @@ class HashChainView(QWidget):
         self._drawn_version = -1
         self._last_build = 0.0
         self._labels: list[pg.TextItem] = []
+        self._range_shape: tuple[int, float, float] | None = None
 
         self.request_box = QComboBox()
         self.request_box.setObjectName("chain_request")
@@ -249,6 +250,11 @@ class HashChainView(QWidget):
                 ex += [x0 - 1.0, x0]
                 ey += [par.y, seg.y]
         self.edges.setData(np.array(ex), np.array(ey))
+        shape = (len(segs), max(ex, default=0.0), max((s.y for s in segs), default=0.0))
+        if shape != self._range_shape:  # keep the user's zoom until the tree changes shape
+            self._range_shape = shape
+            right = shape[1] + max(2.0, 0.12 * shape[1])  # room for the run labels
+            self.plot.setRange(xRange=(-0.5, right), yRange=(0.0, shape[2] + 1.0), padding=0.02)
         # markers at segment ends (a collapsed run shows only its first and last block)
         xs, ys, brushes, tips = [], [], [], []
         in_use, cached = pg.mkBrush(self.colors["ref1"]), pg.mkBrush(self.colors["cached_new"])
