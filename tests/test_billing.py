@@ -190,3 +190,21 @@ def test_billing_command(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "at most 4" in err and "Traceback" not in err
     assert main(["billing", str(tmp_path / "missing.json")]) == 2
+
+
+def test_billing_a_stored_session(default_tokenizer, tmp_path, capsys):
+    from engine.store import Store
+
+    system = " ".join(f"Rule {i}: check the opening hours of museum {i}." for i in range(120))
+    db = tmp_path / "s.db"
+    with Store(db) as store:
+        sid = store.create_session("bill")
+        for role, text in (("system", system), ("user", "Plan a day."), ("assistant", "Alfama, then Belem."),
+                           ("user", "Cheaper?")):
+            store.add_message(sid, role, text)
+    assert main(["billing", f"session:{sid}", "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    r1, r2 = out["requests"]
+    assert r2["read_tokens"] == r1["prompt_tokens"] == r1["write_tokens"]
+    assert "approximate" in out["token_counts"]
+    assert main(["billing", "session:999", "--db", str(db)]) == 2

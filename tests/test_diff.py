@@ -144,3 +144,19 @@ def test_bad_block_size(tmp_path, bad):
     with pytest.raises(SystemExit) as exc:
         main(["diff", str(a), str(a), "--block-size", bad])
     assert exc.value.code == 2
+
+
+def test_diff_stored_requests(default_tokenizer, tmp_path, capsys):
+    from engine.store import Store
+
+    ids = request_from_messages(default_tokenizer, msgs(DOCS)).token_ids
+    db = tmp_path / "s.db"
+    with Store(db) as store:
+        sid = store.create_session("diff")
+        run = store.create_run(sid)
+        store.record_request(run, 0, request_id="r0", prompt_token_ids=ids, tenant="acme")
+        store.record_request(run, 1, request_id="r1", prompt_token_ids=ids[:30] + (2,) + ids[30:], tenant="acme")
+    assert main(["diff", f"session:{sid}:r0", f"session:{sid}:1", "--db", str(db), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["first_divergent_token"] == 30 and out["cause"] == "bos_or_special_token"
+    assert main(["diff", f"session:{sid}:r9", f"session:{sid}:r0", "--db", str(db)]) == 2
