@@ -1,0 +1,194 @@
+"""KV memory per token and per layer: model presets, Hugging Face configs, and the report
+behind `cachescope kv-memory`. Pure arithmetic plus, for a loaded model, measurement of
+real pool and DynamicCache tensors; the pool itself lives in `kv_pool`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from engine.errors import InputError
+
+# Bytes per stored value; int4 packs two values in a byte.
+DTYPE_BYTES: dict[str, Fraction] = {
+    "fp32": Fraction(4), "bf16": Fraction(2), "fp16": Fraction(2),
+    "fp8": Fraction(1), "int8": Fraction(1), "int4": Fraction(1, 2),
+}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                  "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "int8": "int8"}
+
+_MHA_FORMULA = "2 * layers * kv_heads * head_dim * bytes_per_value * tokens"
+_MLA_FORMULA = "layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value * tokens"
+
+
+@dataclass(slots=True, frozen=True)
+class KVMemoryShape:
+    """What one token's KV cache holds in each layer.
+
+    Multi-head / grouped-query attention stores K and V per KV head (`kv_factor` 2).
+    Multi-head latent attention (DeepSeek-V2/V3) stores one compressed latent of
+    `kv_lora_rank` values plus one shared RoPE key of `qk_rope_head_dim` values per
+    token and layer: `kv_heads` 1, `head_dim` = their sum, `kv_factor` 1.
+    """
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_factor: int = 2
+    attention: str = "gqa"  # "mha" | "gqa" | "mla"
+    note: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads
+
+    @property
+    def values_per_token_per_layer(self) -> int:
+        return self.kv_factor * self.kv_heads * self.head_dim
+
+    def bytes_per_token(self, dtype: str = "bf16") -> int:
+        return math.ceil(self.values_per_token_per_layer * self.layers * DTYPE_BYTES[normalise_dtype(dtype)])
+
+
+def _mla_note(layers: int, heads: int, nope: int, rope: int, v: int, latent: int) -> str:
+    naive = heads * (nope + rope) + heads * v
+    return (f"multi-head latent attention: each token caches one compressed latent ({latent} values) plus "
+            f"one decoupled RoPE key ({rope} values) per layer, shared by all {heads} heads, so "
+            f"{latent + rope} values per layer instead of 2 * kv_heads * head_dim; full K and V for "
+            f"{heads} heads would be {naive} values ({naive / (latent + rope):.0f}x more)")
+
+
+PRESETS: dict[str, KVMemoryShape] = {
+    "smollm2-135m": KVMemoryShape("smollm2-135m", 30, 3, 64, note="the default model, SmolLM2-135M-Instruct"),
+    "smollm2-360m": KVMemoryShape("smollm2-360m", 32, 5, 64),
+    "llama-3.1-8b": KVMemoryShape("llama-3.1-8b", 32, 8, 128),
+    "llama-3.1-70b": KVMemoryShape("llama-3.1-70b", 80, 8, 128),
+    "qwen2.5-7b": KVMemoryShape("qwen2.5-7b", 28, 4, 128),
+    "mistral-7b": KVMemoryShape("mistral-7b", 32, 8, 128),
+    "deepseek-v3": KVMemoryShape("deepseek-v3", 61, 1, 512 + 64, kv_factor=1, attention="mla",
+                                 note=_mla_note(61, 128, 128, 64, 128, 512)),
+}
+
+
+def normalise_dtype(dtype: str) -> str:
+    key = str(dtype).lower().replace("torch.", "")
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise InputError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    return key
+
+
+def preset(name: str) -> KVMemoryShape:
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise InputError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+
+
+def shape_from_config(config: dict[str, Any], name: str = "config") -> KVMemoryShape:
+    """The KV shape of a Hugging Face `config.json` (text config of multimodal models too)."""
+    cfg = config.get("text_config") or config
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        if cfg.get("kv_lora_rank"):
+            latent, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim", 0))
+            heads = int(cfg.get("num_attention_heads", 1))
+            note = _mla_note(layers, heads, int(cfg.get("qk_nope_head_dim", 0)), rope,
+                             int(cfg.get("v_head_dim", 0)), latent)
+            return KVMemoryShape(name, layers, 1, latent + rope, kv_factor=1, attention="mla", note=note)
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except KeyError as exc:
+        raise InputError(f"{name}: the config has no {exc.args[0]!r}, so its KV shape is unknown") from None
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: the config's layer and head counts are not numbers") from None
+    return KVMemoryShape(name, layers, kv_heads, head_dim, attention="mha" if kv_heads == heads else "gqa")
+
+
+def shape_from_config_file(path: str | Path) -> KVMemoryShape:
+    p = Path(path)
+    try:
+        config = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: a config.json must hold a JSON object")
+    return shape_from_config(config, name=p.parent.name or p.name)
+
+
+def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> dict[str, Any]:
+    """The kv-memory JSON: bytes per token, per layer and in total for `tokens` tokens."""
+    if tokens < 0:
+        raise InputError(f"tokens must not be negative, not {tokens}")
+    key = normalise_dtype(dtype)
+    per_value = DTYPE_BYTES[key]
+    per_layer = math.ceil(shape.values_per_token_per_layer * per_value * tokens)
+    report: dict[str, Any] = {
+        "name": shape.name,
+        "attention": shape.attention,
+        "dtype": key,
+        "bytes_per_value": float(per_value),
+        "tokens": tokens,
+        "layers": shape.layers,
+        "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "bytes_per_token": shape.bytes_per_token(key),
+        "per_layer_bytes": [per_layer] * shape.layers,
+        "total_bytes": per_layer * shape.layers,
+        "formula": _MLA_FORMULA if shape.attention == "mla" else _MHA_FORMULA,
+    }
+    if shape.attention == "mla":
+        report["formula_values"] = (f"{shape.layers} * {shape.head_dim} * {per_value} * {tokens} = "
+                                    f"{report['total_bytes']}")
+    else:
+        report["formula_values"] = (f"2 * {shape.layers} * {shape.kv_heads} * {shape.head_dim} * {per_value} * "
+                                    f"{tokens} = {report['total_bytes']}")
+    if shape.note:
+        report["note"] = shape.note
+    return report
+
+
+def measure_loaded_model(loaded: Any, tokens: int, dtype: str) -> dict[str, Any]:
+    """Measure real tensors of a loaded model: a one-block KV pool in `dtype` and the
+    DynamicCache transformers builds on a short prompt (in the model's own dtype)."""
+    import torch
+    from transformers import DynamicCache
+
+    from engine.kv_pool import KVPool, KVShape
+
+    key = normalise_dtype(dtype)
+    out: dict[str, Any] = {}
+    torch_name = _TORCH_DTYPES.get(key)
+    if torch_name is not None and hasattr(torch, torch_name):
+        shape = KVShape(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, getattr(torch, torch_name))
+        # A pool of exactly `tokens` one-token blocks; torch.empty pages cost nothing until written.
+        # Beyond a few GiB, measure a one-token pool and scale, rather than reserve the address space.
+        direct = 0 < tokens and shape.bytes_per_token * tokens <= 4 * 2**30
+        pool = KVPool(shape, block_size=1, num_blocks=tokens if direct else 1)
+        per_layer = pool.per_layer_bytes() if direct else [b * tokens for b in pool.per_layer_bytes()]
+        out.update(pool_dtype=key, pool_bytes_per_token=pool.bytes_per_token, per_layer_bytes=per_layer,
+                   total_bytes=sum(per_layer), pool_measured_directly=direct)
+    else:
+        out["pool_dtype"] = None  # torch has no int4 tensor to measure
+    probe = 16
+    cache = DynamicCache(config=loaded.model.config)
+    ids = torch.arange(probe).unsqueeze(0) % max(2, int(loaded.model.config.vocab_size))
+    with torch.inference_mode():
+        loaded.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    out.update(model_dtype=normalise_dtype(str(loaded.dtype)), dynamic_cache_bytes_per_token=measured // probe)
+    return out
