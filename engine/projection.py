@@ -72,7 +72,7 @@ class PoolProjection:
 
     __slots__ = (
         "block_size", "num_blocks", "ref_counts", "hashes", "parents", "token_ids", "salts",
-        "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "free", "by_hash",
+        "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "hashed", "free", "by_hash",
         "running", "requests", "order", "counters", "use_clock", "seq", "num_events",
         "num_in_use", "num_cached_free", "num_hashed", "ref_hist", "last_request_id",
         "num_resets", "last_eviction_seq",
@@ -95,6 +95,7 @@ class PoolProjection:
         self.last_used: list[int] = []
         self.last_seq: list[int] = []
         self.evicted_seq: list[int] = []
+        self.hashed = bytearray()  # 1 where a block holds a hash: lets views vectorise without a loop
         # The LRU free queue as an ordered set: first key is evicted next.
         self.free: dict[int, None] = {}
         # hash -> ids of the physical blocks holding it (usually one)
@@ -192,7 +193,7 @@ class PoolProjection:
         new = PoolProjection.__new__(PoolProjection)
         for name in PoolProjection.__slots__:
             value = getattr(self, name)
-            if isinstance(value, (list, dict)):
+            if isinstance(value, (list, dict, bytearray)):
                 value = value.copy()  # elements are immutable (tuples, bytes, records)
             elif isinstance(value, Counters):
                 value = dataclasses.replace(value)
@@ -224,6 +225,7 @@ class PoolProjection:
         self.last_used.extend([0] * n)
         self.last_seq.extend([-1] * n)
         self.evicted_seq.extend([-1] * n)
+        self.hashed.extend(bytes(n))
         for b in range(start, num_blocks):
             self.free[b] = None
         self.num_blocks = num_blocks
@@ -263,6 +265,7 @@ class PoolProjection:
             self.by_hash.pop(h, None)
         self.hashes[b] = self.parents[b] = self.salts[b] = self.tenants[b] = self.external_ids[b] = None
         self.token_ids[b] = ()
+        self.hashed[b] = 0
         self.num_hashed -= 1
         if self.ref_counts[b] == 0:
             self.num_cached_free -= 1
@@ -332,6 +335,7 @@ class PoolProjection:
         self.tenants[b] = e.salt if e.parent_hash is None or parent_holder is None else self.tenants[parent_holder]
         self.external_ids[b] = e.external_id
         self.by_hash[e.block_hash] = self.by_hash.get(e.block_hash, ()) + (b,)
+        self.hashed[b] = 1
         self.num_hashed += 1
         if self.ref_counts[b] == 0:
             self.num_cached_free += 1
@@ -415,21 +419,6 @@ class PoolSeries:
     def __len__(self) -> int:
         return len(self.seq)
 
-    def sample(self, p: PoolProjection, event: Event) -> None:
-        self.seq.append(event.seq)
-        self.in_use.append(p.num_in_use)
-        self.cached_free.append(p.num_cached_free)
-        self.empty.append(p.num_blocks - p.num_in_use - p.num_cached_free)
-        self.max_ref.append(max(p.ref_hist) if p.ref_hist else 0)
-        c = p.counters
-        self.evicted.append(c.num_evicted_blocks)
-        self.cached_tokens.append(c.num_cached_tokens)
-        self.prompt_tokens.append(c.num_prompt_tokens)
-        if type(event) is RequestRefused:
-            self.refusal_seqs.append(event.seq)
-        elif type(event) is CacheReset:
-            self.reset_seqs.append(event.seq)
-
 
 class EventLog:
     """Every event of one engine, the live projection, and checkpoints for scrubbing.
@@ -469,24 +458,55 @@ class EventLog:
         return len(self._checkpoints)
 
     def append(self, event: Event) -> None:
-        if self.seqs and event.seq <= self.seqs[-1]:
-            raise ValueError(f"event seq {event.seq} arrived after seq {self.seqs[-1]}; events must be in order")
-        self.events.append(event)
-        self.seqs.append(event.seq)
-        self.live.apply(event)
-        self.series.sample(self.live, event)
-        n = len(self.events)
-        if n - self._checkpoint_pos[-1] >= self.checkpoint_every:
-            self._checkpoint_pos.append(n)
-            self._checkpoints.append(self.live.copy())
-            if len(self._checkpoints) > self.max_checkpoints:
-                self._checkpoint_pos = self._checkpoint_pos[::2]
-                self._checkpoints = self._checkpoints[::2]
-                self.checkpoint_every *= 2
+        self.extend((event,))
 
     def extend(self, events: Iterable[Event]) -> None:
+        """Apply and sample events in seq order; the hot loop of ingestion, so names are local."""
+        live = self.live
+        handlers = _HANDLERS
+        s = self.series
+        log_events, seqs = self.events, self.seqs
+        add_event, add_seq = log_events.append, seqs.append
+        s_seq, s_use, s_free, s_empty = s.seq.append, s.in_use.append, s.cached_free.append, s.empty.append
+        s_ref, s_ev, s_cached, s_prompt = s.max_ref.append, s.evicted.append, s.cached_tokens.append, s.prompt_tokens.append
+        counters = live.counters
+        last = seqs[-1] if seqs else None
         for event in events:
-            self.append(event)
+            seq = event.seq
+            if last is not None and seq <= last:
+                raise ValueError(f"event seq {seq} arrived after seq {last}; events must be in order")
+            last = seq
+            add_event(event)
+            add_seq(seq)
+            cls = type(event)
+            handler = handlers.get(cls)
+            if handler is not None:
+                handler(live, event)
+            live.seq = seq
+            live.num_events += 1
+            s_seq(seq)
+            s_use(live.num_in_use)
+            s_free(live.num_cached_free)
+            s_empty(live.num_blocks - live.num_in_use - live.num_cached_free)
+            hist = live.ref_hist
+            s_ref(max(hist) if hist else 0)
+            s_ev(counters.num_evicted_blocks)
+            s_cached(counters.num_cached_tokens)
+            s_prompt(counters.num_prompt_tokens)
+            if cls is RequestRefused:
+                s.refusal_seqs.append(seq)
+            elif cls is CacheReset:
+                s.reset_seqs.append(seq)
+            if len(log_events) - self._checkpoint_pos[-1] >= self.checkpoint_every:
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        self._checkpoint_pos.append(len(self.events))
+        self._checkpoints.append(self.live.copy())
+        if len(self._checkpoints) > self.max_checkpoints:
+            self._checkpoint_pos = self._checkpoint_pos[::2]
+            self._checkpoints = self._checkpoints[::2]
+            self.checkpoint_every *= 2
 
     def count_upto(self, seq: int | None) -> int:
         """How many events have `event.seq <= seq` (all of them for None)."""

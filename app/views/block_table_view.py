@@ -53,7 +53,7 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     if n == 0:
         return out
     ref = np.array(p.ref_counts, dtype=np.int32)
-    hashed = np.fromiter((h is not None for h in p.hashes), dtype=bool, count=n)
+    hashed = np.array(p.hashed, dtype=np.uint8).view(bool)
     if p.free:
         free_ids = np.fromiter(p.free, dtype=np.int64, count=len(p.free))
         cached_free = free_ids[hashed[free_ids] & (ref[free_ids] == 0)]
