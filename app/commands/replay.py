@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="M", default=None, help="local HF folder, .gguf file or hub id (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
     cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--capacity-blocks", type=positive_int, metavar="N", help="pool size in blocks")
+    cap.add_argument("--capacity-blocks", type=positive_int, metavar="N", help="pool size in blocks (a conversation replay on a model defaults to 4096 blocks, enough not to evict)")
     cap.add_argument("--capacity-tokens", type=positive_int, metavar="N", help="pool size in tokens")
     cap.add_argument("--kv-memory", type=byte_size, metavar="SIZE", help="pool size as a KV memory budget, e.g. 512MiB (needs a model)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")

@@ -1,0 +1,172 @@
+"""Replaying conversations on the real model (`cachescope replay CONVERSATION`): each user
+turn is one request through a fresh `ModelRunner`, so the reuse comes from the engine alone.
+Token-level and block-level traces without a model are `engine.replay`'s business.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from engine.errors import CapacityError, InputError
+from engine.events import EventBus
+from engine.formats import Conversation, load_conversations
+
+DEFAULT_CAPACITY_BLOCKS = 4096  # 64K tokens at block size 16: no eviction for any normal chat
+
+
+@dataclass(slots=True, frozen=True)
+class ModelReplayConfig:
+    block_size: int = 16
+    capacity_blocks: int | None = DEFAULT_CAPACITY_BLOCKS
+    kv_memory_bytes: int | None = None
+    seed: int | None = 0
+    hash: str = "sha256"
+    max_new_tokens: int = 32
+    verify: bool = False
+    teacher_forced: bool = False
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise InputError(f"--block-size must be at least 1, not {self.block_size}")
+        if self.capacity_blocks is not None and self.capacity_blocks < 1:
+            raise InputError(f"the capacity must be at least one block, not {self.capacity_blocks}")
+        if self.max_new_tokens < 1:
+            raise InputError("--max-new-tokens must be at least 1 for a model replay")
+
+
+def _chat_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+    # Chat templates know system/user/assistant; a developer message is a system message.
+    role_map = {"developer": "system", "function": "tool"}
+    return [{"role": role_map.get(m.role, m.role), "content": m.content} for m in messages]
+
+
+def replay_conversations(conversations: Sequence[Conversation], loaded: Any, config: ModelReplayConfig,
+                         events: EventBus | None = None) -> dict[str, Any]:
+    """Run every user turn of `conversations` through one fresh runner, in order.
+
+    Recorded assistant turns are replaced by the generated replies unless
+    `teacher_forced`, which keeps them (the generated reply is then only measured).
+    With `verify` each request is repeated without reuse and compared.
+    """
+    from engine.runner import ModelRunner
+
+    runner = ModelRunner(loaded, num_blocks=config.capacity_blocks if config.kv_memory_bytes is None else None,
+                         kv_memory_bytes=config.kv_memory_bytes, block_size=config.block_size, seed=config.seed,
+                         hash=config.hash, events=events)
+    rows: list[dict[str, Any]] = []
+    for conv_index, conv in enumerate(conversations):
+        if conv.kind != "chat":
+            raise InputError(f"conversation {conv_index + 1} is a trace, not a chat; replay it without a model")
+        history: list[dict[str, str]] = []
+        messages = _chat_messages(conv.messages)
+        turn = 0
+        for i, message in enumerate(messages):
+            if message["role"] == "assistant":
+                if config.teacher_forced:
+                    history.append(message)
+                continue
+            history.append(message)
+            if message["role"] != "user":
+                continue
+            row = _run_turn(runner, history, config, len(rows), f"{conv_index}:{turn}", conv)
+            rows.append(row)
+            turn += 1
+            if not config.teacher_forced and not row.get("refused"):
+                history.append({"role": "assistant", "content": row["output_text"]})
+    return _result(rows, runner, config)
+
+
+def _run_turn(runner: Any, history: list[dict[str, str]], config: ModelReplayConfig, index: int,
+              request_id: str, conv: Conversation) -> dict[str, Any]:
+    prompt = runner.render_chat(history)
+    lookup_miss = None
+    row: dict[str, Any] = {"index": index, "id": request_id, "tenant": None, "conversation": conv.title or None,
+                           "prompt_tokens": len(prompt), "cached_tokens": 0, "computed_tokens": 0,
+                           "output_tokens": 0}
+    try:
+        result = runner.generate(prompt, max_new_tokens=config.max_new_tokens, request_id=request_id)
+    except CapacityError as exc:
+        from engine.manager import Request
+
+        lookup_miss = runner.manager.lookup(Request(request_id, prompt)).miss
+        row.update(refused=True, error=str(exc), miss_reason=lookup_miss.reason,
+                   first_miss_block=lookup_miss.first_miss_block, divergence_token=lookup_miss.divergence_token,
+                   ttft_ms=None, prefill_ms=None, decode_ms=None, output_text="")
+        return row
+    miss = result.miss
+    row.update(cached_tokens=result.num_cached_tokens, computed_tokens=result.num_computed_tokens,
+               output_tokens=len(result.output_token_ids), miss_reason=miss.reason if miss else None,
+               first_miss_block=miss.first_miss_block if miss else None,
+               divergence_token=miss.divergence_token if miss else None,
+               ttft_ms=round(result.ttft_ms, 3), prefill_ms=round(result.prefill_ms, 3),
+               decode_ms=round(result.decode_ms, 3), output_text=result.output_text,
+               finish_reason=result.finish_reason)
+    if config.verify:
+        cold = runner.generate(prompt, max_new_tokens=config.max_new_tokens, use_cache=False,
+                               request_id=f"{request_id}:verify")
+        diffs = [float((a - b).abs().max()) for a, b in ((result.first_logits, cold.first_logits),
+                                                         (result.last_logits, cold.last_logits))
+                 if a is not None and b is not None and a.shape == b.shape]
+        row.update(outputs_identical=result.output_token_ids == cold.output_token_ids,
+                   max_logit_diff=max(diffs) if diffs else None, cold_ttft_ms=round(cold.ttft_ms, 3))
+    return row
+
+
+def _result(rows: list[dict[str, Any]], runner: Any, config: ModelReplayConfig) -> dict[str, Any]:
+    served = [r for r in rows if not r.get("refused")]
+    prompt = sum(r["prompt_tokens"] for r in served)
+    cached = sum(r["cached_tokens"] for r in served)
+    counters = runner.manager.counters
+    totals: dict[str, Any] = {
+        "requests": len(rows), "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
+        "hit_rate": round(cached / prompt, 6) if prompt else 0.0,
+        "stored_blocks": counters.num_stored_blocks, "evicted_blocks": counters.num_evicted_blocks,
+        "refused_requests": len(rows) - len(served),
+        "output_tokens": sum(r["output_tokens"] for r in served),
+        "ttft_ms": round(sum(r["ttft_ms"] for r in served), 3),
+        "prefill_ms": round(sum(r["prefill_ms"] for r in served), 3),
+        "decode_ms": round(sum(r["decode_ms"] for r in served), 3),
+    }
+    if config.verify:
+        diffs = [r["max_logit_diff"] for r in served if r.get("max_logit_diff") is not None]
+        totals["outputs_identical"] = all(r["outputs_identical"] for r in served)
+        totals["max_logit_diff"] = max(diffs) if diffs else None
+    out_config = asdict(config)
+    out_config.update(capacity_blocks=runner.manager.num_blocks, concurrency=1, model=runner.loaded.name,
+                      model_id=runner.loaded.model_id)
+    return {"config": out_config, "totals": totals, "requests": rows}
+
+
+def replay_conversation_command(args: argparse.Namespace) -> dict[str, Any]:
+    """`cachescope replay CONVERSATION ...` with a model: parse, load, run, return the JSON."""
+    conversations = [c for c in load_conversations(args.trace) if c.kind == "chat"]
+    if not conversations:
+        raise InputError(f"{args.trace}: holds no chat conversation to replay on a model")
+    block_size = args.block_size
+    capacity = DEFAULT_CAPACITY_BLOCKS
+    if getattr(args, "capacity_blocks", None) is not None:
+        capacity = args.capacity_blocks
+    elif getattr(args, "capacity_tokens", None) is not None:
+        if args.capacity_tokens < block_size:
+            raise InputError(f"a capacity of {args.capacity_tokens} tokens holds no block of {block_size} tokens")
+        capacity = args.capacity_tokens // block_size
+    kv_memory = getattr(args, "kv_memory", None)
+    config = ModelReplayConfig(
+        block_size=block_size, capacity_blocks=None if kv_memory is not None else capacity,
+        kv_memory_bytes=kv_memory, seed=None if getattr(args, "random_seed", False) else args.seed,
+        hash=args.hash, max_new_tokens=args.max_new_tokens, verify=args.verify,
+        teacher_forced=args.teacher_forced, model=args.model)
+    from engine.models import load_model
+
+    loaded = load_model(args.model)
+    try:
+        result = replay_conversations(conversations, loaded, config)
+    except ValueError as exc:  # a memory budget too small for one block, and the like
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(str(exc)) from None
+    result["config"]["trace"] = str(args.trace)
+    return result
