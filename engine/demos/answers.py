@@ -72,12 +72,12 @@ def _billing(env: DemoEnv) -> dict[str, Any]:
         requests = requests_from_conversations(load_conversation_file(path), env.tokenizer, turn_gap_s=60)
         result = bill(requests, rules, (-1,))
         rows = []
-        for row in result["requests"]:
+        for turn, row in enumerate(result["requests"], 1):
             u = row["usage"]
-            rows.append({"request": row["id"], "prompt_tokens": row["prompt_tokens"], **u,
+            rows.append({"turn": turn, "request": row["id"], "prompt_tokens": row["prompt_tokens"], **u,
                          "weighted_tokens": row["weighted_tokens"], "cost_usd": row["cost_usd"],
                          "cost_without_cache_usd": row["cost_without_cache_usd"], "notes": row["notes"]})
-            env.step(f"{label.replace('_', ' ')}: request {row['id']}", **rows[-1])
+            env.step(f"{label.replace('_', ' ')}: turn {turn}", **rows[-1])
         t = result["totals"]
         out[label] = {"file": f"resources/demos/{name}", "requests": rows, "cost_usd": t["cost_usd"],
                       "cost_without_cache_usd": t["cost_without_cache_usd"], "savings_usd": t["savings_usd"],
@@ -126,9 +126,9 @@ def _default_system(env: DemoEnv) -> dict[str, Any]:
 
 DEFAULT_SYSTEM_PROMPT_DIFF = Demo(
     "default-system-prompt-diff", "The chat template's hidden default system prompt",
-    "turn one without a system message gets the template's default; turn two adds one and diverges at token 3, found by token diff",
+    "turn one without a system message gets the template's default; turn two adds one and diverges in block 0, found by token diff",
     "When a chat has no system message, many chat templates quietly insert a default one, here 'You are a "
     "helpful AI assistant named SmolLM'. If the app adds its own system message on the next turn, the two "
-    "prompts differ from the third token on and nothing of turn one is reused. A token diff finds the "
+    "prompts differ within the first block and nothing of turn one is reused. A token diff finds the "
     "divergence and names its cause; sending the same system message from the first turn fixes it.",
     frozenset({"model"}), _default_system)

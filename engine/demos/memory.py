@@ -9,8 +9,6 @@ from typing import Any
 
 from engine.demos.env import Demo, DemoEnv, load_resource, render
 
-# Bytes per stored value; int4 packs two values in a byte (scales ignored, as vLLM's sizing does).
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 GROW_PROMPT = "Explain in three sentences why the sky is blue."
 GROW_STEPS = 24
 LONG_CONTEXT = 131_072  # "128K" as the model card means it: 128 * 1024 tokens
@@ -101,68 +99,49 @@ KV_GROWS_PER_STEP = Demo(
 
 
 # ---------------------------------------------------------------------------- 70B at 128K
-def _preset_shape(name: str) -> tuple[int, int, int] | None:
-    """(layers, kv_heads, head_dim) of an `engine.kv_memory` preset, if that module has one."""
-    try:
-        from engine.kv_memory import PRESETS  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    preset = next((v for k, v in PRESETS.items() if name in k.lower().replace(" ", "-").replace("_", "-")), None)
-    if preset is None:
-        return None
-    get = preset.get if isinstance(preset, dict) else (lambda key, d=None: getattr(preset, key, d))
-    layers = get("layers") or get("num_layers") or get("num_hidden_layers")
-    heads = get("kv_heads") or get("num_kv_heads") or get("num_key_value_heads")
-    dim = get("head_dim")
-    if not (layers and heads and dim):
-        return None
-    return int(layers), int(heads), int(dim)
-
-
 def _kv_70b(env: DemoEnv) -> dict[str, Any]:
-    import torch
+    from engine.kv_memory import (KVMemoryShape, kv_memory_report, measure_loaded_model, preset,
+                                  shape_from_config)
 
-    from engine.kv_pool import KVPool, KVShape
-
+    shape = preset("llama-3.1-70b")
     cfg = load_resource("llama-3.1-70b-config.json")
-    layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
-    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    preset = _preset_shape("70b")
-    env.step("read Llama 3.1 70B's shape from its config", layers=layers, kv_heads=heads, head_dim=dim,
-             query_heads=cfg["num_attention_heads"], matches_engine_preset=None if preset is None else preset == (layers, heads, dim))
+    from_config = shape_from_config(cfg, "Llama-3.1-70B-Instruct")
+    same = (from_config.layers, from_config.kv_heads, from_config.head_dim) == (shape.layers, shape.kv_heads, shape.head_dim)
+    env.step("Llama 3.1 70B's KV shape: the engine preset checked against Meta's config.json",
+             layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+             query_heads=cfg["num_attention_heads"], preset_matches_config=same)
     rows = []
     for dtype in ("bf16", "fp8", "int4"):
-        per_token = kv_formula(layers, heads, dim, DTYPE_BYTES[dtype], 1)
-        per_request = kv_formula(layers, heads, dim, DTYPE_BYTES[dtype], LONG_CONTEXT)
-        row = {"dtype": dtype, "bytes_per_token": per_token, "per_request_bytes": int(per_request),
-               "per_request_gib": round(per_request / GIB, 2),
-               "per_layer_per_request_bytes": int(per_request / layers),
-               "per_batch_gib": {str(b): round(b * per_request / GIB, 1) for b in BATCH_SIZES}}
+        report = kv_memory_report(shape, LONG_CONTEXT, dtype)
+        total = report["total_bytes"]
+        row = {"dtype": dtype, "bytes_per_token": report["bytes_per_token"], "per_request_bytes": total,
+               "per_request_gib": round(total / GIB, 2), "per_layer_per_request_bytes": report["per_layer_bytes"][0],
+               "per_batch_gib": {str(b): round(b * total / GIB, 1) for b in BATCH_SIZES},
+               "formula_values": report["formula_values"]}
         rows.append(row)
         env.step(f"Llama 3.1 70B, {LONG_CONTEXT} tokens, {dtype}", **row)
-    # The default model, measured on a real pool tensor rather than computed.
     loaded = env.model
-    shape = KVShape(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
-    probe = KVPool(shape, block_size=16, num_blocks=1)
-    default_per_token = probe.bytes_per_token
-    default_fp32 = default_per_token * LONG_CONTEXT
-    value_bytes = torch.empty((), dtype=shape.dtype).element_size()
-    default = {"model": "SmolLM2-135M-Instruct", "layers": shape.num_layers, "kv_heads": shape.num_kv_heads,
-               "head_dim": shape.head_dim, "dtype": str(shape.dtype).replace("torch.", ""),
-               "bytes_per_token_measured": default_per_token,
-               "bytes_per_token_formula": int(kv_formula(shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                                                         value_bytes, 1)),
-               "per_request_bytes": default_fp32, "per_request_gib": round(default_fp32 / GIB, 2),
-               "per_request_gib_bf16": round(kv_formula(shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                                                        2, LONG_CONTEXT) / GIB, 2)}
-    env.step(f"the default model at {LONG_CONTEXT} tokens (real pool tensor, {default['dtype']})", **default)
+    small = KVMemoryShape(loaded.name, loaded.num_layers, loaded.num_kv_heads, loaded.head_dim)
+    small_report = kv_memory_report(small, LONG_CONTEXT, "bf16")
+    # Real tensors: a KV pool of the default model in bf16 and its own DynamicCache (float32).
+    measured = measure_loaded_model(loaded, LONG_CONTEXT, "bf16")
+    default = {"model": loaded.name, "layers": small.layers, "kv_heads": small.kv_heads, "head_dim": small.head_dim,
+               "bytes_per_token_bf16": small_report["bytes_per_token"],
+               "pool_bytes_per_token_bf16_measured": measured.get("pool_bytes_per_token"),
+               "per_request_bytes_bf16": small_report["total_bytes"],
+               "per_request_bytes_bf16_measured": measured.get("total_bytes"),
+               "per_request_gib_bf16": round(small_report["total_bytes"] / GIB, 2),
+               "model_dtype": measured["model_dtype"],
+               "dynamic_cache_bytes_per_token_measured": measured["dynamic_cache_bytes_per_token"],
+               "per_batch_gib_bf16": {str(b): round(b * small_report["total_bytes"] / GIB, 1) for b in BATCH_SIZES}}
+    env.step(f"the default model at {LONG_CONTEXT} tokens, measured on real tensors", **default)
     bf16 = rows[0]
-    return {"model": "Llama 3.1 70B", "tokens": LONG_CONTEXT, "layers": layers, "kv_heads": heads, "head_dim": dim,
-            "formula": "2 * layers * kv_heads * head_dim * bytes_per_value * tokens",
-            "per_dtype": rows, "default_model": default,
-            "ratio_70b_bf16_to_default_bf16": round(bf16["per_request_bytes"] / (default["per_request_gib_bf16"] * GIB), 1),
-            "gqa_saving": f"{cfg['num_attention_heads']} query heads share {heads} KV heads: "
-                          f"{cfg['num_attention_heads'] // heads}x less KV than full multi-head attention"}
+    return {"model": "Llama 3.1 70B", "tokens": LONG_CONTEXT, "layers": shape.layers, "kv_heads": shape.kv_heads,
+            "head_dim": shape.head_dim, "formula": "2 * layers * kv_heads * head_dim * bytes_per_value * tokens",
+            "preset_matches_config": same, "per_dtype": rows, "default_model": default,
+            "ratio_70b_to_default_bf16": round(bf16["per_request_bytes"] / small_report["total_bytes"], 1),
+            "gqa_saving": f"{cfg['num_attention_heads']} query heads share {shape.kv_heads} KV heads: "
+                          f"{cfg['num_attention_heads'] // shape.kv_heads}x less KV than full multi-head attention"}
 
 
 KV_MEMORY_70B_128K = Demo(

@@ -1,0 +1,65 @@
+"""`cachescope demo NAME`: run one guided demo headless and print what it shows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from app.commands._common import print_json
+from engine.errors import InputError
+
+NAME = "demo"
+HELP = "run a guided demo of one cache behaviour (--list shows them all)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", nargs="?", help="the demo to run (see --list)")
+    p.add_argument("--list", action="store_true", help="list the demos, one line each")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.demos import get_demo, list_demos, run_demo
+
+    if args.list:
+        demos = list_demos()
+        if args.json:
+            print_json(demos)
+        else:
+            width = max(len(d["name"]) for d in demos)
+            sys.stdout.write("".join(f"{d['name']:<{width}}  {d['summary']}\n" for d in demos))
+        return 0
+    if not args.name:
+        raise InputError("name a demo to run, or pass --list to see them")
+    get_demo(args.name)  # a bad name fails before any model is loaded
+    result = run_demo(args.name)
+    if args.json:
+        print_json(result)
+    else:
+        _print_human(result)
+    return 0
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, dict)):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 60 else text[:57] + "..."
+    text = str(value).replace("\n", "\\n")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_human(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    out.write(f"{r['title']}\n\n{r['explanation']}\n\n")
+    for step in r["steps"]:
+        details = ", ".join(f"{k}={_short(v)}" for k, v in step.items() if k not in ("step", "action") and v is not None)
+        out.write(f"{step['step']:>3}. {step['action']}\n")
+        if details:
+            out.write(f"     {details}\n")
+    out.write("\nfindings:\n")
+    for key, value in r["findings"].items():
+        out.write(f"  {key}: {_short(value)}\n")
