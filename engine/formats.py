@@ -78,8 +78,8 @@ def load_conversations(path: str | Path, format: str | None = None,
     stem = p.name.split(".")[0] or p.name
     if fmt in ("tokens", "mooncake"):
         return [_trace_conversation(docs, name, fmt, stem)]
-    if fmt == "openai" and len(docs) == 1 and isinstance(docs[0][1], list):
-        docs = [(docs[0][0], {"messages": docs[0][1]})]  # a bare list of messages
+    if fmt == "openai" and isinstance(docs[0][1], dict) and "role" in docs[0][1] and "messages" not in docs[0][1]:
+        docs = [(docs[0][0], {"messages": [d for _, d in docs]})]  # a bare list of messages
     parse = {"openai": _openai, "sharegpt": _sharegpt, "anthropic": _anthropic,
              "mt-bench": _mt_bench, "cachescope": _session_file}[fmt]
     out = []
@@ -134,17 +134,28 @@ def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES)
 
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except json.JSONDecodeError:
+        raise
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
+    except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+        raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
 
 
 def _reject_constant(token: str) -> Any:
     raise json.JSONDecodeError(f"{token} is not allowed", token, 0)
 
 
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if value in (float("inf"), float("-inf")):
+        raise json.JSONDecodeError(f"{token} is too large for a number", token, 0)
+    return value
+
+
 def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
-    decoder = json.JSONDecoder(parse_constant=_reject_constant)
+    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
     pos = text.index("[") + 1
     items: list[tuple[int, Any]] = []
     n = len(text)
@@ -172,6 +183,8 @@ def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
             raise fail(exc.pos, exc.msg) from None
         except RecursionError:
             raise fail(pos, "nested too deeply") from None
+        except ValueError as exc:
+            raise fail(pos, str(exc).split(";")[0]) from None
         items.append((text.count("\n", 0, pos) + 1, value))
         pos = skip(end)
         if pos < n and text[pos] == ",":
@@ -188,8 +201,6 @@ def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
 def detect_format(docs: list[tuple[int, Any]], name: str) -> str:
     """Guess the format from the documents' keys; `--format` overrides it."""
     line, first = docs[0]
-    if isinstance(first, list) and first and all(isinstance(m, dict) and "role" in m for m in first):
-        return "openai"
     if not isinstance(first, dict):
         raise TraceError(name, line, None, f"expected a JSON object, got {_type(first)}")
     if first.get("format") == SESSION_FILE_FORMAT:
@@ -204,6 +215,8 @@ def detect_format(docs: list[tuple[int, Any]], name: str) -> str:
         return "mt-bench"
     if "messages" in first:
         return "anthropic" if any(isinstance(d, dict) and _looks_anthropic(d) for _, d in docs) else "openai"
+    if "role" in first:
+        return "openai"
     raise TraceError(name, line, None, "cannot tell the format: expected 'messages', 'conversations', 'turns', "
                                        "'tokens' or 'hash_ids' (use --format to choose one)")
 
