@@ -71,6 +71,7 @@ class AppContext(QObject):
 
     sigRunnerChanged = Signal(object)
     sigSessionChanged = Signal(object)  # session id (int | str) or None
+    sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
 
     def __init__(self, settings: QSettings | None = None, store: Any = None,
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
@@ -96,6 +97,14 @@ class AppContext(QObject):
             self.bridge.attach(runner.manager.events)
             self.bridge.set_engine(runner_engine_info(runner))
         self.sigRunnerChanged.emit(runner)
+
+    def activate_runner(self) -> bool:
+        """Point the bridge back at the runner's engine (after a trace replay); False if no runner."""
+        if self.runner is None:
+            return False
+        if self.bridge.bus is not self.runner.manager.events:
+            self.set_runner(self.runner)
+        return True
 
     def new_event_bus(self, info: dict[str, Any]) -> EventBus:
         """A fresh bus wired to the bridge for a headless engine (trace replay); views reset."""

@@ -1,0 +1,149 @@
+"""`cachescope gui`: open the desktop app (the default with no subcommand).
+
+With `--screenshot DIR` it drives a workload offscreen (FILE, or the bundled demo trace),
+saves one PNG per panel plus the whole window, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from app.commands._common import positive_int
+from engine.errors import InputError
+
+NAME = "gui"
+HELP = "open the desktop app (optionally with a session, conversation or trace file)"
+DEMO_TRACE = Path(__file__).resolve().parents[2] / "resources" / "traces" / "demo_tokens.jsonl"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", nargs="?", help="a session database, conversation or trace to open")
+    p.add_argument("--model", metavar="M", default=None, help="local HF folder, .gguf file or hub id (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--db", metavar="PATH", default=None, help="session database (default: the one in your user data folder)")
+    p.add_argument("--screenshot", metavar="DIR", default=None, help="render every panel to PNGs in DIR offscreen, then exit")
+    p.add_argument("--no-model", action="store_true", help="do not load a model (traces can still be opened)")
+    p.add_argument("--num-blocks", type=positive_int, default=256, metavar="N", help="blocks in the model's KV pool (default 256)")
+    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
+    p.add_argument("--theme", choices=("dark", "light"), default=None, help="colour theme (default: the last one used)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.file is not None and not Path(args.file).exists():
+        raise InputError(f"{args.file}: no such file")
+    if args.screenshot is not None:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    from app.context import AppContext, make_test_context
+    from app.main_window import MainWindow, app_icon
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Cachescope")
+    app.setOrganizationName("Cachescope")
+    app.setWindowIcon(app_icon())
+    store = _open_store(args.db) if args.screenshot is None or args.db else None
+    if args.screenshot is not None:
+        # Screenshots never read or write the user's settings, so they always look the same.
+        ctx = make_test_context(store=store)
+        ctx.suppress_dialogs = True
+    else:
+        ctx = AppContext(store=store)
+    from app.main_window import classify_file
+
+    target = Path(args.file) if args.file else DEMO_TRACE
+    # Screenshots of a trace need no model; of a conversation or session they do.
+    wants_model = not args.no_model and (args.screenshot is None or classify_file(target) != "trace")
+    window = MainWindow(ctx, model=args.model, load_model=wants_model,
+                        num_blocks=args.num_blocks, block_size=args.block_size)
+    if args.theme:
+        window.apply_theme(args.theme)
+    try:
+        if args.screenshot is not None:
+            return screenshot(app, window, Path(args.screenshot), target)
+        window.show()
+        if args.file:
+            window.open_file(args.file)
+        return app.exec()
+    finally:
+        ctx.shutdown()
+        _dispose(app, window)
+
+
+def _dispose(app, window) -> None:
+    """Delete the window while Qt is still alive: left to interpreter shutdown, the order in
+    which PySide6 frees widgets and plot items can crash the process on exit."""
+    import gc
+
+    window.close()
+    window.deleteLater()
+    app.processEvents()
+    del window
+    gc.collect()
+
+
+def _open_store(path: str | None):
+    try:
+        from engine.store import Store
+    except ImportError:
+        return None
+    return Store(path)
+
+
+def wait_idle(app, window, timeout_s: float = 600.0) -> None:
+    """Process events until the worker has no job and the bridge has nothing buffered."""
+    ctx = window.ctx
+    deadline = time.monotonic() + timeout_s
+    idle_since = None
+    while time.monotonic() < deadline:
+        app.processEvents()
+        busy = ctx.worker.is_busy or ctx.bridge.num_pending or getattr(window.panels.get("conversation"), "is_generating", False)
+        if busy:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > 0.3:
+            return
+        time.sleep(0.005)
+    raise InputError(f"the workload did not finish within {timeout_s:.0f} s")
+
+
+def screenshot(app, window, folder: Path, file: Path) -> int:
+    """Run `file` through the app offscreen and save every panel and the window as PNGs."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create {folder}: {exc.strerror}") from None
+    window.resize(1600, 1000)
+    window.show()
+    app.processEvents()
+    if not window.open_file(file):
+        raise InputError(window.ctx.errors[-1] if window.ctx.errors else f"{file} could not be opened")
+    wait_idle(app, window)
+    if window.ctx.errors:
+        raise InputError(window.ctx.errors[-1])
+    app.processEvents()
+    saved = []
+    for name, dock in window.docks.items():
+        dock.show()
+        dock.raise_()
+        app.processEvents()
+        widget = dock.widget()
+        if widget.width() < 200 or widget.height() < 150:
+            widget.resize(max(widget.width(), 640), max(widget.height(), 400))
+        path = folder / f"{name}.png"
+        if not dock.grab().save(str(path)):
+            raise InputError(f"cannot write {path}")
+        saved.append(path)
+    for name in ("block_table", "timeline", "metrics"):
+        if name in window.docks:
+            window.docks[name].raise_()
+    app.processEvents()
+    path = folder / "main_window.png"
+    window.grab().save(str(path))
+    saved.append(path)
+    sys.stdout.write("".join(f"{p}\n" for p in saved))
+    return 0

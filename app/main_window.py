@@ -1,0 +1,557 @@
+"""The main window: menus, toolbar, status bar and one dock per registered panel.
+
+It is up before the model: loading runs on the model worker with a progress bar in the
+status bar. Opening a file replays it on the worker through a fresh engine whose events
+reach the views through the bridge. Panels themselves live in `app.views`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QLabel, QMainWindow,
+                               QMessageBox, QProgressBar, QTableWidget, QTableWidgetItem, QToolBar,
+                               QVBoxLayout, QWidget)
+
+from app import theme
+from app.context import AppContext, engine_info
+from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelSpec, build_panel
+from engine.errors import InputError, TraceError
+
+ICON_DIR = Path(__file__).resolve().parent.parent / "resources" / "icons"
+MAX_RECENT = 8
+DEFAULT_SIZE = QSize(1480, 920)
+# Layout version: bump when PANELS changes so an old saved dock state is not restored
+# onto a different set of docks.
+LAYOUT_VERSION = 1
+TRACE_CAPACITY_BLOCKS = {16: 512, 512: 2048}  # a pool that fills, so evictions show
+
+
+def app_icon() -> QIcon:
+    icon = QIcon()
+    for size in (16, 32, 48, 64, 128, 256):
+        png = ICON_DIR / f"cachescope-{size}.png"
+        if png.exists():
+            icon.addFile(str(png), QSize(size, size))
+    svg = ICON_DIR / "cachescope.svg"
+    if icon.isNull() and svg.exists():
+        icon.addFile(str(svg))
+    return icon
+
+
+def classify_file(path: Path) -> str:
+    """"trace" (token/block JSONL), "session" (a Cachescope database) or "conversation"."""
+    if path.suffix.lower() in (".db", ".sqlite", ".sqlite3", ".cachescope"):
+        return "session"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+            if head.startswith(b"SQLite format 3"):
+                return "session"
+            fh.seek(0)
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    if isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj):
+                        return "trace"
+                    break
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    return "conversation"
+
+
+def _trace_block_size(path: Path) -> int:
+    with path.open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                # Mooncake hash ids each stand for one 512-token block.
+                return 512 if b'"hash_ids"' in raw else 16
+    return 16
+
+
+def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
+    """Worker-thread job: replay a token/block trace through a fresh engine emitting on `bus`."""
+    from engine.replay import ReplayConfig, replay
+    from engine.trace import load_trace
+
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
+    result = replay(load_trace(path, block_size), config, events=bus)
+    result["config"]["trace"] = str(path)
+    return result
+
+
+def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
+    """Worker-thread job: load (converting on first run) the model and build a runner."""
+    from engine.events import EventBus
+    from engine.models import load_model
+    from engine.runner import ModelRunner
+
+    loaded = load_model(model, progress=progress)
+    progress("building the KV pool", 0.98)
+    return ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
+
+
+def _ignore_args(fn: Callable[[], Any]) -> Callable[..., None]:
+    """A slot that drops the signal's arguments (`triggered(bool)`) and calls `fn()`."""
+
+    def slot(*_args: Any) -> None:
+        fn()
+
+    return slot
+
+
+def error_sentence(exc: BaseException, what: str) -> str:
+    """One sentence for a dialog: the user's mistake as said by the engine, else what failed."""
+    if isinstance(exc, (InputError, TraceError)):
+        return str(exc)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return f"{what}: {exc.strerror or exc} ({exc.filename})."
+    return f"{what}: {type(exc).__name__}: {exc}".rstrip(".") + "."
+
+
+class MainWindow(QMainWindow):
+    """The Cachescope window. `docks` maps a panel's object_name to its QDockWidget."""
+
+    def __init__(self, ctx: AppContext, model: str | None = None, load_model: bool = True,
+                 num_blocks: int = 256, block_size: int = 16) -> None:
+        super().__init__()
+        self.ctx = ctx
+        ctx.dialog_parent = self
+        ctx.model_name = model
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.docks: dict[str, QDockWidget] = {}
+        self.panels: dict[str, QWidget] = {}
+        self.last_replay: dict | None = None
+        self._demo_actions: list[QAction] = []
+        self.setObjectName("MainWindow")
+        self.setWindowTitle("Cachescope")
+        self.setWindowIcon(app_icon())
+        self.setDockNestingEnabled(True)
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
+                            | QMainWindow.DockOption.AllowNestedDocks)
+        self.resize(DEFAULT_SIZE)
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self._build_docks()
+        self._build_status_bar()
+        self._default_state = self.saveState(LAYOUT_VERSION)
+        self._restore_settings()
+        ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
+        if ctx.state is not None and hasattr(ctx.state, "sigChanged"):
+            ctx.state.sigChanged.connect(self._schedule_status)
+        ctx.worker.sigProgress.connect(self._on_progress)
+        self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
+        if load_model:
+            QTimer.singleShot(0, self.start_model_load)
+
+    # ------------------------------------------------------------------ construction
+    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
+                checkable: bool = False) -> QAction:
+        act = QAction(text, self)
+        if shortcut is not None:
+            act.setShortcut(QKeySequence(shortcut))
+        act.setStatusTip(tip)
+        act.setToolTip(f"{text.replace('&', '').rstrip('.')}  ({QKeySequence(shortcut).toString()})" if shortcut else tip or text)
+        act.setCheckable(checkable)
+        act.triggered.connect(_ignore_args(slot))
+        self.addAction(act)
+        return act
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.act_new = a("&New session", self.new_session, QKeySequence.StandardKey.New, "start an empty chat session")
+        self.act_open = a("&Open…", self.open_dialog, QKeySequence.StandardKey.Open, "open a trace, conversation or session file")
+        self.act_import = a("&Import conversation…", self.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
+        self.act_export = a("&Export…", self.export_dialog, "Ctrl+E", "save the conversation and event log")
+        self.act_quit = a("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.act_theme = a("&Dark theme", self.toggle_theme, "Ctrl+T", "switch between dark and light", checkable=True)
+        self.act_reset_layout = a("&Reset layout", self.reset_layout, "Ctrl+Shift+R", "put every panel back in place")
+        self.act_live = a("Follow &live", self.follow_live, "End", "stop scrubbing and follow the live engine")
+        self.act_reset_cache = a("Reset &cache", self.reset_cache, "Ctrl+Shift+Backspace", "drop every cached block (only when idle)")
+        self.act_load_model = a("&Load model", self.start_model_load, "Ctrl+L", "load the model again")
+        self.act_about = a("&About Cachescope", self.show_about)
+        self.act_shortcuts = a("&Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        for act in (self.act_new, self.act_open, self.act_import):
+            m.addAction(act)
+        self.recent_menu = m.addMenu("Open &recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        m.addAction(self.act_export)
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        self.view_menu = mb.addMenu("&View")
+        eng = mb.addMenu("&Engine")
+        for act in (self.act_load_model, self.act_reset_cache, self.act_live):
+            eng.addAction(act)
+        self.demos_menu = mb.addMenu("&Demos")
+        self._no_demos = self.demos_menu.addAction("No demos installed")
+        self._no_demos.setEnabled(False)
+        h = mb.addMenu("&Help")
+        h.addAction(self.act_shortcuts)
+        h.addAction(self.act_about)
+
+    def _build_toolbar(self) -> None:
+        tb = QToolBar("Main", self)
+        tb.setObjectName("main_toolbar")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        for act in (self.act_new, self.act_open, self.act_import):
+            tb.addAction(act)
+        tb.addSeparator()
+        for act in (self.act_live, self.act_reset_cache):
+            tb.addAction(act)
+        tb.addSeparator()
+        tb.addAction(self.act_theme)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
+        self.toolbar = tb
+        self.scrub_bar = build_panel(SCRUB_BAR, self.ctx)
+        self.scrub_toolbar = None
+        if self.scrub_bar is not None:
+            bar = QToolBar("Time", self)
+            bar.setObjectName("scrub_toolbar")
+            bar.setMovable(False)
+            bar.addWidget(self.scrub_bar)
+            self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, bar)
+            self.scrub_toolbar = bar
+
+    def _build_docks(self) -> None:
+        built = [(spec, w) for spec in PANELS if (w := build_panel(spec, self.ctx)) is not None]
+        docks = {spec.object_name: self._make_dock(spec, w) for spec, w in built}
+        primaries = [spec for spec, _ in built if not spec.tab_with or spec.tab_with not in docks]
+        first_in_area: dict[Qt.DockWidgetArea, QDockWidget] = {}
+        for spec in primaries:
+            dock = docks[spec.object_name]
+            self.addDockWidget(spec.area, dock)
+            if spec.area in first_in_area:  # side by side with the first panel of its area
+                orientation = Qt.Orientation.Horizontal if spec.area == BOTTOM else Qt.Orientation.Vertical
+                self.splitDockWidget(first_in_area[spec.area], dock, orientation)
+            first_in_area.setdefault(spec.area, dock)
+        for spec, _ in built:
+            if spec not in primaries:
+                self.tabifyDockWidget(docks[spec.tab_with], docks[spec.object_name])
+        for name in ("block_table", "timeline", "metrics"):
+            if name in self.docks:
+                self.docks[name].raise_()
+        self._size_docks()
+        if self.scrub_toolbar is not None:
+            self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())
+        self.view_menu.addSeparator()
+        self.view_menu.addAction(self.act_theme)
+        self.view_menu.addAction(self.act_reset_layout)
+
+    def _make_dock(self, spec: PanelSpec, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(spec.title, self)
+        dock.setObjectName(spec.object_name)
+        dock.setWidget(widget)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetClosable
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        toggle = dock.toggleViewAction()
+        if spec.shortcut:
+            toggle.setShortcut(QKeySequence(spec.shortcut))
+        self.view_menu.addAction(toggle)
+        self.docks[spec.object_name] = dock
+        self.panels[spec.object_name] = widget
+        return dock
+
+    def _size_docks(self) -> None:
+        left = [d for n, d in self.docks.items() if self.dockWidgetArea(d) == Qt.DockWidgetArea.LeftDockWidgetArea]
+        right = [d for n, d in self.docks.items() if self.dockWidgetArea(d) == Qt.DockWidgetArea.RightDockWidgetArea]
+        if left and right:
+            self.resizeDocks([left[0], right[0]], [460, 1000], Qt.Orientation.Horizontal)
+        bottom = [d for d in self.docks.values() if self.dockWidgetArea(d) == Qt.DockWidgetArea.BottomDockWidgetArea]
+        if bottom and right:
+            self.resizeDocks([right[0], bottom[0]], [560, 300], Qt.Orientation.Vertical)
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.status_labels: dict[str, QLabel] = {}
+        for key, text in (("model", "no model"), ("block_size", "block —"), ("occupancy", "pool —"),
+                          ("hit_rate", "hit rate —")):
+            label = QLabel(text, self)
+            label.setObjectName("statusValue")
+            sb.addPermanentWidget(label)
+            self.status_labels[key] = label
+        self.progress = QProgressBar(self)
+        self.progress.setFixedWidth(200)
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        sb.insertPermanentWidget(0, self.progress)
+
+    # ------------------------------------------------------------------ settings
+    def _restore_settings(self) -> None:
+        s = self.ctx.settings
+        name = str(s.value("ui/theme", "dark"))
+        self.apply_theme(name if name in theme.THEME_NAMES else "dark", save=False)
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, (QByteArray, bytes)):
+            self.restoreGeometry(QByteArray(geometry))
+        state = s.value("window/state")
+        if isinstance(state, (QByteArray, bytes)):
+            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+
+    def save_settings(self) -> None:
+        s = self.ctx.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState(LAYOUT_VERSION))
+        s.setValue("ui/theme", theme.current_theme())
+        s.sync()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        self.save_settings()
+        super().closeEvent(event)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self._default_state, LAYOUT_VERSION)
+        for dock in self.docks.values():
+            dock.setFloating(False)
+            dock.show()
+        self.resize(DEFAULT_SIZE)
+
+    # ------------------------------------------------------------------ theme
+    def apply_theme(self, name: str, save: bool = True) -> None:
+        app = QApplication.instance()
+        theme.apply_theme(app, name)
+        self.act_theme.setChecked(name == "dark")
+        if save:
+            self.ctx.settings.setValue("ui/theme", name)
+        self.ctx.sigThemeChanged.emit(name)
+
+    def toggle_theme(self) -> None:
+        self.apply_theme("light" if theme.current_theme() == "dark" else "dark")
+
+    # ------------------------------------------------------------------ demos hook
+    def add_demo_action(self, name: str, description: str, callback: Callable[[], Any]) -> QAction:
+        """Add a Demos menu entry (used by the demos module); returns the action."""
+        if self._no_demos is not None:
+            self.demos_menu.removeAction(self._no_demos)
+            self._no_demos = None
+        act = QAction(name, self)
+        act.setStatusTip(description)
+        act.setToolTip(description)
+        act.triggered.connect(_ignore_args(callback))
+        self.demos_menu.addAction(act)
+        self._demo_actions.append(act)
+        return act
+
+    # ------------------------------------------------------------------ model
+    def start_model_load(self) -> None:
+        if self.ctx.worker.is_busy and self.ctx.runner is None and self.progress.isVisible():
+            return  # already loading
+        self._on_progress("loading model", 0.0)
+        self.status_labels["model"].setText("loading model…")
+        self.ctx.worker.submit(load_model_job, self.ctx.model_name, self.num_blocks, self.block_size,
+                               self.ctx.worker.report_progress, on_done=self._on_model_loaded,
+                               on_error=self._on_model_failed)
+
+    def _on_model_loaded(self, runner: Any) -> None:
+        self.progress.hide()
+        self.ctx.set_runner(runner)
+        self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
+
+    def _on_model_failed(self, exc: BaseException) -> None:
+        self.progress.hide()
+        self.status_labels["model"].setText("no model")
+        self.ctx.show_error(error_sentence(exc, "The model could not be loaded"))
+
+    def _on_progress(self, text: str, fraction: float) -> None:
+        self.progress.show()
+        if fraction < 0:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(max(0.0, min(1.0, fraction)) * 1000))
+        self.progress.setToolTip(text)
+        self.statusBar().showMessage(text)
+        if fraction >= 1.0:
+            QTimer.singleShot(600, self.progress.hide)
+
+    # ------------------------------------------------------------------ files
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a trace, conversation or session", self._last_dir(),
+                                              "Cachescope files (*.jsonl *.json *.db *.sqlite);;All files (*)")
+        if path:
+            self.open_file(path)
+
+    def import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversations", self._last_dir(),
+                                              "Conversations (*.json *.jsonl);;All files (*)")
+        if path:
+            self.open_file(path)
+
+    def _last_dir(self) -> str:
+        recent = self.recent_files()
+        return str(Path(recent[0]).parent) if recent else str(Path.home())
+
+    def open_file(self, path: str | Path, on_done: Callable[[Any], None] | None = None) -> bool:
+        """Open a trace (replayed on the worker), a session database or a conversation file."""
+        p = Path(path)
+        if not p.exists():
+            self.ctx.show_error(f"{p}: no such file.")
+            return False
+        if p.is_dir():
+            self.ctx.show_error(f"{p} is a folder; open a trace, conversation or session file.")
+            return False
+        kind = classify_file(p)
+        self._add_recent(p)
+        if kind == "trace":
+            self.replay_trace(p, on_done=on_done)
+            return True
+        conversation = self.panels.get("conversation")
+        if conversation is None:
+            self.ctx.show_error("The conversation panel is not available, so conversations cannot be opened.")
+            return False
+        try:
+            if kind == "session":
+                conversation.open_store(p)
+            else:
+                conversation.import_file(p)
+        except (InputError, TraceError, ValueError, OSError) as exc:
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            return False
+        if on_done is not None:
+            on_done(None)
+        return True
+
+    def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
+        block_size = _trace_block_size(path)
+        capacity = TRACE_CAPACITY_BLOCKS.get(block_size, 512)
+        bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
+        self._on_progress(f"replaying {path.name}", -1.0)
+
+        def done(result: dict) -> None:
+            self.last_replay = result
+            self.progress.hide()
+            t = result["totals"]
+            self.statusBar().showMessage(f"{path.name}: {t['requests']} requests, hit rate {t['hit_rate']:.1%}, "
+                                         f"{t['evicted_blocks']} evictions", 8000)
+            if on_done is not None:
+                on_done(result)
+
+        def failed(exc: BaseException) -> None:
+            self.progress.hide()
+            self.ctx.show_error(error_sentence(exc, f"{path.name} could not be replayed"))
+            if on_done is not None:
+                on_done(None)
+
+        self.ctx.worker.submit(replay_trace_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
+
+    def recent_files(self) -> list[str]:
+        value = self.ctx.settings.value("recent/files", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _add_recent(self, path: Path) -> None:
+        text = str(path.resolve())
+        files = [text] + [f for f in self.recent_files() if f != text]
+        self.ctx.settings.setValue("recent/files", files[:MAX_RECENT])
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        files = self.recent_files()
+        for f in files:
+            act = self.recent_menu.addAction(Path(f).name)
+            act.setToolTip(f)
+            act.triggered.connect(_ignore_args(lambda f=f: self.open_file(f)))
+        if not files:
+            self.recent_menu.addAction("No recent files").setEnabled(False)
+
+    def new_session(self) -> None:
+        conversation = self.panels.get("conversation")
+        if conversation is not None:
+            conversation.new_session()
+            self.docks["conversation"].raise_()
+
+    def export_dialog(self) -> None:
+        conversation = self.panels.get("conversation")
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / "conversation.json"),
+                                              "OpenAI messages (*.json)")
+        if not path or conversation is None:
+            return
+        try:
+            conversation.export_json(path)
+        except OSError as exc:
+            self.ctx.show_error(error_sentence(exc, "The conversation could not be saved"))
+
+    # ------------------------------------------------------------------ engine
+    def follow_live(self) -> None:
+        if self.ctx.state is not None and hasattr(self.ctx.state, "scrub_to"):
+            self.ctx.state.scrub_to(None)
+
+    def reset_cache(self) -> None:
+        runner = self.ctx.runner
+        if runner is None:
+            self.ctx.show_error("There is no model engine to reset; load a model first.")
+            return
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.show_error(error_sentence(exc, "The cache could not be reset"))
+
+        self.ctx.worker.submit(runner.manager.reset, on_error=failed)
+
+    def _on_engine_changed(self, info: dict) -> None:
+        self.status_labels["model"].setText(info.get("model") or "no model (trace)")
+        self.status_labels["block_size"].setText(f"block {info.get('block_size', '—')} tokens")
+        self._update_status()
+
+    def _schedule_status(self) -> None:
+        if not self._status_timer.isActive():
+            self._status_timer.start()
+
+    def _update_status(self) -> None:
+        state = self.ctx.state
+        proj = getattr(state, "projection", None)
+        if proj is None:
+            return
+        total = max(proj.num_blocks, 1)
+        self.status_labels["occupancy"].setText(
+            f"pool {proj.num_in_use} in use · {proj.num_cached_free} cached · {proj.num_blocks} blocks "
+            f"({(proj.num_in_use + proj.num_cached_free) / total:.0%})")
+        c = proj.counters
+        self.status_labels["hit_rate"].setText(f"hit rate {c.hit_rate:.1%}" if c.num_prompt_tokens else "hit rate —")
+
+    # ------------------------------------------------------------------ help
+    def show_about(self) -> None:
+        QMessageBox.about(self, "About Cachescope",
+                          "<h3>Cachescope</h3><p>A desktop inspector for the caches of LLM inference: "
+                          "the paged prefix cache, KV memory, semantic caches and hosted prompt-caching bills, "
+                          "live from a real local model.</p><p>Apache-2.0</p>")
+
+    def shortcut_rows(self) -> list[tuple[str, str]]:
+        rows = []
+        for act in self.findChildren(QAction):
+            if not act.shortcut().isEmpty():
+                rows.append((act.text().replace("&", ""), act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)))
+        return sorted(set(rows))
+
+    def show_shortcuts(self) -> None:
+        dlg = QDialog(self)
+        dlg.setWindowTitle("Keyboard shortcuts")
+        rows = self.shortcut_rows()
+        table = QTableWidget(len(rows), 2, dlg)
+        table.setHorizontalHeaderLabels(["Action", "Shortcut"])
+        table.verticalHeader().hide()
+        for i, (name, keys) in enumerate(rows):
+            table.setItem(i, 0, QTableWidgetItem(name))
+            table.setItem(i, 1, QTableWidgetItem(keys))
+        table.resizeColumnsToContents()
+        table.horizontalHeader().setStretchLastSection(True)
+        layout = QVBoxLayout(dlg)
+        layout.addWidget(table)
+        dlg.resize(420, 480)
+        dlg.exec()
+
+
+def runner_name(runner: Any) -> str:
+    loaded = getattr(runner, "loaded", None)
+    return getattr(loaded, "name", None) or "model"

@@ -1,0 +1,73 @@
+"""The registry of dock panels: which views the main window shows, and where by default.
+
+Each `PanelSpec` names a factory "module:Class" that takes the app context. A module that
+cannot be imported yet is skipped with a warning (development tolerance while panels are
+being written in parallel); `build_panel` reports why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
+
+LEFT = Qt.DockWidgetArea.LeftDockWidgetArea
+RIGHT = Qt.DockWidgetArea.RightDockWidgetArea
+BOTTOM = Qt.DockWidgetArea.BottomDockWidgetArea
+TOP = Qt.DockWidgetArea.TopDockWidgetArea
+
+
+@dataclass(slots=True, frozen=True)
+class PanelSpec:
+    """One dock panel. `tab_with` names the object_name of a panel to share a tab stack with."""
+
+    title: str
+    object_name: str
+    factory: str  # "package.module:ClassName", called as Class(ctx)
+    area: Qt.DockWidgetArea
+    tab_with: str | None = None
+    shortcut: str | None = None
+
+
+PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec("Conversation", "conversation", "app.views.conversation_view:ConversationView", LEFT, None, "Ctrl+1"),
+    PanelSpec("Block table", "block_table", "app.views.block_table_view:BlockTableView", RIGHT, None, "Ctrl+2"),
+    PanelSpec("Hash chains", "hash_chains", "app.views.hash_chain_view:HashChainView", RIGHT, "block_table", "Ctrl+3"),
+    PanelSpec("Ref counts & evictions", "timeline", "app.views.timeline_view:TimelineView", BOTTOM, None, "Ctrl+4"),
+    PanelSpec("Event log", "event_log", "app.views.event_log_view:EventLogView", BOTTOM, "timeline", "Ctrl+5"),
+    PanelSpec("Metrics", "metrics", "app.views.metrics_view:MetricsView", BOTTOM, None, "Ctrl+6"),
+    PanelSpec("KV memory", "kv_memory", "app.views.kv_memory_view:KvMemoryView", BOTTOM, "metrics", "Ctrl+7"),
+    PanelSpec("Diff", "diff", "app.views.diff_view:DiffView", RIGHT, "block_table", None),
+    PanelSpec("Billing", "billing", "app.views.billing_view:BillingView", BOTTOM, "metrics", None),
+    PanelSpec("Sweep", "sweep", "app.views.sweep_view:SweepView", BOTTOM, "metrics", None),
+    PanelSpec("Semantic cache", "semantic", "app.views.semantic_view:SemanticView", RIGHT, "block_table", None),
+)
+
+SCRUB_BAR = "app.views.scrub_bar:ScrubBar"
+
+
+def load_factory(factory: str) -> Any:
+    """Import "module:Class" and return the class; raises ImportError/AttributeError."""
+    module_name, _, attr = factory.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+def build_panel(spec_or_factory: PanelSpec | str, ctx: Any, warn: bool = True) -> QWidget | None:
+    """Build one panel widget, or None (with a warning on stderr) if its module is missing.
+
+    Only a missing module is tolerated: a panel that imports but fails to build is a bug
+    and raises, so it is found at once.
+    """
+    factory = spec_or_factory.factory if isinstance(spec_or_factory, PanelSpec) else spec_or_factory
+    try:
+        cls = load_factory(factory)
+    except (ImportError, AttributeError) as exc:
+        if warn:
+            sys.stderr.write(f"cachescope: warning: panel {factory} skipped: {exc}\n")
+        return None
+    return cls(ctx)
