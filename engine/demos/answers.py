@@ -121,6 +121,7 @@ def _default_system(env: DemoEnv) -> dict[str, Any]:
     return {"default_system_prompt": default_system_prompt(tok), "token_diff": diff,
             "turn_2": {k: r2[k] for k in keys}, "fixed_turn_2": {k: f2[k] for k in keys},
             "cached_tokens_turn_2": r2["cached_tokens"], "cached_tokens_fixed_turn_2": f2["cached_tokens"],
+            "diff_messages": {"a": [user1], "b": [system, user1, reply, user2]},
             "turn_1_text": tok.decode(first), "turn_2_text_start": tok.decode(second[:diff["first_divergent_token"] + 12])}
 
 

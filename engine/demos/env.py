@@ -99,6 +99,15 @@ class DemoEnv:
     def has_model(self) -> bool:
         return self._model is not None
 
+    @property
+    def loaded_model(self) -> Any:
+        """The model if one is loaded already (None otherwise); never loads."""
+        return self._model
+
+    @property
+    def loaded_embedder(self) -> Any:
+        return self._embedder
+
     # ------------------------------------------------------------------ engines
     def _bus(self) -> EventBus:
         bus = EventBus()

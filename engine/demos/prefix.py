@@ -20,6 +20,15 @@ def _scenarios() -> dict[str, Any]:
     return load_resource("prefix_scenarios.json")
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
@@ -57,7 +66,8 @@ def _multi_turn(env: DemoEnv) -> dict[str, Any]:
         turns.append({"turn": i, "prompt_tokens": row["prompt_tokens"], "cached_tokens": row["cached_tokens"],
                       "computed_tokens": row["computed_tokens"],
                       "previous_prompt_blocks": prev_prompt // runner.block_size,
-                      "reused_previous_prompt": row["cached_tokens"] >= (prev_prompt // runner.block_size) * runner.block_size,
+                      "reused_previous_prompt": (row["cached_tokens"] >= (prev_prompt // runner.block_size) * runner.block_size
+                                                 if i > 1 else None),
                       "miss_reason": row["miss_reason"], "ttft_ms": row["ttft_ms"],
                       "cold_ttft_ms": row["cold_ttft_ms"]})
         prev_prompt = row["prompt_tokens"]
@@ -131,10 +141,11 @@ def _timestamp(env: DemoEnv) -> dict[str, Any]:
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size
     date = spec["date"]
-    front, end, prompts = [], [], []
+    front, end, prompts, chats = [], [], [], []
     for i, (time, question) in enumerate(zip(spec["times"], spec["questions"]), 1):
         system = spec["system_front"].format(time=time, date=date)
-        prompt = render(tok, [{"role": "system", "content": system}, {"role": "user", "content": question}])
+        chats.append([{"role": "system", "content": system}, {"role": "user", "content": question}])
+        prompt = render(tok, chats[-1])
         prompts.append(prompt)
         row = env.generate(runner, f"front-{i}", prompt, f"timestamp at the front, request {i} at {time}")
         front.append({k: row[k] for k in ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens",
@@ -151,7 +162,8 @@ def _timestamp(env: DemoEnv) -> dict[str, Any]:
             "cached_tokens_front": [r["cached_tokens"] for r in front],
             "cached_tokens_end": [r["cached_tokens"] for r in end],
             "system_prompt_blocks": static_blocks,
-            "tokens_saved_by_moving": sum(r["cached_tokens"] for r in end) - sum(r["cached_tokens"] for r in front)}
+            "tokens_saved_by_moving": sum(r["cached_tokens"] for r in end) - sum(r["cached_tokens"] for r in front),
+            "diff_messages": {"a": chats[0], "b": chats[1]}}
 
 
 TIMESTAMP_AT_FRONT = Demo(
@@ -236,9 +248,12 @@ def _eviction(env: DemoEnv) -> dict[str, Any]:
     prompts = {k: render(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": doc}])
                for k, doc in spec["documents"].items()}
     a, b, c = (_blocks(len(prompts[k]), bs) for k in ("A", "B", "C"))
-    # Pool just big enough that C must take some of A's freed blocks but none of B's.
-    num_evict = min(a // 2 + 1, c)
-    num_blocks = a + b + c - num_evict
+    # Blocks shared through the common chat-template prefix are hits, not new allocations.
+    shared_ab = _common(prompts["A"], prompts["B"]) // bs
+    shared_c = max(_common(prompts["A"], prompts["C"]), _common(prompts["B"], prompts["C"])) // bs
+    # Pool just big enough that C must take about half of A's freed blocks but none of B's.
+    num_evict = min((a - shared_ab) // 2 + 1, c - shared_c)
+    num_blocks = a + (b - shared_ab) + (c - shared_c - num_evict)
     runner = env.runner(num_blocks=num_blocks, block_size=bs)
     tables: dict[str, tuple[int, ...]] = {}
     rows = []
@@ -275,10 +290,14 @@ EVICTION_UNDER_PRESSURE = Demo(
 
 
 # ---------------------------------------------------------------------------- reordered RAG chunks
-def _rag_prompt(tok: Any, spec: dict[str, Any], order: list[str], question: str) -> list[int]:
-    docs = "\n\n".join(f"[{d}] {spec['documents'][d]}" for d in order)
+def _rag_messages(spec: dict[str, Any], order: list[str], question: str) -> list[dict[str, str]]:
+    docs = "\n\n".join(f"{d}: {spec['documents'][d]}" for d in order)
     user = f"Documents:\n\n{docs}\n\nQuestion: {question}"
-    return render(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": user}])
+    return [{"role": "system", "content": spec["system"]}, {"role": "user", "content": user}]
+
+
+def _rag_prompt(tok: Any, spec: dict[str, Any], order: list[str], question: str) -> list[int]:
+    return render(tok, _rag_messages(spec, order, question))
 
 
 def _rag(env: DemoEnv) -> dict[str, Any]:
@@ -301,7 +320,9 @@ def _rag(env: DemoEnv) -> dict[str, Any]:
             "token_diff_retrieval_order": _diff(env, p1, p2, block_size=bs),
             "token_diff_sorted": _diff(env, s1, s2, block_size=bs),
             "cached_tokens_reordered": second["cached_tokens"], "cached_tokens_sorted": fourth["cached_tokens"],
-            "shared_document_tokens_sorted": docs_end}
+            "shared_document_tokens_sorted": docs_end,
+            "diff_messages": {"a": _rag_messages(spec, r1["retrieved"], r1["question"]),
+                              "b": _rag_messages(spec, r2["retrieved"], r2["question"])}}
 
 
 REORDERED_RAG_CHUNKS = Demo(
