@@ -9,7 +9,7 @@ import bisect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from engine.errors import InputError
 from engine.events import EventBus
@@ -214,9 +214,11 @@ def session_config(info: SessionInfo, capacity_blocks: int | None = None, concur
 
 def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager: PrefixCacheManager,
                  store: Store | None = None, run_id: int | None = None,
-                 turns: Sequence[Turn] | None = None) -> list[dict[str, Any]]:
+                 turns: Sequence[Turn] | None = None,
+                 on_request: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Serve `requests` on `manager` as `engine.replay.replay` does; with a store, every
-    request is committed with its events in one transaction as soon as it finishes."""
+    request is committed with its events in one transaction as soon as it finishes.
+    `on_request(row)` is called after each request is served (and committed)."""
     events: list[Any] = []
     unsubscribe = manager.events.subscribe(events.append) if store is not None else None
     rows: list[dict[str, Any]] = []
@@ -251,9 +253,13 @@ def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager
                 batch = replay([tr], config, manager=manager)["requests"]
                 persist(batch)
                 rows.extend(batch)
+                for row in batch if on_request is not None else ():
+                    on_request(row)
         else:
             rows = replay(requests, config, manager=manager)["requests"]
             persist(rows)
+            for row in rows if on_request is not None else ():
+                on_request(row)
     finally:
         if unsubscribe is not None:
             unsubscribe()
@@ -280,7 +286,8 @@ def session_requests(store: Store, info: SessionInfo, tokenizer: Any = None) -> 
 
 
 def replay_session(store: Store, session_id: int, *, capacity_blocks: int | None = None, concurrency: int = 1,
-                   persist: bool = True, events: EventBus | None = None, tokenizer: Any = None) -> dict[str, Any]:
+                   persist: bool = True, events: EventBus | None = None, tokenizer: Any = None,
+                   on_request: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Replay a stored session through a fresh engine seeded from the session, so hashes and
     events repeat exactly. Returns the replay contract ({"config", "totals", "requests"});
     with `persist`, the run, its requests and its events are stored as they happen."""
@@ -289,7 +296,7 @@ def replay_session(store: Store, session_id: int, *, capacity_blocks: int | None
     config = session_config(info, capacity_blocks, concurrency)
     manager = make_manager(config, events if events is not None else EventBus())
     run_id = store.create_run(session_id, "replay", _config_dict(config)) if persist else None
-    rows = run_requests(requests, config, manager, store if persist else None, run_id, turns)
+    rows = run_requests(requests, config, manager, store if persist else None, run_id, turns, on_request)
     totals = totals_of(rows, manager)
     if run_id is not None:
         store.finish_run(run_id, totals)
