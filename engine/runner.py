@@ -175,7 +175,10 @@ class ModelRunner:
         try:
             for index, prompt in enumerate(prompts):
                 t0 = time.perf_counter()
-                seq, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0)
+                # Keep room for the outputs of the requests already admitted.
+                reserve = sum(self._blocks_still_needed(s, max_new_tokens) for s, _, _, _ in started)
+                seq, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0,
+                                          reserve * self.block_size)
                 started.append((seq, result, torch.empty(0), t0))
                 if index >= 1 and shared is None and seq.num_written > 0:
                     t = time.perf_counter()
@@ -202,8 +205,14 @@ class ModelRunner:
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], not {top_p}")
 
+    def _blocks_still_needed(self, seq: _Sequence, max_new_tokens: int) -> int:
+        if not seq.managed:
+            return 0
+        total = len(seq.prompt) + max_new_tokens - 1
+        return max(0, -(-total // self.block_size) - len(seq.block_ids))
+
     def _start(self, prompt: list[int], max_new_tokens: int, salt: str | None, use_cache: bool,
-               request_id: str | None, start: float) -> tuple[_Sequence, GenerationResult]:
+               request_id: str | None, start: float, reserve_tokens: int = 0) -> tuple[_Sequence, GenerationResult]:
         """Hash, look up and allocate (or, without the cache, just set up a cold request)."""
         if not prompt:
             raise ValueError("the prompt is empty; it needs at least one token")
@@ -222,7 +231,7 @@ class ModelRunner:
             timings["lookup_ms"] = _ms(t)
             t = time.perf_counter()
             # Admit only when the whole output fits, so decoding never runs out of blocks.
-            allocation = self.manager.allocate(request, lookup, num_lookahead_tokens=max_new_tokens - 1)
+            allocation = self.manager.allocate(request, lookup, num_lookahead_tokens=max_new_tokens - 1 + reserve_tokens)
             timings["allocate_ms"] = _ms(t)
             block_ids = list(allocation.block_ids)
             num_cached = allocation.num_cached_tokens

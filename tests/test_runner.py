@@ -138,6 +138,17 @@ def test_fan_out_prefills_the_shared_prefix_once(tiny_model):
     assert runner.manager.num_free_blocks == 64
 
 
+def test_fan_out_reserves_room_for_every_output(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=7, block_size=4)
+    prefix = list(range(800, 808))
+    prompts = [prefix + [1, 2], prefix + [3, 4], prefix + [5, 6]]  # 2 shared blocks, 2 own each with output
+    with pytest.raises(CapacityError):
+        runner.generate_batch(prompts, max_new_tokens=7)  # admitting the third would starve a decode
+    assert runner.manager.running_request_ids == () and runner.manager.num_free_blocks == 7
+    runner.manager.check_invariants()
+    assert len(runner.generate_batch(prompts[:2], max_new_tokens=7)) == 2
+
+
 def test_refused_request_changes_nothing(tiny_model):
     runner = ModelRunner(tiny_model, num_blocks=4, block_size=4)
     before = runner.manager.snapshot()
