@@ -295,6 +295,11 @@ class MainWindow(QMainWindow):
         geometry = s.value("window/geometry")
         if isinstance(geometry, (QByteArray, bytes)):
             self.restoreGeometry(QByteArray(geometry))
+        size = s.value("window/size")
+        # Some platforms (offscreen, some Wayland compositors) ignore the size in the
+        # geometry blob; the plain size is restored on every platform.
+        if isinstance(size, QSize) and size.isValid() and not self.isMaximized():
+            self.resize(size)
         state = s.value("window/state")
         if isinstance(state, (QByteArray, bytes)):
             self.restoreState(QByteArray(state), LAYOUT_VERSION)
@@ -302,6 +307,7 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         s = self.ctx.settings
         s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/size", self.size())
         s.setValue("window/state", self.saveState(LAYOUT_VERSION))
         s.setValue("ui/theme", theme.current_theme())
         s.sync()
