@@ -53,8 +53,11 @@ class DemoGuide(QWidget):
 
     def show_result(self, result: dict[str, Any]) -> None:
         steps = "".join(f"<li>{html.escape(str(s['action']))}{_step_details(s)}</li>" for s in result["steps"])
-        findings = "".join(f"<tr><td><b>{html.escape(str(k))}</b></td><td>{html.escape(_short(v))}</td></tr>"
-                           for k, v in result["findings"].items())
+        # Numbers first; tables of rows are in the steps above and in the JSON.
+        items = sorted(((k, v) for k, v in result["findings"].items() if k not in _HIDDEN_FINDINGS),
+                       key=lambda kv: isinstance(kv[1], (dict, list)))
+        findings = "".join(f"<tr><td><b>{html.escape(str(k).replace('_', ' '))}</b></td>"
+                           f"<td>{html.escape(_finding(v))}</td></tr>" for k, v in items)
         self.browser.setHtml(
             f"<h3>{html.escape(result['title'])}</h3><p>{html.escape(result['explanation'])}</p>"
             f"<h4>Steps</h4><ol>{steps}</ol><h4>Findings</h4><table cellspacing='4'>{findings}</table>"
@@ -72,6 +75,15 @@ _STEP_KEYS = ("cached_tokens", "computed_tokens", "miss_reason", "first_miss_blo
 def _step_details(step: dict[str, Any]) -> str:
     parts = [f"{k.replace('_', ' ')} {_short(step[k])}" for k in _STEP_KEYS if step.get(k) is not None]
     return f"<br><small>{html.escape(', '.join(parts))}</small>" if parts else ""
+
+
+_HIDDEN_FINDINGS = ("diff_messages",)
+
+
+def _finding(value: Any) -> str:
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return f"{len(value)} rows (see the steps, or the JSON)"
+    return _short(value)
 
 
 def _short(value: Any, limit: int = 160) -> str:
