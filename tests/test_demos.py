@@ -222,3 +222,10 @@ def test_cli_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["name"] == "prompt-caching-bill"
     assert out["findings"]["long_system_prompt"]["savings_fraction"] > 0.5
+
+
+def test_cli_human_output(capsys):
+    assert main(["demo", "prompt-caching-bill"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("What hosted prompt caching bills\n")
+    assert "silently not cached" in out and "\nfindings:\n" in out
