@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine.errors import InputError
+from engine.errors import InputError, TraceError
 from engine.events import EventBus
 from engine.formats import (MOONCAKE_BLOCK_SIZE, SESSION_FILE_FORMAT, Conversation, load_conversations,
                             trace_request_dict)
@@ -53,6 +53,11 @@ def import_conversation(store: Store, conv: Conversation, source_path: str | Non
                 "seed": 0, "hash": "sha256", "created": None, "source_path": source_path, "source_format": conv.format}
         settings = s
     base.update(overrides or {})
+    for tr in conv.trace or ():
+        if tr.hash_ids is not None and len(tr.hash_ids) < tr.input_length // base["block_size"]:
+            raise TraceError(source_path or conv.title, tr.line, "hash_ids",
+                             f"{len(tr.hash_ids)} block ids cannot cover {tr.input_length} tokens in blocks of "
+                             f"{base['block_size']}; Mooncake ids stand for {MOONCAKE_BLOCK_SIZE}-token blocks")
     with store.atomic():
         sid = store.create_session(title or conv.title, conv.kind, settings=settings, **base)
         for i, m in enumerate(conv.messages):
@@ -313,7 +318,8 @@ def _config_dict(config: ReplayConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- edit
 def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *, persist: bool = True,
-                   tokenizer: Any = None, capacity_blocks: int | None = None) -> dict[str, Any]:
+                   tokenizer: Any = None, capacity_blocks: int | None = None, generate: bool = False,
+                   max_new_tokens: int = 64, loaded: Any = None) -> dict[str, Any]:
     """Store `content` as a new version of message `position` and re-run from there.
 
     A fresh engine (the session's seed) first serves the conversation as it was: the cache
@@ -321,6 +327,8 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
     the first one that contains the message, on that cache; the edited requests are then
     served on it ("after"). The result gives the first invalidated block, each request's
     miss reason, and what the edit cost (`edit_cost_tokens`: extra tokens computed).
+    With `generate`, the real model (`loaded`, or the session's model) serves the requests
+    and writes new replies from the edited message on, stored as new message versions.
     """
     info = store.get_session(session_id)
     if info.kind != "chat":
@@ -343,9 +351,21 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
         new_turns = render_turns(store.messages(session_id), tok, tools)
     first = next((t.index for t in new_turns if t.reply_end >= position), None)
     config = session_config(info, capacity_blocks)
-    manager = make_manager(config, EventBus())
     salt = info.settings.get("salt")
-    run_requests(turn_requests(old_turns, salt), config, manager, turns=old_turns)
+    runner = None
+    if generate:
+        from engine.models import load_model
+        from engine.runner import ModelRunner
+
+        runner = ModelRunner(loaded if loaded is not None else load_model(info.model), num_blocks=config.capacity_blocks,
+                             block_size=config.block_size, seed=config.seed, hash=config.hash, events=EventBus())
+        manager = runner.manager
+        for t in old_turns:  # teacher-forced: prompt and recorded reply get real KV
+            runner.generate(t.prompt_token_ids + t.output_token_ids, max_new_tokens=1, salt=salt,
+                            request_id=f"before-{t.index}")
+    else:
+        manager = make_manager(config, EventBus())
+        run_requests(turn_requests(old_turns, salt), config, manager, turns=old_turns)
     # The baseline is re-sending the unedited requests on that same warm cache (a pure lookup).
     before = {t.index: manager.lookup(Request(f"before-{t.index}", t.prompt_token_ids, salt=salt))
               for t in old_turns[first or 0:]}
@@ -357,13 +377,18 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
         return result  # the edited message is after the last request: nothing to re-run
     run_id = store.create_run(session_id, "edit", {**_config_dict(config), "message": position,
                                                    "version": edited.version}) if persist else None
-    new_requests = turn_requests(new_turns[first:], salt, prefix=f"edit{edited.version}-turn")
-    after = run_requests(new_requests, config, manager, store if persist else None, run_id, new_turns[first:])
+    if runner is not None:
+        after = _generate_turns(store, session_id, runner, tok, tools, first, salt, max_new_tokens,
+                                run_id, f"edit{edited.version}-turn")
+        new_turns = render_turns(store.messages(session_id), tok, tools)
+    else:
+        new_requests = turn_requests(new_turns[first:], salt, prefix=f"edit{edited.version}-turn")
+        after = run_requests(new_requests, config, manager, store if persist else None, run_id, new_turns[first:])
     for row in after:
         if row["index"] in before:
             row["cached_tokens_before"] = before[row["index"]].num_cached_tokens
     old_t, new_t = old_turns[first] if first < len(old_turns) else None, new_turns[first]
-    diverge = _first_difference(old_t, new_t)
+    diverge = _first_difference(old_t, new_t, with_reply=runner is None)
     result.update(
         invalidated_from_block=diverge // config.block_size if diverge is not None else None,
         divergence_token=diverge,
@@ -378,13 +403,61 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
     return result
 
 
-def _first_difference(old: Turn | None, new: Turn) -> int | None:
-    """First token index where the edited request (prompt then reply) differs from the old one."""
-    b = new.prompt_token_ids + new.output_token_ids
+def _first_difference(old: Turn | None, new: Turn, with_reply: bool = True) -> int | None:
+    """First token index where the edited request (prompt, then reply) differs from the old one."""
+    b = new.prompt_token_ids + (new.output_token_ids if with_reply else ())
     if old is None:
         return 0
-    a = old.prompt_token_ids + old.output_token_ids
+    a = old.prompt_token_ids + (old.output_token_ids if with_reply else ())
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
     return min(len(a), len(b)) if len(a) != len(b) else None
+
+
+def _generate_turns(store: Store, session_id: int, runner: Any, tok: Any, tools: Any, first: int, salt: str | None,
+                    max_new_tokens: int, run_id: int | None, prefix: str) -> list[dict[str, Any]]:
+    """Serve turns `first`.. with the model; each new reply replaces the recorded one (a new
+    version) or is appended, so later prompts carry what the model said this time."""
+    events: list[Any] = []
+    unsubscribe = runner.events.subscribe(events.append)
+    rows: list[dict[str, Any]] = []
+    try:
+        i = first
+        while True:
+            turns = render_turns(store.messages(session_id), tok, tools)
+            if i >= len(turns):
+                return rows
+            turn = turns[i]
+            res = runner.generate(turn.prompt_token_ids, max_new_tokens=max_new_tokens, salt=salt,
+                                  request_id=f"{prefix}-{i}")
+            miss = res.miss
+            row = {"index": i, "id": res.request_id, "tenant": salt, "prompt_tokens": res.num_prompt_tokens,
+                   "cached_tokens": res.num_cached_tokens, "computed_tokens": res.num_computed_tokens,
+                   "output_tokens": len(res.output_token_ids), "miss_reason": miss.reason if miss else None,
+                   "first_miss_block": miss.first_miss_block if miss else None,
+                   "divergence_token": miss.divergence_token if miss else None,
+                   "message_position": turn.message_position, "output_text": res.output_text,
+                   "ttft_ms": res.ttft_ms, "prefill_ms": res.prefill_ms, "decode_ms": res.decode_ms}
+            row["miss_message"] = turn.message_at(row["divergence_token"] if row["divergence_token"] is not None
+                                                  else (row["first_miss_block"] or 0) * runner.block_size)
+            with store.atomic():
+                reply, slot = res.output_text.strip(), turn.message_position + 1
+                current = store.messages(session_id)
+                if turn.reply_end >= slot and current[slot].content != reply:
+                    store.edit_message(session_id, slot, reply)
+                elif turn.reply_end < slot and slot == len(current):
+                    store.add_message(session_id, "assistant", reply)
+                if run_id is not None:
+                    store.record_request(run_id, i, request_id=row["id"], tenant=salt,
+                                         prompt_token_ids=res.prompt_token_ids, output_token_ids=res.output_token_ids,
+                                         **{k: row[k] for k in ("prompt_tokens", "cached_tokens", "computed_tokens",
+                                                                "miss_reason", "first_miss_block", "divergence_token",
+                                                                "message_position", "output_text", "ttft_ms",
+                                                                "prefill_ms", "decode_ms")})
+                    store.record_events(run_id, events)
+            events.clear()
+            rows.append(row)
+            i += 1
+    finally:
+        unsubscribe()

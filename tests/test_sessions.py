@@ -213,3 +213,18 @@ def test_sessions_command_line(tmp_path, capsys):
     assert code == 2 and "no session 7" in err
     code, out, _ = cli(capsys, "sessions", "list", "--db", db, "--json")
     assert [s["id"] for s in json.loads(out)["sessions"]] == [2]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_edit_with_generate_runs_the_real_model_and_stores_new_replies(store, tokenizer):
+    [sid] = import_file(store, REASONING)
+    new_text = 'If the "second person" is changed to "first person", what would the answer be?'
+    result = edit_and_rerun(store, sid, 3, new_text, tokenizer=tokenizer, generate=True, max_new_tokens=6)
+    [row] = result["requests"]
+    assert row["miss_reason"] == "new_content" and row["miss_message"] == 3
+    assert row["cached_tokens"] == row["first_miss_block"] * 16 == result["invalidated_from_block"] * 16
+    assert 0 < row["output_tokens"] <= 6 and row["prefill_ms"] > 0
+    reply = store.messages(sid)[4]
+    assert reply.version == 2 and reply.content == row["output_text"].strip()
+    assert store.requests(result["run_id"])[0].output_text == row["output_text"]

@@ -55,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     edit.add_argument("--content", required=True, metavar="TEXT", help="the new text of message K")
     edit.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N",
                       help="pool size for the re-run (default: the session's)")
+    edit.add_argument("--generate", action="store_true",
+                      help="run the real model and regenerate the replies from message K on (default: keep them)")
+    edit.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
+                      help="tokens per regenerated reply (with --generate; default 64)")
     rep = parsers["replay"]
     rep.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N",
                      help="pool size (default: the session's)")
@@ -155,7 +159,8 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
 def _edit(store: Any, args: argparse.Namespace) -> int:
     from engine.sessions import edit_and_rerun
 
-    result = edit_and_rerun(store, args.session, args.message, args.content, capacity_blocks=args.capacity_blocks)
+    result = edit_and_rerun(store, args.session, args.message, args.content, capacity_blocks=args.capacity_blocks,
+                            generate=args.generate, max_new_tokens=args.max_new_tokens)
     if args.json:
         print_json(result)
         return 0
