@@ -105,6 +105,7 @@ def test_partial_block(env):
     f = r["findings"]
     un, al = f["unaligned"], f["aligned"]
     assert un["tail_tokens"] >= 2 and al["tail_tokens"] == 0
+    assert un["first"]["cached_tokens"] == al["first"]["cached_tokens"] == 0
     assert un["second"]["miss_reason"] == "partial_block"
     assert un["second"]["computed_tokens"] == un["tail_tokens"]
     assert al["second"]["miss_reason"] == "last_token"

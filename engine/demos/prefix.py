@@ -195,7 +195,9 @@ def _partial(env: DemoEnv) -> dict[str, Any]:
     tok, bs = env.tokenizer, runner.block_size
     out: dict[str, Any] = {"block_size": bs}
     for label, aligned in (("unaligned", False), ("aligned", True)):
-        prompt = _aligned_prompt(tok, spec["system"], spec["question"], spec["padding"], bs, aligned)
+        # A different system prompt for each, so the first run of each starts cold.
+        system = spec["system_aligned"] if aligned else spec["system"]
+        prompt = _aligned_prompt(tok, system, spec["question"], spec["padding"], bs, aligned)
         first = env.generate(runner, f"{label}-1", prompt, f"{label} prompt ({len(prompt)} tokens), first time")
         second = env.generate(runner, f"{label}-2", prompt, f"the same {label} prompt again")
         out[label] = {"prompt_tokens": len(prompt), "tail_tokens": len(prompt) % bs,
