@@ -262,7 +262,8 @@ def _eviction(env: DemoEnv) -> dict[str, Any]:
     for i, key in enumerate(spec["order"]):
         rid = f"doc-{key}" if key not in tables else f"doc-{key}-again"
         seen = len(env.events)
-        rows.append(env.generate(runner, rid, prompts[key], f"summarise document {key} ({len(prompts[key])} tokens)",
+        again = " again" if key in tables else ""
+        rows.append(env.generate(runner, rid, prompts[key], f"summarise document {key}{again} ({len(prompts[key])} tokens)",
                                  max_new_tokens=1))
         for e in env.events[seen:]:
             if e.kind == "blocks_allocated" and e.request_id == rid and key not in tables:
