@@ -228,6 +228,7 @@ def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager
     unsubscribe = manager.events.subscribe(events.append) if store is not None else None
     rows: list[dict[str, Any]] = []
     by_index = {t.index: t for t in turns or ()}
+    by_id = {r.index: r for r in requests} if store is not None else {}
 
     def persist(batch: list[dict[str, Any]]) -> None:
         for row in batch:
@@ -238,7 +239,6 @@ def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager
                                                       else row["first_miss_block"] * config.block_size)
         if store is None or run_id is None:
             return
-        by_id = {r.index: r for r in requests}
         with store.atomic():
             for row in batch:
                 tr = by_id[row["index"]]
