@@ -28,7 +28,6 @@ DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
 LAYOUT_VERSION = 1
-TRACE_CAPACITY_BLOCKS = {16: 512, 512: 2048}  # a pool that fills, so evictions show
 
 
 def app_icon() -> QIcon:
@@ -62,6 +61,24 @@ def classify_file(path: Path) -> str:
     except (OSError, ValueError, UnicodeDecodeError):
         pass
     return "conversation"
+
+
+def trace_capacity(path: Path, block_size: int) -> int:
+    """A pool about half the size of everything the trace ever holds, so that it fills and
+    evicts (the interesting part) without thrashing; at least 64 blocks, at most 16K."""
+    num_tokens = 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw) if raw.strip() else None
+            except ValueError:
+                break  # the replay itself reports the bad line
+            if isinstance(obj, dict):
+                if isinstance(obj.get("tokens"), list):
+                    num_tokens += len(obj["tokens"]) + len(obj.get("output_tokens") or [])
+                else:
+                    num_tokens += int(obj.get("input_length") or 0) + int(obj.get("output_length") or 0)
+    return max(64, min(16384, num_tokens // block_size // 2))
 
 
 def _trace_block_size(path: Path) -> int:
@@ -430,7 +447,10 @@ class MainWindow(QMainWindow):
 
     def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
         block_size = _trace_block_size(path)
-        capacity = TRACE_CAPACITY_BLOCKS.get(block_size, 512)
+        try:
+            capacity = trace_capacity(path, block_size)
+        except (OSError, TypeError, ValueError):
+            capacity = 1024
         bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
         self._on_progress(f"replaying {path.name}", -1.0)
 

@@ -37,7 +37,7 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Conversation", "conversation", "app.views.conversation_view:ConversationView", LEFT, None, "Ctrl+1"),
     PanelSpec("Block table", "block_table", "app.views.block_table_view:BlockTableView", RIGHT, None, "Ctrl+2"),
     PanelSpec("Hash chains", "hash_chains", "app.views.hash_chain_view:HashChainView", RIGHT, "block_table", "Ctrl+3"),
-    PanelSpec("Ref counts & evictions", "timeline", "app.views.timeline_view:TimelineView", BOTTOM, None, "Ctrl+4"),
+    PanelSpec("Ref counts and evictions", "timeline", "app.views.timeline_view:TimelineView", BOTTOM, None, "Ctrl+4"),
     PanelSpec("Event log", "event_log", "app.views.event_log_view:EventLogView", BOTTOM, "timeline", "Ctrl+5"),
     PanelSpec("Metrics", "metrics", "app.views.metrics_view:MetricsView", BOTTOM, None, "Ctrl+6"),
     PanelSpec("KV memory", "kv_memory", "app.views.kv_memory_view:KvMemoryView", BOTTOM, "metrics", "Ctrl+7"),

@@ -52,13 +52,36 @@ def _chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # Exactly as ModelRunner.render_chat tokenizes, so positions line up with its prompts.
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                            return_dict=True)
+    return list(encoded["input_ids"])
+
+
+def request_strip(tokenizer: Any, result: Any, block_size: int, forced: bool = False) -> StripData:
+    """The whole request of one turn: its prompt coloured cached / computed / partial tail,
+    then what it generated, with the first missed block and the divergence token marked."""
+    prompt = list(result.prompt_token_ids)
+    output = [] if forced else list(result.output_token_ids)
+    n, cached = len(prompt), int(result.num_cached_tokens)
+    tail = n // block_size * block_size
+    states = ["cached" if p < cached else "partial" if p >= tail else "computed" for p in range(n)]
+    ids = prompt + output
+    data = StripData(ids, [tokenizer.decode([i]) for i in ids], states + ["generated"] * len(output), 0, block_size)
+    miss = result.miss
+    if miss is not None and cached < n:
+        data.miss_position = cached
+        div = getattr(miss, "divergence_token", None)
+        data.divergence_position = div if div is not None and div < n else None
+        data.miss_text = f"first missed block {cached // block_size}: {MISS_TEXT.get(miss.reason, miss.reason)}"
+    return data
 
 
 def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int) -> list[StripData]:
-    """Token strips of every message: its span of the conversation's tokens, each token
-    coloured by the first request that had it in its prompt (or `generated` / `pending`)."""
+    """Token strips of every message. A user message shows its own span of the
+    conversation's tokens as the request it triggered served them (so an edit's first miss
+    shows where the edit is); a finished reply shows its whole request (so reuse of the
+    history shows); anything not run yet is `pending`."""
     if not messages:
         return []
     dicts = _chat_dicts(messages)
@@ -87,6 +110,10 @@ def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int) -> 
                 states.append("generated")
             else:
                 states.append("pending")
+        if j in turns and messages[j].role == "assistant":
+            out.append(request_strip(tokenizer, messages[j].result, block_size, messages[j].forced))
+            start = end
+            continue
         data = StripData(ids, [tokenizer.decode([i]) for i in ids], states, start, block_size)
         # The first miss of the turn whose prompt ends in (or right after) this message.
         owner = turns.get(j + 1) if j + 1 < len(messages) and messages[j].role == "user" else None
