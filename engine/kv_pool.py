@@ -100,6 +100,24 @@ class KVPool:
         gathered = self._slots.index_select(3, slots)  # [layers, 2, heads, tokens, dim], contiguous
         return [(layer[0].unsqueeze(0), layer[1].unsqueeze(0)) for layer in gathered.unbind(0)]
 
+    def gather_into(self, block_ids: Sequence[int], num_tokens: int, out: torch.Tensor) -> None:
+        """Copy the first `num_tokens` tokens held by `block_ids` into `out[..., :num_tokens, :]`,
+        where `out` is `[layers, 2, kv_heads, capacity, head_dim]`: one strided copy per run of
+        consecutive block ids, with no temporary in between."""
+        bs = self.block_size
+        ids = list(block_ids[:-(-num_tokens // bs)])
+        if len(ids) * bs < num_tokens:
+            raise ValueError(f"{num_tokens} tokens do not fit in {len(ids)} blocks of {bs}")
+        j = 0
+        while j < len(ids):
+            k = j
+            while k + 1 < len(ids) and ids[k + 1] == ids[k] + 1:
+                k += 1
+            first, last = j * bs, min((k + 1) * bs, num_tokens)
+            src = ids[j] * bs
+            out[:, :, :, first:last].copy_(self._slots[:, :, :, src:src + last - first])
+            j = k + 1
+
     def write(self, block_ids: Sequence[int], start_token: int,
               layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Store tokens `start_token ...` of a sequence whose blocks are `block_ids`.

@@ -74,6 +74,49 @@ class _Sequence:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class _BufferedLayer(DynamicLayer):
+    """A DynamicLayer whose K and V live in a preallocated `[1, kv_heads, capacity, head_dim]`
+    buffer: the gathered prefix is copied in once and new tokens are written in place, where
+    the stock layer would concatenate (copy the whole past) on every forward."""
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor) -> None:
+        super().__init__()
+        self.key_buffer, self.value_buffer = key_buffer, value_buffer
+        self.dtype, self.device = key_buffer.dtype, key_buffer.device
+        self.is_initialized = True
+        self.set_length(0)
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        self.keys = self.key_buffer[:, :, :length]
+        self.values = self.value_buffer[:, :, :length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + key_states.shape[-2]
+        if end > self.key_buffer.shape[-2]:  # more tokens than planned: grow, copying once
+            grow = max(end, 2 * self.key_buffer.shape[-2])
+            self.key_buffer = torch.cat([self.keys, self.key_buffer.new_empty(
+                (*self.key_buffer.shape[:2], grow - self.length, self.key_buffer.shape[-1]))], dim=-2)
+            self.value_buffer = torch.cat([self.values, self.value_buffer.new_empty(
+                (*self.value_buffer.shape[:2], grow - self.length, self.value_buffer.shape[-1]))], dim=-2)
+        self.key_buffer[:, :, self.length:end] = key_states
+        self.value_buffer[:, :, self.length:end] = value_states
+        self.set_length(end)
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to remove")
+        self.set_length(max(0, self.length + tokens_to_remove))
+
+    def reset(self) -> None:
+        self.set_length(0)
+
+
 def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
 
@@ -163,29 +206,23 @@ class ModelRunner:
         Requests are admitted and prefilled in order, so the shared prefix is computed once
         (by the first) and is in the pool before the others look up; they hit its blocks
         (ref count N while all N run) and get their own blocks from the first divergent
-        block on. The shared hit blocks are gathered from the pool once and every later
-        continuation starts from views of that one gather. Decoding runs request by
-        request; no request finishes before all are done.
+        block on. The pool holds the shared prefix once; each continuation gathers it
+        straight into its working cache (the one copy). Decoding runs request by request;
+        no request finishes before all are done.
         """
         self._check_sampling(max_new_tokens, temperature, top_p)
         prompts = [list(p) for p in prompts]
         started: list[tuple[_Sequence, GenerationResult, torch.Tensor, float]] = []
-        shared: tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         aborted = True
         try:
-            for index, prompt in enumerate(prompts):
+            for prompt in prompts:
                 t0 = time.perf_counter()
                 # Keep room for the outputs of the requests already admitted.
                 reserve = sum(self._blocks_still_needed(s, max_new_tokens) for s, _, _, _ in started)
                 seq, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0,
                                           reserve * self.block_size)
                 started.append((seq, result, torch.empty(0), t0))
-                if index >= 1 and shared is None and seq.num_written > 0:
-                    t = time.perf_counter()
-                    hit_ids = seq.block_ids[:seq.num_written // self.block_size]
-                    shared = (hit_ids, self.kv_pool.gather(hit_ids, seq.num_written))
-                    seq.timings["gather_ms"] = _ms(t)
-                logits = self._prefill(seq, result, shared)
+                logits = self._prefill(seq, result)
                 started[-1] = (seq, result, logits, t0)
             for seq, result, logits, t0 in started:
                 self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, t0)
@@ -236,32 +273,38 @@ class ModelRunner:
             block_ids = list(allocation.block_ids)
             num_cached = allocation.num_cached_tokens
             miss = allocation.miss
-        seq = _Sequence(rid, prompt, DynamicCache(config=self.model.config), block_ids, num_cached, use_cache,
-                        timings=timings)
+        seq = _Sequence(rid, prompt, self._new_cache(len(prompt) + max_new_tokens), block_ids, num_cached,
+                        use_cache, timings=timings)
         result = GenerationResult(rid, prompt, seq.output, "", len(prompt), num_cached, len(prompt) - num_cached,
                                   miss, (), 0.0, 0.0, 0.0, None, timings=timings)
         return seq, result
 
-    def _fill_cache(self, seq: _Sequence, shared: tuple[list[int], list] | None) -> None:
-        """Put the cached prefix (gathered from the pool) into the request's DynamicCache."""
+    def _new_cache(self, capacity: int) -> Any:
+        """A DynamicCache whose full-attention layers append into one preallocated buffer."""
+        cache = DynamicCache(config=self.model.config)
+        shape = self.kv_pool.shape
+        if len(cache.layers) != shape.num_layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return cache  # sliding-window or hybrid models keep transformers' own layers
+        buffer = torch.empty((shape.num_layers, 2, 1, shape.num_kv_heads, capacity, shape.head_dim),
+                             dtype=shape.dtype, device=self.kv_pool.tensor.device)
+        cache.layers = [_BufferedLayer(buffer[i, 0], buffer[i, 1]) for i in range(shape.num_layers)]
+        cache.kv_buffer = buffer
+        return cache
+
+    def _fill_cache(self, seq: _Sequence) -> None:
+        """Put the cached prefix, gathered from the pool, into the request's working cache."""
         n = seq.num_written
         if n == 0:
             return
         t = time.perf_counter()
-        num_hit_blocks = n // self.block_size
-        if shared is not None and num_hit_blocks <= len(shared[0]) \
-                and seq.block_ids[:num_hit_blocks] == shared[0][:num_hit_blocks]:
-            kv = [(k[:, :, :n], v[:, :, :n]) for k, v in shared[1]]  # views: no copy
-        else:
-            kv = self.kv_pool.gather(seq.block_ids, n)
         cache = seq.cache
-        for index, (k, v) in enumerate(kv):
-            layer = cache.layers[index] if index < len(cache.layers) else None
-            if type(layer) is DynamicLayer:
-                # Hand over the gathered tensors as they are: `update` would copy them once more.
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
-            else:
+        buffer = getattr(cache, "kv_buffer", None)
+        if buffer is not None:
+            self.kv_pool.gather_into(seq.block_ids, n, buffer[:, :, 0])
+            for layer in cache.layers:
+                layer.set_length(n)
+        else:
+            for index, (k, v) in enumerate(self.kv_pool.gather(seq.block_ids, n)):
                 cache.update(k, v, index)
         seq.timings["gather_ms"] = seq.timings.get("gather_ms", 0.0) + _ms(t)
 
@@ -275,9 +318,8 @@ class ModelRunner:
             out = self.model(input_ids=ids, **kwargs)
         return out.logits[0, -1].float()
 
-    def _prefill(self, seq: _Sequence, result: GenerationResult,
-                 shared: tuple[list[int], list] | None = None) -> torch.Tensor:
-        self._fill_cache(seq, shared)
+    def _prefill(self, seq: _Sequence, result: GenerationResult) -> torch.Tensor:
+        self._fill_cache(seq)
         t = time.perf_counter()
         logits = self._forward(seq, seq.prompt[seq.num_written:], seq.num_written)
         result.prefill_ms = _ms(t)
