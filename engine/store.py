@@ -366,6 +366,10 @@ class Store:
             self.db.conn.executemany("INSERT INTO trace_requests VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
         return len(rows)
 
+    def num_trace_requests(self, session_id: int) -> int:
+        with self._lock:
+            return self.db.execute("SELECT COUNT(*) FROM trace_requests WHERE session_id = ?", [session_id]).fetchone()[0]
+
     def trace_requests(self, session_id: int) -> list[Any]:
         """The `TraceRequest`s of a trace session, in file order."""
         from engine.trace import TraceRequest

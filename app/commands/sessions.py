@@ -100,12 +100,12 @@ def _show(store: Any, args: argparse.Namespace) -> int:
     info = store.get_session(args.session)
     messages = store.messages(info.id, include_history=args.history)
     runs = store.runs(info.id)
-    trace = store.trace_requests(info.id) if info.kind == "trace" else []
+    num_trace = store.num_trace_requests(info.id)
     if args.json:
         print_json({"session": _session_dict(info),
                     "messages": [{"position": m.position, "version": m.version, "role": m.role, "content": m.content,
                                   "extra": m.extra, "created": m.created, "current": m.is_current} for m in messages],
-                    "num_trace_requests": len(trace),
+                    "num_trace_requests": num_trace,
                     "runs": [{"id": r.id, "kind": r.kind, "created": r.created, "status": r.status,
                               "totals": r.totals} for r in runs]})
         return 0
@@ -117,8 +117,8 @@ def _show(store: Any, args: argparse.Namespace) -> int:
         mark = "" if m.is_current else " (old)"
         text = m.content.replace("\n", " ")
         out.write(f"[{m.position}] v{m.version}{mark} {m.role}: {text[:100]}{'...' if len(text) > 100 else ''}\n")
-    if trace:
-        out.write(f"{len(trace)} trace requests\n")
+    if num_trace:
+        out.write(f"{num_trace} trace requests\n")
     for r in runs:
         t = r.totals or {}
         out.write(f"run {r.id} {r.kind} {r.status} {r.created[:19]}  hit rate {t.get('hit_rate', 0):.1%}\n")
