@@ -19,6 +19,10 @@ FRAME_MS = 16
 # One flush hands at most this many events to the views, so that a burst of a million
 # events is spread over several frames instead of stalling one.
 MAX_BATCH = 50_000
+# Time the views may spend on one batch; the batch size adapts to what they cost per event.
+BATCH_BUDGET_S = 0.025
+FIRST_BATCH = 1_000
+MIN_BATCH = 500
 
 
 class EngineBridge(QObject):
@@ -41,7 +45,9 @@ class EngineBridge(QObject):
         self.num_flushes = 0
         self.num_events = 0
         self.last_tick = time.perf_counter()
+        self.batch_limit = FIRST_BATCH
         self._timer = QTimer(self)
+        self._frame_ms = frame_ms
         self._timer.setInterval(frame_ms)
         self._timer.timeout.connect(self.flush)
         self._timer.start()
@@ -86,25 +92,43 @@ class EngineBridge(QObject):
         self.sigEngineChanged.emit(dict(info))
 
     def flush(self, everything: bool = False) -> int:
-        """Emit the buffered events as one batch (or several of MAX_BATCH); returns how many."""
+        """Emit buffered events as one batch (all of them, in batches, with `everything`).
+
+        A batch is as large as the views can apply in about BATCH_BUDGET_S, learnt from the
+        previous batches, so a burst never freezes the window; while a backlog remains the
+        next batch follows a millisecond later instead of a frame later.
+        """
         self.last_tick = time.perf_counter()
         total = 0
         while True:
+            limit = MAX_BATCH if everything else self.batch_limit
             with self._lock:
                 if not self._buffer:
                     break
-                if len(self._buffer) <= MAX_BATCH:
+                if len(self._buffer) <= limit:
                     batch, self._buffer = self._buffer, []
                 else:
-                    batch, self._buffer = self._buffer[:MAX_BATCH], self._buffer[MAX_BATCH:]
+                    batch, self._buffer = self._buffer[:limit], self._buffer[limit:]
+                backlog = bool(self._buffer)
             # Several emitting threads can interleave appends; seq is the true order.
             if any(batch[i].seq > batch[i + 1].seq for i in range(len(batch) - 1)):
                 batch.sort(key=lambda e: e.seq)
             self.num_flushes += 1
             self.num_events += len(batch)
             total += len(batch)
+            t = time.perf_counter()
             self.sigEvents.emit(batch)
+            per_event = (time.perf_counter() - t) / len(batch)
+            if len(batch) >= MIN_BATCH:
+                fit = int(BATCH_BUDGET_S / per_event) if per_event > 0 else MAX_BATCH
+                # Shrink at once (a stall is visible), grow gradually (a burst may be uneven).
+                grown = fit if fit < self.batch_limit else (self.batch_limit + fit) // 2
+                self.batch_limit = max(MIN_BATCH, min(MAX_BATCH, grown))
             if not everything:
+                # With a backlog the frame timer ticks every millisecond. It stays one
+                # repeating timer, which fires at most once per event-loop pass, so
+                # paints and other timers still run between batches.
+                self._timer.setInterval(1 if backlog else self._frame_ms)
                 break
         return total
 

@@ -61,11 +61,29 @@ def test_two_emitting_threads_are_merged_in_seq_order(qtbot, bridge):
 def test_huge_burst_is_split_into_frames(qtbot, bridge):
     bus = EventBus()
     bridge.attach(bus)
-    _emit_many(bus, MAX_BATCH + 10)
-    assert bridge.flush() == MAX_BATCH  # one frame's worth; the rest next frame
-    assert bridge.num_pending == 10
+    _emit_many(bus, 2500)
+    bridge.batch_limit = 1000
+    assert bridge.flush() == 1000  # one frame's worth; the rest follows right behind
+    assert bridge.num_pending == 1500
     qtbot.waitUntil(lambda: bridge.num_pending == 0, timeout=2000)
-    assert [len(b) for b in bridge.batches] == [MAX_BATCH, 10]
+    assert len(bridge.batches[0]) == 1000 and len(bridge.batches) >= 2
+    seqs = [e.seq for b in bridge.batches for e in b]
+    assert seqs == list(range(2500))
+    # Cheap listeners let the batch grow; it never exceeds MAX_BATCH.
+    assert 1000 < bridge.batch_limit <= MAX_BATCH
+
+
+def test_slow_listeners_shrink_the_batch_to_the_frame_budget(qtbot, bridge):
+    import time as _time
+
+    bus = EventBus()
+    bridge.attach(bus)
+    bridge.sigEvents.connect(lambda batch: _time.sleep(len(batch) * 20e-6))  # 20 us per event
+    _emit_many(bus, 12_000)
+    qtbot.waitUntil(lambda: bridge.num_pending == 0, timeout=10_000)
+    # 25 ms at 20 us per event is about 1250 events per batch.
+    assert 500 <= bridge.batch_limit <= 2500
+    assert max(len(b) for b in bridge.batches[2:]) <= 3000
 
 
 def test_detach_stops_delivery_and_attach_switches_bus(qtbot, bridge):
