@@ -253,7 +253,7 @@ def _ignore(message: str, fraction: float) -> None:
     pass
 
 
-def _load(source: ModelSource, progress: Progress) -> LoadedModel:
+def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -274,6 +274,10 @@ def _load(source: ModelSource, progress: Progress) -> LoadedModel:
     except Exception as exc:
         if source.kind == "hub":
             raise InputError(_hub_message(source, exc)) from None
+        if source.kind == "gguf" and not _retried:
+            # A damaged conversion in the cache is ours to redo, not the user's problem.
+            shutil.rmtree(_converted_dir(Path(source.location)), ignore_errors=True)
+            return _load(source, progress, _retried=True)
         raise InputError(f"{source.location}: cannot load this model ({_short(exc)})") from None
     net.eval()
     progress("ready", 1.0)

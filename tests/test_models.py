@@ -82,3 +82,20 @@ def test_missing_paths_and_uncached_hub_ids(private_cache):
         resolve_model(str(private_cache / "weights.bin"))
     with pytest.raises(InputError, match="HF_HUB_OFFLINE"):
         load_model("cachescope-tests/no-such-model")
+
+
+@pytest.mark.slow
+def test_a_damaged_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
+    real = _converted_dir(default_gguf_path())
+    monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    # a private copy of the default GGUF, so the shared cache is left alone
+    gguf = tmp_path / "smol.gguf"
+    shutil.copy(default_gguf_path(), gguf)
+    folder = _converted_dir(gguf)
+    shutil.copytree(real / "tokenizer", folder / "tokenizer")
+    (folder / "model").mkdir()
+    shutil.copy(real / "model" / "config.json", folder / "model" / "config.json")
+    (folder / "model" / "model.safetensors").write_bytes(b"\x00" * 1000)  # as after a crash or a bad disk
+    loaded = load_model(str(gguf))
+    assert loaded.num_layers == 30
+    assert (folder / "model" / "model.safetensors").stat().st_size > 100_000_000
