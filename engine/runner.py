@@ -253,6 +253,9 @@ class ModelRunner:
         """Hash, look up and allocate (or, without the cache, just set up a cold request)."""
         if not prompt:
             raise ValueError("the prompt is empty; it needs at least one token")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"the prompt holds token ids outside this model's vocabulary of {vocab}")
         rid = request_id if request_id is not None else f"gen-{next(self._ids)}"
         timings: dict[str, float] = {}
         miss: MissInfo | None = None

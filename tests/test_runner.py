@@ -170,6 +170,9 @@ def test_sampling_is_seeded_and_streams(tiny_model):
     assert outs[0] == outs[1]
     with pytest.raises(ValueError, match="top_p"):
         runner.generate([1, 2], top_p=0.0)
+    with pytest.raises(ValueError, match="vocabulary"):
+        runner.generate([1, 10**7])
+    assert runner.manager.running_request_ids == ()
 
 
 # ---------------------------------------------------------------- the real default model
