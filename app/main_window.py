@@ -7,19 +7,20 @@ reach the views through the bridge. Panels themselves live in `app.views`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QLabel, QMainWindow,
-                               QMessageBox, QProgressBar, QTableWidget, QTableWidgetItem, QToolBar,
+from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
+                               QMessageBox, QProgressBar, QScrollArea, QTableWidget, QTableWidgetItem, QToolBar,
                                QVBoxLayout, QWidget)
 
 from app import theme
 from app.context import AppContext, engine_info
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelSpec, build_panel
+from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
+                      trace_capacity)
 from engine.errors import InputError, TraceError
 
 ICON_DIR = Path(__file__).resolve().parent.parent / "resources" / "icons"
@@ -27,7 +28,7 @@ MAX_RECENT = 8
 DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 
 def app_icon() -> QIcon:
@@ -42,76 +43,6 @@ def app_icon() -> QIcon:
     return icon
 
 
-def classify_file(path: Path) -> str:
-    """"trace" (token/block JSONL), "session" (a Cachescope database) or "conversation"."""
-    if path.suffix.lower() in (".db", ".sqlite", ".sqlite3", ".cachescope"):
-        return "session"
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(16)
-            if head.startswith(b"SQLite format 3"):
-                return "session"
-            fh.seek(0)
-            for raw in fh:
-                if raw.strip():
-                    obj = json.loads(raw)
-                    if isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj):
-                        return "trace"
-                    break
-    except (OSError, ValueError, UnicodeDecodeError):
-        pass
-    return "conversation"
-
-
-def trace_capacity(path: Path, block_size: int) -> int:
-    """A pool about half the size of everything the trace ever holds, so that it fills and
-    evicts (the interesting part) without thrashing; at least 64 blocks, at most 16K."""
-    num_tokens = 0
-    with path.open("rb") as fh:
-        for raw in fh:
-            try:
-                obj = json.loads(raw) if raw.strip() else None
-            except ValueError:
-                break  # the replay itself reports the bad line
-            if isinstance(obj, dict):
-                if isinstance(obj.get("tokens"), list):
-                    num_tokens += len(obj["tokens"]) + len(obj.get("output_tokens") or [])
-                else:
-                    num_tokens += int(obj.get("input_length") or 0) + int(obj.get("output_length") or 0)
-    return max(64, min(16384, num_tokens // block_size // 2))
-
-
-def _trace_block_size(path: Path) -> int:
-    with path.open("rb") as fh:
-        for raw in fh:
-            if raw.strip():
-                # Mooncake hash ids each stand for one 512-token block.
-                return 512 if b'"hash_ids"' in raw else 16
-    return 16
-
-
-def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
-    """Worker-thread job: replay a token/block trace through a fresh engine emitting on `bus`."""
-    from engine.replay import ReplayConfig, replay
-    from engine.trace import load_trace
-
-    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    result = replay(load_trace(path, block_size), config, events=bus)
-    result["config"]["trace"] = str(path)
-    return result
-
-
-def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
-    """Worker-thread job: load (converting on first run) the model and build a runner."""
-    from engine.events import EventBus
-    from engine.models import load_model
-    from engine.runner import ModelRunner
-
-    loaded = load_model(model, progress=progress)
-    progress("building the KV pool", 0.98)
-    return ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
-
-
 def _ignore_args(fn: Callable[[], Any]) -> Callable[..., None]:
     """A slot that drops the signal's arguments (`triggered(bool)`) and calls `fn()`."""
 
@@ -119,15 +50,6 @@ def _ignore_args(fn: Callable[[], Any]) -> Callable[..., None]:
         fn()
 
     return slot
-
-
-def error_sentence(exc: BaseException, what: str) -> str:
-    """One sentence for a dialog: the user's mistake as said by the engine, else what failed."""
-    if isinstance(exc, (InputError, TraceError)):
-        return str(exc)
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return f"{what}: {exc.strerror or exc} ({exc.filename})."
-    return f"{what}: {type(exc).__name__}: {exc}".rstrip(".") + "."
 
 
 class MainWindow(QMainWindow):
@@ -268,7 +190,14 @@ class MainWindow(QMainWindow):
     def _make_dock(self, spec: PanelSpec, widget: QWidget) -> QDockWidget:
         dock = QDockWidget(spec.title, self)
         dock.setObjectName(spec.object_name)
-        dock.setWidget(widget)
+        # A scroll area lets a dock shrink below its panel's minimum width (a legend row, a
+        # wide table) so the window still fits a laptop screen; it scrolls instead.
+        holder = QScrollArea(dock)
+        holder.setObjectName(f"{spec.object_name}_holder")
+        holder.setWidgetResizable(True)
+        holder.setFrameShape(QFrame.Shape.NoFrame)
+        holder.setWidget(widget)
+        dock.setWidget(holder)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetClosable
                          | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
         toggle = dock.toggleViewAction()
@@ -446,7 +375,7 @@ class MainWindow(QMainWindow):
         return True
 
     def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
-        block_size = _trace_block_size(path)
+        block_size = trace_block_size(path)
         try:
             capacity = trace_capacity(path, block_size)
         except (OSError, TypeError, ValueError):

@@ -1,0 +1,91 @@
+"""Work the main window hands to the model worker (loading the model, replaying a trace),
+recognising what kind of file the user opened, and turning failures into one sentence.
+Jobs run on the worker thread and touch no widget.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.errors import InputError, TraceError
+
+
+def classify_file(path: Path) -> str:
+    """"trace" (token/block JSONL), "session" (a Cachescope database) or "conversation"."""
+    if path.suffix.lower() in (".db", ".sqlite", ".sqlite3", ".cachescope"):
+        return "session"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+            if head.startswith(b"SQLite format 3"):
+                return "session"
+            fh.seek(0)
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    if isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj):
+                        return "trace"
+                    break
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    return "conversation"
+
+
+def trace_capacity(path: Path, block_size: int) -> int:
+    """A pool about half the size of everything the trace ever holds, so that it fills and
+    evicts (the interesting part) without thrashing; at least 64 blocks, at most 16K."""
+    num_tokens = 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw) if raw.strip() else None
+            except ValueError:
+                break  # the replay itself reports the bad line
+            if isinstance(obj, dict):
+                if isinstance(obj.get("tokens"), list):
+                    num_tokens += len(obj["tokens"]) + len(obj.get("output_tokens") or [])
+                else:
+                    num_tokens += int(obj.get("input_length") or 0) + int(obj.get("output_length") or 0)
+    return max(64, min(16384, num_tokens // block_size // 2))
+
+
+def trace_block_size(path: Path) -> int:
+    with path.open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                # Mooncake hash ids each stand for one 512-token block.
+                return 512 if b'"hash_ids"' in raw else 16
+    return 16
+
+
+def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
+    """Worker-thread job: replay a token/block trace through a fresh engine emitting on `bus`."""
+    from engine.replay import ReplayConfig, replay
+    from engine.trace import load_trace
+
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
+    result = replay(load_trace(path, block_size), config, events=bus)
+    result["config"]["trace"] = str(path)
+    return result
+
+
+def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
+    """Worker-thread job: load (converting on first run) the model and build a runner."""
+    from engine.events import EventBus
+    from engine.models import load_model
+    from engine.runner import ModelRunner
+
+    loaded = load_model(model, progress=progress)
+    progress("building the KV pool", 0.98)
+    return ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
+
+
+def error_sentence(exc: BaseException, what: str) -> str:
+    """One sentence for a dialog: the user's mistake as said by the engine, else what failed."""
+    if isinstance(exc, (InputError, TraceError)):
+        return str(exc)
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return f"{what}: {exc.strerror or exc} ({exc.filename})."
+    return f"{what}: {type(exc).__name__}: {exc}".rstrip(".") + "."
