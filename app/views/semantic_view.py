@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from engine.risk import risk_flags
-from engine.semantic import Neighbour, SemanticResult, decide
+from engine.semantic import NEAR_MISS_MARGIN, Neighbour, SemanticResult, decide
 
 SLIDER_MIN = 50  # thresholds 0.50 .. 1.00 in steps of 0.01
 _DECISION_TEXT = {"hit": "HIT: served from the cache", "miss": "MISS: the model must answer",
@@ -98,7 +98,7 @@ class SemanticView(QWidget):
         self.entries_item = pg.ScatterPlotItem(size=6, pen=None, name="stored")
         self.neighbours_item = pg.ScatterPlotItem(size=11, name="neighbours")
         self.query_item = pg.ScatterPlotItem(size=16, symbol="star", name="query")
-        self.circle_item = pg.PlotDataItem(name="threshold")
+        self.circle_item = pg.PlotDataItem(name="threshold: every entry with cosine >= t lies inside")
         for item in (self.circle_item, self.entries_item, self.neighbours_item, self.query_item):
             self.plot.addItem(item)
         self._restyle()
@@ -282,13 +282,16 @@ class SemanticView(QWidget):
         self.table.setRowCount(len(self.neighbours))
         for row, n in enumerate(self.neighbours):
             above = n.score >= self.threshold
+            # Flags matter for hits and near misses; on a distant entry they are noise.
+            near = n.score >= self.threshold - NEAR_MISS_MARGIN
+            flags = "; ".join(str(f) for f in n.flags) if near else ""
             items = [QTableWidgetItem(f"{n.score:.3f}"), QTableWidgetItem(n.prompt),
-                     QTableWidgetItem("; ".join(str(f) for f in n.flags) or "-")]
+                     QTableWidgetItem(flags or ("-" if near else "(far)"))]
             items[0].setData(Qt.ItemDataRole.UserRole, n.entry_id)
             items[1].setToolTip(f"response: {n.response}")
             colour = theme.color("cached" if n.entry_id == self.served_id else ("warn" if above else "text_dim"))
             for col, item in enumerate(items):
-                if col != 2 or not n.flags:
+                if col != 2 or not flags:
                     item.setForeground(colour)
                 else:
                     item.setForeground(theme.color("miss"))
