@@ -24,6 +24,8 @@ from engine.manager import PrefixCacheManager, Request
 from engine.models import LoadedModel
 
 DEFAULT_NUM_BLOCKS = 1024
+_BUFFER_STEP = 512  # working-cache capacity is rounded up to this many tokens, so buffers get reused
+_MAX_SPARE_BUFFERS = 2
 OnToken = Callable[[int, str], None]
 
 
@@ -152,6 +154,7 @@ class ModelRunner:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._keep_last_logits = "logits_to_keep" in params
         self._ids = itertools.count()
+        self._spare_buffers: list[torch.Tensor] = []
         self._eos_ids = self._find_eos_ids()
 
     def _find_eos_ids(self) -> frozenset[int]:
@@ -196,6 +199,7 @@ class ModelRunner:
         finally:
             if seq.managed:
                 self.manager.finish(seq.request_id, aborted=aborted)
+            self._release_cache(seq.cache)
         return result
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, salt: str | None = None,
@@ -231,6 +235,7 @@ class ModelRunner:
             for seq, _, _, _ in started:
                 if seq.managed:
                     self.manager.finish(seq.request_id, aborted=aborted)
+                self._release_cache(seq.cache)
         return [result for _, result, _, _ in started]
 
     # ---------------------------------------------------------------- steps
@@ -288,11 +293,28 @@ class ModelRunner:
         shape = self.kv_pool.shape
         if len(cache.layers) != shape.num_layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
             return cache  # sliding-window or hybrid models keep transformers' own layers
-        buffer = torch.empty((shape.num_layers, 2, 1, shape.num_kv_heads, capacity, shape.head_dim),
-                             dtype=shape.dtype, device=self.kv_pool.tensor.device)
+        fitting = [b for b in self._spare_buffers if b.shape[4] >= capacity]
+        if fitting:
+            buffer = min(fitting, key=lambda b: b.shape[4])
+            self._spare_buffers.remove(buffer)
+        else:
+            capacity = -(-capacity // _BUFFER_STEP) * _BUFFER_STEP
+            buffer = torch.empty((shape.num_layers, 2, 1, shape.num_kv_heads, capacity, shape.head_dim),
+                                 dtype=shape.dtype, device=self.kv_pool.tensor.device)
         cache.layers = [_BufferedLayer(buffer[i, 0], buffer[i, 1]) for i in range(shape.num_layers)]
         cache.kv_buffer = buffer
         return cache
+
+    def _release_cache(self, cache: Any) -> None:
+        """Keep a finished request's buffer for the next one: its pages are already mapped,
+        where a fresh allocation would fault in (and zero) every page again."""
+        buffer = getattr(cache, "kv_buffer", None)
+        if buffer is None:
+            return
+        cache.layers = []
+        self._spare_buffers.append(buffer)
+        if len(self._spare_buffers) > _MAX_SPARE_BUFFERS:
+            self._spare_buffers.remove(min(self._spare_buffers, key=lambda b: b.shape[4]))
 
     def _fill_cache(self, seq: _Sequence) -> None:
         """Put the cached prefix, gathered from the pool, into the request's working cache."""

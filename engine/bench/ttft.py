@@ -80,7 +80,7 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     from engine.models import load_model
     from engine.runner import ModelRunner
 
-    num_turns, reply_tokens = (4, 16) if quick else (20, 48)
+    num_turns, reply_tokens = (4, 16) if quick else (20, 64)
     loaded = load_model()
     runner = ModelRunner(loaded, num_blocks=512, block_size=16, seed=0)
     kept = KeptAliveChat(loaded.model)
