@@ -31,9 +31,11 @@ NEAR_MISS_MARGIN = 0.10
 EXACT_BELOW = 8192
 # The graph stores int8-quantised vectors: building is ~5x faster than float32 and at 10K
 # near-duplicate queries recall@1 stayed at 1.0; candidates are rescored in float32, so
-# reported scores are exact cosines.
+# reported scores are exact cosines. Connectivity 32 and ef 128: on 100K random 384-d
+# vectors (the hard case) connectivity 16 gave recall@1 0.90 at ef 128, connectivity 32
+# gave 0.95 / 0.993 / 1.0 at ef 64 / 128 / 256 (p50 0.8 / 1.5 / 2.8 ms on a loaded CPU).
 HNSW_DTYPE = "i8"
-HNSW_CONNECTIVITY = 16
+HNSW_CONNECTIVITY = 32
 HNSW_EXPANSION_ADD = 64
 HNSW_EXPANSION_SEARCH = 128
 RESCORE_CANDIDATES = 16
