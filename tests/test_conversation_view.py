@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QPoint
 
 from app.context import make_test_context
-from app.views.conversation_view import ConversationView, strip_data
+from app.views.conversation_view import ConversationView, MessageCard
 from app.views.token_strip import StripData, TokenStrip
 
 pytestmark = pytest.mark.model
@@ -142,6 +142,8 @@ def test_import_file_replays_recorded_turns(qtbot, view, ctx, tmp_path):
     assert view.messages[3].result is not None and view.messages[3].content  # missing reply generated
     assert view.messages[3].result.num_cached_tokens > 0  # turn 2 reused turn 1
     assert ctx.store.get_session(ctx.session_id).source_format == "openai"
+    # One card per message: the cards of the first layout are gone, not painted underneath.
+    assert len(view.findChildren(MessageCard)) == len(view.messages) == len(view.cards)
 
 
 def test_token_strip_paints_blocks_and_answers_hover(qtbot):

@@ -93,7 +93,9 @@ class MessageCard(QFrame):
         r = message.result
         if r is None or message.stale:
             self.stats.setText("waiting to be re-run" if message.stale else "")
+            self.stats.setVisible(message.stale)
             return
+        self.stats.show()
         miss = r.miss
         parts = [f"prompt {r.num_prompt_tokens}", f"cached {r.num_cached_tokens}", f"computed {r.num_computed_tokens}"]
         if miss is not None:
@@ -164,7 +166,12 @@ class ConversationView(QWidget):
         head = QHBoxLayout()
         self.title_label = QLabel("New session", self)
         self.title_label.setObjectName("heading")
-        head.addWidget(self.title_label)
+        # A long first message must not widen the panel: the title is cut to fit instead.
+        self.title_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.title_label.setMinimumWidth(60)
+        head.addWidget(self.title_label, 1)
+        lay.addLayout(head)
+        head = QHBoxLayout()
         head.addStretch(1)
         for state in ("cached", "computed", "partial", "generated"):
             chip = QLabel(f"<span style='color:{theme.palette()[state]}'>■</span> {state}", self)
@@ -212,7 +219,11 @@ class ConversationView(QWidget):
 
     def _rebuild_cards(self) -> None:
         for card in self.cards:
+            # Out of the widget tree at once: a deferred delete alone leaves the old card
+            # painted over the new ones until the event loop gets round to it.
             self.column.removeWidget(card)
+            card.hide()
+            card.setParent(None)
             card.deleteLater()
         self.cards = []
         for i, m in enumerate(self.messages):
