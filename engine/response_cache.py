@@ -235,3 +235,29 @@ def repeat_rate(requests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         seen.add(key)
     return {"requests": num, "unique": len(seen), "repeats": num_repeats,
             "repeat_rate": num_repeats / num if num else 0.0}
+
+
+def conversation_requests(conversations: Iterable[Any], model: str = "") -> list[dict[str, Any]]:
+    """The requests a client would send for imported conversations (`engine.formats`).
+
+    A chat sends, for each user turn, every message up to and including it; a token-level
+    trace sends each request's token ids. Block-level (Mooncake) requests have no content
+    and are skipped: their repeats are prefix-cache hits, not byte-identical requests.
+    """
+    out: list[dict[str, Any]] = []
+    for conv in conversations:
+        settings = dict(getattr(conv, "settings", None) or {})
+        sampling = {k: v for k, v in settings.items() if k in SAMPLING_DEFAULTS}
+        if "max_tokens" in settings and "max_new_tokens" not in sampling:
+            sampling["max_new_tokens"] = settings["max_tokens"]
+        conv_model = str(settings.get("model") or model)
+        if getattr(conv, "kind", "chat") == "trace":
+            for r in conv.trace or []:
+                if r.tokens is not None:
+                    out.append({"model": conv_model, "prompt_token_ids": list(r.tokens), "sampling": sampling})
+            continue
+        messages = [{"role": m.role, "content": m.content} for m in conv.messages]
+        for i, m in enumerate(messages):
+            if m["role"] == "user":
+                out.append({"model": conv_model, "messages": messages[: i + 1], "sampling": sampling})
+    return out

@@ -93,3 +93,31 @@ def test_repeat_rate_on_real_questions():
     stream += [{"model": "smollm2", "messages": [{"role": "user", "content": rows[0]["turns"][0] + " "}]}]
     out = repeat_rate(stream)
     assert out == {"requests": 91, "unique": 81, "repeats": 10, "repeat_rate": 10 / 91}
+
+
+def test_repeats_command_on_a_conversation_file(tmp_path, capsys):
+    import json
+
+    from app.cli import main
+
+    chat = {"messages": [{"role": "user", "content": "What is a KV cache?"}]}
+    path = tmp_path / "chats.jsonl"
+    # Three users send the same first question; one asks it with different wording.
+    rows = [chat, chat, {"messages": [{"role": "user", "content": "What's a KV cache?"}]}, chat]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["semantic", "repeats", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["requests"], out["unique"], out["repeats"]) == (4, 2, 2) and out["repeat_rate"] == 0.5
+    assert main(["semantic", "repeats", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_conversation_requests_send_every_prefix_up_to_each_user_turn():
+    from engine.formats import Conversation, Message
+    from engine.response_cache import conversation_requests
+
+    conv = Conversation("t", "openai", messages=[Message("system", "Be brief."), Message("user", "Hi"),
+                                                  Message("assistant", "Hello."), Message("user", "Bye")],
+                        settings={"temperature": 0, "max_tokens": 64})
+    reqs = conversation_requests([conv], model="smollm2")
+    assert [len(r["messages"]) for r in reqs] == [2, 4]
+    assert reqs[0]["sampling"] == {"temperature": 0, "max_new_tokens": 64} and reqs[0]["model"] == "smollm2"

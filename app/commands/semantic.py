@@ -9,7 +9,8 @@ from app.commands._common import positive_int, print_json
 from engine.errors import InputError
 
 NAME = "semantic"
-HELP = "semantic cache: precision on labelled pairs (eval) and the stored entries (query, add, list, remove)"
+HELP = ("semantic cache: precision on labelled pairs (eval), the stored entries (query, add, list, remove), "
+        "and the exact-response repeat rate of a conversation file (repeats)")
 
 
 def _threshold(text: str) -> float:
@@ -61,13 +62,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _store_options(ls, embedder=False)
     ls.add_argument("--all-tenants", action="store_true", help="entries of every tenant")
 
+    rp = sub.add_parser("repeats", help="byte-identical repeat rate of a conversation file: what an exact response cache would serve")
+    rp.add_argument("conversations", metavar="FILE", help="OpenAI/ShareGPT/Anthropic conversations or a token-level trace")
+    rp.add_argument("--model", metavar="M", default="", help="model name for requests that do not name one")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+
     rm = sub.add_parser("remove", help="delete stored entries by id")
     rm.add_argument("ids", metavar="ID", type=positive_int, nargs="+")
     _store_options(rm, embedder=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"eval": _eval, "query": _query, "add": _add, "list": _list, "remove": _remove}[args.semantic_command](args)
+    return {"eval": _eval, "query": _query, "add": _add, "list": _list, "remove": _remove,
+            "repeats": _repeats}[args.semantic_command](args)
 
 
 def _embedder(args: argparse.Namespace):
@@ -175,4 +182,18 @@ def _remove(args: argparse.Namespace) -> int:
         print_json({"removed": args.ids})
     else:
         sys.stdout.write(f"removed {len(args.ids)} entries\n")
+    return 0
+
+
+def _repeats(args: argparse.Namespace) -> int:
+    from engine.formats import load_conversations
+    from engine.response_cache import conversation_requests, repeat_rate
+
+    requests = conversation_requests(load_conversations(args.conversations), model=args.model)
+    result = {"file": str(args.conversations), **repeat_rate(requests)}
+    if args.json:
+        print_json(result)
+    else:
+        sys.stdout.write(f"{result['requests']} requests, {result['unique']} unique, {result['repeats']} byte-identical "
+                         f"repeats: an exact response cache would serve {result['repeat_rate']:.1%}\n")
     return 0
