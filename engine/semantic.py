@@ -312,6 +312,7 @@ class SemanticCache:
         self._indexes: dict[tuple[str, str | None], VectorIndex] = {}
         self._entries: dict[int, SemanticEntry] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        self._by_age: OrderedDict[int, float] = OrderedDict()  # oldest first, so expiry stops early
         self._next_id = 1
         if store is not None:
             store.register_migration(MIGRATION, _migrate)
@@ -339,6 +340,8 @@ class SemanticCache:
             self._index(model, tenant).add([id_], np.frombuffer(blob, dtype=np.float32))
             self._entries[id_] = entry
             self._lru[id_] = None
+        for e in sorted(self._entries.values(), key=lambda e: (e.created, e.id)):
+            self._by_age[e.id] = e.created
         row = self.store.db.execute("SELECT MAX(id) FROM semantic_entries").fetchone()
         self._next_id = (row[0] or 0) + 1
 
@@ -444,6 +447,7 @@ class SemanticCache:
             self._index(self.model, tenant).add([entry_id], embedding)
             self._entries[entry_id] = SemanticEntry(entry_id, prompt, response, self.model, tenant, now, None, 0)
             self._lru[entry_id] = None
+            self._by_age[entry_id] = now
         self.events.emit(SemanticStored, entry_id=entry_id, prompt=prompt, tenant=tenant)
         self._evict_lru()
         return entry_id
@@ -463,6 +467,7 @@ class SemanticCache:
             self._index(e.model, e.tenant).remove(entry_id)
             del self._entries[entry_id]
             self._lru.pop(entry_id, None)
+            self._by_age.pop(entry_id, None)
             if self.store is not None:
                 with self.store.atomic():
                     self.store.db.execute("DELETE FROM semantic_entries WHERE id = ?", [entry_id])
@@ -474,7 +479,11 @@ class SemanticCache:
             return []
         with self._lock:
             cutoff = self.clock() - self.ttl_seconds
-            old = [e.id for e in self._entries.values() if e.created <= cutoff]
+            old = []
+            for entry_id, created in self._by_age.items():
+                if created > cutoff:
+                    break
+                old.append(entry_id)
             for entry_id in old:
                 self.remove(entry_id, reason="ttl")
             return old
