@@ -160,3 +160,15 @@ def test_persistence_ttl_and_lru(tmp_path, embedder):
     expiring = SemanticCache(embedder, Store(path), model="smollm2", ttl_seconds=3600, clock=clock, events=bus)
     assert len(expiring) == 0 and list_entries(Store(path)) == []
     assert sorted(i for i, r in evicted if r == "ttl") == ids[1:] + [ids[2] + 1]
+
+
+def test_bench_measure_compares_graph_with_brute_force():
+    from engine.bench.semantic import DIM, measure, random_dataset
+
+    rng = np.random.default_rng(3)
+    vectors, queries = random_dataset(3000, rng)
+    assert vectors.shape == (3000, DIM)
+    out = measure(vectors, queries)
+    assert out["entries"] == 3000 and out["queries"] == len(queries)
+    assert out["recall_at_1"] >= 0.99  # near-duplicate queries: the graph finds the original
+    assert out["ann"]["p50_ms"] > 0 and out["numpy_brute_force"]["p50_ms"] > 0
