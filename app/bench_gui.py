@@ -65,6 +65,18 @@ def _recorded_events(num_requests: int, block_size: int, capacity: int) -> list:
     return events
 
 
+def _dispose(app: Any, *objects: Any) -> None:
+    """Delete widgets while Qt is alive; left to interpreter exit, PySide6 may crash."""
+    import gc
+
+    for obj in objects:
+        if hasattr(obj, "close"):
+            obj.close()
+        obj.deleteLater()
+    app.processEvents()
+    gc.collect()
+
+
 def _wait(app: Any, condition, timeout_s: float) -> None:
     deadline = time.perf_counter() + timeout_s
     while not condition():
@@ -81,6 +93,7 @@ def bench_redraw(quick: bool) -> dict[str, Any]:
 
     app = _app()
     ctx = make_test_context()
+    view = None
     try:
         view = BlockTableView(ctx)
         view.resize(1200, 800)
@@ -104,6 +117,7 @@ def bench_redraw(quick: bool) -> dict[str, Any]:
                 "p90_ms": round(sorted(times)[int(len(times) * 0.9) - 1], 3), "max_ms": round(max(times), 3)}
     finally:
         ctx.shutdown()
+        _dispose(app, *([view] if view is not None else []), ctx)
 
 
 def bench_ingestion(quick: bool) -> dict[str, Any]:
@@ -146,6 +160,7 @@ def bench_ingestion(quick: bool) -> dict[str, Any]:
                 "p99_gui_gap_ms": round(sorted(gaps)[int(len(gaps) * 0.99) - 1] if gaps else 0.0, 2)}
     finally:
         ctx.shutdown()
+        _dispose(app, ctx)
 
 
 def bench_window(quick: bool) -> dict[str, Any]:

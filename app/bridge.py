@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -20,7 +21,7 @@ FRAME_MS = 16
 # events is spread over several frames instead of stalling one.
 MAX_BATCH = 50_000
 # Time the views may spend on one batch; the batch size adapts to what they cost per event.
-BATCH_BUDGET_S = 0.025
+BATCH_BUDGET_S = 0.018
 FIRST_BATCH = 1_000
 MIN_BATCH = 500
 
@@ -38,7 +39,7 @@ class EngineBridge(QObject):
     def __init__(self, parent: QObject | None = None, frame_ms: int = FRAME_MS) -> None:
         super().__init__(parent)
         self._lock = threading.Lock()
-        self._buffer: list[Event] = []
+        self._buffer: deque[Event] = deque()
         self._unsubscribe: Callable[[], None] | None = None
         self._bus: EventBus | None = None
         self.engine_info: dict[str, Any] = {}
@@ -106,9 +107,11 @@ class EngineBridge(QObject):
                 if not self._buffer:
                     break
                 if len(self._buffer) <= limit:
-                    batch, self._buffer = self._buffer, []
-                else:
-                    batch, self._buffer = self._buffer[:limit], self._buffer[limit:]
+                    batch = list(self._buffer)
+                    self._buffer.clear()
+                else:  # popping from the front costs the batch, not the whole backlog
+                    pop = self._buffer.popleft
+                    batch = [pop() for _ in range(limit)]
                 backlog = bool(self._buffer)
             # Several emitting threads can interleave appends; seq is the true order.
             if any(batch[i].seq > batch[i + 1].seq for i in range(len(batch) - 1)):
