@@ -216,6 +216,9 @@ class MainWindow(QMainWindow):
         bottom = [d for d in self.docks.values() if self.dockWidgetArea(d) == Qt.DockWidgetArea.BottomDockWidgetArea]
         if bottom and right:
             self.resizeDocks([right[0], bottom[0]], [560, 300], Qt.Orientation.Vertical)
+        side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
+        if len(side_by_side) == 2:
+            self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -247,6 +250,17 @@ class MainWindow(QMainWindow):
         if isinstance(size, QSize) and size.isValid() and not self.isMaximized():
             self.resize(size)
         state = s.value("window/state")
+        if isinstance(state, (QByteArray, bytes)):
+            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+
+    def adopt_extra_docks(self) -> None:
+        """Call after another module added docks (the demos' guide): the default layout and
+        the saved one are taken again so that those docks are reset and remembered too."""
+        if "conversation" in self.docks:
+            self.docks["conversation"].raise_()
+        self._size_docks()
+        self._default_state = self.saveState(LAYOUT_VERSION)
+        state = self.ctx.settings.value("window/state")
         if isinstance(state, (QByteArray, bytes)):
             self.restoreState(QByteArray(state), LAYOUT_VERSION)
 

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     wants_model = not args.no_model and (args.screenshot is None or classify_file(target) != "trace")
     window = MainWindow(ctx, model=args.model, load_model=wants_model,
                         num_blocks=args.num_blocks, block_size=args.block_size)
+    _install_demos(window)
     if args.theme:
         window.apply_theme(args.theme)
     try:
@@ -83,6 +84,17 @@ def _dispose(app, window) -> None:
     app.processEvents()
     del window
     gc.collect()
+
+
+def _install_demos(window) -> None:
+    """Fill the Demos menu from `app.demo_runner` (the demos' own module), when it is there."""
+    try:
+        from app.demo_runner import install_demos
+    except ImportError as exc:
+        sys.stderr.write(f"cachescope: warning: demos not available: {exc}\n")
+        return
+    install_demos(window)
+    window.adopt_extra_docks()
 
 
 def _open_store(path: str | None):
@@ -138,7 +150,7 @@ def screenshot(app, window, folder: Path, file: Path) -> int:
         if not dock.grab().save(str(path)):
             raise InputError(f"cannot write {path}")
         saved.append(path)
-    for name in ("block_table", "timeline", "metrics"):
+    for name in ("conversation", "block_table", "timeline", "metrics"):
         if name in window.docks:
             window.docks[name].raise_()
     app.processEvents()
