@@ -293,10 +293,9 @@ class ModelRunner:
         shape = self.kv_pool.shape
         if len(cache.layers) != shape.num_layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
             return cache  # sliding-window or hybrid models keep transformers' own layers
-        fitting = [b for b in self._spare_buffers if b.shape[4] >= capacity]
+        fitting = [i for i, b in enumerate(self._spare_buffers) if b.shape[4] >= capacity]
         if fitting:
-            buffer = min(fitting, key=lambda b: b.shape[4])
-            self._spare_buffers.remove(buffer)
+            buffer = self._spare_buffers.pop(min(fitting, key=lambda i: self._spare_buffers[i].shape[4]))
         else:
             capacity = -(-capacity // _BUFFER_STEP) * _BUFFER_STEP
             buffer = torch.empty((shape.num_layers, 2, 1, shape.num_kv_heads, capacity, shape.head_dim),
@@ -314,7 +313,8 @@ class ModelRunner:
         cache.layers = []
         self._spare_buffers.append(buffer)
         if len(self._spare_buffers) > _MAX_SPARE_BUFFERS:
-            self._spare_buffers.remove(min(self._spare_buffers, key=lambda b: b.shape[4]))
+            self._spare_buffers.sort(key=lambda b: b.shape[4])
+            del self._spare_buffers[0]  # keep the largest: they serve any request
 
     def _fill_cache(self, seq: _Sequence) -> None:
         """Put the cached prefix, gathered from the pool, into the request's working cache."""

@@ -77,6 +77,15 @@ def test_reuse_is_exact_on_tiny_model(tiny_model):
     runner.manager.check_invariants()
 
 
+def test_working_buffers_of_different_sizes_are_reused_exactly(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=400, block_size=16)
+    short, long = list(range(30, 60)), list(range(100, 700))
+    results = [runner.generate(p, max_new_tokens=3) for p in (short, long, short, long, long[:-5])]
+    for prompt, warm in zip((short, long, short, long, long[:-5]), results):
+        _assert_same(warm, runner.generate(prompt, max_new_tokens=3, use_cache=False))
+    assert len(runner._spare_buffers) <= 2
+
+
 def test_hit_really_skips_prefill(tiny_model):
     runner = ModelRunner(tiny_model, num_blocks=64, block_size=4)
     prompt = list(range(500, 530))
