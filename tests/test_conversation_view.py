@@ -166,3 +166,37 @@ def test_token_strip_paints_blocks_and_answers_hover(qtbot):
     assert img.pixelColor(strip.cell_rect(0).center()).name() != img.pixelColor(strip.cell_rect(20).center()).name()
     with pytest.raises(ValueError, match="unknown token states"):
         StripData([1], ["a"], ["hot"])
+
+
+def test_window_loads_the_model_on_the_worker_and_a_chat_reaches_every_view(qtbot, tmp_path):
+    from app.main_window import MainWindow
+
+    ctx = make_test_context(tmp_path)
+    progress: list[tuple[str, float]] = []
+    ctx.worker.sigProgress.connect(lambda text, f: progress.append((text, f)))
+    w = MainWindow(ctx, load_model=True, num_blocks=48)
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        assert ctx.runner is None  # the window is up before the model
+        with qtbot.waitSignal(ctx.sigRunnerChanged, timeout=120_000):
+            pass
+        assert progress and progress[-1][1] >= 0.9
+        assert w.status_labels["model"].text() == ctx.runner.loaded.name
+        assert "48 blocks" in w.status_labels["occupancy"].text() or ctx.state.projection.num_blocks == 48
+        conv = w.panels["conversation"]
+        conv.max_tokens.setValue(MAX_NEW)
+        conv.input.setPlainText("Say one word.")
+        with qtbot.waitSignal(conv.sigIdle, timeout=120_000):
+            conv.send_button.click()
+        ctx.bridge.flush(everything=True)
+        result = conv.messages[1].result
+        proj = ctx.state.projection
+        assert proj.num_blocks == 48 and proj.counters.num_requests == 1
+        assert proj.num_cached_free == ctx.runner.manager.snapshot().num_cached_blocks > 0
+        assert w.panels["event_log"].model.rowCount() == len(ctx.state.log) > 5
+        assert w.status_labels["hit_rate"].text() == "hit rate 0.0%"
+        assert result.num_prompt_tokens == len(result.prompt_token_ids)
+        assert ctx.errors == []
+    finally:
+        ctx.shutdown()
