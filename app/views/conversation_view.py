@@ -156,7 +156,7 @@ class ConversationView(QWidget):
         self._sigToken.connect(self._on_token)
         self._build()
         ctx.sigRunnerChanged.connect(self._on_runner_changed)
-        ctx.sigThemeChanged.connect(lambda name: [c.strip.update() for c in self.cards])
+        ctx.sigThemeChanged.connect(self._on_theme)
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
@@ -173,11 +173,14 @@ class ConversationView(QWidget):
         lay.addLayout(head)
         head = QHBoxLayout()
         head.addStretch(1)
+        self.legend: dict[str, QLabel] = {}
         for state in ("cached", "computed", "partial", "generated"):
-            chip = QLabel(f"<span style='color:{theme.palette()[state]}'>■</span> {state}", self)
+            chip = QLabel(self)
             chip.setObjectName("muted")
             chip.setToolTip(STATE_LABELS[state])
             head.addWidget(chip)
+            self.legend[state] = chip
+        self._paint_legend()
         lay.addLayout(head)
         self.scroll = QScrollArea(self)
         self.scroll.setWidgetResizable(True)
@@ -216,6 +219,16 @@ class ConversationView(QWidget):
         lay.addLayout(row)
         for keys in ("Ctrl+Return", "Ctrl+Enter"):
             QShortcut(QKeySequence(keys), self.input, activated=self._send_clicked)
+
+    def _paint_legend(self) -> None:
+        colors = theme.palette()
+        for state, chip in self.legend.items():
+            chip.setText(f"<span style='color:{colors[state]}'>■</span> {state}")
+
+    def _on_theme(self, name: str) -> None:
+        self._paint_legend()
+        for card in self.cards:
+            card.strip.update()
 
     def _rebuild_cards(self) -> None:
         for card in self.cards:
@@ -336,11 +349,12 @@ class ConversationView(QWidget):
         self._scroll_to_end()
         history = chat_dicts(self.messages[:u + 1])
         emit = self._sigToken.emit
+        max_new = self.max_tokens.value()  # read here: widgets belong to the GUI thread
 
         def job() -> Any:
             if forced:  # teacher-forced: only the prompt matters, the recorded reply is kept
                 return runner.generate(runner.render_chat(history), max_new_tokens=1)
-            return runner.chat(history, max_new_tokens=self.max_tokens.value(), on_token=lambda tid, s: emit(tid, s))
+            return runner.chat(history, max_new_tokens=max_new, on_token=lambda tid, s: emit(tid, s))
 
         self.ctx.worker.submit(job, on_done=self._on_turn_done, on_error=self._on_turn_failed)
 
