@@ -133,6 +133,14 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     rand_vectors, _ = random_dataset(largest, rng)
     real_vectors, real_queries, num_encoded = real_dataset(largest, rng, embedder)
     out["real_encoded_prompts"] = num_encoded
+    out["real_note"] = (f"{num_encoded} prompts encoded by the embedding model; the rest of each index are "
+                        "mixes of two of them; queries are re-worded prompts, encoded")
+    from engine import semantic
+
+    out["index"] = {"library": "usearch", "dtype": semantic.HNSW_DTYPE, "connectivity": semantic.HNSW_CONNECTIVITY,
+                    "expansion_add": semantic.HNSW_EXPANSION_ADD, "expansion_search": semantic.HNSW_EXPANSION_SEARCH,
+                    "rescored_candidates": semantic.RESCORE_CANDIDATES, "threads_per_query": 1,
+                    "exact_below_in_the_cache": semantic.EXACT_BELOW}
     for n in sizes:
         # Queries are built against the first n vectors so that their originals are stored.
         src = rng.choice(n, NUM_QUERIES, replace=False)
