@@ -153,6 +153,8 @@ class ConversationView(QWidget):
         self._current: int | None = None  # assistant index being generated
         self._run_id: int | None = None
         self._num_requests = 0
+        self._texts: dict[int, str] = {}
+        self._texts_of: Any = None
         self._sigToken.connect(self._on_token)
         self._build()
         ctx.sigRunnerChanged.connect(self._on_runner_changed)
@@ -268,7 +270,9 @@ class ConversationView(QWidget):
         runner = self.ctx.runner
         if runner is None or not self.messages:
             return
-        for card, data in zip(self.cards, strip_data(runner.tokenizer, self.messages, self._block_size())):
+        if self._texts_of is not runner.tokenizer:  # token texts are remembered per tokenizer
+            self._texts, self._texts_of = {}, runner.tokenizer
+        for card, data in zip(self.cards, strip_data(runner.tokenizer, self.messages, self._block_size(), self._texts)):
             card.set_strip(data)
 
     def _set_status(self, text: str) -> None:

@@ -90,7 +90,21 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_promp
     return list(encoded["input_ids"])
 
 
-def request_strip(tokenizer: Any, result: Any, block_size: int, forced: bool = False) -> StripData:
+def _decoder(tokenizer: Any, memo: dict[int, str] | None) -> Any:
+    if memo is None:
+        return lambda tid: tokenizer.decode([tid])
+
+    def decode(tid: int) -> str:
+        text = memo.get(tid)
+        if text is None:
+            text = memo[tid] = tokenizer.decode([tid])
+        return text
+
+    return decode
+
+
+def request_strip(tokenizer: Any, result: Any, block_size: int, forced: bool = False,
+                  memo: dict[int, str] | None = None) -> StripData:
     """The whole request of one turn: its prompt coloured cached / computed / partial tail,
     then what it generated, with the first missed block and the divergence token marked."""
     prompt = list(result.prompt_token_ids)
@@ -99,7 +113,8 @@ def request_strip(tokenizer: Any, result: Any, block_size: int, forced: bool = F
     tail = n // block_size * block_size
     states = ["cached" if p < cached else "partial" if p >= tail else "computed" for p in range(n)]
     ids = prompt + output
-    data = StripData(ids, [tokenizer.decode([i]) for i in ids], states + ["generated"] * len(output), 0, block_size)
+    decode = _decoder(tokenizer, memo)
+    data = StripData(ids, [decode(i) for i in ids], states + ["generated"] * len(output), 0, block_size)
     miss = result.miss
     if miss is not None and cached < n:
         data.miss_position = cached
@@ -109,7 +124,8 @@ def request_strip(tokenizer: Any, result: Any, block_size: int, forced: bool = F
     return data
 
 
-def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int) -> list[StripData]:
+def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int,
+               memo: dict[int, str] | None = None) -> list[StripData]:
     """Token strips of every message. A user message shows its own span of the
     conversation's tokens as the request it triggered served them (so an edit's first miss
     shows where the edit is); a finished reply shows its whole request (so reuse of the
@@ -127,6 +143,7 @@ def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int) -> 
             gen = 0 if m.forced else len(r.output_token_ids)
             turns[j] = _Turn(n, int(r.num_cached_tokens), r.miss, n, n + gen)
     ordered = [turns[j] for j in sorted(turns)]
+    decode = _decoder(tokenizer, memo)
     out: list[StripData] = []
     start = 0
     for j, end in enumerate(ends):
@@ -143,10 +160,10 @@ def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int) -> 
             else:
                 states.append("pending")
         if j in turns and messages[j].role == "assistant":
-            out.append(request_strip(tokenizer, messages[j].result, block_size, messages[j].forced))
+            out.append(request_strip(tokenizer, messages[j].result, block_size, messages[j].forced, memo))
             start = end
             continue
-        data = StripData(ids, [tokenizer.decode([i]) for i in ids], states, start, block_size)
+        data = StripData(ids, [decode(i) for i in ids], states, start, block_size)
         # The first miss of the turn whose prompt ends in (or right after) this message.
         owner = turns.get(j + 1) if j + 1 < len(messages) and messages[j].role == "user" else None
         if owner is not None and owner.miss is not None and start <= owner.cached < end:
