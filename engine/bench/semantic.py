@@ -53,7 +53,8 @@ def _base_texts() -> list[str]:
     return list(dict.fromkeys(texts))
 
 
-def real_dataset(n: int, rng: np.random.Generator, embedder: Any) -> tuple[np.ndarray, np.ndarray, int]:
+def real_dataset(n: int, rng: np.random.Generator, embedder: Any, max_prompts: int | None = None,
+                 num_queries: int = NUM_QUERIES) -> tuple[np.ndarray, np.ndarray, int]:
     """Embeddings of real prompts (labelled pairs, MT-bench turns), extended to `n` entries.
 
     Encoding 100K texts takes minutes on a laptop CPU, so every prompt is encoded once and
@@ -62,6 +63,8 @@ def real_dataset(n: int, rng: np.random.Generator, embedder: Any) -> tuple[np.nd
     Queries are real re-worded prompts (a prefix or suffix added) whose originals are stored.
     """
     texts = _base_texts()
+    if max_prompts is not None and len(texts) > max_prompts:
+        texts = [texts[i] for i in sorted(rng.choice(len(texts), max_prompts, replace=False))]
     base = embedder.encode(texts, batch_size=128)
     m = len(base)
     extra = n - m
@@ -69,7 +72,7 @@ def real_dataset(n: int, rng: np.random.Generator, embedder: Any) -> tuple[np.nd
     w = rng.uniform(0.55, 0.95, (extra, 1)).astype(np.float32)
     mixed = w * base[i] + (1 - w) * base[j] + rng.standard_normal((extra, DIM)).astype(np.float32) * (0.15 / np.sqrt(DIM))
     vectors = np.concatenate([base, _normalise(mixed)])
-    src = rng.choice(m, NUM_QUERIES, replace=False)
+    src = rng.choice(m, min(num_queries, m), replace=False)
     reworded = [f"{_PREFIXES[k % len(_PREFIXES)]}{texts[s]}{_SUFFIXES[(k // len(_PREFIXES)) % len(_SUFFIXES)]}"
                 if (k % len(_PREFIXES), (k // len(_PREFIXES)) % len(_SUFFIXES)) != (0, 0) else texts[s] + "?"
                 for k, s in enumerate(src)]
@@ -131,7 +134,9 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
                            "random": {}, "real": {}}
     largest = max(sizes)
     rand_vectors, _ = random_dataset(largest, rng)
-    real_vectors, real_queries, num_encoded = real_dataset(largest, rng, embedder)
+    # Quick mode encodes fewer prompts: on a busy laptop CPU encoding is most of the run.
+    real_vectors, real_queries, num_encoded = real_dataset(largest, rng, embedder, max_prompts=300 if quick else None,
+                                                           num_queries=150 if quick else NUM_QUERIES)
     out["real_encoded_prompts"] = num_encoded
     out["real_note"] = (f"{num_encoded} prompts encoded by the embedding model; the rest of each index are "
                         "mixes of two of them; queries are re-worded prompts, encoded")
