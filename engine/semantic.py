@@ -396,10 +396,11 @@ class SemanticCache:
             decision, served = decide(neighbours, threshold, guard)
             if served is not None:
                 self._touch(served.entry_id)
-        best_flags = (served or (neighbours[0] if neighbours else None))
+        # The event's `flags` are those of the served entry, or of the best one if none was.
+        shown = served or (neighbours[0] if neighbours else None)
         self.events.emit(
             SemanticLookup, prompt=prompt, neighbours=tuple((n.entry_id, n.score) for n in neighbours),
-            decision=decision, threshold=threshold, flags=tuple(str(f) for f in best_flags.flags) if best_flags else (),
+            decision=decision, threshold=threshold, flags=tuple(str(f) for f in shown.flags) if shown else (),
             tenant=tenant, guard=guard, entry_id=served.entry_id if served else None,
             neighbour_flags=tuple(tuple(str(f) for f in n.flags) for n in neighbours))
         return SemanticResult(prompt, decision, threshold, guard, neighbours, served, embedding, tenant)
