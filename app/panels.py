@@ -1,14 +1,13 @@
 """The registry of dock panels: which views the main window shows, and where by default.
 
-Each `PanelSpec` names a factory "module:Class" that takes the app context. A module that
-cannot be imported yet is skipped with a warning (development tolerance while panels are
-being written in parallel); `build_panel` reports why.
+Each `PanelSpec` names a factory "module:Class" that takes the app context. Every panel
+module ships with the app, so a panel that fails to import is a bug and raises;
+`tests/test_gui_shell.py` builds them all.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,16 +57,11 @@ def load_factory(factory: str) -> Any:
 
 
 def build_panel(spec_or_factory: PanelSpec | str, ctx: Any, warn: bool = True) -> QWidget | None:
-    """Build one panel widget, or None (with a warning on stderr) if its module is missing.
+    """Build one panel widget from its spec (or "module:Class" factory string).
 
-    Only a missing module is tolerated: a panel that imports but fails to build is a bug
-    and raises, so it is found at once.
+    `warn` is kept for callers of the development-time signature; a panel that cannot be
+    imported or built raises, so a broken panel is found at once rather than hidden.
     """
     factory = spec_or_factory.factory if isinstance(spec_or_factory, PanelSpec) else spec_or_factory
-    try:
-        cls = load_factory(factory)
-    except (ImportError, AttributeError) as exc:
-        if warn:
-            sys.stderr.write(f"cachescope: warning: panel {factory} skipped: {exc}\n")
-        return None
+    cls = load_factory(factory)
     return cls(ctx)
