@@ -87,12 +87,9 @@ def _dispose(app, window) -> None:
 
 
 def _install_demos(window) -> None:
-    """Fill the Demos menu from `app.demo_runner` (the demos' own module), when it is there."""
-    try:
-        from app.demo_runner import install_demos
-    except ImportError as exc:
-        sys.stderr.write(f"cachescope: warning: demos not available: {exc}\n")
-        return
+    """Fill the Demos menu and add the demo guide dock."""
+    from app.demo_runner import install_demos
+
     install_demos(window)
     window.adopt_extra_docks()
 
