@@ -52,6 +52,7 @@ class SemanticView(QWidget):
         self.quality: dict[str, Any] | None = None  # labelled-pair scores and flags
         self._projection: tuple[np.ndarray, np.ndarray] | None = None  # (mean, 2 x dim components)
         self._entry_points: dict[int, np.ndarray] = {}
+        self._measuring = False
         self._build()
         if ctx is not None and getattr(ctx, "bridge", None) is not None:
             ctx.bridge.sigEvents.connect(self._on_events)
@@ -191,12 +192,17 @@ class SemanticView(QWidget):
             self.lookup_button.setEnabled(True)
             self.show_result(result)
             self.sigLookedUp.emit(result)
+            if self.quality is None and not self._measuring and getattr(self.ctx, "worker", None) is not None:
+                self.measure_quality()  # the embedder is loaded now; score the pairs in the background
 
         self._submit(job, done)
 
     def measure_quality(self, pairs_path: Any = None) -> None:
         """Score the labelled pairs once (worker thread) so the slider can show precision."""
         from engine.semantic_eval import load_pairs, pair_flags, pair_scores, resource_path
+
+        self._measuring = True
+        self.quality_label.setText("labelled pairs: measuring…")
 
         def job() -> dict[str, Any]:
             pairs = load_pairs(pairs_path or resource_path("semantic_pairs_heldout.jsonl"))
@@ -206,6 +212,7 @@ class SemanticView(QWidget):
                     "num_pairs": len(pairs)}
 
         def done(quality: dict[str, Any]) -> None:
+            self._measuring = False
             self.quality = quality
             self._update_quality()
             self.sigQualityReady.emit(quality)
