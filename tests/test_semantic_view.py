@@ -100,7 +100,7 @@ def test_worker_lookup_quality_and_screenshot(qtbot, tmp_path, embedder, cache):
     try:
         with qtbot.waitSignal(view.sigQualityReady, timeout=60_000):
             view.measure_quality(pairs)
-        view.set_threshold(0.88)
+        view.set_threshold(0.92)
         text = view.quality_label.text()
         assert "plain: precision 0.50" in text and "guarded: precision 1.00" in text
         view.prompt.setText("What's the easiest way to reverse a Python list?")
