@@ -30,16 +30,29 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: digests as hex, tuples as lists, with a `kind` key."""
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
         out: dict[str, Any] = {"kind": self.kind}
-        for f in dataclasses.fields(self):
-            out[f.name] = _jsonable(getattr(self, f.name))
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value if value is None or type(value) in _PLAIN else _jsonable(value)
         return out
+
+
+# Field names per event class, filled on first use: dataclasses.fields() is slow in the
+# store's hot path (a recorded replay writes about a million events).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_PLAIN = (int, float, str, bool)
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, (tuple, list)):
+        if all(type(v) in _PLAIN for v in value):
+            return list(value)
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
