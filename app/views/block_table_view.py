@@ -13,13 +13,14 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
-from PySide6.QtGui import QColor, QCursor, QPixmap
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtGui import QColor, QCursor
+from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app import theme
 from engine.projection import PoolProjection
 
 FLASH_SECONDS = 0.6
+MAX_CELL_PX = 34  # a small pool is not drawn as giant tiles
 MAX_TOOLTIP_TOKENS = 48
 
 
@@ -39,6 +40,18 @@ def block_colors(name: str | None = None) -> dict[str, QColor]:
         "evicted": QColor(p["miss"]),
         "selected": QColor("#ffffff" if dark else "#111111"),
     }
+
+
+def swatch(color: QColor | str, glyph: str = "■") -> str:
+    """A coloured glyph for rich-text legends."""
+    return f"<span style='color:{QColor(color).name()}'>{glyph}</span>"
+
+
+def legend_line(items: list[tuple[str, str]]) -> str:
+    """(swatch, text) items joined by dots; a line wraps only between items, never inside one
+    (so `text` may hold <b> but no tag with attributes)."""
+    parts = [(f"{mark}&nbsp;" if mark else "") + text.replace(" ", "&nbsp;") for mark, text in items]
+    return "&nbsp;&nbsp;·&nbsp; ".join(parts)
 
 
 def _rgba(c: QColor) -> np.ndarray:
@@ -71,11 +84,16 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     return out
 
 
-def grid_columns(num_blocks: int) -> int:
-    """A wide grid in multiples of 8 columns so block ids are easy to count."""
+def grid_shape(num_blocks: int, aspect: float = 1.8) -> tuple[int, int]:
+    """(columns, rows) that give `num_blocks` square cells the most room in an area `aspect`
+    times wider than tall; columns come in multiples of 8 so block ids are easy to count."""
     if num_blocks <= 8:
-        return max(1, num_blocks)
-    return 8 * math.ceil(math.sqrt(num_blocks * 1.8) / 8)
+        return max(1, num_blocks), 1
+    cols = np.arange(8, 8 * math.ceil(num_blocks / 8) + 1, 8)
+    rows = np.ceil(num_blocks / cols)
+    cell = np.minimum(max(aspect, 1e-3) / cols, 1.0 / rows)  # cell side, the area's height = 1
+    best = int(np.argmax(cell >= cell.max() * (1 - 1e-9)))  # the narrowest of the best
+    return int(cols[best]), int(rows[best])
 
 
 def cell_pixels(num_blocks: int) -> int:
@@ -117,18 +135,26 @@ class BlockTableView(QWidget):
         self.summary = QLabel()
         self.summary.setObjectName("block_table_summary")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)
         self.glw = pg.GraphicsLayoutWidget()
         self.glw.ci.setContentsMargins(4, 4, 4, 4)
+        # The grid takes the room the labels leave and never asks for more: in a dock's
+        # scroll area a preferred height would force a vertical scroll bar.
+        self.glw.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.glw.setMinimumHeight(120)
         self.vb = self.glw.addViewBox(lockAspect=True, invertY=True, enableMenu=False)
+        self.vb.setMouseEnabled(x=False, y=False)  # every block is always in view
+        self.vb.sigResized.connect(self._on_resized)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.vb.addItem(self.image)
         self.outline = pg.ScatterPlotItem(symbol="s", size=1.0, pxMode=False, brush=None)
         self.vb.addItem(self.outline)
         self.glw.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.glw.scene().sigMouseClicked.connect(self._on_mouse_clicked)
-        self.legend = QWidget()
-        self._legend_layout = QHBoxLayout(self.legend)
-        self._legend_layout.setContentsMargins(4, 0, 4, 0)
+        self.legend = QLabel()  # rich text that wraps between entries: never wider than the dock
+        self.legend.setObjectName("block_table_legend")
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setWordWrap(True)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -148,6 +174,7 @@ class BlockTableView(QWidget):
     # ------------------------------------------------------------------ appearance
     def apply_theme(self, name: str | None = None) -> None:
         self.colors = block_colors(name)
+        self._palette = theme.palette(name)
         self.glw.setBackground(self.colors["background"])
         self.outline.setPen(pg.mkPen(self.colors["selected"], width=2))
         self._build_legend()
@@ -155,38 +182,35 @@ class BlockTableView(QWidget):
         self.redraw()
 
     def _build_legend(self) -> None:
-        while self._legend_layout.count():
-            item = self._legend_layout.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
         c = self.colors
         entries = [("empty", "empty"), ("cached_old", "cached, free: evicted next"),
                    ("cached_new", "cached, free: freed last"), ("ref1", "in use, ref 1"),
                    ("ref2", "ref 2"), ("ref3", "ref 3+"), ("evicted", "just evicted")]
-        for key, text in entries:
-            swatch = QLabel()
-            pix = QPixmap(12, 12)
-            pix.fill(c[key])
-            swatch.setPixmap(pix)
-            label = QLabel(text)
-            label.setObjectName(f"legend_{key}")
-            self._legend_layout.addWidget(swatch)
-            self._legend_layout.addWidget(label)
-            self._legend_layout.addSpacing(8)
-        hint = QLabel("click a block: its chain is outlined")
-        hint.setEnabled(False)
-        self._legend_layout.addStretch(1)
-        self._legend_layout.addWidget(hint)
+        items = [(swatch(c[key]), text) for key, text in entries]
+        hint = "click a block to outline its chain".replace(" ", "&nbsp;")
+        hint = f"<span style='color:{self._palette['text_dim']}'>{hint}</span>"
+        self.legend.setText(legend_line(items) + "&nbsp;&nbsp;·&nbsp; " + hint)
 
     # ------------------------------------------------------------------ drawing
     def _on_reset(self) -> None:
         self.clear_selection(redraw=False)
         self._resize_grid(force=True)
 
+    def _view_aspect(self) -> float:
+        w, h = self.vb.width(), self.vb.height()
+        return w / h if w > 1 and h > 1 else 1.8
+
+    def _on_resized(self) -> None:
+        cols, rows = grid_shape(self.state.projection.num_blocks, self._view_aspect())
+        if (cols, rows) != (self.cols, self.rows):
+            self._resize_grid()
+            self.redraw()
+        else:
+            self._fit_view()
+
     def _resize_grid(self, force: bool = False) -> None:
         n = self.state.projection.num_blocks
-        cols = grid_columns(n)
-        rows = max(1, math.ceil(n / cols)) if n else 1
+        cols, rows = grid_shape(n, self._view_aspect())
         px = cell_pixels(n)
         if not force and (cols, rows, px) == (self.cols, self.rows, self.cell_px):
             return
@@ -195,7 +219,18 @@ class BlockTableView(QWidget):
         img[:] = _rgba(self.colors["background"])  # gaps between cells stay background
         self._img = img
         self._rect_dirty = True  # the rect maps image pixels to cells once the image is set
-        self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
+        self._fit_view()
+
+    def _fit_view(self) -> None:
+        """Every cell in view; a small pool gets cells of at most MAX_CELL_PX, centred."""
+        cols, rows = self.cols, self.rows
+        w, h = self.vb.width(), self.vb.height()
+        scale = min(w / cols, h / rows) if w > 1 and h > 1 else 0.0
+        if scale > MAX_CELL_PX:
+            vw, vh = w / MAX_CELL_PX, h / MAX_CELL_PX
+            self.vb.setRange(QRectF(cols / 2 - vw / 2, rows / 2 - vh / 2, vw, vh), padding=0)
+        else:
+            self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
 
     def refresh(self) -> None:
         """Redraw if the projection changed since the last frame."""

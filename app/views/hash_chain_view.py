@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
-from app.views.block_table_view import block_colors
+from app.views.block_table_view import block_colors, swatch
+from app.views.timeline_view import CountAxis
 from engine.projection import PoolProjection, RequestRecord
 
 MAX_LABELS = 150
@@ -154,8 +155,15 @@ class HashChainView(QWidget):
         self.request_box.setMinimumWidth(160)
         self.summary = QLabel()
         self.summary.setObjectName("chain_summary")
-        self.plot = pg.PlotWidget()
+        self.summary.setWordWrap(True)
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.plot = pg.PlotWidget(axisItems={"bottom": CountAxis("bottom")})
         self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        # the tree takes the room the labels leave and never asks for more (a preferred
+        # height would make the dock's scroll area scroll)
+        self.plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.plot.setMinimumHeight(120)
         self.plot.hideAxis("left")
         self.plot.invertY(True)  # the first group at the top, read like a file tree
         self.plot.setLabel("bottom", "block position in the prompt")
@@ -274,8 +282,13 @@ class HashChainView(QWidget):
         self._labels = []
         runs = sorted((s for s in segs if len(s.hashes) > 2), key=lambda s: -len(s.hashes))[:MAX_LABELS]
         for seg in runs:
-            t = pg.TextItem(f"{len(seg.hashes)} blocks", color=self.palette["text_dim"], anchor=(0, 0.5))
-            t.setPos(seg.depth + len(seg.hashes) - 1 + 0.3, seg.y)
+            end = seg.depth + len(seg.hashes) - 1
+            if seg.children:  # the tree goes on to the right: the count sits above the run
+                t = pg.TextItem(f"{len(seg.hashes)} blocks", color=self.palette["text_dim"], anchor=(0.5, 0.95))
+                t.setPos((seg.depth + end) / 2, seg.y)
+            else:
+                t = pg.TextItem(f"{len(seg.hashes)} blocks", color=self.palette["text_dim"], anchor=(0, 0.5))
+                t.setPos(end + 0.3, seg.y)
             self.plot.addItem(t)
             self._labels.append(t)
         for label, y in tree.groups:
@@ -329,7 +342,8 @@ class HashChainView(QWidget):
                 f"{len(tree.groups)} group{'s' if len(tree.groups) != 1 else ''}")
         if rec is not None:
             text += (f" · request {rec.request_id}: reused {rec.num_hit_blocks} of {len(rec.block_hashes)} "
-                     f"full blocks (green), computed the rest (orange)")
+                     f"full blocks {swatch(self.palette['cached'], '▬')}, computed the rest "
+                     f"{swatch(self.palette['computed'], '▬')}")
         return text
 
     def _fill_request_box(self, p: PoolProjection) -> None:

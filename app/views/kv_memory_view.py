@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
 
 from app import theme
+from app.views.timeline_view import CountAxis
 
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
@@ -71,12 +73,16 @@ class KvMemoryView(QWidget):
         self.totals.setObjectName("kv_totals")
         self.totals.setTextFormat(Qt.TextFormat.RichText)
         self.totals.setWordWrap(True)
-        self.plot = pg.PlotWidget()
+        self.plot = pg.PlotWidget(axisItems={"left": CountAxis("left", integer=False), "bottom": CountAxis("bottom")})
         self.plot.setMenuEnabled(False)
-        self.plot.setLabel("bottom", "layer")
-        self.plot.setLabel("left", "MiB (K + V)")
-        self.plot.getAxis("left").setWidth(64)
+        self.plot.hideButtons()
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.getAxis("left").setWidth(44)
         self.plot.showGrid(x=False, y=True, alpha=0.15)
+        # the plot takes the room the text leaves and never asks for more (a preferred height
+        # would make the dock's scroll area scroll)
+        self.plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.plot.setMinimumSize(200, 110)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.75)
         self.plot.addItem(self.bars)
 
@@ -99,18 +105,35 @@ class KvMemoryView(QWidget):
         self.what_if.setTextFormat(Qt.TextFormat.RichText)
         self.what_if.setWordWrap(True)
 
+        for box in (self.preset_box, self.dtype_box):
+            # long preset names must not widen the dock: the box shows as much as fits
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(6)
+        self.tokens_box.setMinimumWidth(112)
+        self.preset_box.setToolTip("a model preset, or the model loaded now")
+        self.dtype_box.setToolTip("the KV cache's data type")
+        self.tokens_box.setToolTip("tokens held in the KV cache")
+        self.what_if_caption = QLabel("What if — model, data type, tokens:")
+        self.what_if_caption.setObjectName("kv_what_if_caption")
         bar = QHBoxLayout()
-        bar.addWidget(QLabel("What if:"))
-        bar.addWidget(self.preset_box)
-        bar.addWidget(self.dtype_box)
-        bar.addWidget(self.tokens_box)
-        bar.addStretch(1)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.addWidget(self.totals)
-        layout.addWidget(self.plot, 1)
-        layout.addLayout(bar)
-        layout.addWidget(self.what_if)
+        bar.setSpacing(4)
+        bar.addWidget(self.preset_box, 2)
+        bar.addWidget(self.dtype_box, 1)
+        bar.addWidget(self.tokens_box, 2)
+        text = QVBoxLayout()
+        text.setSpacing(6)
+        text.addWidget(self.totals)
+        text.addSpacing(2)
+        text.addWidget(self.what_if_caption)
+        text.addLayout(bar)
+        text.addWidget(self.what_if)
+        text.addStretch(1)
+        # Side by side in a wide, short dock (the default); stacked when the dock is tall.
+        self.box = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
+        self.box.setContentsMargins(6, 6, 6, 6)
+        self.box.setSpacing(10)
+        self.box.addWidget(self.plot, 5)
+        self.box.addLayout(text, 4)
 
         for box in (self.dtype_box, self.preset_box):
             box.currentIndexChanged.connect(self.update_what_if)
@@ -122,10 +145,20 @@ class KvMemoryView(QWidget):
         self._in_use_shown = -1
         self.apply_theme()
 
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        wide = event.size().width() >= 1.6 * event.size().height()
+        self.box.setDirection(QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom)
+        super().resizeEvent(event)
+
     def apply_theme(self, name: str | None = None) -> None:
         p = theme.palette(name)
         self.plot.setBackground(p["panel"])
         self.bars.setOpts(brush=pg.mkBrush(p["accent"]), pen=pg.mkPen(None))
+        for side in ("left", "bottom"):
+            self.plot.getAxis(side).setTextPen(p["text_dim"])
+            self.plot.getAxis(side).setPen(p["text_dim"])
+        self.plot.setTitle("KV bytes per layer, MiB (K + V)", color=p["text_dim"], size="9pt")
+        self.what_if_caption.setStyleSheet(f"color: {p['text_dim']}")
         self.refresh()
 
     # ------------------------------------------------------------------ model
@@ -147,7 +180,10 @@ class KvMemoryView(QWidget):
         info = self._info()
         self.per_layer = [int(b) for b in info.get("per_layer_bytes") or []]
         x = np.arange(len(self.per_layer), dtype=float)
-        self.bars.setOpts(x=x, height=np.array(self.per_layer, dtype=float) / 2**20, width=0.75)
+        heights = np.array(self.per_layer, dtype=float) / 2**20
+        self.bars.setOpts(x=x, height=heights, width=0.75)
+        self.plot.setYRange(0, max(float(heights.max()) if len(heights) else 0.0, 1e-3) * 1.08, padding=0)
+        self.plot.setXRange(-0.6, max(len(heights), 1) - 0.4, padding=0)
         capacity = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
         if capacity and self.tokens_box.value() == 1:
             self.tokens_box.setValue(min(capacity, self.tokens_box.maximum()))

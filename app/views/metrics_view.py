@@ -11,9 +11,12 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme
+from app.views.block_table_view import legend_line, swatch
+from app.views.timeline_view import PlotStack
 from engine.projection import RequestRecord
 
 MAX_BARS = 400  # the most recent requests drawn as bars; older ones stay in the hit-rate curve
@@ -40,20 +43,18 @@ class MetricsView(QWidget):
         self._drawn_version = -1
         self.summary = QLabel()
         self.summary.setObjectName("metrics_summary")
-        self.glw = pg.GraphicsLayoutWidget()
-        self.p_rate = self.glw.addPlot(row=0, col=0)
-        self.p_tokens = self.glw.addPlot(row=1, col=0)
-        self.p_ttft = self.glw.addPlot(row=2, col=0)
-        for p, label in ((self.p_rate, "hit rate %"), (self.p_tokens, "prompt tokens"), (self.p_ttft, "TTFT ms")):
-            p.setLabel("left", label)
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
+        self.glw = PlotStack("request (in start order)", header_width=92)
+        h_rate, self.p_rate = self.glw.add(stretch=2)
+        h_tokens, self.p_tokens = self.glw.add(stretch=3)
+        h_ttft, self.p_ttft = self.glw.add(stretch=3)
+        self.headers = [h_rate, h_tokens, h_ttft]
+        for p in (self.p_rate, self.p_tokens, self.p_ttft):
             p.showGrid(x=False, y=True, alpha=0.15)
-            p.setMenuEnabled(False)
-            p.getAxis("left").setWidth(56)
-        self.p_tokens.setXLink(self.p_rate)
-        self.p_rate.setYRange(0, 100, padding=0.02)
-        self.p_ttft.setLabel("bottom", "request (in start order)")
-        self.p_tokens.addLegend(offset=(-10, 2), colCount=2)
-        self.p_ttft.addLegend(offset=(-10, 2), colCount=2)
+            p.setMouseEnabled(x=True, y=False)
+        self.p_rate.setYRange(-6, 106, padding=0)  # the 0 % and 100 % dots stay whole
+        self.p_ttft.setYRange(0, 1, padding=0)
         self.c_rate = self.p_rate.plot(name="cumulative hit rate")
         self.s_rate = pg.ScatterPlotItem(size=5, name="this request")
         self.p_rate.addItem(self.s_rate)
@@ -65,9 +66,11 @@ class MetricsView(QWidget):
         self.b_cold = pg.BarGraphItem(x=[], height=[], width=0.4, name="without reuse")
         self.p_ttft.addItem(self.b_cold)
         self.p_ttft.addItem(self.b_warm)
-        self.ttft_hint = pg.TextItem("no timings yet: chat with the model to measure time to first token",
-                                     anchor=(0.5, 0.5))
-        self.p_ttft.addItem(self.ttft_hint)
+        self.ttft_hint = pg.TextItem("no timings yet: chat with the model to measure them", anchor=(0.5, 0.5))
+        self.p_ttft.addItem(self.ttft_hint, ignoreBounds=True)
+        self.p_ttft.vb.sigXRangeChanged.connect(self._place_hint)
+        self._has_timings = False
+        self._fit_rows()
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -80,6 +83,7 @@ class MetricsView(QWidget):
 
     def apply_theme(self, name: str | None = None) -> None:
         p = theme.palette(name)
+        self.palette = p
         self.glw.setBackground(p["panel"])
         self.c_rate.setPen(pg.mkPen(p["accent"], width=2))
         self.s_rate.setBrush(pg.mkBrush(p["text_dim"]))
@@ -89,8 +93,28 @@ class MetricsView(QWidget):
         self.b_warm.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
         self.b_cold.setOpts(brush=pg.mkBrush(p["computed"]), pen=pg.mkPen(None))
         self.ttft_hint.setColor(p["text_dim"])
+        for plot in (self.p_rate, self.p_tokens, self.p_ttft):
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+        small = "<span style='font-size:8pt'>"
+        texts = (f"hit rate %<br>{small}{swatch(p['accent'], '▬')} so far&nbsp; ● each</span>",
+                 "prompt tokens",
+                 f"TTFT ms<br>{small}{swatch(p['cached'])} with&nbsp; {swatch(p['computed'])} without</span>")
+        for header, text in zip(self.headers, texts):
+            header.setText(text, color=p["text_dim"], size="9pt")
         self._drawn_version = -1
         self.refresh()
+
+    def _fit_rows(self) -> None:
+        # Without timings (a trace) the TTFT row only holds a hint: it steps out first.
+        self.glw.priority = [1, 2, 0] if self._has_timings else [1, 0, 2]
+        self.glw.shown = []
+        self.glw.fit()
+
+    def _place_hint(self) -> None:
+        (x0, x1), _ = self.p_ttft.vb.viewRange()
+        self.ttft_hint.setPos((x0 + x1) / 2, 0.5)
 
     def refresh(self) -> None:
         if self.state.version == self._drawn_version:
@@ -101,31 +125,46 @@ class MetricsView(QWidget):
         cached, computed, rate = request_rows(records)
         self.cached_tokens, self.computed_tokens, self.hit_rates = cached, computed, rate
         n = len(records)
-        x = np.arange(n, dtype=float)
+        x = np.arange(1, n + 1, dtype=float)  # requests are numbered from 1, in start order
         self.c_rate.setData(x, 100 * rate)
         per = np.divide(cached, cached + computed, out=np.zeros_like(cached), where=(cached + computed) > 0)
         self.s_rate.setData(x=x, y=100 * per)
         recent = slice(max(0, n - MAX_BARS), n)
         self.b_cached.setOpts(x=x[recent], height=cached[recent], width=0.8)
         self.b_computed.setOpts(x=x[recent], y0=cached[recent], height=computed[recent], width=0.8)
+        top = float((cached + computed)[recent].max()) if n else 1.0
+        self.p_tokens.setYRange(0, max(1.0, top) * 1.05, padding=0)
+        self.p_rate.setXRange(max(0.5, n - MAX_BARS + 0.5), max(1.5, n + 0.5), padding=0)
         self._draw_timings(records)
         c = proj.counters
-        self.summary.setText(
-            f"{c.num_requests:,} requests · hit rate {100 * c.hit_rate:.1f}% · reused {c.num_cached_tokens:,} "
-            f"of {c.num_prompt_tokens:,} prompt tokens · computed {c.num_computed_tokens:,} · "
-            f"stored {c.num_stored_blocks:,} blocks · evicted {c.num_evicted_blocks:,} · refused {c.num_refused_requests:,}")
+        p = self.palette
+        self.summary.setText(legend_line([
+            ("", f"<b>{c.num_requests:,}</b> requests"),
+            (swatch(p["accent"], "▬"), f"hit rate <b>{100 * c.hit_rate:.1f}%</b>"),
+            (swatch(p["cached"]), f"reused <b>{c.num_cached_tokens:,}</b> of {c.num_prompt_tokens:,} prompt tokens"),
+            (swatch(p["computed"]), f"computed <b>{c.num_computed_tokens:,}</b>"),
+            ("", f"stored {c.num_stored_blocks:,} blocks"),
+            ("", f"evicted {c.num_evicted_blocks:,}"),
+            ("", f"refused {c.num_refused_requests:,}")]))
 
     def _draw_timings(self, records: list[RequestRecord]) -> None:
         timings = self.state.timings
-        rows = [(i, timings[r.request_id]) for i, r in enumerate(records) if r.request_id in timings]
+        rows = [(i + 1, timings[r.request_id]) for i, r in enumerate(records) if r.request_id in timings]
         self.ttft_hint.setVisible(not rows)
+        if bool(rows) != self._has_timings:
+            self._has_timings = bool(rows)
+            self._fit_rows()
         if not rows:
             self.b_warm.setOpts(x=[], height=[])
             self.b_cold.setOpts(x=[], height=[])
+            self.p_ttft.setYRange(0, 1, padding=0)
+            self._place_hint()
             return
         xs = np.array([i for i, _ in rows], dtype=float)
         warm = np.array([t.ttft_ms for _, t in rows], dtype=float)
         cold_rows = [(i, t.cold_ttft_ms) for i, t in rows if t.cold_ttft_ms is not None]
+        cold = np.array([c for _, c in cold_rows], dtype=float)
         self.b_warm.setOpts(x=xs + 0.2, height=warm, width=0.4)
-        self.b_cold.setOpts(x=np.array([i for i, _ in cold_rows], dtype=float) - 0.2,
-                            height=np.array([c for _, c in cold_rows], dtype=float), width=0.4)
+        self.b_cold.setOpts(x=np.array([i for i, _ in cold_rows], dtype=float) - 0.2, height=cold, width=0.4)
+        top = max(float(warm.max()), float(cold.max()) if len(cold) else 0.0, 1.0)
+        self.p_ttft.setYRange(0, top * 1.05, padding=0)

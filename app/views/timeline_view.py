@@ -7,20 +7,147 @@ cursor marks the event the views show, and clicking a plot scrubs there.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
-from app.views.block_table_view import block_colors
+from app.views.block_table_view import block_colors, legend_line, swatch
 
 NUM_BINS = 120
 # Redrawing 100K-point curves costs tens of ms: while live, at most this often.
 MIN_REDRAW_MS = 150
+HEADER_WIDTH = 78  # the column of row titles left of the plots
+AXIS_WIDTH = 44  # every left axis equally wide, so the linked x axes line up
+MIN_ROW_PX = 42  # a plot row shorter than this is unreadable: it steps out instead
+X_AXIS_PX = 40  # tick labels and title of the shared x axis
+QWIDGETSIZE_MAX = 16777215
+
+
+def nice_step(raw: float) -> float:
+    """The smallest of 1, 2, 5 × 10^k that is at least `raw`."""
+    if raw <= 0:
+        return 1.0
+    p10 = 10.0 ** math.floor(math.log10(raw))
+    for factor in (1.0, 2.0, 5.0, 10.0):
+        if factor * p10 >= raw * (1 - 1e-9):
+            return factor * p10
+    return 10.0 * p10
+
+
+class CountAxis(pg.AxisItem):
+    """Ticks at round values spaced so their labels never collide on a short axis, whole
+    numbers for counts; pyqtgraph's default crowds a 40-pixel axis with four labels."""
+
+    def __init__(self, orientation: str, integer: bool = True, offset: float = 0.0) -> None:
+        super().__init__(orientation)
+        self.integer = integer
+        self.offset = offset  # shown value = position + offset (1-based request numbers)
+        self.label_px = 20 if orientation in ("left", "right") else 52
+        self.enableAutoSIPrefix(False)
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, float]]:
+        span = abs(maxVal - minVal)
+        if span == 0 or size <= 0:
+            return []
+        num_ticks = max(2, int(size // self.label_px))
+        step = nice_step(span / num_ticks)
+        if self.integer:
+            step = max(1.0, step)
+        return [(step, 0.0)]
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:
+        # ticks fall on round shown values, not round positions
+        levels = []
+        for step, _ in self.tickSpacing(minVal, maxVal, size):
+            first = math.ceil((minVal + self.offset) / step - 1e-9) * step - self.offset
+            values = np.arange(first, maxVal + step * 1e-6, step)
+            levels.append((step, [float(v) for v in values]))
+        return levels
+
+    def boundingRect(self) -> QRectF:
+        # with a grid pyqtgraph culls the "0" half past the axis end; let it overhang a little
+        rect = super().boundingRect()
+        return rect.adjusted(0, -8, 0, 8) if self.orientation in ("left", "right") else rect
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.integer or spacing >= 1:
+            return [f"{v + self.offset:,.0f}" for v in values]
+        return super().tickStrings([v + self.offset for v in values], scale, spacing)
+
+
+class PlotStack(pg.GraphicsLayoutWidget):
+    """Plots stacked in rows over one shared x axis, each with its title in a column of its
+    own (rotated axis labels collide on short rows). Tick labels show under the last row
+    only, and when the dock is too short for every row, rows of low priority step out."""
+
+    def __init__(self, x_label: str, header_width: int = HEADER_WIDTH) -> None:
+        self.rows: list[tuple[pg.LabelItem, pg.PlotItem, int]] = []
+        super().__init__()
+        self.x_label = x_label
+        self.priority: list[int] = []  # row indices, the most important first
+        self.shown: list[bool] = []
+        layout = self.ci.layout
+        layout.setContentsMargins(2, 2, 6, 2)
+        layout.setVerticalSpacing(4)
+        layout.setHorizontalSpacing(0)
+        layout.setColumnFixedWidth(0, header_width)
+        # The plots take the room the labels above leave and never ask for more: in a dock's
+        # scroll area a preferred height would force a vertical scroll bar.
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.setMinimumHeight(MIN_ROW_PX + X_AXIS_PX)
+
+    def add(self, stretch: int, integer_x: bool = True, x_offset: float = 0.0) -> tuple[pg.LabelItem, pg.PlotItem]:
+        plot = pg.PlotItem(axisItems={"left": CountAxis("left"),
+                                      "bottom": CountAxis("bottom", integer_x, x_offset)})
+        plot.setMenuEnabled(False)
+        plot.hideButtons()
+        plot.getAxis("left").setWidth(AXIS_WIDTH)
+        plot.setLabel("bottom", self.x_label)
+        if self.rows:
+            plot.setXLink(self.rows[0][1])
+        header = pg.LabelItem(justify="right")
+        self.ci.addItem(header, row=len(self.rows), col=0)
+        self.ci.addItem(plot, row=len(self.rows), col=1)
+        self.rows.append((header, plot, stretch))
+        self.priority.append(len(self.rows) - 1)
+        return header, plot
+
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        if self.rows:
+            self.fit(event.size().height() if event is not None else None)
+        super().resizeEvent(event)
+
+    def fit(self, height: int | None = None) -> None:
+        """Show as many rows as fit `height` pixels, the most important ones."""
+        height = self.height() if height is None else height
+        room = max(1, (height - X_AXIS_PX) // MIN_ROW_PX)
+        keep = set(self.priority[:room])
+        self.show_rows([i in keep for i in range(len(self.rows))])
+
+    def show_rows(self, shown: list[bool]) -> None:
+        if shown == self.shown:
+            return
+        # A row steps out by hiding at zero height; taking items out of the layout would
+        # leave them outside any scene, which PySide6 may free twice at exit.
+        last = max((i for i, on in enumerate(shown) if on), default=-1)
+        for i, (header, plot, stretch) in enumerate(self.rows):
+            on = shown[i]
+            for item in (header, plot):
+                item.setVisible(on)
+                item.setMinimumHeight(-1 if on else 0)  # -1: its own minimum again
+                item.setMaximumHeight(QWIDGETSIZE_MAX if on else 0)
+            self.ci.layout.setRowStretchFactor(i, stretch if on else 0)
+            axis = plot.getAxis("bottom")
+            axis.setStyle(showValues=i == last)
+            axis.showLabel(i == last)
+        self.shown = list(shown)
 
 
 def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_BINS) -> tuple[np.ndarray, np.ndarray, float]:
@@ -48,23 +175,20 @@ class TimelineView(QWidget):
         self._drawn = (-1, -1)
         self.title = QLabel()
         self.title.setObjectName("timeline_summary")
-        self.glw = pg.GraphicsLayoutWidget()
-        self.p_blocks = self.glw.addPlot(row=0, col=0)
-        self.p_ref = self.glw.addPlot(row=1, col=0)
-        self.p_evict = self.glw.addPlot(row=2, col=0)
-        self.glw.ci.layout.setRowStretchFactor(0, 3)
-        self.glw.ci.layout.setRowStretchFactor(1, 2)
-        self.glw.ci.layout.setRowStretchFactor(2, 2)
-        for p, label in ((self.p_blocks, "blocks"), (self.p_ref, "max ref count"), (self.p_evict, "evictions")):
-            p.setLabel("left", label)
+        self.title.setTextFormat(Qt.TextFormat.RichText)
+        self.title.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
+        self.glw = PlotStack("event seq")
+        h_blocks, self.p_blocks = self.glw.add(stretch=3)
+        h_ref, self.p_ref = self.glw.add(stretch=2)
+        h_evict, self.p_evict = self.glw.add(stretch=2)
+        self.headers = [h_blocks, h_ref, h_evict]
+        self.glw.priority = [0, 2, 1]  # a short dock drops the max-ref row first (the summary has it)
+        self.glw.show_rows([True, True, True])
+        for p in (self.p_blocks, self.p_ref, self.p_evict):
             p.showGrid(x=True, y=True, alpha=0.15)
-            p.setMenuEnabled(False)
             p.setMouseEnabled(x=True, y=False)
-            p.getAxis("left").setWidth(56)
-            if p is not self.p_blocks:
-                p.setXLink(self.p_blocks)
-        self.p_evict.setLabel("bottom", "event seq")
-        self.p_blocks.addLegend(offset=(-10, 2), colCount=5)
+        self.bin_width = 1
+        self.eviction_counts = np.zeros(0)
 
         self.c_total = self.p_blocks.plot(name="empty", fillLevel=0)
         self.c_cached = self.p_blocks.plot(name="cached, free", fillLevel=0)
@@ -76,6 +200,8 @@ class TimelineView(QWidget):
         self.c_ref = self.p_ref.plot(stepMode=None)
         self.bars = pg.BarGraphItem(x=[], height=[], width=1.0)
         self.p_evict.addItem(self.bars)
+        self.no_evictions = pg.TextItem("no evictions", anchor=(0, 0.5))
+        self.p_evict.addItem(self.no_evictions, ignoreBounds=True)
         for curve in (self.c_total, self.c_cached, self.c_used, self.c_ref):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
@@ -101,6 +227,7 @@ class TimelineView(QWidget):
     def apply_theme(self, name: str | None = None) -> None:
         c = block_colors(name)
         p = theme.palette(name)
+        self.colors, self.palette = c, p
         self.glw.setBackground(p["panel"])
 
         def fill(col: Any) -> Any:
@@ -108,8 +235,11 @@ class TimelineView(QWidget):
             q.setAlpha(170)
             return pg.mkBrush(q)
 
-        self.c_total.setPen(pg.mkPen(c["empty"].lighter(140), width=1))
-        self.c_total.setBrush(fill(c["empty"].lighter(120)))
+        dark = (name or theme.current_theme()) == "dark"
+        # empty blocks are drawn a shade off the background so the pool's size still shows
+        self.empty_color = c["empty"].lighter(140) if dark else c["empty"].darker(125)
+        self.c_total.setPen(pg.mkPen(self.empty_color, width=1))
+        self.c_total.setBrush(fill(c["empty"].lighter(120) if dark else c["empty"].darker(108)))
         self.c_cached.setPen(pg.mkPen(c["cached_new"], width=1))
         self.c_cached.setBrush(fill(c["cached_new"]))
         self.c_used.setPen(pg.mkPen(c["ref1"], width=1))
@@ -120,10 +250,23 @@ class TimelineView(QWidget):
         self.resets.setPen(pg.mkPen(None))
         self.c_ref.setPen(pg.mkPen(c["ref3"], width=2))
         self.bars.setOpts(brush=pg.mkBrush(c["evicted"]), pen=pg.mkPen(None))
+        self.no_evictions.setColor(p["text_dim"])
         for line in self.cursors:
             line.setPen(pg.mkPen(p["text"], width=1, style=Qt.PenStyle.DashLine))
+        for plot in (self.p_blocks, self.p_ref, self.p_evict):
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+        self._set_headers()
         self._drawn = (-1, -1)
         self.refresh(force=True)
+
+    def _set_headers(self) -> None:
+        dim = self.palette["text_dim"]
+        per = "per event" if self.bin_width == 1 else f"per {self.bin_width:,} events"
+        texts = ("blocks", "max ref count", f"evicted<br><span style='font-size:8pt'>{per}</span>")
+        for header, text in zip(self.headers, texts):
+            header.setText(text, color=dim, size="9pt")
 
     def _on_reset(self) -> None:
         self._drawn = (-1, -1)
@@ -160,26 +303,40 @@ class TimelineView(QWidget):
         self.c_total.setData(x, total)
         self.c_cached.setData(x, cached)
         self.c_used.setData(x, used)
-        self.c_ref.setData(x, np.array(s.max_ref, dtype=float))
-        top = float(total.max()) if len(total) else 1.0
-        # headroom above the pool size keeps the legend off the curves
-        self.p_blocks.setYRange(0, max(1.0, top) * 1.3, padding=0)
+        max_ref = np.array(s.max_ref, dtype=float)
+        self.c_ref.setData(x, max_ref)
+        top = max(1.0, float(total.max()) if len(total) else 1.0)
+        # 0-based counts; a little room on top for the refusal and reset markers
+        self.p_blocks.setYRange(0, top * 1.1, padding=0)
         ref_x = np.array(s.refusal_seqs, dtype=float)
-        self.refusals.setData(x=ref_x, y=np.full(len(ref_x), top))
+        self.refusals.setData(x=ref_x, y=np.full(len(ref_x), top * 1.04))
         reset_x = np.array(s.reset_seqs, dtype=float)
-        self.resets.setData(x=reset_x, y=np.full(len(reset_x), top))
+        self.resets.setData(x=reset_x, y=np.full(len(reset_x), top * 1.04))
+        self.p_ref.setYRange(0, max(1.0, float(max_ref.max()) if len(max_ref) else 0.0) * 1.15, padding=0)
         centres, counts, width = eviction_bins(np.array(s.seq), np.array(s.evicted))
         self.eviction_counts = counts
         self.bars.setOpts(x=centres, height=counts, width=width * 0.9)
-        self.p_evict.setLabel("left", f"evictions / {max(1, round(width)):,} ev")
+        most = float(counts.max()) if len(counts) else 0.0
+        self.p_evict.setYRange(0, max(1.0, most) * 1.1, padding=0)
+        self.no_evictions.setVisible(most == 0)
+        self.no_evictions.setPos(float(x[0]) if len(x) else 0.0, 0.5)
+        bin_width = max(1, round(width))
+        if bin_width != self.bin_width:
+            self.bin_width = bin_width
+            self._set_headers()
 
     def _update_title(self) -> None:
         p = self.state.projection
         c = p.counters
-        self.title.setText(
-            f"in use {p.num_in_use:,} · cached free {p.num_cached_free:,} · empty {p.num_empty:,} · "
-            f"max ref {p.max_ref_count} · evicted {c.num_evicted_blocks:,} · refused {c.num_refused_requests:,}"
-            f" · resets {p.num_resets}")
+        col, pal = self.colors, self.palette
+        self.title.setText(legend_line([
+            (swatch(col["ref1"]), f"in use <b>{p.num_in_use:,}</b>"),
+            (swatch(col["cached_new"]), f"cached free <b>{p.num_cached_free:,}</b>"),
+            (swatch(self.empty_color), f"empty <b>{p.num_empty:,}</b>"),
+            (swatch(col["ref3"], "▬"), f"max ref <b>{p.max_ref_count}</b>"),
+            (swatch(col["evicted"]), f"evicted <b>{c.num_evicted_blocks:,}</b>"),
+            (swatch(pal["miss"], "▼"), f"refused <b>{c.num_refused_requests:,}</b>"),
+            (swatch(pal["warn"], "◆"), f"resets <b>{p.num_resets}</b>")]))
 
     def _on_click(self, ev: Any) -> None:
         """View to model: a click on a plot scrubs to the nearest event at or before it."""
