@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.context import engine_info, make_test_context
-from app.views.block_table_view import BlockTableView, compute_colors
+from app.views.block_table_view import BlockTableView, compute_colors, grid_shape
 from app.views.event_log_view import EventLogView, request_of
 from app.views.hash_chain_view import HashChainView
 from app.views.kv_memory_view import KvMemoryView, formula_bytes
@@ -314,3 +314,94 @@ def test_colour_redraw_handles_a_large_pool(ctx, qtbot):
     assert view._img.shape[0] * view._img.shape[1] >= 16384
     in_use = [v.block_id for v in mgr.snapshot().blocks if v.ref_count == 1]
     assert in_use and all(view.color_of(b) == view.colors["ref1"] for b in in_use[:50])
+
+
+# ---------------------------------------------------------------------- dock sizes
+def test_views_fit_docks_narrower_than_700_px(ctx, qtbot, tmp_path):
+    """Summaries and legends wrap instead of widening a dock (no horizontal scroll bar)."""
+    views = [cls(ctx) for cls in (BlockTableView, HashChainView, TimelineView, MetricsView, KvMemoryView, EventLogView)]
+    for view in views:
+        qtbot.addWidget(view)
+    replay_trace(ctx, tmp_path, capacity=40)
+    for view in views:
+        view.resize(600, 300)
+        view.show()
+    qtbot.waitExposed(views[-1])
+    for view in views:
+        assert view.minimumSizeHint().width() <= 600, type(view).__name__
+    grid = views[0]
+    # the legend takes a second row when narrow rather than forcing its width
+    assert grid.legend.heightForWidth(400) > grid.legend.heightForWidth(1400) > 0
+    assert "in&nbsp;use,&nbsp;ref&nbsp;1" in grid.legend.text()
+
+
+def test_block_grid_fits_its_area_with_square_cells(ctx, qtbot):
+    assert grid_shape(96, aspect=860 / 380) == (16, 6)
+    for n, aspect in ((16384, 2.0), (16384, 0.5), (1000, 1.0), (5, 3.0)):
+        cols, rows = grid_shape(n, aspect)
+        assert cols * rows >= n and (cols - 8) * rows < n or n <= 8
+        assert cols % 8 == 0 or n <= 8
+    wide, tall = grid_shape(16384, 3.0), grid_shape(16384, 0.5)
+    assert wide[0] > tall[0] and wide[1] < tall[1]
+    view = BlockTableView(ctx)
+    qtbot.addWidget(view)
+    mgr, _ = make_engine(ctx, num_blocks=96, block_size=4)
+    mgr.allocate(Request("a", list(range(1, 30))))
+    deliver(ctx)
+    view.resize(860, 420)
+    view.show()
+    qtbot.waitExposed(view)
+    qtbot.waitUntil(lambda: view.cols == 16)
+    view.resize(300, 700)  # the dock turned tall and narrow: fewer columns, more rows
+    qtbot.waitUntil(lambda: view.cols == 8)
+    assert view.rows == 12 and view._img.shape[:2] == (12 * view.cell_px, 8 * view.cell_px)
+    # cells stay square and the mapping of view points to blocks follows the new shape
+    rect = view.vb.viewRect()
+    px_w, px_h = view.vb.width() / rect.width(), view.vb.height() / rect.height()
+    assert abs(px_w - px_h) < 0.5
+    assert all(view.block_at(view.view_point_of(b).x(), view.view_point_of(b).y()) == b for b in (0, 9, 95))
+    assert view.color_of(mgr.block_table("a")[0]) == view.colors["ref1"]
+
+
+def test_timeline_rows_step_out_when_the_dock_is_short(ctx, qtbot, tmp_path):
+    view = TimelineView(ctx)
+    qtbot.addWidget(view)
+    mgr, events, result = replay_trace(ctx, tmp_path, capacity=200)  # big pool: no evictions
+    view.resize(690, 300)
+    view.show()
+    qtbot.waitExposed(view)
+    qtbot.waitUntil(lambda: view.glw.shown == [True, True, True])
+    bottom = [p.getAxis("bottom") for p in (view.p_blocks, view.p_ref, view.p_evict)]
+    assert [a.style["showValues"] for a in bottom] == [False, False, True]  # one shared x axis
+    # counts start at 0 with whole-number ticks; no evictions is a 0..1 range and a hint
+    assert view.p_evict.vb.viewRange()[1][0] == 0 and view.p_evict.vb.viewRange()[1][1] < 1.5
+    assert view.no_evictions.isVisible() and result["totals"]["evicted_blocks"] == 0
+    lo, hi = view.p_ref.vb.viewRange()[1]
+    assert lo == 0 and hi >= view.c_ref.yData.max()
+    for plot in (view.p_blocks, view.p_ref, view.p_evict):
+        (_, ticks), = plot.getAxis("left").tickValues(*plot.vb.viewRange()[1], 60)
+        assert ticks and all(float(t).is_integer() for t in ticks) and 0 in ticks
+    view.resize(690, 190)  # too short for three rows: max ref steps out, evictions stay
+    qtbot.waitUntil(lambda: view.glw.shown == [True, False, True])
+    assert not view.p_ref.isVisible() and view.p_evict.isVisible()
+    assert "evicted" in view.headers[2].text and "max&nbsp;ref" in view.title.text()  # still in the summary
+
+
+def test_metrics_number_requests_with_whole_ticks(ctx, qtbot, tmp_path):
+    view = MetricsView(ctx)
+    qtbot.addWidget(view)
+    _, _, result = replay_trace(ctx, tmp_path, capacity=200)
+    n = len([r for r in result["requests"] if not r.get("refused")])
+    view.resize(690, 300)
+    view.show()
+    qtbot.waitExposed(view)
+    assert list(view.b_cached.opts["x"]) == list(range(1, n + 1))
+    x_axis = view.p_ttft.getAxis("bottom")
+    (_, ticks), = x_axis.tickValues(*view.p_ttft.vb.viewRange()[0], 600)
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    # all three plots share the request axis, the TTFT one too (no empty -400..400 range)
+    assert view.p_ttft.vb.viewRange()[0] == view.p_rate.vb.viewRange()[0]
+    # with no timings the TTFT row steps out first when the dock is short
+    view.resize(690, 190)
+    qtbot.waitUntil(lambda: view.glw.shown == [True, True, False])
+    assert "reused" in view.summary.text() and "computed" in view.summary.text()

@@ -20,7 +20,7 @@ from app import theme
 from engine.projection import PoolProjection
 
 FLASH_SECONDS = 0.6
-MAX_CELL_PX = 34  # a small pool is not drawn as giant tiles
+MAX_CELL_PX = 44  # a small pool is not drawn as giant tiles
 MAX_TOOLTIP_TOKENS = 48
 
 

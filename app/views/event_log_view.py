@@ -197,6 +197,8 @@ class EventTableModel(QAbstractTableModel):
             if col == 3:
                 return request_of(event)
             return self.details(i)
+        if role == Qt.ItemDataRole.ToolTipRole and col == 4:
+            return self.details(i)  # the column elides long details; the tooltip has them whole
         if role == Qt.ItemDataRole.ForegroundRole and col == 2:
             key = _KIND_COLORS.get(event.kind)
             return theme.color(key) if key else None
@@ -247,8 +249,10 @@ class EventLogView(QWidget):
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
         header = self.table.horizontalHeader()
-        for col, width in enumerate((70, 80, 150, 90)):
+        # narrow fixed columns leave the details most of a dock's width
+        for col, width in enumerate((58, 66, 136, 84)):
             header.resizeSection(col, width)
+        header.setMinimumSectionSize(40)
         header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
 
         bar = QHBoxLayout()
