@@ -181,12 +181,13 @@ class ModelRunner:
 
     def generate(self, prompt_token_ids: Sequence[int], max_new_tokens: int = 32, salt: str | None = None,
                  temperature: float = 0.0, top_p: float = 1.0, on_token: OnToken | None = None,
-                 use_cache: bool = True, request_id: str | None = None) -> GenerationResult:
+                 use_cache: bool = True, request_id: str | None = None, probe: bool = False) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `prompt_token_ids`.
 
         With `use_cache` the prompt goes through the prefix cache (hit blocks are gathered,
         only the rest is prefilled, filled blocks are stored); without it the whole prompt
-        is prefilled afresh and the pool is not touched.
+        is prefilled afresh and the pool is not touched. A `probe` is a what-if run: it
+        reuses what is cached but finishes as aborted, so nothing it stored stays findable.
         """
         self._check_sampling(max_new_tokens, temperature, top_p)
         start = time.perf_counter()
@@ -195,7 +196,7 @@ class ModelRunner:
         try:
             logits = self._prefill(seq, result)
             self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, start)
-            aborted = False
+            aborted = probe
         finally:
             if seq.managed:
                 self.manager.finish(seq.request_id, aborted=aborted)

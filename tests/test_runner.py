@@ -116,6 +116,19 @@ def test_decode_blocks_are_stored_and_reused(tiny_model):
     _assert_same(nxt, cold)
 
 
+def test_a_probe_reuses_the_cache_but_leaves_nothing_behind(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=4)
+    runner.generate(list(range(40, 53)), max_new_tokens=1)
+    prompt = list(range(40, 53)) + list(range(60, 70))
+    cached_before = runner.manager.snapshot().num_cached_blocks
+    probes = [runner.generate(prompt, max_new_tokens=1, probe=True) for _ in range(2)]
+    assert runner.manager.snapshot().num_cached_blocks == cached_before
+    real = runner.generate(prompt, max_new_tokens=1)
+    assert [p.num_cached_tokens for p in probes] == [real.num_cached_tokens] * 2 == [12, 12]
+    assert runner.manager.snapshot().num_cached_blocks == cached_before + 2  # prompt blocks 3 and 4
+    _assert_same(probes[0], real)
+
+
 def test_fan_out_prefills_the_shared_prefix_once(tiny_model):
     runner = ModelRunner(tiny_model, num_blocks=64, block_size=4)
     prefix = list(range(700, 724))  # 6 blocks
