@@ -95,7 +95,7 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.shown: list[bool] = []
         layout = self.ci.layout
         layout.setContentsMargins(2, 2, 6, 2)
-        layout.setVerticalSpacing(4)
+        layout.setVerticalSpacing(8)  # a row's "0" and the next row's top label stay apart
         layout.setHorizontalSpacing(0)
         layout.setColumnFixedWidth(0, header_width)
         # The plots take the room the labels above leave and never ask for more: in a dock's
