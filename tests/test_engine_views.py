@@ -261,6 +261,7 @@ def test_kv_memory_formula_and_what_if(ctx, qtbot):
                                   num_kv_heads=3, head_dim=64, dtype="float32", per_layer_bytes=per_layer))
     view = KvMemoryView(ctx)
     qtbot.addWidget(view)
+    assert not view.plot.isHidden() and len(view.bars.opts["height"]) == 30
     assert "✓ equals" in view.totals.text()
     assert "2 × 30 layers × 3 kv heads × 64 head dim × 4 bytes × 1,024 tokens" in view.totals.text()
     assert view.what_if_bytes == sum(per_layer)
@@ -329,6 +330,7 @@ def test_views_fit_docks_narrower_than_700_px(ctx, qtbot, tmp_path):
     qtbot.waitExposed(views[-1])
     for view in views:
         assert view.minimumSizeHint().width() <= 600, type(view).__name__
+    assert views[4].plot.isHidden()  # a trace has no model pool: no empty axes
     grid = views[0]
     # the legend takes a second row when narrow rather than forcing its width
     assert grid.legend.heightForWidth(400) > grid.legend.heightForWidth(1400) > 0

@@ -184,6 +184,7 @@ class KvMemoryView(QWidget):
         self.bars.setOpts(x=x, height=heights, width=0.75)
         self.plot.setYRange(0, max(float(heights.max()) if len(heights) else 0.0, 1e-3) * 1.08, padding=0)
         self.plot.setXRange(-0.6, max(len(heights), 1) - 0.4, padding=0)
+        self.plot.setVisible(bool(self.per_layer))  # no model pool: empty axes would only waste room
         capacity = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
         if capacity and self.tokens_box.value() == 1:
             self.tokens_box.setValue(min(capacity, self.tokens_box.maximum()))
