@@ -2,7 +2,8 @@
 and evictions per step, with markers for refused requests and cache resets.
 
 Curves come from `EventLog.series` (one sample per event) and are updated in place; a
-cursor marks the event the views show, and clicking a plot scrubs there.
+cursor marks the event the views show, and clicking a plot scrubs there. The plot helpers
+the other engine views share (`CountAxis`, `PlotStack`) live here too.
 """
 
 from __future__ import annotations
@@ -45,10 +46,9 @@ class CountAxis(pg.AxisItem):
     """Ticks at round values spaced so their labels never collide on a short axis, whole
     numbers for counts; pyqtgraph's default crowds a 40-pixel axis with four labels."""
 
-    def __init__(self, orientation: str, integer: bool = True, offset: float = 0.0) -> None:
+    def __init__(self, orientation: str, integer: bool = True) -> None:
         super().__init__(orientation)
         self.integer = integer
-        self.offset = offset  # shown value = position + offset (1-based request numbers)
         self.label_px = 20 if orientation in ("left", "right") else 52
         self.enableAutoSIPrefix(False)
 
@@ -62,15 +62,6 @@ class CountAxis(pg.AxisItem):
             step = max(1.0, step)
         return [(step, 0.0)]
 
-    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:
-        # ticks fall on round shown values, not round positions
-        levels = []
-        for step, _ in self.tickSpacing(minVal, maxVal, size):
-            first = math.ceil((minVal + self.offset) / step - 1e-9) * step - self.offset
-            values = np.arange(first, maxVal + step * 1e-6, step)
-            levels.append((step, [float(v) for v in values]))
-        return levels
-
     def boundingRect(self) -> QRectF:
         # with a grid pyqtgraph culls the "0" half past the axis end; let it overhang a little
         rect = super().boundingRect()
@@ -78,8 +69,8 @@ class CountAxis(pg.AxisItem):
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
         if self.integer or spacing >= 1:
-            return [f"{v + self.offset:,.0f}" for v in values]
-        return super().tickStrings([v + self.offset for v in values], scale, spacing)
+            return [f"{v:,.0f}" for v in values]
+        return super().tickStrings(values, scale, spacing)
 
 
 class PlotStack(pg.GraphicsLayoutWidget):
@@ -103,9 +94,9 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
         self.setMinimumHeight(MIN_ROW_PX + X_AXIS_PX)
 
-    def add(self, stretch: int, integer_x: bool = True, x_offset: float = 0.0) -> tuple[pg.LabelItem, pg.PlotItem]:
-        plot = pg.PlotItem(axisItems={"left": CountAxis("left"),
-                                      "bottom": CountAxis("bottom", integer_x, x_offset)})
+    def add(self, stretch: int) -> tuple[pg.LabelItem, pg.PlotItem]:
+        """A new row under the others (rows share the first row's x range)."""
+        plot = pg.PlotItem(axisItems={"left": CountAxis("left"), "bottom": CountAxis("bottom")})
         plot.setMenuEnabled(False)
         plot.hideButtons()
         plot.getAxis("left").setWidth(AXIS_WIDTH)
@@ -134,8 +125,8 @@ class PlotStack(pg.GraphicsLayoutWidget):
     def show_rows(self, shown: list[bool]) -> None:
         if shown == self.shown:
             return
-        # A row steps out by hiding at zero height; taking items out of the layout would
-        # leave them outside any scene, which PySide6 may free twice at exit.
+        # A row steps out by hiding at zero height: its items stay in the layout and keep
+        # their data and links, so stepping back in costs nothing.
         last = max((i for i, on in enumerate(shown) if on), default=-1)
         for i, (header, plot, stretch) in enumerate(self.rows):
             on = shown[i]
