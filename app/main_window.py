@@ -13,7 +13,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
-                               QMessageBox, QProgressBar, QScrollArea, QTableWidget, QTableWidgetItem, QToolBar,
+                               QMessageBox, QProgressBar, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem, QToolBar,
                                QVBoxLayout, QWidget)
 
 from app import theme
@@ -215,10 +215,49 @@ class MainWindow(QMainWindow):
             self.resizeDocks([left[0], right[0]], [460, 1000], Qt.Orientation.Horizontal)
         bottom = [d for d in self.docks.values() if self.dockWidgetArea(d) == Qt.DockWidgetArea.BottomDockWidgetArea]
         if bottom and right:
-            self.resizeDocks([right[0], bottom[0]], [560, 300], Qt.Orientation.Vertical)
+            # Proportions, not pixels: at 1280x800 the bottom plots still get room for
+            # their rows (about 45% of the height).
+            height = max(self.height(), 600)
+            self.resizeDocks([right[0], bottom[0]], [int(height * 0.55), int(height * 0.45)],
+                             Qt.Orientation.Vertical)
         side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
         if len(side_by_side) == 2:
             self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
+
+    def hide_stale_tab_bars(self) -> int:
+        """Hide dock tab bars left over from an earlier layout; returns how many.
+
+        After docks are re-tabified (the demo guide joins later) or a saved layout is
+        restored, QMainWindow can leave an old tab bar visible at its old place, drawn over
+        a dock. A live tab bar sits beside its docks, never on top of one.
+        """
+        docks = [d.geometry() for d in self.docks.values() if d.isVisible() and not d.isFloating()]
+        bars = [b for b in self.findChildren(QTabBar) if b.parent() is self and b.isVisible()]
+
+        def tabs(bar: QTabBar) -> tuple[str, ...]:
+            return tuple(bar.tabText(i) for i in range(bar.count()))
+
+        def overlaps(bar: QTabBar) -> bool:
+            return any(bar.geometry().intersects(g) for g in docks)
+
+        # A bar is stale when a live bar (beside its docks) holds all of its tabs and it
+        # either lies over a dock or holds fewer tabs than that live bar.
+        live = [set(tabs(b)) for b in bars if not overlaps(b)]
+        hidden = 0
+        for bar in bars:
+            mine = set(tabs(bar))
+            if any(mine <= other and (overlaps(bar) or mine != other) for other in live):
+                bar.hide()
+                hidden += 1
+        return hidden
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        QTimer.singleShot(0, self.hide_stale_tab_bars)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self.hide_stale_tab_bars)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()

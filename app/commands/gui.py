@@ -134,7 +134,11 @@ def screenshot(app, window, folder: Path, file: Path) -> int:
     wait_idle(app, window)
     if window.ctx.errors:
         raise InputError(window.ctx.errors[-1])
-    app.processEvents()
+    # Let the block table's "just evicted" flashes fade, as a person would see it.
+    settle = time.monotonic() + 1.2
+    while time.monotonic() < settle:
+        app.processEvents()
+        time.sleep(0.01)
     saved = []
     for name, dock in window.docks.items():
         dock.show()

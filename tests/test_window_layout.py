@@ -1,0 +1,46 @@
+"""The main window's default layout at laptop and desktop sizes: no stray tab bars, and
+the bottom plots get room for their rows."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QTabBar
+
+from app.context import make_test_context
+from app.demo_runner import install_demos
+from app.main_window import MainWindow
+
+
+@pytest.mark.parametrize("size", [(1600, 1000), (1280, 800)])
+def test_no_tab_bar_is_left_over_a_dock_and_bottom_docks_have_room(qtbot, tmp_path, size):
+    ctx = make_test_context(tmp_path)
+    window = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(window)
+    request_shutdown = ctx.shutdown
+    try:
+        _check_layout(qtbot, window, size)
+    finally:
+        request_shutdown()
+
+
+def _check_layout(qtbot, window, size) -> None:
+    install_demos(window)  # the demo guide joins the Conversation tabs after the first layout
+    window.adopt_extra_docks()
+    window.resize(*size)
+    window.show()
+    qtbot.waitExposed(window)
+    qtbot.wait(50)
+    docks = [d.geometry() for d in window.docks.values() if d.isVisible() and not d.isFloating()]
+    bars = [b for b in window.findChildren(QTabBar) if b.parent() is window and b.isVisible()]
+    assert bars, "tabbed docks show tab bars"
+    for bar in bars:
+        assert not any(bar.geometry().intersects(g) for g in docks), \
+            f"tab bar {[bar.tabText(i) for i in range(bar.count())]} is drawn over a dock"
+    groups = {tuple(bar.tabText(i) for i in range(bar.count())) for bar in bars}
+    seen: set[str] = set()
+    for group in groups:
+        assert not (set(group) & seen), f"tab {group} appears in two different tab bars"
+        seen |= set(group)
+    assert {"Conversation", "Demo guide"} <= seen
+    timeline = window.docks["timeline"]
+    assert timeline.height() >= 0.3 * size[1], "the bottom plots are squeezed"
