@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Hashable, Iterable, Sequence
 
 from engine.errors import InputError
+from engine.trace import common_prefix_length
 
 RULES_PATH = Path(__file__).resolve().parents[1] / "resources" / "billing_rules.json"
 PROVIDERS = ("anthropic", "openai", "openai-legacy")
@@ -251,7 +252,7 @@ class BillingCalculator:
             best = 0
             for child_key, tokens in self.children.get(parent, {}).items():
                 if child_key in self.entries and self._alive(child_key, t, []) is not None:
-                    best = max(best, _common_prefix(tokens, segs[j].token_ids))
+                    best = max(best, common_prefix_length(tokens, segs[j].token_ids))
             matched += best
         cached = 0
         if matched >= r.min_cacheable_tokens:
@@ -336,14 +337,6 @@ def _cumsum(values: Iterable[int]) -> list[int]:
         acc += v
         out.append(acc)
     return out
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def chain_segments(parts: Sequence[tuple[str, Sequence[int]]], salt: str | None = None) -> tuple[Segment, ...]:

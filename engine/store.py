@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sqlite3
 import threading
 from dataclasses import dataclass

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from engine.errors import InputError, TraceError
 from engine.replay import ReplayConfig, replay
-from engine.trace import TraceRequest, load_trace
+from engine.trace import TraceRequest, is_request_trace, load_trace
 
 MOONCAKE_BLOCK_SIZE = 512
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -36,19 +36,6 @@ class SweepPoint:
 
 
 # ---- inputs -------------------------------------------------------------------------------
-
-def is_request_trace(path: str | Path) -> bool:
-    """True when the first non-blank line is a token-level or block-level request."""
-    try:
-        with Path(path).open("rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = json.loads(raw)
-                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
-    except (OSError, ValueError):
-        return False
-    return False
-
 
 def load_conversation_file(path: str | Path) -> list[Any]:
     """Conversations of a message file, through `engine.formats` (OpenAI, ShareGPT, Anthropic)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from engine.errors import TraceError
 
@@ -119,3 +119,26 @@ def read_trace(path: str | Path, block_size: int | None = None) -> Iterator[Trac
 
 def load_trace(path: str | Path, block_size: int | None = None) -> list[TraceRequest]:
     return list(read_trace(path, block_size))
+
+
+def is_request_trace(path: str | Path) -> bool:
+    """True when the first non-blank line is a token-level or block-level request."""
+    try:
+        with Path(path).open("rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from app.commands._common import byte_size, non_negative_int, positive_int, print_json
 from engine.errors import InputError
+from engine.trace import is_request_trace
 
 NAME = "replay"
 HELP = "replay a token/block trace (no model) or a conversation (real model) through a fresh engine"
@@ -34,24 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _is_request_trace(path: Path) -> bool:
-    """True when the first non-blank line is a token-level or block-level request."""
-    try:
-        with path.open("rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = json.loads(raw)
-                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
-    except (OSError, ValueError):
-        return False
-    return False
-
-
 def run(args: argparse.Namespace) -> int:
     path = Path(args.trace)
     if not path.exists():
         raise InputError(f"{args.trace}: no such file")
-    if args.no_model or _is_request_trace(path):
+    if args.no_model or is_request_trace(path):
         result = _replay_trace(args)
     else:
         from engine.model_replay import replay_conversation_command

@@ -51,7 +51,7 @@ def _kv_grows(env: DemoEnv) -> dict[str, Any]:
     cache = DynamicCache(config=model.config)
     value_bytes = torch.empty((), dtype=loaded.dtype).element_size()
     per_token_layer = 2 * loaded.num_kv_heads * loaded.head_dim * value_bytes
-    ids, tokens, steps = list(prompt), [], []
+    tokens, steps = [], []
     with torch.inference_mode():
         feed, position = list(prompt), 0
         for k in range(len(res.output_token_ids)):

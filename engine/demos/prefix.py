@@ -12,21 +12,13 @@ from typing import Any
 
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, render, token_diff
 from engine.manager import Request
+from engine.trace import common_prefix_length
 
 MODEL = frozenset({"model"})
 
 
 def _scenarios() -> dict[str, Any]:
     return load_resource("prefix_scenarios.json")
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -251,8 +243,8 @@ def _eviction(env: DemoEnv) -> dict[str, Any]:
                for k, doc in spec["documents"].items()}
     a, b, c = (_blocks(len(prompts[k]), bs) for k in ("A", "B", "C"))
     # Blocks shared through the common chat-template prefix are hits, not new allocations.
-    shared_ab = _common(prompts["A"], prompts["B"]) // bs
-    shared_c = max(_common(prompts["A"], prompts["C"]), _common(prompts["B"], prompts["C"])) // bs
+    shared_ab = common_prefix_length(prompts["A"], prompts["B"]) // bs
+    shared_c = max(common_prefix_length(prompts["A"], prompts["C"]), common_prefix_length(prompts["B"], prompts["C"])) // bs
     # Pool just big enough that C must take about half of A's freed blocks but none of B's.
     num_evict = min((a - shared_ab) // 2 + 1, c - shared_c)
     num_blocks = a + (b - shared_ab) + (c - shared_c - num_evict)
