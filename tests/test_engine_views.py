@@ -407,3 +407,16 @@ def test_metrics_number_requests_with_whole_ticks(ctx, qtbot, tmp_path):
     view.resize(690, 190)
     qtbot.waitUntil(lambda: view.glw.shown == [True, True, False])
     assert "reused" in view.summary.text() and "computed" in view.summary.text()
+
+
+@pytest.mark.parametrize("preset", ["llama-3.1-70b", "deepseek-v3"])
+def test_kv_memory_what_if_presets_match_the_kv_memory_command(ctx, qtbot, preset):
+    from engine.kv_memory import PRESETS, kv_memory_report
+
+    view = KvMemoryView(ctx)
+    qtbot.addWidget(view)
+    view.preset_box.setCurrentIndex(view.preset_box.findData(preset))
+    view.dtype_box.setCurrentText("bfloat16" if view.dtype_box.findText("bfloat16") >= 0 else "float16")
+    view.tokens_box.setValue(4096)
+    expected = kv_memory_report(PRESETS[preset], 4096, "bf16")["total_bytes"]
+    assert view.what_if_bytes == expected

@@ -215,6 +215,7 @@ def test_multi_turn_chat_reuse_is_exact_on_default_model(default_model):
     follow_ups = ["Name another one.", "And a third?"]
     with_kv: list[int] = []  # tokens of the previous turn whose KV went into the pool
     decode_blocks_reused = 0
+    previous_prompt = 0
     for turn in range(3):
         warm = runner.chat(messages, max_new_tokens=10)
         cold = runner.generate(warm.prompt_token_ids, max_new_tokens=10, use_cache=False)

@@ -234,8 +234,12 @@ class KvMemoryView(QWidget):
             self.what_if.setText("Pick a model preset to see what its KV cache would need.")
             return
         layers, heads, dim = numbers
-        total = formula_bytes(layers, heads, dim, BYTES_PER_VALUE[dtype], tokens)
+        # Latent attention (DeepSeek-V3) caches one compressed latent per token and layer,
+        # not K and V per head: the preset's kv_factor says which (2 or 1).
+        factor = int(getattr(self.presets[preset], "kv_factor", 2)) if preset is not None else 2
+        total = formula_bytes(layers, heads, dim, BYTES_PER_VALUE[dtype], tokens) * factor // 2
         self.what_if_bytes = total
+        note = "" if factor == 2 else " (latent attention: one latent per token and layer, no separate K and V)"
         self.what_if.setText(
-            f"{name} in {dtype}: 2 × {layers} × {heads} × {dim} × {BYTES_PER_VALUE[dtype]} × {tokens:,} = "
-            f"<b>{human_bytes(total)}</b> ({human_bytes(total / tokens)} per token)")
+            f"{name} in {dtype}: {factor} × {layers} × {heads} × {dim} × {BYTES_PER_VALUE[dtype]} × {tokens:,} = "
+            f"<b>{human_bytes(total)}</b> ({human_bytes(total / tokens)} per token){note}")
