@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, 
 
 from app import theme
 from app.context import AppContext, engine_info
-from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelSpec, build_panel
+from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
 from engine.errors import InputError, TraceError
@@ -64,7 +64,7 @@ class MainWindow(QMainWindow):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.docks: dict[str, QDockWidget] = {}
-        self.panels: dict[str, QWidget] = {}
+        self.panels = PanelMap(self._build_deferred_panel)
         self.last_replay: dict | None = None
         self._demo_actions: list[QAction] = []
         self.setObjectName("MainWindow")
@@ -163,7 +163,7 @@ class MainWindow(QMainWindow):
             self.scrub_toolbar = bar
 
     def _build_docks(self) -> None:
-        built = [(spec, w) for spec in PANELS if (w := build_panel(spec, self.ctx)) is not None]
+        built = [(spec, QWidget() if spec.lazy else build_panel(spec, self.ctx)) for spec in PANELS]
         docks = {spec.object_name: self._make_dock(spec, w) for spec, w in built}
         primaries = [spec for spec, _ in built if not spec.tab_with or spec.tab_with not in docks]
         first_in_area: dict[Qt.DockWidgetArea, QDockWidget] = {}
@@ -205,8 +205,22 @@ class MainWindow(QMainWindow):
             toggle.setShortcut(QKeySequence(spec.shortcut))
         self.view_menu.addAction(toggle)
         self.docks[spec.object_name] = dock
-        self.panels[spec.object_name] = widget
+        if spec.lazy:
+            self.panels.defer(spec)
+            dock.visibilityChanged.connect(lambda visible, name=spec.object_name: visible and self.panels.get(name))
+        else:
+            self.panels.add(spec.object_name, widget)
         return dock
+
+    def _build_deferred_panel(self, name: str) -> None:
+        """Build a lazy panel in place of its placeholder (first shown, or first asked for)."""
+        spec = self.panels.pending(name)
+        if spec is None:
+            return
+        widget = build_panel(spec, self.ctx)
+        holder = self.docks[name].widget()
+        holder.setWidget(widget)  # the placeholder is deleted by the scroll area
+        self.panels.add(name, widget)
 
     def _size_docks(self) -> None:
         left = [d for n, d in self.docks.items() if self.dockWidgetArea(d) == Qt.DockWidgetArea.LeftDockWidgetArea]

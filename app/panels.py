@@ -8,6 +8,7 @@ module ships with the app, so a panel that fails to import is a bug and raises;
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class PanelSpec:
     area: Qt.DockWidgetArea
     tab_with: str | None = None
     shortcut: str | None = None
+    lazy: bool = False  # built when first shown or asked for: keeps the window's start quick
 
 
 PANELS: tuple[PanelSpec, ...] = (
@@ -40,13 +42,48 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Event log", "event_log", "app.views.event_log_view:EventLogView", BOTTOM, "timeline", "Ctrl+5"),
     PanelSpec("Metrics", "metrics", "app.views.metrics_view:MetricsView", BOTTOM, None, "Ctrl+6"),
     PanelSpec("KV memory", "kv_memory", "app.views.kv_memory_view:KvMemoryView", BOTTOM, "metrics", "Ctrl+7"),
-    PanelSpec("Diff", "diff", "app.views.diff_view:DiffView", RIGHT, "block_table", None),
-    PanelSpec("Billing", "billing", "app.views.billing_view:BillingView", BOTTOM, "metrics", None),
-    PanelSpec("Sweep", "sweep", "app.views.sweep_view:SweepView", BOTTOM, "metrics", None),
+    # Panels driven by their own inputs, not the event stream, are built on first use.
+    PanelSpec("Diff", "diff", "app.views.diff_view:DiffView", RIGHT, "block_table", None, lazy=True),
+    PanelSpec("Billing", "billing", "app.views.billing_view:BillingView", BOTTOM, "metrics", None, lazy=True),
+    PanelSpec("Sweep", "sweep", "app.views.sweep_view:SweepView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Semantic cache", "semantic", "app.views.semantic_view:SemanticView", RIGHT, "block_table", None),
 )
 
 SCRUB_BAR = "app.views.scrub_bar:ScrubBar"
+
+
+class PanelMap(Mapping[str, QWidget]):
+    """Panels by object_name. A lazy panel is built the first time it is looked up (or its
+    dock is shown, which looks it up); iterating names does not build anything."""
+
+    def __init__(self, build: Callable[[str], None]) -> None:
+        self._built: dict[str, QWidget] = {}
+        self._pending: dict[str, PanelSpec] = {}
+        self._build = build
+
+    def add(self, name: str, widget: QWidget) -> None:
+        self._pending.pop(name, None)
+        self._built[name] = widget
+
+    def defer(self, spec: PanelSpec) -> None:
+        self._pending[spec.object_name] = spec
+
+    def pending(self, name: str) -> PanelSpec | None:
+        return self._pending.get(name)
+
+    def is_built(self, name: str) -> bool:
+        return name in self._built
+
+    def __getitem__(self, name: str) -> QWidget:
+        if name in self._pending:
+            self._build(name)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._built, *self._pending])
+
+    def __len__(self) -> int:
+        return len(self._built) + len(self._pending)
 
 
 def load_factory(factory: str) -> Any:

@@ -150,7 +150,9 @@ def test_opening_a_trace_replays_it_into_every_view(qtbot, window, ctx, tmp_path
     assert proj.counters.num_requests == 24
     assert proj.counters.num_cached_tokens == result["totals"]["cached_tokens"] > 0
     assert proj.num_cached_free == result["totals"]["stored_blocks"] - result["totals"]["evicted_blocks"]
-    assert window.status_labels["hit_rate"].text() == f"hit rate {result['totals']['hit_rate']:.1%}"
+    # The status bar is refreshed by a 100 ms timer after the state changes.
+    expected = f"hit rate {result['totals']['hit_rate']:.1%}"
+    qtbot.waitUntil(lambda: window.status_labels["hit_rate"].text() == expected, timeout=5000)
     assert "16 tokens" in window.status_labels["block_size"].text()
     log = window.panels["event_log"]
     assert log.model.rowCount() == len(ctx.state.log) > 24 * 5

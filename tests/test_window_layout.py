@@ -44,3 +44,25 @@ def _check_layout(qtbot, window, size) -> None:
     assert {"Conversation", "Demo guide"} <= seen
     timeline = window.docks["timeline"]
     assert timeline.height() >= 0.3 * size[1], "the bottom plots are squeezed"
+
+
+def test_lazy_panels_are_built_when_first_shown_or_asked_for(qtbot, tmp_path):
+    from app.views.billing_view import BillingView
+    from app.views.diff_view import DiffView
+
+    ctx = make_test_context(tmp_path)
+    window = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(window)
+    try:
+        window.show()
+        qtbot.waitExposed(window)
+        assert "diff" in window.panels and not window.panels.is_built("diff")
+        window.docks["diff"].raise_()  # the user clicks its tab
+        qtbot.waitUntil(lambda: window.panels.is_built("diff"), timeout=5000)
+        assert isinstance(window.panels["diff"], DiffView)
+        assert window.docks["diff"].widget().widget() is window.panels["diff"]
+        assert not window.panels.is_built("billing")
+        assert isinstance(window.panels.get("billing"), BillingView)  # asked for by code
+        assert window.panels.is_built("billing")
+    finally:
+        ctx.shutdown()
