@@ -79,6 +79,9 @@ class PanelMap(Mapping[str, QWidget]):
             self._build(name)
         return self._built[name]
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would build it
+        return name in self._built or name in self._pending
+
     def __iter__(self) -> Iterator[str]:
         return iter([*self._built, *self._pending])
 
