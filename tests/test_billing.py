@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 
 from app.cli import main
@@ -11,7 +13,7 @@ from engine import billing
 from engine.billing import BillingRequest, bill, chain_segments, parse_breakpoints, provider_rules
 from engine.errors import InputError
 
-MOONCAKE = "/work/shared/data/traces/mooncake_conversation_trace.jsonl"
+MOONCAKE = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl")
 
 
 def req(rid: str, sizes: list[int], t: float = 0.0, first: int = 0) -> BillingRequest:

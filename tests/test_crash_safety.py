@@ -15,7 +15,7 @@ from engine.events import EventBus
 from engine.sessions import import_file, replay_session
 from engine.store import Store
 
-MOONCAKE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 NUM_KILLS = 24
 
 

@@ -15,7 +15,7 @@ from engine.formats import FORMATS, MOONCAKE_BLOCK_SIZE, load_conversations
 from engine.sessions import import_file
 from engine.store import Store
 
-DATA = Path("/work/shared/data/traces")
+DATA = Path(__file__).resolve().parents[1] / "resources" / "traces"
 MOONCAKE = DATA / "mooncake_conversation_trace.jsonl"
 MT_BENCH = DATA / "mt_bench_question.jsonl"
 

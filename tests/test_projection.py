@@ -23,7 +23,7 @@ from engine.projection import CACHED_FREE, EMPTY, IN_USE, EventLog, PoolProjecti
 from engine.replay import ReplayConfig, replay
 from engine.trace import load_trace
 
-MOONCAKE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7]]
 
 

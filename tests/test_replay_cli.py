@@ -14,7 +14,7 @@ from engine.replay import ReplayConfig, replay
 from engine.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "traces"
+DATA = ROOT / "resources" / "traces"
 MOONCAKE_CONV = DATA / "mooncake_conversation_trace.jsonl"
 MOONCAKE_SYN = DATA / "mooncake_synthetic_trace.jsonl"
 

@@ -87,7 +87,7 @@ def test_repeat_rate_on_real_questions():
     import json
     from pathlib import Path
 
-    rows = [json.loads(line) for line in Path("/work/shared/data/traces/mt_bench_question.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (Path(__file__).resolve().parents[1] / "resources" / "traces" / "mt_bench_question.jsonl").read_text().splitlines()]
     stream = [{"model": "smollm2", "messages": [{"role": "user", "content": r["turns"][0]}]} for r in rows]
     stream += stream[:10]  # ten users ask an MT-bench question again, byte for byte
     stream += [{"model": "smollm2", "messages": [{"role": "user", "content": rows[0]["turns"][0] + " "}]}]

@@ -21,7 +21,7 @@ from engine.trace import load_trace
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "resources" / "sessions").glob("*.cachescope.json"))
 REASONING = ROOT / "resources" / "sessions" / "mt_bench_101_reasoning.cachescope.json"
-DATA = Path("/work/shared/data/traces")
+DATA = Path(__file__).resolve().parents[1] / "resources" / "traces"
 
 
 @pytest.fixture(scope="module")

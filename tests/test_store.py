@@ -15,7 +15,7 @@ from engine.replay import ReplayConfig, make_manager, replay
 from engine.store import Store, StoreWriter
 from engine.trace import load_trace
 
-MOONCAKE = Path("/work/shared/data/traces/mooncake_conversation_trace.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.fixture()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 
 from app.cli import main
@@ -12,8 +14,8 @@ from engine.replay import ReplayConfig, replay
 from engine.sweep import conversation_trace, load_sweep_requests, sweep
 from engine.trace import load_trace
 
-MOONCAKE = "/work/shared/data/traces/mooncake_conversation_trace.jsonl"
-MT_BENCH = "/work/shared/data/traces/mt_bench_question.jsonl"
+MOONCAKE = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl")
+MT_BENCH = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mt_bench_question.jsonl")
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def _base_texts() -> list[str]:
     texts = []
     for name in ("semantic_pairs.jsonl", "semantic_pairs_heldout.jsonl"):
         texts += [t for p in load_pairs(resource_path(name)) for t in (p.a, p.b)]
-    mt_bench = Path("/work/shared/data/traces/mt_bench_question.jsonl")
+    mt_bench = Path(__file__).resolve().parents[2] / "resources" / "traces" / "mt_bench_question.jsonl"
     shipped = Path(__file__).resolve().parents[2] / "resources" / "mt_bench_question.jsonl"
     for path in (shipped, mt_bench):
         if path.exists():

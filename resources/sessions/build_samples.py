@@ -18,7 +18,7 @@ SYSTEM = "You are a helpful assistant. Answer clearly and concisely."
 MAX_NEW_TOKENS = 160
 
 
-def main(source: str = "/work/shared/data/traces/mt_bench_question.jsonl") -> None:
+def main(source: str = str(Path(__file__).resolve().parents[1] / "traces" / "mt_bench_question.jsonl")) -> None:
     from engine.models import load_model
     from engine.runner import ModelRunner
     from engine.sessions import export_session

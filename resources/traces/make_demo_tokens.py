@@ -14,7 +14,7 @@ import torch
 
 from engine.models import load_model
 
-SOURCE = Path("/work/shared/data/traces/mt_bench_question.jsonl")
+SOURCE = Path(__file__).resolve().parent.parent / "traces" / "mt_bench_question.jsonl"
 OUT = Path(__file__).with_name("demo_tokens.jsonl")
 NUM_QUESTIONS = 12
 MAX_NEW_TOKENS = 48
