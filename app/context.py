@@ -90,10 +90,14 @@ class AppContext(QObject):
         self.dialog_parent: QWidget | None = None
 
     # ------------------------------------------------------------------ engines
-    def set_runner(self, runner: Any) -> None:
-        """Make `runner` current: its events go to the bridge and views reset to its shape."""
+    def set_runner(self, runner: Any, activate: bool = True) -> None:
+        """Make `runner` current: its events go to the bridge and views reset to its shape.
+
+        With `activate=False` the views stay on what they show (an opened trace); the
+        runner takes over when the user chats (`activate_runner`).
+        """
         self.runner = runner
-        if runner is not None:
+        if runner is not None and activate:
             self.bridge.attach(runner.manager.events)
             self.bridge.set_engine(runner_engine_info(runner))
         self.sigRunnerChanged.emit(runner)

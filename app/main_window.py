@@ -374,7 +374,10 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, runner: Any) -> None:
         self.progress.hide()
-        self.ctx.set_runner(runner)
+        # A trace opened while the model was loading keeps the views; the model's engine
+        # takes over at the first chat message.
+        showing_other = self.ctx.bridge.bus is not None or self.ctx.worker.is_busy
+        self.ctx.set_runner(runner, activate=not showing_other)
         self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
 
     def _on_model_failed(self, exc: BaseException) -> None:

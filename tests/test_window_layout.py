@@ -3,6 +3,8 @@ the bottom plots get room for their rows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PySide6.QtWidgets import QTabBar
 
@@ -66,3 +68,45 @@ def test_lazy_panels_are_built_when_first_shown_or_asked_for(qtbot, tmp_path):
         assert window.panels.is_built("billing")
     finally:
         ctx.shutdown()
+
+
+def test_a_trace_opened_at_start_survives_the_model_finishing_its_load(qtbot, tmp_path, default_tokenizer):
+    """`cachescope gui TRACE`: the replay runs while the model loads; the model's arrival
+    must not wipe the trace from the views. The model takes over at the first chat."""
+    from engine.models import tiny_random_model
+    from engine.runner import ModelRunner
+
+    ctx = make_test_context(tmp_path)
+    window = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(window)
+    try:
+        done: list = []
+        trace = Path(__file__).resolve().parents[1] / "resources" / "traces" / "demo_tokens.jsonl"
+        assert window.open_file(trace, on_done=done.append)
+        qtbot.waitUntil(lambda: bool(done), timeout=60_000)
+        qtbot.waitUntil(lambda: ctx.bridge.num_pending == 0, timeout=5000)
+        ctx.bridge.flush(everything=True)
+        requests_before = ctx.state.projection.counters.num_requests
+        assert requests_before == done[0]["totals"]["requests"] > 0
+        runner = ModelRunner(tiny_random_model(tokenizer=default_tokenizer), num_blocks=32)
+        window._on_model_loaded(runner)
+        ctx.bridge.flush(everything=True)
+        assert ctx.runner is runner
+        assert ctx.state.projection.counters.num_requests == requests_before  # the trace is still shown
+        assert ctx.activate_runner() and ctx.bridge.bus is runner.manager.events
+        ctx.bridge.flush(everything=True)
+        assert ctx.state.projection.counters.num_requests == 0  # now the model's own, empty pool
+    finally:
+        ctx.shutdown()
+
+
+def test_gui_without_a_display_is_one_sentence_not_a_qt_abort(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    out = subprocess.run([sys.executable, "-m", "app", "gui", "--no-model"], capture_output=True, text=True,
+                         env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "no display" in out.stderr

@@ -7,6 +7,7 @@ saves one PNG per panel plus the whole window, and exits.
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import os
 import sys
 import time
@@ -36,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.file}: no such file")
     if args.screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    else:
+        check_display()
     from PySide6.QtWidgets import QApplication
 
     from app.context import AppContext, make_test_context
@@ -84,6 +87,27 @@ def _dispose(app, window) -> None:
     app.processEvents()
     del window
     gc.collect()
+
+
+# Libraries Qt 6's xcb platform plugin loads beyond libX11, with their Debian packages.
+_XCB_LIBRARIES = (("xcb-cursor", "libxcb-cursor0"), ("xcb-icccm", "libxcb-icccm4"), ("xcb-keysyms", "libxcb-keysyms1"),
+                  ("xcb-image", "libxcb-image0"), ("xcb-render-util", "libxcb-render-util0"),
+                  ("xkbcommon-x11", "libxkbcommon-x11-0"))
+
+
+def check_display() -> None:
+    """Turn the cases where Qt would abort the process into one sentence (exit status 2)."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        raise InputError("no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set); run "
+                         "cachescope in a desktop session, or headless use `cachescope gui --screenshot DIR` "
+                         "or the other subcommands")
+    if not os.environ.get("WAYLAND_DISPLAY"):
+        missing = [pkg for lib, pkg in _XCB_LIBRARIES if ctypes.util.find_library(lib) is None]
+        if missing:
+            raise InputError(f"Qt's X11 plugin needs system libraries that are not installed; install them "
+                             f"(Debian/Ubuntu: sudo apt install {' '.join(missing)}) and start cachescope again")
 
 
 def _install_demos(window) -> None:
