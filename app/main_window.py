@@ -378,6 +378,8 @@ class MainWindow(QMainWindow):
         # takes over at the first chat message.
         showing_other = self.ctx.bridge.bus is not None or self.ctx.worker.is_busy
         self.ctx.set_runner(runner, activate=not showing_other)
+        if showing_other:
+            self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show the trace")
         self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
 
     def _on_model_failed(self, exc: BaseException) -> None:

@@ -93,6 +93,7 @@ def test_a_trace_opened_at_start_survives_the_model_finishing_its_load(qtbot, tm
         ctx.bridge.flush(everything=True)
         assert ctx.runner is runner
         assert ctx.state.projection.counters.num_requests == requests_before  # the trace is still shown
+        assert "ready" in window.status_labels["model"].text()
         assert ctx.activate_runner() and ctx.bridge.bus is runner.manager.events
         ctx.bridge.flush(everything=True)
         assert ctx.state.projection.counters.num_requests == 0  # now the model's own, empty pool
