@@ -294,12 +294,15 @@ class PrefixCacheManager:
     def can_allocate(self, request: Request, lookup: LookupResult | None = None,
                      num_lookahead_tokens: int = 0) -> bool:
         lookup = lookup if lookup is not None else self.lookup(request)
-        return self._num_blocks_short(request, lookup, num_lookahead_tokens) <= 0
+        needed, available = self._blocks_needed_and_available(request, lookup, num_lookahead_tokens)
+        return needed <= available
 
-    def _num_blocks_short(self, request: Request, lookup: LookupResult, num_lookahead_tokens: int) -> int:
+    def _blocks_needed_and_available(self, request: Request, lookup: LookupResult,
+                                     num_lookahead_tokens: int) -> tuple[int, int]:
+        """Fresh blocks the request needs, and free blocks it can take (its own hits excluded)."""
         needed = _cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
         hits_in_free_queue = sum(1 for b in lookup.hit_block_ids if self.pool.blocks[b].ref_count == 0)
-        return needed - (self.pool.num_free_blocks - hits_in_free_queue)
+        return needed, self.pool.num_free_blocks - hits_in_free_queue
 
     def allocate(self, request: Request, lookup: LookupResult | None = None,
                  num_lookahead_tokens: int = 0) -> Allocation:
@@ -314,14 +317,12 @@ class PrefixCacheManager:
             raise ValueError(f"request {rid!r} is already running")
         lookup = lookup if lookup is not None else self.lookup(request)
         bus = self.events
-        short = self._num_blocks_short(request, lookup, num_lookahead_tokens)
-        if short > 0:
-            needed = _cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
+        needed, available = self._blocks_needed_and_available(request, lookup, num_lookahead_tokens)
+        if needed > available:
             self.counters.num_refused_requests += 1
             if bus.active:
-                bus.emit(RequestRefused, request_id=rid, num_blocks_needed=needed,
-                         num_blocks_available=needed - short)
-            raise CapacityError(rid, needed, needed - short, self.pool.num_blocks)
+                bus.emit(RequestRefused, request_id=rid, num_blocks_needed=needed, num_blocks_available=available)
+            raise CapacityError(rid, needed, available, self.pool.num_blocks)
 
         self._salts_seen.setdefault(request.salt, None)
         if bus.active:

@@ -10,6 +10,7 @@ from engine.errors import CapacityError
 from engine.events import BlockStored, EventBus
 from engine.kv_pool import KVPool, KVShape
 from engine.runner import ModelRunner
+from engine.trace import common_prefix_length
 
 
 def _count_prefilled_tokens(model):
@@ -198,14 +199,6 @@ def test_sampling_is_seeded_and_streams(tiny_model):
 
 
 # ---------------------------------------------------------------- the real default model
-def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
 
 @pytest.mark.model
 def test_multi_turn_chat_reuse_is_exact_on_default_model(default_model):
@@ -223,7 +216,7 @@ def test_multi_turn_chat_reuse_is_exact_on_default_model(default_model):
         assert warm.num_computed_tokens == warm.num_prompt_tokens - warm.num_cached_tokens
         if turn:
             # reuse is exactly the whole blocks shared with the previous turn's KV
-            common = min(_common_prefix(with_kv, warm.prompt_token_ids), warm.num_prompt_tokens - 1)
+            common = min(common_prefix_length(with_kv, warm.prompt_token_ids), warm.num_prompt_tokens - 1)
             assert warm.num_cached_tokens == common // 16 * 16 > 0
             decode_blocks_reused += warm.num_cached_tokens > previous_prompt // 16 * 16
         previous_prompt = warm.num_prompt_tokens

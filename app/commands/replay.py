@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        _print_human(result)
+        print_human(result)
     return 0
 
 
@@ -73,7 +73,8 @@ def _replay_trace(args: argparse.Namespace) -> dict:
     return result
 
 
-def _print_human(result: dict) -> None:
+def print_human(result: dict) -> None:
+    """The replay contract as a short table (also used by `sessions replay`)."""
     t = result["totals"]
     out = sys.stdout
     out.write(f"requests {t['requests']}  prompt tokens {t['prompt_tokens']}  cached {t['cached_tokens']}  "

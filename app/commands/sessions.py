@@ -189,9 +189,9 @@ def _replay(store: Any, args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
         return 0
-    from app.commands.replay import _print_human
+    from app.commands.replay import print_human
 
-    _print_human(result)
+    print_human(result)
     if result["config"].get("run_id") is not None:
         sys.stdout.write(f"recorded as run {result['config']['run_id']}\n")
     return 0

@@ -67,7 +67,6 @@ def bench_hashing(num_blocks: int = 20000, block_size: int = 16, repeats: int = 
     num_blocks = len(requests) * per_request
     sha = BlockHasher("sha256", seed=0)
     xxh = BlockHasher("xxh3", seed=0)
-    assert _ours(sha, requests[:1], block_size) == _ours(sha, requests[:1], block_size)
     # Interleave the three so that load from other processes hits each side alike.
     t_vllm = t_sha = t_xxh = float("inf")
     for _ in range(repeats):

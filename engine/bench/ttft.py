@@ -8,38 +8,23 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
+from engine.bench.engine import find_trace
+from engine.trace import common_prefix_length
+
 SYSTEM = "You are a helpful assistant. Answer briefly."
 QUESTIONS = "mt_bench_question.jsonl"
 
 
-def _find_questions() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    for candidate in (root / "resources" / "traces" / QUESTIONS, root.parent / "shared" / "data" / "traces" / QUESTIONS):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{QUESTIONS} is neither in resources/traces nor in ../shared/data/traces")
-
-
 def load_questions(limit: int) -> list[str]:
     """First-turn MT-bench questions, in file order."""
-    with _find_questions().open(encoding="utf-8") as fh:
+    with find_trace(QUESTIONS).open(encoding="utf-8") as fh:
         questions = [json.loads(line)["turns"][0] for line in fh if line.strip()]
     return questions[:limit]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class KeptAliveChat:
@@ -61,7 +46,7 @@ class KeptAliveChat:
     def first_token(self, prompt: list[int]) -> tuple[int, float, int]:
         """(token, ttft in ms, reused tokens) for `prompt`; the cache then holds the prompt."""
         t0 = time.perf_counter()
-        reused = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)
+        reused = min(common_prefix_length(self.tokens, prompt), len(prompt) - 1)
         if len(self.tokens) > reused:
             self.cache.crop(-(len(self.tokens) - reused))  # transformers 5.x: a negative count removes
         token = int(torch.argmax(self._forward(prompt[reused:], reused)))
