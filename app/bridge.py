@@ -36,8 +36,10 @@ class EngineBridge(QObject):
     sigEvents = Signal(list)
     sigEngineChanged = Signal(dict)
 
-    def __init__(self, parent: QObject | None = None, frame_ms: int = FRAME_MS) -> None:
+    def __init__(self, parent: QObject | None = None, frame_ms: int = FRAME_MS,
+                 batch_budget_s: float = BATCH_BUDGET_S) -> None:
         super().__init__(parent)
+        self.batch_budget_s = batch_budget_s
         self._lock = threading.Lock()
         self._buffer: deque[Event] = deque()
         self._unsubscribe: Callable[[], None] | None = None
@@ -95,7 +97,7 @@ class EngineBridge(QObject):
     def flush(self, everything: bool = False) -> int:
         """Emit buffered events as one batch (all of them, in batches, with `everything`).
 
-        A batch is as large as the views can apply in about BATCH_BUDGET_S, learnt from the
+        A batch is as large as the views can apply in about `batch_budget_s`, learnt from the
         previous batches, so a burst never freezes the window; while a backlog remains the
         next batch follows a millisecond later instead of a frame later.
         """
@@ -123,7 +125,7 @@ class EngineBridge(QObject):
             self.sigEvents.emit(batch)
             per_event = (time.perf_counter() - t) / len(batch)
             if len(batch) >= MIN_BATCH:
-                fit = int(BATCH_BUDGET_S / per_event) if per_event > 0 else MAX_BATCH
+                fit = int(self.batch_budget_s / per_event) if per_event > 0 else MAX_BATCH
                 # Shrink at once (a stall is visible), grow gradually (a burst may be uneven).
                 grown = fit if fit < self.batch_limit else (self.batch_limit + fit) // 2
                 self.batch_limit = max(MIN_BATCH, min(MAX_BATCH, grown))
