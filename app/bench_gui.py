@@ -52,9 +52,9 @@ def _app() -> Any:
 
 def _recorded_events(num_requests: int, block_size: int, capacity: int) -> list:
     """Events of a real Mooncake replay, recorded once so the producer is not the bottleneck."""
-    from engine.events import EventBus
-    from engine.replay import ReplayConfig, replay
-    from engine.trace import read_trace
+    from engine.core.events import EventBus
+    from engine.core.replay import ReplayConfig, replay
+    from engine.core.trace import read_trace
 
     events: list = []
     bus = EventBus()

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.events import Event, EventBus
+from engine.core.events import Event, EventBus
 
 FRAME_MS = 16
 # One flush hands at most this many events to the views, so that a burst of a million

@@ -14,7 +14,7 @@ import pkgutil
 import sys
 from types import ModuleType
 
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 import app.commands
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from app.bridge import EngineBridge
 from app.worker import ModelWorker
-from engine.events import EventBus
+from engine.core.events import EventBus
 
 ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
@@ -45,7 +45,7 @@ def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, n
 
 
 def runner_engine_info(runner: Any) -> dict[str, Any]:
-    """`engine_info` for an `engine.runner.ModelRunner` (engineer A's)."""
+    """`engine_info` for an `engine.model.runner.ModelRunner` (engineer A's)."""
     loaded = getattr(runner, "loaded", None)
     mgr = runner.manager
     try:
@@ -63,7 +63,7 @@ def runner_engine_info(runner: Any) -> dict[str, Any]:
 class AppContext(QObject):
     """Shared objects of one app window. Attributes are plain and public.
 
-    `runner` is the current `engine.runner.ModelRunner` or None (no model loaded yet, or a
+    `runner` is the current `engine.model.runner.ModelRunner` or None (no model loaded yet, or a
     trace is open); `sigRunnerChanged(runner)` fires when it changes. `show_error` is the
     one way to tell the user that something failed: a modal dialog with one sentence, or,
     with `suppress_dialogs`, an entry in `errors` (tests).
@@ -82,7 +82,7 @@ class AppContext(QObject):
         self.store = store
         self.settings = settings if settings is not None else QSettings(ORGANIZATION, APPLICATION)
         self.runner: Any = None
-        self.loaded: Any = None  # engine.models.LoadedModel once loaded
+        self.loaded: Any = None  # engine.model.loader.LoadedModel once loaded
         self.model_name: str | None = None  # --model, None = bundled default
         self.session_id: Any = None
         self.suppress_dialogs = suppress_dialogs

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QDockWidget, QTextBrowser, QVBoxLayout, QWidget
 
 from app.context import engine_info, runner_engine_info
 from engine.demos import DEMOS, DemoEnv, get_demo, run_demo
-from engine.events import EventBus
+from engine.core.events import EventBus
 
 # How long the worker waits for the GUI thread to point the views at a new engine. The GUI
 # answers within a frame; the limit only matters while the window is closing.

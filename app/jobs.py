@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import InputError, TraceError
+from engine.core.errors import InputError, TraceError
 
 
 def classify_file(path: Path) -> str:
@@ -62,8 +62,8 @@ def trace_block_size(path: Path) -> int:
 
 def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
     """Worker-thread job: replay a token/block trace through a fresh engine emitting on `bus`."""
-    from engine.replay import ReplayConfig, replay
-    from engine.trace import load_trace
+    from engine.core.replay import ReplayConfig, replay
+    from engine.core.trace import load_trace
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
     result = replay(load_trace(path, block_size), config, events=bus)
@@ -73,9 +73,9 @@ def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int)
 
 def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
     """Worker-thread job: load (converting on first run) the model and build a runner."""
-    from engine.events import EventBus
-    from engine.models import load_model
-    from engine.runner import ModelRunner
+    from engine.core.events import EventBus
+    from engine.model.loader import load_model
+    from engine.model.runner import ModelRunner
 
     loaded = load_model(model, progress=progress)
     progress("building the KV pool", 0.98)

@@ -21,9 +21,10 @@ from app.context import AppContext, engine_info
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
-from engine.errors import InputError, TraceError
+from engine.core.errors import InputError, TraceError
+from engine.resources import resource_path
 
-ICON_DIR = Path(__file__).resolve().parent.parent / "resources" / "icons"
+ICON_DIR = resource_path("icons")
 MAX_RECENT = 8
 DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored

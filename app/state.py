@@ -1,7 +1,7 @@
 """The pool state every engine view reads: the event log, the live or scrubbed projection.
 
 `PoolState` listens to the bridge (one batch of events per frame), applies each batch to
-an `engine.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
+an `engine.core.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import Event
-from engine.projection import EventLog, PoolProjection
+from engine.core.events import Event
+from engine.core.projection import EventLog, PoolProjection
 
 # While scrubbing, blocks evicted this many events before the shown one still flash.
 SCRUB_FLASH_EVENTS = 8

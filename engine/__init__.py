@@ -4,10 +4,10 @@ The bookkeeping modules (hashing, block_pool, manager, events, trace, replay) im
 neither torch nor Qt; the model runner, store and semantic cache live beside them.
 """
 
-from engine.errors import CapacityError, InputError, TraceError
-from engine.events import EventBus
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request
+from engine.core.errors import CapacityError, InputError, TraceError
+from engine.core.events import EventBus
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request
 
 __all__ = [
     "BlockHasher",

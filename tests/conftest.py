@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def default_tokenizer():
     """The tokenizer (with chat template) of the bundled SmolLM2-135M-Instruct."""
-    from engine.models import load_tokenizer
+    from engine.model.loader import load_tokenizer
 
     return load_tokenizer()
 
@@ -27,7 +27,7 @@ def default_tokenizer():
 @pytest.fixture(scope="session")
 def default_model():
     """The real default model, SmolLM2-135M-Instruct in float32, as an engine LoadedModel."""
-    from engine.models import load_model
+    from engine.model.loader import load_model
 
     return load_model()
 
@@ -35,6 +35,6 @@ def default_model():
 @pytest.fixture(scope="session")
 def tiny_model(default_tokenizer):
     """A tiny randomly initialised Llama (2 layers, 2 KV heads, head dim 16) with the default tokenizer."""
-    from engine.models import tiny_random_model
+    from engine.model.loader import tiny_random_model
 
     return tiny_random_model(seed=0, tokenizer=default_tokenizer)

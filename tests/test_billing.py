@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine import billing
-from engine.billing import BillingRequest, bill, chain_segments, parse_breakpoints, provider_rules
-from engine.errors import InputError
+from engine.analysis import billing
+from engine.analysis.billing import BillingRequest, bill, chain_segments, parse_breakpoints, provider_rules
+from engine.core.errors import InputError
 
 MOONCAKE = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl")
 
@@ -143,7 +143,7 @@ def test_rules_file_has_the_documented_table():
 
 
 def test_mooncake_trace_bill_is_consistent():
-    from engine.trace import load_trace
+    from engine.core.trace import load_trace
 
     reqs = billing.requests_from_trace(load_trace(MOONCAKE)[:400])
     for provider in ("anthropic", "openai-legacy"):
@@ -195,7 +195,7 @@ def test_billing_command(tmp_path, capsys):
 
 
 def test_billing_a_stored_session(default_tokenizer, tmp_path, capsys):
-    from engine.store import Store
+    from engine.store.database import Store
 
     system = " ".join(f"Rule {i}: check the opening hours of museum {i}." for i in range(120))
     db = tmp_path / "s.db"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_engine_module_imports_without_qt():
     names = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
-    assert "engine.manager" in names and len(names) >= 6
+    assert "engine.core.manager" in names and len(names) >= 6
     code = (
         "import sys, importlib\n"
         "class Block:\n"
@@ -40,8 +40,17 @@ def test_bookkeeping_modules_import_without_torch():
         "        if name.split('.')[0] in ('torch', 'transformers', 'PySide6'):\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import engine.hashing, engine.block_pool, engine.manager, engine.events, engine.trace, engine.replay\n"
+        "import engine.core.hashing, engine.core.block_pool, engine.core.manager, engine.core.events, engine.core.trace, engine.core.replay\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_import_contracts_hold():
+    """The layout in pyproject's [tool.importlinter]: engine never imports app or Qt, the
+    core imports neither torch nor SQLite, engine layers go one way."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout

@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from app.bridge import MAX_BATCH, EngineBridge
-from engine.events import BlockEvicted, EventBus, RequestStarted
-from engine.replay import ReplayConfig, replay
-from engine.trace import TraceRequest
+from engine.core.events import BlockEvicted, EventBus, RequestStarted
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import TraceRequest
 
 
 @pytest.fixture

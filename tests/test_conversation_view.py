@@ -17,16 +17,16 @@ MAX_NEW = 6
 
 @pytest.fixture(scope="module")
 def loaded():
-    from engine.models import load_model
+    from engine.model.loader import load_model
 
     return load_model()
 
 
 @pytest.fixture
 def ctx(qtbot, tmp_path, loaded):
-    from engine.events import EventBus
-    from engine.runner import ModelRunner
-    from engine.store import Store
+    from engine.core.events import EventBus
+    from engine.model.runner import ModelRunner
+    from engine.store.database import Store
 
     c = make_test_context(tmp_path, store=Store(tmp_path / "sessions.db"))
     c.set_runner(ModelRunner(loaded, num_blocks=64, block_size=16, seed=0, events=EventBus()))

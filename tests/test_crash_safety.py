@@ -11,9 +11,9 @@ import signal
 import time
 from pathlib import Path
 
-from engine.events import EventBus
-from engine.sessions import import_file, replay_session
-from engine.store import Store
+from engine.core.events import EventBus
+from engine.store.sessions import import_file, replay_session
+from engine.store.database import Store
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 NUM_KILLS = 24

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.cli import main
-from engine.diff import DiffRequest, default_system_prompt, diff_requests, request_from_messages
+from engine.analysis.diff import DiffRequest, default_system_prompt, diff_requests, request_from_messages
 
 DOCS = "You are a support agent for Acme. Answer from the documents below.\n\n"
 
@@ -147,7 +147,7 @@ def test_bad_block_size(tmp_path, bad):
 
 
 def test_diff_stored_requests(default_tokenizer, tmp_path, capsys):
-    from engine.store import Store
+    from engine.store.database import Store
 
     ids = request_from_messages(default_tokenizer, msgs(DOCS)).token_ids
     db = tmp_path / "s.db"

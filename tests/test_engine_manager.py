@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import CapacityError, ResetRefusedError
-from engine.events import BlockEvicted, BlockStored, EventBus, LookupDone
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request
+from engine.core.errors import CapacityError, ResetRefusedError
+from engine.core.events import BlockEvicted, BlockStored, EventBus, LookupDone
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request
 
 BS = 4
 

@@ -10,10 +10,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.errors import CapacityError, ResetRefusedError
-from engine.events import BlockEvicted, EventBus
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request
+from engine.core.errors import CapacityError, ResetRefusedError
+from engine.core.events import BlockEvicted, EventBus
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request
 
 # A small vocabulary and shared prefixes make hits, partial hits and evictions common.
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7]]

@@ -21,11 +21,11 @@ from app.views.kv_memory_view import KvMemoryView, formula_bytes
 from app.views.metrics_view import MetricsView
 from app.views.scrub_bar import ScrubBar
 from app.views.timeline_view import TimelineView
-from engine.events import BlockEvicted
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request
-from engine.replay import ReplayConfig, replay
-from engine.trace import load_trace
+from engine.core.events import BlockEvicted
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import load_trace
 
 
 @pytest.fixture
@@ -274,7 +274,7 @@ def test_kv_memory_formula_and_what_if(ctx, qtbot):
 @pytest.mark.model
 def test_views_on_the_real_model(ctx, qtbot, default_model):
     """A chat on SmolLM2 reaches the views: decoded tokens in tooltips, measured KV bytes."""
-    from engine.runner import ModelRunner
+    from engine.model.runner import ModelRunner
 
     runner = ModelRunner(default_model, num_blocks=32, block_size=16, seed=0)
     ctx.set_runner(runner)
@@ -411,7 +411,7 @@ def test_metrics_number_requests_with_whole_ticks(ctx, qtbot, tmp_path):
 
 @pytest.mark.parametrize("preset", ["llama-3.1-70b", "deepseek-v3"])
 def test_kv_memory_what_if_presets_match_the_kv_memory_command(ctx, qtbot, preset):
-    from engine.kv_memory import PRESETS, kv_memory_report
+    from engine.model.kv_memory import PRESETS, kv_memory_report
 
     view = KvMemoryView(ctx)
     qtbot.addWidget(view)

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import InputError, TraceError
-from engine.formats import FORMATS, MOONCAKE_BLOCK_SIZE, load_conversations
-from engine.sessions import import_file
-from engine.store import Store
+from engine.core.errors import InputError, TraceError
+from engine.store.formats import FORMATS, MOONCAKE_BLOCK_SIZE, load_conversations
+from engine.store.sessions import import_file
+from engine.store.database import Store
 
 DATA = Path(__file__).resolve().parents[1] / "resources" / "traces"
 MOONCAKE = DATA / "mooncake_conversation_trace.jsonl"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from app.cli import main
-from engine.errors import InputError
-from engine.kv_memory import PRESETS, kv_memory_report, measure_loaded_model, preset, shape_from_config
+from engine.core.errors import InputError
+from engine.model.kv_memory import PRESETS, kv_memory_report, measure_loaded_model, preset, shape_from_config
 
 
 def _run_json(capsys, *argv: str) -> dict:

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from app.cli import main
-from engine.formats import load_conversations
-from engine.model_replay import ModelReplayConfig, replay_conversations
-from engine.runner import ModelRunner
+from engine.store.formats import load_conversations
+from engine.analysis.model_replay import ModelReplayConfig, replay_conversations
+from engine.model.runner import ModelRunner
 
 CHAT = {"messages": [
     {"role": "system", "content": "You are terse. Answer in a few words."},

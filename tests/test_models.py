@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from engine.errors import InputError
-from engine.models import _converted_dir, default_gguf_path, load_model, load_tokenizer, resolve_model
+from engine.core.errors import InputError
+from engine.model.loader import _converted_dir, default_gguf_path, load_model, load_tokenizer, resolve_model
 
 
 def test_default_model_shape_and_chat_template(default_model):

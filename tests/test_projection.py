@@ -15,13 +15,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.errors import CapacityError, ResetRefusedError
-from engine.events import BlockEvicted, BlockStored, CacheReset, EventBus, RequestFinished
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request
-from engine.projection import CACHED_FREE, EMPTY, IN_USE, EventLog, PoolProjection
-from engine.replay import ReplayConfig, replay
-from engine.trace import load_trace
+from engine.core.errors import CapacityError, ResetRefusedError
+from engine.core.events import BlockEvicted, BlockStored, CacheReset, EventBus, RequestFinished
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request
+from engine.core.projection import CACHED_FREE, EMPTY, IN_USE, EventLog, PoolProjection
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import load_trace
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 PREFIXES = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [7, 7, 7, 7, 7, 7]]

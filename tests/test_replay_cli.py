@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine.replay import ReplayConfig, replay
-from engine.trace import load_trace
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "resources" / "traces"
@@ -71,7 +71,7 @@ def test_totals_only_and_human_output(capsys, chat_trace):
 
 
 def test_concurrency_shows_shared_ref_counts(chat_trace, tmp_path):
-    from engine.events import EventBus, RefCountsChanged
+    from engine.core.events import EventBus, RefCountsChanged
 
     shared = list(range(64))
     trace = write_jsonl(tmp_path / "fan.jsonl",
@@ -91,7 +91,7 @@ def test_concurrency_shows_shared_ref_counts(chat_trace, tmp_path):
 
 def test_replay_is_deterministic_with_a_seed(chat_trace):
     def run():
-        from engine.events import EventBus
+        from engine.core.events import EventBus
 
         bus = EventBus(clock=lambda: 0.0)
         out: list = []

@@ -6,11 +6,11 @@ import hashlib
 
 import pytest
 
-from engine.errors import InputError
-from engine.response_cache import (
+from engine.core.errors import InputError
+from engine.semantic.response_cache import (
     ResponseCache, canonical_json, canonical_request, repeat_rate, request_key,
 )
-from engine.store import Store
+from engine.store.database import Store
 
 MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is KV caching?"}]
 
@@ -112,8 +112,8 @@ def test_repeats_command_on_a_conversation_file(tmp_path, capsys):
 
 
 def test_conversation_requests_send_every_prefix_up_to_each_user_turn():
-    from engine.formats import Conversation, Message
-    from engine.response_cache import conversation_requests
+    from engine.store.formats import Conversation, Message
+    from engine.semantic.response_cache import conversation_requests
 
     conv = Conversation("t", "openai", messages=[Message("system", "Be brief."), Message("user", "Hi"),
                                                   Message("assistant", "Hello."), Message("user", "Bye")],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.risk import risk_flags
+from engine.semantic.risk import risk_flags
 
 
 def kinds(a, b):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import CapacityError
-from engine.events import BlockStored, EventBus
-from engine.kv_pool import KVPool, KVShape
-from engine.runner import ModelRunner
-from engine.trace import common_prefix_length
+from engine.core.errors import CapacityError
+from engine.core.events import BlockStored, EventBus
+from engine.model.kv_pool import KVPool, KVShape
+from engine.model.runner import ModelRunner
+from engine.core.trace import common_prefix_length
 
 
 def _count_prefilled_tokens(model):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.errors import InputError
-from engine.events import EventBus, event_from_dict
-from engine.semantic import Embedder, Neighbour, SemanticCache, VectorIndex, decide, list_entries
-from engine.store import Store
-from engine.risk import RiskFlag
+from engine.core.errors import InputError
+from engine.core.events import EventBus, event_from_dict
+from engine.semantic.cache import Embedder, Neighbour, SemanticCache, VectorIndex, decide, list_entries
+from engine.store.database import Store
+from engine.semantic.risk import RiskFlag
 
 
 @pytest.fixture(scope="session")

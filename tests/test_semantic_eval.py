@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from engine.errors import TraceError
-from engine.semantic import Embedder
-from engine.semantic_eval import (
-    CATEGORIES, LabelledPair, evaluate, evaluate_file, load_pairs, pair_flags, resource_path,
+from engine.core.errors import TraceError
+from engine.semantic.cache import Embedder
+from engine.resources import resource_path
+from engine.semantic.evaluation import (
+    CATEGORIES, LabelledPair, evaluate, evaluate_file, load_pairs, pair_flags,
 )
 
 

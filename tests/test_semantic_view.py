@@ -11,7 +11,7 @@ pytest.importorskip("pytestqt")
 
 from app.context import engine_info, make_test_context  # noqa: E402
 from app.views.semantic_view import SemanticView  # noqa: E402
-from engine.semantic import Embedder, SemanticCache  # noqa: E402
+from engine.semantic.cache import Embedder, SemanticCache  # noqa: E402
 
 STORED = [
     ("How do I reverse a list in Python?", "Use lst[::-1] or lst.reverse()."),

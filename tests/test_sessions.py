@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine.events import EventBus
-from engine.models import load_tokenizer
-from engine.replay import ReplayConfig, replay
-from engine.sessions import (edit_and_rerun, export_session, import_file, render_turns, replay_session,
+from engine.core.events import EventBus
+from engine.model.loader import load_tokenizer
+from engine.core.replay import ReplayConfig, replay
+from engine.store.sessions import (edit_and_rerun, export_session, import_file, render_turns, replay_session,
                              session_file)
-from engine.store import Store
-from engine.trace import load_trace
+from engine.store.database import Store
+from engine.core.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "resources" / "sessions").glob("*.cachescope.json"))

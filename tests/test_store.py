@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import InputError
-from engine.events import EventBus
-from engine.replay import ReplayConfig, make_manager, replay
-from engine.store import Store, StoreWriter
-from engine.trace import load_trace
+from engine.core.errors import InputError
+from engine.core.events import EventBus
+from engine.core.replay import ReplayConfig, make_manager, replay
+from engine.store.database import Store, StoreWriter
+from engine.core.trace import load_trace
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 
@@ -174,7 +174,7 @@ def test_bad_database_paths_are_input_errors(tmp_path):
 
 
 def test_default_path_is_in_the_user_data_dir(monkeypatch, tmp_path):
-    from engine.store import default_db_path
+    from engine.store.database import default_db_path
 
     monkeypatch.delenv("CACHESCOPE_DB", raising=False)
     assert default_db_path().name == "cachescope.db" and "cachescope" in str(default_db_path().parent).lower()

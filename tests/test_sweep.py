@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine.errors import InputError
-from engine.replay import ReplayConfig, replay
-from engine.sweep import conversation_trace, load_sweep_requests, sweep
-from engine.trace import load_trace
+from engine.core.errors import InputError
+from engine.core.replay import ReplayConfig, replay
+from engine.analysis.sweep import conversation_trace, load_sweep_requests, sweep
+from engine.core.trace import load_trace
 
 MOONCAKE = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl")
 MT_BENCH = str(Path(__file__).resolve().parents[1] / "resources" / "traces" / "mt_bench_question.jsonl")

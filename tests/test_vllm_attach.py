@@ -19,9 +19,9 @@ import msgpack
 import pytest
 import zmq
 
-from engine.events import EventBus
-from engine.projection import PoolProjection
-from engine.vllm_events import RemoteEvent, RemotePool, VllmSubscriber, decode_batch, encode_batch
+from engine.core.events import EventBus
+from engine.core.projection import PoolProjection
+from engine.remote.vllm_events import RemoteEvent, RemotePool, VllmSubscriber, decode_batch, encode_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -73,8 +73,8 @@ def test_lazy_panels_are_built_when_first_shown_or_asked_for(qtbot, tmp_path):
 def test_a_trace_opened_at_start_survives_the_model_finishing_its_load(qtbot, tmp_path, default_tokenizer):
     """`cachescope gui TRACE`: the replay runs while the model loads; the model's arrival
     must not wipe the trace from the views. The model takes over at the first chat."""
-    from engine.models import tiny_random_model
-    from engine.runner import ModelRunner
+    from engine.model.loader import tiny_random_model
+    from engine.model.runner import ModelRunner
 
     ctx = make_test_context(tmp_path)
     window = MainWindow(ctx, load_model=False)

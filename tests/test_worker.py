@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import QThread
 
 from app.worker import ModelWorker
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import threading
 import time
 
 from app.commands._common import print_json
-from engine.errors import InputError
-from engine.events import EventBus
-from engine.vllm_events import RemotePool, VllmSubscriber
+from engine.core.errors import InputError
+from engine.core.events import EventBus
+from engine.remote.vllm_events import RemotePool, VllmSubscriber
 
 NAME = "attach"
 HELP = "subscribe to vLLM KV-cache events (--kv-events-config) and show the remote pool"

@@ -9,13 +9,13 @@ import sys
 import time
 
 from app.commands._common import print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "bench"
 HELP = "run a benchmark (engine, ttft, semantic, gui, or all) and report ratios against its targets"
 
 BENCHES = {
-    "engine": "engine.bench.engine",
+    "engine": "engine.bench.prefix_cache",
     "ttft": "engine.bench.ttft",
     "semantic": "engine.bench.semantic",
     "gui": "app.bench_gui",

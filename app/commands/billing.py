@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import billing
+    from engine.analysis import billing
 
     rules = billing.provider_rules(args.provider, args.model, args.ttl, args.price_per_mtok,
                                    billing.load_rules(args.rules) if args.rules else None)

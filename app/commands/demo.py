@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from app.commands._common import print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "demo"
 HELP = "run a guided demo of one cache behaviour (--list shows them all)"

@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.diff import diff_requests, load_request
-    from engine.models import load_tokenizer
+    from engine.analysis.diff import diff_requests, load_request
+    from engine.model.loader import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     a = load_request(args.a, tokenizer, args.salt_a, args.db)

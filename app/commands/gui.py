@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 from app.commands._common import positive_int
-from engine.errors import InputError
+from engine.core.errors import InputError
+from engine.resources import resource_path
 
 NAME = "gui"
 HELP = "open the desktop app (optionally with a session, conversation or trace file)"
-DEMO_TRACE = Path(__file__).resolve().parents[2] / "resources" / "traces" / "demo_tokens.jsonl"
+DEMO_TRACE = resource_path("traces", "demo_tokens.jsonl")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,7 +121,7 @@ def _install_demos(window) -> None:
 
 def _open_store(path: str | None):
     try:
-        from engine.store import Store
+        from engine.store.database import Store
     except ImportError:
         return None
     return Store(path)

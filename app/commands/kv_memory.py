@@ -6,14 +6,14 @@ import argparse
 import sys
 
 from app.commands._common import non_negative_int, print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "kv-memory"
 HELP = "KV cache memory of a model, a preset or a config.json for N tokens (per layer, total, formula)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.kv_memory import DTYPE_BYTES, PRESETS
+    from engine.model.kv_memory import DTYPE_BYTES, PRESETS
 
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="M", help="load a model (local HF folder, .gguf file, hub id, or "
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.kv_memory import (kv_memory_report, measure_loaded_model, normalise_dtype, preset,
+    from engine.model.kv_memory import (kv_memory_report, measure_loaded_model, normalise_dtype, preset,
                                   shape_from_config, shape_from_config_file)
 
     if args.preset:
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.config:
         report = kv_memory_report(shape_from_config_file(args.config), args.tokens, args.dtype or "bf16")
     else:
-        from engine.models import load_model
+        from engine.model.loader import load_model
 
         loaded = load_model(args.model or None)
         dtype = args.dtype or normalise_dtype(str(loaded.dtype))

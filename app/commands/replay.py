@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from app.commands._common import byte_size, non_negative_int, positive_int, print_json
-from engine.errors import InputError
-from engine.trace import is_request_trace
+from engine.core.errors import InputError
+from engine.core.trace import is_request_trace
 
 NAME = "replay"
 HELP = "replay a token/block trace (no model) or a conversation (real model) through a fresh engine"
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_model or is_request_trace(path):
         result = _replay_trace(args)
     else:
-        from engine.model_replay import replay_conversation_command
+        from engine.analysis.model_replay import replay_conversation_command
 
         result = replay_conversation_command(args)
     if args.totals_only:
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay_trace(args: argparse.Namespace) -> dict:
-    from engine.replay import ReplayConfig, replay
-    from engine.trace import read_trace
+    from engine.core.replay import ReplayConfig, replay
+    from engine.core.trace import read_trace
 
     if args.kv_memory is not None:
         raise InputError("--kv-memory needs a model; with --no-model give --capacity-blocks or --capacity-tokens")

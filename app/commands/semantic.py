@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from app.commands._common import positive_int, print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "semantic"
 HELP = ("semantic cache: precision on labelled pairs (eval), the stored entries (query, add, list, remove), "
@@ -80,14 +80,15 @@ def run(args: argparse.Namespace) -> int:
 def _embedder(args: argparse.Namespace):
     from transformers.utils import logging as hf_logging
 
-    from engine.semantic import Embedder
+    from engine.semantic.cache import Embedder
 
     hf_logging.disable_progress_bar()  # a command line prints its result, not loading bars
     return Embedder(args.embedding_model)
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from engine.semantic_eval import DEFAULT_THRESHOLDS, evaluate, load_pairs, pair_flags, pair_scores, parse_thresholds, resource_path
+    from engine.resources import resource_path
+    from engine.semantic.evaluation import DEFAULT_THRESHOLDS, evaluate, load_pairs, pair_flags, pair_scores, parse_thresholds
 
     thresholds = parse_thresholds(args.thresholds) if args.thresholds else list(DEFAULT_THRESHOLDS)
     path = {"dev": resource_path("semantic_pairs.jsonl"),
@@ -113,8 +114,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _open_cache(args: argparse.Namespace, threshold: float = 0.90, guard: bool = False, top_k: int = 5):
-    from engine.semantic import SemanticCache
-    from engine.store import Store
+    from engine.semantic.cache import SemanticCache
+    from engine.store.database import Store
 
     embedder = _embedder(args)
     return SemanticCache(embedder, Store(args.db), model=args.model, threshold=threshold, guard=guard, top_k=top_k,
@@ -157,8 +158,8 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from engine.semantic import list_entries
-    from engine.store import Store
+    from engine.semantic.cache import list_entries
+    from engine.store.database import Store
 
     entries = list_entries(Store(args.db), tenant=args.tenant, all_tenants=args.all_tenants,
                            model=args.model if args.model else None)
@@ -174,8 +175,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from engine.semantic import delete_entries
-    from engine.store import Store
+    from engine.semantic.cache import delete_entries
+    from engine.store.database import Store
 
     delete_entries(Store(args.db), args.ids)
     if args.json:
@@ -186,8 +187,8 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _repeats(args: argparse.Namespace) -> int:
-    from engine.formats import load_conversations
-    from engine.response_cache import conversation_requests, repeat_rate
+    from engine.store.formats import load_conversations
+    from engine.semantic.response_cache import conversation_requests, repeat_rate
 
     requests = conversation_requests(load_conversations(args.conversations), model=args.model)
     result = {"file": str(args.conversations), **repeat_rate(requests)}

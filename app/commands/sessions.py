@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from app.commands._common import positive_int, print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "sessions"
 HELP = "stored sessions: list, show, import, export, delete, edit a message and re-run, replay"
@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not getattr(args, "action", None):
         raise InputError(f"choose an action: {', '.join(ACTIONS)} (see `cachescope sessions --help`)")
-    from engine.store import Store
+    from engine.store.database import Store
 
     with Store(args.db) as store:
         return _ACTIONS[args.action](store, args)
@@ -126,7 +126,7 @@ def _show(store: Any, args: argparse.Namespace) -> int:
 
 
 def _import(store: Any, args: argparse.Namespace) -> int:
-    from engine.sessions import import_file
+    from engine.store.sessions import import_file
 
     ids = import_file(store, args.file, args.format, title=args.title, model=args.model, block_size=args.block_size,
                       capacity_blocks=args.capacity_blocks, seed=args.seed, hash=args.hash)
@@ -139,7 +139,7 @@ def _import(store: Any, args: argparse.Namespace) -> int:
 
 
 def _export(store: Any, args: argparse.Namespace) -> int:
-    from engine.sessions import export_session
+    from engine.store.sessions import export_session
 
     text = export_session(store, args.session, args.output, args.format)
     if args.output is None:
@@ -157,7 +157,7 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
 
 
 def _edit(store: Any, args: argparse.Namespace) -> int:
-    from engine.sessions import edit_and_rerun
+    from engine.store.sessions import edit_and_rerun
 
     result = edit_and_rerun(store, args.session, args.message, args.content, capacity_blocks=args.capacity_blocks,
                             generate=args.generate, max_new_tokens=args.max_new_tokens)
@@ -180,7 +180,7 @@ def _edit(store: Any, args: argparse.Namespace) -> int:
 
 
 def _replay(store: Any, args: argparse.Namespace) -> int:
-    from engine.sessions import replay_session
+    from engine.store.sessions import replay_session
 
     result = replay_session(store, args.session, capacity_blocks=args.capacity_blocks,
                             concurrency=args.concurrency, persist=not args.no_record)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from app.commands._common import positive_int, print_json
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 NAME = "sweep"
 HELP = "what-if sweep: hit rate of a trace or conversation file against block size and capacity"
@@ -24,7 +24,7 @@ def int_list(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
+    from engine.analysis.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
 
     p.add_argument("trace", metavar="TRACE",
                    help="token-level or Mooncake JSONL trace, or a conversation file (tokenised with the real tokenizer)")
@@ -43,13 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.sweep import load_sweep_requests, sweep
+    from engine.analysis.sweep import load_sweep_requests, sweep
 
     if not Path(args.trace).is_file():
         raise InputError(f"{args.trace}: no such file")
 
     def tokenizer():
-        from engine.models import load_tokenizer
+        from engine.model.loader import load_tokenizer
 
         return load_tokenizer(args.model)
 

@@ -1,6 +1,6 @@
 """The Billing panel: what a hosted API would charge for a session or trace, request by request.
 
-Loading (tokenising) and billing run on the context's worker; the numbers are `engine.billing`.
+Loading (tokenising) and billing run on the context's worker; the numbers are `engine.analysis.billing`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class BillingView(QWidget):
 
     def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from engine.billing import PROVIDERS, load_rules
+        from engine.analysis.billing import PROVIDERS, load_rules
 
         self.ctx = ctx
         self.rules_data = load_rules()
@@ -212,7 +212,7 @@ class BillingView(QWidget):
 def _bill_job(source: str, cached: tuple[str, list[Any], str] | None, settings: dict[str, Any],
               db: str | None) -> tuple[tuple[str, list[Any], str], dict[str, Any]]:
     """Worker thread: load (once per source) and bill."""
-    from engine import billing
+    from engine.analysis import billing
 
     if cached is None:
         reqs, note = billing.load_billing_requests(source, db)

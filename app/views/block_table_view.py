@@ -17,7 +17,7 @@ from PySide6.QtGui import QColor, QCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app import theme
-from engine.projection import PoolProjection
+from engine.core.projection import PoolProjection
 
 FLASH_SECONDS = 0.6
 MAX_CELL_PX = 44  # a small pool is not drawn as giant tiles

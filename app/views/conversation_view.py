@@ -3,7 +3,7 @@
 Each message card has a token strip showing how the prefix cache served its tokens.
 Editing an earlier message re-runs every later turn; what the edit invalidated shows in
 the strips here and, through engine events, in every other view. Model calls run on the
-model worker; sessions persist in `engine.store.Store` when the context has one.
+model worker; sessions persist in `engine.store.database.Store` when the context has one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
 from app import theme
 from app.views.token_strip import (MISS_TEXT, STATE_LABELS, ChatMessage, StripData, TokenStrip, chat_dicts,
                                    strip_data, title_of)
-from engine.errors import CapacityError, InputError
+from engine.core.errors import CapacityError, InputError
 
 
 
@@ -434,7 +434,7 @@ class ConversationView(QWidget):
 
     def open_store(self, path: str | Path) -> None:
         """Open a Cachescope database and its latest chat session."""
-        from engine.store import Store
+        from engine.store.database import Store
 
         store = Store(path)
         chats = [s for s in store.list_sessions() if s.kind == "chat" and s.num_messages]
@@ -452,7 +452,7 @@ class ConversationView(QWidget):
 
     def import_file(self, path: str | Path) -> None:
         """Import conversations (OpenAI, ShareGPT, Anthropic, MT-Bench); show and replay the first."""
-        from engine.formats import load_conversations
+        from engine.store.formats import load_conversations
 
         convs = [c for c in load_conversations(path) if c.kind == "chat" and c.messages]
         if not convs:

@@ -1,6 +1,6 @@
 """The Diff panel: two requests side by side as token strips, the divergence marked, the cause named.
 
-Tokenising runs on the context's worker; the comparison itself is `engine.diff`.
+Tokenising runs on the context's worker; the comparison itself is `engine.analysis.diff`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def parse_side(text: str) -> list[dict[str, str]]:
 
 def compute_diff(tokenizer: Any, text_a: str, text_b: str, salt_a: str | None, salt_b: str | None,
                  block_size: int) -> Any:
-    from engine.diff import diff_requests, request_from_messages
+    from engine.analysis.diff import diff_requests, request_from_messages
 
     a = request_from_messages(tokenizer, parse_side(text_a), salt_a or None, "A")
     b = request_from_messages(tokenizer, parse_side(text_b), salt_b or None, "B")
@@ -135,7 +135,7 @@ class DiffView(QWidget):
 
     def _job(self, *args: Any) -> Any:  # runs on the worker thread
         if self.tokenizer is None:
-            from engine.models import load_tokenizer
+            from engine.model.loader import load_tokenizer
 
             self.tokenizer = load_tokenizer(getattr(self.ctx, "model_name", None))
         return compute_diff(self.tokenizer, *args)

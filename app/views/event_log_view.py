@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLay
                                QLabel, QLineEdit, QTableView, QVBoxLayout, QWidget)
 
 from app import theme
-from engine.events import EVENT_TYPES, Event
+from engine.core.events import EVENT_TYPES, Event
 
 COLUMNS = ("seq", "time (s)", "kind", "request", "details")
 _MAX_LISTED = 8

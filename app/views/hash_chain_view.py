@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QVBox
 from app import theme
 from app.views.block_table_view import block_colors, swatch
 from app.views.timeline_view import CountAxis
-from engine.projection import PoolProjection, RequestRecord
+from engine.core.projection import PoolProjection, RequestRecord
 
 MAX_LABELS = 150
 MIN_REBUILD_MS = 250  # rebuilding a big tree every frame would stall the window

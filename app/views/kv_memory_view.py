@@ -2,7 +2,7 @@
 numbers filled in, and what-ifs for another dtype or model preset.
 
 Measured sizes come from `sigEngineChanged`'s `per_layer_bytes` (or the runner's pool);
-presets and reports from `engine.kv_memory` when it is available.
+presets and reports from `engine.model.kv_memory` when it is available.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def formula_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: in
 
 def _presets() -> dict[str, Any]:
     try:
-        from engine.kv_memory import PRESETS
+        from engine.model.kv_memory import PRESETS
     except ImportError:  # engineer A's module; the what-if falls back to the current shape
         return {}
     return dict(PRESETS)

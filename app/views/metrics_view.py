@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from app import theme
 from app.views.block_table_view import legend_line, swatch
 from app.views.timeline_view import PlotStack
-from engine.projection import RequestRecord
+from engine.core.projection import RequestRecord
 
 MAX_BARS = 400  # the most recent requests drawn as bars; older ones stay in the hit-rate curve
 

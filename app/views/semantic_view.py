@@ -1,6 +1,6 @@
 """The Semantic cache panel: neighbours of a prompt with scores and risk flags, a 2-D PCA map
 with the threshold drawn, a live threshold slider and guarded toggle, and the precision and
-false-hit rate the labelled pairs give at that threshold. Cache logic is `engine.semantic`.
+false-hit rate the labelled pairs give at that threshold. Cache logic is `engine.semantic.cache`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
-from engine.risk import risk_flags
-from engine.semantic import NEAR_MISS_MARGIN, Neighbour, SemanticResult, decide
+from engine.semantic.risk import risk_flags
+from engine.semantic.cache import NEAR_MISS_MARGIN, Neighbour, SemanticResult, decide
 
 SLIDER_MIN = 50  # thresholds 0.50 .. 1.00 in steps of 0.01
 _DECISION_TEXT = {"hit": "HIT: served from the cache", "miss": "MISS: the model must answer",
@@ -145,7 +145,7 @@ class SemanticView(QWidget):
     # ------------------------------------------------------------------ cache
     def _ensure_cache(self) -> Any:
         if self.cache is None:
-            from engine.semantic import Embedder, SemanticCache
+            from engine.semantic.cache import Embedder, SemanticCache
 
             store = getattr(self.ctx, "store", None)
             self.cache = SemanticCache(Embedder(), store, model=getattr(self.ctx, "model_name", None) or "",
@@ -199,7 +199,8 @@ class SemanticView(QWidget):
 
     def measure_quality(self, pairs_path: Any = None) -> None:
         """Score the labelled pairs once (worker thread) so the slider can show precision."""
-        from engine.semantic_eval import load_pairs, pair_flags, pair_scores, resource_path
+        from engine.resources import resource_path
+        from engine.semantic.evaluation import load_pairs, pair_flags, pair_scores
 
         self._measuring = True
         self.quality_label.setText("labelled pairs: measuring…")

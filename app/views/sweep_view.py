@@ -1,6 +1,6 @@
 """The Sweeps panel: hit rate against block size and against pool capacity, for any trace.
 
-Each sweep runs on the context's worker (`engine.sweep`); the plots only draw its points.
+Each sweep runs on the context's worker (`engine.analysis.sweep`); the plots only draw its points.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from app import theme
 
 
 def _ints(text: str, what: str) -> list[int]:
-    from engine.errors import InputError
+    from engine.core.errors import InputError
 
     try:
         values = [int(t) for t in text.replace(" ", "").split(",") if t]
@@ -36,7 +36,7 @@ class SweepView(QWidget):
 
     def __init__(self, ctx: Any, tokenizer: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from engine.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
+        from engine.analysis.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
 
         self.ctx = ctx
         self.tokenizer = tokenizer
@@ -141,11 +141,11 @@ class SweepView(QWidget):
                                on_done=self._done, on_error=self._failed)
 
     def _job(self, path: str, sizes: list[int], caps: list[int], block_size: int, limit: int) -> dict[str, Any]:
-        from engine.sweep import load_sweep_requests, sweep
+        from engine.analysis.sweep import load_sweep_requests, sweep
 
         def tokenizer() -> Any:
             if self.tokenizer is None:
-                from engine.models import load_tokenizer
+                from engine.model.loader import load_tokenizer
 
                 self.tokenizer = load_tokenizer(getattr(self.ctx, "model_name", None))
             return self.tokenizer

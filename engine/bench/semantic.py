@@ -1,6 +1,6 @@
 """`cachescope bench semantic`: semantic-cache lookup latency and recall@1 of the ANN index.
 
-The index (`engine.semantic.VectorIndex`, usearch HNSW) against brute-force NumPy in the same
+The index (`engine.semantic.cache.VectorIndex`, usearch HNSW) against brute-force NumPy in the same
 run, at 10K and 100K entries, on random and on real (text-derived) embeddings.
 """
 
@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.semantic import VectorIndex
+from engine.semantic.cache import VectorIndex
 
 DIM = 384
 NUM_QUERIES = 300
@@ -39,17 +38,14 @@ def random_dataset(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.nda
 
 
 def _base_texts() -> list[str]:
-    from engine.semantic_eval import load_pairs, resource_path
+    from engine.resources import resource_path
+    from engine.semantic.evaluation import load_pairs
 
     texts = []
     for name in ("semantic_pairs.jsonl", "semantic_pairs_heldout.jsonl"):
         texts += [t for p in load_pairs(resource_path(name)) for t in (p.a, p.b)]
-    mt_bench = Path(__file__).resolve().parents[2] / "resources" / "traces" / "mt_bench_question.jsonl"
-    shipped = Path(__file__).resolve().parents[2] / "resources" / "mt_bench_question.jsonl"
-    for path in (shipped, mt_bench):
-        if path.exists():
-            texts += [t for line in path.read_text().splitlines() if line.strip() for t in json.loads(line)["turns"]]
-            break
+    path = resource_path("traces", "mt_bench_question.jsonl")
+    texts += [t for line in path.read_text().splitlines() if line.strip() for t in json.loads(line)["turns"]]
     return list(dict.fromkeys(texts))
 
 
@@ -125,7 +121,7 @@ def measure(vectors: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
 
 
 def run_bench(quick: bool = False) -> dict[str, Any]:
-    from engine.semantic import Embedder
+    from engine.semantic.cache import Embedder
 
     sizes = [10_000] if quick else [10_000, 100_000]
     rng = np.random.default_rng(0)
@@ -140,7 +136,7 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     out["real_encoded_prompts"] = num_encoded
     out["real_note"] = (f"{num_encoded} prompts encoded by the embedding model; the rest of each index are "
                         "mixes of two of them; queries are re-worded prompts, encoded")
-    from engine import semantic
+    from engine.semantic import cache as semantic
 
     out["index"] = {"library": "usearch", "dtype": semantic.HNSW_DTYPE, "connectivity": semantic.HNSW_CONNECTIVITY,
                     "expansion_add": semantic.HNSW_EXPANSION_ADD, "expansion_search": semantic.HNSW_EXPANSION_SEARCH,

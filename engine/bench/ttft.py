@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from engine.bench.engine import find_trace
-from engine.trace import common_prefix_length
+from engine.bench.prefix_cache import find_trace
+from engine.core.trace import common_prefix_length
 
 SYSTEM = "You are a helpful assistant. Answer briefly."
 QUESTIONS = "mt_bench_question.jsonl"
@@ -68,8 +68,8 @@ class KeptAliveChat:
 
 
 def run_bench(quick: bool = False) -> dict[str, Any]:
-    from engine.models import load_model
-    from engine.runner import ModelRunner
+    from engine.model.loader import load_model
+    from engine.model.runner import ModelRunner
 
     # Each TTFT is the best of `repeats` timings of the same work, so that a busy machine
     # (other processes on the same cores) does not decide a ratio.

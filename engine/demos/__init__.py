@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.demos import answers, memory, prefix
 from engine.demos.env import Demo, DemoEnv
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 DEMOS: tuple[Demo, ...] = (
     memory.KV_GROWS_PER_STEP,

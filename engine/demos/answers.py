@@ -11,7 +11,7 @@ from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, render, to
 
 # ---------------------------------------------------------------------------- semantic cache
 def _semantic(env: DemoEnv) -> dict[str, Any]:
-    from engine.semantic import SemanticCache
+    from engine.semantic.cache import SemanticCache
 
     spec = load_resource("semantic_false_positive.json")
     cache = SemanticCache(env.embedder, threshold=spec["threshold"], guard=False, events=env.bus())
@@ -58,8 +58,8 @@ SEMANTIC_FALSE_POSITIVE = Demo(
 
 # ---------------------------------------------------------------------------- billing
 def _billing(env: DemoEnv) -> dict[str, Any]:
-    from engine.billing import bill, provider_rules, requests_from_conversations
-    from engine.sweep import load_conversation_file
+    from engine.analysis.billing import bill, provider_rules, requests_from_conversations
+    from engine.analysis.sweep import load_conversation_file
 
     rules = provider_rules("anthropic", "claude-sonnet-4-5")
     out: dict[str, Any] = {"provider": rules.label, "model": rules.model, "rules_checked": rules.checked,
@@ -98,7 +98,7 @@ PROMPT_CACHING_BILL = Demo(
 
 # ---------------------------------------------------------------------------- default system prompt
 def _default_system(env: DemoEnv) -> dict[str, Any]:
-    from engine.diff import default_system_prompt
+    from engine.analysis.diff import default_system_prompt
 
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size

@@ -12,13 +12,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from engine.events import Event, EventBus
-from engine.manager import PrefixCacheManager
+from engine.core.events import Event, EventBus
+from engine.core.manager import PrefixCacheManager
+from engine.resources import resource_path
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources" / "demos"
+RESOURCES = resource_path("demos")
 DEFAULT_MAX_NEW_TOKENS = 8
 SEED = 0
 
@@ -47,7 +47,7 @@ def load_resource(name: str) -> Any:
 class DemoEnv:
     """Shared state for running demos in one process.
 
-    `model` (an `engine.models.LoadedModel`) and `embedder` may be given; otherwise the
+    `model` (an `engine.model.loader.LoadedModel`) and `embedder` may be given; otherwise the
     bundled ones are loaded on first use and kept. `on_engine(engine)` is called with every
     runner or manager a demo builds, before it serves a request: the app attaches its
     views there. Not thread-safe: run one demo at a time.
@@ -71,7 +71,7 @@ class DemoEnv:
     def model(self) -> Any:
         with self._load_lock:
             if self._model is None:
-                from engine.models import load_model
+                from engine.model.loader import load_model
 
                 self._model = load_model()
                 self._tokenizer = self._model.tokenizer
@@ -81,7 +81,7 @@ class DemoEnv:
     def tokenizer(self) -> Any:
         with self._load_lock:
             if self._tokenizer is None:
-                from engine.models import load_tokenizer
+                from engine.model.loader import load_tokenizer
 
                 self._tokenizer = load_tokenizer()
             return self._tokenizer
@@ -90,7 +90,7 @@ class DemoEnv:
     def embedder(self) -> Any:
         with self._load_lock:
             if self._embedder is None:
-                from engine.semantic import Embedder
+                from engine.semantic.cache import Embedder
 
                 self._embedder = Embedder()
             return self._embedder
@@ -125,7 +125,7 @@ class DemoEnv:
 
     def runner(self, num_blocks: int = 256, block_size: int = 16) -> Any:
         """A fresh `ModelRunner` on the shared model, its events recorded and announced."""
-        from engine.runner import ModelRunner
+        from engine.model.runner import ModelRunner
 
         runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=block_size, seed=SEED,
                              events=self._bus())
@@ -137,7 +137,7 @@ class DemoEnv:
 
     def manager(self, num_blocks: int = 256, block_size: int = 16) -> PrefixCacheManager:
         """A fresh model-less prefix-cache manager (token ids only), recorded and announced."""
-        from engine.hashing import BlockHasher
+        from engine.core.hashing import BlockHasher
 
         manager = PrefixCacheManager(num_blocks, block_size, BlockHasher(seed=SEED), self._bus())
         self.engines.append({"kind": "manager", "num_blocks": num_blocks, "block_size": block_size, "model": None})
@@ -197,8 +197,8 @@ def request_row(res: Any, block_size: int, salt: str | None = None) -> dict[str,
 
 def token_diff(tokenizer: Any, a: list[int], b: list[int], salt_a: str | None = None, salt_b: str | None = None,
                block_size: int = 16) -> dict[str, Any]:
-    """`engine.diff` of two token sequences, reduced to what the demos report."""
-    from engine.diff import DiffRequest, diff_requests
+    """`engine.analysis.diff` of two token sequences, reduced to what the demos report."""
+    from engine.analysis.diff import DiffRequest, diff_requests
 
     d = diff_requests(tokenizer, DiffRequest(tuple(a), salt_a), DiffRequest(tuple(b), salt_b), block_size)
     return {"first_divergent_token": d.first_divergent_token, "matching_blocks": d.matching_blocks,
@@ -207,6 +207,6 @@ def token_diff(tokenizer: Any, a: list[int], b: list[int], salt_a: str | None = 
 
 def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of a chat as the runner renders it (the model's chat template)."""
-    from engine.sweep import render_chat
+    from engine.analysis.sweep import render_chat
 
     return render_chat(tokenizer, messages, add_generation_prompt)

@@ -100,7 +100,7 @@ KV_GROWS_PER_STEP = Demo(
 
 # ---------------------------------------------------------------------------- 70B at 128K
 def _kv_70b(env: DemoEnv) -> dict[str, Any]:
-    from engine.kv_memory import (KVMemoryShape, kv_memory_report, measure_loaded_model, preset,
+    from engine.model.kv_memory import (KVMemoryShape, kv_memory_report, measure_loaded_model, preset,
                                   shape_from_config)
 
     shape = preset("llama-3.1-70b")

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, render, token_diff
-from engine.manager import Request
-from engine.trace import common_prefix_length
+from engine.core.manager import Request
+from engine.core.trace import common_prefix_length
 
 MODEL = frozenset({"model"})
 

@@ -19,10 +19,10 @@ MAX_NEW_TOKENS = 160
 
 
 def main(source: str = str(Path(__file__).resolve().parents[1] / "traces" / "mt_bench_question.jsonl")) -> None:
-    from engine.models import load_model
-    from engine.runner import ModelRunner
-    from engine.sessions import export_session
-    from engine.store import Store
+    from engine.model.loader import load_model
+    from engine.model.runner import ModelRunner
+    from engine.store.sessions import export_session
+    from engine.store.database import Store
 
     questions = {q["question_id"]: q for q in map(json.loads, Path(source).read_text().splitlines()) if q}
     loaded = load_model()

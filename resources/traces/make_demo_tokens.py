@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models import load_model
+from engine.model.loader import load_model
 
 SOURCE = Path(__file__).resolve().parent.parent / "traces" / "mt_bench_question.jsonl"
 OUT = Path(__file__).with_name("demo_tokens.jsonl")

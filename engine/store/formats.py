@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import InputError, TraceError
-from engine.trace import MAX_LINE_BYTES, TraceRequest, parse_trace_line
+from engine.core.errors import InputError, TraceError
+from engine.core.trace import MAX_LINE_BYTES, TraceRequest, parse_trace_line
 
 FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope")
 SESSION_FILE_FORMAT = "cachescope-session"

@@ -1,7 +1,7 @@
 """Reading request traces for `replay`: token-level JSONL and block-level (Mooncake) JSONL.
 
 Each line becomes a `TraceRequest`. Errors name the file, the line and the field. The
-richer conversation formats (OpenAI, ShareGPT, Anthropic) live in `engine.formats`.
+richer conversation formats (OpenAI, ShareGPT, Anthropic) live in `engine.store.formats`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from engine.errors import TraceError
+from engine.core.errors import TraceError
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",
           "bos_or_special_token", "new_content")
@@ -172,7 +172,7 @@ def diff_requests(tokenizer: Any, a: DiffRequest, b: DiffRequest, block_size: in
 # ---- loading a side ---------------------------------------------------------------------
 
 def render_messages(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    from engine.sweep import render_chat
+    from engine.analysis.sweep import render_chat
 
     if not messages:
         raise InputError("the request has no messages")
@@ -205,10 +205,10 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
         except UnicodeDecodeError:
             raise InputError(f"{spec}: not UTF-8 text") from None
         return request_from_text(tokenizer, text, salt, spec)
-    from engine.sweep import is_request_trace, load_conversation_file, messages_of
+    from engine.analysis.sweep import is_request_trace, load_conversation_file, messages_of
 
     if is_request_trace(path):
-        from engine.trace import load_trace
+        from engine.core.trace import load_trace
 
         tr = load_trace(path)[0]
         if tr.tokens is None:
@@ -221,7 +221,7 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
 
 
 def _stored_request(session_id: int, req: str, salt: str | None, db: str | None) -> DiffRequest:
-    from engine.store import Store
+    from engine.store.database import Store
 
     with Store(db) as store:
         store.get_session(session_id)

@@ -12,7 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 # Bytes per stored value; int4 packs two values in a byte.
 DTYPE_BYTES: dict[str, Fraction] = {
@@ -168,7 +168,7 @@ def measure_loaded_model(loaded: Any, tokens: int, dtype: str) -> dict[str, Any]
     import torch
     from transformers import DynamicCache
 
-    from engine.kv_pool import KVPool, KVShape
+    from engine.model.kv_pool import KVPool, KVShape
 
     key = normalise_dtype(dtype)
     out: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """What-if sweeps: the hit rate of a trace against block size and against pool capacity.
 
-Each point is a fresh no-model replay (`engine.replay`). Also here: turning conversation
+Each point is a fresh no-model replay (`engine.core.replay`). Also here: turning conversation
 files into token-level requests with the real tokenizer, shared by diff and billing.
 """
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.errors import InputError, TraceError
-from engine.replay import ReplayConfig, replay
-from engine.trace import TraceRequest, is_request_trace, load_trace
+from engine.core.errors import InputError, TraceError
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import TraceRequest, is_request_trace, load_trace
 
 MOONCAKE_BLOCK_SIZE = 512
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -38,19 +38,19 @@ class SweepPoint:
 # ---- inputs -------------------------------------------------------------------------------
 
 def load_conversation_file(path: str | Path) -> list[Any]:
-    """Conversations of a message file, through `engine.formats` (OpenAI, ShareGPT, Anthropic)."""
+    """Conversations of a message file, through `engine.store.formats` (OpenAI, ShareGPT, Anthropic)."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{path}: no such file")
     try:
-        from engine.formats import load_conversations
+        from engine.store.formats import load_conversations
     except ImportError:
         return _load_messages_minimal(p)
     return list(load_conversations(p))
 
 
 def _load_messages_minimal(p: Path) -> list[Any]:
-    # Only until engine.formats lands: OpenAI-style {"messages": [...]} or a bare list.
+    # Only until engine.store.formats lands: OpenAI-style {"messages": [...]} or a bare list.
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -66,7 +66,7 @@ def _load_messages_minimal(p: Path) -> list[Any]:
 
 def messages_of(conv: Any) -> list[dict[str, str]]:
     """[{"role", "content"}] with text content, from a formats.Conversation or a message list."""
-    from engine.billing import message_text
+    from engine.analysis.billing import message_text
 
     msgs = getattr(conv, "messages", conv)
     out = []
@@ -113,7 +113,7 @@ def load_sweep_requests(path: str | Path, tokenizer_loader: Callable[[], Any] | 
         return reqs, ("mooncake" if reqs[0].is_block_level else "tokens")
     convs = load_conversation_file(path)
     if tokenizer_loader is None:
-        from engine.models import load_tokenizer as tokenizer_loader  # type: ignore[assignment]
+        from engine.model.loader import load_tokenizer as tokenizer_loader  # type: ignore[assignment]
     return conversation_trace(convs, tokenizer_loader()), "conversation"
 
 

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import msgpack
 
-from engine.errors import InputError
-from engine.events import BlockEvicted, BlockStored, CacheReset, EventBus
+from engine.core.errors import InputError
+from engine.core.events import BlockEvicted, BlockStored, CacheReset, EventBus
 
 END_SEQ = -1
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",

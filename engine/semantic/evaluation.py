@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from engine.errors import InputError, TraceError
-from engine.risk import RiskFlag, risk_flags
+from engine.core.errors import InputError, TraceError
+from engine.semantic.risk import RiskFlag, risk_flags
 
 DEFAULT_THRESHOLDS = (0.70, 0.75, 0.80, 0.85, 0.90, 0.95)
 CATEGORIES = ("paraphrase", "negation", "changed_number", "changed_entity", "unrelated")
@@ -28,11 +28,6 @@ class LabelledPair:
     same: bool  # True: one answer serves both prompts
     category: str
     line: int
-
-
-def resource_path(name: str = "semantic_pairs.jsonl") -> Path:
-    """A labelled set shipped in `resources/` (semantic_pairs.jsonl, semantic_pairs_heldout.jsonl)."""
-    return Path(__file__).resolve().parent.parent / "resources" / name
 
 
 def load_pairs(path: str | Path) -> list[LabelledPair]:

@@ -11,11 +11,11 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from engine.errors import CapacityError, InputError
-from engine.events import EventBus
-from engine.hashing import BlockHasher
-from engine.manager import PrefixCacheManager, Request, _cdiv
-from engine.trace import TraceRequest
+from engine.core.errors import CapacityError, InputError
+from engine.core.events import EventBus
+from engine.core.hashing import BlockHasher
+from engine.core.manager import PrefixCacheManager, Request, _cdiv
+from engine.core.trace import TraceRequest
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,7 +2,7 @@
 
 Canonical request = model, rendered messages (or prompt token ids) and sampling settings as
 canonical JSON, so a hit means a byte-identical request and costs no model work at all.
-Similarity-based reuse is `engine.semantic`.
+Similarity-based reuse is `engine.semantic.cache`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from engine.errors import InputError
+from engine.core.errors import InputError
 
 MIGRATION = "response-cache-0001-entries"
 # Sampling settings that change the output; anything else in a request is not part of it.
@@ -119,7 +119,7 @@ def _migrate(db: Any) -> None:
 class ResponseCache:
     """Byte-identical requests answered from storage. Thread-safe.
 
-    `store` (an `engine.store.Store`) persists entries in `response_entries`; None keeps
+    `store` (an `engine.store.database.Store`) persists entries in `response_entries`; None keeps
     them in memory. Non-deterministic requests (temperature > 0 without a seed) are looked
     up but never stored unless `cache_sampled` is set, since a repeat should sample anew.
     """
@@ -238,7 +238,7 @@ def repeat_rate(requests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def conversation_requests(conversations: Iterable[Any], model: str = "") -> list[dict[str, Any]]:
-    """The requests a client would send for imported conversations (`engine.formats`).
+    """The requests a client would send for imported conversations (`engine.store.formats`).
 
     A chat sends, for each user turn, every message up to and including it; a token-level
     trace sends each request's token ids. Block-level (Mooncake) requests have no content

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from engine.errors import InputError, TraceError
-from engine.events import EventBus
-from engine.formats import (MOONCAKE_BLOCK_SIZE, SESSION_FILE_FORMAT, Conversation, load_conversations,
+from engine.core.errors import InputError, TraceError
+from engine.core.events import EventBus
+from engine.store.formats import (MOONCAKE_BLOCK_SIZE, SESSION_FILE_FORMAT, Conversation, load_conversations,
                             trace_request_dict)
-from engine.manager import PrefixCacheManager, Request
-from engine.replay import ReplayConfig, make_manager, replay
-from engine.store import SessionInfo, Store
-from engine.trace import TraceRequest
+from engine.core.manager import PrefixCacheManager, Request
+from engine.core.replay import ReplayConfig, make_manager, replay
+from engine.store.database import SessionInfo, Store
+from engine.core.trace import TraceRequest
 
 DEFAULT_CAPACITY_BLOCKS = 4096
 _REQUEST_ROLES = ("user", "tool", "function")
@@ -201,7 +201,7 @@ def turn_requests(turns: Sequence[Turn], salt: str | None = None, prefix: str = 
 
 
 def session_turns(store: Store, info: SessionInfo, tokenizer: Any = None) -> list[Turn]:
-    from engine.models import load_tokenizer
+    from engine.model.loader import load_tokenizer
 
     tok = tokenizer if tokenizer is not None else load_tokenizer(info.model)
     turns = render_turns(store.messages(info.id), tok, info.settings.get("tools"))
@@ -221,7 +221,7 @@ def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager
                  store: Store | None = None, run_id: int | None = None,
                  turns: Sequence[Turn] | None = None,
                  on_request: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Serve `requests` on `manager` as `engine.replay.replay` does; with a store, every
+    """Serve `requests` on `manager` as `engine.core.replay.replay` does; with a store, every
     request is committed with its events in one transaction as soon as it finishes.
     `on_request(row)` is called after each request is served (and committed)."""
     events: list[Any] = []
@@ -339,7 +339,7 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
                          f"messages are numbered 0 to {len(old_messages) - 1}, the system message included")
     if old_messages[position].content == content:
         raise InputError(f"message {position} already says that; an edit needs different text")
-    from engine.models import load_tokenizer
+    from engine.model.loader import load_tokenizer
 
     tok = tokenizer if tokenizer is not None else load_tokenizer(info.model)
     tools = info.settings.get("tools")
@@ -354,8 +354,8 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
     salt = info.settings.get("salt")
     runner = None
     if generate:
-        from engine.models import load_model
-        from engine.runner import ModelRunner
+        from engine.model.loader import load_model
+        from engine.model.runner import ModelRunner
 
         runner = ModelRunner(loaded if loaded is not None else load_model(info.model), num_blocks=config.capacity_blocks,
                              block_size=config.block_size, seed=config.seed, hash=config.hash, events=EventBus())

@@ -17,11 +17,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from engine.events import EventBus, MissInfo
-from engine.hashing import BlockHasher
-from engine.kv_pool import KVPool, KVShape
-from engine.manager import PrefixCacheManager, Request
-from engine.models import LoadedModel
+from engine.core.events import EventBus, MissInfo
+from engine.core.hashing import BlockHasher
+from engine.model.kv_pool import KVPool, KVShape
+from engine.core.manager import PrefixCacheManager, Request
+from engine.model.loader import LoadedModel
 
 DEFAULT_NUM_BLOCKS = 1024
 _BUFFER_STEP = 512  # working-cache capacity is rounded up to this many tokens, so buffers get reused

@@ -1,6 +1,6 @@
 """Physical blocks, the LRU free queue and the hash -> block map (DESIGN 4.3).
 
-Plain Python bookkeeping, no tensors: the KV tensors live in `engine.kv_pool`, indexed by
+Plain Python bookkeeping, no tensors: the KV tensors live in `engine.model.kv_pool`, indexed by
 the same block ids. Modelled on vLLM v1's `BlockPool` and `FreeKVCacheBlockQueue`.
 """
 

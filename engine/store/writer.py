@@ -10,10 +10,10 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from engine.events import Event
+from engine.core.events import Event
 
 if TYPE_CHECKING:
-    from engine.store import Store
+    from engine.store.database import Store
 
 _STOP = object()
 

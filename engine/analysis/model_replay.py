@@ -1,6 +1,6 @@
 """Replaying conversations on the real model (`cachescope replay CONVERSATION`): each user
 turn is one request through a fresh `ModelRunner`, so the reuse comes from the engine alone.
-Token-level and block-level traces without a model are `engine.replay`'s business.
+Token-level and block-level traces without a model are `engine.core.replay`'s business.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import argparse
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from engine.errors import CapacityError, InputError
-from engine.events import EventBus
-from engine.formats import Conversation, load_conversations
+from engine.core.errors import CapacityError, InputError
+from engine.core.events import EventBus
+from engine.store.formats import Conversation, load_conversations
 
 DEFAULT_CAPACITY_BLOCKS = 4096  # 64K tokens at block size 16: no eviction for any normal chat
 
@@ -51,7 +51,7 @@ def replay_conversations(conversations: Sequence[Conversation], loaded: Any, con
     `teacher_forced`, which keeps them (the generated reply is then only measured).
     With `verify` each request is repeated without reuse and compared.
     """
-    from engine.runner import ModelRunner
+    from engine.model.runner import ModelRunner
 
     runner = ModelRunner(loaded, num_blocks=config.capacity_blocks if config.kv_memory_bytes is None else None,
                          kv_memory_bytes=config.kv_memory_bytes, block_size=config.block_size, seed=config.seed,
@@ -89,7 +89,7 @@ def _run_turn(runner: Any, history: list[dict[str, str]], config: ModelReplayCon
     try:
         result = runner.generate(prompt, max_new_tokens=config.max_new_tokens, request_id=request_id)
     except CapacityError as exc:
-        from engine.manager import Request
+        from engine.core.manager import Request
 
         lookup_miss = runner.manager.lookup(Request(request_id, prompt)).miss
         row.update(refused=True, error=str(exc), miss_reason=lookup_miss.reason,
@@ -159,7 +159,7 @@ def replay_conversation_command(args: argparse.Namespace) -> dict[str, Any]:
         kv_memory_bytes=kv_memory, seed=None if getattr(args, "random_seed", False) else args.seed,
         hash=args.hash, max_new_tokens=args.max_new_tokens, verify=args.verify,
         teacher_forced=args.teacher_forced, model=args.model)
-    from engine.models import load_model
+    from engine.model.loader import load_model
 
     loaded = load_model(args.model)
     try:

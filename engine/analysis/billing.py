@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Sequence
 
-from engine.errors import InputError
-from engine.trace import common_prefix_length
+from engine.core.errors import InputError
+from engine.core.trace import common_prefix_length
+from engine.resources import resource_path
 
-RULES_PATH = Path(__file__).resolve().parents[1] / "resources" / "billing_rules.json"
+RULES_PATH = resource_path("billing_rules.json")
 PROVIDERS = ("anthropic", "openai", "openai-legacy")
 
 
@@ -366,7 +367,7 @@ def _prefix_hashes(tokens: Sequence[int]) -> list[int]:
 
 
 def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
-    """Billing requests from `engine.trace.TraceRequest`s; timestamps are milliseconds.
+    """Billing requests from `engine.core.trace.TraceRequest`s; timestamps are milliseconds.
 
     A trace has no message boundaries, so a token-level request is cut where an earlier
     request's prompt (or prompt plus output) ended: that is where a conversation's turns
@@ -448,12 +449,12 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
 def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0,
                           model: str | None = None) -> tuple[list[BillingRequest], str]:
     """Requests of a file or a stored session id ("7" or "session:7"), and where counts come from."""
-    from engine.sweep import is_request_trace, load_conversation_file
+    from engine.analysis.sweep import is_request_trace, load_conversation_file
 
     path = Path(source)
     m = re.fullmatch(r"(?:session:)?(\d+)", source)
     if not path.exists() and m:
-        from engine.store import Store
+        from engine.store.database import Store
 
         with Store(db) as store:
             info = store.get_session(int(m.group(1)))
@@ -463,12 +464,12 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
     elif not path.is_file():
         raise InputError(f"{source}: no such file or stored session")
     elif is_request_trace(path):
-        from engine.trace import load_trace
+        from engine.core.trace import load_trace
 
         return requests_from_trace(load_trace(path)), "trace token counts; timestamps read as milliseconds"
     else:
         convs = load_conversation_file(path)
-    from engine.models import load_tokenizer
+    from engine.model.loader import load_tokenizer
 
     reqs = requests_from_conversations(convs, load_tokenizer(model), turn_gap_s)
     if not reqs:

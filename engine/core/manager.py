@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from engine.block_pool import Block, BlockPool
-from engine.errors import CapacityError, ResetRefusedError
-from engine.events import (
+from engine.core.block_pool import Block, BlockPool
+from engine.core.errors import CapacityError, ResetRefusedError
+from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, EventBus,
     LookupDone, MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
 )
-from engine.hashing import BlockHasher
+from engine.core.hashing import BlockHasher
 
 MISS_REASONS = ("new_content", "evicted", "salt", "partial_block", "last_token")
 _MAX_SALTS_CHECKED = 64

@@ -2,7 +2,7 @@
 
 Sessions, messages with their edit history, runs, requests, imported trace lines and the
 engine's event stream. Every write is one transaction; `StoreWriter` is the single writer
-thread the app feeds through a queue. Importing and replaying live in `engine.sessions`.
+thread the app feeds through a queue. Importing and replaying live in `engine.store.sessions`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import sqlite_utils
 
-from engine.errors import InputError
-from engine.events import Event, event_from_dict
+from engine.core.errors import InputError
+from engine.core.events import Event, event_from_dict
 
 DB_ENV = "CACHESCOPE_DB"
 Migration = Callable[[sqlite_utils.Database], None]
@@ -356,7 +356,7 @@ class Store:
 
     # -- trace lines of a trace session
     def add_trace_requests(self, session_id: int, requests: Iterable[Any]) -> int:
-        """Store `engine.trace.TraceRequest`s of a trace session; returns how many."""
+        """Store `engine.core.trace.TraceRequest`s of a trace session; returns how many."""
         rows = [(session_id, r.index, r.line, r.id, r.tenant, _dumps(list(r.tokens) if r.tokens is not None else None),
                  _dumps(list(r.output_tokens) if r.output_tokens is not None else None),
                  _dumps(list(r.hash_ids) if r.hash_ids is not None else None), r.input_length, r.output_length,
@@ -371,7 +371,7 @@ class Store:
 
     def trace_requests(self, session_id: int) -> list[Any]:
         """The `TraceRequest`s of a trace session, in file order."""
-        from engine.trace import TraceRequest
+        from engine.core.trace import TraceRequest
 
         def tup(text: str | None) -> tuple[int, ...] | None:
             return None if text is None else tuple(json.loads(text))
@@ -500,6 +500,6 @@ class _Atomic:
 
 
 
-from engine.store_writer import StoreWriter  # noqa: E402 - re-exported; it needs Store first
+from engine.store.writer import StoreWriter  # noqa: E402 - re-exported; it needs Store first
 
 __all__ = ["Store", "StoreWriter", "SessionInfo", "MessageRow", "RunInfo", "StoredRequest", "default_db_path"]

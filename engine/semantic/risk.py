@@ -2,7 +2,7 @@
 
 Rule-based and offline (no spaCy): negation or opposite words in one prompt only, numbers
 or units that differ, quoted values or named entities that differ. Each flag names the
-words that triggered it. Embedding and cache logic live in `engine.semantic`.
+words that triggered it. Embedding and cache logic live in `engine.semantic.cache`.
 """
 
 from __future__ import annotations

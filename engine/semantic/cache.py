@@ -2,7 +2,7 @@
 
 `Embedder` (sentence-transformers, normalised), `VectorIndex` (exact NumPy search for small
 sizes, usearch HNSW above), and `SemanticCache` (decisions with risk flags, SQLite
-persistence through `engine.store.Store`, TTL, LRU, tenants, events). Flags: `engine.risk`.
+persistence through `engine.store.database.Store`, TTL, LRU, tenants, events). Flags: `engine.semantic.risk`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.errors import InputError
-from engine.events import EventBus, SemanticEvicted, SemanticLookup, SemanticStored
-from engine.risk import RiskFlag, risk_flags
+from engine.core.errors import InputError
+from engine.core.events import EventBus, SemanticEvicted, SemanticLookup, SemanticStored
+from engine.semantic.risk import RiskFlag, risk_flags
 
 DEFAULT_THRESHOLD = 0.90
 DEFAULT_TOP_K = 5
@@ -282,7 +282,7 @@ class SemanticCache:
     """Responses served by prompt similarity, one index per (model, tenant).
 
     Thread-safe: the model worker looks up and stores while the GUI reads. Entries persist
-    in the `semantic_entries` table of `store` (an `engine.store.Store`; None keeps them in
+    in the `semantic_entries` table of `store` (an `engine.store.database.Store`; None keeps them in
     memory only). `ttl_seconds` expires entries by age; `max_entries` evicts the least
     recently used beyond it. Events go to `events` on the calling thread.
     """

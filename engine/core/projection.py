@@ -13,11 +13,11 @@ from array import array
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from engine.events import (
+from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone,
     MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
 )
-from engine.manager import BlockView, Counters, PoolSnapshot
+from engine.core.manager import BlockView, Counters, PoolSnapshot
 
 # Block categories of the grid; the counts of each are kept up to date per event.
 EMPTY, CACHED_FREE, IN_USE = 0, 1, 2

@@ -12,17 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.hashing import BlockHasher
-from engine.replay import ReplayConfig, replay
-from engine.trace import load_trace
+from engine.core.hashing import BlockHasher
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import load_trace
+from engine.resources import RESOURCES
 
 TRACE_NAME = "mooncake_conversation_trace.jsonl"
 
 
 def find_trace(name: str = TRACE_NAME) -> Path:
     """The bundled copy in resources/traces, else the shared data folder beside the repo."""
-    root = Path(__file__).resolve().parents[2]
-    for candidate in (root / "resources" / "traces" / name, root.parent / "shared" / "data" / "traces" / name):
+    root = RESOURCES.parent
+    for candidate in (RESOURCES / "traces" / name, root.parent / "shared" / "data" / "traces" / name):
         if candidate.exists():
             return candidate
     raise FileNotFoundError(f"{name} is neither in resources/traces nor in ../shared/data/traces")
