@@ -1,51 +1,85 @@
-"""Attaching to a vLLM KV-event stream: wire format, gap refill from the replay socket, CLI.
+"""Attaching to vLLM through real ZMQ sockets on loopback, with frames recorded from vLLM 0.33.
 
-The publisher here plays a vLLM server on loopback with vLLM's exact framing:
-PUB `[topic, seq (8 bytes big-endian), msgpack EventBatch]` and a ROUTER replay socket.
+`FixtureServer` plays `tests/data/vllm/vllm_zmq_frames.jsonl` byte for byte: the PUB frames
+on an XPUB socket (wire-identical to PUB; it also tells us when the subscriber has joined,
+so no test sleeps on PUB/SUB's slow join) and the replay replies on a ROUTER, in vLLM
+0.33's four-frame layout or the older three-frame one. Every loop is bounded.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
 
-from engine.core.events import EventBus
-from engine.core.projection import PoolProjection
-from engine.remote.vllm_events import RemoteEvent, RemotePool, VllmSubscriber, decode_batch, encode_batch
+from engine.core.errors import InputError
+from engine.remote import AttachOptions, Attachment
+from engine.remote.wire import canonical_hash
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+DATA = Path(__file__).resolve().parent / "data" / "vllm"
 
 
-class FakeVllm:
-    """A loopback publisher speaking vLLM's ZmqEventPublisher protocol."""
+def fixture_frames(rank: int, sock: str) -> list[list[bytes]]:
+    out = []
+    for line in (DATA / "vllm_zmq_frames.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["rank"] == rank and row["socket"] == sock:
+            out.append([base64.b64decode(f) for f in row["frames"]])
+    return out
 
-    def __init__(self) -> None:
+
+def free_ports(n: int = 1) -> int:
+    """A base port p with p .. p+n-1 all free on 127.0.0.1 (data-parallel ranks add to it)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for t in socks:
+                t.close()
+    raise RuntimeError("no free ports")
+
+
+class FixtureServer:
+    """A vLLM server that only knows how to say what vLLM 0.33 once said."""
+
+    def __init__(self, rank: int = 0, port: int | None = None, replay_port: int | None = None,
+                 old_layout: bool = False, connect: str | None = None, endless_replay: bool = False) -> None:
         self.ctx = zmq.Context.instance()
-        self.port, self.replay_port = free_port(), free_port()
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.bind(f"tcp://127.0.0.1:{self.port}")
+        self.pub_frames = fixture_frames(rank, "pub")
+        self.replay_frames = fixture_frames(rank, "replay")
+        self.old_layout = old_layout
+        self.endless_replay = endless_replay
+        self.port = port or free_ports()
+        self.replay_port = replay_port or free_ports()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        if connect:
+            self.pub.connect(connect)
+        else:
+            self.pub.bind(f"tcp://127.0.0.1:{self.port}")
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.bind(f"tcp://127.0.0.1:{self.replay_port}")
-        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=1000)
-        self.seq = 0
+        self.num_replay_requests = 0
+        self.published = {0}  # batch 0 went out before any test subscriber joined
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     @property
@@ -56,125 +90,267 @@ class FakeVllm:
     def replay_endpoint(self) -> str:
         return f"tcp://127.0.0.1:{self.replay_port}"
 
-    def publish(self, payload: bytes, drop: bool = False) -> None:
-        seq = self.seq
-        self.seq += 1
-        self.buffer.append((seq, payload))
+    def wait_joined(self, timeout: float = 10.0) -> None:
+        if not self.pub.poll(int(timeout * 1000)):
+            raise AssertionError("no subscriber joined")
+        self.pub.recv_multipart()  # the subscription message
+
+    def send(self, frames: list[bytes], drop: bool = False) -> None:
+        """Publish `frames` (`drop`: into the buffer only, as if lost on the way)."""
+        if len(frames) == 3 and len(frames[1]) == 8:
+            self.published.add(int.from_bytes(frames[1], "big"))
         if not drop:
-            self.pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
+            self.pub.send_multipart(frames)
 
-    def resend_last(self) -> None:
-        seq, payload = self.buffer[-1]
-        self.pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
+    def _reply(self, frames: list[bytes]) -> list[bytes]:
+        if self.old_layout:  # [b"", topic, seq, payload] -> [b"", seq, payload]
+            return [frames[0], frames[2], frames[3]]
+        return frames
 
-    def _serve_replay(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
+    def _serve(self) -> None:
         while not self._stop.is_set():
-            if not poller.poll(50):
+            if not self.router.poll(50):
                 continue
-            client, _, start = self.router.recv_multipart()
+            client, _empty, start = self.router.recv_multipart()
+            self.num_replay_requests += 1
             start_seq = int.from_bytes(start, "big")
-            for seq, buf in list(self.buffer):
-                if seq >= start_seq:
-                    self.router.send_multipart((client, b"", seq.to_bytes(8, "big"), buf))
-            self.router.send_multipart((client, b"", (-1).to_bytes(8, "big", signed=True), b""))
+            *batches, end = self.replay_frames
+            if self.endless_replay:  # batch 0 over and over, never the end marker
+                batches = batches[:1]
+            while True:
+                for frames in batches:
+                    seq = int.from_bytes(frames[2], "big")
+                    if seq >= start_seq and seq in self.published:
+                        self.router.send_multipart([client, *self._reply(frames)])
+                if not self.endless_replay or self._stop.is_set():
+                    break
+            self.router.send_multipart([client, *self._reply(end)])
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=10)
         self.pub.close(linger=0)
         self.router.close(linger=0)
 
 
-def stored(hashes, parent, tokens, bs=4) -> RemoteEvent:
-    return RemoteEvent("BlockStored", tuple(hashes), parent, tuple(tokens), bs)
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
 
 
-def test_decode_both_encodings_and_int_hashes():
-    ev = [stored([b"\x01" * 8, b"\x02" * 8], None, range(8)), RemoteEvent("BlockRemoved", (b"\x01" * 8,)),
-          RemoteEvent("AllBlocksCleared")]
-    for array_like in (True, False):
-        batch = decode_batch(3, encode_batch(1.5, ev, array_like=array_like))
-        assert batch.seq == 3 and batch.ts == 1.5
-        assert [e.kind for e in batch.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
-        assert batch.events[0].token_ids == tuple(range(8)) and batch.events[0].block_size == 4
-    # older vLLM: integer hashes, negative included, array-like with a dp rank
-    raw = msgpack.packb([2.0, [["BlockStored", [12345, -7], None, [1, 2, 3, 4, 5, 6, 7, 8], 4, None, "GPU"]], 0])
-    batch = decode_batch(0, raw)
-    assert batch.data_parallel_rank == 0
-    assert len(batch.events[0].block_hashes) == 2 and batch.events[0].block_hashes[0] != batch.events[0].block_hashes[1]
-    with pytest.raises(ValueError, match="not valid msgpack|not an EventBatch"):
-        decode_batch(0, b"\xc1garbage")
-    with pytest.raises(ValueError, match="unknown KV event type"):
-        decode_batch(0, msgpack.packb([0.0, [["BlockMoved", []]]]))
+class Collected:
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, int]] = []
+        self.notices: list[tuple[str, str]] = []
+        self.events: list = []
+
+    def on_batch(self, pool, batch, events) -> None:
+        self.batches.append((pool.source, batch.seq))
+        self.events.extend(events)
+
+    def on_notice(self, pool, kind, message) -> None:
+        self.notices.append((kind, message))
 
 
-def test_remote_pool_projection_builds_the_hash_tree():
-    bus = EventBus()
-    proj = PoolProjection(0, 4)
-    bus.subscribe(proj.apply)
-    pool = RemotePool(bus, "x")
-    a, b, c = b"a" * 8, b"b" * 8, b"c" * 8
-    pool.apply(decode_batch(0, encode_batch(0.0, [stored([a, b], None, range(8))])))
-    pool.apply(decode_batch(1, encode_batch(0.0, [stored([c], a, [9, 9, 9, 9])])))
-    assert pool.cached == {a, b, c}
-    assert proj.num_hashed == 3
-    assert proj.parents[proj.block_of_hash(b)] == a and proj.parents[proj.block_of_hash(c)] == a
-    pool.apply(decode_batch(2, encode_batch(0.0, [RemoteEvent("BlockRemoved", (b,))])))
-    assert proj.block_of_hash(b) is None and proj.num_hashed == 2
-    pool.apply(decode_batch(3, encode_batch(0.0, [RemoteEvent("AllBlocksCleared")])))
-    assert proj.num_hashed == 0 and not pool.cached
+def attach(server_or_endpoint, replay: str | None, **kw) -> tuple[Attachment, Collected]:
+    """Attach and, with a replay socket, wait until the buffer fetched on joining (batch 0)
+    is in, so what each test sends next arrives live."""
+    got = Collected()
+    endpoint = server_or_endpoint if isinstance(server_or_endpoint, str) else server_or_endpoint.endpoint
+    att = Attachment(AttachOptions((endpoint,), (replay,) if replay else (), **kw),
+                     on_batch=got.on_batch, on_notice=got.on_notice)
+    att.events.subscribe(lambda e: None)
+    att.start()
+    if replay:
+        wait_for(lambda: len(got.batches) >= len(att.pools), timeout=20)
+    return att, got
 
 
-def test_subscriber_refills_a_gap_from_the_replay_socket():
-    server = FakeVllm()
-    got: list = []
-    sub = VllmSubscriber(server.endpoint, got.append, server.replay_endpoint).start()
+H = canonical_hash  # fixture hashes as the pool keys them
+A, B = H(1403909460543360175), H(1643945449041937783)
+SALTED = (H(14725353451287653808), H(11679162194730534105))
+
+
+@pytest.mark.parametrize("old_layout", [False, True])
+def test_late_join_fetches_the_buffer_and_keeps_every_field(old_layout):
+    server = FixtureServer(old_layout=old_layout)
+    att, got = attach(server, server.replay_endpoint)
     try:
-        time.sleep(0.3)  # PUB/SUB joins asynchronously
-        for i in range(10):
-            payload = encode_batch(float(i), [stored([bytes([i]) * 8], None, [i] * 4)])
-            server.publish(payload, drop=i in (3, 4, 5))
-            time.sleep(0.02)
-        deadline = time.monotonic() + 10
-        while len(got) < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        server.wait_joined()
+        for frames in server.pub_frames[:3]:  # seq 1..3; seq 0 went out before we joined
+            server.send(frames)
+        wait_for(lambda: len(got.batches) == 4)
+        pool = att.pools[0]
+        with att.lock:
+            assert [s for _, s in got.batches] == [0, 1, 2, 3]
+            assert set(pool.tiers["GPU"]) == {A, *SALTED} and set(pool.tiers["CPU"]) == {B}
+            assert pool.tiers["GPU"][SALTED[1]].tenant == "tenant-a"  # inherited from block 0
+            assert pool.tiers["CPU"][B].token_ids == tuple(range(17, 33))
+        h = att.subscribers[0].health
+        assert (h.batches, h.refilled, h.missed, h.malformed, h.restarts) == (4, 1, 0, 0, 0)
+        stored = [e for e in got.events if e.kind == "block_stored"]
+        first = next(e for e in stored if e.remote.session_id == "sess-1")
+        assert (first.remote.group_idx, first.remote.kv_cache_spec_kind, first.remote.medium) == (0, "full_attention", "GPU")
+        assert first.block_hash.hex() == "16d077ad0843c577" and first.parent_hash == A
+        salted = [e for e in stored if e.salt == "tenant-a"]
+        assert [e.block_hash for e in salted] == list(SALTED) and salted[0].remote.extra_keys == (("tenant-a",), None)
+        cpu = next(e for e in stored if e.remote.medium == "CPU")
+        assert cpu.remote.locality == "LOCAL"
+        server.send(server.pub_frames[3])  # AllBlocksCleared
+        wait_for(lambda: len(got.batches) == 5)
+        with att.lock:
+            assert pool.num_cached == 0 and pool.removal_of(A) is not None
     finally:
-        sub.stop()
+        att.stop()
         server.close()
-    assert [b.seq for b in got] == list(range(10))
-    assert sub.num_gaps_refilled >= 1 and sub.num_missed == 0
 
 
-def test_attach_command_prints_events_and_summary():
-    server = FakeVllm()
-    proc = subprocess.Popen([sys.executable, "-m", "app", "attach", server.endpoint, "--replay",
-                             server.replay_endpoint, "--max-batches", "3", "--seconds", "30", "--json"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_gap_is_refilled_and_what_the_server_lost_is_missed():
+    server = FixtureServer()
+    att, got = attach(server, server.replay_endpoint)
     try:
-        # Two batches go out before the subscriber has joined; it must fetch them from the
-        # replay socket when the third, re-sent until it lands, reaches it.
-        for i in range(3):
-            server.publish(encode_batch(float(i), [stored([bytes([i + 1]) * 8], None, [i] * 4)],
-                                        array_like=i % 2 == 0), drop=True)
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            server.resend_last()
-            time.sleep(0.2)
-        out, err = proc.communicate(timeout=60)
+        server.wait_joined()
+        server.send(server.pub_frames[0])  # seq 1
+        server.send(server.pub_frames[1], drop=True)  # seq 2 never reaches us
+        server.send(server.pub_frames[2])  # seq 3: refills 2
+        wait_for(lambda: len(got.batches) == 4)
+        assert [s for _, s in got.batches] == [0, 1, 2, 3]
+        assert att.subscribers[0].health.refilled == 2 and att.subscribers[0].health.missed == 0
+        assert any(kind == "refilled" for kind, _ in got.notices)
     finally:
+        att.stop()
         server.close()
-    assert proc.returncode == 0, err
-    lines = [json.loads(line) for line in out.splitlines()]
-    kinds = [line["event"]["kind"] for line in lines if "event" in line]
-    assert kinds.count("block_stored") == 3
-    summary = lines[-1]["summary"][0]
-    assert summary["stored"] == 3 and summary["cached"] == 3
+    # Without a replay socket the same stream loses batches 0 and 2: counted, never 0.
+    server = FixtureServer()
+    att, got = attach(server, None)
+    try:
+        server.wait_joined()
+        server.send(server.pub_frames[0])
+        server.send(server.pub_frames[2])
+        wait_for(lambda: len(got.batches) == 2)
+        h = att.subscribers[0].health
+        assert (h.batches, h.missed, h.last_seq) == (2, 2, 3)
+    finally:
+        att.stop()
+        server.close()
 
 
-def test_attach_rejects_a_bad_endpoint(capsys):
-    from app.cli import main
+def test_a_restart_starts_a_fresh_pool():
+    server = FixtureServer()
+    att, got = attach(server, server.replay_endpoint)
+    try:
+        server.wait_joined()
+        for frames in server.pub_frames[:3]:
+            server.send(frames)
+        wait_for(lambda: len(got.batches) == 4)
+        server.send(server.pub_frames[0])  # seq 1 again: the server started over
+        wait_for(lambda: att.subscribers[0].health.restarts == 1 and [s for _, s in got.batches][-2:] == [0, 1])
+        with att.lock:
+            assert set(att.pools[0].cached_hashes()) == {A, B}  # batches 0 and 1 of the new server
+        assert any(kind == "restart" for kind, _ in got.notices)
+        assert any(e.kind == "cache_reset" for e in got.events)
+    finally:
+        att.stop()
+        server.close()
 
-    assert main(["attach", "localhost:5557", "--seconds", "0"]) == 2
-    assert "not a ZMQ endpoint" in capsys.readouterr().err
+
+def test_garbage_is_counted_and_skipped_without_moving_the_sequence():
+    server = FixtureServer()
+    att, got = attach(server, server.replay_endpoint)
+    try:
+        server.wait_joined()
+        topic, _, payload = server.pub_frames[0]
+        server.send(server.pub_frames[0])
+        server.send([topic, b"\x00\x02", payload])  # a sequence frame of 2 bytes
+        server.send([topic, (2).to_bytes(8, "big"), b"\xc1 not msgpack"])  # an undecodable payload
+        server.send([topic, (2**63 - 7).to_bytes(8, "big"), b"\x93"])  # a wild sequence number
+        server.send([topic, (2).to_bytes(8, "big"), b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x91\x81\xa4type\xa8Teleport\x00"])
+        server.send([topic])  # one frame
+        server.send(server.pub_frames[1])  # the real seq 2
+        server.send(server.pub_frames[2])
+        wait_for(lambda: len(got.batches) == 4)
+        h = att.subscribers[0].health
+        assert [s for _, s in got.batches] == [0, 1, 2, 3]
+        assert (h.malformed, h.missed, h.last_seq) == (5, 0, 3)
+    finally:
+        att.stop()
+        server.close()
+
+
+def test_bind_for_a_server_that_connects():
+    port = free_ports()
+    got = Collected()
+    att = Attachment(AttachOptions((f"tcp://*:{port}",), bind=True), on_batch=got.on_batch).start()
+    server = FixtureServer(connect=f"tcp://127.0.0.1:{port}")
+    try:
+        server.wait_joined()
+        for frames in server.pub_frames:
+            server.send(frames)
+        wait_for(lambda: len(got.batches) == 4)
+        assert att.subscribers[0].health.missed == 1  # batch 0 only the replay had
+    finally:
+        att.stop()
+        server.close()
+
+
+def test_data_parallel_ranks_get_one_pool_each_and_a_combined_view():
+    port, replay = free_ports(2), free_ports(2)
+    servers = [FixtureServer(rank=r, port=port + r, replay_port=replay + r) for r in (0, 1)]
+    att, got = attach(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}", data_parallel_size=2)
+    try:
+        for s in servers:
+            s.wait_joined()
+        servers[0].send(servers[0].pub_frames[0])
+        servers[1].send(servers[1].pub_frames[0])
+        wait_for(lambda: len(got.batches) == 4)
+        with att.lock:
+            r0, r1 = att.pools
+            assert (r0.rank, r1.rank) == (0, 1) and r1.source.endswith("rank 1")
+            digests = {bytes.fromhex("7b255da405e1d722823892e4fef187b4d8ac78215d7f0dd2137bb037547f4caf"),
+                       bytes.fromhex("8e717becdc2054b7a3223b7b844f462c0db0ac86287b752b16d077ad0843c577")}
+            assert r1.cached_hashes() == digests and r0.cached_hashes() == {A, B}
+            assert att.combined.num_cached == 4
+            # rank 0 names the blocks by their 8-byte tails, rank 1 by the digests: one block each way
+            assert len(att.combined.find(next(iter(digests)))) == 2
+        ranks = {e.remote.rank for e in got.events}
+        assert ranks == {0, 1}
+    finally:
+        att.stop()
+        for s in servers:
+            s.close()
+
+
+def test_bad_options_are_one_sentence():
+    with pytest.raises(InputError, match="65535"):
+        AttachOptions(("tcp://127.0.0.1:999999",))
+    with pytest.raises(InputError, match="wildcard"):
+        AttachOptions(("tcp://*:5557",))
+    with pytest.raises(InputError, match="past port 65535"):
+        AttachOptions(("tcp://127.0.0.1:65535",), data_parallel_size=2)
+    with pytest.raises(InputError, match="not a ZMQ endpoint"):
+        AttachOptions(("localhost:5557",))
+    port = free_ports()
+    holder = zmq.Context.instance().socket(zmq.PUB)
+    holder.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with pytest.raises(InputError, match="cannot bind"):
+            Attachment(AttachOptions((f"tcp://127.0.0.1:{port}",), bind=True)).start()
+    finally:
+        holder.close(linger=0)
+
+
+def test_an_endless_replay_socket_is_cut_at_the_refill_timeout():
+    server = FixtureServer(endless_replay=True)
+    att, got = attach(server, server.replay_endpoint, refill_timeout=0.5)
+    try:
+        server.wait_joined()
+        server.send(server.pub_frames[0])
+        wait_for(lambda: any(s == 1 for _, s in got.batches), timeout=20)
+        assert any(kind == "refill_timeout" for kind, _ in got.notices)
+        assert [s for _, s in got.batches] == [0, 1]
+    finally:
+        att.stop()
+        server.close()

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from app.commands._common import print_json
+from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
 
 NAME = "demo"
@@ -18,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", nargs="?", help="the demo to run (see --list)")
     p.add_argument("--list", action="store_true", help="list the demos, one line each")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_publish_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +36,21 @@ def run(args: argparse.Namespace) -> int:
     if not args.name:
         raise InputError("name a demo to run, or pass --list to see them")
     get_demo(args.name)  # a bad name fails before any model is loaded
-    result = run_demo(args.name)
+    publishing = Publishing(args)
+    try:
+        env = None
+        if publishing.active:
+            from engine.demos.env import DemoEnv
+
+            def on_engine(engine: Any) -> None:
+                # Runners and managers have a prefix cache to publish; a bare bus does not.
+                if hasattr(engine, "block_size") and hasattr(engine, "events"):
+                    publishing.hook(engine.events, engine.block_size)
+
+            env = DemoEnv(on_engine=on_engine)
+        result = run_demo(args.name, env)
+    finally:
+        publishing.close()
     if args.json:
         print_json(result)
     else:

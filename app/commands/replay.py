@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from app.commands._common import byte_size, non_negative_int, positive_int, print_json
+from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
+from engine.core.hashing import HASH_NAMES
 from engine.core.trace import is_request_trace
 
 NAME = "replay"
@@ -25,25 +27,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--kv-memory", type=byte_size, metavar="SIZE", help="pool size as a KV memory budget, e.g. 512MiB (needs a model)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
     p.add_argument("--random-seed", action="store_true", help="use a random hash root instead of --seed")
-    p.add_argument("--hash", choices=("sha256", "xxh3"), default="sha256", help="block hash (default sha256)")
+    p.add_argument("--hash", choices=HASH_NAMES, default="sha256",
+                   help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
+    p.add_argument("--hash-seed", default=None, metavar="SEED",
+                   help="with a vllm-* hash: the server's PYTHONHASHSEED, if it was started with one")
     p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once (default 1)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=32, metavar="N", help="tokens to generate per turn (model replay)")
     p.add_argument("--verify", action="store_true", help="repeat the run without reuse and compare outputs and logits")
     p.add_argument("--teacher-forced", action="store_true", help="keep recorded assistant turns instead of generating them")
     p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_publish_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.trace)
     if not path.exists():
         raise InputError(f"{args.trace}: no such file")
-    if args.no_model or is_request_trace(path):
-        result = _replay_trace(args)
-    else:
-        from engine.analysis.model_replay import replay_conversation_command
+    if args.hash_seed is not None and not args.hash.startswith("vllm-"):
+        raise InputError("--hash-seed applies to the vllm-sha256 and vllm-sha256-cbor hashes")
+    publishing = Publishing(args)
+    try:
+        bus = None
+        if publishing.active:
+            from engine.core.events import EventBus
 
-        result = replay_conversation_command(args)
+            bus = EventBus()
+            publishing.hook(bus, args.block_size)
+        if args.no_model or is_request_trace(path):
+            result = _replay_trace(args, bus)
+        else:
+            from engine.analysis.model_replay import replay_conversation_command
+
+            result = replay_conversation_command(args, bus)
+    finally:
+        publishing.close()
     if args.totals_only:
         result.pop("requests", None)
     if args.json:
@@ -53,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_trace(args: argparse.Namespace) -> dict:
+def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
     from engine.core.replay import ReplayConfig, replay
     from engine.core.trace import read_trace
 
@@ -67,8 +85,8 @@ def _replay_trace(args: argparse.Namespace) -> dict:
         raise InputError("give the pool size: --capacity-blocks N or --capacity-tokens N")
     config = ReplayConfig(block_size=args.block_size, capacity_blocks=capacity,
                           seed=None if args.random_seed else args.seed, hash=args.hash,
-                          concurrency=args.concurrency)
-    result = replay(read_trace(args.trace, args.block_size), config)
+                          concurrency=args.concurrency, hash_seed=args.hash_seed)
+    result = replay(read_trace(args.trace, args.block_size), config, events)
     result["config"]["trace"] = str(args.trace)
     return result
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from app.commands._common import positive_int, print_json
 from engine.core.errors import InputError
+from engine.core.hashing import HASH_NAMES
 
 NAME = "sessions"
 HELP = "stored sessions: list, show, import, export, delete, edit a message and re-run, replay"
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="tokens per block (default 16; 512 for Mooncake traces)")
     imp.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N", help="pool size in blocks")
     imp.add_argument("--seed", type=int, default=None, metavar="S", help="hash seed stored with the session (default 0)")
-    imp.add_argument("--hash", choices=("sha256", "xxh3"), default=None, help="block hash (default sha256)")
+    imp.add_argument("--hash", choices=HASH_NAMES, default=None,
+                     help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
     exp = parsers["export"]
     exp.add_argument("--format", choices=("session", "openai", "jsonl"), default="session",
                      help="session: a .cachescope.json that round-trips exactly (default); openai; jsonl")

@@ -27,6 +27,7 @@ class ModelReplayConfig:
     verify: bool = False
     teacher_forced: bool = False
     model: str | None = None
+    hash_seed: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -55,7 +56,7 @@ def replay_conversations(conversations: Sequence[Conversation], loaded: Any, con
 
     runner = ModelRunner(loaded, num_blocks=config.capacity_blocks if config.kv_memory_bytes is None else None,
                          kv_memory_bytes=config.kv_memory_bytes, block_size=config.block_size, seed=config.seed,
-                         hash=config.hash, events=events)
+                         hash=config.hash, events=events, hash_seed=config.hash_seed)
     rows: list[dict[str, Any]] = []
     for conv_index, conv in enumerate(conversations):
         if conv.kind != "chat":
@@ -140,7 +141,7 @@ def _result(rows: list[dict[str, Any]], runner: Any, config: ModelReplayConfig) 
     return {"config": out_config, "totals": totals, "requests": rows}
 
 
-def replay_conversation_command(args: argparse.Namespace) -> dict[str, Any]:
+def replay_conversation_command(args: argparse.Namespace, events: EventBus | None = None) -> dict[str, Any]:
     """`cachescope replay CONVERSATION ...` with a model: parse, load, run, return the JSON."""
     conversations = [c for c in load_conversations(args.trace) if c.kind == "chat"]
     if not conversations:
@@ -158,12 +159,12 @@ def replay_conversation_command(args: argparse.Namespace) -> dict[str, Any]:
         block_size=block_size, capacity_blocks=None if kv_memory is not None else capacity,
         kv_memory_bytes=kv_memory, seed=None if getattr(args, "random_seed", False) else args.seed,
         hash=args.hash, max_new_tokens=args.max_new_tokens, verify=args.verify,
-        teacher_forced=args.teacher_forced, model=args.model)
+        teacher_forced=args.teacher_forced, model=args.model, hash_seed=getattr(args, "hash_seed", None))
     from engine.model.loader import load_model
 
     loaded = load_model(args.model)
     try:
-        result = replay_conversations(conversations, loaded, config)
+        result = replay_conversations(conversations, loaded, config, events)
     except ValueError as exc:  # a memory budget too small for one block, and the like
         if isinstance(exc, InputError):
             raise

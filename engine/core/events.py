@@ -37,6 +37,8 @@ class Event:
         out: dict[str, Any] = {"kind": self.kind}
         for name in names:
             value = getattr(self, name)
+            if name == "remote" and value is None:
+                continue  # the embedded engine's events stay as they were
             out[name] = value if value is None or type(value) in _PLAIN else _jsonable(value)
         return out
 
@@ -70,6 +72,31 @@ class MissInfo:
     divergence_token: int | None = None
     evicted_by_seq: int | None = None  # seq of the BlockEvicted event, for `evicted`
     other_salt: str | None = None  # the salt the tokens are cached under, for `salt`
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class RemoteInfo:
+    """Where a remote (vLLM) block event came from and what vLLM said about the block.
+
+    Set on BlockStored, BlockEvicted and CacheReset built from a vLLM KV-event stream
+    (`engine.remote`); None for the embedded engine's own events. `medium` is the tier
+    (GPU, CPU, STORAGE; vLLM's None is GPU); `batch_seq` is the sequence number of the
+    vLLM batch; `extra_keys` is what vLLM published for this block (the salt untagged).
+    """
+
+    source: str  # the endpoint, with the data-parallel rank when there are several
+    rank: int = 0
+    batch_seq: int = -1
+    batch_time: float = 0.0
+    medium: str = "GPU"
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    lora_id: int | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[Any, ...] | None = None
+    locality: str | None = None
+    session_id: str | None = None
+    block_size: int | None = None
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -115,6 +142,7 @@ class BlockStored(Event):
     token_ids: tuple[int, ...]
     salt: str | None
     external_id: int | None = None  # a Mooncake hash id, for block-level traces
+    remote: RemoteInfo | None = None
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -144,6 +172,7 @@ class BlockEvicted(Event):
     block_id: int
     block_hash: bytes
     by_request_id: str
+    remote: RemoteInfo | None = None
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -168,6 +197,7 @@ class CacheReset(Event):
 
     kind: ClassVar[str] = "cache_reset"
     num_blocks_cleared: int
+    remote: RemoteInfo | None = None
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)
@@ -223,6 +253,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
             value = tuple(bytes.fromhex(v) for v in value)
         elif f.name == "miss" and isinstance(value, dict):
             value = MissInfo(**value)
+        elif f.name == "remote" and isinstance(value, dict):
+            value = RemoteInfo(**{**value, "extra_keys": _tupled(value.get("extra_keys"))})
         elif f.name == "neighbours":
             value = tuple((int(a), float(b)) for a, b in value)
         elif f.name == "neighbour_flags" and value is not None:
@@ -231,6 +263,13 @@ def event_from_dict(data: dict[str, Any]) -> Event:
             value = tuple(value)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def _tupled(value: Any) -> Any:
+    """JSON lists back to the tuples an event holds (extra keys nest them)."""
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    return value
 
 
 @dataclass(slots=True)

@@ -1,15 +1,18 @@
-"""Chained block hashes over a canonical byte encoding (DESIGN 4.1).
+"""Chained block hashes over a canonical byte encoding (DESIGN 4.1), and vLLM's own schemes.
 
-`h[i] = H(h[i-1] || tokens of block i || extra keys of block i)`. The encoding is fixed
-(little-endian uint32 token ids; block size and salt in block 0), never Python's `hash()`
-or pickle, so digests are stable across processes and versions (vLLM's CVE-2025-25183
-came from `hash()`). Plain Python: no torch, no Qt.
+`h[i] = H(h[i-1] || tokens of block i || extra keys of block i)`. Cachescope's encoding is
+fixed (little-endian uint32 token ids; block size and salt in block 0), never Python's
+`hash()`, so digests are stable across processes and versions (vLLM's CVE-2025-25183 came
+from `hash()`). `vllm-sha256` and `vllm-sha256-cbor` reproduce vLLM's `hash_block_tokens`
+byte for byte (DESIGN 9), so a prompt can be checked against a live server's pool.
+Plain Python: no torch, no Qt.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import struct
 import sys
 from array import array
@@ -18,7 +21,11 @@ from typing import Sequence
 
 import xxhash
 
-HASH_NAMES = ("sha256", "xxh3")
+HASH_NAMES = ("sha256", "xxh3", "vllm-sha256", "vllm-sha256-cbor")
+VLLM_HASHES = ("vllm-sha256", "vllm-sha256-cbor")
+# vLLM's root parent ("NONE_HASH") is its hash function applied to this string, or to
+# PYTHONHASHSEED when the server was started with one.
+VLLM_NONE_HASH_SEED = "vllm-none-hash"
 _TAG_EXTERNAL = b"X"
 _LITTLE = sys.byteorder == "little"
 _U32 = "I" if array("I").itemsize == 4 else "L"
@@ -42,6 +49,52 @@ def _encode_text(value: str | None) -> bytes:
     return struct.pack("<I", len(raw)) + raw
 
 
+def _cbor_head(major: int, value: int) -> bytes:
+    if value < 24:
+        return bytes((major << 5 | value,))
+    for info, size in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if value < 1 << (8 * size):
+            return bytes((major << 5 | info,)) + value.to_bytes(size, "big")
+    raise ValueError(f"{value} does not fit a CBOR integer")
+
+
+def cbor_canonical(value: object) -> bytes:
+    """Canonical CBOR (RFC 8949 4.2.1) of the values a vLLM block hash input holds.
+
+    Equal to `cbor2.dumps(value, canonical=True)` for None, bool, int, str, bytes and
+    tuples/lists of them (checked against vLLM's recorded digests); written out here so
+    the hot path needs no extra package and no per-call option parsing.
+    """
+    if value is None:
+        return b"\xf6"
+    if value is True or value is False:
+        return b"\xf5" if value else b"\xf4"
+    if isinstance(value, int):
+        return _cbor_head(0, value) if value >= 0 else _cbor_head(1, -1 - value)
+    if isinstance(value, bytes):
+        return _cbor_head(2, len(value)) + value
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+        return _cbor_head(3, len(raw)) + raw
+    if isinstance(value, (tuple, list)):
+        return _cbor_head(4, len(value)) + b"".join(cbor_canonical(v) for v in value)
+    raise ValueError(f"cannot encode a {type(value).__name__} in a vLLM block hash")
+
+
+def vllm_digest(scheme: str, value: object) -> bytes:
+    """vLLM's `sha256` (pickle protocol 5) or `sha256_cbor` digest of one Python value."""
+    if scheme == "vllm-sha256":
+        return hashlib.sha256(pickle.dumps(value, protocol=5)).digest()
+    if scheme == "vllm-sha256-cbor":
+        return hashlib.sha256(cbor_canonical(value)).digest()
+    raise ValueError(f"unknown vLLM hash {scheme!r}; choose one of {', '.join(VLLM_HASHES)}")
+
+
+def event_hash(digest: bytes) -> int:
+    """The integer vLLM's KV events carry for a digest: its last 8 bytes, unsigned."""
+    return int.from_bytes(digest[-8:], "big")
+
+
 @dataclass(slots=True)
 class BlockHasher:
     """Computes the hash chain of a request's full blocks.
@@ -50,16 +103,26 @@ class BlockHasher:
     several times faster, not collision resistant against an adversary). The root value is
     random per hasher unless `seed` is given; `model_id` is folded into the root, which
     gives every block the model identity as an extra key at no per-block cost.
+
+    "vllm-sha256" and "vllm-sha256-cbor" hash `(parent, tuple(token_ids), extra_keys)` as
+    vLLM does, from the root `H(hash_seed or "vllm-none-hash")`; `seed` and `model_id`
+    play no part (vLLM has neither), and a salt is block 0's `(("cache_salt", salt),)`.
     """
 
     algorithm: str = "sha256"
     seed: int | None = None
     model_id: str = ""
+    hash_seed: str | None = None  # vLLM schemes: the server's PYTHONHASHSEED, if it had one
     root: bytes = field(init=False)
 
     def __post_init__(self) -> None:
         if self.algorithm not in HASH_NAMES:
             raise ValueError(f"unknown hash {self.algorithm!r}; choose one of {', '.join(HASH_NAMES)}")
+        if self.algorithm in VLLM_HASHES:
+            self.root = vllm_digest(self.algorithm, VLLM_NONE_HASH_SEED if self.hash_seed is None else self.hash_seed)
+            return
+        if self.hash_seed is not None:
+            raise ValueError("a hash seed (PYTHONHASHSEED) only applies to the vllm-* hashes")
         if self.seed is None:
             base = os.urandom(32)
         else:
@@ -68,7 +131,17 @@ class BlockHasher:
 
     @property
     def digest_size(self) -> int:
-        return 32 if self.algorithm == "sha256" else 16
+        return 16 if self.algorithm == "xxh3" else 32
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.algorithm in VLLM_HASHES
+
+    def _vllm_block(self, parent: bytes | None, token_ids: Sequence[int], extra: object) -> bytes:
+        for t in token_ids:
+            if not 0 <= t < 1 << 32:
+                raise ValueError("token ids must be between 0 and 2**32 - 1")
+        return vllm_digest(self.algorithm, (self.root if parent is None else parent, tuple(token_ids), extra))
 
     def _digest(self, data: bytes) -> bytes:
         if self.algorithm == "sha256":
@@ -82,6 +155,8 @@ class BlockHasher:
 
     def hash_block(self, parent: bytes | None, token_ids: Sequence[int], salt: str | None = None) -> bytes:
         """Digest of one block of token ids; `salt` is given for block 0 only (parent None)."""
+        if self.algorithm in VLLM_HASHES:
+            return self._vllm_block(parent, token_ids, (("cache_salt", salt),) if parent is None and salt else None)
         if parent is None:
             return self._digest(self.root + _encode_tokens(token_ids)
                                 + self._first_block_extra(len(token_ids), salt))
@@ -89,6 +164,10 @@ class BlockHasher:
 
     def hash_external(self, parent: bytes | None, external_id: int, salt: str | None = None) -> bytes:
         """Digest of a block known only by an external id (a Mooncake `hash_ids` entry)."""
+        if self.algorithm in VLLM_HASHES:
+            # vLLM has no external ids; a tagged extra key keeps them apart from token blocks.
+            extra = (("external_id", int(external_id)),) + ((("cache_salt", salt),) if parent is None and salt else ())
+            return vllm_digest(self.algorithm, (self.root if parent is None else parent, (), extra))
         body = _TAG_EXTERNAL + struct.pack("<q", external_id)
         if parent is None:
             return self._digest(self.root + body + _encode_text(salt))
@@ -104,6 +183,13 @@ class BlockHasher:
         n_full = len(token_ids) // block_size
         if start_block >= n_full:
             return []
+        if self.algorithm in VLLM_HASHES:
+            out: list[bytes] = []
+            for i in range(start_block, n_full):
+                parent = self.hash_block(parent, token_ids[i * block_size:(i + 1) * block_size],
+                                         salt if parent is None else None)
+                out.append(parent)
+            return out
         raw = _encode_tokens(token_ids[start_block * block_size:n_full * block_size])
         step = 4 * block_size
         digest = self._digest

@@ -26,6 +26,7 @@ class ReplayConfig:
     hash: str = "sha256"
     concurrency: int = 1
     model: str | None = None
+    hash_seed: str | None = None  # vllm-* hashes: the server's PYTHONHASHSEED
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -43,7 +44,10 @@ class ReplayConfig:
 
 
 def make_manager(config: ReplayConfig, events: EventBus | None = None) -> PrefixCacheManager:
-    hasher = BlockHasher(config.hash, config.seed, config.model or "")
+    try:
+        hasher = BlockHasher(config.hash, config.seed, config.model or "", config.hash_seed)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     return PrefixCacheManager(config.capacity_blocks, config.block_size, hasher, events)
 
 

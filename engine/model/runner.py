@@ -129,7 +129,7 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, num_blocks: int | None = None, kv_memory_bytes: int | None = None,
                  block_size: int = 16, seed: int | None = 0, hash: str = "sha256",
-                 events: EventBus | None = None) -> None:
+                 events: EventBus | None = None, hash_seed: str | None = None) -> None:
         if num_blocks is not None and kv_memory_bytes is not None:
             raise ValueError("give the pool size as a number of blocks or as a KV memory budget, not both")
         if num_blocks is None and kv_memory_bytes is None:
@@ -143,7 +143,7 @@ class ModelRunner:
                               device=next(self.model.parameters()).device)
         self.block_size = block_size
         self.manager = PrefixCacheManager(self.kv_pool.num_blocks, block_size,
-                                          BlockHasher(hash, seed, loaded.model_id), self.events)
+                                          BlockHasher(hash, seed, loaded.model_id, hash_seed), self.events)
         self.generator = torch.Generator(device="cpu")
         if seed is None:
             self.generator.seed()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import InputError, TraceError
+from engine.core.hashing import HASH_NAMES
 from engine.core.trace import MAX_LINE_BYTES, TraceRequest, parse_trace_line
 
 FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope")
@@ -518,7 +519,7 @@ def _session_file(obj: dict[str, Any], name: str, line: int) -> Conversation:
         raise TraceError(name, line, "session.kind", f"expected 'chat' or 'trace', got {settings['kind']!r}")
     if settings["block_size"] < 1 or settings["capacity_blocks"] < 1:
         raise TraceError(name, line, "session.block_size", "block size and capacity must be at least 1")
-    if settings["hash"] not in ("sha256", "xxh3"):
+    if settings["hash"] not in HASH_NAMES:
         raise TraceError(name, line, "session.hash", f"unknown hash {settings['hash']!r}")
     messages = _session_messages(obj.get("messages"), name, line)
     trace = None

@@ -1,0 +1,174 @@
+"""Attaching to a vLLM deployment: every endpoint and data-parallel rank, one pool each.
+
+`Attachment` starts one `VllmSubscriber` per (endpoint, rank), applies batches to that
+rank's `RemotePool` under one lock, numbers all converted events on one `EventBus` (so
+"removed at event N" means one thing across ranks), and reports batches, health and
+notices through plain callbacks. The app wraps it in Qt signals; the CLI prints. No Qt.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.core.errors import InputError
+from engine.core.events import Event, EventBus
+from engine.remote.pool import CombinedPool, RemotePool
+from engine.remote.subscriber import (
+    DEFAULT_MAX_FRAME_BYTES, StreamHealth, VllmSubscriber, check_endpoint, endpoint_for_rank,
+)
+from engine.remote.wire import VllmBatch
+
+MAX_DATA_PARALLEL = 1024
+
+
+@dataclass(slots=True, frozen=True)
+class AttachOptions:
+    """What to attach to. `replay_endpoints[i]` belongs to `endpoints[i]`; with
+    `data_parallel_size` N, rank r uses both ports plus r (vLLM's rule). `bind` binds the
+    SUB sockets (for a server whose endpoint names a concrete host, which then connects)."""
+
+    endpoints: tuple[str, ...]
+    replay_endpoints: tuple[str, ...] = ()
+    topic: str = ""
+    data_parallel_size: int = 1
+    bind: bool = False
+    refill_timeout: float = 2.0
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_removed: int = 200_000
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise InputError("give at least one endpoint, such as tcp://127.0.0.1:5557")
+        if len(self.replay_endpoints) > len(self.endpoints):
+            raise InputError("give at most one replay endpoint per event endpoint")
+        if not isinstance(self.data_parallel_size, int) or not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL:
+            raise InputError(f"the data-parallel size must be from 1 to {MAX_DATA_PARALLEL}")
+        if not (isinstance(self.refill_timeout, (int, float)) and math.isfinite(self.refill_timeout)
+                and self.refill_timeout > 0):
+            raise InputError("the refill timeout must be a positive number of seconds")
+        for e in self.endpoints:
+            check_endpoint(e, self.bind)
+        for r in self.replay_endpoints:
+            check_endpoint(r)
+        for spec in self.streams():  # every rank's port must exist too
+            check_endpoint(spec.endpoint, self.bind)
+
+    def streams(self) -> list[StreamSpec]:
+        out = []
+        many = self.data_parallel_size > 1
+        for i, endpoint in enumerate(self.endpoints):
+            replay = self.replay_endpoints[i] if i < len(self.replay_endpoints) else None
+            for rank in range(self.data_parallel_size):
+                ep = endpoint_for_rank(endpoint, rank)
+                name = f"{endpoint} rank {rank}" if many else endpoint
+                out.append(StreamSpec(name, ep, endpoint_for_rank(replay, rank) if replay else None, rank))
+        return out
+
+
+@dataclass(slots=True, frozen=True)
+class StreamSpec:
+    name: str
+    endpoint: str
+    replay_endpoint: str | None
+    rank: int
+
+
+BatchListener = Callable[[RemotePool, VllmBatch, list[Event]], None]
+HealthListener = Callable[[StreamHealth], None]
+NoticeListener = Callable[[RemotePool, str, str], None]
+
+
+@dataclass(slots=True)
+class Attachment:
+    """A running attach. Callbacks run on subscriber threads while `lock` is held:
+    `on_batch(pool, batch, events)` after each batch is applied (events: the Cachescope
+    events it produced, empty if nobody listens on `events`), `on_health(health)`, and
+    `on_notice(pool, kind, message)` with kind refilled | missed | malformed | restart |
+    refill_timeout | error. Read `pools`/`combined` from other threads only under `lock`.
+    """
+
+    options: AttachOptions
+    on_batch: BatchListener | None = None
+    on_health: HealthListener | None = None
+    on_notice: NoticeListener | None = None
+    events: EventBus = field(default_factory=EventBus)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    pools: list[RemotePool] = field(default_factory=list)
+    subscribers: list[VllmSubscriber] = field(default_factory=list)
+    combined: CombinedPool = field(init=False)
+    started: bool = False
+
+    def __post_init__(self) -> None:
+        self.combined = CombinedPool(self.pools)
+
+    def start(self) -> Attachment:
+        """Open every socket (errors raise InputError, nothing left open), then start reading."""
+        if self.started:
+            return self
+        try:
+            for spec in self.options.streams():
+                pool = RemotePool(spec.name, spec.rank, self.events, self.options.max_removed)
+                sub = VllmSubscriber(
+                    spec.endpoint, self._batch_handler(pool), replay_endpoint=spec.replay_endpoint,
+                    topic=self.options.topic, bind=self.options.bind, rank=spec.rank, source=spec.name,
+                    on_restart=self._restart_handler(pool), on_notice=self._notice_handler(pool),
+                    on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
+                    max_frame_bytes=self.options.max_frame_bytes)
+                self.pools.append(pool)
+                self.subscribers.append(sub)
+        except BaseException:
+            self.stop()
+            raise
+        for sub in self.subscribers:
+            sub.start()
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        for sub in self.subscribers:
+            sub.stop()
+
+    def __enter__(self) -> Attachment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def health(self) -> list[StreamHealth]:
+        with self.lock:
+            return [s.health.copy() for s in self.subscribers]
+
+    # ---- callbacks from subscriber threads ---------------------------------------------
+
+    def _batch_handler(self, pool: RemotePool) -> Callable[[VllmBatch], None]:
+        def on_batch(batch: VllmBatch) -> None:
+            with self.lock:
+                events = pool.apply(batch)
+                if self.on_batch is not None:
+                    self.on_batch(pool, batch, events)
+        return on_batch
+
+    def _restart_handler(self, pool: RemotePool) -> Callable[[int], None]:
+        def on_restart(seq: int) -> None:
+            with self.lock:
+                events = pool.reset(seq)
+                if self.on_batch is not None and events:
+                    self.on_batch(pool, VllmBatch(seq, 0.0, ()), events)
+        return on_restart
+
+    def _notice_handler(self, pool: RemotePool) -> Callable[[str, str], None]:
+        def on_notice(kind: str, message: str) -> None:
+            if self.on_notice is not None:
+                with self.lock:
+                    self.on_notice(pool, kind, message)
+        return on_notice
+
+    def _health_handler(self) -> Callable[[StreamHealth], None]:
+        def on_health(health: StreamHealth) -> None:
+            if self.on_health is not None:
+                with self.lock:
+                    self.on_health(health)
+        return on_health

@@ -1,0 +1,299 @@
+"""One vLLM KV-event stream over ZMQ: the SUB socket, the replay refill, the sequence rules.
+
+`VllmSubscriber` owns its sockets and one background thread. It hands each batch, in
+sequence order, to `on_batch`, refills gaps from the replay socket, counts what it could
+not get (`missed`), what it could not read (`malformed`), and server restarts; none of
+these stops it. Health is a plain `StreamHealth`. No Qt here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.core.errors import InputError
+from engine.remote.wire import MalformedFrame, VllmBatch, decode_batch, parse_pub, parse_replay, seq_frame
+
+_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
+# vLLM numbers batches one by one from 0; a jump this large is a corrupt frame, not a gap.
+MAX_SEQ_JUMP = 1 << 40
+DEFAULT_MAX_FRAME_BYTES = 64 << 20
+
+
+def check_endpoint(endpoint: str, bind: bool = False) -> str:
+    """`endpoint` if ZMQ can use it (tcp with a port 1-65535, ipc, inproc); else InputError."""
+    if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+        raise InputError(f"{endpoint!r} is not a ZMQ endpoint such as tcp://127.0.0.1:5557")
+    if endpoint.startswith("tcp://"):
+        m = _TCP.match(endpoint)
+        if m is None:
+            raise InputError(f"{endpoint!r} is not host:port, as in tcp://127.0.0.1:5557")
+        port = m.group("port")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise InputError(f"{endpoint!r}: the port must be a number from 1 to 65535")
+        if m.group("host") == "*" and not bind:
+            raise InputError(f"{endpoint!r} is a wildcard: connect to the server's address "
+                             "(tcp://HOST:PORT), or bind it with --bind")
+    elif len(endpoint) <= len("ipc://"):
+        raise InputError(f"{endpoint!r} names no socket")
+    return endpoint
+
+
+def endpoint_for_rank(endpoint: str, rank: int) -> str:
+    """The endpoint data-parallel rank `rank` uses: vLLM adds the rank to a tcp port and
+    appends `_dp{rank}` to an ipc or inproc path."""
+    if rank == 0:
+        return endpoint
+    m = _TCP.match(endpoint)
+    if m is not None:
+        port = int(m.group("port")) + rank
+        if port > 65535:
+            raise InputError(f"{endpoint!r} + rank {rank} is past port 65535")
+        return f"tcp://{m.group('host')}:{port}"
+    return f"{endpoint}_dp{rank}"
+
+
+@dataclass(slots=True)
+class StreamHealth:
+    """What a stream has delivered and lost. `lag_s` is now minus the last batch's server
+    time (clock skew included); `refilled` counts batches fetched from the replay socket."""
+
+    source: str
+    rank: int = 0
+    batches: int = 0
+    refilled: int = 0
+    missed: int = 0
+    malformed: int = 0
+    restarts: int = 0
+    last_seq: int | None = None
+    lag_s: float | None = None
+    last_error: str | None = None
+
+    def copy(self) -> StreamHealth:
+        return dataclasses.replace(self)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class VllmSubscriber:
+    """Subscribes to one vLLM endpoint (one rank) on a background thread.
+
+    Callbacks run on that thread: `on_batch(batch)` for each batch in sequence order,
+    `on_restart(seq)` before the first batch of a restarted server (the caller starts a
+    fresh pool), `on_notice(kind, message)` for refills, misses and malformed frames, and
+    `on_health(health)` after each of these with a copy of the counters.
+    """
+
+    def __init__(self, endpoint: str, on_batch: Callable[[VllmBatch], None], *, replay_endpoint: str | None = None,
+                 topic: str = "", bind: bool = False, rank: int = 0, source: str | None = None,
+                 on_restart: Callable[[int], None] | None = None,
+                 on_notice: Callable[[str, str], None] | None = None,
+                 on_health: Callable[[StreamHealth], None] | None = None,
+                 refill_timeout: float = 2.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 clock: Callable[[], float] = time.time) -> None:
+        check_endpoint(endpoint, bind)
+        if replay_endpoint is not None:
+            check_endpoint(replay_endpoint)
+        if not refill_timeout > 0 or refill_timeout == float("inf"):
+            raise InputError("the refill timeout must be a positive number of seconds")
+        import zmq  # imported here so that decoding recorded batches needs no ZMQ
+
+        self._zmq = zmq
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.bind = bind
+        self.on_batch = on_batch
+        self.on_restart = on_restart
+        self.on_notice = on_notice
+        self.on_health = on_health
+        self.refill_timeout = refill_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self.clock = clock
+        self.health = StreamHealth(source or endpoint, rank)
+        # The last seq seen on the PUB socket itself: PUB delivers in order, so only a lower
+        # number there means a restart (replayed batches may run ahead of queued live ones).
+        self._live_seq: int | None = None
+        self._stop = threading.Event()
+        self._ctx = zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        try:
+            if bind:
+                self._sub.bind(endpoint)
+            else:
+                self._sub.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._sub.close(linger=0)
+            raise InputError(f"cannot {'bind' if bind else 'connect to'} {endpoint}: {exc}") from None
+        self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.health.last_seq
+
+    def start(self) -> VllmSubscriber:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._sub.close(linger=0)
+
+    # ---- the sequence rules ----------------------------------------------------------
+
+    def handle(self, frames: list[bytes]) -> None:
+        """One PUB message. Public so tests and recorded captures can drive the rules."""
+        try:
+            _topic, seq, payload = parse_pub(frames)
+        except MalformedFrame as exc:
+            self._malformed(str(exc))
+            return
+        last = self.health.last_seq
+        if last is not None and seq - last > MAX_SEQ_JUMP:
+            self._malformed(f"sequence {seq} jumps {seq - last} past {last}")
+            return
+        live = self._live_seq
+        if last is not None and seq < last and live is not None and seq < live:
+            # vLLM numbers from 0 again only when the server restarted: its pool is gone.
+            self.health.restarts += 1
+            self.health.last_seq = None
+            self._notice("restart", f"{self.endpoint}: the sequence went from {last} back to {seq}: "
+                                    "the server restarted; starting a fresh pool")
+            if self.on_restart is not None:
+                self.on_restart(seq)
+            last = None
+        elif last is not None and seq <= last:
+            return  # already delivered from the replay socket
+        expected = 0 if last is None else last + 1
+        if seq > expected:
+            self._refill(expected, seq)
+        if self._deliver(seq, payload):
+            self._live_seq = seq
+
+    def _deliver(self, seq: int, payload: bytes) -> bool:
+        try:
+            batch = decode_batch(seq, payload)
+        except MalformedFrame as exc:
+            # The sequence does not move on: a corrupt frame's number cannot be trusted.
+            self._malformed(str(exc))
+            return False
+        self.on_batch(batch)
+        h = self.health
+        h.batches += 1
+        h.last_seq = seq
+        h.lag_s = self.clock() - batch.ts
+        self._report()
+        return True
+
+    def _refill(self, start: int, upto: int) -> None:
+        """Fetch batches `start..upto-1` from the replay socket; count those not delivered."""
+        got = 0
+        if self.replay_endpoint is not None:
+            got, _first = self._fetch(start, upto)
+            if got:
+                self.health.refilled += got
+                self._notice("refilled", f"{self.endpoint}: refilled {got} batch(es) from the replay socket")
+        lost = (upto - start) - got
+        if lost > 0:
+            self.health.missed += lost
+            self.health.last_seq = upto - 1  # what is missed stays missed; the stream goes on
+            self._notice("missed", f"{self.endpoint}: {lost} batch(es) before {upto} are lost "
+                                   f"({'the server no longer buffers them' if self.replay_endpoint else 'no replay socket'})")
+
+    def _fetch_buffer(self) -> None:
+        """On joining, fetch everything the server still buffers, so an idle server's pool
+        shows at once; batches older than its oldest buffered one are missed."""
+        got, first = self._fetch(0, None)
+        if got:
+            self.health.refilled += got
+            self._notice("refilled", f"{self.endpoint}: fetched {got} buffered batch(es) from the replay socket")
+        if first:
+            self.health.missed += first
+            self._notice("missed", f"{self.endpoint}: the server no longer buffers its first {first} batch(es)")
+        if got or first:
+            self._report()
+
+    def _fetch(self, start: int, upto: int | None) -> tuple[int, int | None]:
+        """Deliver replayed batches from `start` (below `upto`); (how many, the first seq)."""
+        zmq = self._zmq
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        delivered = 0
+        first = None
+        # One deadline for the whole refill: a replay socket that never stops sending must
+        # not hold the live stream (or `--seconds`) hostage.
+        deadline = time.monotonic() + self.refill_timeout
+        try:
+            sock.connect(self.replay_endpoint)
+            sock.send_multipart((b"", seq_frame(start)))
+            while not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._notice("refill_timeout", f"{self.replay_endpoint}: no end marker within "
+                                                   f"{self.refill_timeout:g} s; refill cut short")
+                    break
+                if not sock.poll(int(min(left, 0.1) * 1000) + 1):
+                    continue
+                frames = sock.recv_multipart()
+                try:
+                    reply = parse_replay(frames)
+                except MalformedFrame as exc:
+                    self._malformed(str(exc))
+                    continue
+                if reply is None:
+                    break
+                seq, payload = reply
+                last = self.health.last_seq
+                if upto is not None and seq >= upto:
+                    break  # the live stream has these
+                if seq < start or (last is not None and seq <= last):
+                    continue
+                if self._deliver(seq, payload):
+                    delivered += 1
+                    first = seq if first is None else first
+        finally:
+            sock.close(linger=0)
+        return delivered, first
+
+    def _malformed(self, message: str) -> None:
+        self.health.malformed += 1
+        self.health.last_error = message
+        self._notice("malformed", f"{self.endpoint}: skipped a malformed frame: {message}")
+        self._report()
+
+    def _notice(self, kind: str, message: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(kind, message)
+
+    def _report(self) -> None:
+        if self.on_health is not None:
+            self.on_health(self.health.copy())
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        sub = self._sub
+        if self.replay_endpoint is not None:
+            try:
+                self._fetch_buffer()
+            except Exception as exc:  # noqa: BLE001 - the live stream still works without it
+                self.health.last_error = f"{type(exc).__name__}: {exc}"
+                self._notice("error", f"{self.replay_endpoint}: {self.health.last_error}")
+        while not self._stop.is_set():
+            try:
+                if not sub.poll(100):
+                    continue
+                self.handle(sub.recv_multipart())
+            except Exception as exc:  # noqa: BLE001 - a callback failed; report it and keep reading
+                if isinstance(exc, zmq.ContextTerminated):
+                    return
+                self.health.last_error = f"{type(exc).__name__}: {exc}"
+                self._notice("error", f"{self.endpoint}: {self.health.last_error}")

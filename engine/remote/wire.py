@@ -1,0 +1,273 @@
+"""vLLM's KV-event wire format: ZMQ frames and msgpack batches, read and written.
+
+Reads every layout vLLM has sent (DESIGN 9): PUB `[topic, seq, payload]`; replay replies
+`[b"", topic, seq, payload]` (0.33) and `[b"", seq, payload]` (older), each with its end
+marker of seq -1; batches `[ts, events, dp_rank]`; events as `"type"`-tagged maps (0.33)
+or tagged arrays (older), unknown fields ignored, default-valued fields absent. Writes
+vLLM 0.33's exact layout (`encode_batch`), which is what `--publish` sends. Hashes are
+kept in one canonical form: an integer hash becomes its 8 bytes, unsigned (16 hex
+digits); a digest stays as its bytes (64 hex digits for SHA-256). No sockets, no Qt here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+
+END_SEQ = -1
+MASK64 = (1 << 64) - 1
+MEDIUM_DEFAULT = "GPU"  # vLLM's None medium is the GPU pool
+
+# Field order of the array-tagged (older) events, after the tag; also the order of the
+# 0.33 maps, whose required fields always appear and whose optional ones only when set.
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                 "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "locality", "session_id")
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "kv_cache_spec_kind", "locality", "session_id")
+_STORED_REQUIRED = 7  # block_hashes .. lora_name are always written by vLLM 0.33
+_REMOVED_WRITTEN = 2  # 0.33's BlockRemoved has block_hashes and medium only (the rest is read, not written)
+
+
+class MalformedFrame(ValueError):
+    """A frame or payload that is not vLLM's wire format; the subscriber counts and skips it."""
+
+
+def canonical_hash(value: Any) -> bytes:
+    """A block hash as vLLM sent it (int or bytes) in Cachescope's one canonical form.
+
+    Integers are the last 8 bytes of the digest, unsigned; older releases sent them signed,
+    so a negative int is taken modulo 2**64. Bytes are kept as they are.
+    """
+    if isinstance(value, (bytes, bytearray)):
+        if not 1 <= len(value) <= 64:
+            raise MalformedFrame(f"a block hash of {len(value)} bytes is not a vLLM hash")
+        return bytes(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -(1 << 63) <= value <= MASK64:
+            raise MalformedFrame(f"the block hash {value} does not fit 64 bits")
+        return (value & MASK64).to_bytes(8, "big")
+    raise MalformedFrame(f"a block hash must be bytes or an integer, not {type(value).__name__}")
+
+
+def wire_hash(h: bytes) -> int | bytes:
+    """The inverse of `canonical_hash`: 8 bytes go out as vLLM's unsigned int, digests as bytes."""
+    return int.from_bytes(h, "big") if len(h) == 8 else h
+
+
+def hash_hex(h: bytes) -> str:
+    return h.hex()
+
+
+@dataclass(slots=True, frozen=True)
+class VllmEvent:
+    """One vLLM KV event with every field 0.33 publishes; kind is BlockStored, BlockRemoved
+    or AllBlocksCleared. Hashes are canonical bytes."""
+
+    kind: str
+    block_hashes: tuple[bytes, ...] = ()
+    parent_block_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[Any, ...] | None = None  # one entry per block, as vLLM publishes it
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    locality: str | None = None
+    session_id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class VllmBatch:
+    """One EventBatch: `seq` from its frame, `ts` seconds since the epoch, the dp rank."""
+
+    seq: int
+    ts: float
+    events: tuple[VllmEvent, ...]
+    data_parallel_rank: int | None = None
+
+
+def _tupled(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    return value
+
+
+def _opt_int(fields: dict[str, Any], name: str) -> int | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MalformedFrame(f"{name} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def _opt_str(fields: dict[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise MalformedFrame(f"{name} must be a string, not {type(value).__name__}")
+    return value
+
+
+def decode_event(obj: Any) -> VllmEvent:
+    """One event from a `"type"`-tagged map or a tagged array; unknown fields are ignored."""
+    if isinstance(obj, dict):
+        kind = obj.get("type")
+        fields = obj
+    elif isinstance(obj, (list, tuple)) and obj and isinstance(obj[0], str):
+        kind = obj[0]
+        names = STORED_FIELDS if kind == "BlockStored" else REMOVED_FIELDS if kind == "BlockRemoved" else ()
+        fields = dict(zip(names, obj[1:]))
+    else:
+        raise MalformedFrame(f"an event must be a tagged array or a map, not {type(obj).__name__}")
+    if kind == "AllBlocksCleared":
+        return VllmEvent("AllBlocksCleared", medium=_opt_str(fields, "medium"))
+    if kind not in ("BlockStored", "BlockRemoved"):
+        raise MalformedFrame(f"unknown KV event type {kind!r}")
+    raw_hashes = fields.get("block_hashes") or ()
+    if not isinstance(raw_hashes, (list, tuple)):
+        raise MalformedFrame("block_hashes must be a list")
+    hashes = tuple(canonical_hash(h) for h in raw_hashes)
+    common = dict(medium=_opt_str(fields, "medium"), group_idx=_opt_int(fields, "group_idx"),
+                  kv_cache_spec_kind=_opt_str(fields, "kv_cache_spec_kind"),
+                  locality=_opt_str(fields, "locality"), session_id=_opt_str(fields, "session_id"))
+    if kind == "BlockRemoved":
+        return VllmEvent("BlockRemoved", hashes, **common)
+    parent = fields.get("parent_block_hash")
+    tokens = fields.get("token_ids") or ()
+    if not isinstance(tokens, (list, tuple)) or not all(type(t) is int and t >= 0 for t in tokens):
+        raise MalformedFrame("token_ids must be a list of non-negative integers")
+    block_size = _opt_int(fields, "block_size") or 0
+    if block_size < 0:
+        raise MalformedFrame("block_size must not be negative")
+    extra = fields.get("extra_keys")
+    return VllmEvent("BlockStored", hashes, canonical_hash(parent) if parent is not None else None, tuple(tokens),
+                     block_size, _opt_int(fields, "lora_id"), lora_name=_opt_str(fields, "lora_name"),
+                     extra_keys=_tupled(extra) if isinstance(extra, (list, tuple)) else None, **common)
+
+
+def decode_batch(seq: int, payload: bytes) -> VllmBatch:
+    """Decode one msgpack EventBatch; raises MalformedFrame with a sentence on a bad payload."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+        raise MalformedFrame(f"batch {seq} is not valid msgpack ({type(exc).__name__})") from None
+    if isinstance(obj, dict):  # a map-encoded batch (never sent by 0.33, accepted anyway)
+        ts, events, rank = obj.get("ts", 0.0), obj.get("events", []), obj.get("data_parallel_rank")
+    elif isinstance(obj, (list, tuple)) and len(obj) >= 2:
+        ts, events = obj[0], obj[1]
+        rank = obj[2] if len(obj) > 2 else None
+    else:
+        raise MalformedFrame(f"batch {seq} is not an EventBatch")
+    if not isinstance(events, (list, tuple)):
+        raise MalformedFrame(f"batch {seq} has no event list")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts != ts or ts in (float("inf"), float("-inf")):
+        raise MalformedFrame(f"batch {seq} has no finite timestamp")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise MalformedFrame(f"batch {seq} has a bad data-parallel rank")
+    return VllmBatch(seq, float(ts), tuple(decode_event(e) for e in events), rank)
+
+
+def _seq(frame: bytes, signed: bool) -> int:
+    if len(frame) != 8:
+        raise MalformedFrame(f"a sequence frame has {len(frame)} bytes, not 8")
+    return int.from_bytes(frame, "big", signed=signed)
+
+
+def parse_pub(frames: Sequence[bytes]) -> tuple[bytes, int, bytes]:
+    """`[topic, seq, payload]` from the PUB socket -> (topic, seq, payload)."""
+    if len(frames) != 3:
+        raise MalformedFrame(f"a PUB message has 3 frames, not {len(frames)}")
+    seq = _seq(frames[1], signed=True)
+    if seq < 0:
+        raise MalformedFrame(f"a published batch has the negative sequence number {seq}")
+    return bytes(frames[0]), seq, bytes(frames[2])
+
+
+def parse_replay(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """A replay reply (DEALER side) -> (seq, payload), or None for the end marker.
+
+    vLLM 0.33 answers `[b"", topic, seq, payload]`, older releases `[b"", seq, payload]`.
+    """
+    if len(frames) == 4 and frames[0] == b"":
+        seq_frame, payload = frames[2], frames[3]
+    elif len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    else:
+        raise MalformedFrame(f"a replay reply has 3 or 4 frames starting with an empty one, not {len(frames)}")
+    seq = _seq(seq_frame, signed=True)
+    if seq == END_SEQ:
+        return None
+    if seq < 0:
+        raise MalformedFrame(f"a replayed batch has the negative sequence number {seq}")
+    return seq, bytes(payload)
+
+
+def seq_frame(seq: int) -> bytes:
+    return seq.to_bytes(8, "big", signed=True)
+
+
+def _event_obj(e: VllmEvent) -> dict[str, Any]:
+    """vLLM 0.33's map for one event: type first, required fields always, optional when set."""
+    if e.kind == "AllBlocksCleared":
+        return {"type": "AllBlocksCleared"}
+    if e.kind == "BlockRemoved":
+        names, required = REMOVED_FIELDS[:_REMOVED_WRITTEN], _REMOVED_WRITTEN
+    elif e.kind == "BlockStored":
+        names, required = STORED_FIELDS, _STORED_REQUIRED
+    else:
+        raise ValueError(f"unknown KV event type {e.kind!r}")
+    out: dict[str, Any] = {"type": e.kind}
+    for i, name in enumerate(names):
+        value = getattr(e, name)
+        if name == "block_hashes":
+            value = [wire_hash(h) for h in value]
+        elif name == "parent_block_hash" and value is not None:
+            value = wire_hash(value)
+        elif name == "token_ids":
+            value = list(value)
+        elif name == "medium" and value is None:
+            value = MEDIUM_DEFAULT
+        elif name == "extra_keys" and value is not None:
+            value = _listed(value)
+        if i < required or value is not None:
+            out[name] = value
+    return out
+
+
+def _listed(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_listed(v) for v in value]
+    return value
+
+
+def _pack_event(obj: dict[str, Any], packer: msgpack.Packer, has_optional: bool) -> bytes:
+    # msgspec writes a struct with omit_defaults behind a 16-bit map header (it patches the
+    # count in afterwards) and one without optional fields behind the smallest header; the
+    # fixture frames show both, so the bytes equal vLLM's.
+    n = len(obj)
+    head = b"\xde" + n.to_bytes(2, "big") if has_optional else packer.pack_map_header(n)
+    return head + b"".join(packer.pack(k) + packer.pack(v) for k, v in obj.items())
+
+
+def encode_batch(ts: float, events: Sequence[VllmEvent], data_parallel_rank: int = 0,
+                 array_events: bool = False) -> bytes:
+    """One EventBatch payload byte for byte as vLLM 0.33 writes it (`array_events`: the
+    tagged arrays of older releases)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_array_header(3), packer.pack(float(ts)), packer.pack_array_header(len(events))]
+    for e in events:
+        d = _event_obj(e)
+        if array_events:
+            names = STORED_FIELDS if e.kind == "BlockStored" else REMOVED_FIELDS if e.kind == "BlockRemoved" else ()
+            parts.append(packer.pack([e.kind, *(d.get(n) for n in names)]))
+        else:
+            parts.append(_pack_event(d, packer, e.kind == "BlockStored"))
+    parts.append(packer.pack(data_parallel_rank))
+    return b"".join(parts)
