@@ -12,12 +12,13 @@ from app.commands._common import print_json
 from engine.core.errors import InputError
 
 NAME = "bench"
-HELP = "run a benchmark (engine, ttft, semantic, gui, or all) and report ratios against its targets"
+HELP = "run a benchmark (engine, ttft, semantic, attach, gui, or all) and report ratios against its targets"
 
 BENCHES = {
     "engine": "engine.bench.prefix_cache",
     "ttft": "engine.bench.ttft",
     "semantic": "engine.bench.semantic",
+    "attach": "engine.bench.attach",
     "gui": "app.bench_gui",
 }
 

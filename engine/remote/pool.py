@@ -194,10 +194,9 @@ class RemotePool:
         bs = e.block_size or (len(e.token_ids) // len(hashes))
         if bs:
             self.block_size = bs
-        try:
+        raw = e.token_bytes
+        if not raw and e.token_ids:  # built in code rather than decoded from the wire
             raw = array(_U32, e.token_ids).tobytes()
-        except OverflowError:
-            raw = b""  # ids past 2**32 are kept out of the compact store, not refused
         step = 4 * bs
         parent_hash = e.parent_block_hash
         parent: RemoteBlock | bytes | None = parent_hash
@@ -208,6 +207,17 @@ class RemotePool:
                 parent, tenant = found, found.tenant
         extra = e.extra_keys
         removed_at = self.removed_at
+        if info is None and extra is None:
+            # The fast path (nobody listening, no salt): what `bench attach` measures.
+            seq, ts, pop, before = batch.seq, batch.ts, removed_at.pop, len(tier)
+            for i, h in enumerate(hashes):
+                block = RemoteBlock(h, parent, raw[i * step:(i + 1) * step], seq, ts, tenant)
+                tier[h] = block
+                pop(h, None)
+                parent = block
+            self.num_restored += len(hashes) - (len(tier) - before)
+            self.num_stored += len(hashes)
+            return
         rid = f"{self.source}#{batch.seq}"
         for i, h in enumerate(hashes):
             if extra is not None and i < len(extra) and extra[i] is not None:
@@ -232,6 +242,20 @@ class RemotePool:
 
     def _removed(self, e: VllmEvent, batch: VllmBatch, info: RemoteInfo | None, out: list[Event]) -> None:
         tier = self.tiers.get(e.medium or MEDIUM_DEFAULT)
+        if info is None:
+            # The fast path: one shared (event, batch) pair, the lifetime sums inline.
+            removed_at, key, ts, life = self.removed_at, (None, batch.seq), batch.ts, self.lifetimes
+            for h in e.block_hashes:
+                block = tier.pop(h, None) if tier is not None else None
+                if block is None:
+                    self.num_unknown_removed += 1
+                else:
+                    life.add(ts - block.stored_time)
+                removed_at[h] = key
+            self.num_removed += len(e.block_hashes)
+            while len(removed_at) > self.max_removed:
+                removed_at.popitem(last=False)
+            return
         rid = f"{self.source}#{batch.seq}"
         for h in e.block_hashes:
             block = tier.pop(h, None) if tier is not None else None
