@@ -231,8 +231,9 @@ def test_timelines_match_the_projection(ctx, qtbot, tmp_path):
     x, used = view.c_used.xData, view.c_used.yData
     p = ctx.state.projection
     assert x[-1] == events[-1].seq and used[-1] == p.num_in_use == 0
-    total = view.c_total.yData
-    assert total.max() == 24
+    # the pool's 24 blocks fill up, so its size is the dashed line at the top of the view
+    assert view.pool_size == 24 and view.pool_line.isVisible() and view.pool_line.value() == 24
+    assert view.c_cached.yData.max() <= 24 <= view.p_blocks.vb.viewRange()[1][1]
     assert view.eviction_counts.sum() == result["totals"]["evicted_blocks"] > 0
     max_ref = view.c_ref.yData
     assert max_ref.max() == 2  # concurrency 2 over shared system prompts
@@ -372,21 +373,22 @@ def test_timeline_rows_step_out_when_the_dock_is_short(ctx, qtbot, tmp_path):
     view.resize(690, 300)
     view.show()
     qtbot.waitExposed(view)
-    qtbot.waitUntil(lambda: view.glw.shown == [True, True, True])
-    bottom = [p.getAxis("bottom") for p in (view.p_blocks, view.p_ref, view.p_evict)]
-    assert [a.style["showValues"] for a in bottom] == [False, False, True]  # one shared x axis
+    qtbot.waitUntil(lambda: view.glw.shown == [True, True, True, True])
+    bottom = [p.getAxis("bottom") for p in view.plots]
+    assert [a.style["showValues"] for a in bottom] == [False, False, False, True]  # one shared x axis
     # counts start at 0 with whole-number ticks; no evictions is a 0..1 range and a hint
     assert view.p_evict.vb.viewRange()[1][0] == 0 and view.p_evict.vb.viewRange()[1][1] < 1.5
     assert view.no_evictions.isVisible() and result["totals"]["evicted_blocks"] == 0
     lo, hi = view.p_ref.vb.viewRange()[1]
     assert lo == 0 and hi >= view.c_ref.yData.max()
-    for plot in (view.p_blocks, view.p_ref, view.p_evict):
+    for plot in view.plots:
         (_, ticks), = plot.getAxis("left").tickValues(*plot.vb.viewRange()[1], 60)
         assert ticks and all(float(t).is_integer() for t in ticks) and 0 in ticks
-    view.resize(690, 190)  # too short for three rows: max ref steps out, evictions stay
-    qtbot.waitUntil(lambda: view.glw.shown == [True, False, True])
+    view.resize(690, 190)  # too short for four rows: max ref steps out, evictions stay
+    qtbot.waitUntil(lambda: len(view.glw.shown) == 4 and not view.glw.shown[2])
+    assert view.glw.shown[0] and view.glw.shown[3]
     assert not view.p_ref.isVisible() and view.p_evict.isVisible()
-    assert "evicted" in view.headers[2].text and "max&nbsp;ref" in view.title.text()  # still in the summary
+    assert "evicted" in view.headers[3].text and "max&nbsp;ref" in view.title.text()  # still in the summary
 
 
 def test_metrics_number_requests_with_whole_ticks(ctx, qtbot, tmp_path):

@@ -76,7 +76,11 @@ def _print_human(result: dict) -> None:
         rows = [p for p in result["points"] if p["series"] == series]
         if not rows:
             continue
-        out.write(f"{title}\n{'block':>7} {'blocks':>8} {'hit rate':>9} {'cached':>10} {'evicted':>9}\n")
+        out.write(f"{title}\n{'block':>7} {'blocks':>8} {'hit rate':>9} {'served':>8} {'cached':>10} "
+                  f"{'evicted':>9} {'refused':>8}\n")
         for p in rows:
             out.write(f"{p['block_size']:>7} {p['capacity_blocks']:>8} {p['hit_rate']:>9.1%} "
-                      f"{p['cached_tokens']:>10} {p['evicted_blocks']:>9}\n")
+                      f"{p['served_hit_rate']:>8.1%} {p['cached_tokens']:>10} {p['evicted_blocks']:>9} "
+                      f"{p['refused_requests']:>8}\n")
+    if any(p["refused_requests"] for p in result["points"]):
+        out.write("hit rate counts refused requests' prompt tokens as missed; served: over served requests only\n")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
@@ -43,23 +43,47 @@ def nice_step(raw: float) -> float:
 
 
 class CountAxis(pg.AxisItem):
-    """Ticks at round values spaced so their labels never collide on a short axis, whole
-    numbers for counts; pyqtgraph's default crowds a 40-pixel axis with four labels."""
+    """Ticks at round values spaced so their labels never collide, whole numbers for counts.
+
+    The spacing is measured, not guessed: a step is kept only when the widest label it would
+    print (in the axis' own font) fits between two ticks with a gap, so "100,000" and
+    "150,000" cannot run together where "10" and "20" would have fitted.
+    """
+
+    GAP_PX = 12  # clear space between two horizontal labels
+    MAX_STEPS = 40
 
     def __init__(self, orientation: str, integer: bool = True) -> None:
         super().__init__(orientation)
         self.integer = integer
-        self.label_px = 20 if orientation in ("left", "right") else 52
         self.enableAutoSIPrefix(False)
 
+    def _font_metrics(self) -> QFontMetrics:
+        font = self.style.get("tickFont") or self.font()
+        return QFontMetrics(font)
+
+    def label_extent(self, values: list[float], step: float) -> float:
+        """Pixels one label needs along the axis (its width, or its height on a vertical axis)."""
+        fm = self._font_metrics()
+        if self.orientation in ("left", "right"):
+            return fm.height() + 4
+        texts = self.tickStrings(values, 1.0, step)
+        return max((fm.horizontalAdvance(t) for t in texts), default=0) + self.GAP_PX
+
     def tickSpacing(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, float]]:
-        span = abs(maxVal - minVal)
-        if span == 0 or size <= 0:
+        lo, hi = min(minVal, maxVal), max(minVal, maxVal)
+        span = hi - lo
+        if span <= 0 or size <= 0:
             return []
-        num_ticks = max(2, int(size // self.label_px))
-        step = nice_step(span / num_ticks)
+        step = nice_step(span / max(2.0, size / 40.0))
         if self.integer:
             step = max(1.0, step)
+        for _ in range(self.MAX_STEPS):
+            first = math.ceil(lo / step) * step
+            values = [first + i * step for i in range(int((hi - first) // step) + 1)] or [first]
+            if step / span * size >= self.label_extent(values, step):
+                break
+            step = nice_step(step * 1.0001)
         return [(step, 0.0)]
 
     def boundingRect(self) -> QRectF:
@@ -170,20 +194,32 @@ class TimelineView(QWidget):
         self.title.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
         self.glw = PlotStack("event seq")
         h_blocks, self.p_blocks = self.glw.add(stretch=3)
+        h_used, self.p_used = self.glw.add(stretch=2)
         h_ref, self.p_ref = self.glw.add(stretch=2)
         h_evict, self.p_evict = self.glw.add(stretch=2)
-        self.headers = [h_blocks, h_ref, h_evict]
-        self.glw.priority = [0, 2, 1]  # a short dock drops the max-ref row first (the summary has it)
-        self.glw.show_rows([True, True, True])
-        for p in (self.p_blocks, self.p_ref, self.p_evict):
+        self.headers = [h_blocks, h_used, h_ref, h_evict]
+        self.plots = [self.p_blocks, self.p_used, self.p_ref, self.p_evict]
+        # a short dock drops the max-ref row first (the summary has it), then the in-use row
+        self.glw.priority = [0, 3, 1, 2]
+        self.glw.show_rows([True, True, True, True])
+        for p in self.plots:
             p.showGrid(x=True, y=True, alpha=0.15)
             p.setMouseEnabled(x=True, y=False)
         self.bin_width = 1
         self.eviction_counts = np.zeros(0)
 
-        self.c_total = self.p_blocks.plot(name="empty", fillLevel=0)
+        # The blocks row is scaled to the blocks that hold something, not to the pool: a pool
+        # of 16K blocks would flatten a chat's few dozen to a line at zero. The pool's size
+        # is a dashed line when it is in view, else a note in the corner.
         self.c_cached = self.p_blocks.plot(name="cached, free", fillLevel=0)
         self.c_used = self.p_blocks.plot(name="in use", fillLevel=0)
+        self.pool_line = pg.InfiniteLine(angle=0, movable=False)
+        self.p_blocks.addItem(self.pool_line, ignoreBounds=True)
+        self.pool_label = pg.TextItem(anchor=(1, 0))
+        self.p_blocks.addItem(self.pool_label, ignoreBounds=True)
+        self.p_blocks.vb.sigRangeChanged.connect(self._place_pool_label)
+        self.pool_size = 0
+        self.c_in_use = self.p_used.plot(fillLevel=0)
         self.refusals = pg.ScatterPlotItem(symbol="t", size=11, name="refused")
         self.resets = pg.ScatterPlotItem(symbol="d", size=11, name="reset")
         self.p_blocks.addItem(self.refusals)
@@ -193,11 +229,11 @@ class TimelineView(QWidget):
         self.p_evict.addItem(self.bars)
         self.no_evictions = pg.TextItem("no evictions", anchor=(0, 0.5))
         self.p_evict.addItem(self.no_evictions, ignoreBounds=True)
-        for curve in (self.c_total, self.c_cached, self.c_used, self.c_ref):
+        for curve in (self.c_cached, self.c_used, self.c_in_use, self.c_ref):
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
-        self.cursors = [pg.InfiniteLine(angle=90, movable=False) for _ in range(3)]
-        for p, line in zip((self.p_blocks, self.p_ref, self.p_evict), self.cursors):
+        self.cursors = [pg.InfiniteLine(angle=90, movable=False) for _ in self.plots]
+        for p, line in zip(self.plots, self.cursors):
             p.addItem(line, ignoreBounds=True)
         self.glw.scene().sigMouseClicked.connect(self._on_click)
         self._throttle = QTimer(self)
@@ -229,8 +265,10 @@ class TimelineView(QWidget):
         dark = (name or theme.current_theme()) == "dark"
         # empty blocks are drawn a shade off the background so the pool's size still shows
         self.empty_color = c["empty"].lighter(140) if dark else c["empty"].darker(125)
-        self.c_total.setPen(pg.mkPen(self.empty_color, width=1))
-        self.c_total.setBrush(fill(c["empty"].lighter(120) if dark else c["empty"].darker(108)))
+        self.pool_line.setPen(pg.mkPen(self.empty_color, width=1.5, style=Qt.PenStyle.DashLine))
+        self.pool_label.setColor(p["text_dim"])
+        self.c_in_use.setPen(pg.mkPen(c["ref1"], width=1.5))
+        self.c_in_use.setBrush(fill(c["ref1"]))
         self.c_cached.setPen(pg.mkPen(c["cached_new"], width=1))
         self.c_cached.setBrush(fill(c["cached_new"]))
         self.c_used.setPen(pg.mkPen(c["ref1"], width=1))
@@ -244,7 +282,7 @@ class TimelineView(QWidget):
         self.no_evictions.setColor(p["text_dim"])
         for line in self.cursors:
             line.setPen(pg.mkPen(p["text"], width=1, style=Qt.PenStyle.DashLine))
-        for plot in (self.p_blocks, self.p_ref, self.p_evict):
+        for plot in self.plots:
             for side in ("left", "bottom"):
                 plot.getAxis(side).setTextPen(p["text_dim"])
                 plot.getAxis(side).setPen(p["text_dim"])
@@ -255,7 +293,8 @@ class TimelineView(QWidget):
     def _set_headers(self) -> None:
         dim = self.palette["text_dim"]
         per = "per event" if self.bin_width == 1 else f"per {self.bin_width:,} events"
-        texts = ("blocks", "max ref count", f"evicted<br><span style='font-size:8pt'>{per}</span>")
+        texts = ("blocks<br><span style='font-size:8pt'>holding data</span>", "in use",
+                 "max ref count", f"evicted<br><span style='font-size:8pt'>{per}</span>")
         for header, text in zip(self.headers, texts):
             header.setText(text, color=dim, size="9pt")
 
@@ -290,15 +329,25 @@ class TimelineView(QWidget):
         x = np.array(s.seq, dtype=float)
         used = np.array(s.in_use, dtype=float)
         cached = used + np.array(s.cached_free, dtype=float)
-        total = cached + np.array(s.empty, dtype=float)
-        self.c_total.setData(x, total)
         self.c_cached.setData(x, cached)
         self.c_used.setData(x, used)
+        self.c_in_use.setData(x, used)
         max_ref = np.array(s.max_ref, dtype=float)
         self.c_ref.setData(x, max_ref)
-        top = max(1.0, float(total.max()) if len(total) else 1.0)
-        # 0-based counts; a little room on top for the refusal and reset markers
-        self.p_blocks.setYRange(0, top * 1.1, padding=0)
+        self.pool_size = self.state.projection.num_blocks
+        held = float(cached.max()) if len(cached) else 0.0
+        # 0-based counts scaled to the data; a little room on top for the markers. The pool
+        # line joins the view only when it is near the data (else it would flatten it again).
+        top = max(1.0, held)
+        if self.pool_size and self.pool_size <= held * 1.25:
+            top = float(self.pool_size)
+        self.blocks_top = top * 1.1
+        self.p_blocks.setYRange(0, self.blocks_top, padding=0)
+        self.pool_line.setValue(self.pool_size)
+        self.pool_line.setVisible(0 < self.pool_size <= self.blocks_top)
+        self.pool_label.setText(f"pool {self.pool_size:,} blocks" if self.pool_size else "")
+        self._place_pool_label()
+        self.p_used.setYRange(0, max(1.0, float(used.max()) if len(used) else 0.0) * 1.15, padding=0)
         ref_x = np.array(s.refusal_seqs, dtype=float)
         self.refusals.setData(x=ref_x, y=np.full(len(ref_x), top * 1.04))
         reset_x = np.array(s.reset_seqs, dtype=float)
@@ -315,6 +364,10 @@ class TimelineView(QWidget):
         if bin_width != self.bin_width:
             self.bin_width = bin_width
             self._set_headers()
+
+    def _place_pool_label(self, *_: Any) -> None:
+        (x0, x1), (y0, y1) = self.p_blocks.vb.viewRange()
+        self.pool_label.setPos(x1, y1)
 
     def _update_title(self) -> None:
         p = self.state.projection
@@ -333,7 +386,7 @@ class TimelineView(QWidget):
         """View to model: a click on a plot scrubs to the nearest event at or before it."""
         if ev.button() != Qt.MouseButton.LeftButton or not self.state.log.seqs:
             return
-        for p in (self.p_blocks, self.p_ref, self.p_evict):
+        for p in self.plots:
             if p.vb.sceneBoundingRect().contains(ev.scenePos()):
                 x = p.vb.mapSceneToView(ev.scenePos()).x()
                 self.scrub_to_x(x)

@@ -1,7 +1,9 @@
 """What-if sweeps: the hit rate of a trace against block size and against pool capacity.
 
-Each point is a fresh no-model replay (`engine.core.replay`). Also here: turning conversation
-files into token-level requests with the real tokenizer, shared by diff and billing.
+Each point is a fresh no-model replay (`engine.core.replay`). A request the pool is too small
+to hold is refused; a sweep counts its prompt tokens as missed (a refused request reuses
+nothing), so a smaller pool never looks better by serving fewer requests. Also here: turning
+conversation files into token-level requests with the real tokenizer, shared by diff and billing.
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ DEFAULT_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 @dataclass(slots=True, frozen=True)
 class SweepPoint:
+    """One replay of a sweep.
+
+    `hit_rate` is cached tokens over the prompt tokens of every request, refused ones
+    included (they count as misses); `served_hit_rate` is over served requests only.
+    """
+
     series: str  # "block_size" (capacity held in tokens) or "capacity" (block size held)
     block_size: int
     capacity_blocks: int
     hit_rate: float
     cached_tokens: int
-    prompt_tokens: int
+    prompt_tokens: int  # every request's, refused ones included
     evicted_blocks: int
     refused_requests: int
+    refused_tokens: int  # prompt tokens of the refused requests, all counted as missed
+    served_hit_rate: float
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -122,8 +132,12 @@ def load_sweep_requests(path: str | Path, tokenizer_loader: Callable[[], Any] | 
 def _point(reqs: list[TraceRequest], series: str, block_size: int, capacity: int, seed: int) -> SweepPoint:
     result = replay(reqs, ReplayConfig(block_size=block_size, capacity_blocks=capacity, seed=seed))
     t = result["totals"]
-    return SweepPoint(series, block_size, capacity, t["hit_rate"], t["cached_tokens"], t["prompt_tokens"],
-                      t["evicted_blocks"], t["refused_requests"])
+    # replay's totals cover served requests only; a refused one still asked for its prompt
+    refused = sum(r["prompt_tokens"] for r in result["requests"] if r.get("refused"))
+    prompt = t["prompt_tokens"] + refused
+    rate = round(t["cached_tokens"] / prompt, 6) if prompt else 0.0
+    return SweepPoint(series, block_size, capacity, rate, t["cached_tokens"], prompt,
+                      t["evicted_blocks"], t["refused_requests"], refused, t["hit_rate"])
 
 
 def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
