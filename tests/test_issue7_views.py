@@ -124,7 +124,7 @@ def test_sweep_view_both_directions(qtbot, ctx, tmp_path):
     result = sig.args[0]
     x, y = view.curve_bs.getData()
     assert list(x) == [0.0, 4.0, 7.0]
-    assert list(y) == pytest.approx([70 / 200, 64 / 200, 0.0])
+    assert list(y) == pytest.approx([100 * 70 / 200, 100 * 64 / 200, 0.0])  # in %
     assert len(view.curve_cap.getData()[0]) == 2
     # model -> view: a result given directly is drawn
     result["points"] = [p for p in result["points"] if p["series"] == "capacity"]

@@ -10,12 +10,14 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
-    QComboBox, QDoubleSpinBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSplitter,
-    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton,
+    QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from app import theme
+from app.export import export_button, model_table
 
 COLUMNS = ("#", "id", "prompt", "read", "write", "uncached", "cost", "without cache", "notes")
 MAX_ROWS = 2000  # the table shows the first rows; totals and bars cover every request
@@ -48,7 +50,7 @@ class BillingView(QWidget):
         self.provider.addItems(PROVIDERS)
         self.model = QComboBox()
         self.breakpoints = QLineEdit("auto")
-        self.breakpoints.setMaximumWidth(90)
+        self.breakpoints.setMinimumWidth(60)
         self.breakpoints.setToolTip("'auto' (the last block) or block indices such as 0,-1")
         self.ttl = QComboBox()
         self.ttl.addItems(["5m", "1h"])
@@ -69,18 +71,25 @@ class BillingView(QWidget):
         row1.addWidget(QLabel("source"))
         row1.addWidget(self.source, 1)
         row1.addWidget(browse)
-        row2 = QHBoxLayout()
-        for label, w in (("provider", self.provider), ("model", self.model), ("breakpoints", self.breakpoints),
-                         ("TTL", self.ttl), ("base price", self.price)):
-            row2.addWidget(QLabel(label))
-            row2.addWidget(w)
-        row2.addStretch(1)
+        # Label/field pairs in a grid that reflows from one row to three as the dock narrows:
+        # one fixed row of ten cut "auto" to "uto" in a 640-pixel dock.
+        self.controls = QGridLayout()
+        self.controls.setHorizontalSpacing(8)
+        self._pairs = [(QLabel(label), w) for label, w in (
+            ("provider", self.provider), ("model", self.model), ("breakpoints", self.breakpoints),
+            ("TTL", self.ttl), ("base price", self.price))]
+        self._per_row = 0
+        self._reflow(5)
 
         self.total_label = QLabel("Open a conversation or trace to see its bill.")
         self.total_label.setObjectName("billingTotals")
         self.total_label.setWordWrap(True)
         self.rules_label = QLabel("")
         self.rules_label.setWordWrap(True)
+        for label in (self.total_label, self.rules_label):
+            # a wrapped label must not ask for its one-line width, or the dock scrolls sideways
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            label.setMinimumWidth(120)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -100,16 +109,56 @@ class BillingView(QWidget):
             self.plot.addItem(item)  # `name` puts it in the legend
             self.bars[key] = item
 
-        split = QSplitter(Qt.Orientation.Horizontal)
+        self.split = split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.table)
         split.addWidget(self.plot)
         split.setSizes([560, 440])
+        split.setMinimumHeight(160)  # a short dock scrolls rather than crushing the table
+        self.export = export_button(self, plots={"Billing bars": lambda: self.plot},
+                                    tables={"Billing table": lambda: model_table(self.table.model())})
+        row1.addWidget(self.export)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(row1)
-        layout.addLayout(row2)
+        layout.addLayout(self.controls)
         layout.addWidget(self.total_label)
         layout.addWidget(self.rules_label)
         layout.addWidget(split, 1)
+        if hasattr(ctx, "sigThemeChanged"):
+            ctx.sigThemeChanged.connect(self.apply_theme)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.plot.setBackground(p["panel"])
+        for side in ("left", "bottom"):
+            self.plot.getAxis(side).setTextPen(p["text_dim"])
+            self.plot.getAxis(side).setPen(p["text_dim"])
+        for key, colour in (("uncached", "pending"), ("write", "computed"), ("read", "cached")):
+            self.bars[key].setOpts(brush=theme.color(colour, name))
+        self.plot.plotItem.legend.setLabelTextColor(p["text"])
+
+    def _reflow(self, per_row: int) -> None:
+        if per_row == self._per_row:
+            return
+        self._per_row = per_row
+        for label, w in self._pairs:
+            self.controls.removeWidget(label)
+            self.controls.removeWidget(w)
+        for c in range(12):
+            self.controls.setColumnStretch(c, 0)
+        for i, (label, w) in enumerate(self._pairs):
+            self.controls.addWidget(label, i // per_row, 2 * (i % per_row))
+            self.controls.addWidget(w, i // per_row, 2 * (i % per_row) + 1)
+        for c in range(per_row):
+            self.controls.setColumnStretch(2 * c + 1, 1)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        width = event.size().width()
+        self._reflow(5 if width >= 1000 else 3 if width >= 620 else 2)
+        # side by side needs room for both; a narrow dock stacks the bars under the table
+        self.split.setOrientation(Qt.Orientation.Horizontal if width >= 900 else Qt.Orientation.Vertical)
+        super().resizeEvent(event)
 
     # ---------------------------------------------------------------- model -> view
     def set_source(self, source: str) -> None:

@@ -1,4 +1,5 @@
-"""The Sweeps panel: hit rate against block size and against pool capacity, for any trace.
+"""The Sweeps panel: hit rate against block size and against pool capacity, for any trace,
+with refused requests plotted as their own series.
 
 Each sweep runs on the context's worker (`engine.analysis.sweep`); the plots only draw its points.
 """
@@ -9,12 +10,16 @@ import math
 from typing import Any
 
 import pyqtgraph as pg
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
-    QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QBoxLayout, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSizePolicy, QSpinBox,
+    QVBoxLayout, QWidget,
 )
 
 from app import theme
+from app.export import export_button
+from app.views.timeline_view import CountAxis
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -29,8 +34,16 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
+NARROW_PX = 760  # below this width the two plots stack instead of sitting side by side
+
+
 class SweepView(QWidget):
-    """Pick a trace and the values to try; `sigSweepDone(dict)` carries the sweep JSON."""
+    """Pick a trace and the values to try; `sigSweepDone(dict)` carries the sweep JSON.
+
+    Hit rates count a refused request's prompt tokens as missed (as the CLI's `hit_rate`);
+    the capacity plot also draws the served-only hit rate and the share of requests refused,
+    so a pool too small to serve a request shows as refusals, not as a better rate.
+    """
 
     sigSweepDone = Signal(dict)
 
@@ -41,6 +54,7 @@ class SweepView(QWidget):
         self.ctx = ctx
         self.tokenizer = tokenizer
         self.result: dict[str, Any] | None = None
+        self.setObjectName("sweep_view")
 
         self.trace = QLineEdit()
         self.trace.setPlaceholderText("token-level or Mooncake trace, or a conversation file")
@@ -64,59 +78,152 @@ class SweepView(QWidget):
         row1.addWidget(QLabel("trace"))
         row1.addWidget(self.trace, 1)
         row1.addWidget(browse)
-        row2 = QHBoxLayout()
-        for label, w in (("block sizes", self.block_sizes), ("capacities (blocks)", self.capacities),
-                         ("at block size", self.block_size), ("requests", self.limit)):
-            row2.addWidget(QLabel(label))
-            row2.addWidget(w)
-        row2.addWidget(self.run_button)
+        # Two rows of label/field pairs: one row of eight cut the fields to "uto" in a
+        # 640-pixel dock; the fields stretch, the labels keep their text.
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(8)
+        for i, (label, w) in enumerate((("block sizes", self.block_sizes), ("capacities (blocks)", self.capacities),
+                                        ("at block size", self.block_size), ("requests", self.limit))):
+            grid.addWidget(QLabel(label), i // 2, 2 * (i % 2))
+            grid.addWidget(w, i // 2, 2 * (i % 2) + 1)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        grid.addWidget(self.run_button, 0, 4, 2, 1)
         self.status = QLabel("Open a trace and run a sweep.")
+        self.status.setObjectName("sweep_status")
         self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.RichText)
+        # a wrapped label must not ask for its one-line width, or the dock scrolls sideways
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.status.setMinimumWidth(120)
 
-        pen = pg.mkPen(theme.color("accent"), width=2)
-        brush = pg.mkBrush(theme.color("cached"))
-        self.plot_bs = pg.PlotWidget(title="hit rate vs block size")
-        self.plot_cap = pg.PlotWidget(title="hit rate vs capacity")
-        self.plot_bs.setLabel("bottom", "block size (tokens, log2)")
-        self.plot_cap.setLabel("bottom", "capacity (blocks, log2)")
+        self.plot_bs = pg.PlotWidget(axisItems={"left": CountAxis("left")})
+        self.plot_cap = pg.PlotWidget(axisItems={"left": CountAxis("left")})
+        self.plot_bs.setTitle("hit rate vs block size")
+        self.plot_cap.setTitle("hit rate vs capacity")
+        self.plot_bs.setLabel("bottom", "block size (tokens)")
+        self.plot_cap.setLabel("bottom", "capacity (blocks)")
         # Created once; each sweep calls setData.
-        self.curve_bs = self.plot_bs.plot([], [], pen=pen, symbol="o", symbolBrush=brush, symbolSize=8)
-        self.curve_cap = self.plot_cap.plot([], [], pen=pen, symbol="o", symbolBrush=brush, symbolSize=8)
+        self.curve_bs = self.plot_bs.plot([], [], symbol="o", symbolSize=7, name="hit rate")
+        self.curve_cap = self.plot_cap.plot([], [], symbol="o", symbolSize=7, name="hit rate (refused = missed)")
+        self.curve_served = self.plot_cap.plot([], [], symbol="t", symbolSize=7, name="served requests only")
+        self.curve_refused = self.plot_cap.plot([], [], symbol="x", symbolSize=9, name="requests refused")
+        self.legend = self.plot_cap.addLegend(offset=(6, 4), labelTextSize="8pt")
+        for item in (self.curve_cap, self.curve_served, self.curve_refused):
+            self.legend.addItem(item, item.name())
+        self.bs_note = pg.TextItem(anchor=(0.5, 0.5))
+        self.plot_bs.addItem(self.bs_note, ignoreBounds=True)
         for plot in (self.plot_bs, self.plot_cap):
-            plot.setLabel("left", "hit rate")
-            plot.setYRange(0, 1)
-            plot.showGrid(x=True, y=True, alpha=0.25)
-        plots = QHBoxLayout()
-        plots.addWidget(self.plot_bs)
-        plots.addWidget(self.plot_cap)
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.setLabel("left", "%")
+            plot.setYRange(0, 105, padding=0)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.showGrid(x=True, y=True, alpha=0.2)
+        self.plots_box = QBoxLayout(QBoxLayout.Direction.LeftToRight)
+        self.plots_box.addWidget(self.plot_bs)
+        self.plots_box.addWidget(self.plot_cap)
 
+        self.export = export_button(self, plots={"Hit rate vs block size": lambda: self.plot_bs,
+                                                 "Hit rate vs capacity": lambda: self.plot_cap},
+                                    tables={"Sweep points": self.points_table})
+        row1.addWidget(self.export)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(row1)
-        layout.addLayout(row2)
+        layout.addLayout(grid)
         layout.addWidget(self.status)
-        layout.addLayout(plots, 1)
+        layout.addLayout(self.plots_box, 1)
+        if hasattr(ctx, "sigThemeChanged"):
+            ctx.sigThemeChanged.connect(self.apply_theme)
+        self.apply_theme()
+        self._show_bs_note("run a sweep to see the hit rate against block size")
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.palette = p
+        for plot in (self.plot_bs, self.plot_cap):
+            plot.setBackground(p["panel"])
+            plot.setTitle(plot.plotItem.titleLabel.text, color=p["text"], size="10pt")
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+                plot.getAxis(side).label.setDefaultTextColor(pg.mkColor(p["text_dim"]))
+        for curve, key, style in ((self.curve_bs, "accent", Qt.PenStyle.SolidLine),
+                                  (self.curve_cap, "accent", Qt.PenStyle.SolidLine),
+                                  (self.curve_served, "cached", Qt.PenStyle.DashLine),
+                                  (self.curve_refused, "miss", Qt.PenStyle.SolidLine)):
+            curve.setPen(pg.mkPen(p[key], width=2, style=style))
+            curve.setSymbolBrush(pg.mkBrush(p[key]))
+            curve.setSymbolPen(pg.mkPen(p[key]))
+        self.legend.setLabelTextColor(p["text"])
+        self.bs_note.setColor(p["text_dim"])
+        if self.result is not None:
+            self._set_titles(self.result)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        narrow = event.size().width() < NARROW_PX
+        self.plots_box.setDirection(QBoxLayout.Direction.TopToBottom if narrow else QBoxLayout.Direction.LeftToRight)
+        super().resizeEvent(event)
 
     # ---------------------------------------------------------------- model -> view
     def set_trace(self, path: str) -> None:
         self.trace.setText(str(path))
 
+    def _show_bs_note(self, text: str) -> None:
+        self.bs_note.setText(text)
+        self.bs_note.setVisible(bool(text))
+        self.bs_note.setPos(0.5, 52)
+        self.plot_bs.setXRange(0, 1, padding=0)
+
+    def _set_titles(self, result: dict[str, Any]) -> None:
+        has_bs = any(p["series"] == "block_size" for p in result["points"])
+        col = self.palette["text"]
+        self.plot_bs.setTitle("hit rate vs block size" if has_bs else "hit rate vs block size: fixed by the trace",
+                              color=col, size="10pt")
+        self.plot_cap.setTitle(f"hit rate vs capacity (block size {result['block_size']})", color=col, size="10pt")
+
     def show_result(self, result: dict[str, Any]) -> None:
         self.result = result
         bs = [p for p in result["points"] if p["series"] == "block_size"]
         cap = [p for p in result["points"] if p["series"] == "capacity"]
-        self.curve_bs.setData([math.log2(p["block_size"]) for p in bs], [p["hit_rate"] for p in bs])
-        self.curve_cap.setData([math.log2(p["capacity_blocks"]) for p in cap], [p["hit_rate"] for p in cap])
+        num = max(1, result["requests"])
+        self.curve_bs.setData([math.log2(p["block_size"]) for p in bs], [100 * p["hit_rate"] for p in bs])
+        xs = [math.log2(p["capacity_blocks"]) for p in cap]
+        self.curve_cap.setData(xs, [100 * p["hit_rate"] for p in cap])
+        self.curve_served.setData(xs, [100 * p.get("served_hit_rate", p["hit_rate"]) for p in cap])
+        self.curve_refused.setData(xs, [100 * p["refused_requests"] / num for p in cap])
         for plot, points, key in ((self.plot_bs, bs, "block_size"), (self.plot_cap, cap, "capacity_blocks")):
-            ticks = [(math.log2(p[key]), str(p[key])) for p in points]
+            ticks = [(math.log2(p[key]), f"{p[key]:,}") for p in points]
             plot.getAxis("bottom").setTicks([ticks] if ticks else None)
-        self.plot_bs.setTitle("hit rate vs block size" if bs else "hit rate vs block size (fixed by the trace)")
-        self.plot_cap.setTitle(f"hit rate vs capacity (block size {result['block_size']})")
-        text = (f"{result['requests']} requests ({result['kind']}), {result['total_tokens']} tokens; block-size "
-                f"series in a pool of {result['capacity_tokens']} tokens")
+            if points:
+                plot.setXRange(min(t for t, _ in ticks) - 0.3, max(t for t, _ in ticks) + 0.3, padding=0)
+        if bs:
+            self._show_bs_note("")
+        elif result["kind"] == "mooncake":
+            self._show_bs_note("A Mooncake trace names 512-token blocks by hash id only,\n"
+                               "so its block size cannot vary: see the capacity plot.")
+        else:
+            self._show_bs_note("no block sizes were asked for")
+        self._set_titles(result)
+        refused = sum(p["refused_requests"] for p in cap)
+        text = (f"{result['requests']:,} requests ({result['kind']}), {result['total_tokens']:,} tokens · "
+                f"block-size series in a pool of {result['capacity_tokens']:,} tokens")
+        if refused:
+            worst = max(cap, key=lambda p: p["refused_requests"])
+            text += (f" · refused requests count as missed: {worst['refused_requests']:,} of {num:,} "
+                     f"refused at {worst['capacity_blocks']:,} blocks")
         if result["notes"]:
             text += " · " + " ".join(result["notes"])
         self.status.setText(text)
         self.sigSweepDone.emit(result)
+
+    def points_table(self) -> tuple[list[str], list[list[Any]]]:
+        """The sweep's points as a table (for the CSV export)."""
+        points = (self.result or {}).get("points", [])
+        header = ["series", "block_size", "capacity_blocks", "hit_rate", "served_hit_rate", "cached_tokens",
+                  "prompt_tokens", "refused_requests", "refused_tokens", "evicted_blocks"]
+        return header, [[p.get(k, "") for k in header] for p in points]
 
     # ---------------------------------------------------------------- view -> model
     def _browse(self) -> None:
