@@ -362,7 +362,12 @@ class BlockTableView(QWidget):
         if ev.button() != Qt.MouseButton.LeftButton:
             return
         pt = self.vb.mapSceneToView(ev.scenePos())
-        self.select_block(self.block_at(pt.x(), pt.y()))
+        block = self.block_at(pt.x(), pt.y())
+        self.select_block(block)
+        if block is not None:
+            from app.views.block_details import block_selection
+
+            block_selection(self.ctx).select(block)  # the details pane shows it
 
     def _decode(self, token_ids: tuple[int, ...]) -> str:
         shown = list(token_ids[:MAX_TOOLTIP_TOKENS])

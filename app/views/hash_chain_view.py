@@ -1,139 +1,49 @@
 """The hash chains: every cached prefix as one radix tree, left to right, grouped by tenant.
 
-Each node is a cached block hash; runs of single-child nodes are drawn as one labelled
-segment. A request's path is highlighted (reused part, then computed part) and a cross
-marks where it left the cached tree. Built from `ctx.state.projection` only.
+Each node is a cached block hash; runs of single-child nodes are drawn as one segment. At
+trace scale (thousands of runs) only the labels that fit are drawn, laid out in pixels so
+none overlap; the view zooms, can show only one request's path, and finds a block by hash
+or token text. The chosen request's path is drawn over everything (reused part, computed
+part, a cross where it left the cached tree). Built from `ctx.state.projection` only.
 """
 
 from __future__ import annotations
 
+import html
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtGui import QFontMetrics
+from PySide6.QtWidgets import (
+    QCheckBox, QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSizePolicy, QVBoxLayout, QWidget,
+)
 
 from app import theme
+from app.export import export_button
+from app.views.block_details import block_selection
+from app.views.chain_layout import ChainTree, Segment, build_tree, fit_labels
 from app.views.block_table_view import block_colors, swatch
 from app.views.timeline_view import CountAxis
 from engine.core.projection import PoolProjection, RequestRecord
 
-MAX_LABELS = 150
+__all__ = ["ChainTree", "HashChainView", "Segment", "build_tree"]  # the layout lives in chain_layout
+
+MAX_LABELS = 60  # run labels drawn at most; the densest trees show the longest runs that fit
+MAX_LABEL_CANDIDATES = 4000  # runs tried for a label, longest first (the rest are too short to win)
+LABEL_PAD_PX = 3
+MAX_TEXT_SEARCH_BLOCKS = 50_000  # blocks decoded for a token-text search
 MIN_REBUILD_MS = 250  # rebuilding a big tree every frame would stall the window
-GROUP_GAP = 2.0
-ORPHANS = "(parent evicted)"
-
-
-@dataclass(slots=True)
-class Segment:
-    """A run of cached hashes where each has exactly one child (collapsed when drawn)."""
-
-    hashes: list[bytes]
-    depth: int  # depth of the first hash
-    parent: int | None  # index of the parent segment
-    children: list[int] = field(default_factory=list)
-    y: float = 0.0
-
-
-@dataclass(slots=True)
-class ChainTree:
-    """The laid-out tree: segments, and per hash its (x, y) position."""
-
-    segments: list[Segment]
-    positions: dict[bytes, tuple[float, float]]
-    groups: list[tuple[str, float]]  # (label, y of its first root)
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.positions)
-
-
-def _group_label(p: PoolProjection, h: bytes) -> str:
-    b = p.block_of_hash(h)
-    parent = p.parents[b] if b is not None else None
-    if parent is not None:
-        return ORPHANS
-    salt = p.salts[b] if b is not None else None
-    return f"tenant {salt}" if salt is not None else "no tenant"
-
-
-def build_tree(p: PoolProjection, breaks: set[bytes] | None = None) -> ChainTree:
-    """Lay out every cached hash of `p`; a hash in `breaks` always starts its own segment."""
-    breaks = breaks or set()
-    parent_of: dict[bytes, bytes | None] = {}
-    for h, holders in p.by_hash.items():
-        parent_of[h] = p.parents[holders[0]]
-    children: dict[bytes, list[bytes]] = {}
-    roots: list[bytes] = []
-    for h, parent in parent_of.items():
-        if parent is not None and parent in parent_of:
-            children.setdefault(parent, []).append(h)
-        else:
-            roots.append(h)
-    groups: dict[str, list[bytes]] = {}
-    for h in roots:
-        groups.setdefault(_group_label(p, h), []).append(h)
-
-    segments: list[Segment] = []
-    positions: dict[bytes, tuple[float, float]] = {}
-    group_rows: list[tuple[str, float]] = []
-    next_y = 1.0  # room above the first group for its label
-    order = sorted(groups, key=lambda g: (g == ORPHANS, g))
-    for label in order:
-        group_first = next_y
-        top_level: list[int] = []
-        # Depth-first with an explicit stack: chains can be thousands of blocks long.
-        stack: list[tuple[bytes, int, int | None]] = [(h, 0, None) for h in reversed(groups[label])]
-        while stack:
-            h, depth, parent_seg = stack.pop()
-            seg = Segment([h], depth, parent_seg)
-            while True:
-                kids = children.get(seg.hashes[-1], ())
-                if len(kids) == 1 and kids[0] not in breaks and seg.hashes[-1] not in breaks:
-                    seg.hashes.append(kids[0])
-                    continue
-                break
-            index = len(segments)
-            segments.append(seg)
-            if parent_seg is None:
-                top_level.append(index)
-            else:
-                segments[parent_seg].children.append(index)
-            end_depth = depth + len(seg.hashes)
-            for kid in reversed(children.get(seg.hashes[-1], ())):
-                stack.append((kid, end_depth, index))
-        # y: leaves take consecutive rows, a parent sits at the middle of its children
-        next_y = _assign_rows(segments, top_level, next_y)
-        group_rows.append((label, group_first))
-        next_y += GROUP_GAP
-    for seg in segments:
-        for i, h in enumerate(seg.hashes):
-            positions[h] = (float(seg.depth + i), seg.y)
-    return ChainTree(segments, positions, group_rows)
-
-
-def _assign_rows(segments: list[Segment], top_level: list[int], next_y: float) -> float:
-    # Post-order without recursion: children get rows before their parent.
-    stack: list[tuple[int, bool]] = [(i, False) for i in reversed(top_level)]
-    while stack:
-        index, done = stack.pop()
-        seg = segments[index]
-        if not seg.children:
-            seg.y = next_y
-            next_y += 1.0
-        elif done:
-            seg.y = (segments[seg.children[0]].y + segments[seg.children[-1]].y) / 2
-        else:
-            stack.append((index, True))
-            stack.extend((c, False) for c in reversed(seg.children))
-    return next_y
 
 
 class HashChainView(QWidget):
-    """The radix tree of cached prefixes with one request's path and divergence point."""
+    """The radix tree of cached prefixes with one request's path and divergence point.
+
+    `label_rects` holds the pixel boxes of the labels drawn last (none overlap); `matches`
+    the hashes the last search found.
+    """
 
     def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -142,21 +52,39 @@ class HashChainView(QWidget):
         self.setObjectName("hash_chain_view")
         self.tree = ChainTree([], {}, [])
         self.request_id: str | None = None  # None = the last request
+        self.only_request = False
         self.path_record: RequestRecord | None = None
         self.path_hashes: list[bytes] = []  # the shown request's hashes still in the tree
         self.divergence_block: int | None = None
+        self.matches: list[bytes] = []
+        self.match_index = -1
+        self.label_rects: list[QRectF] = []
+        self.label_texts: list[str] = []
+        self._runs: list[Segment] = []  # runs worth a label, longest first
+        self._decoded: dict[bytes, str] = {}  # token text per hash, for the search
         self._drawn_version = -1
         self._last_build = 0.0
-        self._labels: list[pg.TextItem] = []
         self._range_shape: tuple[int, float, float] | None = None
 
         self.request_box = QComboBox()
         self.request_box.setObjectName("chain_request")
-        self.request_box.setMinimumWidth(160)
+        self.request_box.setMinimumWidth(140)
+        self.only_box = QCheckBox("only this request")
+        self.only_box.setObjectName("chain_only")
+        self.only_box.setToolTip("draw only the chosen request's path through the cache")
+        self.search = QLineEdit()
+        self.search.setObjectName("chain_search")
+        self.search.setPlaceholderText("find: hash prefix or token text (Enter: next)")
+        self.search.setClearButtonEnabled(True)
+        fit = QPushButton("Fit")
+        fit.setToolTip("show the whole tree (wheel or drag to zoom and pan)")
+        to_path = QPushButton("Zoom to path")
+        to_path.setToolTip("zoom onto the chosen request's path")
         self.summary = QLabel()
         self.summary.setObjectName("chain_summary")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.plot = pg.PlotWidget(axisItems={"bottom": CountAxis("bottom")})
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
@@ -171,27 +99,58 @@ class HashChainView(QWidget):
         self.edges = pg.PlotDataItem(connect="pairs")
         self.path_hit = pg.PlotDataItem(connect="finite")
         self.path_new = pg.PlotDataItem(connect="finite")
-        self.nodes = pg.ScatterPlotItem(size=7, hoverable=True, tip=lambda x, y, data: data)
+        self.nodes = pg.ScatterPlotItem(size=7, hoverable=True, tip=lambda x, y, data: self.tip_for(data))
+        self.found = pg.ScatterPlotItem(size=16, symbol="o")
         self.cross = pg.ScatterPlotItem(symbol="x", size=18)
         self.cross_label = pg.TextItem(anchor=(0, -0.2))
-        for item in (self.edges, self.path_hit, self.path_new, self.nodes, self.cross, self.cross_label):
+        # the chosen path, its cross and the search hits are drawn over the whole tree
+        for item, z in ((self.edges, 0), (self.nodes, 1), (self.path_hit, 10), (self.path_new, 10),
+                        (self.found, 11), (self.cross, 12), (self.cross_label, 13)):
+            item.setZValue(z)
             self.plot.addItem(item)
+        self.run_labels = [pg.TextItem(anchor=(0, 0.5)) for _ in range(MAX_LABELS)]
+        self.group_labels: list[pg.TextItem] = []
+        for label in self.run_labels:
+            label.setZValue(5)
+            label.hide()
+            self.plot.addItem(label, ignoreBounds=True)
+        self.export = export_button(self, plots={"Hash chains": lambda: self.plot},
+                                    tables={"Cached runs": self.runs_table})
 
         bar = QHBoxLayout()
         bar.addWidget(QLabel("path of"))
-        bar.addWidget(self.request_box)
-        bar.addWidget(self.summary, 1)
+        bar.addWidget(self.request_box, 1)
+        bar.addWidget(self.only_box)
+        bar.addWidget(self.export)
+        bar2 = QHBoxLayout()
+        bar2.addWidget(self.search, 1)
+        bar2.addWidget(fit)
+        bar2.addWidget(to_path)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(bar)
+        layout.addLayout(bar2)
+        layout.addWidget(self.summary)
         layout.addWidget(self.plot, 1)
 
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(lambda: self.refresh(force=True))
+        self._label_timer = QTimer(self)  # one label layout per burst of zoom or pan steps
+        self._label_timer.setSingleShot(True)
+        self._label_timer.setInterval(30)
+        self._label_timer.timeout.connect(self.layout_labels)
+        self.plot.getViewBox().sigRangeChanged.connect(lambda *_: self._label_timer.start())
+        self.plot.getViewBox().sigResized.connect(lambda *_: self._label_timer.start())
         self.request_box.activated.connect(self._on_request_chosen)
+        self.only_box.toggled.connect(self.set_only_request)
+        self.search.returnPressed.connect(lambda: self.find(self.search.text()))
+        self.search.textChanged.connect(lambda text: text or self.find(""))
+        fit.clicked.connect(self.fit_all)
+        to_path.clicked.connect(self.zoom_to_path)
+        self.nodes.sigClicked.connect(self._on_node_clicked)
         self.state.sigChanged.connect(self.refresh)
-        self.state.sigReset.connect(lambda: self.refresh(force=True))
+        self.state.sigReset.connect(self._on_reset)
         if hasattr(ctx, "sigThemeChanged"):
             ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
@@ -200,12 +159,23 @@ class HashChainView(QWidget):
         self.colors = block_colors(name)
         self.palette = theme.palette(name)
         self.plot.setBackground(self.palette["panel"])
-        self.edges.setPen(pg.mkPen(self.palette["text_dim"], width=1.2))
         self.path_hit.setPen(pg.mkPen(self.palette["cached"], width=4))
         self.path_new.setPen(pg.mkPen(self.palette["computed"], width=4))
+        self.found.setPen(pg.mkPen(self.palette["warn"], width=2.5))
+        self.found.setBrush(pg.mkBrush(None))
         self.cross.setPen(pg.mkPen(self.palette["miss"], width=3))
         self.cross.setBrush(pg.mkBrush(self.palette["miss"]))
         self.cross_label.setColor(self.palette["miss"])
+        for label in self.run_labels:
+            label.setColor(self.palette["text_dim"])
+        for axis in ("bottom",):
+            self.plot.getAxis(axis).setTextPen(self.palette["text_dim"])
+            self.plot.getAxis(axis).setPen(self.palette["text_dim"])
+        self.refresh(force=True)
+
+    def _on_reset(self) -> None:
+        self._decoded = {}
+        self.matches, self.match_index = [], -1
         self.refresh(force=True)
 
     # ------------------------------------------------------------------ inputs
@@ -214,8 +184,81 @@ class HashChainView(QWidget):
         self.request_id = request_id
         self.refresh(force=True)
 
+    def set_only_request(self, only: bool) -> None:
+        """Draw only the chosen request's path (True) or the whole cached tree (False)."""
+        self.only_request = bool(only)
+        if self.only_box.isChecked() != self.only_request:
+            self.only_box.setChecked(self.only_request)
+        self._range_shape = None  # a different tree: fit it
+        self.refresh(force=True)
+
     def _on_request_chosen(self, index: int) -> None:
         self.show_request(self.request_box.itemData(index))
+
+    def _on_node_clicked(self, _item: Any, points: Any, *_: Any) -> None:
+        if len(points):
+            block_selection(self.ctx).select(points[0].data())
+
+    def fit_all(self) -> None:
+        self._range_shape = None
+        self._fit_range()
+
+    def zoom_to_path(self) -> None:
+        pts = [self.tree.positions[h] for h in self.path_hashes if h in self.tree.positions]
+        if not pts:
+            return
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        self.plot.setRange(xRange=(min(xs) - 1, max(xs) + 4), yRange=(min(ys) - 6, max(ys) + 6), padding=0.02)
+
+    def find(self, text: str) -> list[bytes]:
+        """Mark the cached blocks whose hash starts with `text` (hex) or whose tokens read
+        `text`; each call with the same text moves to the next match and selects it."""
+        query = text.strip()
+        if not query:
+            self.matches, self.match_index = [], -1
+            self.found.setData([], [])
+            self.summary.setText(self._summary_text(self.path_record))
+            return []
+        key = query.lower()
+        if self.matches and getattr(self, "_query", None) == key:
+            self.match_index = (self.match_index + 1) % len(self.matches)
+        else:
+            self._query = key
+            self.matches = self._search(key)
+            self.match_index = 0 if self.matches else -1
+        pos = self.tree.positions
+        self.found.setData([pos[h][0] for h in self.matches], [pos[h][1] for h in self.matches])
+        if self.matches:
+            x, y = pos[self.matches[self.match_index]]
+            self.plot.setRange(xRange=(x - 12, x + 28), yRange=(y - 10, y + 10), padding=0)
+            block_selection(self.ctx).select(self.state.projection.block_of_hash(self.matches[self.match_index]))
+        self.summary.setText(self._summary_text(self.path_record))
+        return self.matches
+
+    def _search(self, key: str) -> list[bytes]:
+        hashes = list(self.tree.positions)
+        if len(key) >= 4 and all(c in "0123456789abcdef" for c in key):
+            found = [h for h in hashes if h.hex().startswith(key)]
+            if found:
+                return found
+        tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
+        if tokenizer is None:
+            return []
+        p = self.state.projection
+        found = []
+        for h in hashes[:MAX_TEXT_SEARCH_BLOCKS]:
+            text = self._decoded.get(h)
+            if text is None:
+                b = p.block_of_hash(h)
+                ids = p.token_ids[b] if b is not None else ()
+                try:
+                    text = tokenizer.decode(list(ids)).lower() if ids else ""
+                except Exception:  # noqa: BLE001 - ids of another model do not decode
+                    text = ""
+                self._decoded[h] = text
+            if key in text:
+                found.append(h)
+        return found
 
     # ------------------------------------------------------------------ drawing
     def refresh(self, force: bool = False) -> None:
@@ -233,10 +276,13 @@ class HashChainView(QWidget):
         breaks: set[bytes] = set()
         if rec is not None and rec.num_hit_blocks < len(rec.block_hashes):
             breaks.add(rec.block_hashes[rec.num_hit_blocks])  # the divergence stays a visible node
-        self.tree = build_tree(p, breaks)
+        only = set(rec.block_hashes) if self.only_request and rec is not None else None
+        self.tree = build_tree(p, breaks, only)
+        self.matches = [h for h in self.matches if h in self.tree.positions]
         self._draw_tree(p)
         self._draw_path(p, rec)
         self._fill_request_box(p)
+        self.layout_labels()
 
     def _record(self, p: PoolProjection) -> RequestRecord | None:
         rid = self.request_id if self.request_id is not None else p.last_request_id
@@ -244,58 +290,131 @@ class HashChainView(QWidget):
         self.path_record = rec if rec is not None and rec.miss is not None else None
         return self.path_record
 
+    def _fit_range(self) -> None:
+        segs = self.tree.segments
+        shape = (len(segs), float(max((s.depth + len(s.hashes) for s in segs), default=0)),
+                 max((s.y for s in segs), default=0.0))
+        if shape == self._range_shape:  # keep the user's zoom until the tree changes shape
+            return
+        self._range_shape = shape
+        right = shape[1] + max(2.0, 0.12 * shape[1])  # room for the run labels
+        self.plot.setRange(xRange=(-0.5, right), yRange=(-0.5, shape[2] + 1.0), padding=0.02)
+
     def _draw_tree(self, p: PoolProjection) -> None:
         tree = self.tree
         segs = tree.segments
-        ex: list[float] = []
-        ey: list[float] = []
+        ex = np.empty(4 * len(segs))
+        ey = np.empty(4 * len(segs))
+        n = 0
         for seg in segs:
             x0, x1 = float(seg.depth), float(seg.depth + len(seg.hashes) - 1)
-            ex += [x0, x1]
-            ey += [seg.y, seg.y]
+            ex[n:n + 2] = (x0, x1)
+            ey[n:n + 2] = (seg.y, seg.y)
+            n += 2
             if seg.parent is not None:
-                par = segs[seg.parent]
-                ex += [x0 - 1.0, x0]
-                ey += [par.y, seg.y]
-        self.edges.setData(np.array(ex), np.array(ey))
-        shape = (len(segs), max(ex, default=0.0), max((s.y for s in segs), default=0.0))
-        if shape != self._range_shape:  # keep the user's zoom until the tree changes shape
-            self._range_shape = shape
-            right = shape[1] + max(2.0, 0.12 * shape[1])  # room for the run labels
-            self.plot.setRange(xRange=(-0.5, right), yRange=(0.0, shape[2] + 1.0), padding=0.02)
+                ex[n:n + 2] = (x0 - 1.0, x0)
+                ey[n:n + 2] = (segs[seg.parent].y, seg.y)
+                n += 2
+        self.edges.setData(ex[:n], ey[:n])
+        # with a path to follow the tree steps back: thinner and fainter lines
+        dim = pg.mkColor(self.palette["text_dim"])
+        dim.setAlpha(120 if self.path_record is not None and len(segs) > 50 else 220)
+        self.edges.setPen(pg.mkPen(dim, width=1.0 if len(segs) > 200 else 1.2))
+        self._fit_range()
         # markers at segment ends (a collapsed run shows only its first and last block)
-        xs, ys, brushes, tips = [], [], [], []
+        xs, ys, brushes, ids = [], [], [], []
         in_use, cached = pg.mkBrush(self.colors["ref1"]), pg.mkBrush(self.colors["cached_new"])
         for seg in segs:
             ends = [seg.hashes[0]] if len(seg.hashes) == 1 else [seg.hashes[0], seg.hashes[-1]]
             for h in ends:
                 x, y = tree.positions[h]
                 b = p.block_of_hash(h)
-                ref = p.ref_counts[b] if b is not None else 0
                 xs.append(x)
                 ys.append(y)
-                brushes.append(in_use if ref > 0 else cached)
-                tips.append(f"block {b} · {h.hex()[:12]} · ref {ref}\nrun of {len(seg.hashes)} blocks")
-        self.nodes.setData(x=xs, y=ys, brush=brushes, pen=pg.mkPen(None), data=tips)
-        for label in self._labels:
-            self.plot.removeItem(label)
-        self._labels = []
-        runs = sorted((s for s in segs if len(s.hashes) > 2), key=lambda s: -len(s.hashes))[:MAX_LABELS]
-        for seg in runs:
-            end = seg.depth + len(seg.hashes) - 1
-            if seg.children:  # the tree goes on to the right: the count sits above the run
-                t = pg.TextItem(f"{len(seg.hashes)} blocks", color=self.palette["text_dim"], anchor=(0.5, 0.95))
-                t.setPos((seg.depth + end) / 2, seg.y)
-            else:
-                t = pg.TextItem(f"{len(seg.hashes)} blocks", color=self.palette["text_dim"], anchor=(0, 0.5))
-                t.setPos(end + 0.3, seg.y)
-            self.plot.addItem(t)
-            self._labels.append(t)
-        for label, y in tree.groups:
-            t = pg.TextItem(label, color=self.palette["text"], anchor=(0, 0.5))
+                brushes.append(in_use if b is not None and p.ref_counts[b] > 0 else cached)
+                ids.append(b)
+        self.nodes.setData(x=xs, y=ys, brush=brushes, pen=pg.mkPen(None), data=ids,
+                           size=7 if len(segs) < 2000 else 4)
+        self._runs = sorted((s for s in segs if len(s.hashes) > 2), key=lambda s: -len(s.hashes))[:MAX_LABEL_CANDIDATES]
+        while len(self.group_labels) < len(tree.groups):
+            t = pg.TextItem(anchor=(0, 0.5))
+            t.setZValue(6)
+            self.plot.addItem(t, ignoreBounds=True)
+            self.group_labels.append(t)
+        for t, (label, y) in zip(self.group_labels, tree.groups):
+            t.setText(label)
+            t.setColor(self.palette["text"])
             t.setPos(0, y - 0.9)
-            self.plot.addItem(t)
-            self._labels.append(t)
+        for t in self.group_labels[len(tree.groups):]:
+            t.hide()
+
+    def tip_for(self, block_id: int | None) -> str:
+        p = self.state.projection
+        if block_id is None or not 0 <= block_id < p.num_blocks:
+            return ""
+        h = p.hashes[block_id]
+        seg = next((s for s in self.tree.segments if h in (s.hashes[0], s.hashes[-1])), None)
+        run = f"\nrun of {len(seg.hashes):,} blocks" if seg is not None else ""
+        return (f"block {block_id} · {h.hex()[:12] if h else '-'} · ref {p.ref_counts[block_id]}{run}"
+                "\nclick for its details")
+
+    def layout_labels(self) -> None:
+        """Place the labels that fit the current zoom: group titles, the cross's note, then
+        run lengths longest first; a label that would overlap one already placed is left out."""
+        vb = self.plot.getViewBox()
+        rect = vb.viewRect()
+        width, height = vb.width(), vb.height()
+        if width <= 1 or height <= 1 or rect.width() <= 0 or rect.height() <= 0:
+            return
+        sx, sy = width / rect.width(), height / rect.height()
+        fm = QFontMetrics(self.run_labels[0].textItem.font())
+        text_h = fm.height() + 2 * LABEL_PAD_PX
+
+        def box(x: float, y: float, text: str, ax: float, ay: float) -> QRectF:
+            w = fm.horizontalAdvance(text) + 2 * LABEL_PAD_PX
+            px, py = (x - rect.left()) * sx, (y - rect.top()) * sy
+            return QRectF(px - ax * w, py - ay * text_h, w, text_h)
+
+        bounds = QRectF(0, 0, width, height)
+        taken: list[QRectF] = []
+        texts: list[str] = []
+        if self.cross_label.isVisible() and self.cross_label.textItem.toPlainText():
+            cx, cy = self.cross_label.pos().x(), self.cross_label.pos().y()
+            taken.append(box(cx, cy, self.cross_label.textItem.toPlainText(), 0, -0.2))
+            texts.append(self.cross_label.textItem.toPlainText())
+        for t, (label, y) in zip(self.group_labels, self.tree.groups):
+            b = box(0, y - 0.9, label, 0, 0.5)
+            ok = bool(fit_labels([b], bounds, taken, 1))
+            t.setVisible(ok)
+            if ok:
+                texts.append(label)
+        boxes, places = [], []
+        x0, x1 = rect.left(), rect.right()
+        for seg in self._runs:
+            end = seg.depth + len(seg.hashes) - 1
+            if end < x0 - 1 or seg.depth > x1 + 1 or not rect.top() - 1 <= seg.y <= rect.bottom() + 1:
+                continue
+            text = f"{len(seg.hashes):,} blocks"
+            if seg.children:  # the tree goes on to the right: the count sits above the run
+                x = (max(seg.depth, x0) + min(end, x1)) / 2
+                places.append((text, x, seg.y, (0.5, 0.95)))
+                boxes.append(box(x, seg.y, text, 0.5, 0.95))
+            else:
+                places.append((text, end + 0.3, seg.y, (0, 0.5)))
+                boxes.append(box(end + 0.3, seg.y, text, 0, 0.5))
+        chosen = fit_labels(boxes, bounds, taken, MAX_LABELS)
+        for item, i in zip(self.run_labels, chosen):
+            text, x, y, anchor = places[i]
+            item.setAnchor(anchor)
+            item.setText(text)
+            item.setPos(x, y)
+            item.show()
+            texts.append(text)
+        for item in self.run_labels[len(chosen):]:
+            item.hide()
+        self.label_rects = taken
+        self.label_texts = texts
+        self.num_runs_labelled = len(chosen)
 
     def _draw_path(self, p: PoolProjection, rec: RequestRecord | None) -> None:
         pos = self.tree.positions
@@ -305,7 +424,7 @@ class HashChainView(QWidget):
             for item in (self.path_hit, self.path_new, self.cross):
                 item.setData([], [])
             self.cross_label.setText("")
-            self.summary.setText(self._summary_text(p, None))
+            self.summary.setText(self._summary_text(None))
             return
         k = rec.num_hit_blocks
         hit_x, hit_y, new_x, new_y = [], [], [], []
@@ -334,17 +453,37 @@ class HashChainView(QWidget):
         self.cross.setData([cx], [cy])
         self.cross_label.setText(f"left the cache at block {k}: {reason}")
         self.cross_label.setPos(cx, cy)
-        self.summary.setText(self._summary_text(p, rec))
+        self.summary.setText(self._summary_text(rec))
 
-    def _summary_text(self, p: PoolProjection, rec: RequestRecord | None) -> str:
+    def _summary_text(self, rec: RequestRecord | None) -> str:
         tree = self.tree
-        text = (f"{tree.num_nodes:,} cached blocks in {len(tree.segments):,} runs, "
+        scope = "on this request's path" if self.only_request and rec is not None else "cached"
+        text = (f"{tree.num_nodes:,} {scope} blocks in {len(tree.segments):,} runs, "
                 f"{len(tree.groups)} group{'s' if len(tree.groups) != 1 else ''}")
         if rec is not None:
             text += (f" · request {rec.request_id}: reused {rec.num_hit_blocks} of {len(rec.block_hashes)} "
                      f"full blocks {swatch(self.palette['cached'], '▬')}, computed the rest "
                      f"{swatch(self.palette['computed'], '▬')}")
+        if getattr(self, "_query", None) and self.search.text().strip():
+            if self.matches:
+                text += (f" · {swatch(self.palette['warn'], '○')} match {self.match_index + 1} of "
+                         f"{len(self.matches):,} for “{html.escape(self.search.text().strip())}”")
+            else:
+                text += f" · no cached block matches “{html.escape(self.search.text().strip())}”"
+        if len(tree.segments) > MAX_LABELS:
+            text += " · labels show the longest runs that fit: zoom in for more"
         return text
+
+    def runs_table(self) -> tuple[list[str], list[list[Any]]]:
+        """Every drawn run as a table row (for the CSV export)."""
+        p = self.state.projection
+        rows = []
+        for seg in self.tree.segments:
+            first, last = seg.hashes[0], seg.hashes[-1]
+            rows.append([seg.depth, seg.depth + len(seg.hashes) - 1, len(seg.hashes), first.hex(), last.hex(),
+                         p.block_of_hash(first), p.block_of_hash(last), len(seg.children)])
+        return (["first_position", "last_position", "num_blocks", "first_hash", "last_hash",
+                 "first_block_id", "last_block_id", "num_branches"], rows)
 
     def _fill_request_box(self, p: PoolProjection) -> None:
         wanted = [None] + list(dict.fromkeys(reversed(p.order)))[:40]
