@@ -46,12 +46,35 @@ def export_plot(plot: Any, path: str | Path, width: int | None = None) -> Path:
         exporter = pg.exporters.ImageExporter(item)
         if width:
             exporter.parameters()["width"] = int(width)
+        exporter.export(str(path))
     else:
-        exporter = pg.exporters.SVGExporter(item)
-    exporter.export(str(path))
+        try:
+            pg.exporters.SVGExporter(item).export(str(path))
+        except (ValueError, IndexError):
+            # pyqtgraph's SVG clean-up cannot parse some paths (a curve broken by NaN gaps);
+            # Qt's own SVG writer renders the same scene without that step.
+            _qt_svg(item, path)
     if not path.is_file():
         raise ValueError(f"{path.name} could not be written (the plot has no size yet?)")
     return path
+
+
+def _qt_svg(item: Any, path: Path) -> None:
+    from PySide6.QtCore import QRectF, QSize
+    from PySide6.QtGui import QPainter
+    from PySide6.QtSvg import QSvgGenerator
+
+    scene = item if isinstance(item, pg.GraphicsScene) else item.scene()
+    source = scene.sceneRect() if item is scene else item.sceneBoundingRect()
+    gen = QSvgGenerator()
+    gen.setFileName(str(path))
+    gen.setSize(QSize(int(source.width()), int(source.height())))
+    gen.setViewBox(QRectF(0, 0, source.width(), source.height()))
+    painter = QPainter(gen)
+    try:
+        scene.render(painter, QRectF(0, 0, source.width(), source.height()), source)
+    finally:
+        painter.end()
 
 
 def model_table(model: QAbstractItemModel) -> Table:

@@ -117,6 +117,7 @@ class MainWindow(QMainWindow):
         self.act_load_model = a("&Load model", self.start_model_load, "Ctrl+L", "load the model again")
         self.act_about = a("&About Cachescope", self.show_about)
         self.act_shortcuts = a("&Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+        self.act_glossary = a("&Glossary", self.show_glossary, tip="the words the views use, explained")
 
     def _build_menus(self) -> None:
         mb = self.menuBar()
@@ -137,6 +138,7 @@ class MainWindow(QMainWindow):
         self._no_demos.setEnabled(False)
         h = mb.addMenu("&Help")
         h.addAction(self.act_shortcuts)
+        h.addAction(self.act_glossary)
         h.addAction(self.act_about)
 
     def _build_toolbar(self) -> None:
@@ -178,9 +180,13 @@ class MainWindow(QMainWindow):
         for spec, _ in built:
             if spec not in primaries:
                 self.tabifyDockWidget(docks[spec.tab_with], docks[spec.object_name])
-        for name in ("block_table", "timeline", "metrics"):
+        for name in ("conversation", "block_table", "timeline", "metrics"):
             if name in self.docks:
                 self.docks[name].raise_()
+        if "block_details" in self.docks:
+            from app.views.block_details import block_selection
+
+            block_selection(self.ctx).sigBlockSelected.connect(self._show_block_details)
         self._size_docks()
         if self.scrub_toolbar is not None:
             self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())
@@ -561,6 +567,20 @@ class MainWindow(QMainWindow):
             if not act.shortcut().isEmpty():
                 rows.append((act.text().replace("&", ""), act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)))
         return sorted(set(rows))
+
+    def _show_block_details(self, block_id: Any) -> None:
+        dock = self.docks["block_details"]
+        if block_id is not None and not dock.isHidden():
+            dock.raise_()
+
+    def show_glossary(self) -> None:
+        from app.glossary import GlossaryDialog
+
+        dlg = self.findChild(GlossaryDialog)
+        if dlg is None:
+            dlg = GlossaryDialog(self)
+        dlg.show()
+        dlg.raise_()
 
     def show_shortcuts(self) -> None:
         dlg = QDialog(self)

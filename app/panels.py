@@ -36,6 +36,8 @@ class PanelSpec:
 
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Conversation", "conversation", "app.views.conversation_view:ConversationView", LEFT, None, "Ctrl+1"),
+    # Tabbed behind the conversation; a click on a block brings it forward.
+    PanelSpec("Block details", "block_details", "app.views.block_details:BlockDetailsView", LEFT, "conversation"),
     PanelSpec("Block table", "block_table", "app.views.block_table_view:BlockTableView", RIGHT, None, "Ctrl+2"),
     PanelSpec("Hash chains", "hash_chains", "app.views.hash_chain_view:HashChainView", RIGHT, "block_table", "Ctrl+3"),
     PanelSpec("Ref counts and evictions", "timeline", "app.views.timeline_view:TimelineView", BOTTOM, None, "Ctrl+4"),

@@ -58,6 +58,8 @@ class HashChainView(QWidget):
         self.divergence_block: int | None = None
         self.matches: list[bytes] = []
         self.match_index = -1
+        self._query = ""  # the search the matches are for (lower case)
+        self._query_text = ""
         self.label_rects: list[QRectF] = []
         self.label_texts: list[str] = []
         self._runs: list[Segment] = []  # runs worth a label, longest first
@@ -214,13 +216,14 @@ class HashChainView(QWidget):
         """Mark the cached blocks whose hash starts with `text` (hex) or whose tokens read
         `text`; each call with the same text moves to the next match and selects it."""
         query = text.strip()
+        self._query_text = query
         if not query:
             self.matches, self.match_index = [], -1
             self.found.setData([], [])
             self.summary.setText(self._summary_text(self.path_record))
             return []
         key = query.lower()
-        if self.matches and getattr(self, "_query", None) == key:
+        if self.matches and self._query == key:
             self.match_index = (self.match_index + 1) % len(self.matches)
         else:
             self._query = key
@@ -464,12 +467,12 @@ class HashChainView(QWidget):
             text += (f" · request {rec.request_id}: reused {rec.num_hit_blocks} of {len(rec.block_hashes)} "
                      f"full blocks {swatch(self.palette['cached'], '▬')}, computed the rest "
                      f"{swatch(self.palette['computed'], '▬')}")
-        if getattr(self, "_query", None) and self.search.text().strip():
+        if self._query_text:
             if self.matches:
                 text += (f" · {swatch(self.palette['warn'], '○')} match {self.match_index + 1} of "
-                         f"{len(self.matches):,} for “{html.escape(self.search.text().strip())}”")
+                         f"{len(self.matches):,} for “{html.escape(self._query_text)}”")
             else:
-                text += f" · no cached block matches “{html.escape(self.search.text().strip())}”"
+                text += f" · no cached block matches “{html.escape(self._query_text)}”"
         if len(tree.segments) > MAX_LABELS:
             text += " · labels show the longest runs that fit: zoom in for more"
         return text
