@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: run test bench venv clean screenshots
+.PHONY: run test bench venv clean screenshots dist install-desktop
 
 $(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,5 +34,22 @@ bench: $(STAMP)
 screenshots: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/cachescope gui --screenshot docs/screenshots
 
+# The desktop bundle (not part of `make test`: it takes minutes). Check it with
+# `packaging/smoke-test dist/cachescope` before a release.
+PACKAGING_STAMP := $(VENV)/.packaging
+$(PACKAGING_STAMP): $(STAMP) constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[packaging]'
+	touch $(PACKAGING_STAMP)
+
+dist: $(PACKAGING_STAMP)
+	$(PY) -m PyInstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/cachescope.spec
+
+# A user install of the desktop entry, MIME types, AppStream metadata and icons
+# (~/.local/share by default; `make install-desktop DESTDIR=/tmp/x PREFIX=/usr` for packagers).
+PREFIX ?= $(HOME)/.local
+DESTDIR ?=
+install-desktop:
+	packaging/install-desktop "$(DESTDIR)$(PREFIX)"
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -36,8 +36,29 @@ def command_modules() -> list[ModuleType]:
     return mods
 
 
+def version() -> str:
+    """The installed version (the bundle carries the package metadata too), else pyproject's."""
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        return metadata.version("cachescope")
+    except metadata.PackageNotFoundError:
+        pass
+    # A source checkout run without `pip install -e .`: read it where it is defined.
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    try:
+        for line in pyproject.read_text(encoding="utf-8").splitlines():
+            if line.startswith("version = "):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cachescope", description="Inspect the caches of LLM inference.")
+    parser.add_argument("--version", action="version", version=f"cachescope {version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in command_modules():

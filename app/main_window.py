@@ -13,7 +13,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
-                               QMessageBox, QProgressBar, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem, QToolBar,
+                               QProgressBar, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem, QToolBar,
                                QVBoxLayout, QWidget)
 
 from app import theme
@@ -21,6 +21,7 @@ from app.context import AppContext, engine_info
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
+from app.model_load_dialog import ModelLoadMonitor
 from engine.core.errors import InputError, TraceError
 from engine.resources import resource_path
 
@@ -86,6 +87,7 @@ class MainWindow(QMainWindow):
         if ctx.state is not None and hasattr(ctx.state, "sigChanged"):
             ctx.state.sigChanged.connect(self._schedule_status)
         ctx.worker.sigProgress.connect(self._on_progress)
+        self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
         self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
         if load_model:
             QTimer.singleShot(0, self.start_model_load)
@@ -376,7 +378,7 @@ class MainWindow(QMainWindow):
         self._on_progress("loading model", 0.0)
         self.status_labels["model"].setText("loading model…")
         self.ctx.worker.submit(load_model_job, self.ctx.model_name, self.num_blocks, self.block_size,
-                               self.ctx.worker.report_progress, on_done=self._on_model_loaded,
+                               self.model_load.progress_callback(self.ctx.model_name), on_done=self._on_model_loaded,
                                on_error=self._on_model_failed)
 
     def _on_model_loaded(self, runner: Any) -> None:
@@ -556,10 +558,9 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ help
     def show_about(self) -> None:
-        QMessageBox.about(self, "About Cachescope",
-                          "<h3>Cachescope</h3><p>A desktop inspector for the caches of LLM inference: "
-                          "the paged prefix cache, KV memory, semantic caches and hosted prompt-caching bills, "
-                          "live from a real local model.</p><p>Apache-2.0</p>")
+        from app.about_dialog import AboutDialog
+
+        AboutDialog(self.ctx, self).exec()
 
     def shortcut_rows(self) -> list[tuple[str, str]]:
         rows = []

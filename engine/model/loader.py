@@ -20,7 +20,13 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_ENV = "CACHESCOPE_CACHE_DIR"
 
+# `progress(message, fraction)` is called between the steps of a load; it may raise (the
+# app's Cancel button does, with LoadCancelled) to stop before the next step starts.
 Progress = Callable[[str, float], None]
+
+
+class LoadCancelled(InputError):
+    """The user stopped a model load; nothing half-converted is left in the cache."""
 
 
 @dataclass(slots=True)
@@ -143,7 +149,7 @@ def _tmp_dir_beside(final: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
 
 
-def _gguf_tokenizer_dir(path: Path) -> Path:
+def _gguf_tokenizer_dir(path: Path, progress: Progress) -> Path:
     """The GGUF's tokenizer saved as a Hugging Face tokenizer (reading it from GGUF takes ~10 s)."""
     final = _converted_dir(path) / "tokenizer"
     if (final / "tokenizer_config.json").is_file():
@@ -151,6 +157,7 @@ def _gguf_tokenizer_dir(path: Path) -> Path:
     _check_gguf(path)
     from transformers import AutoTokenizer
 
+    progress(f"reading the tokenizer of {path.name} (once)", 0.02)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
@@ -198,7 +205,7 @@ def load_tokenizer(model: str | os.PathLike | None = None) -> Any:
     from transformers import AutoTokenizer
 
     if source.kind == "gguf":
-        location = str(_gguf_tokenizer_dir(Path(source.location)))
+        location = str(_gguf_tokenizer_dir(Path(source.location), _ignore))
     else:
         location = source.location
     try:
@@ -237,8 +244,7 @@ def load_model(model: str | os.PathLike | None = None, progress: Progress | None
     source = resolve_model(model)
     close: Callable[[], None] | None = None
     if progress is None:
-        needs_conversion = source.kind == "gguf" and not (_converted_dir(Path(source.location)) / "model" / "config.json").is_file()
-        if needs_conversion:
+        if _needs_conversion(source):
             progress, close = _stderr_progress()
         else:
             progress = _ignore
@@ -247,6 +253,18 @@ def load_model(model: str | os.PathLike | None = None, progress: Progress | None
     finally:
         if close is not None:
             close()
+
+
+def needs_conversion(model: str | os.PathLike | None = None) -> bool:
+    """True when loading `model` first converts a GGUF (the slow first start); never raises."""
+    try:
+        return _needs_conversion(resolve_model(model))
+    except InputError:
+        return False
+
+
+def _needs_conversion(source: ModelSource) -> bool:
+    return source.kind == "gguf" and not (_converted_dir(Path(source.location)) / "model" / "config.json").is_file()
 
 
 def _ignore(message: str, fraction: float) -> None:
@@ -259,7 +277,7 @@ def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> Lo
 
     if source.kind == "gguf":
         path = Path(source.location)
-        tokenizer_location = str(_gguf_tokenizer_dir(path))
+        tokenizer_location = str(_gguf_tokenizer_dir(path, progress))
         weights_location = str(_gguf_model_dir(path, progress))
         model_id = f"gguf:{path.name}:{path.stat().st_size}"
     else:
