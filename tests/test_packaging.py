@@ -76,7 +76,8 @@ def test_smoke_expectations_name_every_panel():
     pytest.importorskip("PySide6")
     from app.panels import PANELS
 
-    assert set(EXPECTED["panels"]) == {p.object_name for p in PANELS} | {"demo_guide"}
+    assert set(EXPECTED["panels"]) == {p.object_name for p in PANELS} | {"demo_guide"}, \
+        "a panel was added or removed: list it in packaging/smoke-expected.json so the smoke test checks it"
 
 
 def test_spec_collects_the_metadata_transformers_checks():
