@@ -66,7 +66,7 @@ def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int)
     from engine.core.trace import load_trace
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    result = replay(load_trace(path, block_size), config, events=bus)
+    result = replay(load_trace(path, block_size), config, events=bus, source=str(path))
     result["config"]["trace"] = str(path)
     return result
 

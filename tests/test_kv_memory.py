@@ -49,7 +49,7 @@ def test_config_file_and_bad_configs(tmp_path, capsys):
     assert mla == PRESETS["deepseek-v3"].__class__(mla.name, 61, 1, 576, 1, "mla", mla.note)
     path.write_text("{not json")
     assert main(["kv-memory", "--config", str(path), "--tokens", "1"]) == 2
-    assert "not a readable JSON config" in capsys.readouterr().err
+    assert "config.json, line 1: not valid JSON" in capsys.readouterr().err
     with pytest.raises(InputError, match="num_hidden_layers"):
         shape_from_config({"hidden_size": 1})
     assert main(["kv-memory", "--preset", "gpt-9", "--tokens", "1"]) == 2

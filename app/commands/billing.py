@@ -5,20 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import positive_int, print_json
+from app.commands._common import non_negative_float, positive_int, print_json
 
 NAME = "billing"
 HELP = "hosted prompt-caching bill (Anthropic / OpenAI rules) of a conversation, trace or stored session"
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"{text} must be a number of at least 0")
-    return value
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SESSION_OR_TRACE",

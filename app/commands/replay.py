@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.commands._common import byte_size, non_negative_int, positive_int, print_json
+from app.commands._common import byte_size, non_negative_int, positive_int, print_json, seed_int
 from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cap.add_argument("--capacity-blocks", type=positive_int, metavar="N", help="pool size in blocks (a conversation replay on a model defaults to 4096 blocks, enough not to evict)")
     cap.add_argument("--capacity-tokens", type=positive_int, metavar="N", help="pool size in tokens")
     cap.add_argument("--kv-memory", type=byte_size, metavar="SIZE", help="pool size as a KV memory budget, e.g. 512MiB (needs a model)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
     p.add_argument("--random-seed", action="store_true", help="use a random hash root instead of --seed")
     p.add_argument("--hash", choices=HASH_NAMES, default="sha256",
                    help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
@@ -86,7 +86,7 @@ def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
     config = ReplayConfig(block_size=args.block_size, capacity_blocks=capacity,
                           seed=None if args.random_seed else args.seed, hash=args.hash,
                           concurrency=args.concurrency, hash_seed=args.hash_seed)
-    result = replay(read_trace(args.trace, args.block_size), config, events)
+    result = replay(read_trace(args.trace, args.block_size), config, events, source=str(args.trace))
     result["config"]["trace"] = str(args.trace)
     return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands._common import positive_int, print_json
+from app.commands._common import non_negative_float, positive_int, print_json
 from engine.core.errors import InputError
 
 NAME = "semantic"
@@ -30,7 +30,7 @@ def _store_options(p: argparse.ArgumentParser, embedder: bool = True) -> None:
     if embedder:
         p.add_argument("--embedding-model", metavar="PATH", default=None,
                        help="local sentence-transformers folder (default: bundled all-MiniLM-L6-v2)")
-        p.add_argument("--ttl", type=float, metavar="SECONDS", default=None, help="expire entries older than this")
+        p.add_argument("--ttl", type=non_negative_float, metavar="SECONDS", default=None, help="expire entries older than this")
         p.add_argument("--max-entries", type=positive_int, metavar="N", default=None, help="evict least recently used entries beyond N")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 

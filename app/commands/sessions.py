@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from app.commands._common import positive_int, print_json
+from app.commands._common import non_negative_int, positive_int, print_json, seed_int
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     imp.add_argument("--block-size", type=positive_int, default=None, metavar="N",
                      help="tokens per block (default 16; 512 for Mooncake traces)")
     imp.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N", help="pool size in blocks")
-    imp.add_argument("--seed", type=int, default=None, metavar="S", help="hash seed stored with the session (default 0)")
+    imp.add_argument("--seed", type=seed_int, default=None, metavar="S", help="hash seed stored with the session (default 0)")
     imp.add_argument("--hash", choices=HASH_NAMES, default=None,
                      help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
     exp = parsers["export"]
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="session: a .cachescope.json that round-trips exactly (default); openai; jsonl")
     exp.add_argument("-o", "--output", metavar="PATH", default=None, help="write to PATH instead of standard output")
     edit = parsers["edit"]
-    edit.add_argument("--message", type=int, required=True, metavar="K",
+    edit.add_argument("--message", type=non_negative_int, required=True, metavar="K",
                       help="message to edit, counted from 0 with the system message included")
     edit.add_argument("--content", required=True, metavar="TEXT", help="the new text of message K")
     edit.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N",

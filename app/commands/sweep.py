@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.commands._common import positive_int, print_json
+from app.commands._common import positive_int, print_json, seed_int
 from engine.core.errors import InputError
 
 NAME = "sweep"
@@ -14,11 +14,8 @@ HELP = "what-if sweep: hit rate of a trace or conversation file against block si
 
 
 def int_list(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
-    if not values or any(v < 1 for v in values):
+    values = [positive_int(t) for t in text.split(",") if t.strip()]
+    if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers of at least 1, such as 1,2,4,8")
     return values
 
@@ -38,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pool size in tokens held fixed while the block size varies (default: the whole trace)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use only the first N requests")
     p.add_argument("--model", metavar="M", default=None, help="tokenizer for conversation files (default: bundled SmolLM2)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="hash seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

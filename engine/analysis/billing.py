@@ -8,14 +8,15 @@ helpers at the end of this module. No Qt, no model.
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Sequence
 
-from engine.core.errors import InputError
+from engine.core import validation
+from engine.core.errors import InputError, TraceError
 from engine.core.trace import common_prefix_length
 from engine.resources import resource_path
 
@@ -73,13 +74,70 @@ class ProviderRules:
 
 
 def load_rules(path: str | Path | None = None) -> dict[str, Any]:
+    """The provider rules file, checked field by field (errors name the file and the field)."""
     p = Path(path) if path is not None else RULES_PATH
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read the billing rules ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{p}: the billing rules are not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = validation.load_json_file(p, "billing rules file")
+    check_rules(data, str(p))
+    return data
+
+
+_NUMBER = (validation.number, {"lo": 0.0})
+_RULE_FIELDS: dict[str, tuple[bool, Any]] = {
+    # field: (required, check); the checks use the shared validation layer.
+    "mode": (True, ("breakpoints", "implicit")),
+    "max_breakpoints": (False, (validation.integer, {"lo": 0, "hi": 1000})),
+    "lookback_blocks": (False, (validation.integer, {"lo": 1, "hi": validation.MAX_INT64})),
+    "ttl_seconds": (True, (validation.number, {"lo": 0.0, "hi": 1e12})),
+    "write_multiplier": (True, _NUMBER), "read_multiplier": (True, _NUMBER),
+    "hit_step_tokens": (False, (validation.integer, {"lo": 1, "hi": validation.MAX_TOKENS})),
+    "min_cacheable_tokens": (False, (validation.integer, {"lo": 0, "hi": validation.MAX_TOKENS})),
+    "max_lifetime_seconds": (False, (validation.number, {"lo": 0.0, "hi": 1e12})),
+}
+_MODEL_FIELDS = {"min_cacheable_tokens": _RULE_FIELDS["min_cacheable_tokens"][1], "base_input_usd_per_mtok": _NUMBER,
+                 "write_multiplier": _NUMBER, "read_multiplier": _NUMBER}
+
+
+def check_rules(data: Any, name: str) -> None:
+    """Refuse a rules file whose structure or numbers the calculator cannot use."""
+    def check(value: Any, fld: str, how: Any) -> None:
+        if value is None:
+            return
+        if isinstance(how, tuple) and how and isinstance(how[0], str):
+            if value not in how:
+                raise TraceError(name, None, fld, f"expected one of {', '.join(how)}, got {value!r}")
+            return
+        fn, kw = how
+        fn(value, name, None, fld, **kw)
+
+    def obj(value: Any, fld: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise TraceError(name, None, fld, "expected an object")
+        return value
+
+    providers = obj(obj(data, "").get("providers"), "providers")
+    for pname, p in providers.items():
+        pf = f"providers.{pname}"
+        obj(p, pf)
+        for key, (required, how) in _RULE_FIELDS.items():
+            if required and p.get(key) is None:
+                raise TraceError(name, None, f"{pf}.{key}", "missing")
+            check(p.get(key), f"{pf}.{key}", how)
+        if "ttl_refreshed_on_hit" in p and not isinstance(p["ttl_refreshed_on_hit"], bool):
+            raise TraceError(name, None, f"{pf}.ttl_refreshed_on_hit", "expected true or false")
+        for tname, opt in obj(p.get("ttl_options", {}), f"{pf}.ttl_options").items():
+            for key in ("ttl_seconds", "write_multiplier"):
+                value = obj(opt, f"{pf}.ttl_options.{tname}").get(key)
+                if value is None:
+                    raise TraceError(name, None, f"{pf}.ttl_options.{tname}.{key}", "missing")
+                check(value, f"{pf}.ttl_options.{tname}.{key}", _RULE_FIELDS[key][1])
+        models = obj(p.get("models"), f"{pf}.models")
+        if not models:
+            raise TraceError(name, None, f"{pf}.models", "lists no model")
+        if not isinstance(p.get("default_model"), str) or _match_family(p["default_model"], models) is None:
+            raise TraceError(name, None, f"{pf}.default_model", "must name one of the provider's models")
+        for mname, m in models.items():
+            for key, how in _MODEL_FIELDS.items():
+                check(obj(m, f"{pf}.models.{mname}").get(key), f"{pf}.models.{mname}.{key}", how)
 
 
 def provider_rules(provider: str, model: str | None = None, ttl: str = "5m",
@@ -103,8 +161,8 @@ def provider_rules(provider: str, model: str | None = None, ttl: str = "5m",
     elif ttl != "5m":
         raise InputError(f"{provider} has no {ttl!r} cache lifetime option")
     price = price_per_mtok if price_per_mtok is not None else m.get("base_input_usd_per_mtok")
-    if price is not None and price < 0:
-        raise InputError(f"the price per million tokens cannot be negative ({price})")
+    if price is not None and (not math.isfinite(price) or price < 0):
+        raise InputError(f"the price per million tokens must be a finite number of at least 0, not {price}")
     return ProviderRules(
         provider=provider, model=name, label=p.get("label", provider), checked=p.get("checked", data.get("checked", "")),
         mode=p["mode"], min_cacheable_tokens=int(m.get("min_cacheable_tokens", p.get("min_cacheable_tokens", 1024))),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine.core.errors import InputError
+from engine.core.errors import InputError, TraceError
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",
           "bos_or_special_token", "new_content")
@@ -213,6 +213,12 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
         tr = load_trace(path)[0]
         if tr.tokens is None:
             raise InputError(f"{spec}: a block-level (Mooncake) trace has no token ids to compare")
+        vocab = len(tokenizer)
+        for fld, ids in (("tokens", tr.tokens),):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise TraceError(spec, tr.line, fld, f"token id {bad} is not in the tokenizer's vocabulary of "
+                                                     f"{vocab} ids, so it cannot be shown as text")
         return DiffRequest(tr.tokens, salt if salt is not None else tr.tenant, spec)
     convs = load_conversation_file(path)
     if not convs:

@@ -89,7 +89,9 @@ def messages_of(conv: Any) -> list[dict[str, str]]:
 
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of `messages` through the chat template, as the runner renders a prompt."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    from engine.core.validation import apply_chat_template
+
+    text = apply_chat_template(tokenizer, list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from engine.core.validation import check_block_pool
+
 
 @dataclass(slots=True, eq=False)
 class Block:
@@ -103,6 +105,7 @@ class BlockPool:
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError("the pool needs at least one block")
+        check_block_pool(self.num_blocks)  # before a list of that many blocks is built
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
 

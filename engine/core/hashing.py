@@ -168,7 +168,9 @@ class BlockHasher:
             # vLLM has no external ids; a tagged extra key keeps them apart from token blocks.
             extra = (("external_id", int(external_id)),) + ((("cache_salt", salt),) if parent is None and salt else ())
             return vllm_digest(self.algorithm, (self.root if parent is None else parent, (), extra))
-        body = _TAG_EXTERNAL + struct.pack("<q", external_id)
+        # Unsigned: Mooncake and vLLM ids use all 64 bits; below 2**63 the bytes equal the
+        # signed encoding earlier releases wrote, so stored hashes do not change.
+        body = _TAG_EXTERNAL + struct.pack("<Q", external_id)
         if parent is None:
             return self._digest(self.root + body + _encode_text(salt))
         return self._digest(parent + body)

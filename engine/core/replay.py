@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from engine.core.errors import CapacityError, InputError
+from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.events import EventBus
 from engine.core.hashing import BlockHasher
 from engine.core.manager import PrefixCacheManager, Request, _cdiv
@@ -66,8 +66,10 @@ class _Live:
 
 
 def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: EventBus | None = None,
-           manager: PrefixCacheManager | None = None) -> dict[str, Any]:
-    """Run `requests` through a fresh manager; returns {"config", "totals", "requests"}."""
+           manager: PrefixCacheManager | None = None, source: str = "the trace") -> dict[str, Any]:
+    """Run `requests` through a fresh manager; returns {"config", "totals", "requests"}.
+
+    `source` names the trace file in errors."""
     mgr = manager if manager is not None else make_manager(config, events)
     bs = config.block_size
     pending = deque(requests)
@@ -92,7 +94,7 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
                    "miss_reason": lookup.miss.reason, "first_miss_block": lookup.miss.first_miss_block,
                    "divergence_token": lookup.miss.divergence_token}
             if tr.id in mgr.running_request_ids:
-                raise InputError(f"trace line {tr.line}: request id {tr.id!r} is already running")
+                raise TraceError(source, tr.line, "id", f"request id {tr.id!r} is already running")
             try:
                 alloc = mgr.allocate(req, lookup, num_lookahead_tokens=kv_out + reserve * bs)
             except CapacityError:
@@ -114,6 +116,15 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             live = running[0]
             _append(mgr, live, live.num_kv_output - live.num_appended)
         else:
+            # Round-robin, one token per request per step. Steps where no request fills a
+            # block or finishes change nothing anyone can see, so they are taken in one go:
+            # the events come out in the same order, and a long output costs per block,
+            # not per token.
+            quiet = min(min(live.num_kv_output - live.num_appended,
+                            bs - (live.tr.input_length + live.num_appended) % bs) for live in running) - 1
+            for live in running:
+                if quiet > 0:
+                    _append(mgr, live, quiet)
             for live in running:
                 if live.num_appended < live.num_kv_output:
                     _append(mgr, live, 1)

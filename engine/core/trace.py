@@ -6,14 +6,17 @@ richer conversation formats (OpenAI, ShareGPT, Anthropic) live in `engine.store.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from engine.core import validation as v
 from engine.core.errors import TraceError
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
+# Tokens per Mooncake hash id (FAST '25 trace release): the block size a block-level line is
+# checked against when the reader is not told another one.
+MOONCAKE_BLOCK_SIZE = 512
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,54 +39,38 @@ class TraceRequest:
         return self.hash_ids is not None
 
 
-def _int_list(value: Any, path: str, line: int, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise TraceError(path, line, name, f"expected a list of integers, got {type(value).__name__}")
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TraceError(path, line, name, f"item {i} is {v!r}, not an integer")
-        if v < 0:
-            raise TraceError(path, line, name, f"item {i} is {v}, ids cannot be negative")
-    return tuple(value)
-
-
-def _non_negative_int(value: Any, path: str, line: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceError(path, line, name, f"expected a non-negative integer, got {value!r}")
-    if value < 0:
-        raise TraceError(path, line, name, f"expected a non-negative integer, got {value}")
-    return value
-
-
 def parse_trace_line(obj: Any, path: str, line: int, index: int, block_size: int | None) -> TraceRequest:
     if not isinstance(obj, dict):
         raise TraceError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
     rid = obj.get("id", str(index))
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
         raise TraceError(path, line, "id", f"expected a string, got {rid!r}")
+    if isinstance(rid, int):
+        rid = v.integer(rid, path, line, "id", -v.MAX_INT64 - 1, v.MAX_INT64)
     tenant = obj.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         raise TraceError(path, line, "tenant", f"expected a string, got {tenant!r}")
     ts = obj.get("timestamp")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-        raise TraceError(path, line, "timestamp", f"expected a number, got {ts!r}")
+    if ts is not None:
+        ts = v.number(ts, path, line, "timestamp")
+    if "tokens" in obj and "hash_ids" in obj:
+        raise TraceError(path, line, "hash_ids", "a line has 'tokens' (token level) or 'hash_ids' (block level), not both")
     if "tokens" in obj:
-        tokens = _int_list(obj["tokens"], path, line, "tokens")
+        tokens = v.id_list(obj["tokens"], path, line, "tokens", v.MAX_TOKEN_ID)
         if not tokens:
             raise TraceError(path, line, "tokens", "the prompt is empty; a request needs at least one token")
-        out = _int_list(obj.get("output_tokens", []), path, line, "output_tokens")
+        out = v.id_list(obj.get("output_tokens", []), path, line, "output_tokens", v.MAX_TOKEN_ID)
         return TraceRequest(index, line, str(rid), tenant, tokens, out, None, len(tokens), len(out), ts)
     if "hash_ids" in obj:
-        hash_ids = _int_list(obj["hash_ids"], path, line, "hash_ids")
+        hash_ids = v.id_list(obj["hash_ids"], path, line, "hash_ids", v.MAX_HASH_ID)
         if "input_length" not in obj:
             raise TraceError(path, line, "input_length", "missing; block-level traces need it")
-        n_in = _non_negative_int(obj["input_length"], path, line, "input_length")
-        n_out = _non_negative_int(obj.get("output_length", 0), path, line, "output_length")
-        if n_in < 1:
-            raise TraceError(path, line, "input_length", "the prompt is empty; a request needs at least one token")
-        if block_size is not None and len(hash_ids) < n_in // block_size:
+        n_in = v.integer(obj["input_length"], path, line, "input_length", 1, v.MAX_TOKENS)
+        n_out = v.integer(obj.get("output_length", 0), path, line, "output_length", 0, v.MAX_TOKENS)
+        size = block_size or MOONCAKE_BLOCK_SIZE
+        if len(hash_ids) < n_in // size:
             raise TraceError(path, line, "hash_ids",
-                             f"{len(hash_ids)} ids cannot cover {n_in} tokens in blocks of {block_size}")
+                             f"{len(hash_ids)} ids cannot cover {n_in} tokens in blocks of {size}")
         return TraceRequest(index, line, str(rid), tenant, None, None, hash_ids, n_in, n_out, ts)
     raise TraceError(path, line, "tokens", "missing; a line needs 'tokens' (token level) or 'hash_ids' (block level)")
 
@@ -97,20 +84,19 @@ def read_trace(path: str | Path, block_size: int | None = None) -> Iterator[Trac
     if p.is_dir():
         raise TraceError(name, None, None, "is a directory, not a trace file")
     index = 0
-    with p.open("rb") as fh:
+    try:
+        fh = p.open("rb")
+    except OSError as exc:
+        raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
+    with fh:
         for line_no, raw in enumerate(fh, start=1):
             if len(raw) > MAX_LINE_BYTES:
                 raise TraceError(name, line_no, None, f"line is longer than {MAX_LINE_BYTES} bytes")
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark, as import accepts
             if not raw.strip():
                 continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise TraceError(name, line_no, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TraceError(name, line_no, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            obj = v.loads(raw, name, line_no)
             yield parse_trace_line(obj, name, line_no, index, block_size)
             index += 1
     if index == 0:
@@ -127,9 +113,9 @@ def is_request_trace(path: str | Path) -> bool:
         with Path(path).open("rb") as fh:
             for raw in fh:
                 if raw.strip():
-                    obj = json.loads(raw)
+                    obj = v.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
                     return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # TraceError is a ValueError: the reader reports it later
         return False
     return False
 

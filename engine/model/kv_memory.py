@@ -5,14 +5,14 @@ real pool and DynamicCache tensors; the pool itself lives in `kv_pool`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from engine.core.errors import InputError
+from engine.core import validation
+from engine.core.errors import InputError, TraceError
 
 # Bytes per stored value; int4 packs two values in a byte.
 DTYPE_BYTES: dict[str, Fraction] = {
@@ -96,38 +96,52 @@ def preset(name: str) -> KVMemoryShape:
         raise InputError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-def shape_from_config(config: dict[str, Any], name: str = "config") -> KVMemoryShape:
-    """The KV shape of a Hugging Face `config.json` (text config of multimodal models too)."""
-    cfg = config.get("text_config") or config
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        if cfg.get("kv_lora_rank"):
-            latent, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim", 0))
-            heads = int(cfg.get("num_attention_heads", 1))
-            note = _mla_note(layers, heads, int(cfg.get("qk_nope_head_dim", 0)), rope,
-                             int(cfg.get("v_head_dim", 0)), latent)
-            return KVMemoryShape(name, layers, 1, latent + rope, kv_factor=1, attention="mla", note=note)
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except KeyError as exc:
-        raise InputError(f"{name}: the config has no {exc.args[0]!r}, so its KV shape is unknown") from None
-    except (TypeError, ValueError):
-        raise InputError(f"{name}: the config's layer and head counts are not numbers") from None
+# Real models have at most a few hundred layers and heads; ten million is far beyond any
+# and still small enough that the per-layer list of the report fits in memory.
+MAX_CONFIG_COUNT = 10**7
+
+
+def shape_from_config(config: dict[str, Any], name: str = "config", path: str | None = None) -> KVMemoryShape:
+    """The KV shape of a Hugging Face `config.json` (text config of multimodal models too).
+
+    Counts must be whole positive numbers (not 2.7, `true` or "8"); `path` names the file in errors.
+    """
+    where = path or name
+    text_config = config.get("text_config")
+    cfg = text_config if isinstance(text_config, dict) and text_config else config
+    prefix = "text_config." if cfg is not config else ""
+
+    def count(key: str, default: Any = None, lo: int = 1) -> int:
+        value = cfg.get(key, default)
+        if value is None:
+            raise TraceError(where, None, prefix + key, "missing, so the KV shape is unknown")
+        return validation.integer(value, where, None, prefix + key, lo, MAX_CONFIG_COUNT)
+
+    layers = count("num_hidden_layers")
+    if cfg.get("kv_lora_rank"):
+        latent, rope = count("kv_lora_rank"), count("qk_rope_head_dim", 0, lo=0)
+        heads = count("num_attention_heads", 1)
+        note = _mla_note(layers, heads, count("qk_nope_head_dim", 0, lo=0), rope, count("v_head_dim", 0, lo=0), latent)
+        return KVMemoryShape(name, layers, 1, latent + rope, kv_factor=1, attention="mla", note=note)
+    heads = count("num_attention_heads")
+    kv_heads = count("num_key_value_heads") if cfg.get("num_key_value_heads") is not None else heads
+    if cfg.get("head_dim") is not None:
+        head_dim = count("head_dim")
+    else:
+        hidden = count("hidden_size")
+        if hidden % heads:
+            raise TraceError(where, None, prefix + "hidden_size",
+                             f"{hidden} is not a multiple of num_attention_heads ({heads}); give head_dim")
+        head_dim = hidden // heads
     return KVMemoryShape(name, layers, kv_heads, head_dim, attention="mha" if kv_heads == heads else "gqa")
 
 
 def shape_from_config_file(path: str | Path) -> KVMemoryShape:
     p = Path(path)
-    try:
-        config = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    config = validation.load_json_file(p, "config")
     if not isinstance(config, dict):
-        raise InputError(f"{path}: a config.json must hold a JSON object")
-    return shape_from_config(config, name=p.parent.name or p.name)
+        raise TraceError(str(path), None, None, "a config.json must hold a JSON object")
+    return shape_from_config(config, name=p.parent.name or p.name, path=str(path))
 
 
 def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> dict[str, Any]:
@@ -136,6 +150,7 @@ def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> 
         raise InputError(f"tokens must not be negative, not {tokens}")
     key = normalise_dtype(dtype)
     per_value = DTYPE_BYTES[key]
+    validation.check_memory(shape.layers * 8, f"a report of {shape.layers:,} layers")
     per_layer = math.ceil(shape.values_per_token_per_layer * per_value * tokens)
     report: dict[str, Any] = {
         "name": shape.name,

@@ -10,6 +10,8 @@ from typing import Sequence
 
 import torch
 
+from engine.core.validation import check_memory
+
 
 @dataclass(slots=True, frozen=True)
 class KVShape:
@@ -56,6 +58,9 @@ class KVPool:
         assert num_blocks is not None
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, not {num_blocks}")
+        # Refuse up front what cannot fit: the lazy pages would otherwise fail (or swap) only
+        # once the blocks are written, deep inside a run.
+        check_memory(num_blocks * shape.bytes_per_block(block_size), f"a KV pool of {num_blocks:,} blocks")
         self.shape = shape
         self.block_size = block_size
         self.num_blocks = num_blocks

@@ -10,16 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.core import validation as v
 from engine.core.errors import InputError, TraceError
 from engine.core.hashing import HASH_NAMES
-from engine.core.trace import MAX_LINE_BYTES, TraceRequest, parse_trace_line
+from engine.core.trace import MAX_LINE_BYTES, MOONCAKE_BLOCK_SIZE, TraceRequest, parse_trace_line
 
 FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope")
 SESSION_FILE_FORMAT = "cachescope-session"
-MOONCAKE_BLOCK_SIZE = 512  # tokens per Mooncake hash id (FAST '25 trace release)
-MAX_FILE_BYTES = 1 << 30
-_MAX_TOKEN_ID = 2**32 - 1
-_MAX_HASH_ID = 2**63 - 1
+MAX_FILE_BYTES = v.MAX_FILE_BYTES
 
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -64,16 +62,7 @@ def load_conversations(path: str | Path, format: str | None = None,
     if format is not None and format not in FORMATS:
         raise InputError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     p = Path(path)
-    if not p.exists():
-        raise TraceError(name, None, None, "no such file")
-    if p.is_dir():
-        raise TraceError(name, None, None, "is a directory, not a conversation file")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise TraceError(name, None, None, f"the file is larger than {MAX_FILE_BYTES >> 20} MiB")
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
+    data = v.read_bytes(p, "conversation file", MAX_FILE_BYTES)
     docs = read_documents(data, name, max_line_bytes)
     fmt = format or detect_format(docs, name)
     stem = p.name.split(".")[0] or p.name
@@ -114,6 +103,7 @@ def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES)
     if not stripped:
         raise TraceError(name, None, None, "the file is empty")
     first_line = text.count("\n", 0, len(text) - len(stripped)) + 1
+    v.check_depth(text, name, first_line)  # the whole text is at least as deep as any line of it
     if stripped[0] == "[":
         return _array_items(text, name)
     try:
@@ -134,29 +124,20 @@ def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES)
 
 
 def _loads(text: str) -> Any:
+    # The shared decoder's limits (finite numbers, at most 20-digit integers) as a
+    # JSONDecodeError, so a JSONL fallback can tell them from "Extra data".
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return v.DECODER.decode(text)
     except json.JSONDecodeError:
         raise
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
-    except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+    except ValueError as exc:
         raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
 
 
-def _reject_constant(token: str) -> Any:
-    raise json.JSONDecodeError(f"{token} is not allowed", token, 0)
-
-
-def _finite_float(token: str) -> float:
-    value = float(token)
-    if value in (float("inf"), float("-inf")):
-        raise json.JSONDecodeError(f"{token} is too large for a number", token, 0)
-    return value
-
-
 def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
-    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+    decoder = v.DECODER
     pos = text.index("[") + 1
     items: list[tuple[int, Any]] = []
     n = len(text)
@@ -463,12 +444,7 @@ def _trace_line(obj: Any, name: str, line: int, index: int, fmt: str) -> TraceRe
     other = "hash_ids" if fmt == "tokens" else "tokens"
     if other in obj:
         raise TraceError(name, line, other, f"not expected in a {fmt} trace")
-    tr = parse_trace_line(obj, name, line, index, MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else None)
-    limit, ids = (_MAX_TOKEN_ID, tr.tokens) if fmt == "tokens" else (_MAX_HASH_ID, tr.hash_ids)
-    for fld, seq in ((key, ids), ("output_tokens", tr.output_tokens)):
-        if seq and max(seq) > limit:
-            raise TraceError(name, line, fld, f"ids must be below {limit + 1}")
-    return tr
+    return parse_trace_line(obj, name, line, index, MOONCAKE_BLOCK_SIZE if fmt == "mooncake" else None)
 
 
 def _trace_conversation(docs: list[tuple[int, Any]], name: str, fmt: str, stem: str) -> Conversation:
@@ -517,8 +493,15 @@ def _session_file(obj: dict[str, Any], name: str, line: int) -> Conversation:
         settings[key] = value
     if settings["kind"] not in ("chat", "trace"):
         raise TraceError(name, line, "session.kind", f"expected 'chat' or 'trace', got {settings['kind']!r}")
-    if settings["block_size"] < 1 or settings["capacity_blocks"] < 1:
-        raise TraceError(name, line, "session.block_size", "block size and capacity must be at least 1")
+    # The same ranges as the command line and the store, so what imports also replays.
+    v.integer(settings["block_size"], name, line, "session.block_size", 1, v.MAX_TOKENS)
+    v.integer(settings["capacity_blocks"], name, line, "session.capacity_blocks", 1, v.MAX_INT64)
+    if settings["seed"] is not None:
+        v.integer(settings["seed"], name, line, "session.seed", -v.MAX_INT64 - 1, v.MAX_INT64)
+    try:
+        v.check_block_pool(settings["capacity_blocks"], "a pool")
+    except InputError as exc:
+        raise TraceError(name, line, "session.capacity_blocks", str(exc)) from None
     if settings["hash"] not in HASH_NAMES:
         raise TraceError(name, line, "session.hash", f"unknown hash {settings['hash']!r}")
     messages = _session_messages(obj.get("messages"), name, line)
@@ -558,7 +541,9 @@ def _session_messages(raw: Any, name: str, line: int) -> list[Message]:
                 raise TraceError(name, line, f"{fld}.{key}", f"expected {_type_name(typ)}, got {_type(m.get(key))}")
         if m["role"] not in OPENAI_ROLES:
             raise TraceError(name, line, f"{fld}.role", f"unknown role {m['role']!r}")
-        if m["position"] < 0 or m["version"] < 1 or (m["position"], m["version"]) in seen:
+        v.integer(m["position"], name, line, f"{fld}.position", 0, v.MAX_INT64)
+        v.integer(m["version"], name, line, f"{fld}.version", 1, v.MAX_INT64)
+        if (m["position"], m["version"]) in seen:
             raise TraceError(name, line, fld, "positions start at 0, versions at 1, and each pair appears once")
         seen.add((m["position"], m["version"]))
         extra = m.get("extra")

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from engine.core.errors import InputError, TraceError
 from engine.core.events import EventBus
+from engine.core.validation import apply_chat_template
 from engine.store.formats import (MOONCAKE_BLOCK_SIZE, SESSION_FILE_FORMAT, Conversation, load_conversations,
                             trace_request_dict)
 from engine.core.manager import PrefixCacheManager, Request
@@ -144,7 +145,7 @@ class Turn:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    text = apply_chat_template(tokenizer, messages, tokenize=False, add_generation_prompt=generation_prompt)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -1,0 +1,258 @@
+"""One validation layer for everything read from outside: JSON text, numbers, and sizes.
+
+Every reader (traces, conversations, session files, model configs, billing rules, command-line
+numbers) goes through these functions, so the same value is accepted or refused the same way
+everywhere, and a refusal is one `InputError` sentence naming the file, line and field. What
+the values mean stays with each reader; this module only knows JSON, ranges and memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import InputError, TraceError
+
+# JSON nested deeper than this is refused before it is parsed: no format we read needs more
+# than a dozen levels, and the C parser recurses once per level (RecursionError, or a crash
+# on a thread with a small stack, for a file of a few kilobytes of brackets).
+MAX_JSON_DEPTH = 64
+# Integers longer than this are refused while parsing (2**64 has 20 digits), long before
+# Python's 4300-digit limit turns a crafted file into an internal error.
+MAX_INT_DIGITS = 20
+MAX_FILE_BYTES = 1 << 30
+
+MAX_TOKEN_ID = 2**32 - 1      # vocabularies are far smaller; ids are stored as uint32-sized ints
+MAX_HASH_ID = 2**64 - 1       # Mooncake / vLLM block hashes are unsigned 64-bit
+MAX_INT64 = 2**63 - 1         # what an SQLite INTEGER (session fields, --seed) can hold
+MAX_TOKENS = 2**32 - 1        # a request's prompt or output length
+
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_BRACKETS = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = str.maketrans({"[": "1", "{": "1", "]": "0", "}": "0"})
+
+
+# ---------------------------------------------------------------------------- JSON
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in `text` (brackets inside strings ignored)."""
+    brackets = _BRACKETS.sub("", _STRING.sub("", text)).translate(_DEPTH_STEP)
+    if not brackets:
+        return 0
+    return max(0, max(accumulate(1 if c == "1" else -1 for c in brackets)))
+
+
+def _parse_int(token: str) -> int:
+    if len(token.lstrip("-")) > MAX_INT_DIGITS:
+        raise _TooLarge(f"an integer of {len(token.lstrip('-'))} digits is too large (at most {MAX_INT_DIGITS})")
+    return int(token)
+
+
+def _parse_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise _TooLarge(f"{token[:24]} is too large for a number")
+    return value
+
+
+def _parse_constant(token: str) -> Any:
+    raise _TooLarge(f"{token} is not a number JSON allows")
+
+
+class _TooLarge(ValueError):
+    """A number the parser hooks refuse; turned into a `TraceError` by `loads`."""
+
+
+DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+
+
+def loads(text: str | bytes, name: str, line: int | None = None, field: str | None = None) -> Any:
+    """Parse one JSON value with the limits above; every problem is a `TraceError`.
+
+    `line` is where `text` starts in the file; the error's line is counted from there.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(name, line, field, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    check_depth(text, name, line, field)
+    try:
+        return DECODER.decode(text)
+    except json.JSONDecodeError as exc:
+        at = exc.lineno if line is None else line + exc.lineno - 1
+        raise TraceError(name, at, field, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except (_TooLarge, ValueError) as exc:
+        raise TraceError(name, line, field, f"not valid JSON: {str(exc).split(';')[0]}") from None
+    except RecursionError:  # only reachable with a smaller interpreter limit than MAX_JSON_DEPTH
+        raise TraceError(name, line, field, f"nested more than {MAX_JSON_DEPTH} levels deep") from None
+
+
+def check_depth(text: str, name: str, line: int | None = None, field: str | None = None) -> None:
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return  # a text cannot nest deeper than the brackets it has; skips the scan of most lines
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        at = _deep_line(text)
+        line = at if line is None else line + at - 1
+        raise TraceError(name, line, field, f"nested {depth} levels deep; at most {MAX_JSON_DEPTH} are allowed")
+
+
+def _deep_line(text: str) -> int:
+    # Only on the failing path: the line (counted from 1) where the nesting passes the limit.
+    depth = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        for c in _BRACKETS.sub("", _STRING.sub("", line)):
+            depth += 1 if c in "[{" else -1
+            if depth > MAX_JSON_DEPTH:
+                return number
+    return 1
+
+
+def read_bytes(path: str | Path, what: str = "file", max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """A whole input file, refusing what is missing, a folder, unreadable or too large."""
+    p = Path(path)
+    name = str(path)
+    try:
+        if p.is_dir():
+            raise TraceError(name, None, None, f"is a directory, not a {what}")
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise TraceError(name, None, None, "no such file") from None
+    except OSError as exc:
+        raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
+    if size > max_bytes:
+        raise TraceError(name, None, None, f"the {what} is {size:,} bytes; at most {max_bytes:,} are read")
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
+
+
+def load_json_file(path: str | Path, what: str = "JSON file") -> Any:
+    """Read and parse a whole JSON file (a config, the billing rules)."""
+    data = read_bytes(path, what)
+    if not data.strip():
+        raise TraceError(str(path), None, None, f"the {what} is empty")
+    return loads(data, str(path), 1)
+
+
+# ---------------------------------------------------------------------------- values
+def _type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def integer(value: Any, name: str, line: int | None, field: str, lo: int = 0, hi: int = MAX_INT64) -> int:
+    """A whole number in [lo, hi]; refuses booleans, fractions (2.7) and numeric strings."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer() and lo <= value <= hi:
+            return int(value)  # 4.0 from a JSON writer that prints every number as a float
+        raise TraceError(name, line, field, f"expected a whole number, got {_describe(value)}")
+    if value < lo or value > hi:
+        raise TraceError(name, line, field, f"{_short(value)} is out of range; expected {lo} to {_short(hi)}")
+    return value
+
+
+def number(value: Any, name: str, line: int | None, field: str, lo: float | None = None,
+           hi: float | None = None) -> float:
+    """A finite number (int or float) in [lo, hi]; NaN and infinities are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(name, line, field, f"expected a number, got {_describe(value)}")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise TraceError(name, line, field, f"{_short(value)} is too large") from None
+    if not math.isfinite(out):
+        raise TraceError(name, line, field, f"expected a finite number, got {value}")
+    if (lo is not None and out < lo) or (hi is not None and out > hi):
+        bounds = f"at least {lo}" if hi is None else (f"at most {hi}" if lo is None else f"{lo} to {hi}")
+        raise TraceError(name, line, field, f"{value} is out of range; expected {bounds}")
+    return out
+
+
+def id_list(value: Any, name: str, line: int | None, field: str, hi: int) -> tuple[int, ...]:
+    """A list of ids in [0, hi] (token ids, hash ids)."""
+    if not isinstance(value, list):
+        raise TraceError(name, line, field, f"expected a list of integers, got {_type(value)}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TraceError(name, line, field, f"item {i} is {_describe(v)}, not an integer")
+        if v < 0 or v > hi:
+            raise TraceError(name, line, field, f"item {i} is {_short(v)}; ids run from 0 to {_short(hi)}")
+    return tuple(value)
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"a {len(text)}-digit number"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _short(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 24 else value[:21] + "...")
+    return _type(value)
+
+
+# ---------------------------------------------------------------------------- memory
+def available_memory() -> int:
+    """Bytes this process can still allocate without swapping (MemAvailable on Linux)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported: fall back to the page count
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 1 << 62  # unknown: do not refuse
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} EiB"  # pragma: no cover
+
+
+def check_memory(num_bytes: int, what: str) -> None:
+    """Refuse, before allocating, what would not fit in this machine's available memory."""
+    if num_bytes <= 64 * 2**20:
+        return  # small enough never to matter; skips the system call on hot paths
+    available = available_memory()
+    if num_bytes > available:
+        raise InputError(f"{what} needs {human_bytes(num_bytes)} of memory but this machine has "
+                         f"{human_bytes(available)} available; choose a smaller size")
+
+
+# Measured: a `Block` (slots, ten fields) plus its list slot is about 120 bytes in CPython 3.11.
+BYTES_PER_BOOKKEEPING_BLOCK = 128
+
+
+def check_block_pool(num_blocks: int, what: str = "a pool") -> None:
+    check_memory(num_blocks * BYTES_PER_BOOKKEEPING_BLOCK, f"{what} of {num_blocks:,} blocks")
+
+
+# ---------------------------------------------------------------------------- templates
+def apply_chat_template(tokenizer: Any, messages: Any, **kwargs: Any) -> Any:
+    """`tokenizer.apply_chat_template` with a template the Jinja sandbox refuses (or that
+    raises on these messages) reported as one `InputError`, not an internal error."""
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        TemplateError = RuntimeError  # noqa: N806
+    try:
+        return tokenizer.apply_chat_template(messages, **kwargs)
+    except TemplateError as exc:
+        name = getattr(tokenizer, "name_or_path", "") or "the model"
+        raise InputError(f"{name}: the chat template refused these messages "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no reason given'})") from None
