@@ -13,6 +13,7 @@ from engine.core.errors import InputError
 from engine.core.events import EventBus
 from engine.core.replay import ReplayConfig, make_manager, replay
 from engine.store.database import Store, StoreWriter
+from engine.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 from engine.core.trace import load_trace
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -45,24 +46,25 @@ def recorded_replay(path):
 
 def test_file_database_is_wal_with_versioned_schema(store, tmp_path):
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     assert {"sessions", "messages", "runs", "requests", "events", "trace_requests"} <= set(store.db.table_names())
-    assert store.applied_migrations() == ["core-0001-initial"]
+    assert store.applied_migrations() == [name for name, _ in MIGRATIONS]
     assert store.integrity_check() == "ok"
 
 
 def test_other_modules_register_migrations_that_run_once(store, tmp_path):
-    def semantic_v1(db):
-        db.execute("CREATE TABLE semantic_entries (id INTEGER PRIMARY KEY, prompt TEXT)")
+    def plugin_v1(db):
+        db.execute("CREATE TABLE plugin_notes (id INTEGER PRIMARY KEY, prompt TEXT)")
 
-    assert store.register_migration("semantic-0001", semantic_v1) is True
-    assert store.register_migration("semantic-0001", semantic_v1) is False
-    store.db.execute("INSERT INTO semantic_entries (prompt) VALUES ('hi')")
+    assert store.register_migration("plugin-0001", plugin_v1) is True
+    assert store.register_migration("plugin-0001", plugin_v1) is False
+    store.db.execute("INSERT INTO plugin_notes (prompt) VALUES ('hi')")
     store.close()
     again = Store(tmp_path / "cachescope.db")
-    assert again.register_migration("semantic-0001", semantic_v1) is False
-    assert again.applied_migrations() == ["core-0001-initial", "semantic-0001"]
-    assert again.count("semantic_entries") == 1
+    assert again.register_migration("plugin-0001", plugin_v1) is False
+    assert again.applied_migrations() == [name for name, _ in MIGRATIONS] + ["plugin-0001"]
+    assert again.count("plugin_notes") == 1
 
     def broken(db):
         db.execute("CREATE TABLE half_done (x)")

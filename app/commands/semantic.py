@@ -113,12 +113,14 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_cache(args: argparse.Namespace, threshold: float = 0.90, guard: bool = False, top_k: int = 5):
+def _open_cache(args: argparse.Namespace, threshold: float = 0.90, guard: bool = False, top_k: int = 5,
+                read_only: bool = False):
     from engine.semantic.cache import SemanticCache
     from engine.store.database import Store
 
+    store = Store(args.db, read_only=read_only)  # before the embedder: a bad --db fails fast and quietly
     embedder = _embedder(args)
-    return SemanticCache(embedder, Store(args.db), model=args.model, threshold=threshold, guard=guard, top_k=top_k,
+    return SemanticCache(embedder, store, model=args.model, threshold=threshold, guard=guard, top_k=top_k,
                          ttl_seconds=args.ttl, max_entries=args.max_entries)
 
 
@@ -129,7 +131,7 @@ def _check_prompt(text: str, what: str = "prompt") -> None:
 
 def _query(args: argparse.Namespace) -> int:
     _check_prompt(args.prompt)
-    cache = _open_cache(args, args.threshold, args.guard, args.top_k)
+    cache = _open_cache(args, args.threshold, args.guard, args.top_k, read_only=True)
     result = cache.lookup(args.prompt, tenant=args.tenant)
     if args.json:
         print_json(result.to_dict())
@@ -161,7 +163,7 @@ def _list(args: argparse.Namespace) -> int:
     from engine.semantic.cache import list_entries
     from engine.store.database import Store
 
-    entries = list_entries(Store(args.db), tenant=args.tenant, all_tenants=args.all_tenants,
+    entries = list_entries(Store(args.db, read_only=True), tenant=args.tenant, all_tenants=args.all_tenants,
                            model=args.model if args.model else None)
     if args.json:
         print_json({"entries": [e.to_dict() for e in entries]})

@@ -74,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"choose an action: {', '.join(ACTIONS)} (see `cachescope sessions --help`)")
     from engine.store.database import Store
 
-    with Store(args.db) as store:
+    # Reads never take the write lock, never change the file, and never create one.
+    with Store(args.db, read_only=args.action in _READ_ACTIONS) as store:
         return _ACTIONS[args.action](store, args)
+
+
+_READ_ACTIONS = ("list", "show", "export")
 
 
 def _list(store: Any, args: argparse.Namespace) -> int:

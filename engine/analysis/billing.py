@@ -514,7 +514,7 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
     if not path.exists() and m:
         from engine.store.database import Store
 
-        with Store(db) as store:
+        with Store(db, read_only=True) as store:
             info = store.get_session(int(m.group(1)))
             if info.kind == "trace":
                 return requests_from_trace(store.trace_requests(info.id)), "trace token counts"

@@ -229,7 +229,7 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
 def _stored_request(session_id: int, req: str, salt: str | None, db: str | None) -> DiffRequest:
     from engine.store.database import Store
 
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:
         store.get_session(session_id)
         for run in reversed(store.runs(session_id)):
             for r in store.requests(run.id):

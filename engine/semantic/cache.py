@@ -40,7 +40,6 @@ HNSW_EXPANSION_ADD = 64
 HNSW_EXPANSION_SEARCH = 128
 RESCORE_CANDIDATES = 16
 DECISIONS = ("hit", "miss", "guarded_miss")
-MIGRATION = "semantic-0001-entries"
 
 
 # ---------------------------------------------------------------------------- embedder
@@ -260,17 +259,6 @@ def decide(neighbours: Sequence[Neighbour], threshold: float, guard: bool) -> tu
     return "guarded_miss", None
 
 
-def _migrate(db: Any) -> None:
-    db.executescript("""
-    CREATE TABLE IF NOT EXISTS semantic_entries (
-        id INTEGER PRIMARY KEY, prompt TEXT NOT NULL, response TEXT NOT NULL,
-        embedding BLOB NOT NULL, dim INTEGER NOT NULL, embedding_model TEXT NOT NULL,
-        model TEXT NOT NULL DEFAULT '', tenant TEXT, created REAL NOT NULL,
-        last_hit REAL, hits INTEGER NOT NULL DEFAULT 0);
-    CREATE INDEX IF NOT EXISTS semantic_entries_by_model ON semantic_entries(embedding_model, model, tenant);
-    """)
-
-
 def _check_threshold(value: float) -> float:
     value = float(value)
     if not 0.0 <= value <= 1.0:
@@ -314,8 +302,10 @@ class SemanticCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._by_age: OrderedDict[int, float] = OrderedDict()  # oldest first, so expiry stops early
         self._next_id = 1
+        # A read-only store (`semantic query`) serves from what is stored and persists nothing.
+        self._tables = store.semantic if store is not None else None
+        self._persist = store is not None and not store.read_only
         if store is not None:
-            store.register_migration(MIGRATION, _migrate)
             self._load()
         self.expire()
         self._evict_lru()
@@ -329,10 +319,7 @@ class SemanticCache:
 
     # -- persistence
     def _load(self) -> None:
-        rows = self.store.db.execute(
-            "SELECT id, prompt, response, embedding, dim, model, tenant, created, last_hit, hits "
-            "FROM semantic_entries WHERE embedding_model = ? ORDER BY COALESCE(last_hit, created), id",
-            [self.embedder.name]).fetchall()
+        rows = self._tables.semantic_rows(self.embedder.name)
         for id_, prompt, response, blob, dim, model, tenant, created, last_hit, hits in rows:
             if dim != self.embedder.dim:
                 continue
@@ -342,8 +329,7 @@ class SemanticCache:
             self._lru[id_] = None
         for e in sorted(self._entries.values(), key=lambda e: (e.created, e.id)):
             self._by_age[e.id] = e.created
-        row = self.store.db.execute("SELECT MAX(id) FROM semantic_entries").fetchone()
-        self._next_id = (row[0] or 0) + 1
+        self._next_id = self._tables.max_semantic_id() + 1
 
     def _index(self, model: str, tenant: str | None) -> VectorIndex:
         key = (model, tenant)
@@ -410,10 +396,8 @@ class SemanticCache:
         now = self.clock()
         self._entries[entry_id] = SemanticEntry(e.id, e.prompt, e.response, e.model, e.tenant, e.created, now, e.hits + 1)
         self._lru.move_to_end(entry_id)
-        if self.store is not None:
-            with self.store.atomic():
-                self.store.db.execute("UPDATE semantic_entries SET last_hit = ?, hits = hits + 1 WHERE id = ?",
-                                      [now, entry_id])
+        if self._persist:
+            self._tables.touch_semantic(entry_id, now)
 
     # -- writes
     def add(self, prompt: str, response: str, tenant: str | None = None,
@@ -434,14 +418,9 @@ class SemanticCache:
             raise ValueError(f"the embedding has {embedding.shape[0]} values; this cache uses {self.embedder.dim}")
         with self._lock:
             now = self.clock()
-            if self.store is not None:
-                with self.store.atomic():
-                    cur = self.store.db.execute(
-                        "INSERT INTO semantic_entries (prompt, response, embedding, dim, embedding_model, model, "
-                        "tenant, created, last_hit, hits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, 0)",
-                        [prompt, response, embedding.tobytes(), self.embedder.dim, self.embedder.name,
-                         self.model, tenant, now])
-                    entry_id = int(cur.lastrowid)
+            if self._persist:
+                entry_id = self._tables.add_semantic(prompt, response, embedding.tobytes(), self.embedder.dim,
+                                                     self.embedder.name, self.model, tenant, now)
             else:
                 entry_id = self._next_id
             self._next_id = entry_id + 1
@@ -469,9 +448,8 @@ class SemanticCache:
             del self._entries[entry_id]
             self._lru.pop(entry_id, None)
             self._by_age.pop(entry_id, None)
-            if self.store is not None:
-                with self.store.atomic():
-                    self.store.db.execute("DELETE FROM semantic_entries WHERE id = ?", [entry_id])
+            if self._persist:
+                self._tables.remove_semantic(entry_id)
         self.events.emit(SemanticEvicted, entry_id=entry_id, reason=reason)
 
     def expire(self) -> list[int]:
@@ -511,29 +489,9 @@ class SemanticCache:
 def list_entries(store: Any, tenant: str | None = None, all_tenants: bool = False,
                  model: str | None = None) -> list[SemanticEntry]:
     """Entries as stored, without loading an embedding model (for `semantic list`)."""
-    store.register_migration(MIGRATION, _migrate)
-    sql = "SELECT id, prompt, response, model, tenant, created, last_hit, hits FROM semantic_entries"
-    where, params = [], []
-    if not all_tenants:
-        where.append("tenant IS ?")
-        params.append(tenant)
-    if model is not None:
-        where.append("model = ?")
-        params.append(model)
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    rows = store.db.execute(sql + " ORDER BY id", params).fetchall()
-    return [SemanticEntry(*row) for row in rows]
+    return [SemanticEntry(*row) for row in store.semantic.list_semantic(tenant, all_tenants, model)]
 
 
 def delete_entries(store: Any, entry_ids: Sequence[int]) -> int:
     """Delete stored entries; all or nothing: an unknown id raises and deletes none."""
-    store.register_migration(MIGRATION, _migrate)
-    with store.atomic():
-        found = {r[0] for r in store.db.execute(
-            f"SELECT id FROM semantic_entries WHERE id IN ({','.join('?' * len(entry_ids))})", list(entry_ids))}
-        missing = [i for i in entry_ids if i not in found]
-        if missing:
-            raise InputError(f"no semantic-cache entry with id {', '.join(map(str, missing))}; nothing was removed")
-        store.db.execute(f"DELETE FROM semantic_entries WHERE id IN ({','.join('?' * len(entry_ids))})", list(entry_ids))
-    return len(entry_ids)
+    return store.semantic.delete_semantic(entry_ids)

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from engine.core.errors import InputError
 
-MIGRATION = "response-cache-0001-entries"
 # Sampling settings that change the output; anything else in a request is not part of it.
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 32,
                                      "seed": None, "repetition_penalty": 1.0, "stop": None}
@@ -108,14 +107,6 @@ class ResponseLookup:
     response: str | None
 
 
-def _migrate(db: Any) -> None:
-    db.executescript("""
-    CREATE TABLE IF NOT EXISTS response_entries (
-        key TEXT PRIMARY KEY, model TEXT NOT NULL, request TEXT NOT NULL, response TEXT NOT NULL,
-        created REAL NOT NULL, last_hit REAL, hits INTEGER NOT NULL DEFAULT 0);
-    """)
-
-
 class ResponseCache:
     """Byte-identical requests answered from storage. Thread-safe.
 
@@ -136,11 +127,10 @@ class ResponseCache:
         self.num_hits = 0
         self._lock = threading.RLock()
         self._entries: OrderedDict[str, ResponseEntry] = OrderedDict()  # least recently used first
+        self._tables = store.semantic if store is not None else None
+        self._persist = store is not None and not store.read_only
         if store is not None:
-            store.register_migration(MIGRATION, _migrate)
-            rows = store.db.execute("SELECT key, model, response, created, last_hit, hits FROM response_entries "
-                                    "ORDER BY COALESCE(last_hit, created)").fetchall()
-            for row in rows:
+            for row in self._tables.response_rows():
                 self._entries[row[0]] = ResponseEntry(*row)
             self._evict()
 
@@ -168,10 +158,8 @@ class ResponseCache:
             now = self.clock()
             self._entries[key] = ResponseEntry(key, entry.model, entry.response, entry.created, now, entry.hits + 1)
             self._entries.move_to_end(key)
-            if self.store is not None:
-                with self.store.atomic():
-                    self.store.db.execute("UPDATE response_entries SET last_hit = ?, hits = hits + 1 WHERE key = ?",
-                                          [now, key])
+            if self._persist:
+                self._tables.touch_response(key, now)
             return ResponseLookup(key, True, entry.response)
 
     def put(self, model: str, response: str, messages: Sequence[Mapping[str, Any]] | None = None, *,
@@ -188,11 +176,8 @@ class ResponseCache:
             now = self.clock()
             self._entries[key] = ResponseEntry(key, model, response, now, None, 0)
             self._entries.move_to_end(key)
-            if self.store is not None:
-                with self.store.atomic():
-                    self.store.db.execute(
-                        "INSERT OR REPLACE INTO response_entries (key, model, request, response, created, last_hit, hits) "
-                        "VALUES (?, ?, ?, ?, ?, NULL, 0)", [key, model, data.decode("utf-8"), response, now])
+            if self._persist:
+                self._tables.put_response(key, model, data.decode("utf-8"), response, now)
             self._evict()
         return key
 
@@ -211,9 +196,8 @@ class ResponseCache:
             return
         while len(self._entries) > self.max_entries:
             key, _ = self._entries.popitem(last=False)
-            if self.store is not None:
-                with self.store.atomic():
-                    self.store.db.execute("DELETE FROM response_entries WHERE key = ?", [key])
+            if self._persist:
+                self._tables.remove_response(key)
 
 
 def repeat_rate(requests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
