@@ -7,13 +7,13 @@ command line lives in `app.commands.semantic`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from engine.core import validation
 from engine.core.errors import InputError, TraceError
 from engine.semantic.risk import RiskFlag, risk_flags
 
@@ -47,10 +47,7 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceError(path, number, None, f"not valid JSON ({exc.msg})") from None
+        obj = validation.loads(raw, str(path), number)
         if not isinstance(obj, dict):
             raise TraceError(path, number, None, 'expected an object {"a", "b", "same", "category"}')
         for key in ("a", "b"):

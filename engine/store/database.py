@@ -317,14 +317,15 @@ class Store:
 
     def edit_message(self, session_id: int, position: int, content: str, role: str | None = None) -> MessageRow:
         """Store a new version of message `position`; the older versions are kept."""
-        current = {m.position: m for m in self.messages(session_id)}
-        if position not in current:
-            n = len(current)
-            raise InputError(f"session {session_id} has no message {position}; messages are numbered 0 to {n - 1}")
-        old = current[position]
-        extra = old.extra if content == old.content else _edited_extra(old.extra)
-        return self.add_message(session_id, role or old.role, content, extra,
-                                position=position, version=old.version + 1)
+        with self.atomic():  # read the latest version and write the next one under one write lock
+            current = {m.position: m for m in self.messages(session_id)}
+            if position not in current:
+                n = len(current)
+                raise InputError(f"session {session_id} has no message {position}; messages are numbered 0 to {n - 1}")
+            old = current[position]
+            extra = old.extra if content == old.content else _edited_extra(old.extra)
+            return self.add_message(session_id, role or old.role, content, extra,
+                                    position=position, version=old.version + 1)
 
     # -- trace lines of a trace session
     def add_trace_requests(self, session_id: int, requests: Iterable[Any]) -> int:
