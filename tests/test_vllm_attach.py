@@ -91,9 +91,14 @@ class FixtureServer:
         return f"tcp://127.0.0.1:{self.replay_port}"
 
     def wait_joined(self, timeout: float = 10.0) -> None:
-        if not self.pub.poll(int(timeout * 1000)):
-            raise AssertionError("no subscriber joined")
-        self.pub.recv_multipart()  # the subscription message
+        """Until a subscription message (b"\\x01" + topic) arrives; unsubscriptions are skipped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.pub.poll(int(left * 1000) + 1):
+                raise AssertionError("no subscriber joined")
+            if self.pub.recv_multipart()[0][:1] == b"\x01":
+                return
 
     def send(self, frames: list[bytes], drop: bool = False) -> None:
         """Publish `frames` (`drop`: into the buffer only, as if lost on the way)."""
@@ -351,6 +356,26 @@ def test_an_endless_replay_socket_is_cut_at_the_refill_timeout():
         wait_for(lambda: any(s == 1 for _, s in got.batches), timeout=20)
         assert any(kind == "refill_timeout" for kind, _ in got.notices)
         assert [s for _, s in got.batches] == [0, 1]
+    finally:
+        att.stop()
+        server.close()
+
+
+def test_a_frame_past_the_size_limit_is_never_read_whole():
+    server = FixtureServer()
+    att, got = attach(server, server.replay_endpoint, max_frame_bytes=4096)
+    try:
+        server.wait_joined()
+        topic, seq, _ = server.pub_frames[0]
+        server.pub.send_multipart([topic, seq, b"\x00" * 100_000])  # ZMQ drops the connection instead
+        # The subscriber connects again; until it has, PUB drops what is sent (bounded retries).
+        for _ in range(200):
+            server.send(server.pub_frames[0])
+            if len(got.batches) == 2:
+                break
+            time.sleep(0.05)
+        wait_for(lambda: [s for _, s in got.batches] == [0, 1])
+        assert att.subscribers[0].num_reconnects >= 1 and any(k == "reconnected" for k, _ in got.notices)
     finally:
         att.stop()
         server.close()

@@ -132,6 +132,10 @@ class VllmSubscriber:
         except zmq.ZMQError as exc:
             self._sub.close(linger=0)
             raise InputError(f"cannot {'bind' if bind else 'connect to'} {endpoint}: {exc}") from None
+        # A frame past MAXMSGSIZE makes ZMQ drop the connection and not come back; watching
+        # for disconnects lets us connect again, so one oversized frame never ends the stream.
+        self._monitor = None if bind else self._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
 
     @property
@@ -146,6 +150,9 @@ class VllmSubscriber:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._monitor is not None:
+            self._sub.disable_monitor()
+            self._monitor.close(linger=0)
         self._sub.close(linger=0)
 
     # ---- the sequence rules ----------------------------------------------------------
@@ -264,6 +271,13 @@ class VllmSubscriber:
             sock.close(linger=0)
         return delivered, first
 
+    def _reconnect(self) -> None:
+        self.num_reconnects += 1
+        self._sub.disconnect(self.endpoint)
+        self._sub.connect(self.endpoint)
+        self._notice("reconnected", f"{self.endpoint}: the connection dropped (the server went away, or a frame "
+                                    f"was over {self.max_frame_bytes} bytes); connecting again")
+
     def _malformed(self, message: str) -> None:
         self.health.malformed += 1
         self.health.last_error = message
@@ -287,11 +301,18 @@ class VllmSubscriber:
             except Exception as exc:  # noqa: BLE001 - the live stream still works without it
                 self.health.last_error = f"{type(exc).__name__}: {exc}"
                 self._notice("error", f"{self.replay_endpoint}: {self.health.last_error}")
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
         while not self._stop.is_set():
             try:
-                if not sub.poll(100):
-                    continue
-                self.handle(sub.recv_multipart())
+                ready = dict(poller.poll(100))
+                if self._monitor is not None and self._monitor in ready:
+                    self._monitor.recv_multipart()
+                    self._reconnect()
+                if sub in ready:
+                    self.handle(sub.recv_multipart())
             except Exception as exc:  # noqa: BLE001 - a callback failed; report it and keep reading
                 if isinstance(exc, zmq.ContextTerminated):
                     return
