@@ -151,6 +151,7 @@ class Collected:
         self.batches: list[tuple[str, int]] = []
         self.notices: list[tuple[str, str]] = []
         self.events: list = []
+        self.health: list = []
 
     def on_batch(self, pool, batch, events) -> None:
         self.batches.append((pool.source, batch.seq))
@@ -166,7 +167,7 @@ def attach(server_or_endpoint, replay: str | None, **kw) -> tuple[Attachment, Co
     got = Collected()
     endpoint = server_or_endpoint if isinstance(server_or_endpoint, str) else server_or_endpoint.endpoint
     att = Attachment(AttachOptions((endpoint,), (replay,) if replay else (), **kw),
-                     on_batch=got.on_batch, on_notice=got.on_notice)
+                     on_batch=got.on_batch, on_notice=got.on_notice, on_health=got.health.append)
     att.events.subscribe(lambda e: None)
     att.start()
     if replay:
@@ -196,6 +197,8 @@ def test_late_join_fetches_the_buffer_and_keeps_every_field(old_layout):
             assert pool.tiers["CPU"][B].token_ids == tuple(range(17, 33))
         h = att.subscribers[0].health
         assert (h.batches, h.refilled, h.missed, h.malformed, h.restarts) == (4, 1, 0, 0, 0)
+        assert got.health[-1] == h and got.health[-1] is not h  # copies, for another thread to keep
+        assert [x.batches for x in got.health] == [1, 1, 2, 3, 4] and h.lag_s is not None
         stored = [e for e in got.events if e.kind == "block_stored"]
         first = next(e for e in stored if e.remote.session_id == "sess-1")
         assert (first.remote.group_idx, first.remote.kv_cache_spec_kind, first.remote.medium) == (0, "full_attention", "GPU")
