@@ -331,6 +331,15 @@ def test_data_parallel_ranks_get_one_pool_each_and_a_combined_view():
             s.close()
 
 
+def test_options_round_trip_through_json():
+    opts = AttachOptions(("tcp://10.0.0.5:5557",), ("tcp://10.0.0.5:5558",), "kv-events", 4, False, 1.5)
+    assert AttachOptions.from_dict(json.loads(json.dumps(opts.to_dict()))) == opts
+    assert [s.endpoint for s in opts.streams()][-1] == "tcp://10.0.0.5:5560"
+    assert [s.replay_endpoint for s in opts.streams()][-1] == "tcp://10.0.0.5:5561"
+    with pytest.raises(InputError):
+        AttachOptions.from_dict({"endpoints": ["tcp://10.0.0.5:5557"], "data_parallel_size": "2"})
+
+
 def test_bad_options_are_one_sentence():
     with pytest.raises(InputError, match="65535"):
         AttachOptions(("tcp://127.0.0.1:999999",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from engine.core.errors import InputError
 from engine.core.events import Event, EventBus
@@ -55,6 +55,24 @@ class AttachOptions:
             check_endpoint(r)
         for spec in self.streams():  # every rank's port must exist too
             check_endpoint(spec.endpoint, self.bind)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready settings (what the app remembers between runs)."""
+        return {"endpoints": list(self.endpoints), "replay_endpoints": list(self.replay_endpoints),
+                "topic": self.topic, "data_parallel_size": self.data_parallel_size, "bind": self.bind,
+                "refill_timeout": self.refill_timeout}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttachOptions:
+        """The inverse of `to_dict`; unknown keys are ignored, bad values raise InputError."""
+        if not isinstance(data, dict):
+            raise InputError("attach settings must be an object")
+        try:
+            return cls(tuple(data.get("endpoints") or ()), tuple(data.get("replay_endpoints") or ()),
+                       str(data.get("topic", "")), data.get("data_parallel_size", 1), bool(data.get("bind", False)),
+                       data.get("refill_timeout", 2.0))
+        except TypeError as exc:
+            raise InputError(f"attach settings are not valid ({exc})") from None
 
     def streams(self) -> list[StreamSpec]:
         out = []

@@ -20,9 +20,10 @@ _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
 class RemoteBlock:
-    """One cached block of a remote tier. Kept small (about 250 bytes with its tokens):
-    a server holds up to millions of them. `parent` is the parent's RemoteBlock while it
-    is tracked (its hash object is shared, not copied), else the parent's hash bytes."""
+    """One cached block of a remote tier. Kept small (about 260 bytes with 16 token ids):
+    a server holds up to millions of them. `parent` is the parent's RemoteBlock when it was
+    tracked at store time (its hash object is shared, not copied), else the parent's hash
+    bytes; a removed parent stays reachable only through its cached children."""
 
     __slots__ = ("block_hash", "parent", "tokens", "stored_seq", "stored_time", "tenant")
 
@@ -203,6 +204,8 @@ class RemotePool:
         tenant = None
         if parent_hash is not None:
             found = tier.get(parent_hash)
+            if found is None and len(self.tiers) > 1:  # e.g. offloaded to CPU under a GPU parent
+                found = next((t[parent_hash] for t in self.tiers.values() if parent_hash in t), None)
             if found is not None:
                 parent, tenant = found, found.tenant
         extra = e.extra_keys
