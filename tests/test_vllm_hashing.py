@@ -54,3 +54,16 @@ def test_canonical_cbor_encoding():
     assert cbor_canonical((1, (2, 3))) == b"\x82\x01\x82\x02\x03"
     with pytest.raises(ValueError):
         cbor_canonical(1.5)
+
+
+def test_the_model_runner_stores_vllms_hashes(tiny_model):
+    from engine.core.events import EventBus
+    from engine.model.runner import ModelRunner
+
+    row = next(r for r in ROWS if r["algo"] == "sha256" and r["case"] == "salted")
+    bus = EventBus()
+    stored = []
+    bus.subscribe(lambda e: stored.append(e) if e.kind == "block_stored" else None)
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=row["block_size"], hash="vllm-sha256", events=bus)
+    runner.generate(row["tokens"] + [7], max_new_tokens=1, salt=row["cache_salt"], request_id="r")
+    assert [e.block_hash.hex() for e in stored[:2]] == row["block_hashes"]
