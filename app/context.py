@@ -1,14 +1,17 @@
-"""The app context: the few shared objects every panel is built from.
+"""The app context: the few shared objects every panel is built from, and the one subject.
 
 A panel factory takes one `AppContext` and reads the bridge (engine events as Qt
-signals), the pool state (F's projection of those events), the model worker, the store,
-the settings and the current runner. Nothing here draws; the main window lives apart.
+signals), the pool state (the projection of those events), the model worker, the store,
+the settings, the current runner and the current `Subject` (what every view shows: a live
+session, an opened session or trace, a demo, an attached server). Nothing here draws.
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from PySide6.QtCore import QObject, QSettings, Signal
 from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from app.bridge import EngineBridge
+from app.state import PoolState
 from app.worker import ModelWorker
 from engine.core.events import EventBus
 
@@ -23,14 +27,59 @@ ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
 
 
-def _make_state(bridge: EngineBridge) -> Any:
-    # app.state is engineer F's; tolerate its absence while it is being written.
-    try:
-        from app.state import PoolState
-    except ImportError as exc:
-        sys.stderr.write(f"cachescope: warning: app.state is not available yet ({exc})\n")
-        return None
-    return PoolState(bridge)
+SUBJECT_KINDS = ("session", "trace", "demo", "server")
+
+
+@dataclass(slots=True, frozen=True)
+class Subject:
+    """What every view shows right now.
+
+    `kind` is "session" (a live or opened chat session), "trace" (a replayed token or block
+    trace), "demo" (a guided demo in its own engine) or "server" (an attached vLLM pool);
+    `title` names it in the window title and the views that do not apply to it;
+    `unsaved` marks work that is lost if another subject replaces it (a chat with no store).
+    """
+
+    kind: str
+    title: str
+    unsaved: bool = False
+    source: str | None = None  # a file path, demo name or server endpoint
+
+    def __post_init__(self) -> None:
+        if self.kind not in SUBJECT_KINDS:
+            raise ValueError(f"a subject is one of {', '.join(SUBJECT_KINDS)}, not {self.kind!r}")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.kind == "session"
+
+    def describe(self) -> str:
+        word = {"session": "the session", "trace": "the trace", "demo": "the demo", "server": "the server"}[self.kind]
+        return f"{word} \u201c{self.title}\u201d"
+
+
+class JobCancelled(Exception):
+    """Raised inside a worker job whose user pressed Cancel (a long trace load or a demo)."""
+
+
+class CancelToken:
+    """A flag a long job checks (through its event bus) so Cancel stops it between events."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def listener(self, _event: Any) -> None:
+        # Subscribed to the job's own bus: the engine emits from the worker thread, so the
+        # exception unwinds the job there; the engine it leaves half-done is thrown away.
+        if self._event.is_set():
+            raise JobCancelled("cancelled")
 
 
 def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, num_layers: int = 0,
@@ -72,15 +121,22 @@ class AppContext(QObject):
     sigRunnerChanged = Signal(object)
     sigSessionChanged = Signal(object)  # session id (int | str) or None
     sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
+    sigSubjectChanged = Signal(object)  # the new Subject, after the views were pointed at it
+    sigJobChanged = Signal(str)  # the cancellable job now running ("" when none)
 
     def __init__(self, settings: QSettings | None = None, store: Any = None,
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.bridge = EngineBridge(self)
-        self.state = _make_state(self.bridge)
+        self.state = PoolState(self.bridge)
         self.worker = ModelWorker(self)
         self.store = store
         self.settings = settings if settings is not None else QSettings(ORGANIZATION, APPLICATION)
+        self.subject = Subject("session", "New session")
+        self.job: CancelToken | None = None
+        self.job_name = ""
+        # Tests answer "replace unsaved work?" here instead of in a dialog (None: ask).
+        self.answer_replace: bool | None = None
         self.runner: Any = None
         self.loaded: Any = None  # engine.model.loader.LoadedModel once loaded
         self.model_name: str | None = None  # --model, None = bundled default
@@ -88,6 +144,7 @@ class AppContext(QObject):
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
         self.dialog_parent: QWidget | None = None
+        self._at_shutdown: list[Any] = []
 
     # ------------------------------------------------------------------ engines
     def set_runner(self, runner: Any, activate: bool = True) -> None:
@@ -98,8 +155,7 @@ class AppContext(QObject):
         """
         self.runner = runner
         if runner is not None and activate:
-            self.bridge.attach(runner.manager.events)
-            self.bridge.set_engine(runner_engine_info(runner))
+            self.attach_events(runner.manager.events, runner_engine_info(runner))
         self.sigRunnerChanged.emit(runner)
 
     def activate_runner(self) -> bool:
@@ -113,9 +169,75 @@ class AppContext(QObject):
     def new_event_bus(self, info: dict[str, Any]) -> EventBus:
         """A fresh bus wired to the bridge for a headless engine (trace replay); views reset."""
         bus = EventBus()
+        self.attach_events(bus, info)
+        return bus
+
+    # ------------------------------------------------------------------ subject
+    def may_replace_subject(self, new_title: str) -> bool:
+        """True if the current subject may be replaced: nothing unsaved, or the user agreed."""
+        if not self.subject.unsaved:
+            return True
+        if self.answer_replace is not None:
+            return self.answer_replace
+        if self.suppress_dialogs or QApplication.instance() is None:
+            return True
+        text = (f"Opening {new_title} replaces {self.subject.describe()}, which is not saved "
+                f"(its messages live only in this window). Replace it?")
+        answer = QMessageBox.question(self.dialog_parent, "Replace the current subject?", text,
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                                      QMessageBox.StandardButton.Cancel)
+        return answer == QMessageBox.StandardButton.Yes
+
+    def open_subject(self, subject: Subject, ask: bool = True) -> bool:
+        """Make `subject` current (asking first if unsaved work would be replaced); False if
+        the user said no. The views go back to live and hear `sigSubjectChanged`.
+
+        This is also the hook for a new source of events (an attached vLLM server): open a
+        `Subject("server", ...)`, then `attach_events(bus, info)`.
+        """
+        if ask and not self.may_replace_subject(subject.describe()):
+            return False
+        self.subject = subject
+        self.state.scrub_to(None)
+        self.sigSubjectChanged.emit(subject)
+        return True
+
+    def mark_unsaved(self, unsaved: bool) -> None:
+        """The current subject now has (or no longer has) work that is not saved."""
+        if self.subject.unsaved != unsaved:
+            self.subject = replace(self.subject, unsaved=unsaved)
+
+    def rename_subject(self, title: str) -> None:
+        if title and title != self.subject.title:
+            self.subject = replace(self.subject, title=title)
+            self.sigSubjectChanged.emit(self.subject)
+
+    def attach_events(self, bus: EventBus, info: dict[str, Any]) -> None:
+        """The one way to point every view at an engine: listen to `bus`, reset to `info`."""
         self.bridge.attach(bus)
         self.bridge.set_engine(info)
-        return bus
+
+    # ------------------------------------------------------------------ cancellable jobs
+    def start_job(self, name: str, bus: EventBus) -> CancelToken:
+        """A cancel token for a long job whose engine emits on `bus` (a trace replay, a demo)."""
+        token = CancelToken()
+        bus.subscribe(token.listener)
+        self.job, self.job_name = token, name
+        self.sigJobChanged.emit(name)
+        return token
+
+    def cancel_job(self) -> bool:
+        """Ask the running long job to stop at its next event; False if none runs."""
+        if self.job is None:
+            return False
+        self.job.cancel()
+        return True
+
+    def end_job(self, token: CancelToken | None = None) -> None:
+        if token is not None and token is not self.job:
+            return
+        self.job, self.job_name = None, ""
+        self.sigJobChanged.emit("")
 
     # ------------------------------------------------------------------ errors
     def show_error(self, text: str, title: str = "Cachescope") -> None:
@@ -126,9 +248,17 @@ class AppContext(QObject):
             return
         QMessageBox.warning(self.dialog_parent, title, text)
 
+    def at_shutdown(self, fn: Any) -> None:
+        """Call `fn()` at shutdown, after the worker stopped and before the store closes
+        (a view's writer thread commits what it queued)."""
+        self._at_shutdown.append(fn)
+
     def shutdown(self) -> None:
         """Stop the worker thread and the bridge timer; call once when the window closes."""
         self.worker.stop()
+        for fn in self._at_shutdown:
+            fn()
+        self._at_shutdown.clear()
         self.bridge.stop()
         if self.store is not None and hasattr(self.store, "close"):
             try:

@@ -1,22 +1,28 @@
 """The Demos menu: runs a guided demo on the model worker with its events flowing through
 the bridge, so every view shows it, and explains it in a "Demo guide" dock.
 
-The scenarios themselves live in `engine.demos`; this module only wires them to the app.
+A demo is a subject of its own (`AppContext.open_subject`): starting one asks before it
+replaces unsaved work, and it fills the panels its story is about. The scenarios live in
+`engine.demos`; this module only wires them to the app; findings are put in words here.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QDockWidget, QTextBrowser, QVBoxLayout, QWidget
 
-from app.context import engine_info, runner_engine_info
+from app.context import AppContext, CancelToken, JobCancelled, Subject, engine_info, runner_engine_info
+from app.demo_words import finding_rows, step_details
+from app.jobs import error_sentence
 from engine.demos import DEMOS, DemoEnv, get_demo, run_demo
-from engine.core.events import EventBus
+from engine.demos.env import DemoEngine
+
+if TYPE_CHECKING:
+    from app.main_window import MainWindow
 
 # How long the worker waits for the GUI thread to point the views at a new engine. The GUI
 # answers within a frame; the limit only matters while the window is closing.
@@ -52,12 +58,9 @@ class DemoGuide(QWidget):
                              f"<p><i>Running on the model worker…</i></p>")
 
     def show_result(self, result: dict[str, Any]) -> None:
-        steps = "".join(f"<li>{html.escape(str(s['action']))}{_step_details(s)}</li>" for s in result["steps"])
-        # Numbers first; tables of rows are in the steps above and in the JSON.
-        items = sorted(((k, v) for k, v in result["findings"].items() if k not in _HIDDEN_FINDINGS),
-                       key=lambda kv: isinstance(kv[1], (dict, list)))
-        findings = "".join(f"<tr><td><b>{html.escape(str(k).replace('_', ' '))}</b></td>"
-                           f"<td>{html.escape(_finding(v))}</td></tr>" for k, v in items)
+        steps = "".join(f"<li>{html.escape(str(s['action']))}{_small(step_details(s))}</li>" for s in result["steps"])
+        findings = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
+                           for k, v in finding_rows(result["findings"]))
         self.browser.setHtml(
             f"<h3>{html.escape(result['title'])}</h3><p>{html.escape(result['explanation'])}</p>"
             f"<h4>Steps</h4><ol>{steps}</ol><h4>Findings</h4><table cellspacing='4'>{findings}</table>"
@@ -66,29 +69,13 @@ class DemoGuide(QWidget):
     def show_failure(self, name: str, message: str) -> None:
         self.browser.setHtml(f"<h3>{html.escape(name)}</h3><p>The demo failed: {html.escape(message)}</p>")
 
-
-_STEP_KEYS = ("cached_tokens", "computed_tokens", "miss_reason", "first_miss_block", "tokens_with_kv", "total_bytes",
-              "score", "decision", "guarded_decision", "cache_creation_input_tokens", "cache_read_input_tokens",
-              "input_tokens", "per_request_gib")
-
-
-def _step_details(step: dict[str, Any]) -> str:
-    parts = [f"{k.replace('_', ' ')} {_short(step[k])}" for k in _STEP_KEYS if step.get(k) is not None]
-    return f"<br><small>{html.escape(', '.join(parts))}</small>" if parts else ""
+    def show_cancelled(self, name: str) -> None:
+        self.browser.setHtml(f"<h3>{html.escape(get_demo(name).title)}</h3><p>Cancelled. The views show "
+                             f"what the demo had done when it stopped.</p>")
 
 
-_HIDDEN_FINDINGS = ("diff_messages",)
-
-
-def _finding(value: Any) -> str:
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return f"{len(value)} rows (see the steps, or the JSON)"
-    return _short(value)
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+def _small(text: str) -> str:
+    return f"<br><small>{html.escape(text)}</small>" if text else ""
 
 
 class DemoRunner(QObject):
@@ -105,7 +92,8 @@ class DemoRunner(QObject):
     sigFailed = Signal(str, str)
     _sigEngine = Signal(object, object)  # engine, threading.Event: worker -> GUI thread
 
-    def __init__(self, ctx: Any, window: Any = None, model: Any = None, parent: QObject | None = None) -> None:
+    def __init__(self, ctx: AppContext, window: MainWindow | None = None, model: Any = None,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent if parent is not None else ctx)
         self.ctx = ctx
         self.window = window
@@ -114,6 +102,8 @@ class DemoRunner(QObject):
         self.running: str | None = None
         self._model = model
         self._embedder: Any = None
+        self._token: CancelToken | None = None
+        self._shown: dict[str, Any] = {}
         self._sigEngine.connect(self._on_engine, Qt.ConnectionType.QueuedConnection)
 
     # ------------------------------------------------------------------ GUI thread
@@ -123,11 +113,16 @@ class DemoRunner(QObject):
             self.ctx.show_error(f"The demo {self.running!r} is still running; wait for it to finish.")
             return False
         try:
-            get_demo(name)
+            demo = get_demo(name)
         except ValueError as exc:
             self.ctx.show_error(str(exc))
             return False
+        if not self.ctx.open_subject(Subject("demo", demo.title, source=name)):
+            return False
         self.running = name
+        self._token = CancelToken()
+        self.ctx.job, self.ctx.job_name = self._token, f"the demo \u201c{demo.title}\u201d"
+        self.ctx.sigJobChanged.emit(self.ctx.job_name)
         if self.guide is not None:
             self.guide.show_running(name)
             self._raise("demo_guide")
@@ -135,38 +130,46 @@ class DemoRunner(QObject):
         self.ctx.worker.submit(self._job, name, on_done=self._done, on_error=lambda exc: self._failed(name, exc))
         return True
 
-    def _on_engine(self, engine: Any, ready: threading.Event) -> None:
+    def cancel(self) -> bool:
+        """Stop the running demo at its next engine event; False if none runs."""
+        if self.running is None or self._token is None:
+            return False
+        self._token.cancel()
+        return True
+
+    def _on_engine(self, engine: DemoEngine, ready: threading.Event) -> None:
         try:
-            bridge = self.ctx.bridge
-            if isinstance(engine, EventBus):
-                bridge.attach(engine)
-                bridge.set_engine(engine_info(block_size=16, num_blocks=0, model=None))
-            elif hasattr(engine, "manager"):
-                bridge.attach(engine.manager.events)
-                bridge.set_engine(runner_engine_info(engine))
+            if engine.runner is not None:
+                info = runner_engine_info(engine.runner)
             else:
-                bridge.attach(engine.events)
-                bridge.set_engine(engine_info(block_size=engine.block_size, num_blocks=engine.num_blocks, model=None))
+                info = engine_info(block_size=engine.block_size, num_blocks=engine.num_blocks, model=None)
+            self.ctx.attach_events(engine.bus, info)
         finally:
             ready.set()
 
-    def _done(self, result: dict[str, Any]) -> None:
+    def _finish_job(self) -> None:
         self.running = None
+        self.ctx.end_job(self._token)
+        self._token = None
+
+    def _done(self, result: dict[str, Any]) -> None:
+        self._finish_job()
         self.results[result["name"]] = result
         self.ctx.bridge.flush(everything=True)
-        state = self.ctx.state
-        if state is not None and hasattr(state, "record_timing"):
-            for t in result.get("timings", ()):
-                state.record_timing(t["request_id"], t["ttft_ms"], t.get("cold_ttft_ms"))
+        for t in result.get("timings", ()):
+            self.ctx.state.record_timing(t["request_id"], t["ttft_ms"], t.get("cold_ttft_ms"))
         if self.guide is not None:
             self.guide.show_result(result)
         self._show_in_panels(result)
         self.sigFinished.emit(result)
 
     def _failed(self, name: str, exc: BaseException) -> None:
-        self.running = None
-        from app.main_window import error_sentence
-
+        self._finish_job()
+        if isinstance(exc, JobCancelled):
+            if self.guide is not None:
+                self.guide.show_cancelled(name)
+            self.sigFailed.emit(name, "cancelled")
+            return
         message = error_sentence(exc, f"The demo {name} failed")
         if self.guide is not None:
             self.guide.show_failure(name, message)
@@ -174,32 +177,45 @@ class DemoRunner(QObject):
         self.sigFailed.emit(name, message)
 
     def _show_in_panels(self, result: dict[str, Any]) -> None:
-        """Hand a demo's inputs to the panels that compute their own view of them."""
-        panels = getattr(self.window, "panels", {}) if self.window is not None else {}
-        findings = result["findings"]
-        msgs = findings.get("diff_messages")
-        diff = panels.get("diff")
-        if msgs and diff is not None and hasattr(diff, "set_texts"):
-            diff.set_texts(json.dumps(msgs["a"], ensure_ascii=False), json.dumps(msgs["b"], ensure_ascii=False))
-        billing = panels.get("billing")
-        if result["name"] == "prompt-caching-bill" and billing is not None and hasattr(billing, "set_source"):
-            from engine.demos.env import RESOURCES
+        """Fill the panels a demo's story is about with what it computed, then raise them."""
+        panels = self.window.panels if self.window is not None else {}
+        name, findings = result["name"], result["findings"]
+        for panel in panels_to_fill(name, findings):
+            if panel == "diff":
+                msgs = findings["diff_messages"]
+                panels["diff"].show_messages(msgs["a"], msgs["b"], source=result["title"])
+            elif panel == "billing":
+                from engine.demos.env import RESOURCES
 
-            if hasattr(billing, "set_provider"):
+                billing = panels["billing"]
                 billing.set_provider("anthropic", findings.get("model"))
-            billing.set_source(str(RESOURCES / "billing_long_session.json"))
-        self._raise(DOCK_FOR_DEMO.get(result["name"], "block_table"))
+                billing.set_source(str(RESOURCES / "billing_long_session.json"))
+            elif panel == "semantic":
+                cache = self._shown.get("semantic_cache")
+                queries = findings.get("queries") or []
+                # The story is a wrong answer served: look that question up first.
+                pick = next((q for q in queries if q.get("served_wrong_answer")), queries[0] if queries else None)
+                if cache is not None:
+                    panels["semantic"].show_cache(cache, pick["prompt"] if pick else None, result["title"])
+            elif panel == "kv_memory":
+                show_kv_what_if(panels["kv_memory"], findings)
+        self._raise(DOCK_FOR_DEMO.get(name, "block_table"))
         self._raise("demo_guide")
 
     def _raise(self, dock_name: str) -> None:
-        docks = getattr(self.window, "docks", {}) if self.window is not None else {}
+        docks = self.window.docks if self.window is not None else {}
         dock = docks.get(dock_name)
         if dock is not None:
             dock.show()
             dock.raise_()
 
     # ------------------------------------------------------------------ worker thread
-    def _announce(self, engine: Any) -> None:
+    def _announce(self, engine: DemoEngine) -> None:
+        token = self._token
+        if token is not None:
+            if token.cancelled:
+                raise JobCancelled("cancelled")
+            engine.bus.subscribe(token.listener)
         ready = threading.Event()
         self._sigEngine.emit(engine, ready)
         ready.wait(ENGINE_SWITCH_TIMEOUT_S)
@@ -207,8 +223,8 @@ class DemoRunner(QObject):
     def _current_model(self) -> Any:
         if self._model is not None:
             return self._model
-        runner = getattr(self.ctx, "runner", None)
-        return getattr(runner, "loaded", None) or getattr(self.ctx, "loaded", None)
+        runner = self.ctx.runner
+        return runner.loaded if runner is not None else self.ctx.loaded
 
     def _job(self, name: str) -> dict[str, Any]:
         env = DemoEnv(model=self._current_model(), embedder=self._embedder, on_engine=self._announce)
@@ -218,9 +234,32 @@ class DemoRunner(QObject):
             # Keep what the demo loaded, so the next demo does not load it again.
             self._model = self._model or env.loaded_model
             self._embedder = env.loaded_embedder
+            self._shown = dict(env.shown)
 
 
-def install_demos(window: Any, model: Any = None) -> DemoRunner:
+def panels_to_fill(name: str, findings: dict[str, Any]) -> list[str]:
+    """The panels (object names) a demo fills with its own inputs, beside the event views."""
+    out = []
+    if findings.get("diff_messages"):
+        out.append("diff")
+    out += {"prompt-caching-bill": ["billing"], "semantic-false-positive": ["semantic"],
+            "kv-memory-70b-128k": ["kv_memory"], "kv-grows-per-step": []}.get(name, [])
+    return out
+
+
+def show_kv_what_if(view: Any, findings: dict[str, Any]) -> None:
+    """Point the KV panel's what-if at the demo's model, length and first data type."""
+    preset = "llama-3.1-70b"
+    i = view.preset_box.findData(preset)
+    if i >= 0:
+        view.preset_box.setCurrentIndex(i)
+    dtypes = [row["dtype"] for row in findings.get("per_dtype", ())]
+    if dtypes and view.dtype_box.findText(dtypes[0]) >= 0:
+        view.dtype_box.setCurrentIndex(view.dtype_box.findText(dtypes[0]))
+    view.tokens_box.setValue(int(findings.get("tokens") or view.tokens_box.value()))
+
+
+def install_demos(window: MainWindow, model: Any = None) -> DemoRunner:
     """Add every demo to `window`'s Demos menu and a "Demo guide" dock; returns the runner."""
     runner = DemoRunner(window.ctx, window, model=model)
     guide = DemoGuide(window)
@@ -229,13 +268,12 @@ def install_demos(window: Any, model: Any = None) -> DemoRunner:
     dock.setObjectName("demo_guide")
     dock.setWidget(guide)
     window.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
-    host = getattr(window, "docks", {}).get("conversation")
+    host = window.docks.get("conversation")
     if host is not None:
         window.tabifyDockWidget(host, dock)
-    if hasattr(window, "docks"):
-        window.docks["demo_guide"] = dock
-    if hasattr(window, "view_menu"):
-        window.view_menu.addAction(dock.toggleViewAction())
+    window.docks["demo_guide"] = dock
+    window.view_menu.addAction(dock.toggleViewAction())
+    window.ctx.sigSubjectChanged.connect(lambda subject: subject.kind != "demo" and guide.show_intro())
     for demo in DEMOS:
         window.add_demo_action(demo.title, demo.summary, lambda name=demo.name: runner.run(name))
     window.demo_runner = runner

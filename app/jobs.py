@@ -82,10 +82,18 @@ def load_model_job(model: str | None, num_blocks: int, block_size: int, progress
     return ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
 
 
+# Advice written for the command line, and what a window user can do instead.
+_CLI_ADVICE = {" (use --format to choose one)": "; open a file in one of those formats"}
+
+
 def error_sentence(exc: BaseException, what: str) -> str:
-    """One sentence for a dialog: the user's mistake as said by the engine, else what failed."""
+    """One sentence for a dialog: the user's mistake as said by the engine, else what failed.
+    Command-line advice (a flag to pass) is replaced by what a window user can do."""
     if isinstance(exc, (InputError, TraceError)):
-        return str(exc)
+        text = str(exc)
+        for cli, gui in _CLI_ADVICE.items():
+            text = text.replace(cli, gui)
+        return text
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return f"{what}: {exc.strerror or exc} ({exc.filename})."
     return f"{what}: {type(exc).__name__}: {exc}".rstrip(".") + "."

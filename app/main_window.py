@@ -2,7 +2,9 @@
 
 It is up before the model: loading runs on the model worker with a progress bar in the
 status bar. Opening a file replays it on the worker through a fresh engine whose events
-reach the views through the bridge. Panels themselves live in `app.views`.
+reach the views through the bridge. Whatever is opened becomes the one current subject
+(`AppContext.open_subject`), which asks before it replaces unsaved work. Panels
+themselves live in `app.views`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from typing import Any, Callable
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
-                               QProgressBar, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem, QToolBar,
-                               QVBoxLayout, QWidget)
+                               QProgressBar, QPushButton, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem,
+                               QToolBar, QVBoxLayout, QWidget)
 
 from app import theme
-from app.context import AppContext, engine_info
+from app.context import AppContext, JobCancelled, Subject, engine_info
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
@@ -84,10 +86,11 @@ class MainWindow(QMainWindow):
         self._default_state = self.saveState(LAYOUT_VERSION)
         self._restore_settings()
         ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
-        if ctx.state is not None and hasattr(ctx.state, "sigChanged"):
-            ctx.state.sigChanged.connect(self._schedule_status)
+        ctx.state.sigChanged.connect(self._schedule_status)
         ctx.worker.sigProgress.connect(self._on_progress)
         self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
+        ctx.sigSubjectChanged.connect(self._on_subject_changed)
+        ctx.sigJobChanged.connect(self._on_job_changed)
         self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
         if load_model:
             QTimer.singleShot(0, self.start_model_load)
@@ -112,7 +115,7 @@ class MainWindow(QMainWindow):
         self.act_import = a("&Import conversation…", self.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
         self.act_export = a("&Export…", self.export_dialog, "Ctrl+E", "save the conversation and event log")
         self.act_quit = a("&Quit", self.close, QKeySequence.StandardKey.Quit)
-        self.act_theme = a("&Dark theme", self.toggle_theme, "Ctrl+T", "switch between dark and light", checkable=True)
+        self.act_theme = a("&Light theme", self.toggle_theme, "Ctrl+T", "switch between dark and light")
         self.act_reset_layout = a("&Reset layout", self.reset_layout, "Ctrl+Shift+R", "put every panel back in place")
         self.act_live = a("Follow &live", self.follow_live, "End", "stop scrubbing and follow the live engine")
         self.act_reset_cache = a("Reset &cache", self.reset_cache, "Ctrl+Shift+Backspace", "drop every cached block (only when idle)")
@@ -297,6 +300,12 @@ class MainWindow(QMainWindow):
         self.progress.setTextVisible(False)
         self.progress.hide()
         sb.insertPermanentWidget(0, self.progress)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setObjectName("cancel_job")
+        self.cancel_button.setToolTip("stop the trace load or demo that is running")
+        self.cancel_button.clicked.connect(lambda _checked=False: self.ctx.cancel_job())
+        self.cancel_button.hide()
+        sb.insertPermanentWidget(1, self.cancel_button)
 
     # ------------------------------------------------------------------ settings
     def _restore_settings(self) -> None:
@@ -349,7 +358,10 @@ class MainWindow(QMainWindow):
     def apply_theme(self, name: str, save: bool = True) -> None:
         app = QApplication.instance()
         theme.apply_theme(app, name)
-        self.act_theme.setChecked(name == "dark")
+        # The button names the theme a click switches to, not the one in use.
+        other = "Light" if name == "dark" else "Dark"
+        self.act_theme.setText(f"&{other} theme")
+        self.act_theme.setToolTip(f"switch to the {other.lower()} theme  (Ctrl+T)")
         if save:
             self.ctx.settings.setValue("ui/theme", name)
         self.ctx.sigThemeChanged.emit(name)
@@ -385,7 +397,7 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         # A trace opened while the model was loading keeps the views; the model's engine
         # takes over at the first chat message.
-        showing_other = self.ctx.bridge.bus is not None or self.ctx.worker.is_busy
+        showing_other = not self.ctx.subject.is_chat
         self.ctx.set_runner(runner, activate=not showing_other)
         if showing_other:
             self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show the trace")
@@ -435,6 +447,8 @@ class MainWindow(QMainWindow):
             self.ctx.show_error(f"{p} is a folder; open a trace, conversation or session file.")
             return False
         kind = classify_file(p)
+        if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
+            return False
         self._add_recent(p)
         if kind == "trace":
             self.replay_trace(p, on_done=on_done)
@@ -451,6 +465,7 @@ class MainWindow(QMainWindow):
         except (InputError, TraceError, ValueError, OSError) as exc:
             self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
             return False
+        self.docks["conversation"].raise_()
         if on_done is not None:
             on_done(None)
         return True
@@ -461,25 +476,46 @@ class MainWindow(QMainWindow):
             capacity = trace_capacity(path, block_size)
         except (OSError, TypeError, ValueError):
             capacity = 1024
+        self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
         bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
+        token = self.ctx.start_job(f"replaying {path.name}", bus)
         self._on_progress(f"replaying {path.name}", -1.0)
 
         def done(result: dict) -> None:
+            self.ctx.end_job(token)
             self.last_replay = result
-            self.progress.hide()
             t = result["totals"]
-            self.statusBar().showMessage(f"{path.name}: {t['requests']} requests, hit rate {t['hit_rate']:.1%}, "
-                                         f"{t['evicted_blocks']} evictions", 8000)
-            if on_done is not None:
-                on_done(result)
+            final = (f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
+                     f"{t['evicted_blocks']:,} evictions")
+            # The engine is done before the views have drawn every event: until they have,
+            # the status bar says how far they are, not the final figures beside partial ones.
+            self._when_views_caught_up(path.name, final, lambda: on_done(result) if on_done is not None else None)
 
         def failed(exc: BaseException) -> None:
+            self.ctx.end_job(token)
             self.progress.hide()
-            self.ctx.show_error(error_sentence(exc, f"{path.name} could not be replayed"))
+            if isinstance(exc, JobCancelled):
+                self.statusBar().showMessage(f"{path.name}: cancelled; the views show the part replayed", 8000)
+            else:
+                self.ctx.show_error(error_sentence(exc, f"{path.name} could not be replayed"))
             if on_done is not None:
                 on_done(None)
 
         self.ctx.worker.submit(replay_trace_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
+
+    def _when_views_caught_up(self, name: str, final: str, then: Callable[[], None]) -> None:
+        bridge = self.ctx.bridge
+        pending = bridge.num_pending
+        if pending:
+            shown = len(self.ctx.state.log)
+            self._on_progress(f"{name}: showing events, {shown:,} of {shown + pending:,}",
+                              shown / max(1, shown + pending))
+            QTimer.singleShot(50, lambda: self._when_views_caught_up(name, final, then))
+            return
+        self.progress.hide()
+        self._update_status()
+        self.statusBar().showMessage(final, 8000)
+        then()
 
     def recent_files(self) -> list[str]:
         value = self.ctx.settings.value("recent/files", [])
@@ -504,8 +540,7 @@ class MainWindow(QMainWindow):
 
     def new_session(self) -> None:
         conversation = self.panels.get("conversation")
-        if conversation is not None:
-            conversation.new_session()
+        if conversation is not None and conversation.new_session():
             self.docks["conversation"].raise_()
 
     def export_dialog(self) -> None:
@@ -521,8 +556,15 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ engine
     def follow_live(self) -> None:
-        if self.ctx.state is not None and hasattr(self.ctx.state, "scrub_to"):
-            self.ctx.state.scrub_to(None)
+        self.ctx.state.scrub_to(None)
+
+    def _on_subject_changed(self, subject: Subject) -> None:
+        self.setWindowTitle(f"{subject.title} \u2014 Cachescope")
+
+    def _on_job_changed(self, name: str) -> None:
+        self.cancel_button.setVisible(bool(name))
+        if name:
+            self.cancel_button.setToolTip(f"stop {name}")
 
     def reset_cache(self) -> None:
         runner = self.ctx.runner
@@ -545,10 +587,7 @@ class MainWindow(QMainWindow):
             self._status_timer.start()
 
     def _update_status(self) -> None:
-        state = self.ctx.state
-        proj = getattr(state, "projection", None)
-        if proj is None:
-            return
+        proj = self.ctx.state.projection
         total = max(proj.num_blocks, 1)
         self.status_labels["occupancy"].setText(
             f"pool {proj.num_in_use} in use · {proj.num_cached_free} cached · {proj.num_blocks} blocks "

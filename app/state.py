@@ -2,10 +2,12 @@
 
 `PoolState` listens to the bridge (one batch of events per frame), applies each batch to
 an `engine.core.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
+Event seq is the one numbering every view uses: "event 120" is `Event.seq == 120`.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,19 @@ SCRUB_FLASH_EVENTS = 8
 # Live, only the evictions of the last batch flash, and at most this many events back,
 # so that opening a whole trace in one batch does not paint every eviction ever made.
 LIVE_FLASH_EVENTS = 256
+# What "next miss" and "next eviction" jump to.
+MISS_REASONS = ("new_content", "evicted", "salt")
+EVICTION_KINDS = ("block_evicted", "cache_reset")
+
+
+def is_miss(event: Event) -> bool:
+    """A lookup that missed a whole block it could have hit (not just the tail)."""
+    miss = getattr(event, "miss", None)
+    return event.kind == "lookup" and miss is not None and miss.reason in MISS_REASONS
+
+
+def is_eviction(event: Event) -> bool:
+    return event.kind in EVICTION_KINDS
 
 
 @dataclass(slots=True, frozen=True)
@@ -85,6 +100,11 @@ class PoolState(QObject):
                 return
         self.log.extend(events)
         self.last_batch = (events[0].seq, events[-1].seq)
+        if self._scrubbed is not None and any(e.kind == "request_started" for e in events):
+            # A new request is what the user is looking at now: a scrubbed past must not
+            # hide it (scrub, New session, send would otherwise show the old pool).
+            self._scrubbed = None
+            self._scrub_seq = None
         if self._scrubbed is None:
             self.version += 1
         self.sigChanged.emit()
@@ -115,6 +135,28 @@ class PoolState(QObject):
             self._scrub_seq = seq
         self.version += 1
         self.sigChanged.emit()
+
+    def contains(self, seq: int | None) -> bool:
+        """True if event `seq` is in the log (a link to it can scrub there)."""
+        return seq is not None and self.log.event_at_seq(int(seq)) is not None
+
+    def find(self, predicate: Any, forward: bool, start: int | None = None) -> int | None:
+        """The seq of the nearest event after (or before) `start` (default: the shown one)
+        that satisfies `predicate`; None if there is none."""
+        seqs, events = self.log.seqs, self.log.events
+        if not seqs:
+            return None
+        here = self.current_seq if start is None else start
+        if here is None:
+            here = seqs[0] - 1
+        if forward:
+            rng = range(bisect.bisect_right(seqs, here), len(seqs))
+        else:
+            rng = range(bisect.bisect_left(seqs, here) - 1, -1, -1)
+        for i in rng:
+            if predicate(events[i]):
+                return seqs[i]
+        return None
 
     @property
     def is_live(self) -> bool:

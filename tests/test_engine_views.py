@@ -210,7 +210,7 @@ def test_scrubbing_restores_earlier_colours_then_live_returns(ctx, qtbot, tmp_pa
     assert ctx.state.current_seq == moment and not ctx.state.is_live
     assert np.array_equal(grid.cell_colors[:, :3], before[:, :3])
     assert all(grid.color_of(b) == grid.colors["ref1"] for b in a_blocks)
-    assert f"event {ctx.state.log.count_upto(moment)} of {len(events)}" in bar.label.text()
+    assert f"event {moment}:" in bar.label.text()  # the event's seq, as the log and the links name it
     assert not bar.live.isChecked()
     # Live returns to the present
     bar.live.click()

@@ -101,14 +101,16 @@ def test_theme_toggle_restyles_the_app_and_is_remembered(qtbot, window, ctx):
     dark_bg = QApplication.instance().palette().window().color().name()
     seen: list[str] = []
     ctx.sigThemeChanged.connect(seen.append)
+    assert window.act_theme.text().replace("&", "") == "Light theme"  # names where a click goes
     window.act_theme.trigger()
     assert theme.current_theme() == "light"
+    assert window.act_theme.text().replace("&", "") == "Dark theme"
     assert seen == ["light"]
     assert QApplication.instance().palette().window().color().name() == theme.PALETTES["light"]["bg"] != dark_bg
     assert theme.PALETTES["light"]["bg"] in QApplication.instance().styleSheet()
     assert ctx.settings.value("ui/theme") == "light"
     window.toggle_theme()
-    assert theme.current_theme() == "dark" and window.act_theme.isChecked()
+    assert theme.current_theme() == "dark" and window.act_theme.text().replace("&", "") == "Light theme"
 
 
 def test_layout_geometry_and_theme_survive_a_restart(qtbot, tmp_path):
@@ -196,7 +198,7 @@ def test_demos_hook_and_shortcuts(qtbot, window):
     act.trigger()
     assert hits == [1]
     rows = dict(window.shortcut_rows())
-    assert rows["Open…"] == "Ctrl+O" and rows["Dark theme"] == "Ctrl+T"
+    assert rows["Open…"] == "Ctrl+O" and rows["Light theme"] == "Ctrl+T"
     assert len(set(rows.values())) == len(rows)  # no shortcut bound twice
 
 

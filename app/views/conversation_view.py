@@ -3,14 +3,16 @@
 Each message card has a token strip showing how the prefix cache served its tokens.
 Editing an earlier message re-runs every later turn; what the edit invalidated shows in
 the strips here and, through engine events, in every other view. Model calls run on the
-model worker; sessions persist in `engine.store.database.Store` when the context has one.
+model worker; sessions persist in `engine.store.database.Store` when the context has one,
+written on the store's writer thread (`app.views.chat_store`), never on the GUI thread.
+A trace or demo is another subject: the panel then says it does not apply.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -18,125 +20,21 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
                                QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from app import theme
-from app.views.token_strip import (MISS_TEXT, STATE_LABELS, ChatMessage, StripData, TokenStrip, chat_dicts,
-                                   strip_data, title_of)
+from app.context import Subject
+from app.views.chat_store import ChatRecorder
+from app.views.message_card import MessageCard
+from app.views.token_strip import STATE_LABELS, ChatMessage, chat_dicts, reuse_reason, strip_data, title_of
+from app.widgets import PanelView
 from engine.core.errors import CapacityError, InputError
 
+if TYPE_CHECKING:
+    from app.context import AppContext
+
+PLACEHOLDER = ("Ask the model something. Every message shows which of its tokens came from the prefix cache; "
+               "edit an earlier message to see what it invalidates.")
 
 
-class MessageCard(QFrame):
-    """A message bubble: role, text, edit box, token strip and request figures."""
-
-    sigEditRequested = Signal(int, str)
-
-    def __init__(self, index: int, message: ChatMessage, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.index = index
-        self.setObjectName("message")
-        self.setProperty("role", message.role)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(12, 8, 12, 10)
-        lay.setSpacing(6)
-        head = QHBoxLayout()
-        self.role_label = QLabel(message.role.upper(), self)
-        self.role_label.setObjectName("role")
-        head.addWidget(self.role_label)
-        self.miss_badge = QLabel("", self)
-        self.miss_badge.setObjectName("missBadge")
-        head.addWidget(self.miss_badge)
-        head.addStretch(1)
-        self.edit_button = QPushButton("Edit", self)
-        self.edit_button.setObjectName("flat")
-        self.edit_button.setToolTip("edit this message and re-run everything after it")
-        self.edit_button.clicked.connect(self.begin_edit)
-        head.addWidget(self.edit_button)
-        lay.addLayout(head)
-        self.text_label = QLabel(self)
-        self.text_label.setWordWrap(True)
-        self.text_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.text_label.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-        lay.addWidget(self.text_label)
-        self.editor = QPlainTextEdit(self)
-        self.editor.setFixedHeight(90)
-        self.editor.hide()
-        lay.addWidget(self.editor)
-        self.edit_row = QWidget(self)
-        row = QHBoxLayout(self.edit_row)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addStretch(1)
-        cancel = QPushButton("Cancel", self.edit_row)
-        cancel.clicked.connect(self.end_edit)
-        self.rerun_button = QPushButton("Save && re-run", self.edit_row)
-        self.rerun_button.setObjectName("primary")
-        self.rerun_button.clicked.connect(self._submit_edit)
-        row.addWidget(cancel)
-        row.addWidget(self.rerun_button)
-        self.edit_row.hide()
-        lay.addWidget(self.edit_row)
-        self.strip = TokenStrip(self)
-        lay.addWidget(self.strip)
-        self.stats = QLabel("", self)
-        self.stats.setObjectName("stats")
-        self.stats.setWordWrap(True)
-        lay.addWidget(self.stats)
-        self.set_message(message)
-
-    def set_message(self, message: ChatMessage) -> None:
-        self.message = message
-        # Replies are usually Markdown; a user's text is shown as typed.
-        self.text_label.setTextFormat(Qt.TextFormat.MarkdownText if message.role == "assistant"
-                                      else Qt.TextFormat.PlainText)
-        self.text_label.setText(message.content or ("…" if message.role == "assistant" else ""))
-        self.setProperty("stale", "true" if message.stale else "false")
-        self.style().unpolish(self)
-        self.style().polish(self)
-        r = message.result
-        if r is None or message.stale:
-            self.stats.setText("waiting to be re-run" if message.stale else "")
-            self.stats.setVisible(message.stale)
-            return
-        self.stats.show()
-        miss = r.miss
-        parts = [f"prompt {r.num_prompt_tokens}", f"cached {r.num_cached_tokens}", f"computed {r.num_computed_tokens}"]
-        if miss is not None:
-            parts.append(f"miss: {MISS_TEXT.get(miss.reason, miss.reason)} at block {miss.first_miss_block}")
-        if not message.forced:
-            parts.append(f"TTFT {r.ttft_ms:.0f} ms")
-            parts.append(f"{len(r.output_token_ids)} tokens in {r.decode_ms:.0f} ms")
-        self.stats.setText(" · ".join(parts))
-
-    def append_text(self, text: str) -> None:
-        self.message.content += text
-        self.text_label.setText(self.message.content)
-
-    def set_strip(self, data: StripData) -> None:
-        self.strip.set_data(data)
-        # Only where the miss falls inside the message itself (an edit); a reply's strip is
-        # its whole request, where the marker alone says enough.
-        inside = data.miss_position is not None and self.message.role == "user"
-        self.miss_badge.setText("● first miss here" if inside else "")
-        self.miss_badge.setToolTip(data.miss_text)
-
-    def begin_edit(self) -> None:
-        self.editor.setPlainText(self.message.content)
-        for w in (self.editor, self.edit_row):
-            w.show()
-        self.text_label.hide()
-        self.editor.setFocus()
-
-    def end_edit(self) -> None:
-        for w in (self.editor, self.edit_row):
-            w.hide()
-        self.text_label.show()
-
-    def _submit_edit(self) -> None:
-        text = self.editor.toPlainText().strip()
-        self.end_edit()
-        if text and text != self.message.content:
-            self.sigEditRequested.emit(self.index, text)
-
-
-class ConversationView(QWidget):
+class ConversationView(PanelView):
     """Chat panel. Public API used by the window and tests: `send`, `edit_message`,
     `new_session`, `open_store`, `import_file`, `export_json`, `messages`, `is_generating`."""
 
@@ -144,21 +42,19 @@ class ConversationView(QWidget):
     sigIdle = Signal()  # every queued turn has run
     _sigToken = Signal(int, str)  # emitted on the worker thread by the runner's callback
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.messages: list[ChatMessage] = []
         self.cards: list[MessageCard] = []
         self._queue: list[int] = []  # user message indices still to run, in order
         self._current: int | None = None  # assistant index being generated
-        self._run_id: int | None = None
-        self._num_requests = 0
+        self._recorder: ChatRecorder | None = None
         self._texts: dict[int, str] = {}
         self._texts_of: Any = None
         self._sigToken.connect(self._on_token)
         self._build()
         ctx.sigRunnerChanged.connect(self._on_runner_changed)
-        ctx.sigThemeChanged.connect(self._on_theme)
+        ctx.at_shutdown(self._stop_recorder)
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
@@ -176,7 +72,7 @@ class ConversationView(QWidget):
         head = QHBoxLayout()
         head.addStretch(1)
         self.legend: dict[str, QLabel] = {}
-        for state in ("cached", "computed", "partial", "generated"):
+        for state in ("cached", "computed", "partial", "generated", "pending"):
             chip = QLabel(self)
             chip.setObjectName("muted")
             chip.setToolTip(STATE_LABELS[state])
@@ -192,8 +88,7 @@ class ConversationView(QWidget):
         self.column = QVBoxLayout(column)
         self.column.setContentsMargins(2, 2, 6, 2)
         self.column.setSpacing(10)
-        self.placeholder = QLabel("Ask the model something. Every message shows which of its tokens came "
-                                  "from the prefix cache; edit an earlier message to see what it invalidates.", column)
+        self.placeholder = QLabel(PLACEHOLDER, column)
         self.placeholder.setObjectName("muted")
         self.placeholder.setWordWrap(True)
         self.column.addWidget(self.placeholder)
@@ -225,9 +120,10 @@ class ConversationView(QWidget):
     def _paint_legend(self) -> None:
         colors = theme.palette()
         for state, chip in self.legend.items():
-            chip.setText(f"<span style='color:{colors[state]}'>■</span> {state}")
+            word = "not run" if state == "pending" else state
+            chip.setText(f"<span style='color:{colors[state]}'>■</span> {word}")
 
-    def _on_theme(self, name: str) -> None:
+    def apply_theme(self, name: str) -> None:
         self._paint_legend()
         for card in self.cards:
             card.strip.update()
@@ -247,7 +143,7 @@ class ConversationView(QWidget):
         self.refresh_strips()
 
     def _add_card(self, index: int, message: ChatMessage) -> MessageCard:
-        card = MessageCard(index, message, self)
+        card = MessageCard(index, message, self.state, self)
         card.sigEditRequested.connect(self.edit_message)
         self.column.insertWidget(self.column.count() - 1, card)
         self.cards.append(card)
@@ -256,6 +152,12 @@ class ConversationView(QWidget):
 
     def _scroll_to_end(self) -> None:
         QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(self.scroll.verticalScrollBar().maximum()))
+
+    def _follow(self) -> None:
+        """Keep the newest turn in sight while it streams, unless the user scrolled up to read."""
+        bar = self.scroll.verticalScrollBar()
+        if bar.maximum() - bar.value() < 3 * max(1, bar.pageStep()) // 4 + 40:
+            self._scroll_to_end()
 
     # ------------------------------------------------------------------ state
     @property
@@ -272,8 +174,14 @@ class ConversationView(QWidget):
             return
         if self._texts_of is not runner.tokenizer:  # token texts are remembered per tokenizer
             self._texts, self._texts_of = {}, runner.tokenizer
-        for card, data in zip(self.cards, strip_data(runner.tokenizer, self.messages, self._block_size(), self._texts)):
+        block_size = self._block_size()
+        for card, data in zip(self.cards, strip_data(runner.tokenizer, self.messages, block_size, self._texts)):
             card.set_strip(data)
+        previous = None
+        for card, m in zip(self.cards, self.messages):
+            if m.role == "assistant" and m.result is not None and not m.stale:
+                card.set_reuse_note(reuse_reason(m.result, previous, block_size))
+                previous = m
 
     def _set_status(self, text: str) -> None:
         self.status.setText(text)
@@ -289,22 +197,29 @@ class ConversationView(QWidget):
         text = text.strip()
         if not text:
             return False
-        if self.is_generating:
-            self.ctx.show_error("The model is still answering; wait for it to finish before sending.")
-            return False
+        if not self.ctx.subject.is_chat:
+            # Chatting leaves the trace or demo: the live session is the subject again.
+            self._clear(PLACEHOLDER)
+            self.ctx.open_subject(Subject("session", "New session"), ask=False)
+        self.state.scrub_to(None)
         self.messages.append(ChatMessage("user", text))
         if len(self.messages) == 1:
-            self.title_label.setText(title_of(text))
+            self._set_title(title_of(text))
         self._add_card(len(self.messages) - 1, self.messages[-1])
         self._persist(len(self.messages) - 1)
-        self._queue = [len(self.messages) - 1]
-        self._run_next()
+        self.ctx.mark_unsaved(self.ctx.store is None)
+        self._queue.append(len(self.messages) - 1)
+        if self._current is None:
+            self._run_next()
+        else:  # queued behind the turn being generated, which is never interrupted
+            self._set_status(f"generating… ({len(self._queue)} queued)")
+        self._scroll_to_end()
         return True
 
     def edit_message(self, index: int, text: str) -> bool:
         """Replace message `index` and re-run every later turn; False if busy or out of range."""
         if self.is_generating:
-            self.ctx.show_error("The model is still answering; wait for it to finish before editing.")
+            self._set_status("wait for the reply to finish before editing")
             return False
         if not 0 <= index < len(self.messages):
             self.ctx.show_error(f"There is no message {index} to edit.")
@@ -316,6 +231,11 @@ class ConversationView(QWidget):
         for m in self.messages[index + 1:]:
             m.stale = m.role == "assistant"
         self._persist(index)
+        first_user = next((j for j, m in enumerate(self.messages) if m.role == "user"), None)
+        if index == first_user:  # the title is the first message: it follows the edit
+            self._set_title(title_of(edited.content))
+            if self._recorder is not None and self._recorder.has_session:
+                self._recorder.rename(title_of(edited.content))
         for card, m in zip(self.cards, self.messages):
             card.set_message(m)
         first = index if self.messages[index].role == "user" else index + 1
@@ -335,6 +255,7 @@ class ConversationView(QWidget):
             self._set_status("waiting for the model to load…")
             return  # _on_runner_changed resumes
         self.ctx.activate_runner()
+        self.state.scrub_to(None)
         u = self._queue.pop(0)
         if u + 1 < len(self.messages) and self.messages[u + 1].role == "assistant":
             reply = self.messages[u + 1]
@@ -365,6 +286,7 @@ class ConversationView(QWidget):
     def _on_token(self, token_id: int, text: str) -> None:
         if self._current is not None and self._current < len(self.cards):
             self.cards[self._current].append_text(text)
+            self._follow()
 
     def _on_turn_done(self, result: Any) -> None:
         j = self._current
@@ -377,9 +299,10 @@ class ConversationView(QWidget):
         self.cards[j].set_message(reply)
         self._persist(j)
         self._record_request(j, result)
-        if not reply.forced and self.ctx.state is not None and hasattr(self.ctx.state, "record_timing"):
-            self.ctx.state.record_timing(str(result.request_id), float(result.ttft_ms))
+        if not reply.forced:
+            self.state.record_timing(str(result.request_id), float(result.ttft_ms))
         self.refresh_strips()
+        self._follow()
         self.sigTurnFinished.emit(j)
         self._current = None
         self._run_next()
@@ -403,25 +326,59 @@ class ConversationView(QWidget):
         else:
             self.refresh_strips()
 
-    # ------------------------------------------------------------------ sessions
-    def new_session(self) -> None:
-        if self.is_generating:
-            self.ctx.show_error("The model is still answering; wait for it to finish first.")
+    # ------------------------------------------------------------------ subject
+    def show_subject(self, subject: Subject) -> None:
+        if subject.is_chat:
+            self.title_label.setText(subject.title)
             return
+        # A trace or demo has requests but no messages: say so instead of showing an
+        # earlier chat beside another subject's pool.
+        what = {"trace": "a trace holds token ids, not messages",
+                "demo": "the demo's requests and what they show are in the Demo guide",
+                "server": "an attached server sends cache events, not messages"}.get(subject.kind, "")
+        self._clear(f"The conversation does not apply to {subject.describe()}: {what}. "
+                    f"Type a message to start a new chat session with the local model.")
+        self.title_label.setText(subject.title)
+
+    def _clear(self, placeholder: str) -> None:
+        if self.is_generating:
+            return  # a turn in flight finishes into its own session
         self.messages = []
-        self.ctx.session_id = None
-        self._run_id = None
+        self._use_store(self.ctx.store, None)
+        self.placeholder.setText(placeholder)
+        self._rebuild_cards()
+
+    def _set_title(self, title: str) -> None:
+        self.title_label.setText(title)
+        if self.ctx.subject.is_chat:
+            self.ctx.rename_subject(title)
+
+    # ------------------------------------------------------------------ sessions
+    def new_session(self) -> bool:
+        """Start an empty chat (asking first if the current one is not saved); False if not."""
+        if self.is_generating:
+            self._set_status("wait for the reply to finish before starting a new session")
+            return False
+        if not self.ctx.open_subject(Subject("session", "New session")):
+            return False
+        self.messages = []
+        self._use_store(self.ctx.store, None)
         self.title_label.setText("New session")
+        self.placeholder.setText(PLACEHOLDER)
         self._rebuild_cards()
         self.ctx.sigSessionChanged.emit(None)
+        return True
 
     def load_messages(self, messages: list[tuple[str, str]], title: str, replay: bool = True) -> None:
         """Show recorded messages and (with `replay`) run them through the engine, keeping
         recorded replies and generating missing ones."""
         self.messages = [ChatMessage(role, content, forced=role == "assistant", stored=True) for role, content in messages]
         self.title_label.setText(title)
+        self.placeholder.setText(PLACEHOLDER)
         self._rebuild_cards()
         if replay:
+            if self._recorder is not None:
+                self._recorder.new_run()
             self._queue = [j for j, m in enumerate(self.messages) if m.role == "user"]
             if self.ctx.runner is not None:
                 self.ctx.worker.submit(self._reset_engine, self.ctx.runner, on_error=lambda exc: None)
@@ -442,11 +399,13 @@ class ConversationView(QWidget):
             store.close()
             raise InputError(f"{path} holds no chat session to open")
         if self.ctx.store is not None and self.ctx.store is not store:
+            self._stop_recorder()
             self.ctx.store.close()
         self.ctx.store = store
         session = chats[-1]
         self.ctx.session_id = session.id
-        self._run_id = None
+        self._use_store(store, session.id)
+        self.ctx.open_subject(Subject("session", session.title, source=str(path)), ask=False)
         self.load_messages([(m.role, m.content) for m in store.messages(session.id)], session.title)
         self.ctx.sigSessionChanged.emit(session.id)
 
@@ -457,74 +416,81 @@ class ConversationView(QWidget):
         convs = [c for c in load_conversations(path) if c.kind == "chat" and c.messages]
         if not convs:
             raise InputError(f"{path} holds no conversation with messages")
-        first = None
-        store = self.ctx.store
-        for conv in convs:
-            sid = None
-            if store is not None:
-                with store.atomic():
-                    sid = store.create_session(conv.title, "chat", block_size=self._block_size(),
+        conv = convs[0]
+        self.ctx.session_id = None
+        self._use_store(self.ctx.store, None)
+        if self._recorder is not None:
+            self._recorder.import_conversation(conv.title, list(conv.messages), block_size=self._block_size(),
                                                source_path=str(path), source_format=conv.format)
-                    for pos, m in enumerate(conv.messages):
-                        store.add_message(sid, m.role, m.content, m.extra, position=pos)
-            first = first or (conv, sid)
-        conv, sid = first
-        self.ctx.session_id = sid
-        self._run_id = None
+            for other in convs[1:]:  # the others are kept in the store, each its own session
+                self._recorder.import_conversation(other.title, list(other.messages), current=False,
+                                                   block_size=self._block_size(), source_path=str(path),
+                                                   source_format=other.format)
+        # The file it came from keeps it: replacing it loses nothing.
+        self.ctx.open_subject(Subject("session", conv.title, source=str(path)), ask=False)
         self.load_messages([(m.role, m.content) for m in conv.messages], conv.title)
-        self.ctx.sigSessionChanged.emit(sid)
+        self.ctx.sigSessionChanged.emit(None)
 
     def export_json(self, path: str | Path) -> None:
         data = {"messages": chat_dicts(self.messages)}
         Path(path).write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
-    # ------------------------------------------------------------------ persistence
-    def _session(self) -> int | None:
-        store = self.ctx.store
+    # ------------------------------------------------------------------ persistence (writer thread)
+    def _use_store(self, store: Any, session_id: int | None) -> None:
+        """Record into `session_id` of `store` (a new session at the first message for None)."""
+        self._stop_recorder()
         if store is None:
-            return None
-        if self.ctx.session_id is None:
-            first = next((m.content for m in self.messages if m.role == "user"), "chat")
-            runner = self.ctx.runner
-            self.ctx.session_id = store.create_session(
-                title_of(first), "chat", model=getattr(getattr(runner, "loaded", None), "name", None),
-                block_size=self._block_size(),
-                capacity_blocks=runner.manager.num_blocks if runner is not None else 4096)
-            self.title_label.setText(title_of(first))
-            self.ctx.sigSessionChanged.emit(self.ctx.session_id)
-        return self.ctx.session_id
+            return
+        self._recorder = ChatRecorder(store, session_id)  # no parent: it may outlive the view at shutdown
+        self._recorder.sigSessionCreated.connect(self._on_session_created)
+        self._recorder.sigFailed.connect(self.ctx.show_error)
+
+    def _stop_recorder(self) -> None:
+        if self._recorder is not None:
+            try:
+                self._recorder.stop()
+            except Exception as exc:  # noqa: BLE001 - the write error was reported already
+                self.ctx.errors.append(str(exc))
+            self._recorder = None
+
+    def flush_store(self) -> None:
+        """Wait until every queued write is committed (tests; the window before closing)."""
+        if self._recorder is not None:
+            self._recorder.flush()
+
+    def _on_session_created(self, session_id: int) -> None:
+        self.ctx.session_id = session_id
+        self.ctx.sigSessionChanged.emit(session_id)
 
     def _persist(self, index: int) -> None:
-        try:
-            sid = self._session()
-            if sid is None:
-                return
-            m = self.messages[index]
-            if m.stored:
-                self.ctx.store.edit_message(sid, index, m.content, m.role)
-            else:
-                self.ctx.store.add_message(sid, m.role, m.content, position=index)
-                m.stored = True
-        except Exception as exc:  # noqa: BLE001 - a full disk must not end the chat
-            self.ctx.show_error(f"The message could not be saved: {exc}")
+        if self.ctx.store is not None and self._recorder is None:
+            self._use_store(self.ctx.store, self.ctx.session_id)
+        rec = self._recorder
+        if rec is None:
+            return
+        if not rec.has_session:
+            first = next((m.content for m in self.messages if m.role == "user"), "chat")
+            runner = self.ctx.runner
+            rec.create_session(title_of(first), model=runner.loaded.name if runner is not None else None,
+                               block_size=self._block_size(),
+                               capacity_blocks=runner.manager.num_blocks if runner is not None else 4096)
+        m = self.messages[index]
+        if m.stored:
+            rec.edit_message(index, m.role, m.content)
+        else:
+            rec.add_message(index, m.role, m.content)
+            m.stored = True
 
     def _record_request(self, index: int, r: Any) -> None:
-        store = self.ctx.store
-        if store is None or self.ctx.session_id is None:
+        rec = self._recorder
+        if rec is None or not rec.has_session:
             return
-        try:
-            if self._run_id is None:
-                self._run_id = store.create_run(self.ctx.session_id, "live", {"block_size": self._block_size()})
-                self._num_requests = 0
-            miss = r.miss
-            store.record_request(
-                self._run_id, self._num_requests, request_id=str(r.request_id),
-                prompt_token_ids=list(r.prompt_token_ids), output_token_ids=list(r.output_token_ids),
-                prompt_tokens=r.num_prompt_tokens, cached_tokens=r.num_cached_tokens,
-                computed_tokens=r.num_computed_tokens, miss_reason=getattr(miss, "reason", None),
-                first_miss_block=getattr(miss, "first_miss_block", None),
-                divergence_token=getattr(miss, "divergence_token", None), message_position=index,
-                ttft_ms=r.ttft_ms, prefill_ms=r.prefill_ms, decode_ms=r.decode_ms, output_text=r.output_text)
-            self._num_requests += 1
-        except Exception as exc:  # noqa: BLE001
-            self.ctx.show_error(f"The request could not be saved: {exc}")
+        miss = r.miss
+        rec.record_request(
+            self._block_size(), request_id=str(r.request_id),
+            prompt_token_ids=list(r.prompt_token_ids), output_token_ids=list(r.output_token_ids),
+            prompt_tokens=r.num_prompt_tokens, cached_tokens=r.num_cached_tokens,
+            computed_tokens=r.num_computed_tokens, miss_reason=getattr(miss, "reason", None),
+            first_miss_block=getattr(miss, "first_miss_block", None),
+            divergence_token=getattr(miss, "divergence_token", None), message_position=index,
+            ttft_ms=r.ttft_ms, prefill_ms=r.prefill_ms, decode_ms=r.decode_ms, output_text=r.output_text)

@@ -1,12 +1,14 @@
 """The Diff panel: two requests side by side as token strips, the divergence marked, the cause named.
 
 Tokenising runs on the context's worker; the comparison itself is `engine.analysis.diff`.
+A demo can fill both sides (`show_messages`); that content belongs to the demo and goes
+when another subject opens, while requests the user typed stay.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
@@ -14,6 +16,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.views.token_strip import StripData, TokenStrip
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext, Subject
+
+INTRO = "Type two requests to compare their token ids."
 
 
 def parse_side(text: str) -> list[dict[str, str]]:
@@ -40,15 +48,15 @@ def compute_diff(tokenizer: Any, text_a: str, text_b: str, salt_a: str | None, s
     return a, b, diff_requests(tokenizer, a, b, block_size)
 
 
-class DiffView(QWidget):
+class DiffView(PanelView):
     """Edit A and B (or call `set_texts`); `sigDiffDone(TokenDiff)` fires after each comparison."""
 
     sigDiffDone = Signal(object)
 
-    def __init__(self, ctx: Any, tokenizer: Any = None, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
+    def __init__(self, ctx: AppContext, tokenizer: Any = None, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.tokenizer = tokenizer
+        self.source: str | None = None  # the demo that filled A and B, None for the user's own
         self.result: Any = None
         self._pending = False
         self._busy = False
@@ -67,7 +75,11 @@ class DiffView(QWidget):
         self.block_size.setValue(16)
         self.block_size.valueChanged.connect(self.schedule)
 
-        self.cause_label = QLabel("Type two requests to compare their token ids.")
+        self.source_label = QLabel("")
+        self.source_label.setObjectName("muted")
+        self.source_label.setWordWrap(True)
+        self.source_label.hide()
+        self.cause_label = QLabel(INTRO)
         self.cause_label.setObjectName("diffCause")
         self.cause_label.setWordWrap(True)
         self.summary_label = QLabel("")
@@ -93,6 +105,7 @@ class DiffView(QWidget):
         top.addLayout(options)
 
         layout = QVBoxLayout(self)
+        layout.addWidget(self.source_label)
         layout.addLayout(top)
         layout.addWidget(self.cause_label)
         layout.addWidget(self.summary_label)
@@ -110,7 +123,33 @@ class DiffView(QWidget):
         self._timer.timeout.connect(self.compare)
 
     # ---------------------------------------------------------------- model -> view
+    def show_messages(self, a: list[dict[str, str]], b: list[dict[str, str]], source: str) -> None:
+        """Compare two message lists a demo (`source`, its title) is about."""
+        self.set_texts(json.dumps(a, ensure_ascii=False), json.dumps(b, ensure_ascii=False))
+        self.source = source
+        self.source_label.setText(f"From the demo \u201c{source}\u201d; edit either side to compare your own.")
+        self.source_label.show()
+
+    def show_subject(self, subject: Subject) -> None:
+        if self.source is not None and not (subject.kind == "demo" and subject.title == self.source):
+            self.clear()
+
+    def clear(self) -> None:
+        """Empty both sides and the result."""
+        self.source = None
+        self.source_label.hide()
+        self.set_texts("", "")
+        self.result = None
+        self.cause_label.setText(INTRO)
+        self.summary_label.setText("")
+        for strip in (self.strip_a, self.strip_b):
+            strip.clear()
+        for w in (self.window_a, self.window_b):
+            w.setText("")
+
     def set_texts(self, a: str, b: str, salt_a: str = "", salt_b: str = "") -> None:
+        self.source = None
+        self.source_label.hide()
         for w, v in ((self.edit_a, a), (self.edit_b, b), (self.salt_a, salt_a), (self.salt_b, salt_b)):
             w.blockSignals(True)
             (w.setPlainText if isinstance(w, QPlainTextEdit) else w.setText)(v)

@@ -1,20 +1,28 @@
 """The event log: every engine event in a table, filterable by kind, request and text.
 
 A QTableView over a QAbstractTableModel that indexes `ctx.state.log` (no widget per row,
-details formatted only for rows shown or filtered). Selecting a row scrubs to its event.
+details formatted only for rows shown or filtered). Selecting a row scrubs to its event;
+the line under the table repeats the shown event's details with its "event N" as links.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Any
+import html
+import re
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QTableView, QVBoxLayout, QWidget)
 
 from app import theme
+from app.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
 from engine.core.events import EVENT_TYPES, Event
+
+if TYPE_CHECKING:
+    from app.context import AppContext, Subject
+    from app.state import PoolState
 
 COLUMNS = ("seq", "time (s)", "kind", "request", "details")
 _MAX_LISTED = 8
@@ -36,8 +44,22 @@ def request_of(event: Event) -> str:
     return "" if rid is None else str(rid)
 
 
-def describe(event: Event) -> str:
-    """One line saying what the event did, in the words the views use."""
+_TAG = re.compile(r"<[^>]+>")
+
+
+def describe(event: Event, state: PoolState | None = None, rich: bool = False) -> str:
+    """One line saying what the event did, in the words the views use.
+
+    With `state`, an eviction a miss names is checked against the log (never an event the
+    log lacks); with `rich`, the line is HTML whose "event N" are links.
+    """
+    text = _describe(event, state)
+    if rich:
+        return text
+    return html.unescape(_TAG.sub("", text))
+
+
+def _describe(event: Event, state: PoolState | None) -> str:
     k = event.kind
     e: Any = event
     if k == "request_started":
@@ -48,8 +70,8 @@ def describe(event: Event) -> str:
         where = f"miss at block {miss.first_miss_block}: {miss.reason.replace('_', ' ')}"
         if miss.divergence_token is not None:
             where += f" (diverges at token {miss.divergence_token})"
-        if miss.evicted_by_seq is not None:
-            where += f" (evicted at event {miss.evicted_by_seq})"
+        if miss.reason == "evicted":
+            where += f" ({eviction_phrase(miss.evicted_by_seq, state)})"
         if miss.other_salt is not None:
             where += f" (cached under tenant {miss.other_salt or 'none'})"
         return f"hit {e.num_hit_blocks} blocks, {e.num_cached_tokens} of {e.num_prompt_tokens} tokens cached; {where}"
@@ -74,9 +96,9 @@ def describe(event: Event) -> str:
         return f"{e.num_blocks_cleared} blocks cleared"
     if k == "semantic_lookup":
         best = f", best {e.neighbours[0][1]:.3f}" if e.neighbours else ""
-        return f"{e.decision} (threshold {e.threshold}{best}): {e.prompt[:60]!r}"
+        return f"{e.decision} (threshold {e.threshold}{best}): {html.escape(repr(e.prompt[:60]))}"
     if k == "semantic_stored":
-        return f"entry {e.entry_id}: {e.prompt[:60]!r}"
+        return f"entry {e.entry_id}: {html.escape(repr(e.prompt[:60]))}"
     if k == "semantic_evicted":
         return f"entry {e.entry_id} ({e.reason})"
     return ""
@@ -154,7 +176,7 @@ class EventTableModel(QAbstractTableModel):
     def details(self, i: int) -> str:
         text = self._details.get(i)
         if text is None:
-            text = describe(self.state.log.events[i])
+            text = describe(self.state.log.events[i], self.state)
             self._details[i] = text
         return text
 
@@ -211,13 +233,11 @@ _KIND_COLORS = {"block_evicted": "evicted", "request_refused": "miss", "cache_re
                 "block_stored": "cached", "lookup": "accent", "blocks_freed": "text_dim"}
 
 
-class EventLogView(QWidget):
+class EventLogView(PanelView):
     """The filterable log; follows live events and scrubs the pool to a selected row."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("event_log_view")
         self.model = EventTableModel(self.state, self)
         self.kind_box = QComboBox()
@@ -265,6 +285,11 @@ class EventLogView(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(bar)
         layout.addWidget(self.table, 1)
+        self.detail = EventLinkLabel(self.state, "", self)
+        self.detail.setObjectName("event_detail")
+        self.detail.setWordWrap(True)
+        self.detail.setToolTip("the shown event; click an \u201cevent N\u201d to scrub there")
+        layout.addWidget(self.detail)
 
         self._syncing = False
         self.kind_box.currentIndexChanged.connect(self._apply_filter)
@@ -275,6 +300,10 @@ class EventLogView(QWidget):
         self.state.sigReset.connect(self.model.reset_log)
         self.model.reset_log()
         self.refresh()
+
+    def show_subject(self, subject: Subject) -> None:
+        # A filter typed for the last file would hide most of the next one.
+        self.set_filter()
 
     def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
         """Set the filter widgets (which refilter the table)."""
@@ -295,6 +324,18 @@ class EventLogView(QWidget):
         self.model.catch_up()
         self._update_count()
         self._select_current()
+        self._update_detail()
+
+    def _update_detail(self) -> None:
+        seq = self.state.current_seq
+        event = self.state.log.event_at_seq(seq) if seq is not None else None
+        if event is None:
+            self.detail.setText("")
+            return
+        rid = request_of(event)
+        who = f" · request {html.escape(rid)}" if rid else ""
+        self.detail.setText(f"{event_link(seq, self.state)} · {event.kind.replace('_', ' ')}{who}: "
+                            f"{describe(event, self.state, rich=True)}")
 
     def _select_current(self) -> None:
         """Model to view: the row of the event the pool is shown at (last row when live)."""

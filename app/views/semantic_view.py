@@ -1,11 +1,12 @@
 """The Semantic cache panel: neighbours of a prompt with scores and risk flags, a 2-D PCA map
 with the threshold drawn, a live threshold slider and guarded toggle, and the precision and
 false-hit rate the labelled pairs give at that threshold. Cache logic is `engine.semantic.cache`.
+A demo can show its own cache here (`show_cache`); it goes when another subject opens.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -18,6 +19,9 @@ from PySide6.QtWidgets import (
 from app import theme
 from engine.semantic.risk import risk_flags
 from engine.semantic.cache import NEAR_MISS_MARGIN, Neighbour, SemanticResult, decide
+
+if TYPE_CHECKING:
+    from app.context import AppContext, Subject
 
 SLIDER_MIN = 50  # thresholds 0.50 .. 1.00 in steps of 0.01
 _DECISION_TEXT = {"hit": "HIT: served from the cache", "miss": "MISS: the model must answer",
@@ -41,10 +45,11 @@ class SemanticView(QWidget):
     sigLookedUp = Signal(object)
     sigQualityReady = Signal(dict)
 
-    def __init__(self, ctx: Any = None, cache: Any = None, parent: QWidget | None = None) -> None:
+    def __init__(self, ctx: AppContext | None = None, cache: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
         self.cache = cache
+        self.cache_source: str | None = None  # the demo whose cache is shown, None for the app's own
         self.result: SemanticResult | None = None
         self.neighbours: tuple[Neighbour, ...] = ()
         self.decision = "miss"
@@ -54,8 +59,9 @@ class SemanticView(QWidget):
         self._entry_points: dict[int, np.ndarray] = {}
         self._measuring = False
         self._build()
-        if ctx is not None and getattr(ctx, "bridge", None) is not None:
+        if ctx is not None:
             ctx.bridge.sigEvents.connect(self._on_events)
+            ctx.sigSubjectChanged.connect(self.show_subject)
         if cache is not None:
             self._sync_from_cache()
 
@@ -103,7 +109,7 @@ class SemanticView(QWidget):
         for item in (self.circle_item, self.entries_item, self.neighbours_item, self.query_item):
             self.plot.addItem(item)
         self._restyle()
-        if self.ctx is not None and hasattr(self.ctx, "sigThemeChanged"):
+        if self.ctx is not None:
             self.ctx.sigThemeChanged.connect(lambda _name: self._restyle())
 
         top = QHBoxLayout()
@@ -173,7 +179,9 @@ class SemanticView(QWidget):
             self._on_error(exc)
 
     def _on_error(self, exc: BaseException) -> None:
-        if self.ctx is not None and hasattr(self.ctx, "show_error"):
+        if self.lookup_button is not None:
+            self.lookup_button.setEnabled(True)
+        if self.ctx is not None:
             self.ctx.show_error(str(exc))
         else:
             self.decision_label.setText(f"error: {exc}")
@@ -219,6 +227,33 @@ class SemanticView(QWidget):
             self.sigQualityReady.emit(quality)
 
         self._submit(job, done)
+
+    # ------------------------------------------------------------------ subjects
+    def show_cache(self, cache: Any, prompt: str | None, source: str) -> None:
+        """Show a demo's cache (`source`, its title) and, with `prompt`, look that prompt up in it."""
+        self.cache = cache
+        self.cache_source = source
+        self.result = None
+        self.neighbours = ()
+        self.table.setRowCount(0)
+        self._sync_from_cache()
+        self.decision_label.setText(f"the cache of the demo \u201c{source}\u201d")
+        if prompt:
+            self.prompt.setText(prompt)
+            self.look_up()
+
+    def show_subject(self, subject: Subject) -> None:
+        if self.cache_source is None or (subject.kind == "demo" and subject.title == self.cache_source):
+            return
+        # The demo's cache is not the app's: go back to the app's own (built on first lookup).
+        self.cache, self.cache_source, self.result = None, None, None
+        self.neighbours = ()
+        self._projection = None
+        self.table.setRowCount(0)
+        self.entries_item.setData([], [])
+        self._draw_neighbours()
+        self.decision_label.setStyleSheet("")
+        self.decision_label.setText("no lookup yet")
 
     # ------------------------------------------------------------------ model -> view
     def _on_events(self, events: list) -> None:

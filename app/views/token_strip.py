@@ -20,7 +20,9 @@ MISS_TEXT = {"new_content": "new content", "evicted": "evicted", "salt": "other 
              "partial_block": "partial block", "last_token": "last token"}
 STATES = ("cached", "computed", "partial", "generated", "pending")
 STATE_LABELS = {"cached": "cached (reused)", "computed": "computed (prefill)", "partial": "partial tail block",
-                "generated": "generated (decode)", "pending": "not run yet"}
+                "generated": "generated (decode)",
+                "pending": "not run (grey): no request has sent these tokens through the model yet - a queued "
+                           "turn, or a recorded reply that only a later turn's prompt would carry"}
 CELL_W = 7
 CELL_H = 12
 GAP = 1
@@ -84,10 +86,33 @@ def chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    # Exactly as ModelRunner.render_chat tokenizes, so positions line up with its prompts.
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                            return_dict=True)
-    return list(encoded["input_ids"])
+    from engine.analysis.sweep import render_chat  # the one chat renderer, so positions line up
+
+    return render_chat(tokenizer, messages, add_generation_prompt)
+
+
+def reuse_reason(result: Any, previous: ChatMessage | None, block_size: int) -> str:
+    """Why a turn reused as many prompt tokens as it did, in one sentence.
+
+    A turn can reuse at most the full blocks of KV the previous request left: its prompt
+    plus what it generated (less the last sampled token). A recorded reply of a replayed
+    session is only read, never run, so its tokens are computed by the turn after it.
+    """
+    n, cached = int(result.num_prompt_tokens), int(result.num_cached_tokens)
+    if previous is None or previous.result is None:
+        return "" if cached == 0 else f"Reused {cached} of {n} tokens left by earlier requests."
+    prev = previous.result
+    held = len(prev.prompt_token_ids) + (0 if previous.forced else max(0, len(prev.output_token_ids) - 1))
+    full = held // block_size * block_size
+    text = (f"Reused {cached} of {n} tokens: the previous request left KV for {held} tokens, "
+            f"{full} of them in full {block_size}-token blocks (a partial block is never shared)")
+    if previous.forced:
+        text += "; its reply is recorded, not run by the model, so its tokens are computed here with the new message"
+    elif cached < full:
+        miss = result.miss
+        text += f"; this prompt differs earlier ({MISS_TEXT.get(miss.reason, miss.reason)} at block " \
+                f"{miss.first_miss_block})" if miss is not None else ""
+    return text + "."
 
 
 def _decoder(tokenizer: Any, memo: dict[int, str] | None) -> Any:

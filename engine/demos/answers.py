@@ -15,9 +15,10 @@ def _semantic(env: DemoEnv) -> dict[str, Any]:
 
     spec = load_resource("semantic_false_positive.json")
     cache = SemanticCache(env.embedder, threshold=spec["threshold"], guard=False, events=env.bus())
+    env.shown["semantic_cache"] = cache
     for entry in spec["cached"]:
         entry_id = cache.add(entry["prompt"], entry["response"])
-        env.step("cache an answer", entry_id=entry_id, prompt=entry["prompt"])
+        env.step(f"cache the answer to: {entry['prompt']}", entry_id=entry_id, prompt=entry["prompt"])
     rows = []
     for query in spec["queries"]:
         cache.set_guard(False)

@@ -22,7 +22,24 @@ RESOURCES = resource_path("demos")
 DEFAULT_MAX_NEW_TOKENS = 8
 SEED = 0
 
+# A short untimed request on every fresh runner before its first timed one: the first
+# forward pass of a process (or on a freshly allocated pool) pays one-off costs - torch
+# picking kernels, the allocator and the OS mapping pages - that the app's chat has paid
+# long before its user reads a TTFT. Timing demos on a warm runner measures them the same way.
+WARMUP_TOKENS = 64
+
 Script = Callable[["DemoEnv"], dict]
+
+
+@dataclass(slots=True, frozen=True)
+class DemoEngine:
+    """What `on_engine` receives for every engine a demo builds: the bus its events go to,
+    its pool shape, and the runner when it is one (the app reads its model's KV shape)."""
+
+    bus: EventBus
+    block_size: int
+    num_blocks: int
+    runner: Any = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,7 +71,7 @@ class DemoEnv:
     """
 
     def __init__(self, model: Any = None, embedder: Any = None,
-                 on_engine: Callable[[Any], None] | None = None) -> None:
+                 on_engine: Callable[[DemoEngine], None] | None = None) -> None:
         self._model = model
         self._tokenizer = model.tokenizer if model is not None else None
         self._embedder = embedder
@@ -65,6 +82,8 @@ class DemoEnv:
         self.timings: list[dict[str, Any]] = []
         self.engines: list[dict[str, Any]] = []
         self.outputs: dict[str, list[int]] = {}  # generated token ids by request id
+        # Live objects a viewer can show beside the JSON result (the semantic cache).
+        self.shown: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ models
     @property
@@ -120,29 +139,31 @@ class DemoEnv:
         """A recorded bus for an engine that is not a prefix cache (the semantic cache), announced."""
         bus = self._bus()
         if self.on_engine is not None:
-            self.on_engine(bus)
+            self.on_engine(DemoEngine(bus, 16, 0))
         return bus
 
     def runner(self, num_blocks: int = 256, block_size: int = 16) -> Any:
         """A fresh `ModelRunner` on the shared model, its events recorded and announced."""
         from engine.model.runner import ModelRunner
 
-        runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=block_size, seed=SEED,
-                             events=self._bus())
+        bus = self._bus()
+        runner = ModelRunner(self.model, num_blocks=num_blocks, block_size=block_size, seed=SEED, events=bus)
+        warm_up(runner)
         self.engines.append({"kind": "runner", "num_blocks": num_blocks, "block_size": block_size,
                              "model": self.model.name})
         if self.on_engine is not None:
-            self.on_engine(runner)
+            self.on_engine(DemoEngine(bus, block_size, num_blocks, runner))
         return runner
 
     def manager(self, num_blocks: int = 256, block_size: int = 16) -> PrefixCacheManager:
         """A fresh model-less prefix-cache manager (token ids only), recorded and announced."""
         from engine.core.hashing import BlockHasher
 
-        manager = PrefixCacheManager(num_blocks, block_size, BlockHasher(seed=SEED), self._bus())
+        bus = self._bus()
+        manager = PrefixCacheManager(num_blocks, block_size, BlockHasher(seed=SEED), bus)
         self.engines.append({"kind": "manager", "num_blocks": num_blocks, "block_size": block_size, "model": None})
         if self.on_engine is not None:
-            self.on_engine(manager)
+            self.on_engine(DemoEngine(bus, block_size, num_blocks))
         return manager
 
     # ------------------------------------------------------------------ recording
@@ -167,7 +188,7 @@ class DemoEnv:
     # ------------------------------------------------------------------ running
     def run(self, demo: Demo) -> dict[str, Any]:
         """Run `demo` from a clean record and assemble its JSON-ready result."""
-        self.steps, self.events, self.timings, self.engines, self.outputs = [], [], [], [], {}
+        self.steps, self.events, self.timings, self.engines, self.outputs, self.shown = [], [], [], [], {}, {}
         started = time.perf_counter()
         findings = demo.script(self)
         return {
@@ -177,6 +198,13 @@ class DemoEnv:
             "events": dict(Counter(e.kind for e in self.events)), "timings": self.timings,
             "elapsed_s": round(time.perf_counter() - started, 3),
         }
+
+
+def warm_up(runner: Any) -> None:
+    """One untimed request that leaves the pool and the event log untouched (no cache)."""
+    vocab = max(2, int(getattr(runner.tokenizer, "vocab_size", 0) or 1000))
+    prompt = [(7 * i + 11) % vocab for i in range(WARMUP_TOKENS)]
+    runner.generate(prompt, max_new_tokens=2, use_cache=False)
 
 
 def request_row(res: Any, block_size: int, salt: str | None = None) -> dict[str, Any]:
