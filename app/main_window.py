@@ -395,12 +395,12 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, runner: Any) -> None:
         self.progress.hide()
-        # A trace opened while the model was loading keeps the views; the model's engine
-        # takes over at the first chat message.
+        # A trace or demo opened while the model was loading keeps the views; the model's
+        # engine takes over at the first chat message.
         showing_other = not self.ctx.subject.is_chat
         self.ctx.set_runner(runner, activate=not showing_other)
         if showing_other:
-            self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show the trace")
+            self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show {self.ctx.subject.kind}")
         self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
 
     def _on_model_failed(self, exc: BaseException) -> None:
