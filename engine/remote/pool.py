@@ -248,12 +248,18 @@ class RemotePool:
         if info is None:
             # The fast path: one shared (event, batch) pair, the lifetime sums inline.
             removed_at, key, ts, life = self.removed_at, (None, batch.seq), batch.ts, self.lifetimes
+            pop = tier.pop if tier is not None else {}.pop
             for h in e.block_hashes:
-                block = tier.pop(h, None) if tier is not None else None
+                block = pop(h, None)
                 if block is None:
                     self.num_unknown_removed += 1
                 else:
-                    life.add(ts - block.stored_time)
+                    seconds = ts - block.stored_time
+                    if seconds > 0:  # LifetimeStats.add, inlined: this loop runs per removed block
+                        life.total_s += seconds
+                        if seconds > life.max_s:
+                            life.max_s = seconds
+                    life.num += 1
                 removed_at[h] = key
             self.num_removed += len(e.block_hashes)
             while len(removed_at) > self.max_removed:
