@@ -145,22 +145,25 @@ def test_our_frames_look_like_vllm_frames(tmp_path):
 def test_replay_publish_on_the_command_line(tmp_path):
     port, replay_port = free_port(), free_port()
     trace = write_trace(tmp_path)
-    att = Attachment(AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay_port}",)))
-    att.start()
     proc = subprocess.Popen([sys.executable, "-m", "app", "replay", str(trace), "--no-model", "--capacity-blocks", "20",
                              "--block-size", "4", "--hash", "vllm-sha256", "--json", "--publish", f"tcp://*:{port}",
-                             "--publish-replay", f"tcp://*:{replay_port}", "--publish-hold", "4"],
+                             "--publish-replay", f"tcp://*:{replay_port}", "--publish-hold", "15"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    att = Attachment(AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay_port}",)))
     try:
-        # The run is over before PUB/SUB has joined; a late subscriber gets it from the replay socket.
-        wait_for(lambda: att.subscribers[0].health.batches > 0 or proc.poll() is not None, timeout=60)
+        # The run is over before anyone subscribes (it says so on stderr); a late subscriber
+        # gets all of it from the replay socket while the sockets are held open.
+        line = proc.stderr.readline()
+        assert "holding" in line, line + proc.stderr.read()
+        att.start()
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         totals = json.loads(out)["totals"]
-        wait_for(lambda: att.pools[0].num_stored == totals["stored_blocks"], timeout=30)
         with att.lock:
+            assert att.pools[0].num_stored == totals["stored_blocks"]
             assert att.pools[0].num_removed == totals["evicted_blocks"]
             assert att.pools[0].num_cached == totals["stored_blocks"] - totals["evicted_blocks"]
+        assert att.subscribers[0].health.missed == 0
     finally:
         att.stop()
         if proc.poll() is None:

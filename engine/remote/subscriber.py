@@ -205,7 +205,7 @@ class VllmSubscriber:
         """Fetch batches `start..upto-1` from the replay socket; count those not delivered."""
         got = 0
         if self.replay_endpoint is not None:
-            got, _first = self._fetch(start, upto)
+            got, _first, _complete = self._fetch(start, upto)
             if got:
                 self.health.refilled += got
                 self._notice("refilled", f"{self.endpoint}: refilled {got} batch(es) from the replay socket")
@@ -216,10 +216,11 @@ class VllmSubscriber:
             self._notice("missed", f"{self.endpoint}: {lost} batch(es) before {upto} are lost "
                                    f"({'the server no longer buffers them' if self.replay_endpoint else 'no replay socket'})")
 
-    def _fetch_buffer(self) -> None:
+    def _fetch_buffer(self) -> bool:
         """On joining, fetch everything the server still buffers, so an idle server's pool
-        shows at once; batches older than its oldest buffered one are missed."""
-        got, first = self._fetch(0, None)
+        shows at once; batches older than its oldest buffered one are missed. False when
+        the replay socket did not answer in time (it is asked again)."""
+        got, first, complete = self._fetch(0, None)
         if got:
             self.health.refilled += got
             self._notice("refilled", f"{self.endpoint}: fetched {got} buffered batch(es) from the replay socket")
@@ -228,14 +229,18 @@ class VllmSubscriber:
             self._notice("missed", f"{self.endpoint}: the server no longer buffers its first {first} batch(es)")
         if got or first:
             self._report()
+        return complete
 
-    def _fetch(self, start: int, upto: int | None) -> tuple[int, int | None]:
-        """Deliver replayed batches from `start` (below `upto`); (how many, the first seq)."""
+    def _fetch(self, start: int, upto: int | None) -> tuple[int, int | None, bool]:
+        """Deliver replayed batches from `start` (below `upto`); (how many, the first seq,
+        whether the answer was complete: an end marker or the live stream reached)."""
         zmq = self._zmq
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
         delivered = 0
         first = None
+        complete = False
+        received = 0
         # One deadline for the whole refill: a replay socket that never stops sending must
         # not hold the live stream (or `--seconds`) hostage.
         deadline = time.monotonic() + self.refill_timeout
@@ -245,22 +250,26 @@ class VllmSubscriber:
             while not self._stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self._notice("refill_timeout", f"{self.replay_endpoint}: no end marker within "
-                                                   f"{self.refill_timeout:g} s; refill cut short")
+                    if received:  # silence is a server not up yet; this is one that never ends
+                        self._notice("refill_timeout", f"{self.replay_endpoint}: no end marker within "
+                                                       f"{self.refill_timeout:g} s; refill cut short")
                     break
                 if not sock.poll(int(min(left, 0.1) * 1000) + 1):
                     continue
                 frames = sock.recv_multipart()
+                received += 1
                 try:
                     reply = parse_replay(frames)
                 except MalformedFrame as exc:
                     self._malformed(str(exc))
                     continue
                 if reply is None:
+                    complete = True
                     break
                 seq, payload = reply
                 last = self.health.last_seq
                 if upto is not None and seq >= upto:
+                    complete = True
                     break  # the live stream has these
                 if seq < start or (last is not None and seq <= last):
                     continue
@@ -269,7 +278,7 @@ class VllmSubscriber:
                     first = seq if first is None else first
         finally:
             sock.close(linger=0)
-        return delivered, first
+        return delivered, first, complete
 
     def _reconnect(self) -> None:
         self.num_reconnects += 1
@@ -295,18 +304,19 @@ class VllmSubscriber:
     def _run(self) -> None:
         zmq = self._zmq
         sub = self._sub
-        if self.replay_endpoint is not None:
-            try:
-                self._fetch_buffer()
-            except Exception as exc:  # noqa: BLE001 - the live stream still works without it
-                self.health.last_error = f"{type(exc).__name__}: {exc}"
-                self._notice("error", f"{self.replay_endpoint}: {self.health.last_error}")
+        # Until the replay socket has answered once (a server that is not up yet) and while
+        # nothing came live, ask it again every second.
+        joining = self.replay_endpoint is not None
+        next_ask = 0.0
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         if self._monitor is not None:
             poller.register(self._monitor, zmq.POLLIN)
         while not self._stop.is_set():
             try:
+                if joining and time.monotonic() >= next_ask:
+                    joining = self.health.last_seq is None and not self._fetch_buffer()
+                    next_ask = time.monotonic() + 1.0
                 ready = dict(poller.poll(100))
                 if self._monitor is not None and self._monitor in ready:
                     self._monitor.recv_multipart()
