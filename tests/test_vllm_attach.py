@@ -391,3 +391,23 @@ def test_a_frame_past_the_size_limit_is_never_read_whole():
     finally:
         att.stop()
         server.close()
+
+
+def test_attaching_before_the_server_is_up():
+    port, replay_port = free_ports(), free_ports()
+    got = Collected()
+    att = Attachment(AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay_port}",),
+                                   refill_timeout=0.5), on_batch=got.on_batch, on_notice=got.on_notice).start()
+    try:
+        time.sleep(1.0)  # the replay socket has been asked and did not answer
+        server = FixtureServer(port=port, replay_port=replay_port)
+        try:
+            wait_for(lambda: [s for _, s in got.batches] == [0], timeout=20)  # asked again, answered
+            server.wait_joined()
+            server.send(server.pub_frames[0])
+            wait_for(lambda: [s for _, s in got.batches] == [0, 1])
+            assert not any(kind == "refill_timeout" for kind, _ in got.notices)
+        finally:
+            server.close()
+    finally:
+        att.stop()
