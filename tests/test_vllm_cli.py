@@ -59,6 +59,8 @@ def test_attach_prints_events_probe_answers_and_records(tmp_path):
         run = store.runs(result["recorded"]["session"])[0]
         stored = store.events(run.id)
         assert run.kind == "attach" and len(stored) == result["recorded"]["events"] > 0
+        assert (run.totals["stored_blocks"], run.totals["evicted_blocks"]) == (5, 1)
+        assert store.get_session(result["recorded"]["session"]).hash == "vllm-sha256"
         cpu = next(e for e in stored if e.kind == "block_stored" and e.remote.medium == "CPU")
         assert cpu.remote.locality == "LOCAL" and cpu.token_ids == tuple(range(17, 33))
 

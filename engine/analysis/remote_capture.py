@@ -43,7 +43,9 @@ class Recorder:
         settings = {"source": SOURCE, "endpoints": list(opts.endpoints), "replay_endpoints": list(opts.replay_endpoints),
                     "topic": opts.topic, "data_parallel_size": opts.data_parallel_size, "bind": opts.bind}
         title = self.title or f"vLLM {', '.join(opts.endpoints)} {time.strftime('%Y-%m-%d %H:%M:%S')}"
-        self.session_id = self._store.create_session(title, "trace", source_format=SOURCE, settings=settings)
+        # vLLM's default prefix_caching_hash_algo: what a probe of this capture should assume.
+        self.session_id = self._store.create_session(title, "trace", hash="vllm-sha256", source_format=SOURCE,
+                                                     settings=settings)
         self.run_id = self._store.create_run(self.session_id, "attach", settings)
         self._writer = StoreWriter(self._store)
         write = self._writer.listener(self.run_id)
@@ -65,7 +67,11 @@ class Recorder:
             if block_size:
                 self._store.update_session(self.session_id, block_size=block_size)
             self.num_events = self._counter[0]
-            self._store.finish_run(self.run_id, {**totals, "events": self.num_events})
+            streams = totals.get("streams", [])
+            # The same total names as a replay's, so `sessions show` counts a capture too.
+            self._store.finish_run(self.run_id, {**totals, "events": self.num_events,
+                                                 "stored_blocks": sum(s.get("stored", 0) for s in streams),
+                                                 "evicted_blocks": sum(s.get("removed", 0) for s in streams)})
         finally:
             self._store.close()
             self._store = None
