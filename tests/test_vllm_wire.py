@@ -161,3 +161,20 @@ def test_a_removed_block_names_its_event():
     result = PromptProbe(tuple(range(1, 17)), BlockHasher("vllm-sha256")).check([pool])
     assert result.reason == f"stored, then removed at event {evicted.seq} (vLLM batch 5)"
     assert pool.lifetimes.num == 1 and pool.lifetimes.max_s == pytest.approx(10.0)
+
+
+def test_the_bench_stream_is_vllm_shaped_and_its_pool_is_counted():
+    from engine.bench.attach import memory_per_block, recorded_stream
+
+    payloads, num_events, num_ops = recorded_stream(300, gpu_blocks=100)
+    pool = RemotePool("bench")
+    seen = 0
+    for seq, p in enumerate(payloads):
+        batch = decode_batch(seq, p)
+        seen += len(batch.events)
+        pool.apply(batch)
+        assert encode_batch(batch.ts, batch.events, 0) == p
+    assert seen == num_events and pool.num_stored + pool.num_removed == num_ops
+    assert pool.num_removed > 0 and pool.num_cached_in("GPU") <= 100 and pool.num_cached_in("CPU") > 0
+    mem = memory_per_block(2000)
+    assert mem["blocks"] >= 2000 and 64 < mem["bytes_per_block"] < 2000  # 16 token ids are 64 bytes alone
