@@ -213,6 +213,7 @@ def test_late_join_fetches_the_buffer_and_keeps_every_field(old_layout):
             assert pool.num_cached == 0 and pool.removal_of(A) is not None
     finally:
         att.stop()
+        att.stop()  # twice is harmless (the app stops on detach and on errors)
         server.close()
 
 

@@ -147,6 +147,9 @@ class VllmSubscriber:
         return self
 
     def stop(self) -> None:
+        """Stop the thread and close the sockets; calling it again does nothing."""
+        if self._sub.closed:
+            return
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
