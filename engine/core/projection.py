@@ -75,7 +75,7 @@ class PoolProjection:
         "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "hashed", "free", "by_hash",
         "running", "requests", "order", "counters", "use_clock", "seq", "num_events",
         "num_in_use", "num_cached_free", "num_hashed", "ref_hist", "last_request_id",
-        "num_resets", "last_eviction_seq",
+        "num_resets", "last_eviction_seq", "vacant",
     )
 
     def __init__(self, num_blocks: int = 0, block_size: int = 16) -> None:
@@ -114,6 +114,10 @@ class PoolProjection:
         self.last_request_id: str | None = None
         self.num_resets = 0
         self.last_eviction_seq = -1
+        # Slots a remote store may take (no hash, no ref), newest last; None until the first
+        # remote store, so a local engine's pool pays nothing for it. Entries are checked
+        # when taken, so a stale one is skipped, never trusted.
+        self.vacant: list[int] | None = None
         self._grow(num_blocks)
 
     # ------------------------------------------------------------------ queries
@@ -193,7 +197,7 @@ class PoolProjection:
         new = PoolProjection.__new__(PoolProjection)
         for name in PoolProjection.__slots__:
             value = getattr(self, name)
-            if isinstance(value, (list, dict, bytearray)):
+            if isinstance(value, (list, dict, bytearray)):  # vacant too (a list or None)
                 value = value.copy()  # elements are immutable (tuples, bytes, records)
             elif isinstance(value, Counters):
                 value = dataclasses.replace(value)
@@ -229,6 +233,8 @@ class PoolProjection:
         for b in range(start, num_blocks):
             self.free[b] = None
         self.num_blocks = num_blocks
+        if self.vacant is not None:
+            self.vacant.extend(range(num_blocks - 1, start - 1, -1))
 
     def _set_ref(self, b: int, ref: int) -> None:
         old = self.ref_counts[b]
@@ -269,17 +275,26 @@ class PoolProjection:
         self.num_hashed -= 1
         if self.ref_counts[b] == 0:
             self.num_cached_free -= 1
+            if self.vacant is not None:
+                self.vacant.append(b)
 
     def _slot_for_remote(self, block_hash: bytes) -> int:
         # vLLM's events carry hashes, not block ids: reuse the slot of that hash, else
         # take the first empty free slot, else grow the pool by one.
+        # A scan of the free queue for an empty slot made a pool of N blocks cost N^2:
+        # the vacant stack (built by one scan on the first remote store) makes it O(1).
         holder = self.block_of_hash(block_hash)
         if holder is not None:
             return holder
-        for b in self.free:
-            if self.hashes[b] is None:
+        if self.vacant is None:
+            self.vacant = [b for b in reversed(self.free) if self.hashes[b] is None]
+        vacant = self.vacant
+        while vacant:
+            b = vacant.pop()
+            if self.hashes[b] is None and self.ref_counts[b] == 0:
                 return b
         self._grow(self.num_blocks + 1)
+        self.vacant.pop()  # the slot just grown is the one returned
         return self.num_blocks - 1
 
     def _on_started(self, e: RequestStarted) -> None:
