@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, 
 
 from app import theme
 from app.context import AppContext, JobCancelled, Subject, engine_info
+from app.remote import AttachOptions, RemoteController, StreamHealth
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
@@ -78,6 +79,9 @@ class MainWindow(QMainWindow):
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)
         self.resize(DEFAULT_SIZE)
+        self.remote = RemoteController(ctx, self)
+        self.remote_messages: list[str] = []  # what the remote pool told the user (restarts)
+        ctx.remote = self.remote
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
@@ -91,6 +95,10 @@ class MainWindow(QMainWindow):
         self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
         ctx.sigSubjectChanged.connect(self._on_subject_changed)
         ctx.sigJobChanged.connect(self._on_job_changed)
+        self.remote.sigHealth.connect(self._on_remote_health)
+        self.remote.sigMessage.connect(self._on_remote_message)
+        self.remote.sigAttached.connect(lambda _o: self._on_remote_attached(True))
+        self.remote.sigDetached.connect(lambda: self._on_remote_attached(False))
         self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
         if load_model:
             QTimer.singleShot(0, self.start_model_load)
@@ -114,6 +122,10 @@ class MainWindow(QMainWindow):
         self.act_open = a("&Open…", self.open_dialog, QKeySequence.StandardKey.Open, "open a trace, conversation or session file")
         self.act_import = a("&Import conversation…", self.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
         self.act_export = a("&Export…", self.export_dialog, "Ctrl+E", "save the conversation and event log")
+        self.act_attach = a("&Attach to vLLM…", self.attach_dialog, "Ctrl+Shift+A",
+                            "show a running vLLM server's prefix cache (its KV-event stream)")
+        self.act_detach = a("&Detach from vLLM", self.detach_remote, None, "stop following the vLLM server")
+        self.act_detach.setEnabled(False)
         self.act_quit = a("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.act_theme = a("&Light theme", self.toggle_theme, "Ctrl+T", "switch between dark and light")
         self.act_reset_layout = a("&Reset layout", self.reset_layout, "Ctrl+Shift+R", "put every panel back in place")
@@ -132,6 +144,9 @@ class MainWindow(QMainWindow):
         self.recent_menu = m.addMenu("Open &recent")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         m.addAction(self.act_export)
+        m.addSeparator()
+        m.addAction(self.act_attach)
+        m.addAction(self.act_detach)
         m.addSeparator()
         m.addAction(self.act_quit)
         self.view_menu = mb.addMenu("&View")
@@ -294,6 +309,10 @@ class MainWindow(QMainWindow):
             label.setObjectName("statusValue")
             sb.addPermanentWidget(label)
             self.status_labels[key] = label
+        self.remote_label = QLabel("", self)
+        self.remote_label.setObjectName("statusRemote")
+        self.remote_label.hide()
+        sb.insertPermanentWidget(0, self.remote_label)
         self.progress = QProgressBar(self)
         self.progress.setFixedWidth(200)
         self.progress.setRange(0, 1000)
@@ -344,6 +363,7 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        self.remote.detach()
         self.save_settings()
         super().closeEvent(event)
 
@@ -594,6 +614,49 @@ class MainWindow(QMainWindow):
             f"({(proj.num_in_use + proj.num_cached_free) / total:.0%})")
         c = proj.counters
         self.status_labels["hit_rate"].setText(f"hit rate {c.hit_rate:.1%}" if c.num_prompt_tokens else "hit rate —")
+
+    # ------------------------------------------------------------------ vLLM
+    def attach_dialog(self) -> None:
+        """Ask for a server (remembered), attach; a failure is shown in the dialog, which stays."""
+        from app.attach_dialog import AttachDialog
+
+        dlg = AttachDialog(AttachOptions.load(self.ctx.settings), self)
+        while dlg.exec() == QDialog.DialogCode.Accepted:
+            opts = dlg.options()
+            try:
+                self.attach_remote(opts)
+                return
+            except ValueError as exc:
+                dlg.show_error(str(exc))
+
+    def attach_remote(self, options: AttachOptions) -> AttachOptions:
+        """Attach to a vLLM server (raises ValueError with a sentence); options are remembered."""
+        opts = self.remote.attach(options)
+        opts.save(self.ctx.settings)
+        self.statusBar().showMessage(f"attached to {opts.endpoint}", 4000)
+        return opts
+
+    def detach_remote(self) -> None:
+        self.remote.detach()
+
+    def _on_remote_attached(self, attached: bool) -> None:
+        self.act_detach.setEnabled(attached)
+        self.remote_label.setVisible(attached or bool(self.remote_label.text()))
+        if not attached and self.remote_label.text():
+            self.remote_label.setText(self.remote_label.text().replace("vLLM ·", "vLLM (detached) ·", 1))
+            self.statusBar().showMessage("detached from the vLLM server; the views keep its last pool", 6000)
+
+    def _on_remote_health(self, health: StreamHealth) -> None:
+        self.remote_label.setText(health.text())
+        tip = f"{health.ranks} rank(s) · {health.num_restarts} restart(s)"
+        if health.last_error:
+            tip += f"\nlast malformed frame: {health.last_error}"
+        self.remote_label.setToolTip(tip)
+        self.remote_label.show()
+
+    def _on_remote_message(self, text: str) -> None:
+        self.remote_messages.append(text)
+        self.statusBar().showMessage(text, 10000)
 
     # ------------------------------------------------------------------ help
     def show_about(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from app.remote_pool import RemoteOverlay
 from engine.core.events import Event
 from engine.core.projection import EventLog, PoolProjection
 
@@ -34,6 +35,10 @@ def is_miss(event: Event) -> bool:
 
 def is_eviction(event: Event) -> bool:
     return event.kind in EVICTION_KINDS
+# A remote pool can reach a million blocks, and every checkpoint is a copy of it: keep few,
+# far apart (scrubbing replays at most one interval).
+REMOTE_CHECKPOINTS = 6
+REMOTE_CHECKPOINT_EVENTS = 1 << 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,6 +69,9 @@ class PoolState(QObject):
         self.timings: dict[str, Timing] = {}
         self.version = 0  # bumps whenever `projection` changes
         self.last_batch: tuple[int, int] | None = None  # first and last seq of the last batch
+        # Tier, rank and age of each block while the pool is a remote vLLM one (engine_info
+        # "remote"), else None.
+        self.remote: RemoteOverlay | None = None
         self._scrubbed: PoolProjection | None = None
         self._scrub_seq: int | None = None
         if bridge is not None:
@@ -79,7 +87,13 @@ class PoolState(QObject):
         self.reset(int(info.get("num_blocks") or 0), int(info.get("block_size") or 16))
 
     def reset(self, num_blocks: int, block_size: int) -> None:
-        self.log = EventLog(num_blocks, block_size)
+        if self.engine_info.get("remote"):
+            self.log = EventLog(num_blocks, block_size, checkpoint_every=REMOTE_CHECKPOINT_EVENTS,
+                                max_checkpoints=REMOTE_CHECKPOINTS)
+            self.remote = RemoteOverlay()
+        else:
+            self.log = EventLog(num_blocks, block_size)
+            self.remote = None
         self.timings = {}
         self.last_batch = None
         self._scrubbed = None
@@ -98,7 +112,12 @@ class PoolState(QObject):
             events = [e for e in events if e.seq > last]
             if not events:
                 return
-        self.log.extend(events)
+        if self.remote is not None:
+            self.remote.before(events, self.log.live)
+            self.log.extend(events)
+            self.remote.observe(events, self.log.live)
+        else:
+            self.log.extend(events)
         self.last_batch = (events[0].seq, events[-1].seq)
         if self._scrubbed is not None and any(e.kind == "request_started" for e in events):
             # A new request is what the user is looking at now: a scrubbed past must not

@@ -17,6 +17,8 @@ from PySide6.QtGui import QColor, QCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app import theme
+from app.remote import decode_tokens
+from app.remote_pool import NUM_AGES, TIERS, aggregate
 from engine.core.projection import PoolProjection
 
 FLASH_SECONDS = 0.6
@@ -84,6 +86,28 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     return out
 
 
+def tier_colors(name: str | None = None) -> dict[str, QColor]:
+    """A remote pool's tiers: GPU in the cached colour, host memory and storage apart."""
+    p = theme.palette(name)
+    dark = (name or theme.current_theme()) == "dark"
+    return {"GPU": QColor(p["cached"]), "CPU": QColor("#e0a84f" if dark else "#c07a10"),
+            "STORAGE": QColor("#9b7cf0" if dark else "#6a4fd0")}
+
+
+def remote_lut(colors: dict[str, QColor], tiers: dict[str, QColor], tier_codes: dict[str, int]) -> np.ndarray:
+    """RGBA per `RemoteOverlay.codes` value: tier hue, faded toward the background with age."""
+    num_tiers = max(len(tier_codes), len(TIERS))
+    lut = np.empty((1 + num_tiers * NUM_AGES, 4), dtype=np.uint8)
+    lut[:] = _rgba(colors["empty"])
+    bg = _rgba(colors["background"]).astype(np.float32)
+    for name, code in tier_codes.items():
+        base = _rgba(tiers.get(name, colors["cached_new"])).astype(np.float32)
+        for fresh in range(NUM_AGES):
+            keep = 0.35 + 0.65 * fresh / (NUM_AGES - 1)  # the oldest keeps a third of its colour
+            lut[1 + (num_tiers - code) * NUM_AGES + fresh] = (bg + (base - bg) * keep).astype(np.uint8)
+    return lut
+
+
 def grid_shape(num_blocks: int, aspect: float = 1.8) -> tuple[int, int]:
     """(columns, rows) that give `num_blocks` square cells the most room in an area `aspect`
     times wider than tall; columns come in multiples of 8 so block ids are easy to count."""
@@ -129,6 +153,8 @@ class BlockTableView(QWidget):
         self.rows = 1
         self.cell_px = 8
         self.cell_colors = np.zeros((0, 4), dtype=np.uint8)
+        self.blocks_per_cell = 1  # a remote pool of more than MAX_CELLS blocks is aggregated
+        self._legend_key: tuple[bool, int] = (False, 1)
         self._img = np.zeros((1, 1, 4), dtype=np.uint8)
         self._rect_dirty = True
 
@@ -174,6 +200,7 @@ class BlockTableView(QWidget):
     # ------------------------------------------------------------------ appearance
     def apply_theme(self, name: str | None = None) -> None:
         self.colors = block_colors(name)
+        self.tiers = tier_colors(name)
         self._palette = theme.palette(name)
         self.glw.setBackground(self.colors["background"])
         self.outline.setPen(pg.mkPen(self.colors["selected"], width=2))
@@ -181,8 +208,19 @@ class BlockTableView(QWidget):
         self._resize_grid(force=True)
         self.redraw()
 
+    def _remote_live(self) -> bool:
+        return getattr(self.state, "remote", None) is not None and self.state.is_live
+
     def _build_legend(self) -> None:
         c = self.colors
+        if self._remote_live():
+            items = [(swatch(c["empty"]), "empty")]
+            items += [(swatch(self.tiers[t]), t) for t in TIERS]
+            items.append(("", "bright = stored recently, faded = stored over 10 min ago"))
+            if self.blocks_per_cell > 1:
+                items.append(("", f"one cell = {self.blocks_per_cell} blocks (its hottest)"))
+            self.legend.setText(legend_line(items))
+            return
         entries = [("empty", "empty"), ("cached_old", "cached, free: evicted next"),
                    ("cached_new", "cached, free: freed last"), ("ref1", "in use, ref 1"),
                    ("ref2", "ref 2"), ("ref3", "ref 3+"), ("evicted", "just evicted")]
@@ -201,15 +239,19 @@ class BlockTableView(QWidget):
         return w / h if w > 1 and h > 1 else 1.8
 
     def _on_resized(self) -> None:
-        cols, rows = grid_shape(self.state.projection.num_blocks, self._view_aspect())
+        cols, rows = grid_shape(self._num_cells(), self._view_aspect())
         if (cols, rows) != (self.cols, self.rows):
             self._resize_grid()
             self.redraw()
         else:
             self._fit_view()
 
-    def _resize_grid(self, force: bool = False) -> None:
+    def _num_cells(self) -> int:
         n = self.state.projection.num_blocks
+        return math.ceil(n / self.blocks_per_cell) if self.blocks_per_cell > 1 else n
+
+    def _resize_grid(self, force: bool = False) -> None:
+        n = self._num_cells()
         cols, rows = grid_shape(n, self._view_aspect())
         px = cell_pixels(n)
         if not force and (cols, rows, px) == (self.cols, self.rows, self.cell_px):
@@ -249,13 +291,21 @@ class BlockTableView(QWidget):
     def redraw(self) -> None:
         p = self.state.projection
         self._drawn_version = self.state.version
+        if self._remote_live():
+            colors, per_cell = self._remote_cells(p)
+        else:
+            flash = None
+            if not self.state.is_live or time.monotonic() < self._flash_until:
+                flash = self.state.flash_since_seq
+            colors, per_cell = compute_colors(p, self.colors, flash), 1
+        legend_key = (self._remote_live(), per_cell)
+        if legend_key != self._legend_key:
+            self.blocks_per_cell = per_cell
+            self._legend_key = legend_key
+            self._build_legend()
         self._resize_grid()
-        flash = None
-        if not self.state.is_live or time.monotonic() < self._flash_until:
-            flash = self.state.flash_since_seq
-        colors = compute_colors(p, self.colors, flash)
         self.cell_colors = colors
-        n, cols, rows, px = p.num_blocks, self.cols, self.rows, self.cell_px
+        n, cols, rows, px = len(colors), self.cols, self.rows, self.cell_px
         cells = np.empty((rows * cols, 4), dtype=np.uint8)
         cells[:] = _rgba(self.colors["background"])
         cells[:n] = colors
@@ -270,6 +320,15 @@ class BlockTableView(QWidget):
         self._refresh_selection(p)
         self._update_summary(p)
 
+    def _remote_cells(self, p: PoolProjection) -> tuple[np.ndarray, int]:
+        """Cell colours of a live remote pool (tier and age), aggregated past MAX_CELLS."""
+        remote = self.state.remote
+        now = max(remote.stored_times[-1] if remote.stored_times else 0.0,
+                  remote.removed_times[-1] if remote.removed_times else 0.0)
+        codes, per_cell = aggregate(remote.codes(p, now))
+        lut = remote_lut(self.colors, self.tiers, remote.tier_names)
+        return lut[np.minimum(codes, len(lut) - 1)], per_cell
+
     def _refresh_selection(self, p: PoolProjection) -> None:
         chain: list[int] = []
         if self._selected_block is not None and self._selected_block < p.num_blocks:
@@ -279,7 +338,7 @@ class BlockTableView(QWidget):
             chain = self._request_blocks(p, self._selected_request)
         self.selected_chain = chain
         if chain:
-            ids = np.array(chain)
+            ids = np.unique(np.array(chain) // self.blocks_per_cell)
             self.outline.setData(x=ids % self.cols + 0.5, y=ids // self.cols + 0.5)
         else:
             self.outline.setData(x=[], y=[])
@@ -296,6 +355,15 @@ class BlockTableView(QWidget):
 
     def _update_summary(self, p: PoolProjection) -> None:
         c = p.counters
+        remote = getattr(self.state, "remote", None)
+        if remote is not None:
+            tiers = " &nbsp;·&nbsp; ".join(f"{t.tier} <b>{t.num_blocks:,}</b>" for t in remote.tier_counts(p)
+                                           if t.num_blocks or t.tier == "GPU")
+            where = "live" if self.state.is_live else "<b>scrubbed</b> (tiers show live only)"
+            seq = "no events yet" if p.seq < 0 else f"event {p.seq} ({where})"
+            self.summary.setText(f"vLLM pool: <b>{p.num_hashed:,}</b> cached blocks × {p.block_size} tokens"
+                                 f" &nbsp;·&nbsp; {tiers} &nbsp;·&nbsp; {seq}")
+            return
         where = "live" if self.state.is_live else "<b>scrubbed</b>"
         seq = "no events yet" if p.seq < 0 else f"event {p.seq} ({where})"
         self.summary.setText(
@@ -338,12 +406,13 @@ class BlockTableView(QWidget):
         col, row = int(x), int(y)
         if col >= self.cols:
             return None
-        b = row * self.cols + col
+        b = (row * self.cols + col) * self.blocks_per_cell
         return b if b < self.state.projection.num_blocks else None
 
     def view_point_of(self, block_id: int) -> QPointF:
         """The centre of a block's cell in view coordinates."""
-        return QPointF(block_id % self.cols + 0.5, block_id // self.cols + 0.5)
+        cell = block_id // self.blocks_per_cell
+        return QPointF(cell % self.cols + 0.5, cell // self.cols + 0.5)
 
     def _on_mouse_moved(self, scene_pos: QPointF) -> None:
         if not self.vb.sceneBoundingRect().contains(scene_pos):
@@ -372,13 +441,9 @@ class BlockTableView(QWidget):
     def _decode(self, token_ids: tuple[int, ...]) -> str:
         shown = list(token_ids[:MAX_TOOLTIP_TOKENS])
         more = " …" if len(token_ids) > MAX_TOOLTIP_TOKENS else ""
-        tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
-        if tokenizer is not None:
-            try:
-                text = tokenizer.decode(shown).replace("\n", "⏎")
-                return f"“{text}”{more}"
-            except Exception:  # noqa: BLE001 - ids from another model still show as ids
-                pass
+        text = decode_tokens(self.ctx, shown)  # the attached server's tokenizer, else the model's
+        if text is not None:
+            return f"“{text.replace(chr(10), '⏎')}”{more}"
         return str(shown)[1:-1] + more
 
     def tooltip_for(self, block_id: int) -> str:
@@ -391,6 +456,11 @@ class BlockTableView(QWidget):
             state = "cached, free"
         else:
             state = "empty"
+        remote = getattr(self.state, "remote", None)
+        if remote is not None and info.block_hash is not None:
+            state = f"cached on {remote.tier_name(block_id)}"
+            if block_id < len(remote.rank) and self.state.engine_info.get("data_parallel_size", 1) > 1:
+                state += f", rank {int(remote.rank[block_id])}"
         lines = [f"Block {block_id} · {state}"]
         if info.block_hash is not None:
             parent = info.parent_hash.hex()[:12] if info.parent_hash is not None else "none (first block)"

@@ -62,6 +62,16 @@ def describe(event: Event, state: PoolState | None = None, rich: bool = False) -
 def _describe(event: Event, state: PoolState | None) -> str:
     k = event.kind
     e: Any = event
+    info = getattr(e, "remote", None)
+    if info is not None:  # a vLLM event: no block id, but a tier, a rank and a batch
+        where = f"{info.medium}, rank {info.rank}, batch {info.batch_seq}"
+        if k == "block_stored":
+            salt = f", tenant {e.salt}" if e.salt is not None else ""
+            return f"stored {_hex(e.block_hash)} on {where}, parent {_hex(e.parent_hash)}, {len(e.token_ids)} tokens{salt}"
+        if k == "block_evicted":
+            return f"removed {_hex(e.block_hash)} from {where}"
+        if k == "cache_reset":
+            return f"{e.num_blocks_cleared} blocks cleared ({where})"
     if k == "request_started":
         salt = f", tenant {e.salt}" if e.salt is not None else ""
         return f"{e.num_prompt_tokens} prompt tokens{salt}"

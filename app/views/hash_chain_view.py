@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.export import export_button
+from app.remote import decode_tokens, view_tokenizer
 from app.views.block_details import block_selection
 from app.views.chain_layout import ChainTree, Segment, build_tree, fit_labels
 from app.views.block_table_view import block_colors, swatch
@@ -64,6 +65,7 @@ class HashChainView(QWidget):
         self.label_texts: list[str] = []
         self._runs: list[Segment] = []  # runs worth a label, longest first
         self._decoded: dict[bytes, str] = {}  # token text per hash, for the search
+        self._leaf_text: dict[bytes, str] = {}  # token text per hash, for tips and a remote pool's leaves
         self._drawn_version = -1
         self._last_build = 0.0
         self._range_shape: tuple[int, float, float] | None = None
@@ -177,6 +179,7 @@ class HashChainView(QWidget):
 
     def _on_reset(self) -> None:
         self._decoded = {}
+        self._leaf_text = {}
         self.matches, self.match_index = [], -1
         self.refresh(force=True)
 
@@ -244,7 +247,7 @@ class HashChainView(QWidget):
             found = [h for h in hashes if h.hex().startswith(key)]
             if found:
                 return found
-        tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
+        tokenizer = view_tokenizer(self.ctx)  # an attached server's, else the model's
         if tokenizer is None:
             return []
         p = self.state.projection
@@ -338,7 +341,10 @@ class HashChainView(QWidget):
                 ids.append(b)
         self.nodes.setData(x=xs, y=ys, brush=brushes, pen=pg.mkPen(None), data=ids,
                            size=7 if len(segs) < 2000 else 4)
-        self._runs = sorted((s for s in segs if len(s.hashes) > 2), key=lambda s: -len(s.hashes))[:MAX_LABEL_CANDIDATES]
+        # A remote pool has no requests to follow, so its leaves say what they hold as well.
+        remote = getattr(self.state, "remote", None) is not None
+        self._runs = sorted((s for s in segs if len(s.hashes) > 2 or (remote and not s.children)),
+                            key=lambda s: -len(s.hashes))[:MAX_LABEL_CANDIDATES]
         while len(self.group_labels) < len(tree.groups):
             t = pg.TextItem(anchor=(0, 0.5))
             t.setZValue(6)
@@ -358,8 +364,24 @@ class HashChainView(QWidget):
         h = p.hashes[block_id]
         seg = next((s for s in self.tree.segments if h in (s.hashes[0], s.hashes[-1])), None)
         run = f"\nrun of {len(seg.hashes):,} blocks" if seg is not None else ""
-        return (f"block {block_id} · {h.hex()[:12] if h else '-'} · ref {p.ref_counts[block_id]}{run}"
+        text = self._block_text(block_id)
+        text = f"\n“{text}”" if text else ""
+        return (f"block {block_id} · {h.hex()[:12] if h else '-'} · ref {p.ref_counts[block_id]}{run}{text}"
                 "\nclick for its details")
+
+    def _block_text(self, block_id: int | None) -> str | None:
+        """A block's tokens as text (the attached server's tokenizer, else the model's), cached."""
+        p = self.state.projection
+        if block_id is None or not p.token_ids[block_id]:
+            return None
+        h = p.hashes[block_id]
+        text = self._leaf_text.get(h)
+        if text is None:
+            text = decode_tokens(self.ctx, p.token_ids[block_id])
+            if text is None:
+                return None
+            text = self._leaf_text[h] = text.replace("\n", "⏎")
+        return text
 
     def layout_labels(self) -> None:
         """Place the labels that fit the current zoom: group titles, the cross's note, then
@@ -392,12 +414,16 @@ class HashChainView(QWidget):
             if ok:
                 texts.append(label)
         boxes, places = [], []
+        remote = getattr(self.state, "remote", None) is not None
         x0, x1 = rect.left(), rect.right()
         for seg in self._runs:
             end = seg.depth + len(seg.hashes) - 1
             if end < x0 - 1 or seg.depth > x1 + 1 or not rect.top() - 1 <= seg.y <= rect.bottom() + 1:
                 continue
-            text = f"{len(seg.hashes):,} blocks"
+            text = f"{len(seg.hashes):,} blocks" if len(seg.hashes) > 1 else "1 block"
+            if not seg.children and remote:
+                said = self._block_text(self.state.projection.block_of_hash(seg.hashes[-1]))
+                text += f" · …“{said[-32:]}”" if said else ""
             if seg.children:  # the tree goes on to the right: the count sits above the run
                 x = (max(seg.depth, x0) + min(end, x1)) / 2
                 places.append((text, x, seg.y, (0.5, 0.95)))

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme
 from app.views.block_table_view import legend_line, swatch
-from app.views.timeline_view import PlotStack
+from app.views.timeline_view import PlotStack, show_remote
 from engine.core.projection import RequestRecord
 
 MAX_BARS = 400  # the most recent requests drawn as bars; older ones stay in the hit-rate curve
@@ -76,12 +76,19 @@ class MetricsView(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.summary)
         layout.addWidget(self.glw, 1)
+        # A remote vLLM pool has no requests or ref counts: its own plots take this place.
+        from app.views.remote_plots import RemoteMetrics
+
+        self.remote_view = RemoteMetrics(self.state)
+        self.remote_view.hide()
+        layout.addWidget(self.remote_view, 1)
         self.state.sigChanged.connect(self.refresh)
         if hasattr(ctx, "sigThemeChanged"):
             ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
+        self.remote_view.apply_theme(name)
         p = theme.palette(name)
         self.palette = p
         self.glw.setBackground(p["panel"])
@@ -117,6 +124,8 @@ class MetricsView(QWidget):
         self.ttft_hint.setPos((x0 + x1) / 2, 0.5)
 
     def refresh(self) -> None:
+        if show_remote(self):
+            return
         if self.state.version == self._drawn_version:
             return
         self._drawn_version = self.state.version

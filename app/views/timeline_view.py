@@ -179,6 +179,19 @@ def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_
     return edges[:-1] + width / 2, counts.astype(float), width
 
 
+def show_remote(view: Any) -> bool:
+    """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then."""
+    remote = getattr(view.state, "remote", None) is not None
+    if view.remote_view.isHidden() == remote:
+        for w in (view.glw, getattr(view, "title", None), getattr(view, "summary", None)):
+            if w is not None:
+                w.setVisible(not remote)
+        view.remote_view.setVisible(remote)
+    if remote:
+        view.remote_view.schedule()
+    return remote
+
+
 class TimelineView(QWidget):
     """Three linked plots over event seq; reads `ctx.state.log.series`."""
 
@@ -245,6 +258,12 @@ class TimelineView(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.title)
         layout.addWidget(self.glw, 1)
+        # A remote vLLM pool has no requests or ref counts: its own plots take this place.
+        from app.views.remote_plots import RemoteTimeline
+
+        self.remote_view = RemoteTimeline(self.state)
+        self.remote_view.hide()
+        layout.addWidget(self.remote_view, 1)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
         if hasattr(ctx, "sigThemeChanged"):
@@ -252,6 +271,7 @@ class TimelineView(QWidget):
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
+        self.remote_view.apply_theme(name)
         c = block_colors(name)
         p = theme.palette(name)
         self.colors, self.palette = c, p
@@ -304,6 +324,8 @@ class TimelineView(QWidget):
 
     def refresh(self, force: bool = False) -> None:
         """Model to view: curves up to the newest event, cursor at the shown one."""
+        if show_remote(self):
+            return
         n = len(self.state.log)
         key = (n, self.state.version)
         if key == self._drawn and not force:

@@ -1,0 +1,228 @@
+"""What a remote vLLM pool adds to the projection: the tier, rank and store time of each slot.
+
+`PoolProjection` places a remote block (vLLM names hashes, never block ids) in a slot of
+its own; `RemoteOverlay` keeps, per slot, what the views need beyond that in numpy arrays
+(so a million-block pool colours in a few milliseconds), plus the per-second rates and
+block lifetimes of the timelines and metrics. Qt-free; `app.state.PoolState` feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
+from engine.core.projection import PoolProjection
+
+# Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
+TIERS = ("GPU", "CPU", "STORAGE")
+TIER_CODE = {name: i + 1 for i, name in enumerate(TIERS)}  # 0 = no block
+# Age buckets of a cached block (seconds since it was stored), newest first.
+AGE_EDGES = (10.0, 60.0, 600.0)
+NUM_AGES = len(AGE_EDGES) + 1
+# A grid of more cells than this is aggregated: one cell shows its hottest block (a GPU
+# block over a CPU one, a new one over an old one), so a redraw costs the same at any size.
+MAX_CELLS = 1 << 18
+LARGE_POOL = 100_000
+SAMPLE_EVERY_S = 0.25
+
+
+def tier_of(event: Event) -> str:
+    """The tier an event names, upper-case; GPU when it names none (vLLM's default)."""
+    info = getattr(event, "remote", None)
+    medium = getattr(info, "medium", None) if info is not None else getattr(event, "medium", None)
+    return str(medium).upper() if medium else "GPU"
+
+
+def rank_of(event: Event) -> int:
+    """The data-parallel rank that published an event (0 for a single server)."""
+    info = getattr(event, "remote", None)
+    rank = getattr(info, "rank", None) if info is not None else getattr(event, "rank", None)
+    return int(rank) if rank is not None else 0
+
+
+def time_of(event: Event) -> float:
+    """When the server published an event (its batch time), else when it arrived."""
+    info = getattr(event, "remote", None)
+    t = getattr(info, "batch_time", 0.0) if info is not None else 0.0
+    return float(t) if t else event.time
+
+
+@dataclass(slots=True, frozen=True)
+class TierCount:
+    tier: str
+    num_blocks: int
+
+
+class RemoteOverlay:
+    """Per-slot tier, rank and store time of a remote pool, and its rates over time.
+
+    `observe(events, projection)` must be called with each batch right after the
+    projection applied it. Slots follow the projection's; a slot whose hash was dropped
+    keeps stale values that `codes` masks with the projection's `hashed` flags.
+    """
+
+    __slots__ = ("tier", "rank", "stored_at", "stored_times", "removed_times", "lifetimes",
+                 "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed", "_times_of",
+                 "sample_times", "sample_counts", "_last_sample")
+
+    def __init__(self) -> None:
+        self.tier = np.zeros(0, dtype=np.uint8)
+        self.rank = np.zeros(0, dtype=np.uint16)
+        self.stored_at = np.zeros(0, dtype=np.float64)
+        self.stored_times = array("d")  # event time of every stored block
+        self.removed_times = array("d")  # event time of every removed block
+        self.lifetimes = array("d")  # seconds from stored to removed, per removed block
+        self.num_stored_again = 0  # stored after the server had removed it: computed twice
+        self.num_restarts = 0
+        self.last_reset_time: float | None = None
+        self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
+        self._removed: set[bytes] = set()
+        self._times_of: dict[bytes, float] = {}
+        # Cached blocks per tier over time: one sample per applied batch, at most every
+        # SAMPLE_EVERY_S of wall time once the pool is large (a sample costs a pass over it).
+        self.sample_times = array("d")
+        self.sample_counts: list[array] = []  # one array("q") per tier code - 1
+        self._last_sample = 0.0
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.tier):
+            return
+        size = max(n, 2 * len(self.tier), 1024)
+        for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64)):
+            old = getattr(self, name)
+            new = np.zeros(size, dtype=dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def tier_code(self, name: str) -> int:
+        code = self.tier_names.get(name)
+        if code is None:
+            code = self.tier_names[name] = len(self.tier_names) + 1
+        return code
+
+    def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
+        """Note store times of the blocks this batch removes, while the projection still has them."""
+        stored_at, times_of = self.stored_at, self._times_of
+        times_of.clear()
+        for e in events:
+            if type(e) is BlockStored:
+                times_of[e.block_hash] = time_of(e)
+            elif type(e) is BlockEvicted and e.block_hash not in times_of:
+                b = projection.block_of_hash(e.block_hash)
+                if b is not None and b < len(stored_at):
+                    times_of[e.block_hash] = float(stored_at[b])
+
+    def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
+        """Record a batch the projection has just applied (call `before` first)."""
+        self._grow(projection.num_blocks)
+        tier, rank, stored_at = self.tier, self.rank, self.stored_at
+        removed, times_of = self._removed, self._times_of
+        add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
+        for e in events:
+            cls = type(e)
+            if cls is BlockStored:
+                t = time_of(e)
+                add_stored(t)
+                if e.block_hash in removed:
+                    removed.discard(e.block_hash)
+                    self.num_stored_again += 1
+                b = projection.block_of_hash(e.block_hash)
+                if b is not None:
+                    tier[b] = self.tier_code(tier_of(e))
+                    rank[b] = rank_of(e)
+                    stored_at[b] = t
+            elif cls is BlockEvicted:
+                t = time_of(e)
+                add_removed(t)
+                removed.add(e.block_hash)
+                t0 = times_of.get(e.block_hash)
+                if t0 is not None:
+                    add_life(max(0.0, t - t0))
+            elif cls is CacheReset:
+                t = self.last_reset_time = time_of(e)
+                self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
+        times_of.clear()
+        last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
+                        self.removed_times[-1] if self.removed_times else 0.0)
+        self._sample(projection, last_time)
+
+    def _sample(self, projection: PoolProjection, t: float) -> None:
+        now = time.monotonic()
+        if projection.num_blocks > LARGE_POOL and now - self._last_sample < SAMPLE_EVERY_S:
+            return
+        self._last_sample = now
+        counts = {c.tier: c.num_blocks for c in self.tier_counts(projection)}
+        while len(self.sample_counts) < len(self.tier_names):
+            self.sample_counts.append(array("q", [0] * len(self.sample_times)))
+        self.sample_times.append(t)
+        for name, code in self.tier_names.items():
+            self.sample_counts[code - 1].append(counts.get(name, 0))
+
+    # ------------------------------------------------------------------ reading
+    def codes(self, projection: PoolProjection, now: float) -> np.ndarray:
+        """One uint8 per slot: 0 empty, else 1 + tier rank * NUM_AGES + freshness.
+
+        Tiers rank GPU highest and freshness counts up to the newest age bucket, so the
+        larger of two codes is the hotter block (what an aggregated cell shows).
+        """
+        n = projection.num_blocks
+        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
+        tier = self.tier[:n] if len(self.tier) >= n else np.pad(self.tier, (0, n - len(self.tier)))
+        stored = self.stored_at[:n] if len(self.stored_at) >= n else np.pad(self.stored_at, (0, n - len(self.stored_at)))
+        age = now - stored
+        bucket = np.searchsorted(np.array(AGE_EDGES), age, side="right").astype(np.uint8)  # 0 = newest
+        num_tiers = max(len(self.tier_names), len(TIERS))
+        rank = (num_tiers - np.maximum(tier, 1)).astype(np.uint8)  # GPU = highest
+        codes = 1 + rank * NUM_AGES + (NUM_AGES - 1 - bucket)
+        codes[~hashed] = 0
+        return codes.astype(np.uint8)
+
+    def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
+        n = min(projection.num_blocks, len(self.tier))
+        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
+        tiers = self.tier[:n][hashed]
+        counts = np.bincount(np.maximum(tiers, 1), minlength=len(self.tier_names) + 1)
+        by_code = {code: name for name, code in self.tier_names.items()}
+        return [TierCount(by_code[c], int(counts[c])) for c in sorted(by_code) if c < len(counts)]
+
+    def ranks(self, projection: PoolProjection) -> dict[int, int]:
+        """Cached blocks per data-parallel rank."""
+        n = min(projection.num_blocks, len(self.rank))
+        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
+        values, counts = np.unique(self.rank[:n][hashed], return_counts=True)
+        return {int(v): int(c) for v, c in zip(values, counts)}
+
+    def tier_name(self, slot: int) -> str:
+        code = int(self.tier[slot]) if slot < len(self.tier) else 0
+        return next((name for name, c in self.tier_names.items() if c == code), "GPU")
+
+    def per_second(self, start: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(second since `start`, stored, removed) per whole second of the stream."""
+        stored = np.frombuffer(self.stored_times, dtype=np.float64) if self.stored_times else np.zeros(0)
+        removed = np.frombuffer(self.removed_times, dtype=np.float64) if self.removed_times else np.zeros(0)
+        both = np.concatenate((stored, removed))
+        if not len(both):
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        t0 = math.floor(both.min()) if start is None else start
+        n = int(math.floor(both.max() - t0)) + 1
+        n = max(1, min(n, 24 * 3600))  # a day of seconds at most; older ones fold into the first
+        s = np.bincount(np.clip((stored - t0).astype(np.int64), 0, n - 1), minlength=n)
+        r = np.bincount(np.clip((removed - t0).astype(np.int64), 0, n - 1), minlength=n)
+        return np.arange(n, dtype=float), s.astype(float), r.astype(float)
+
+
+def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray, int]:
+    """(cell codes, blocks per cell): at most `max_cells` cells, each the max of its run."""
+    n = len(codes)
+    if n <= max_cells:
+        return codes, 1
+    k = math.ceil(n / max_cells)
+    padded = np.zeros(math.ceil(n / k) * k, dtype=codes.dtype)
+    padded[:n] = codes
+    return padded.reshape(-1, k).max(axis=1), k

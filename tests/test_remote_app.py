@@ -1,0 +1,347 @@
+"""The app attached to a vLLM server: the recorded vLLM 0.33 frames, byte for byte, over
+real ZMQ sockets on 127.0.0.1, into every view; stream health; detach; the dialog.
+
+`RecordedServer` plays one data-parallel rank of the server the fixture was recorded
+from: its PUB socket sends the recorded PUB frames unchanged and its ROUTER replay socket
+answers a replay request with the recorded replay frames (from the asked seq) and the
+recorded end marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from PySide6.QtWidgets import QDialogButtonBox
+
+from app.attach_dialog import AttachDialog
+from app.context import make_test_context
+from app.main_window import MainWindow
+from app.remote import AttachOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMES = ROOT / "tests" / "data" / "vllm" / "vllm_zmq_frames.jsonl"
+WAIT_MS = 8000
+
+
+def recorded(rank: int, kind: str) -> list[list[bytes]]:
+    rows = [json.loads(line) for line in FRAMES.read_text().splitlines() if line.strip()]
+    return [[base64.b64decode(f) for f in r["frames"]] for r in rows if r["rank"] == rank and r["socket"] == kind]
+
+
+def free_ports(n: int) -> int:
+    """A base port with `n` consecutive free ports after it (a rank adds itself to the port)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            for i in range(1, n):
+                with socket.socket() as t:
+                    t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free consecutive ports")
+
+
+class RecordedServer:
+    """One rank of the recorded vLLM server on loopback (PUB + ROUTER replay)."""
+
+    def __init__(self, rank: int, port: int, replay_port: int) -> None:
+        self.pub_frames = recorded(rank, "pub")
+        self.replay_frames = recorded(rank, "replay")
+        self.ctx = zmq.Context.instance()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(f"tcp://127.0.0.1:{port}")
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(f"tcp://127.0.0.1:{replay_port}")
+        self.num_replay_requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def send(self, frames: list[bytes]) -> None:
+        self.pub.send_multipart(frames)
+
+    def send_seq(self, seq: int) -> None:
+        """The recorded PUB frames of batch `seq`."""
+        self.send(next(f for f in self.pub_frames if int.from_bytes(f[1], "big") == seq))
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(30):
+                continue
+            client, _empty, start = self.router.recv_multipart()
+            self.num_replay_requests += 1
+            start_seq = int.from_bytes(start, "big")
+            for frames in self.replay_frames:
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq >= start_seq or seq == -1:
+                    self.router.send_multipart([client, *frames])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.pub.close(linger=0)
+        self.router.close(linger=0)
+
+
+@pytest.fixture
+def win(qtbot, tmp_path):
+    ctx = make_test_context(tmp_path)
+    w = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(w)
+    w.resize(1280, 800)
+    w.show()
+    yield w
+    w.remote.detach()
+    ctx.shutdown()
+
+
+@pytest.fixture
+def servers():
+    made: list[RecordedServer] = []
+
+    def make(ranks: int = 1) -> tuple[list[RecordedServer], int, int]:
+        port, replay = free_ports(ranks), free_ports(ranks)
+        for r in range(ranks):
+            made.append(RecordedServer(r, port + r, replay + r))
+        return made, port, replay
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def attach(win, port: int, replay: int, **kw) -> AttachOptions:
+    opts = AttachOptions(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay}", **kw)
+    return win.attach_remote(opts)
+
+
+def join(qtbot, win, server: RecordedServer, seq: int = 1) -> None:
+    """Send batch `seq` until the subscriber has it (a SUB socket joins after a moment);
+    the repeats are the same seq, which the subscriber drops as already seen."""
+
+    def delivered() -> bool:
+        server.send_seq(seq)
+        qtbot.wait(20)
+        return win.remote.health().num_batches >= 1
+
+    qtbot.waitUntil(delivered, timeout=WAIT_MS)
+
+
+def tiers(win) -> dict[str, int]:
+    state = win.ctx.state
+    return {c.tier: c.num_blocks for c in state.remote.tier_counts(state.projection)}
+
+
+def settle(qtbot, win, condition) -> None:
+    def done() -> bool:
+        win.ctx.bridge.flush(everything=True)
+        return condition()
+
+    qtbot.waitUntil(done, timeout=WAIT_MS)
+
+
+def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
+    (server,), port, replay = servers(1)
+    attach(win, port, replay, topic="kv-events")
+    state = win.ctx.state
+    assert state.remote is not None and state.engine_info["remote"]
+    join(qtbot, win, server, seq=1)
+    # Joined at batch 1: batch 0 (published before we joined) comes from the replay socket.
+    settle(qtbot, win, lambda: state.projection.num_hashed == 2)
+    assert server.num_replay_requests >= 1
+    assert win.remote.health().num_refilled >= 1
+    assert tiers(win)["GPU"] == 2
+
+    # A gap: batch 2 never reaches the PUB socket; batch 3 makes the subscriber refill it.
+    server.send_seq(3)
+    settle(qtbot, win, lambda: win.remote.health().num_batches >= 4)
+    # batch 2 stored two salted blocks; batch 3 moved block 1 from the GPU to the CPU tier
+    settle(qtbot, win, lambda: tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0})
+    h = win.remote.health()
+    assert h.num_missed == 0 and h.num_malformed == 0
+
+    # Garbage: a seq frame that is not 8 bytes, and a payload that is not msgpack.
+    server.send([b"kv-events", b"\x00\x04", b"\x93"])
+    server.send([b"kv-events", (4).to_bytes(8, "big"), b"\xc1 not msgpack"])
+    settle(qtbot, win, lambda: win.remote.health().num_malformed == 2)
+    assert state.projection.num_hashed == 4  # nothing applied, the sequence did not move on
+    server.send_seq(4)  # the real batch 4 still applies: AllBlocksCleared
+    settle(qtbot, win, lambda: state.projection.num_hashed == 0)
+    assert win.remote.health().num_missed == 0
+
+    # The views, after the real flow.
+    qtbot.wait(300)  # the status bar and remote plots refresh on their timers
+    table = win.panels["block_table"]
+    assert "vLLM pool" in table.summary.text()
+    assert "GPU" in table.legend.text() and "CPU" in table.legend.text()
+    log = win.panels["event_log"]
+    stored = [e for e in state.log.events if e.kind == "block_stored"]
+    assert len(stored) == 5 and {e.remote.medium for e in stored} == {"GPU", "CPU"}
+    qtbot.waitUntil(lambda: log.model.rowCount() == len(state.log.events), timeout=WAIT_MS)
+    details = [log.model.data(log.model.index(r, 4)) for r in range(log.model.rowCount())]
+    assert sum("on CPU, rank 0, batch 3" in d for d in details) == 1
+    timeline = win.panels["timeline"]
+    assert timeline.remote_view.isVisible() and not timeline.glw.isVisible()
+    qtbot.waitUntil(lambda: timeline.remote_view.stored_per_s.sum() == 5, timeout=WAIT_MS)
+    # removed: block 1 from the GPU (batch 3), then the 4 cleared by AllBlocksCleared
+    assert timeline.remote_view.removed_per_s.sum() == 5
+    metrics = win.panels["metrics"]
+    qtbot.waitUntil(lambda: metrics.remote_view.lifetime_counts.sum() == 1, timeout=WAIT_MS)
+    assert "stored again" in metrics.remote_view.summary.text()
+    qtbot.waitUntil(lambda: "5 batches" in win.remote_label.text(), timeout=WAIT_MS)
+    label = win.remote_label.text()
+    assert "2 malformed" in label and "0 missed" in label and "refilled" in label
+
+
+def test_block_table_colours_blocks_by_tier(qtbot, win, servers):
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    join(qtbot, win, server, seq=1)
+    server.send_seq(3)  # refills batch 2
+    state = win.ctx.state
+    settle(qtbot, win, lambda: tiers(win).get("CPU") == 1 and tiers(win)["GPU"] == 3)
+    table = win.panels["block_table"]
+    table.redraw()
+    p = state.projection
+    gpu = table.tiers["GPU"]
+    cpu = table.tiers["CPU"]
+    colours = {b: table.color_of(b) for b in range(p.num_blocks) if p.hashes[b] is not None}
+    assert len(colours) == 4
+    # each block is drawn in its tier's hue (all were stored within 10 s: full colour)
+    num_gpu = sum(c == gpu for c in colours.values())
+    num_cpu = sum(c == cpu for c in colours.values())
+    assert (num_gpu, num_cpu) == (3, 1)
+    cpu_block = next(b for b, c in colours.items() if c == cpu)
+    assert "cached on CPU" in table.tooltip_for(cpu_block)
+
+
+def test_two_data_parallel_ranks_make_one_combined_pool(qtbot, win, servers):
+    made, port, replay = servers(2)
+    attach(win, port, replay, topic="", data_parallel_size=2)
+    join(qtbot, win, made[0], seq=1)
+
+    def both() -> bool:
+        made[1].send_seq(1)
+        qtbot.wait(20)
+        win.ctx.bridge.flush(everything=True)
+        return set(win.ctx.state.remote.ranks(win.ctx.state.projection)) == {0, 1}
+
+    qtbot.waitUntil(both, timeout=WAIT_MS)
+    state = win.ctx.state
+    by_rank = state.remote.ranks(state.projection)
+    assert by_rank == {0: 2, 1: 2}  # rank 1's 32-byte hashes, joined late too
+    assert any(len(h) == 32 for h in state.projection.by_hash) and any(len(h) == 8 for h in state.projection.by_hash)
+    assert win.remote.health().ranks == 2
+
+
+def test_restart_starts_a_fresh_pool_and_says_so(qtbot, win, servers):
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    join(qtbot, win, server, seq=1)
+    state = win.ctx.state
+    settle(qtbot, win, lambda: state.projection.num_hashed == 2)
+    # The server restarts: its first batch is seq 0 again (the recorded batch 0, as PUB frames).
+    first = recorded(0, "replay")[0]
+    server.send([first[1], first[2], first[3]])
+    qtbot.waitUntil(lambda: any("restarted" in m for m in win.remote_messages), timeout=WAIT_MS)
+    settle(qtbot, win, lambda: state.projection.num_hashed == 1)
+    assert state.projection.num_resets >= 1
+    assert win.remote.health().num_restarts == 1
+
+
+def test_detach_stops_following_and_keeps_the_pool(qtbot, win, servers):
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    join(qtbot, win, server, seq=1)
+    state = win.ctx.state
+    settle(qtbot, win, lambda: state.projection.num_hashed == 2)
+    assert win.act_detach.isEnabled()
+    win.detach_remote()
+    assert not win.remote.is_attached and not win.act_detach.isEnabled()
+    assert "detached" in win.remote_label.text()
+    server.send_seq(3)
+    qtbot.wait(300)
+    win.ctx.bridge.flush(everything=True)
+    assert state.projection.num_hashed == 2  # the last pool stays on screen, unchanged
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("endpoint", "localhost:5557", "not a ZMQ endpoint"),
+    ("endpoint", "tcp://127.0.0.1:99999", "ports run from 1 to 65535"),
+    ("endpoint", "tcp://*:5557", "wildcard"),
+    ("replay", "tcp://127.0.0.1:5557", "must differ"),
+    ("tokenizer", "/nonexistent/tokenizer", "does not exist"),
+])
+def test_dialog_refuses_bad_fields_in_one_sentence(qtbot, field, value, words):
+    dlg = AttachDialog(AttachOptions())
+    qtbot.addWidget(dlg)
+    getattr(dlg, field).setText(value)
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert dlg.options() is None and not dlg.error.isHidden()
+    text = dlg.error.text()
+    assert words in text and text.count(". ") == 0 and text.endswith(".")
+
+
+def test_dialog_accepts_and_the_options_are_remembered(qtbot, tmp_path):
+    ctx = make_test_context(tmp_path)
+    dlg = AttachDialog(AttachOptions.load(ctx.settings))
+    qtbot.addWidget(dlg)
+    dlg.endpoint.setText(" tcp://10.0.0.7:6000 ")
+    dlg.replay.setText("tcp://10.0.0.7:6001")
+    dlg.ranks.setValue(4)
+    dlg.hash_scheme.setCurrentText("vllm-sha256-cbor")
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    opts = dlg.options()
+    assert opts is not None and opts.endpoint == "tcp://10.0.0.7:6000"
+    assert [e for _, e, _ in opts.rank_endpoints()][-1] == "tcp://10.0.0.7:6003"
+    opts.save(ctx.settings)
+    other = make_test_context(tmp_path)
+    assert AttachOptions.load(other.settings) == opts
+    other.shutdown()
+    ctx.shutdown()
+
+
+def test_attach_failure_is_one_sentence_and_leaves_no_pool(qtbot, win):
+    with socket.socket() as s:  # a port in use: binding there fails
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ValueError, match="Could not attach"):
+            win.attach_remote(AttachOptions(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint="", bind=True))
+    assert not win.remote.is_attached and not win.act_detach.isEnabled()
+
+
+def test_a_million_block_remote_pool_draws_aggregated(qtbot, win):
+    """The grid of a huge remote pool is bounded (cells aggregate runs of blocks)."""
+    from app.remote_pool import MAX_CELLS
+    from engine.core.events import BlockStored, RemoteInfo
+
+    state = win.ctx.state
+    win.ctx.bridge.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "model": "vLLM bench"})
+    n = 300_000
+    info_gpu = RemoteInfo(source="bench", medium="GPU")
+    info_cpu = RemoteInfo(source="bench", medium="CPU")
+    events = [BlockStored(seq=i, time=1000.0, request_id="r", block_id=-1,
+                          block_hash=i.to_bytes(8, "big"), parent_hash=None, token_ids=(), salt=None,
+                          remote=info_gpu if i % 3 else info_cpu) for i in range(n)]
+    state.apply_events(events)
+    table = win.panels["block_table"]
+    table.redraw()
+    assert table.blocks_per_cell == 2 and len(table.cell_colors) <= MAX_CELLS
+    assert tiers(win) == {"GPU": n - n // 3, "CPU": n // 3, "STORAGE": 0}
+    # an aggregated cell shows its hottest block: with a GPU block in every pair, all GPU
+    assert np.all(table.cell_colors[: n // 2] == table.cell_colors[0])
