@@ -33,7 +33,7 @@ MAX_RECENT = 8
 DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 
 def app_icon() -> QIcon:

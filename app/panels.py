@@ -49,6 +49,7 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Billing", "billing", "app.views.billing_view:BillingView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Sweep", "sweep", "app.views.sweep_view:SweepView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Semantic cache", "semantic", "app.views.semantic_view:SemanticView", RIGHT, "block_table", None),
+    PanelSpec("vLLM probe", "remote_probe", "app.views.probe_view:ProbeView", RIGHT, "block_table", None, lazy=True),
 )
 
 SCRUB_BAR = "app.views.scrub_bar:ScrubBar"

@@ -54,7 +54,11 @@ def free_ports(n: int) -> int:
 
 
 class RecordedServer:
-    """One rank of the recorded vLLM server on loopback (PUB + ROUTER replay)."""
+    """One rank of the recorded vLLM server on loopback (PUB + ROUTER replay).
+
+    Like the server, its replay socket holds only what it has published: batch 0 (sent
+    before the subscriber joined, as in the recording) and every batch `publish` was given.
+    """
 
     def __init__(self, rank: int, port: int, replay_port: int) -> None:
         self.pub_frames = recorded(rank, "pub")
@@ -65,6 +69,7 @@ class RecordedServer:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.bind(f"tcp://127.0.0.1:{replay_port}")
         self.num_replay_requests = 0
+        self.buffered = {0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -72,9 +77,12 @@ class RecordedServer:
     def send(self, frames: list[bytes]) -> None:
         self.pub.send_multipart(frames)
 
-    def send_seq(self, seq: int) -> None:
-        """The recorded PUB frames of batch `seq`."""
-        self.send(next(f for f in self.pub_frames if int.from_bytes(f[1], "big") == seq))
+    def publish(self, seq: int, drop: bool = False) -> None:
+        """Buffer batch `seq` for replay and send its recorded PUB frames (unless `drop`:
+        a batch the subscriber never sees on the PUB socket, a gap)."""
+        self.buffered.add(seq)
+        if not drop:
+            self.send(next(f for f in self.pub_frames if int.from_bytes(f[1], "big") == seq))
 
     def _serve(self) -> None:
         poller = zmq.Poller()
@@ -87,7 +95,7 @@ class RecordedServer:
             start_seq = int.from_bytes(start, "big")
             for frames in self.replay_frames:
                 seq = int.from_bytes(frames[-2], "big", signed=True)
-                if seq >= start_seq or seq == -1:
+                if (seq >= start_seq and seq in self.buffered) or seq == -1:
                     self.router.send_multipart([client, *frames])
 
     def close(self) -> None:
@@ -134,9 +142,9 @@ def join(qtbot, win, server: RecordedServer, seq: int = 1) -> None:
     the repeats are the same seq, which the subscriber drops as already seen."""
 
     def delivered() -> bool:
-        server.send_seq(seq)
+        server.publish(seq)
         qtbot.wait(20)
-        return win.remote.health().num_batches >= 1
+        return win.remote.health().num_batches >= seq + 1  # batches 0..seq, one rank
 
     qtbot.waitUntil(delivered, timeout=WAIT_MS)
 
@@ -167,7 +175,8 @@ def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
     assert tiers(win)["GPU"] == 2
 
     # A gap: batch 2 never reaches the PUB socket; batch 3 makes the subscriber refill it.
-    server.send_seq(3)
+    server.publish(2, drop=True)
+    server.publish(3)
     settle(qtbot, win, lambda: win.remote.health().num_batches >= 4)
     # batch 2 stored two salted blocks; batch 3 moved block 1 from the GPU to the CPU tier
     settle(qtbot, win, lambda: tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0})
@@ -179,7 +188,7 @@ def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
     server.send([b"kv-events", (4).to_bytes(8, "big"), b"\xc1 not msgpack"])
     settle(qtbot, win, lambda: win.remote.health().num_malformed == 2)
     assert state.projection.num_hashed == 4  # nothing applied, the sequence did not move on
-    server.send_seq(4)  # the real batch 4 still applies: AllBlocksCleared
+    server.publish(4)  # the real batch 4 still applies: AllBlocksCleared
     settle(qtbot, win, lambda: state.projection.num_hashed == 0)
     assert win.remote.health().num_missed == 0
 
@@ -211,7 +220,8 @@ def test_block_table_colours_blocks_by_tier(qtbot, win, servers):
     (server,), port, replay = servers(1)
     attach(win, port, replay)
     join(qtbot, win, server, seq=1)
-    server.send_seq(3)  # refills batch 2
+    server.publish(2, drop=True)
+    server.publish(3)  # refills batch 2
     state = win.ctx.state
     settle(qtbot, win, lambda: tiers(win).get("CPU") == 1 and tiers(win)["GPU"] == 3)
     table = win.panels["block_table"]
@@ -235,7 +245,7 @@ def test_two_data_parallel_ranks_make_one_combined_pool(qtbot, win, servers):
     join(qtbot, win, made[0], seq=1)
 
     def both() -> bool:
-        made[1].send_seq(1)
+        made[1].publish(1)
         qtbot.wait(20)
         win.ctx.bridge.flush(everything=True)
         return set(win.ctx.state.remote.ranks(win.ctx.state.projection)) == {0, 1}
@@ -255,6 +265,7 @@ def test_restart_starts_a_fresh_pool_and_says_so(qtbot, win, servers):
     state = win.ctx.state
     settle(qtbot, win, lambda: state.projection.num_hashed == 2)
     # The server restarts: its first batch is seq 0 again (the recorded batch 0, as PUB frames).
+    server.buffered = {0}
     first = recorded(0, "replay")[0]
     server.send([first[1], first[2], first[3]])
     qtbot.waitUntil(lambda: any("restarted" in m for m in win.remote_messages), timeout=WAIT_MS)
@@ -273,7 +284,7 @@ def test_detach_stops_following_and_keeps_the_pool(qtbot, win, servers):
     win.detach_remote()
     assert not win.remote.is_attached and not win.act_detach.isEnabled()
     assert "detached" in win.remote_label.text()
-    server.send_seq(3)
+    server.publish(3)
     qtbot.wait(300)
     win.ctx.bridge.flush(everything=True)
     assert state.projection.num_hashed == 2  # the last pool stays on screen, unchanged
@@ -345,3 +356,27 @@ def test_a_million_block_remote_pool_draws_aggregated(qtbot, win):
     assert tiers(win) == {"GPU": n - n // 3, "CPU": n // 3, "STORAGE": 0}
     # an aggregated cell shows its hottest block: with a GPU block in every pair, all GPU
     assert np.all(table.cell_colors[: n // 2] == table.cell_colors[0])
+
+
+def test_probe_follows_the_pool(qtbot, win, servers, tmp_path):
+    """Tokens 1..40 against the recorded pool: two blocks held, then removed."""
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    probe = win.panels["remote_probe"]
+    prompt = tmp_path / "prompt.jsonl"
+    prompt.write_text(json.dumps({"tokens": list(range(1, 41))}) + "\n")
+    qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=30000)
+    probe.open_file(prompt)
+    # attaching fetched batch 0 from the replay socket: the first block only
+    qtbot.waitUntil(lambda: probe.result is not None and probe.result.cached_tokens == 16, timeout=WAIT_MS)
+    assert probe.result.first_missing_block == 1 and probe.result.reason == "never stored"
+    join(qtbot, win, server, seq=1)
+    qtbot.waitUntil(lambda: probe.result.cached_tokens == 32, timeout=WAIT_MS)
+    assert probe.result.first_missing_block == 2 and "partial last block" in probe.result.reason
+    assert "32 of 40 tokens cached" == probe.meter.format()
+    server.publish(2, drop=True)
+    server.publish(3, drop=True)
+    server.publish(4)  # AllBlocksCleared (batches 2 and 3 are refilled first)
+    qtbot.waitUntil(lambda: probe.result.cached_tokens == 0, timeout=WAIT_MS)
+    assert probe.result.first_missing_block == 0 and "removed" in probe.result.reason
+    assert "why: stored, then removed" in probe.answer.text()
