@@ -62,19 +62,23 @@ class TierCount:
 class RemoteOverlay:
     """Per-slot tier, rank and store time of a remote pool, and its rates over time.
 
-    `observe(events, projection)` must be called with each batch right after the
-    projection applied it. Slots follow the projection's; a slot whose hash was dropped
-    keeps stale values that `codes` masks with the projection's `hashed` flags.
+    `before(events, projection)` and `observe(events, projection)` are called around the
+    projection applying each batch. Slots follow the projection's. `base` holds each
+    slot's code at its freshest (0 = no block) and is kept exact per batch; `codes` ages
+    it, recomputed in full only when the stream's clock passes a whole second, so a
+    redraw of a steady million-block pool costs one pass over a byte per block.
     """
 
-    __slots__ = ("tier", "rank", "stored_at", "stored_times", "removed_times", "lifetimes",
+    __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed", "_times_of",
-                 "sample_times", "sample_counts", "_last_sample")
+                 "_slots_of_removed", "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
+                 "_touched", "revision", "_counts")
 
     def __init__(self) -> None:
         self.tier = np.zeros(0, dtype=np.uint8)
         self.rank = np.zeros(0, dtype=np.uint16)
         self.stored_at = np.zeros(0, dtype=np.float64)
+        self.base = np.zeros(0, dtype=np.uint8)
         self.stored_times = array("d")  # event time of every stored block
         self.removed_times = array("d")  # event time of every removed block
         self.lifetimes = array("d")  # seconds from stored to removed, per removed block
@@ -84,45 +88,66 @@ class RemoteOverlay:
         self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
         self._removed: set[bytes] = set()
         self._times_of: dict[bytes, float] = {}
+        self._slots_of_removed: list[int] = []
         # Cached blocks per tier over time: one sample per applied batch, at most every
         # SAMPLE_EVERY_S of wall time once the pool is large (a sample costs a pass over it).
         self.sample_times = array("d")
         self.sample_counts: list[array] = []  # one array("q") per tier code - 1
         self._last_sample = 0.0
+        self._codes = np.zeros(0, dtype=np.uint8)
+        self._codes_second: float | None = None  # the stream second `_codes` was aged at
+        self._touched: list[int] = []  # slots changed since `_codes` was computed
+        self.revision = 0  # bumps with every observed batch
+        self._counts: tuple[int, int, list[TierCount]] | None = None
 
     def _grow(self, n: int) -> None:
         if n <= len(self.tier):
             return
         size = max(n, 2 * len(self.tier), 1024)
-        for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64)):
+        for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64),
+                            ("base", np.uint8)):
             old = getattr(self, name)
             new = np.zeros(size, dtype=dtype)
             new[:len(old)] = old
             setattr(self, name, new)
+        self._codes_second = None  # sizes changed: the next `codes` recomputes
 
     def tier_code(self, name: str) -> int:
         code = self.tier_names.get(name)
         if code is None:
             code = self.tier_names[name] = len(self.tier_names) + 1
+            if code > len(TIERS):  # one more tier shifts every code: re-derive them
+                held = self.base > 0
+                self.base[held] = 1 + (code - self.tier[held].astype(np.int64)) * NUM_AGES + NUM_AGES - 1
+            self._codes_second = None
         return code
 
+    def _fresh_code(self, code: int) -> int:
+        num_tiers = max(len(self.tier_names), len(TIERS))
+        return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
+
     def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
-        """Note store times of the blocks this batch removes, while the projection still has them."""
-        stored_at, times_of = self.stored_at, self._times_of
+        """Note the slots and store times of the blocks this batch removes, while the
+        projection still has them."""
+        stored_at, times_of, slots = self.stored_at, self._times_of, self._slots_of_removed
         times_of.clear()
+        slots.clear()
         for e in events:
             if type(e) is BlockStored:
                 times_of[e.block_hash] = time_of(e)
-            elif type(e) is BlockEvicted and e.block_hash not in times_of:
+            elif type(e) is BlockEvicted:
                 b = projection.block_of_hash(e.block_hash)
                 if b is not None and b < len(stored_at):
-                    times_of[e.block_hash] = float(stored_at[b])
+                    slots.append(b)
+                    if e.block_hash not in times_of:
+                        times_of[e.block_hash] = float(stored_at[b])
 
     def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
         """Record a batch the projection has just applied (call `before` first)."""
+        self.revision += 1
         self._grow(projection.num_blocks)
-        tier, rank, stored_at = self.tier, self.rank, self.stored_at
-        removed, times_of = self._removed, self._times_of
+        tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
+        removed, times_of, touched = self._removed, self._times_of, self._touched
         add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
         for e in events:
             cls = type(e)
@@ -134,9 +159,12 @@ class RemoteOverlay:
                     self.num_stored_again += 1
                 b = projection.block_of_hash(e.block_hash)
                 if b is not None:
-                    tier[b] = self.tier_code(tier_of(e))
+                    code = self.tier_code(tier_of(e))
+                    tier[b] = code
                     rank[b] = rank_of(e)
                     stored_at[b] = t
+                    base[b] = self._fresh_code(code)
+                    touched.append(b)
             elif cls is BlockEvicted:
                 t = time_of(e)
                 add_removed(t)
@@ -147,6 +175,13 @@ class RemoteOverlay:
             elif cls is CacheReset:
                 t = self.last_reset_time = time_of(e)
                 self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
+                base[:] = 0
+                self._codes_second = None
+        hashes = projection.hashes
+        for b in self._slots_of_removed:
+            if hashes[b] is None:  # removed and not stored again in this batch
+                base[b] = 0
+                touched.append(b)
         times_of.clear()
         last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
                         self.removed_times[-1] if self.removed_times else 0.0)
@@ -165,37 +200,53 @@ class RemoteOverlay:
             self.sample_counts[code - 1].append(counts.get(name, 0))
 
     # ------------------------------------------------------------------ reading
-    def codes(self, projection: PoolProjection, now: float) -> np.ndarray:
+    @property
+    def now(self) -> float:
+        """The stream's clock: the time of its newest stored or removed block."""
+        return max(self.stored_times[-1] if self.stored_times else 0.0,
+                   self.removed_times[-1] if self.removed_times else 0.0)
+
+    def codes(self, projection: PoolProjection, now: float | None = None) -> np.ndarray:
         """One uint8 per slot: 0 empty, else 1 + tier rank * NUM_AGES + freshness.
 
         Tiers rank GPU highest and freshness counts up to the newest age bucket, so the
-        larger of two codes is the hotter block (what an aggregated cell shows).
+        larger of two codes is the hotter block (what an aggregated cell shows). The
+        result is shared and must be treated as read-only.
         """
         n = projection.num_blocks
-        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
-        tier = self.tier[:n] if len(self.tier) >= n else np.pad(self.tier, (0, n - len(self.tier)))
-        stored = self.stored_at[:n] if len(self.stored_at) >= n else np.pad(self.stored_at, (0, n - len(self.stored_at)))
-        age = now - stored
-        bucket = np.searchsorted(np.array(AGE_EDGES), age, side="right").astype(np.uint8)  # 0 = newest
-        num_tiers = max(len(self.tier_names), len(TIERS))
-        rank = (num_tiers - np.maximum(tier, 1)).astype(np.uint8)  # GPU = highest
-        codes = 1 + rank * NUM_AGES + (NUM_AGES - 1 - bucket)
-        codes[~hashed] = 0
-        return codes.astype(np.uint8)
+        self._grow(n)
+        now = self.now if now is None else now
+        second = math.floor(now)
+        if self._codes_second != second or len(self._codes) != len(self.base):
+            stored = self.stored_at
+            older = ((stored < now - AGE_EDGES[0]).view(np.uint8) + (stored < now - AGE_EDGES[1]).view(np.uint8)
+                     + (stored < now - AGE_EDGES[2]).view(np.uint8))
+            codes = self.base - older
+            codes[self.base == 0] = 0
+            self._codes, self._codes_second = codes, second
+        elif self._touched:
+            # Stores since the last full pass are the freshest blocks; removals are 0.
+            idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
+            self._codes[idx] = self.base[idx]
+        self._touched.clear()
+        return self._codes[:n]
 
     def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
-        n = min(projection.num_blocks, len(self.tier))
-        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
-        tiers = self.tier[:n][hashed]
-        counts = np.bincount(np.maximum(tiers, 1), minlength=len(self.tier_names) + 1)
-        by_code = {code: name for name, code in self.tier_names.items()}
-        return [TierCount(by_code[c], int(counts[c])) for c in sorted(by_code) if c < len(counts)]
+        """Cached blocks per tier (GPU, CPU, STORAGE, then any tier vLLM adds)."""
+        n = min(projection.num_blocks, len(self.base))
+        if self._counts is not None and self._counts[:2] == (self.revision, n):
+            return self._counts[2]
+        counts = np.bincount(self.base[:n], minlength=1 + max(len(self.tier_names), len(TIERS)) * NUM_AGES)
+        out = [TierCount(name, int(counts[self._fresh_code(code)]))
+               for name, code in sorted(self.tier_names.items(), key=lambda kv: kv[1])]
+        self._counts = (self.revision, n, out)
+        return out
 
     def ranks(self, projection: PoolProjection) -> dict[int, int]:
         """Cached blocks per data-parallel rank."""
         n = min(projection.num_blocks, len(self.rank))
-        hashed = np.frombuffer(projection.hashed, dtype=np.uint8, count=n).astype(bool)
-        values, counts = np.unique(self.rank[:n][hashed], return_counts=True)
+        held = self.base[:n] > 0
+        values, counts = np.unique(self.rank[:n][held], return_counts=True)
         return {int(v): int(c) for v, c in zip(values, counts)}
 
     def tier_name(self, slot: int) -> str:
@@ -225,4 +276,8 @@ def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
     k = math.ceil(n / max_cells)
     padded = np.zeros(math.ceil(n / k) * k, dtype=codes.dtype)
     padded[:n] = codes
-    return padded.reshape(-1, k).max(axis=1), k
+    # k strided passes: numpy's max over a short last axis is several times slower
+    out = padded[0::k].copy()
+    for j in range(1, k):
+        np.maximum(out, padded[j::k], out=out)
+    return out, k

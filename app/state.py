@@ -37,8 +37,8 @@ def is_eviction(event: Event) -> bool:
     return event.kind in EVICTION_KINDS
 # A remote pool can reach a million blocks, and every checkpoint is a copy of it: keep few,
 # far apart (scrubbing replays at most one interval).
-REMOTE_CHECKPOINTS = 6
-REMOTE_CHECKPOINT_EVENTS = 1 << 16
+REMOTE_CHECKPOINTS = 4
+REMOTE_CHECKPOINT_EVENTS = 1 << 17
 
 
 @dataclass(slots=True, frozen=True)

@@ -222,6 +222,23 @@ class PoolProjection:
         if num_blocks <= start:
             return
         n = num_blocks - start
+        if n == 1:  # a remote pool grows one block at a time: appends, no temporary lists
+            self.ref_counts.append(0)
+            self.hashes.append(None)
+            self.parents.append(None)
+            self.salts.append(None)
+            self.tenants.append(None)
+            self.external_ids.append(None)
+            self.token_ids.append(())
+            self.last_used.append(0)
+            self.last_seq.append(-1)
+            self.evicted_seq.append(-1)
+            self.hashed.append(0)
+            self.free[start] = None
+            self.num_blocks = num_blocks
+            if self.vacant is not None:
+                self.vacant.append(start)
+            return
         self.ref_counts.extend([0] * n)
         for lst in (self.hashes, self.parents, self.salts, self.tenants, self.external_ids):
             lst.extend([None] * n)
