@@ -607,7 +607,14 @@ class MainWindow(QMainWindow):
             self._status_timer.start()
 
     def _update_status(self) -> None:
-        proj = self.ctx.state.projection
+        state = self.ctx.state
+        proj = state.projection
+        remote = state.remote is not None
+        # A vLLM pool publishes no requests and no pool size: its cached blocks, no hit rate.
+        self.status_labels["hit_rate"].setVisible(not remote)
+        if remote:
+            self.status_labels["occupancy"].setText(f"vLLM pool {proj.num_hashed:,} cached blocks")
+            return
         total = max(proj.num_blocks, 1)
         self.status_labels["occupancy"].setText(
             f"pool {proj.num_in_use} in use · {proj.num_cached_free} cached · {proj.num_blocks} blocks "

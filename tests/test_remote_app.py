@@ -264,6 +264,8 @@ def test_restart_starts_a_fresh_pool_and_says_so(qtbot, win, servers):
     join(qtbot, win, server, seq=1)
     state = win.ctx.state
     settle(qtbot, win, lambda: state.projection.num_hashed == 2)
+    server.publish(2)  # a batch seen live (a restart is judged by what the PUB socket sent)
+    settle(qtbot, win, lambda: state.projection.num_hashed == 4)
     # The server restarts: its first batch is seq 0 again (the recorded batch 0, as PUB frames).
     server.buffered = {0}
     first = recorded(0, "replay")[0]

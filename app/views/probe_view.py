@@ -100,11 +100,19 @@ class ProbeView(QWidget):
             self.open_file(path)
 
     def open_file(self, path: str | Path) -> None:
+        """Probe the first conversation (or token row) of a file; its text shows in the box."""
         self.messages_file = Path(path)
-        self.prompt.blockSignals(True)
-        self.prompt.setPlainText(f"(messages from {self.messages_file.name})")
-        self.prompt.blockSignals(False)
         self.rebuild()
+        remote = getattr(self.ctx, "remote", None)
+        text = f"(from {self.messages_file.name})"
+        if self.probe is not None and remote is not None and remote.tokenizer is not None:
+            try:
+                text = f"(from {self.messages_file.name})\n" + remote.tokenizer.decode(list(self.probe.token_ids))
+            except Exception:  # noqa: BLE001 - ids of another model: the file name says enough
+                pass
+        self.prompt.blockSignals(True)  # shown, not typed: it must not replace the file
+        self.prompt.setPlainText(text)
+        self.prompt.blockSignals(False)
 
     # ------------------------------------------------------------------ work
     def _schedule(self) -> None:
@@ -131,7 +139,7 @@ class ProbeView(QWidget):
             try:
                 if self.messages_file is not None:
                     req = load_request(str(self.messages_file), remote.tokenizer, salt)
-                    ids = req.token_ids
+                    ids, salt = req.token_ids, req.salt  # a token row may name its tenant
                 elif self.chat.isChecked():
                     ids = request_from_text(remote.tokenizer, text, salt).token_ids
                 else:

@@ -25,6 +25,11 @@ REFRESH_MS = 200
 LIFETIME_EDGES = np.concatenate(([0.0], np.logspace(-2, np.log10(86400), 29)))
 
 
+LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
+    (0.01, "10 ms"), (0.1, "100 ms"), (1, "1 s"), (10, "10 s"), (60, "1 min"), (600, "10 min"),
+    (3600, "1 h"), (86400, "1 day"))]
+
+
 def _fmt_s(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
@@ -160,6 +165,8 @@ class RemoteMetrics(_Throttled):
         self.p_life.showGrid(x=True, y=True, alpha=0.15)
         self.p_life.setMouseEnabled(x=False, y=False)
         self.p_life.setLogMode(x=True, y=False)
+        # log10 seconds as words: the axis would otherwise read -2, -1, 0, 1 ...
+        self.p_life.getAxis("bottom").setTicks([LIFETIME_TICKS, []])
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.1)
         self.p_life.addItem(self.bars)
         self.hint = pg.TextItem("no block removed yet: lifetimes appear when the server removes blocks",
