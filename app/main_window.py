@@ -636,9 +636,13 @@ class MainWindow(QMainWindow):
             except ValueError as exc:
                 dlg.show_error(str(exc))
 
-    def attach_remote(self, options: AttachOptions) -> AttachOptions:
-        """Attach to a vLLM server (raises ValueError with a sentence); options are remembered."""
-        opts = self.remote.attach(options)
+    def attach_remote(self, options: AttachOptions) -> AttachOptions | None:
+        """Attach to a vLLM server (raises ValueError with a sentence); options are remembered.
+        None when the user kept the current subject (unsaved work) instead."""
+        opts = options.validated()
+        if not self.ctx.open_subject(Subject("server", f"vLLM {opts.endpoint}", source=opts.endpoint)):
+            return None
+        opts = self.remote.attach(opts)
         opts.save(self.ctx.settings)
         self.statusBar().showMessage(f"attached to {opts.endpoint}", 4000)
         return opts

@@ -193,6 +193,8 @@ class RemoteController(QObject):
         self._timer = QTimer(self, interval=HEALTH_MS)
         self._timer.timeout.connect(self._poll)
         self.sigTokenizer.connect(self._set_tokenizer)
+        if hasattr(ctx, "sigSubjectChanged"):  # another subject (a trace, a chat) ends the attach
+            ctx.sigSubjectChanged.connect(lambda subject: subject.kind != "server" and self.detach())
 
     @property
     def is_attached(self) -> bool:
@@ -212,8 +214,7 @@ class RemoteController(QObject):
         bus = EventBus()
         attachment = Attachment(engine_opts, on_notice=self._on_notice, events=bus)
         # The views reset to an empty remote pool before the first batch can arrive.
-        self.ctx.bridge.attach(bus)
-        self.ctx.bridge.set_engine(self._engine_info(opts))
+        self.ctx.attach_events(bus, self._engine_info(opts))
         try:
             attachment.start()
         except Exception as exc:

@@ -382,3 +382,13 @@ def test_probe_follows_the_pool(qtbot, win, servers, tmp_path):
     qtbot.waitUntil(lambda: probe.result.cached_tokens == 0, timeout=WAIT_MS)
     assert probe.result.first_missing_block == 0 and "removed" in probe.result.reason
     assert "why: stored, then removed" in probe.answer.text()
+
+
+def test_another_subject_ends_the_attach(qtbot, win, servers):
+    from app.context import Subject
+
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    assert win.ctx.subject.kind == "server" and "vLLM" in win.windowTitle()
+    win.ctx.open_subject(Subject("trace", "a trace"), ask=False)
+    assert not win.remote.is_attached and not win.act_detach.isEnabled()
