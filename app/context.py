@@ -140,6 +140,8 @@ class AppContext(QObject):
         self.runner: Any = None
         self.loaded: Any = None  # engine.model.loader.LoadedModel once loaded
         self.model_name: str | None = None  # --model, None = bundled default
+        # Why the last model load failed (None: it did not); the app goes on without a model.
+        self.model_error: str | None = None
         self.session_id: Any = None
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []

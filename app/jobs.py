@@ -5,10 +5,10 @@ Jobs run on the worker thread and touch no widget.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.core import validation
 from engine.core.errors import InputError, TraceError
 
 
@@ -24,7 +24,7 @@ def classify_file(path: Path) -> str:
             fh.seek(0)
             for raw in fh:
                 if raw.strip():
-                    obj = json.loads(raw)
+                    obj = validation.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
                     if isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj):
                         return "trace"
                     break
@@ -40,7 +40,7 @@ def trace_capacity(path: Path, block_size: int) -> int:
     with path.open("rb") as fh:
         for raw in fh:
             try:
-                obj = json.loads(raw) if raw.strip() else None
+                obj = validation.loads(raw, str(path)) if raw.strip() else None
             except ValueError:
                 break  # the replay itself reports the bad line
             if isinstance(obj, dict):

@@ -408,6 +408,7 @@ class MainWindow(QMainWindow):
         if self.ctx.worker.is_busy and self.ctx.runner is None and self.progress.isVisible():
             return  # already loading
         self._on_progress("loading model", 0.0)
+        self.ctx.model_error = None
         self.status_labels["model"].setText("loading model…")
         self.ctx.worker.submit(load_model_job, self.ctx.model_name, self.num_blocks, self.block_size,
                                self.model_load.progress_callback(self.ctx.model_name), on_done=self._on_model_loaded,
@@ -426,7 +427,10 @@ class MainWindow(QMainWindow):
     def _on_model_failed(self, exc: BaseException) -> None:
         self.progress.hide()
         self.status_labels["model"].setText("no model")
-        self.ctx.show_error(error_sentence(exc, "The model could not be loaded"))
+        self.ctx.model_error = error_sentence(exc, "The model could not be loaded")
+        self.ctx.show_error(self.ctx.model_error)
+        if "conversation" in self.panels:  # turns waiting for the model are shown as recorded
+            self.panels["conversation"].model_unavailable()
 
     def _on_progress(self, text: str, fraction: float) -> None:
         self.progress.show()

@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         check_display()
     from PySide6.QtWidgets import QApplication
 
+    if args.screenshot is not None:
+        _quiet_offscreen_warnings()
+
     from app.context import AppContext, make_test_context
     from app.main_window import MainWindow, app_icon
 
@@ -76,6 +79,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         ctx.shutdown()
         _dispose(app, window)
+
+
+def _quiet_offscreen_warnings() -> None:
+    """Drop the offscreen platform's notes about window hints it cannot honour, which are
+    not problems, so stderr carries only what the user must read."""
+    from PySide6.QtCore import qInstallMessageHandler
+
+    previous = None
+
+    def handler(mode, context, message):
+        if "does not support propagateSizeHints" in message:
+            return
+        if previous is not None:
+            previous(mode, context, message)
+        else:
+            sys.stderr.write(message + "\n")
+
+    previous = qInstallMessageHandler(handler)
 
 
 def _dispose(app, window) -> None:
@@ -154,11 +175,16 @@ def screenshot(app, window, folder: Path, file: Path) -> int:
     window.resize(1600, 1000)
     window.show()
     app.processEvents()
+    # Errors were already written to stderr, one line each, by `show_error` (no dialogs here).
     if not window.open_file(file):
-        raise InputError(window.ctx.errors[-1] if window.ctx.errors else f"{file} could not be opened")
+        if not window.ctx.errors:
+            raise InputError(f"{file} could not be opened")
+        return 2
     wait_idle(app, window)
-    if window.ctx.errors:
-        raise InputError(window.ctx.errors[-1])
+    # A model that fails to load was reported and the app went on without it; only a
+    # file that cannot be shown ends the run.
+    if any(e != window.ctx.model_error for e in window.ctx.errors):
+        return 2
     # Let the block table's "just evicted" flashes fade, as a person would see it.
     settle = time.monotonic() + 1.2
     while time.monotonic() < settle:

@@ -243,6 +243,11 @@ class ConversationView(PanelView):
         self._run_next()
         return True
 
+    def model_unavailable(self) -> None:
+        """The model failed to load (`ctx.model_error`): stop waiting for it."""
+        if self._current is None and self._queue:
+            self._run_next()
+
     def _run_next(self) -> None:
         if not self._queue:
             self._current = None
@@ -251,6 +256,13 @@ class ConversationView(PanelView):
             self.sigIdle.emit()
             return
         runner = self.ctx.runner
+        if runner is None and self.ctx.model_error is not None:
+            # The model failed to load: nothing will resume these turns, so drop them
+            # rather than wait for ever (the recorded replies stay as they are).
+            self._queue, self._current = [], None
+            self._set_status("no model: the turns are shown as recorded")
+            self.sigIdle.emit()
+            return
         if runner is None:
             self._set_status("waiting for the model to load…")
             return  # _on_runner_changed resumes

@@ -9,6 +9,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,7 +245,8 @@ def load_model(model: str | os.PathLike | None = None, progress: Progress | None
     source = resolve_model(model)
     close: Callable[[], None] | None = None
     if progress is None:
-        if _needs_conversion(source):
+        # A bar only for a person at a terminal: piped stderr keeps to one line per error.
+        if _needs_conversion(source) and sys.stderr.isatty():
             progress, close = _stderr_progress()
         else:
             progress = _ignore
@@ -284,6 +286,9 @@ def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> Lo
         tokenizer_location = weights_location = source.location
         model_id = f"{source.kind}:{source.location}"
     progress("loading weights", 0.9)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading converted weights takes about a second; no bar
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_location)
         net = AutoModelForCausalLM.from_pretrained(weights_location, dtype=torch.float32)
