@@ -73,6 +73,7 @@ def test_send_streams_tokens_and_colours_the_strip(qtbot, view, ctx):
     gen = view.cards[1].strip.data
     assert gen.states.count("generated") == len(r.output_token_ids)
     # Persisted: the session holds both messages and the request.
+    view.flush_store()  # writes go through the store's writer thread; wait for them
     msgs = ctx.store.messages(ctx.session_id)
     assert [(m.role, m.content) for m in msgs] == [("user", user.content), ("assistant", r.output_text)]
     # Through the bridge the state saw the request.
@@ -116,6 +117,7 @@ def test_second_turn_reuses_the_first_and_edit_invalidates_from_the_edit(qtbot, 
     assert lookups[0].miss.reason == "new_content"
     assert lookups[0].num_cached_tokens == redo.num_cached_tokens < first.num_prompt_tokens
     # The store kept the edit history.
+    view.flush_store()
     history = ctx.store.messages(ctx.session_id, include_history=True)
     assert [m.content for m in history if m.position == 0] == ["Name a colour.", "Name a fruit."]
 
