@@ -14,7 +14,11 @@ The API the app and the CLI build on (no Qt anywhere in this package):
     ...
     with att.lock:                  # pools are mutated on subscriber threads
         att.pools[0].num_cached_in("GPU"); att.combined.num_cached
-    att.stop()
+    att.stop()                      # twice is harmless; AttachOptions.to_dict/from_dict for settings
+
+Notice kinds: refilled, missed, malformed, restart (the pool was reset), refill_timeout,
+reconnected, error. `att.health()` returns one StreamHealth per stream (batches, refilled,
+missed, malformed, restarts, lag_s) at any time.
 
 Every converted event carries `remote: RemoteInfo` (engine.core.events): source, rank,
 batch_seq and batch_time, medium (tier: GPU, CPU, STORAGE), group_idx,
@@ -23,7 +27,7 @@ kv_cache_spec_kind, lora_id, lora_name, extra_keys, locality, session_id, block_
 them. Hashes are bytes in one canonical form (`wire.canonical_hash`): an integer event
 hash is its 8 bytes unsigned (16 hex digits), a digest its 32 bytes (64 hex digits).
 
-`probe_prompt` says how much of a prompt a pool holds and why the rest is missing;
+`PromptProbe`/`probe_prompt` say how much of a prompt a pool holds and why the rest is missing;
 `VllmPublisher`/`EnginePublisher` send our own engine's events in vLLM's wire format.
 Modules: wire (frames and msgpack), pool (the per-rank model), subscriber (one stream),
 attachment (many streams), probe, publisher. Keeping a capture in the store is
