@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.core import validation
+from engine.core.trace import MOONCAKE_BLOCK_SIZE
 from engine.core.errors import InputError, TraceError
 
 
@@ -56,7 +57,7 @@ def trace_block_size(path: Path) -> int:
         for raw in fh:
             if raw.strip():
                 # Mooncake hash ids each stand for one 512-token block.
-                return 512 if b'"hash_ids"' in raw else 16
+                return MOONCAKE_BLOCK_SIZE if b'"hash_ids"' in raw else 16
     return 16
 
 
@@ -67,8 +68,8 @@ def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int)
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
     result = replay(load_trace(path, block_size), config, events=bus, source=str(path))
-    result["config"]["trace"] = str(path)
-    return result
+    result.config["trace"] = str(path)
+    return result.to_dict()
 
 
 def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:

@@ -123,7 +123,7 @@ def test_a_real_replay_on_a_worker_thread_reaches_the_gui(qtbot, bridge):
     shared = tuple(range(100, 148))
     reqs = [TraceRequest(i, i + 1, f"r{i}", None, shared + (i,) * 5, (7, 8, 9), None, 53, 3) for i in range(6)]
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(replay(reqs, ReplayConfig(block_size=16, capacity_blocks=32), events=bus)))
+    t = threading.Thread(target=lambda: result.update(replay(reqs, ReplayConfig(block_size=16, capacity_blocks=32), events=bus).to_dict()))
     t.start()
     t.join()
     qtbot.waitUntil(lambda: bridge.num_pending == 0 and bool(bridge.batches), timeout=3000)

@@ -42,7 +42,7 @@ def start_child(db: Path, sid: int):
             os.close(read_fd)
             out = os.fdopen(write_fd, "w", buffering=1)
             store = Store(db)
-            replay_session(store, sid, on_request=lambda row: out.write(f"{row['index']} {row['cached_tokens']}\n"))
+            replay_session(store, sid, on_request=lambda row: out.write(f"{row.index} {row.cached_tokens}\n"))
             out.write("done\n")
             out.flush()
             code = 0
@@ -66,7 +66,7 @@ def test_sigkill_never_loses_a_committed_turn(tmp_path):
         bus, seen, boundaries = EventBus(), [], []
         bus.subscribe(seen.append)
         reference = replay_session(store, sid, persist=False, events=bus,
-                                   on_request=lambda row: boundaries.append(len(seen)))
+                                   on_request=lambda row: boundaries.append(len(seen))).to_dict()
     reference_events = without_time(e.to_dict() for e in seen)
     rng = random.Random(4)
     acked_by_run: dict[int, int] = {}

@@ -17,7 +17,8 @@ from app.context import engine_info, make_test_context
 from app.views.block_table_view import BlockTableView, compute_colors, grid_shape
 from app.views.event_log_view import EventLogView, request_of
 from app.views.hash_chain_view import HashChainView
-from app.views.kv_memory_view import KvMemoryView, formula_bytes
+from app.views.kv_memory_view import KvMemoryView
+from engine.model.kv_memory import kv_bytes
 from app.views.metrics_view import MetricsView
 from app.views.scrub_bar import ScrubBar
 from app.views.timeline_view import TimelineView
@@ -69,7 +70,7 @@ def replay_trace(ctx, tmp_path, capacity=40, block_size=4, concurrency=2):
     events: list = []
     bus.subscribe(events.append)
     mgr = PrefixCacheManager(capacity, block_size, BlockHasher(seed=0), bus)
-    result = replay(load_trace(write_trace(tmp_path / "trace.jsonl")), config, manager=mgr)
+    result = replay(load_trace(write_trace(tmp_path / "trace.jsonl")), config, manager=mgr).to_dict()
     deliver(ctx)
     return mgr, events, result
 
@@ -257,7 +258,7 @@ def test_metrics_show_reuse_and_timings(ctx, qtbot, tmp_path):
 
 
 def test_kv_memory_formula_and_what_if(ctx, qtbot):
-    per_layer = [formula_bytes(1, 3, 64, 4, 16 * 64)] * 30
+    per_layer = [kv_bytes(1, 3, 64, 4, 16 * 64)] * 30
     ctx.new_event_bus(engine_info(block_size=16, num_blocks=64, model="SmolLM2-135M-Instruct", num_layers=30,
                                   num_kv_heads=3, head_dim=64, dtype="float32", per_layer_bytes=per_layer))
     view = KvMemoryView(ctx)
@@ -296,7 +297,7 @@ def test_views_on_the_real_model(ctx, qtbot, default_model):
     assert "You are a terse assistant." in tip
     assert runner.tokenizer.decode(list(first.prompt_token_ids[:16])).replace("\n", "⏎") in tip
     measured = sum(runner.kv_pool.per_layer_bytes())
-    assert measured == formula_bytes(default_model.num_layers, default_model.num_kv_heads,
+    assert measured == kv_bytes(default_model.num_layers, default_model.num_kv_heads,
                                      default_model.head_dim, 4, runner.manager.num_blocks * 16)
     assert "✓ equals" in kv.totals.text()
 

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.core.errors import InputError, TraceError
-from engine.store.formats import FORMATS, MOONCAKE_BLOCK_SIZE, load_conversations
+from engine.core.trace import MOONCAKE_BLOCK_SIZE
+from engine.store.formats import FORMATS, load_conversations
 from engine.store.sessions import import_file
 from engine.store.database import Store
 

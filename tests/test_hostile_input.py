@@ -148,7 +148,7 @@ def test_cli_numbers(tmp_path, capsys):
 
 
 def test_a_chat_template_the_sandbox_refuses_is_input_error():
-    from engine.analysis.sweep import render_chat
+    from engine.model.chat import render_chat
     from engine.model.loader import load_tokenizer
 
     tok = load_tokenizer()
@@ -241,7 +241,7 @@ def test_long_outputs_in_flight_cost_per_block_not_per_token(monkeypatch):
     monkeypatch.setattr(PrefixCacheManager, "append", lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
     reqs = [TraceRequest(i, i + 1, f"r{i}", None, None, None, (i, i + 10), 20, 5_000_000) for i in range(2)]
     result = replay(reqs, ReplayConfig(block_size=16, capacity_blocks=700_000, concurrency=2))
-    assert result["totals"]["requests"] == 2 and result["totals"]["refused_requests"] == 0
+    assert result.totals.requests == 2 and result.totals.refused_requests == 0
     assert len(calls) < 5_000_000 // 16 * 2 * 2 + 10  # at most two calls per block per request
 
 

@@ -179,7 +179,7 @@ def test_mooncake_replay_state_at_matches_snapshots():
             moments.append((event.seq, comparable(mgr.snapshot())))
 
     bus.subscribe(on_event)
-    result = replay(requests, config, manager=mgr)
+    result = replay(requests, config, manager=mgr).to_dict()
     assert result["totals"]["evicted_blocks"] > 0, "the pool should be small enough to evict"
     assert log.live.snapshot() == comparable(mgr.snapshot())
     assert log.live.counters.num_evicted_blocks == result["totals"]["evicted_blocks"]

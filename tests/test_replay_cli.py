@@ -104,7 +104,7 @@ def test_replay_is_deterministic_with_a_seed(chat_trace):
 
 @pytest.mark.parametrize("path,capacity", [(MOONCAKE_CONV, 20000), (MOONCAKE_SYN, 4000)])
 def test_mooncake_traces_replay_completely(path, capacity):
-    result = replay(load_trace(path, 512), ReplayConfig(block_size=512, capacity_blocks=capacity))
+    result = replay(load_trace(path, 512), ReplayConfig(block_size=512, capacity_blocks=capacity)).to_dict()
     t = result["totals"]
     n_lines = sum(1 for line in path.open() if line.strip())
     assert t["requests"] == n_lines
@@ -118,8 +118,8 @@ def test_mooncake_traces_replay_completely(path, capacity):
 
 def test_mooncake_hit_rate_grows_with_capacity():
     rows = load_trace(MOONCAKE_CONV, 512)[:3000]
-    small = replay(rows, ReplayConfig(block_size=512, capacity_blocks=500))["totals"]["hit_rate"]
-    large = replay(rows, ReplayConfig(block_size=512, capacity_blocks=50000))["totals"]["hit_rate"]
+    small = replay(rows, ReplayConfig(block_size=512, capacity_blocks=500)).totals.hit_rate
+    large = replay(rows, ReplayConfig(block_size=512, capacity_blocks=50000)).totals.hit_rate
     assert large > small
 
 

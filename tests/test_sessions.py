@@ -13,7 +13,9 @@ from app.cli import main
 from engine.core.events import EventBus
 from engine.model.loader import load_tokenizer
 from engine.core.replay import ReplayConfig, replay
-from engine.store.sessions import (edit_and_rerun, export_session, import_file, render_turns, replay_session,
+from engine.model.chat import render_turns
+from engine.store.edit import edit_and_rerun
+from engine.store.sessions import (export_session, import_file, replay_session,
                              session_file)
 from engine.store.database import Store
 from engine.core.trace import load_trace
@@ -48,8 +50,8 @@ def test_trace_session_replays_exactly_like_the_engine_replay(store, tmp_path):
     [sid] = import_file(store, part, capacity_blocks=500)
     info = store.get_session(sid)
     assert (info.kind, info.block_size, info.source_format) == ("trace", 512, "mooncake")
-    result = replay_session(store, sid)
-    expected = replay(load_trace(part, 512), ReplayConfig(block_size=512, capacity_blocks=500, seed=0))
+    result = replay_session(store, sid).to_dict()
+    expected = replay(load_trace(part, 512), ReplayConfig(block_size=512, capacity_blocks=500, seed=0)).to_dict()
     assert result["totals"] == expected["totals"] and result["totals"]["cached_tokens"] > 0
     assert result["requests"] == expected["requests"]
     run_id = result["config"]["run_id"]
@@ -65,7 +67,7 @@ def test_trace_session_replays_exactly_like_the_engine_replay(store, tmp_path):
 def test_mt_bench_import_and_replay_with_the_chat_template(store, tokenizer):
     ids = import_file(store, DATA / "mt_bench_question.jsonl")
     assert len(ids) == 80 and store.get_session(ids[0]).title == "MT-bench 81 (writing)"
-    result = replay_session(store, ids[0], tokenizer=tokenizer)
+    result = replay_session(store, ids[0], tokenizer=tokenizer).to_dict()
     first, second = result["requests"]
     chat = [{"role": m.role, "content": m.content} for m in store.messages(ids[0])]
     rendered = tokenizer.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
@@ -86,32 +88,32 @@ def test_chat_turns_keep_the_recorded_replies(store, tokenizer):
     # the next prompt continues the previous prompt and reply token for token
     assert t1.prompt_token_ids[:len(t0.prompt_token_ids) + len(t0.output_token_ids)] == \
         t0.prompt_token_ids + t0.output_token_ids
-    rows = replay_session(store, sid, tokenizer=tokenizer)["requests"]
+    rows = replay_session(store, sid, tokenizer=tokenizer).to_dict()["requests"]
     kv_tokens = len(t0.prompt_token_ids) + len(t0.output_token_ids) - 1  # the last sampled token has no KV
     assert rows[1]["cached_tokens"] == kv_tokens // 16 * 16
 
 
 def test_replays_of_a_chat_repeat_hashes_and_events_exactly(store, tokenizer):
     [sid] = import_file(store, REASONING)
-    a = replay_session(store, sid, tokenizer=tokenizer)
-    b = replay_session(store, sid, tokenizer=tokenizer)
+    a = replay_session(store, sid, tokenizer=tokenizer).to_dict()
+    b = replay_session(store, sid, tokenizer=tokenizer).to_dict()
     ea, eb = (store.event_dicts(r["config"]["run_id"]) for r in (a, b))
     assert ea and without_time(ea) == without_time(eb)
     hashes = [e["block_hash"] for e in ea if e["kind"] == "block_stored"]
     assert len(hashes) > 5
     [other] = import_file(store, REASONING, seed=1)
-    c = replay_session(store, other, tokenizer=tokenizer)
+    c = replay_session(store, other, tokenizer=tokenizer).to_dict()
     other_hashes = [e["block_hash"] for e in store.event_dicts(c["config"]["run_id"]) if e["kind"] == "block_stored"]
     assert len(other_hashes) == len(hashes) and not set(other_hashes) & set(hashes)
 
 
 def test_editing_a_user_message_invalidates_every_block_from_it(store, tokenizer):
     [sid] = import_file(store, REASONING)
-    original = replay_session(store, sid, tokenizer=tokenizer)
+    original = replay_session(store, sid, tokenizer=tokenizer).to_dict()
     stored_before = {e["block_hash"] for e in store.event_dicts(original["config"]["run_id"])
                      if e["kind"] == "block_stored"}
     new_text = 'If the "second person" is changed to "third person" in the above question, what would the answer be?'
-    result = edit_and_rerun(store, sid, 3, new_text, tokenizer=tokenizer)
+    result = edit_and_rerun(store, sid, 3, new_text, tokenizer=tokenizer).to_dict()
     first = result["requests"][0]
     turn = render_turns(store.messages(sid), tokenizer)[1]
     assert first["index"] == 1 and first["message_position"] == 3
@@ -136,7 +138,7 @@ def test_editing_a_user_message_invalidates_every_block_from_it(store, tokenizer
 
 def test_editing_the_system_message_invalidates_from_block_zero(store, tokenizer):
     [sid] = import_file(store, REASONING)
-    result = edit_and_rerun(store, sid, 0, "You are a pirate. Answer in pirate speak.", tokenizer=tokenizer)
+    result = edit_and_rerun(store, sid, 0, "You are a pirate. Answer in pirate speak.", tokenizer=tokenizer).to_dict()
     assert result["invalidated_from_block"] == 0
     assert [r["index"] for r in result["requests"]] == [0, 1]
     assert result["requests"][0]["cached_tokens"] == 0 and result["requests"][0]["miss_message"] == 0
@@ -170,7 +172,7 @@ def test_trace_session_file_round_trips(store, tmp_path):
     export_session(store, sid, tmp_path / "t.cachescope.json")
     [again] = import_file(store, tmp_path / "t.cachescope.json")
     assert session_file(store, again) == session_file(store, sid)
-    assert replay_session(store, again)["totals"] == replay_session(store, sid)["totals"]
+    assert replay_session(store, again).to_dict()["totals"] == replay_session(store, sid).to_dict()["totals"]
 
 
 # ---------------------------------------------------------------------------- command line
@@ -220,7 +222,7 @@ def test_sessions_command_line(tmp_path, capsys):
 def test_edit_with_generate_runs_the_real_model_and_stores_new_replies(store, tokenizer):
     [sid] = import_file(store, REASONING)
     new_text = 'If the "second person" is changed to "first person", what would the answer be?'
-    result = edit_and_rerun(store, sid, 3, new_text, tokenizer=tokenizer, generate=True, max_new_tokens=6)
+    result = edit_and_rerun(store, sid, 3, new_text, tokenizer=tokenizer, generate=True, max_new_tokens=6).to_dict()
     [row] = result["requests"]
     assert row["miss_reason"] == "new_content" and row["miss_message"] == 3
     assert row["cached_tokens"] == row["first_miss_block"] * 16 == result["invalidated_from_block"] * 16

@@ -40,7 +40,7 @@ def recorded_replay(path):
     seen = []
     bus.subscribe(seen.append)
     config = ReplayConfig(block_size=512, capacity_blocks=400, seed=0)
-    result = replay(load_trace(path, 512), config, manager=make_manager(config, bus))
+    result = replay(load_trace(path, 512), config, manager=make_manager(config, bus)).to_dict()
     return result, seen
 
 

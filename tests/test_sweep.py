@@ -51,7 +51,7 @@ def test_points_match_replay(shared_prefix_trace):
     reqs = load_trace(shared_prefix_trace)
     out = sweep(reqs, block_sizes=[8], capacities=[5])
     cap = out["points"][-1]
-    direct = replay(reqs, ReplayConfig(block_size=16, capacity_blocks=5))["totals"]
+    direct = replay(reqs, ReplayConfig(block_size=16, capacity_blocks=5)).to_dict()["totals"]
     assert cap["hit_rate"] == direct["hit_rate"] and cap["evicted_blocks"] == direct["evicted_blocks"]
 
 

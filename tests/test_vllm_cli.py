@@ -119,7 +119,7 @@ def test_hash_tokens_match_vllm(row, tmp_path, capsys):
 
 
 def test_hash_messages_through_the_chat_template(tmp_path, capsys, default_tokenizer):
-    from engine.analysis.sweep import render_chat
+    from engine.model.chat import render_chat
 
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three primes."}]
     path = tmp_path / "m.json"

@@ -68,7 +68,7 @@ def test_our_publisher_into_our_subscriber_reproduces_the_engine_pool(tmp_path, 
     try:
         att.start()
         result = replay(read_trace(write_trace(tmp_path), 4), ReplayConfig(block_size=4, capacity_blocks=20),
-                        manager=manager)
+                        manager=manager).to_dict()
         engine_pub.close()
         assert result["totals"]["evicted_blocks"] > 0 and publisher.next_seq > 3
         wait_for(lambda: att.subscribers[0].health.last_seq == publisher.next_seq - 1)

@@ -87,8 +87,8 @@ def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
                           seed=None if args.random_seed else args.seed, hash=args.hash,
                           concurrency=args.concurrency, hash_seed=args.hash_seed)
     result = replay(read_trace(args.trace, args.block_size), config, events, source=str(args.trace))
-    result["config"]["trace"] = str(args.trace)
-    return result
+    result.config["trace"] = str(args.trace)
+    return result.to_dict()
 
 
 def print_human(result: dict) -> None:

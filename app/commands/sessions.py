@@ -163,25 +163,25 @@ def _delete(store: Any, args: argparse.Namespace) -> int:
 
 
 def _edit(store: Any, args: argparse.Namespace) -> int:
-    from engine.store.sessions import edit_and_rerun
+    from engine.store.edit import edit_and_rerun
 
     result = edit_and_rerun(store, args.session, args.message, args.content, capacity_blocks=args.capacity_blocks,
                             generate=args.generate, max_new_tokens=args.max_new_tokens)
     if args.json:
-        print_json(result)
+        print_json(result.to_dict())
         return 0
     out = sys.stdout
-    out.write(f"message {result['message']} is now version {result['version']}\n")
-    if result["invalidated_from_block"] is None:
+    out.write(f"message {result.message} is now version {result.version}\n")
+    if result.invalidated_from_block is None:
         out.write("no request changed\n")
         return 0
-    out.write(f"invalidated from block {result['invalidated_from_block']} (token {result['divergence_token']})\n")
-    out.write(f"cached tokens {result['cached_tokens_before']} -> {result['cached_tokens_after']}; "
-              f"the edit costs {result['edit_cost_tokens']} more computed tokens\n")
-    for r in result["requests"]:
-        out.write(f"  request {r['index']} (after message {r['message_position']}): cached {r['cached_tokens']}"
-                  f"/{r['prompt_tokens']}, {r['miss_reason']} at block {r['first_miss_block']}"
-                  f" (message {r['miss_message']})\n")
+    out.write(f"invalidated from block {result.invalidated_from_block} (token {result.divergence_token})\n")
+    out.write(f"cached tokens {result.cached_tokens_before} -> {result.cached_tokens_after}; "
+              f"the edit costs {result.edit_cost_tokens} more computed tokens\n")
+    for r in result.requests:
+        out.write(f"  request {r.index} (after message {r.message_position}): cached {r.cached_tokens}"
+                  f"/{r.prompt_tokens}, {r.miss_reason} at block {r.first_miss_block}"
+                  f" (message {r.miss_message})\n")
     return 0
 
 
@@ -189,9 +189,7 @@ def _replay(store: Any, args: argparse.Namespace) -> int:
     from engine.store.sessions import replay_session
 
     result = replay_session(store, args.session, capacity_blocks=args.capacity_blocks,
-                            concurrency=args.concurrency, persist=not args.no_record)
-    if args.totals_only:
-        result.pop("requests", None)
+                            concurrency=args.concurrency, persist=not args.no_record).to_dict(not args.totals_only)
     if args.json:
         print_json(result)
         return 0

@@ -26,6 +26,7 @@ from app.views.message_card import MessageCard
 from app.views.token_strip import STATE_LABELS, ChatMessage, chat_dicts, reuse_reason, strip_data, title_of
 from app.widgets import PanelView
 from engine.core.errors import CapacityError, InputError
+from engine.model.chat import requests_after_edit
 
 if TYPE_CHECKING:
     from app.context import AppContext
@@ -238,8 +239,9 @@ class ConversationView(PanelView):
                 self._recorder.rename(title_of(edited.content))
         for card, m in zip(self.cards, self.messages):
             card.set_message(m)
-        first = index if self.messages[index].role == "user" else index + 1
-        self._queue = [j for j in range(first, len(self.messages)) if self.messages[j].role == "user"]
+        # The same requests `cachescope sessions edit --generate` re-runs: every one whose prompt
+        # holds the edit (an edited reply is kept as written, so its own request is not re-run).
+        self._queue = requests_after_edit([m.role for m in self.messages], index, keep_replies=False)
         self._run_next()
         return True
 

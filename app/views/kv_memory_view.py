@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizeP
 
 from app import theme
 from app.views.timeline_view import CountAxis
+from engine.model.kv_memory import PRESETS, kv_bytes
 
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
@@ -29,16 +30,7 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def formula_bytes(layers: int, kv_heads: int, head_dim: int, bytes_per_value: int, tokens: int) -> int:
-    """DESIGN 4.5: 2 (K and V) * layers * kv_heads * head_dim * bytes_per_value * tokens."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_value * tokens
-
-
 def _presets() -> dict[str, Any]:
-    try:
-        from engine.model.kv_memory import PRESETS
-    except ImportError:  # engineer A's module; the what-if falls back to the current shape
-        return {}
     return dict(PRESETS)
 
 
@@ -207,7 +199,7 @@ class KvMemoryView(QWidget):
                                 "tensors once a model is loaded. The what-if below works without one.")
             return
         measured = sum(self.per_layer)
-        expected = formula_bytes(layers, heads, dim, bpv, tokens)
+        expected = kv_bytes(layers, heads, dim, bpv, tokens)
         check = "✓ equals" if measured == expected else "✗ differs from"
         in_use = p.num_in_use * p.block_size * (measured // tokens if tokens else 0)
         self.totals.setText(
@@ -237,7 +229,7 @@ class KvMemoryView(QWidget):
         # Latent attention (DeepSeek-V3) caches one compressed latent per token and layer,
         # not K and V per head: the preset's kv_factor says which (2 or 1).
         factor = int(getattr(self.presets[preset], "kv_factor", 2)) if preset is not None else 2
-        total = formula_bytes(layers, heads, dim, BYTES_PER_VALUE[dtype], tokens) * factor // 2
+        total = kv_bytes(layers, heads, dim, BYTES_PER_VALUE[dtype], tokens, factor)
         self.what_if_bytes = total
         note = "" if factor == 2 else " (latent attention: one latent per token and layer, no separate K and V)"
         self.what_if.setText(

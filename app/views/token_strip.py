@@ -15,6 +15,7 @@ from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from app import theme
+from engine.model.chat import message_ends, render_chat
 
 MISS_TEXT = {"new_content": "new content", "evicted": "evicted", "salt": "other salt",
              "partial_block": "partial block", "last_token": "last token"}
@@ -85,12 +86,6 @@ def chat_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return [{"role": m.role, "content": m.content} for m in messages]
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-    from engine.analysis.sweep import render_chat  # the one chat renderer, so positions line up
-
-    return render_chat(tokenizer, messages, add_generation_prompt)
-
-
 def reuse_reason(result: Any, previous: ChatMessage | None, block_size: int) -> str:
     """Why a turn reused as many prompt tokens as it did, in one sentence.
 
@@ -113,8 +108,6 @@ def reuse_reason(result: Any, previous: ChatMessage | None, block_size: int) -> 
         text += f"; this prompt differs earlier ({MISS_TEXT.get(miss.reason, miss.reason)} at block " \
                 f"{miss.first_miss_block})" if miss is not None else ""
     return text + "."
-
-
 def _decoder(tokenizer: Any, memo: dict[int, str] | None) -> Any:
     if memo is None:
         return lambda tid: tokenizer.decode([tid])
@@ -158,8 +151,8 @@ def strip_data(tokenizer: Any, messages: list[ChatMessage], block_size: int,
     if not messages:
         return []
     dicts = chat_dicts(messages)
-    full = _render(tokenizer, dicts, False)
-    ends = [len(_render(tokenizer, dicts[:j + 1], False)) for j in range(len(dicts) - 1)] + [len(full)]
+    full = render_chat(tokenizer, dicts, False)
+    ends = message_ends(tokenizer, dicts[:-1]) + [len(full)]
     turns: dict[int, _Turn] = {}
     for j, m in enumerate(messages):
         r = m.result

@@ -17,7 +17,8 @@ from typing import Any, Hashable, Iterable, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
-from engine.core.trace import common_prefix_length
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length
+from engine.model.chat import message_spans
 from engine.resources import resource_path
 
 RULES_PATH = resource_path("billing_rules.json")
@@ -411,7 +412,6 @@ def chain_segments(parts: Sequence[tuple[str, Sequence[int]]], salt: str | None 
 
 # ---- building requests from files -------------------------------------------------------
 
-MOONCAKE_BLOCK_TOKENS = 512
 _MOD = (1 << 61) - 1
 _BASE = 1_000_003
 
@@ -440,7 +440,7 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
         if tr.hash_ids is not None:
             segs, left = [], tr.input_length
             for i, hid in enumerate(tr.hash_ids):
-                n = min(MOONCAKE_BLOCK_TOKENS, left) if i < len(tr.hash_ids) - 1 else left
+                n = min(MOONCAKE_BLOCK_SIZE, left) if i < len(tr.hash_ids) - 1 else left
                 if n <= 0:
                     break
                 segs.append(Segment(("mooncake", tr.tenant, i, hid), n, None, f"block {i}"))
@@ -487,15 +487,14 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
                                 turn_gap_s: float = 0.0) -> list[BillingRequest]:
     """One request per user turn, each message one content block, tokens from `tokenizer`.
 
-    Token counts are an approximation: the bundled model's tokenizer with ChatML framing,
-    not the provider's own tokenizer (which the APIs do not publish).
+    Token counts are an approximation: each message as the bundled model's chat template
+    frames it, not the provider's own tokenizer (which the APIs do not publish).
     """
     out, clock = [], 0.0
     for ci, conv in enumerate(conversations):
         msgs = _messages_of(conv)
-        parts = [(f"{i}:{role}", tokenizer.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n", add_special_tokens=False))
-                 for i, (role, text) in enumerate(msgs)]
-        segs = chain_segments(parts)
+        spans = message_spans(tokenizer, [{"role": role, "content": text} for role, text in msgs])
+        segs = chain_segments([(f"{i}:{role}", span) for i, ((role, _), span) in enumerate(zip(msgs, spans))])
         cid = getattr(conv, "id", None) or getattr(conv, "conversation_id", None) or str(ci)
         for k, (role, _) in enumerate(msgs):
             if role == "user":

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.core.errors import InputError, TraceError
+from engine.model.chat import render_chat
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",
           "bos_or_special_token", "new_content")
@@ -172,8 +173,6 @@ def diff_requests(tokenizer: Any, a: DiffRequest, b: DiffRequest, block_size: in
 # ---- loading a side ---------------------------------------------------------------------
 
 def render_messages(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    from engine.analysis.sweep import render_chat
-
     if not messages:
         raise InputError("the request has no messages")
     return render_chat(tokenizer, messages, add_generation_prompt=messages[-1]["role"] != "assistant")

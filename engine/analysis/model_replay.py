@@ -11,6 +11,9 @@ from typing import Any, Sequence
 
 from engine.core.errors import CapacityError, InputError
 from engine.core.events import EventBus
+from engine.core.manager import Request
+from engine.core.replay import ReplayConfig
+from engine.core.served import ReplayTotals, ServedRequest
 from engine.store.formats import Conversation, load_conversations
 
 DEFAULT_CAPACITY_BLOCKS = 4096  # 64K tokens at block size 16: no eviction for any normal chat
@@ -58,6 +61,7 @@ def replay_conversations(conversations: Sequence[Conversation], loaded: Any, con
                          kv_memory_bytes=config.kv_memory_bytes, block_size=config.block_size, seed=config.seed,
                          hash=config.hash, events=events, hash_seed=config.hash_seed)
     rows: list[dict[str, Any]] = []
+    served_requests: list[ServedRequest] = []
     for conv_index, conv in enumerate(conversations):
         if conv.kind != "chat":
             raise InputError(f"conversation {conv_index + 1} is a trace, not a chat; replay it without a model")
@@ -72,39 +76,30 @@ def replay_conversations(conversations: Sequence[Conversation], loaded: Any, con
             history.append(message)
             if message["role"] != "user":
                 continue
-            row = _run_turn(runner, history, config, len(rows), f"{conv_index}:{turn}", conv)
+            served, row = _run_turn(runner, history, config, len(rows), f"{conv_index}:{turn}", conv)
+            served_requests.append(served)
             rows.append(row)
             turn += 1
-            if not config.teacher_forced and not row.get("refused"):
-                history.append({"role": "assistant", "content": row["output_text"]})
-    return _result(rows, runner, config)
+            if not config.teacher_forced and not served.refused:
+                history.append({"role": "assistant", "content": served.output_text or ""})
+    return _result(served_requests, rows, runner, config)
 
 
 def _run_turn(runner: Any, history: list[dict[str, str]], config: ModelReplayConfig, index: int,
-              request_id: str, conv: Conversation) -> dict[str, Any]:
+              request_id: str, conv: Conversation) -> tuple[ServedRequest, dict[str, Any]]:
     prompt = runner.render_chat(history)
-    lookup_miss = None
-    row: dict[str, Any] = {"index": index, "id": request_id, "tenant": None, "conversation": conv.title or None,
-                           "prompt_tokens": len(prompt), "cached_tokens": 0, "computed_tokens": 0,
-                           "output_tokens": 0}
     try:
         result = runner.generate(prompt, max_new_tokens=config.max_new_tokens, request_id=request_id)
     except CapacityError as exc:
-        from engine.core.manager import Request
-
-        lookup_miss = runner.manager.lookup(Request(request_id, prompt)).miss
-        row.update(refused=True, error=str(exc), miss_reason=lookup_miss.reason,
-                   first_miss_block=lookup_miss.first_miss_block, divergence_token=lookup_miss.divergence_token,
-                   ttft_ms=None, prefill_ms=None, decode_ms=None, output_text="")
-        return row
-    miss = result.miss
-    row.update(cached_tokens=result.num_cached_tokens, computed_tokens=result.num_computed_tokens,
-               output_tokens=len(result.output_token_ids), miss_reason=miss.reason if miss else None,
-               first_miss_block=miss.first_miss_block if miss else None,
-               divergence_token=miss.divergence_token if miss else None,
-               ttft_ms=round(result.ttft_ms, 3), prefill_ms=round(result.prefill_ms, 3),
-               decode_ms=round(result.decode_ms, 3), output_text=result.output_text,
-               finish_reason=result.finish_reason)
+        miss = runner.manager.lookup(Request(request_id, prompt)).miss
+        served = ServedRequest(index, request_id, None, len(prompt), miss_reason=miss.reason,
+                               first_miss_block=miss.first_miss_block, divergence_token=miss.divergence_token,
+                               refused=True, output_text="")
+        return served, _row(served, conv, error=str(exc))
+    served = ServedRequest.from_result(index, result, None)
+    served.ttft_ms, served.prefill_ms = round(result.ttft_ms, 3), round(result.prefill_ms, 3)
+    served.decode_ms, served.finish_reason = round(result.decode_ms, 3), result.finish_reason
+    row = _row(served, conv)
     if config.verify:
         cold = runner.generate(prompt, max_new_tokens=config.max_new_tokens, use_cache=False,
                                request_id=f"{request_id}:verify")
@@ -113,24 +108,22 @@ def _run_turn(runner: Any, history: list[dict[str, str]], config: ModelReplayCon
                  if a is not None and b is not None and a.shape == b.shape]
         row.update(outputs_identical=result.output_token_ids == cold.output_token_ids,
                    max_logit_diff=max(diffs) if diffs else None, cold_ttft_ms=round(cold.ttft_ms, 3))
-    return row
+    return served, row
 
 
-def _result(rows: list[dict[str, Any]], runner: Any, config: ModelReplayConfig) -> dict[str, Any]:
+def _row(served: ServedRequest, conv: Conversation, **extra: Any) -> dict[str, Any]:
+    """The replay contract's row plus which conversation the request came from."""
+    return {**served.to_dict(), "conversation": conv.title or None, **extra}
+
+
+def _result(served_requests: list[ServedRequest], rows: list[dict[str, Any]], runner: Any,
+            config: ModelReplayConfig) -> dict[str, Any]:
     served = [r for r in rows if not r.get("refused")]
-    prompt = sum(r["prompt_tokens"] for r in served)
-    cached = sum(r["cached_tokens"] for r in served)
-    counters = runner.manager.counters
-    totals: dict[str, Any] = {
-        "requests": len(rows), "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
-        "hit_rate": round(cached / prompt, 6) if prompt else 0.0,
-        "stored_blocks": counters.num_stored_blocks, "evicted_blocks": counters.num_evicted_blocks,
-        "refused_requests": len(rows) - len(served),
-        "output_tokens": sum(r["output_tokens"] for r in served),
-        "ttft_ms": round(sum(r["ttft_ms"] for r in served), 3),
-        "prefill_ms": round(sum(r["prefill_ms"] for r in served), 3),
-        "decode_ms": round(sum(r["decode_ms"] for r in served), 3),
-    }
+    totals = ReplayTotals.of(served_requests, runner.manager.counters).to_dict()
+    totals.update(output_tokens=sum(r["output_tokens"] for r in served),
+                  ttft_ms=round(sum(r["ttft_ms"] for r in served), 3),
+                  prefill_ms=round(sum(r["prefill_ms"] for r in served), 3),
+                  decode_ms=round(sum(r["decode_ms"] for r in served), 3))
     if config.verify:
         diffs = [r["max_logit_diff"] for r in served if r.get("max_logit_diff") is not None]
         totals["outputs_identical"] = all(r["outputs_identical"] for r in served)
@@ -151,9 +144,7 @@ def replay_conversation_command(args: argparse.Namespace, events: EventBus | Non
     if getattr(args, "capacity_blocks", None) is not None:
         capacity = args.capacity_blocks
     elif getattr(args, "capacity_tokens", None) is not None:
-        if args.capacity_tokens < block_size:
-            raise InputError(f"a capacity of {args.capacity_tokens} tokens holds no block of {block_size} tokens")
-        capacity = args.capacity_tokens // block_size
+        capacity = ReplayConfig.capacity_from_tokens(args.capacity_tokens, block_size)
     kv_memory = getattr(args, "kv_memory", None)
     config = ModelReplayConfig(
         block_size=block_size, capacity_blocks=None if kv_memory is not None else capacity,

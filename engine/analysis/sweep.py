@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from engine.core.errors import InputError, TraceError
+from engine.core.blocks import cdiv
 from engine.core.replay import ReplayConfig, replay
-from engine.core.trace import TraceRequest, is_request_trace, load_trace
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, is_request_trace, load_trace
+from engine.model.chat import render_chat
 
-MOONCAKE_BLOCK_SIZE = 512
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -87,14 +88,6 @@ def messages_of(conv: Any) -> list[dict[str, str]]:
     return out
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of `messages` through the chat template, as the runner renders a prompt."""
-    from engine.core.validation import apply_chat_template
-
-    text = apply_chat_template(tokenizer, list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def conversation_trace(conversations: Iterable[Any], tokenizer: Any) -> list[TraceRequest]:
     """One token-level request per user turn; the recorded assistant reply is its output."""
     out: list[TraceRequest] = []
@@ -133,13 +126,13 @@ def load_sweep_requests(path: str | Path, tokenizer_loader: Callable[[], Any] | 
 
 def _point(reqs: list[TraceRequest], series: str, block_size: int, capacity: int, seed: int) -> SweepPoint:
     result = replay(reqs, ReplayConfig(block_size=block_size, capacity_blocks=capacity, seed=seed))
-    t = result["totals"]
+    t = result.totals
     # replay's totals cover served requests only; a refused one still asked for its prompt
-    refused = sum(r["prompt_tokens"] for r in result["requests"] if r.get("refused"))
-    prompt = t["prompt_tokens"] + refused
-    rate = round(t["cached_tokens"] / prompt, 6) if prompt else 0.0
-    return SweepPoint(series, block_size, capacity, rate, t["cached_tokens"], prompt,
-                      t["evicted_blocks"], t["refused_requests"], refused, t["hit_rate"])
+    refused = sum(r.prompt_tokens for r in result.requests if r.refused)
+    prompt = t.prompt_tokens + refused
+    rate = round(t.cached_tokens / prompt, 6) if prompt else 0.0
+    return SweepPoint(series, block_size, capacity, rate, t.cached_tokens, prompt,
+                      t.evicted_blocks, t.refused_requests, refused, t.hit_rate)
 
 
 def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
@@ -166,7 +159,7 @@ def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT
         block_sizes, block_size = (), MOONCAKE_BLOCK_SIZE
     total_tokens = sum(r.input_length + r.output_length for r in reqs)
     budget = capacity_tokens if capacity_tokens is not None else total_tokens
-    plan = [("block_size", b, max(1, -(-budget // b))) for b in sorted(set(block_sizes))]
+    plan = [("block_size", b, max(1, cdiv(budget, b))) for b in sorted(set(block_sizes))]
     plan += [("capacity", block_size, c) for c in sorted(set(capacities))]
     points = []
     for i, (series, bs, cap) in enumerate(plan):

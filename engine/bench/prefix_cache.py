@@ -99,7 +99,7 @@ def bench_replay(limit: int | None = None, capacity_blocks: int = 20000) -> dict
         "trace": path.name, "requests": len(requests), "blocks": blocks,
         "load_s": round(t_load, 3), "replay_s": round(t_replay, 3), "total_s": round(t_load + t_replay, 3),
         "requests_per_s": round(len(requests) / t_replay), "blocks_per_s": round(blocks / t_replay),
-        "hit_rate": result["totals"]["hit_rate"],
+        "hit_rate": result.totals.hit_rate,
     }
 
 

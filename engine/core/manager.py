@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from engine.core.block_pool import Block, BlockPool
+from engine.core.blocks import cdiv
 from engine.core.errors import CapacityError, ResetRefusedError
 from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, EventBus,
@@ -21,10 +22,6 @@ from engine.core.hashing import BlockHasher
 
 MISS_REASONS = ("new_content", "evicted", "salt", "partial_block", "last_token")
 _MAX_SALTS_CHECKED = 64
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(slots=True)
@@ -300,7 +297,7 @@ class PrefixCacheManager:
     def _blocks_needed_and_available(self, request: Request, lookup: LookupResult,
                                      num_lookahead_tokens: int) -> tuple[int, int]:
         """Fresh blocks the request needs, and free blocks it can take (its own hits excluded)."""
-        needed = _cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
+        needed = cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
         hits_in_free_queue = sum(1 for b in lookup.hit_block_ids if self.pool.blocks[b].ref_count == 0)
         return needed, self.pool.num_free_blocks - hits_in_free_queue
 
@@ -337,7 +334,7 @@ class PrefixCacheManager:
             block = pool.blocks[block_id]
             pool.touch(block)
             table.append(block)
-        num_new = _cdiv(request.num_prompt_tokens, self.block_size) - len(table)
+        num_new = cdiv(request.num_prompt_tokens, self.block_size) - len(table)
         table.extend(self._take_blocks(num_new, rid))
 
         tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
@@ -433,7 +430,7 @@ class PrefixCacheManager:
         if n < 0:
             raise ValueError("cannot append a negative number of tokens")
         total = seq.num_tokens + n
-        num_new = _cdiv(total, self.block_size) - len(seq.block_table)
+        num_new = cdiv(total, self.block_size) - len(seq.block_table)
         if num_new > self.pool.num_free_blocks:
             raise CapacityError(request_id, num_new, self.pool.num_free_blocks, self.pool.num_blocks)
         new_blocks = self._take_blocks(num_new, request_id) if num_new > 0 else []

@@ -2,19 +2,21 @@
 
 Requests run in file order; with `concurrency` K, up to K are in flight and decode
 round-robin, one token per request per step, so shared prefixes carry ref counts up to K.
-The result is the JSON contract of the replay command.
+The result is a `ReplayResult`; its `to_dict()` is the JSON contract of the replay command.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.events import EventBus
 from engine.core.hashing import BlockHasher
-from engine.core.manager import PrefixCacheManager, Request, _cdiv
+from engine.core.blocks import cdiv
+from engine.core.manager import PrefixCacheManager, Request
+from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
 from engine.core.trace import TraceRequest
 
 
@@ -58,29 +60,28 @@ def to_request(tr: TraceRequest) -> Request:
 
 
 @dataclass(slots=True)
-class _Live:
+class _Running:
+    """A request between allocate and finish: how much of its output has KV so far."""
+
     tr: TraceRequest
-    row: dict[str, Any]
     num_kv_output: int  # output tokens that get KV: all but the last sampled
     num_appended: int = 0
 
 
 def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: EventBus | None = None,
-           manager: PrefixCacheManager | None = None, source: str = "the trace") -> dict[str, Any]:
-    """Run `requests` through a fresh manager; returns {"config", "totals", "requests"}.
+           manager: PrefixCacheManager | None = None, source: str = "the trace") -> ReplayResult:
+    """Run `requests` through a fresh manager (or `manager`, warm from earlier requests).
 
     `source` names the trace file in errors."""
     mgr = manager if manager is not None else make_manager(config, events)
     bs = config.block_size
     pending = deque(requests)
-    rows: list[dict[str, Any]] = []
-    running: list[_Live] = []
-    totals = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "computed_tokens": 0,
-              "hit_rate": 0.0, "stored_blocks": 0, "evicted_blocks": 0, "refused_requests": 0}
+    rows: list[ServedRequest] = []
+    running: list[_Running] = []
 
-    def outstanding(live: _Live) -> int:
+    def outstanding(live: _Running) -> int:
         total = live.tr.input_length + live.num_kv_output
-        return _cdiv(total, bs) - len(mgr.block_table(live.tr.id))
+        return cdiv(total, bs) - len(mgr.block_table(live.tr.id))
 
     while pending or running:
         while pending and len(running) < config.concurrency:
@@ -89,10 +90,9 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             kv_out = max(tr.output_length - 1, 0)
             reserve = sum(outstanding(l) for l in running)
             lookup = mgr.lookup(req)
-            row = {"index": tr.index, "id": tr.id, "tenant": tr.tenant, "prompt_tokens": tr.input_length,
-                   "cached_tokens": 0, "computed_tokens": 0, "output_tokens": tr.output_length,
-                   "miss_reason": lookup.miss.reason, "first_miss_block": lookup.miss.first_miss_block,
-                   "divergence_token": lookup.miss.divergence_token}
+            row = ServedRequest(tr.index, tr.id, tr.tenant, tr.input_length, output_tokens=tr.output_length,
+                                miss_reason=lookup.miss.reason, first_miss_block=lookup.miss.first_miss_block,
+                                divergence_token=lookup.miss.divergence_token)
             if tr.id in mgr.running_request_ids:
                 raise TraceError(source, tr.line, "id", f"request id {tr.id!r} is already running")
             try:
@@ -100,16 +100,15 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             except CapacityError:
                 if running:
                     break  # wait for running requests to free their blocks
-                row["refused"] = True
-                totals["refused_requests"] += 1
+                row.refused = True
                 rows.append(row)
                 pending.popleft()
                 continue
             pending.popleft()
-            row["cached_tokens"] = alloc.num_cached_tokens
-            row["computed_tokens"] = alloc.num_computed_tokens
+            row.cached_tokens = alloc.num_cached_tokens
+            row.computed_tokens = alloc.num_computed_tokens
             rows.append(row)
-            running.append(_Live(tr, row, kv_out))
+            running.append(_Running(tr, kv_out))
         if not running:
             continue
         if len(running) == 1:
@@ -128,7 +127,7 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             for live in running:
                 if live.num_appended < live.num_kv_output:
                     _append(mgr, live, 1)
-        still: list[_Live] = []
+        still: list[_Running] = []
         for live in running:
             if live.num_appended >= live.num_kv_output:
                 mgr.finish(live.tr.id)
@@ -136,20 +135,11 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
                 still.append(live)
         running = still
 
-    c = mgr.counters
-    served = [r for r in rows if not r.get("refused")]
-    totals["requests"] = len(rows)
-    totals["prompt_tokens"] = sum(r["prompt_tokens"] for r in served)
-    totals["cached_tokens"] = sum(r["cached_tokens"] for r in served)
-    totals["computed_tokens"] = totals["prompt_tokens"] - totals["cached_tokens"]
-    totals["hit_rate"] = round(totals["cached_tokens"] / totals["prompt_tokens"], 6) if totals["prompt_tokens"] else 0.0
-    totals["stored_blocks"] = c.num_stored_blocks
-    totals["evicted_blocks"] = c.num_evicted_blocks
-    rows.sort(key=lambda r: r["index"])
-    return {"config": asdict(config), "totals": totals, "requests": rows}
+    rows.sort(key=lambda r: r.index)
+    return ReplayResult(asdict(config), ReplayTotals.of(rows, mgr.counters), rows)
 
 
-def _append(mgr: PrefixCacheManager, live: _Live, n: int) -> None:
+def _append(mgr: PrefixCacheManager, live: _Running, n: int) -> None:
     if n <= 0:
         return
     tr = live.tr

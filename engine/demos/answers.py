@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, render, token_diff
+from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, token_diff
+from engine.model.chat import render_chat
 
 
 # ---------------------------------------------------------------------------- semantic cache
@@ -106,17 +107,17 @@ def _default_system(env: DemoEnv) -> dict[str, Any]:
     question, follow_up = "Who are you?", "Can you help me plan a trip to Lisbon?"
     system = {"role": "system", "content": "You are a helpful travel assistant."}
     user1, user2 = {"role": "user", "content": question}, {"role": "user", "content": follow_up}
-    first = render(tok, [user1])
+    first = render_chat(tok, [user1])
     r1 = env.generate(runner, "turn-1-no-system", first, "turn 1 without a system message")
     reply = {"role": "assistant", "content": r1["output_text"].strip()}
-    second = render(tok, [system, user1, reply, user2])
+    second = render_chat(tok, [system, user1, reply, user2])
     r2 = env.generate(runner, "turn-2-with-system", second, "turn 2 adds an explicit system message")
     diff = token_diff(tok, first, second, block_size=bs)
     env.step("token diff of turn 1 and turn 2", **{k: diff[k] for k in ("first_divergent_token", "matching_blocks", "cause")})
     # The fix: send the same explicit system message from turn one on.
-    fixed1 = render(tok, [system, user1])
+    fixed1 = render_chat(tok, [system, user1])
     f1 = env.generate(runner, "fixed-turn-1", fixed1, "fixed: turn 1 with the explicit system message")
-    fixed2 = render(tok, [system, user1, {"role": "assistant", "content": f1["output_text"].strip()}, user2])
+    fixed2 = render_chat(tok, [system, user1, {"role": "assistant", "content": f1["output_text"].strip()}, user2])
     f2 = env.generate(runner, "fixed-turn-2", fixed2, "fixed: turn 2 with the same system message")
     keys = ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens", "miss_reason", "first_miss_block")
     return {"default_system_prompt": default_system_prompt(tok), "token_diff": diff,

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from engine.core.events import Event, EventBus
 from engine.core.manager import PrefixCacheManager
+from engine.core.served import ServedRequest
 from engine.resources import resource_path
 
 RESOURCES = resource_path("demos")
@@ -208,18 +209,18 @@ def warm_up(runner: Any) -> None:
 
 
 def request_row(res: Any, block_size: int, salt: str | None = None) -> dict[str, Any]:
-    """The numbers of one `GenerationResult` that the demos report."""
+    """The numbers of one `GenerationResult` that the demos report: the served request's
+    row under the demos' names, plus who evicted a missed block and the other salt."""
+    served = ServedRequest.from_result(0, res, salt)
     miss = res.miss
     return {
-        "request_id": res.request_id, "salt": salt, "prompt_tokens": res.num_prompt_tokens,
-        "cached_tokens": res.num_cached_tokens, "computed_tokens": res.num_computed_tokens,
-        "hit_blocks": res.num_cached_tokens // block_size,
-        "miss_reason": miss.reason if miss is not None else None,
-        "first_miss_block": miss.first_miss_block if miss is not None else None,
-        "divergence_token": miss.divergence_token if miss is not None else None,
+        "request_id": served.id, "salt": salt, "prompt_tokens": served.prompt_tokens,
+        "cached_tokens": served.cached_tokens, "computed_tokens": served.computed_tokens,
+        "hit_blocks": served.cached_tokens // block_size, "miss_reason": served.miss_reason,
+        "first_miss_block": served.first_miss_block, "divergence_token": served.divergence_token,
         "evicted_by_seq": miss.evicted_by_seq if miss is not None else None,
         "other_salt": miss.other_salt if miss is not None else None,
-        "ttft_ms": round(res.ttft_ms, 2), "output_text": res.output_text,
+        "ttft_ms": round(res.ttft_ms, 2), "output_text": served.output_text,
     }
 
 
@@ -233,8 +234,3 @@ def token_diff(tokenizer: Any, a: list[int], b: list[int], salt_a: str | None = 
             "cause": d.cause, "explanation": d.explanation, "a_text": d.a["text"], "b_text": d.b["text"]}
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of a chat as the runner renders it (the model's chat template)."""
-    from engine.analysis.sweep import render_chat
-
-    return render_chat(tokenizer, messages, add_generation_prompt)

@@ -7,18 +7,15 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from engine.demos.env import Demo, DemoEnv, load_resource, render
+from engine.demos.env import Demo, DemoEnv, load_resource
+from engine.model.chat import render_chat
+from engine.model.kv_memory import kv_bytes
 
 GROW_PROMPT = "Explain in three sentences why the sky is blue."
 GROW_STEPS = 24
 LONG_CONTEXT = 131_072  # "128K" as the model card means it: 128 * 1024 tokens
 BATCH_SIZES = (1, 8, 32)
 GIB = 1024 ** 3
-
-
-def kv_formula(layers: int, kv_heads: int, head_dim: int, bytes_per_value: float, tokens: int) -> float:
-    """2 (K and V) * layers * kv_heads * head_dim * bytes per value * tokens (DESIGN 4.5)."""
-    return 2 * layers * kv_heads * head_dim * bytes_per_value * tokens
 
 
 # ---------------------------------------------------------------------------- grows per step
@@ -29,7 +26,7 @@ def _kv_grows(env: DemoEnv) -> dict[str, Any]:
     loaded = env.model
     runner = env.runner(num_blocks=64)
     tok, bs, pool = env.tokenizer, runner.block_size, runner.kv_pool
-    prompt = render(tok, [{"role": "user", "content": GROW_PROMPT}])
+    prompt = render_chat(tok, [{"role": "user", "content": GROW_PROMPT}])
     rid = "decode"
     # Measured from the pool tensor itself: what one block holds in each layer.
     block_layer_bytes = [b // pool.num_blocks for b in pool.per_layer_bytes()]
@@ -50,7 +47,7 @@ def _kv_grows(env: DemoEnv) -> dict[str, Any]:
     kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = DynamicCache(config=model.config)
     value_bytes = torch.empty((), dtype=loaded.dtype).element_size()
-    per_token_layer = 2 * loaded.num_kv_heads * loaded.head_dim * value_bytes
+    per_token_layer = kv_bytes(1, loaded.num_kv_heads, loaded.head_dim, value_bytes, 1)
     tokens, steps = [], []
     with torch.inference_mode():
         feed, position = list(prompt), 0
@@ -63,8 +60,8 @@ def _kv_grows(env: DemoEnv) -> dict[str, Any]:
             n = position
             row = {"decode_step": k + 1, "tokens_with_kv": n, "per_layer_bytes": measured,
                    "total_bytes": sum(measured), "formula_per_layer_bytes": per_token_layer * n,
-                   "formula_total_bytes": int(kv_formula(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim,
-                                                         value_bytes, n)),
+                   "formula_total_bytes": kv_bytes(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim,
+                                                   value_bytes, n),
                    "pool_blocks": pool_steps[k]["blocks"] if k < len(pool_steps) else None,
                    "pool_bytes": pool_steps[k]["pool_bytes"] if k < len(pool_steps) else None}
             row["matches_formula"] = all(b == row["formula_per_layer_bytes"] for b in measured)

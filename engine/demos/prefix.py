@@ -10,19 +10,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, render, token_diff
+from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, token_diff
 from engine.core.manager import Request
+from engine.core.blocks import cdiv
 from engine.core.trace import common_prefix_length
+from engine.model.chat import message_ends, render_chat, request_positions, requests_after_edit
 
 MODEL = frozenset({"model"})
 
 
 def _scenarios() -> dict[str, Any]:
     return load_resource("prefix_scenarios.json")
-
-
-def _blocks(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
 
 
 def _diff(env: DemoEnv, a: list[int], b: list[int], salt_a: str | None = None, salt_b: str | None = None,
@@ -46,7 +44,7 @@ def _multi_turn(env: DemoEnv) -> dict[str, Any]:
     prev_prompt = 0
     for i, text in enumerate(user_turns, 1):
         messages.append({"role": "user", "content": text})
-        prompt = render(tok, messages)
+        prompt = render_chat(tok, messages)
         row = env.generate(runner, f"turn-{i}", prompt, f"turn {i}: send the whole conversation so far",
                            max_new_tokens=spec["max_new_tokens"])
         # The same prompt without the prefix cache: what this turn would cost with no reuse.
@@ -89,23 +87,28 @@ def _edit(env: DemoEnv) -> dict[str, Any]:
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size
     messages = spec["messages"]
-    user_positions = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    for k, pos in enumerate(user_positions, 1):
-        env.generate(runner, f"turn-{k}", render(tok, messages[:pos + 1]), f"turn {k}: the original conversation")
-    last = user_positions[-1]
-    old_prompt = render(tok, messages[:last + 1])
+    roles = [m["role"] for m in messages]
+    for k, p in enumerate(request_positions(roles), 1):
+        env.generate(runner, f"turn-{k}", render_chat(tok, messages[:p + 1]), f"turn {k}: the original conversation")
+    pos = spec["edit_position"]
+    # The requests the edit invalidates, as the CLI's `sessions edit` and the app's edit pick them.
+    rerun = requests_after_edit(roles, pos, keep_replies=True)
+    old_prompt = render_chat(tok, messages[:rerun[0] + 1])
     before = runner.manager.lookup(Request("resend", old_prompt))
-    env.step("look up the unedited last turn again (no change)", request_id="resend",
+    env.step("look up the first request the edit touches, unedited (no change)", request_id="resend",
              prompt_tokens=before.num_prompt_tokens, cached_tokens=before.num_cached_tokens,
              computed_tokens=before.num_computed_tokens, miss_reason=before.miss.reason)
-    pos = spec["edit_position"]
     edited = [dict(m) for m in messages]
     edited[pos]["content"] = spec["edited_content"]
-    new_prompt = render(tok, edited[:last + 1])
-    after = env.generate(runner, "edited", new_prompt, f"edit message {pos} ({messages[pos]['role']}) and re-run the last turn")
+    new_prompt = render_chat(tok, edited[:rerun[0] + 1])
+    after = env.generate(runner, "edited", new_prompt, f"edit message {pos} ({messages[pos]['role']}) and re-run "
+                         f"the first request that holds it")
+    for k, p in enumerate(rerun[1:], 2):
+        env.generate(runner, f"edited-{k}", render_chat(tok, edited[:p + 1]),
+                     f"re-run request {k} of the edited conversation: it reuses the edited prefix")
     diff = _diff(env, old_prompt, new_prompt, block_size=bs)
     # The edited message starts where the conversation up to it ends.
-    message_start = len(render(tok, messages[:pos], add_generation_prompt=False))
+    message_start = message_ends(tok, messages[:pos])[-1] if pos else 0
     invalidated = after["first_miss_block"]
     return {"edited_message": pos, "edited_message_starts_at_token": message_start,
             "edited_message_block": message_start // bs,
@@ -137,16 +140,16 @@ def _timestamp(env: DemoEnv) -> dict[str, Any]:
     for i, (time, question) in enumerate(zip(spec["times"], spec["questions"]), 1):
         system = spec["system_front"].format(time=time, date=date)
         chats.append([{"role": "system", "content": system}, {"role": "user", "content": question}])
-        prompt = render(tok, chats[-1])
+        prompt = render_chat(tok, chats[-1])
         prompts.append(prompt)
         row = env.generate(runner, f"front-{i}", prompt, f"timestamp at the front, request {i} at {time}")
         front.append({k: row[k] for k in ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens",
                                           "miss_reason", "first_miss_block")})
-    static_blocks = len(render(tok, [{"role": "system", "content": spec["system_static"]}],
+    static_blocks = len(render_chat(tok, [{"role": "system", "content": spec["system_static"]}],
                                add_generation_prompt=False)) // bs
     for i, (time, question) in enumerate(zip(spec["times"], spec["questions"]), 1):
         user = question + spec["user_suffix"].format(time=time, date=date)
-        prompt = render(tok, [{"role": "system", "content": spec["system_static"]}, {"role": "user", "content": user}])
+        prompt = render_chat(tok, [{"role": "system", "content": spec["system_static"]}, {"role": "user", "content": user}])
         row = env.generate(runner, f"end-{i}", prompt, f"timestamp at the end, request {i} at {time}")
         end.append({k: row[k] for k in ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens",
                                         "miss_reason", "first_miss_block")})
@@ -173,7 +176,7 @@ def _aligned_prompt(tok: Any, system: str, question: str, padding: list[str], bs
     """A prompt whose length is (or is not) a multiple of the block size, by adding words."""
     text = question
     for i in range(8 * bs):
-        prompt = render(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}])
+        prompt = render_chat(tok, [{"role": "system", "content": system}, {"role": "user", "content": text}])
         rem = len(prompt) % bs
         if (aligned and rem == 0) or (not aligned and 2 <= rem <= bs - 2):
             return prompt
@@ -213,7 +216,7 @@ def _tenant(env: DemoEnv) -> dict[str, Any]:
     spec = _scenarios()["tenant"]
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size
-    prompt = render(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": spec["question"]}])
+    prompt = render_chat(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": spec["question"]}])
     a, b = spec["tenants"]
     rows = [env.generate(runner, f"{a}-1", prompt, f"tenant {a} asks", salt=a),
             env.generate(runner, f"{b}-1", prompt, f"tenant {b} asks the identical question", salt=b),
@@ -239,9 +242,9 @@ def _eviction(env: DemoEnv) -> dict[str, Any]:
     spec = _scenarios()["eviction"]
     tok = env.tokenizer
     bs = 16
-    prompts = {k: render(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": doc}])
+    prompts = {k: render_chat(tok, [{"role": "system", "content": spec["system"]}, {"role": "user", "content": doc}])
                for k, doc in spec["documents"].items()}
-    a, b, c = (_blocks(len(prompts[k]), bs) for k in ("A", "B", "C"))
+    a, b, c = (cdiv(len(prompts[k]), bs) for k in ("A", "B", "C"))
     # Blocks shared through the common chat-template prefix are hits, not new allocations.
     shared_ab = common_prefix_length(prompts["A"], prompts["B"]) // bs
     shared_c = max(common_prefix_length(prompts["A"], prompts["C"]), common_prefix_length(prompts["B"], prompts["C"])) // bs
@@ -292,7 +295,7 @@ def _rag_messages(spec: dict[str, Any], order: list[str], question: str) -> list
 
 
 def _rag_prompt(tok: Any, spec: dict[str, Any], order: list[str], question: str) -> list[int]:
-    return render(tok, _rag_messages(spec, order, question))
+    return render_chat(tok, _rag_messages(spec, order, question))
 
 
 def _rag(env: DemoEnv) -> dict[str, Any]:

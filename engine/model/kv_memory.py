@@ -27,6 +27,14 @@ _MHA_FORMULA = "2 * layers * kv_heads * head_dim * bytes_per_value * tokens"
 _MLA_FORMULA = "layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value * tokens"
 
 
+def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, bytes_per_value: int | Fraction, num_tokens: int,
+             kv_factor: int = 2) -> int:
+    """THE KV-memory formula, used by the pool, the report, the demos and the app:
+    kv_factor (2: K and V; 1: one latent) * layers * kv_heads * head_dim * bytes_per_value
+    * tokens, rounded up to whole bytes (int4 packs two values in one)."""
+    return math.ceil(kv_factor * num_layers * num_kv_heads * head_dim * bytes_per_value * num_tokens)
+
+
 @dataclass(slots=True, frozen=True)
 class KVMemoryShape:
     """What one token's KV cache holds in each layer.
@@ -58,7 +66,7 @@ class KVMemoryShape:
         return self.kv_factor * self.kv_heads * self.head_dim
 
     def bytes_per_token(self, dtype: str = "bf16") -> int:
-        return math.ceil(self.values_per_token_per_layer * self.layers * DTYPE_BYTES[normalise_dtype(dtype)])
+        return kv_bytes(self.layers, self.kv_heads, self.head_dim, DTYPE_BYTES[normalise_dtype(dtype)], 1, self.kv_factor)
 
 
 def _mla_note(layers: int, heads: int, nope: int, rope: int, v: int, latent: int) -> str:
@@ -151,7 +159,7 @@ def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> 
     key = normalise_dtype(dtype)
     per_value = DTYPE_BYTES[key]
     validation.check_memory(shape.layers * 8, f"a report of {shape.layers:,} layers")
-    per_layer = math.ceil(shape.values_per_token_per_layer * per_value * tokens)
+    per_layer = kv_bytes(1, shape.kv_heads, shape.head_dim, per_value, tokens, shape.kv_factor)
     report: dict[str, Any] = {
         "name": shape.name,
         "attention": shape.attention,

@@ -10,7 +10,9 @@ from typing import Sequence
 
 import torch
 
+from engine.core.blocks import cdiv
 from engine.core.validation import check_memory
+from engine.model.kv_memory import kv_bytes
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,8 +30,7 @@ class KVShape:
 
     @property
     def bytes_per_token(self) -> int:
-        """The formula: 2 (K and V) * layers * kv_heads * head_dim * bytes_per_value."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_value
+        return kv_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.bytes_per_value, 1)
 
     def bytes_per_block(self, block_size: int) -> int:
         return self.bytes_per_token * block_size
@@ -110,7 +111,7 @@ class KVPool:
         where `out` is `[layers, 2, kv_heads, capacity, head_dim]`: one strided copy per run of
         consecutive block ids, with no temporary in between."""
         bs = self.block_size
-        ids = list(block_ids[:-(-num_tokens // bs)])
+        ids = list(block_ids[:cdiv(num_tokens, bs)])
         if len(ids) * bs < num_tokens:
             raise ValueError(f"{num_tokens} tokens do not fit in {len(ids)} blocks of {bs}")
         j = 0

@@ -18,10 +18,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from engine.core.events import EventBus, MissInfo
+from engine.core.blocks import cdiv
 from engine.core.hashing import BlockHasher
 from engine.model.kv_pool import KVPool, KVShape
 from engine.core.manager import PrefixCacheManager, Request
 from engine.model.loader import LoadedModel
+from engine.model.chat import render_chat
 
 DEFAULT_NUM_BLOCKS = 1024
 _BUFFER_STEP = 512  # working-cache capacity is rounded up to this many tokens, so buffers get reused
@@ -170,11 +172,7 @@ class ModelRunner:
     # ---------------------------------------------------------------- public API
     def render_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of `messages` through the model's chat template, ready for the reply."""
-        if not messages:
-            raise ValueError("a chat needs at least one message")
-        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)
-        return list(encoded["input_ids"])
+        return render_chat(self.tokenizer, messages)
 
     def chat(self, messages: list[dict], **kwargs: Any) -> GenerationResult:
         return self.generate(self.render_chat(messages), **kwargs)
@@ -252,7 +250,7 @@ class ModelRunner:
         if not seq.managed:
             return 0
         total = len(seq.prompt) + max_new_tokens - 1
-        return max(0, -(-total // self.block_size) - len(seq.block_ids))
+        return max(0, cdiv(total, self.block_size) - len(seq.block_ids))
 
     def _start(self, prompt: list[int], max_new_tokens: int, salt: str | None, use_cache: bool,
                request_id: str | None, start: float, reserve_tokens: int = 0) -> tuple[_Sequence, GenerationResult]:
@@ -298,7 +296,7 @@ class ModelRunner:
         if fitting:
             buffer = self._spare_buffers.pop(min(fitting, key=lambda i: self._spare_buffers[i].shape[4]))
         else:
-            capacity = -(-capacity // _BUFFER_STEP) * _BUFFER_STEP
+            capacity = cdiv(capacity, _BUFFER_STEP) * _BUFFER_STEP
             buffer = torch.empty((shape.num_layers, 2, 1, shape.num_kv_heads, capacity, shape.head_dim),
                                  dtype=shape.dtype, device=self.kv_pool.tensor.device)
         cache.layers = [_BufferedLayer(buffer[i, 0], buffer[i, 1]) for i in range(shape.num_layers)]
