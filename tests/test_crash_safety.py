@@ -1,4 +1,4 @@
-"""Crash safety (DESIGN 7): a child replaying into the database is killed with SIGKILL at
+"""Crash safety: a child replaying into the database is killed with SIGKILL at
 random moments; every request it reported committed is intact, with exactly its events,
 and `PRAGMA integrity_check` stays ok."""
 

@@ -1,4 +1,4 @@
-"""The prefix-cache engine's decisions, one behaviour per test (DESIGN section 4)."""
+"""The prefix-cache engine's decisions, one behaviour per test."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_reset_refused_while_in_use_then_clears_the_map():
     assert mgr.pool.num_cached_blocks == 3
     mgr.finish("a")
     assert mgr.reset() == 3
-    assert mgr.pool.num_cached_blocks == 0 and not mgr.pool.cached
+    assert mgr.pool.num_cached_blocks == 0 and not mgr.pool.blocks_by_hash
     assert events[-1].kind == "cache_reset"
     look = mgr.lookup(Request("q", list(range(12))))
     assert look.num_hit_blocks == 0 and look.miss.reason == "evicted"

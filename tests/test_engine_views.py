@@ -141,14 +141,14 @@ def test_hash_tree_nodes_path_and_divergence(ctx, qtbot, tmp_path):
     qtbot.addWidget(view)
     mgr, events, result = replay_trace(ctx, tmp_path, capacity=200)
     view.refresh(force=True)
-    assert view.tree.num_nodes == len(mgr.pool.cached)
+    assert view.tree.num_nodes == len(mgr.pool.blocks_by_hash)
     labels = {label for label, _ in view.tree.groups}
     assert {"tenant acme", "tenant globex"} <= labels
     last = result["requests"][-1]
     rec = ctx.state.projection.requests[last["id"]]
     assert view.path_record is rec
     assert view.divergence_block == last["cached_tokens"] // 4 == rec.num_hit_blocks
-    assert view.path_hashes == [h for h in rec.block_hashes if h in mgr.pool.cached]
+    assert view.path_hashes == [h for h in rec.block_hashes if h in mgr.pool.blocks_by_hash]
     assert len(view.tree.segments) < view.tree.num_nodes  # unary runs are collapsed
     # another request chosen in the box
     first = result["requests"][0]["id"]

@@ -8,7 +8,8 @@ import pytest
 
 from app.cli import main
 from engine.core.errors import InputError
-from engine.model.kv_memory import PRESETS, kv_memory_report, measure_loaded_model, preset, shape_from_config
+from engine.model.kv_memory import PRESETS, kv_memory_report, preset, shape_from_config
+from engine.model.kv_pool import measure_loaded_model
 
 
 def _run_json(capsys, *argv: str) -> dict:

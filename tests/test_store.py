@@ -12,8 +12,9 @@ import pytest
 from engine.core.errors import InputError
 from engine.core.events import EventBus
 from engine.core.replay import ReplayConfig, make_manager, replay
-from engine.store.database import Store, StoreWriter
+from engine.store.database import Store
 from engine.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
+from engine.store.writer import StoreWriter
 from engine.core.trace import load_trace
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"

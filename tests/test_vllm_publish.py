@@ -74,7 +74,7 @@ def test_our_publisher_into_our_subscriber_reproduces_the_engine_pool(tmp_path, 
         wait_for(lambda: att.subscribers[0].health.last_seq == publisher.next_seq - 1)
         with att.lock:
             pool = att.pools[0]
-            expected = {h[-8:] if int_hashes else h for h in manager.pool.cached}
+            expected = {h[-8:] if int_hashes else h for h in manager.pool.blocks_by_hash}
             assert pool.cached_hashes() == expected
             assert pool.num_removed == result["totals"]["evicted_blocks"]
             assert "blue" in pool.tenants

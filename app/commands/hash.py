@@ -74,7 +74,7 @@ def _prompt_tokens(args: argparse.Namespace) -> list[int]:
     tokenizer = load_tokenizer(args.model)
     if args.text is not None:
         return list(request_from_text(tokenizer, args.text).token_ids)
-    from engine.analysis.sweep import load_conversation_file, messages_of
+    from engine.analysis.conversations import load_conversation_file, messages_of
 
     path = Path(args.messages)
     if not path.is_file():

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.model.kv_memory import (kv_memory_report, measure_loaded_model, normalise_dtype, preset,
+    from engine.model.kv_memory import (kv_memory_report, normalise_dtype, preset,
                                   shape_from_config, shape_from_config_file)
 
     if args.preset:
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.config:
         report = kv_memory_report(shape_from_config_file(args.config), args.tokens, args.dtype or "bf16")
     else:
+        from engine.model.kv_pool import measure_loaded_model  # torch: only when a model is measured
         from engine.model.loader import load_model
 
         loaded = load_model(args.model or None)

@@ -135,7 +135,7 @@ def _import(store: Any, args: argparse.Namespace) -> int:
     from engine.store.sessions import import_file
 
     ids = import_file(store, args.file, args.format, title=args.title, model=args.model, block_size=args.block_size,
-                      capacity_blocks=args.capacity_blocks, seed=args.seed, hash=args.hash)
+                      capacity_blocks=args.capacity_blocks, seed=args.seed, hash_name=args.hash)
     if args.json:
         print_json({"session_ids": ids})
     else:

@@ -1,4 +1,4 @@
-"""What a hosted API would bill for prompt caching (DESIGN section 6), request by request.
+"""What a hosted API would bill for prompt caching, request by request.
 
 Provider rules come from resources/billing_rules.json, never from code. Requests are
 sequences of content blocks (`Segment`s), built from conversations or traces by the
@@ -17,7 +17,8 @@ from typing import Any, Hashable, Iterable, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
-from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length, is_request_trace
+from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import message_spans
 from engine.resources import resource_path
 
@@ -462,27 +463,6 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
     return out
 
 
-def message_text(content: Any) -> str:
-    """The text of an OpenAI/Anthropic message content: a string or a list of parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(message_text(p.get("text", p.get("content")) if isinstance(p, dict) else p) for p in content)
-    return str(content)
-
-
-def _messages_of(conv: Any) -> list[tuple[str, str]]:
-    msgs = getattr(conv, "messages", conv)
-    out = []
-    for m in msgs:
-        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
-        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
-        out.append((str(role or "user"), message_text(content)))
-    return out
-
-
 def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
                                 turn_gap_s: float = 0.0) -> list[BillingRequest]:
     """One request per user turn, each message one content block, tokens from `tokenizer`.
@@ -492,12 +472,12 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
     """
     out, clock = [], 0.0
     for ci, conv in enumerate(conversations):
-        msgs = _messages_of(conv)
-        spans = message_spans(tokenizer, [{"role": role, "content": text} for role, text in msgs])
-        segs = chain_segments([(f"{i}:{role}", span) for i, ((role, _), span) in enumerate(zip(msgs, spans))])
+        msgs = messages_of(conv)
+        spans = message_spans(tokenizer, msgs)
+        segs = chain_segments([(f"{i}:{m['role']}", span) for i, (m, span) in enumerate(zip(msgs, spans))])
         cid = getattr(conv, "id", None) or getattr(conv, "conversation_id", None) or str(ci)
-        for k, (role, _) in enumerate(msgs):
-            if role == "user":
+        for k, m in enumerate(msgs):
+            if m["role"] == "user":
                 out.append(BillingRequest(f"{cid}/{k}", segs[:k + 1], clock))
                 clock += turn_gap_s
     return out
@@ -506,8 +486,6 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
 def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0,
                           model: str | None = None) -> tuple[list[BillingRequest], str]:
     """Requests of a file or a stored session id ("7" or "session:7"), and where counts come from."""
-    from engine.analysis.sweep import is_request_trace, load_conversation_file
-
     path = Path(source)
     m = re.fullmatch(r"(?:session:)?(\d+)", source)
     if not path.exists() and m:

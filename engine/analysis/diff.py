@@ -1,4 +1,4 @@
-"""Token diff: where two requests stop sharing a prefix, and why (DESIGN 4.4 for a pair).
+"""Token diff: where two requests stop sharing a prefix, and why (the miss reasons of a lookup, for a pair).
 
 Compares token ids, never rendered text; the text is only decoded to explain the cause.
 Loading a request (message file, raw text, trace line, stored request) lives here too.
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.core.errors import InputError, TraceError
+from engine.analysis.conversations import load_conversation_file, messages_of
+from engine.core.trace import is_request_trace
 from engine.model.chat import render_chat
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",
@@ -204,8 +206,6 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
         except UnicodeDecodeError:
             raise InputError(f"{spec}: not UTF-8 text") from None
         return request_from_text(tokenizer, text, salt, spec)
-    from engine.analysis.sweep import is_request_trace, load_conversation_file, messages_of
-
     if is_request_trace(path):
         from engine.core.trace import load_trace
 

@@ -59,7 +59,7 @@ def replay_conversations(conversations: Sequence[Conversation], loaded: Any, con
 
     runner = ModelRunner(loaded, num_blocks=config.capacity_blocks if config.kv_memory_bytes is None else None,
                          kv_memory_bytes=config.kv_memory_bytes, block_size=config.block_size, seed=config.seed,
-                         hash=config.hash, events=events, hash_seed=config.hash_seed)
+                         hash_name=config.hash, events=events, hash_seed=config.hash_seed)
     rows: list[dict[str, Any]] = []
     served_requests: list[ServedRequest] = []
     for conv_index, conv in enumerate(conversations):

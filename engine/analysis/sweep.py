@@ -3,20 +3,21 @@
 Each point is a fresh no-model replay (`engine.core.replay`). A request the pool is too small
 to hold is refused; a sweep counts its prompt tokens as missed (a refused request reuses
 nothing), so a smaller pool never looks better by serving fewer requests. Also here: turning
-conversation files into token-level requests with the real tokenizer, shared by diff and billing.
+conversation files into token-level requests (one per user turn) so a chat can be swept
+like a trace.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.core.errors import InputError, TraceError
+from engine.core.errors import InputError
 from engine.core.blocks import cdiv
 from engine.core.replay import ReplayConfig, replay
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, is_request_trace, load_trace
+from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import render_chat
 
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -47,46 +48,6 @@ class SweepPoint:
 
 
 # ---- inputs -------------------------------------------------------------------------------
-
-def load_conversation_file(path: str | Path) -> list[Any]:
-    """Conversations of a message file, through `engine.store.formats` (OpenAI, ShareGPT, Anthropic)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        from engine.store.formats import load_conversations
-    except ImportError:
-        return _load_messages_minimal(p)
-    return list(load_conversations(p))
-
-
-def _load_messages_minimal(p: Path) -> list[Any]:
-    # Only until engine.store.formats lands: OpenAI-style {"messages": [...]} or a bare list.
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(str(p), None, None, f"not a JSON conversation ({exc})") from None
-    if isinstance(data, dict) and isinstance(data.get("messages"), list):
-        return [data["messages"]]
-    if isinstance(data, list) and data and all(isinstance(m, dict) and "role" in m for m in data):
-        return [data]
-    if isinstance(data, list) and all(isinstance(c, dict) and isinstance(c.get("messages"), list) for c in data):
-        return [c["messages"] for c in data]
-    raise TraceError(str(p), None, "messages", "expected an OpenAI-style conversation with a 'messages' list")
-
-
-def messages_of(conv: Any) -> list[dict[str, str]]:
-    """[{"role", "content"}] with text content, from a formats.Conversation or a message list."""
-    from engine.analysis.billing import message_text
-
-    msgs = getattr(conv, "messages", conv)
-    out = []
-    for m in msgs:
-        role = m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
-        content = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
-        out.append({"role": str(role or "user"), "content": message_text(content)})
-    return out
-
 
 def conversation_trace(conversations: Iterable[Any], tokenizer: Any) -> list[TraceRequest]:
     """One token-level request per user turn; the recorded assistant reply is its output."""

@@ -85,12 +85,8 @@ def _percentiles(times: list[float]) -> dict[str, float]:
 def _single_thread_blas() -> Any:
     """One BLAS thread for the brute force, as the graph search gets one thread: a fair
     per-query comparison, and immune to other processes starving a second core."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        import contextlib
+    from threadpoolctl import threadpool_limits
 
-        return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
 
 

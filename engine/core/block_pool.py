@@ -1,4 +1,4 @@
-"""Physical blocks, the LRU free queue and the hash -> block map (DESIGN 4.3).
+"""Physical blocks, the LRU free queue (where eviction order is decided) and the hash -> block map.
 
 Plain Python bookkeeping, no tensors: the KV tensors live in `engine.model.kv_pool`, indexed by
 the same block ids. Modelled on vLLM v1's `BlockPool` and `FreeKVCacheBlockQueue`.
@@ -99,7 +99,7 @@ class BlockPool:
     num_blocks: int
     blocks: list[Block] = field(init=False)
     free_queue: FreeBlockQueue = field(init=False)
-    cached: dict[bytes, dict[int, Block]] = field(init=False, default_factory=dict)
+    blocks_by_hash: dict[bytes, dict[int, Block]] = field(init=False, default_factory=dict)
     use_clock: int = 0
 
     def __post_init__(self) -> None:
@@ -119,10 +119,10 @@ class BlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        return sum(len(v) for v in self.cached.values())
+        return sum(len(v) for v in self.blocks_by_hash.values())
 
     def get_cached_block(self, block_hash: bytes) -> Block | None:
-        found = self.cached.get(block_hash)
+        found = self.blocks_by_hash.get(block_hash)
         if not found:
             return None
         return next(iter(found.values()))
@@ -139,11 +139,11 @@ class BlockPool:
         if block.block_hash is None:
             return None
         parent = block.parent_hash
-        holders = self.cached.get(block.block_hash)
+        holders = self.blocks_by_hash.get(block.block_hash)
         if holders is not None:
             holders.pop(block.block_id, None)
             if not holders:
-                del self.cached[block.block_hash]
+                del self.blocks_by_hash[block.block_hash]
         block.block_hash = None
         block.parent_hash = None
         block.token_ids = ()
@@ -158,7 +158,7 @@ class BlockPool:
         block.token_ids = token_ids
         block.salt = salt
         block.external_id = external_id
-        self.cached.setdefault(block_hash, {})[block.block_id] = block
+        self.blocks_by_hash.setdefault(block_hash, {})[block.block_id] = block
 
     def touch(self, block: Block) -> None:
         """A request takes a reference; a free block leaves the free queue."""

@@ -65,7 +65,7 @@ def _jsonable(value: Any) -> Any:
 
 @dataclass(slots=True, frozen=True, kw_only=True)
 class MissInfo:
-    """Why the first missing block of a request missed (DESIGN 4.4)."""
+    """Why the first missing block of a request missed (decided by `PrefixCacheManager.lookup`)."""
 
     reason: str  # new_content | evicted | salt | partial_block | last_token
     first_miss_block: int

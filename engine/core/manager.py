@@ -1,4 +1,4 @@
-"""The prefix-cache manager: lookup, allocate, append, finish, reset (DESIGN 4.2-4.4).
+"""The prefix-cache manager: lookup, allocate, append, finish, reset.
 
 It decides what vLLM v1's KV-cache manager decides for one KV-cache group: which leading
 full blocks of a request are reused, which blocks are taken (and what that evicts), when
@@ -19,6 +19,7 @@ from engine.core.events import (
     LookupDone, MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
 )
 from engine.core.hashing import BlockHasher
+from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 
 MISS_REASONS = ("new_content", "evicted", "salt", "partial_block", "last_token")
 _MAX_SALTS_CHECKED = 64
@@ -78,28 +79,6 @@ class Allocation:
     block_hashes: tuple[bytes, ...]
 
 
-@dataclass(slots=True)
-class Counters:
-    """Plain counters, as vLLM's prefix-cache metrics."""
-
-    num_requests: int = 0
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_stored_blocks: int = 0
-    num_evicted_blocks: int = 0
-    num_refused_requests: int = 0
-    num_finished_requests: int = 0
-    num_hash_collisions: int = 0
-
-    @property
-    def num_computed_tokens(self) -> int:
-        return self.num_prompt_tokens - self.num_cached_tokens
-
-    @property
-    def hit_rate(self) -> float:
-        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
-
-
 @dataclass(slots=True, eq=False)
 class _Running:
     request: Request
@@ -108,32 +87,6 @@ class _Running:
     token_ids: list[int] | None
     num_tokens: int  # tokens whose KV is (being) computed
     stored: list[Block] = field(default_factory=list)
-
-
-@dataclass(slots=True, frozen=True)
-class BlockView:
-    """One block as a snapshot shows it."""
-
-    block_id: int
-    ref_count: int
-    block_hash: bytes | None
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
-    salt: str | None
-    external_id: int | None
-    free_rank: int | None  # 0 = next to be evicted; None while in use
-    last_used: int
-
-
-@dataclass(slots=True, frozen=True)
-class PoolSnapshot:
-    block_size: int
-    blocks: tuple[BlockView, ...]
-    num_free_blocks: int
-    num_used_blocks: int
-    num_cached_blocks: int
-    running: dict[str, tuple[int, ...]]
-    counters: Counters
 
 
 class PrefixCacheManager:
@@ -157,7 +110,7 @@ class PrefixCacheManager:
         self.counters = Counters()
         self._running: dict[str, _Running] = {}
         # hash -> seq of the eviction (or reset) event that removed it; None if unnumbered
-        self._evicted: dict[bytes, int | None] = {}
+        self._evicted_by_seq: dict[bytes, int | None] = {}
         self._salts_seen: dict[str | None, None] = {}
         # parent hash -> child hashes currently cached; used to find where a request diverges
         self._children: dict[bytes | None, dict[bytes, None]] = {}
@@ -186,7 +139,7 @@ class PrefixCacheManager:
         return self.pool.blocks[block_id]
 
     def is_cached(self, block_hash: bytes) -> bool:
-        return block_hash in self.pool.cached
+        return block_hash in self.pool.blocks_by_hash
 
     def _get(self, request_id: str) -> _Running:
         try:
@@ -240,8 +193,8 @@ class PrefixCacheManager:
 
     def _classify_miss(self, request: Request, hashes: list[bytes], k: int) -> MissInfo:
         h = hashes[k]
-        if h in self._evicted:
-            return MissInfo(reason="evicted", first_miss_block=k, evicted_by_seq=self._evicted[h])
+        if h in self._evicted_by_seq:
+            return MissInfo(reason="evicted", first_miss_block=k, evicted_by_seq=self._evicted_by_seq[h])
         other = self._find_other_salt(request, k)
         if other is not None:
             return MissInfo(reason="salt", first_miss_block=k, other_salt=other[0] if other[0] is not None else "")
@@ -262,7 +215,7 @@ class PrefixCacheManager:
             else:
                 assert request.external_block_ids is not None
                 chain = self.hasher.hash_external_chain(list(request.external_block_ids[:k + 1]), salt)
-            if chain and chain[-1] in self.pool.cached:
+            if chain and chain[-1] in self.pool.blocks_by_hash:
                 return (salt,)
         return None
 
@@ -367,13 +320,13 @@ class PrefixCacheManager:
                 self.counters.num_evicted_blocks += 1
                 event = bus.emit(BlockEvicted, block_id=block.block_id, block_hash=evicted,
                                  by_request_id=request_id) if bus.active else None
-                self._evicted[evicted] = event.seq if event is not None else None
+                self._evicted_by_seq[evicted] = event.seq if event is not None else None
             pool.touch(block)
             taken.append(block)
         return taken
 
     def _forget_child(self, block_hash: bytes, parent: bytes | None) -> None:
-        if block_hash in self.pool.cached:  # another copy still holds it
+        if block_hash in self.pool.blocks_by_hash:  # another copy still holds it
             return
         kids = self._children.get(parent)
         if kids is not None:
@@ -396,11 +349,11 @@ class PrefixCacheManager:
             assert seq.request.external_block_ids is not None
             external_id = int(seq.request.external_block_ids[i])
         salt = seq.request.salt if i == 0 else None
-        first_copy = block_hash not in self.pool.cached
+        first_copy = block_hash not in self.pool.blocks_by_hash
         self.pool.cache(block, block_hash, parent, token_ids, salt, external_id)
         if first_copy:
             self._children.setdefault(parent, {})[block_hash] = None
-        self._evicted.pop(block_hash, None)
+        self._evicted_by_seq.pop(block_hash, None)
         seq.stored.append(block)
         self.counters.num_stored_blocks += 1
         if self.events.active:
@@ -492,7 +445,7 @@ class PrefixCacheManager:
         cleared = [b for b in self.pool.blocks if b.block_hash is not None]
         event = self.events.emit(CacheReset, num_blocks_cleared=len(cleared)) if self.events.active else None
         for block in cleared:
-            self._evicted[block.block_hash] = event.seq if event is not None else None  # type: ignore[index]
+            self._evicted_by_seq[block.block_hash] = event.seq if event is not None else None  # type: ignore[index]
             self.pool.uncache(block)
         self._children.clear()
         return len(cleared)
@@ -524,8 +477,8 @@ class PrefixCacheManager:
             assert b.ref_count >= 0
             assert (b.ref_count == 0) == (b.block_id in free_ids), f"block {b.block_id} free state wrong"
             if b.block_hash is not None:
-                assert pool.cached[b.block_hash][b.block_id] is b
-        for h, holders in pool.cached.items():
+                assert pool.blocks_by_hash[b.block_hash][b.block_id] is b
+        for h, holders in pool.blocks_by_hash.items():
             for b in holders.values():
                 assert b.block_hash == h
         refs: dict[int, int] = {}

@@ -17,7 +17,7 @@ from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone,
     MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
 )
-from engine.core.manager import BlockView, Counters, PoolSnapshot
+from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 
 # Block categories of the grid; the counts of each are kept up to date per event.
 EMPTY, CACHED_FREE, IN_USE = 0, 1, 2

@@ -61,7 +61,7 @@ SEMANTIC_FALSE_POSITIVE = Demo(
 # ---------------------------------------------------------------------------- billing
 def _billing(env: DemoEnv) -> dict[str, Any]:
     from engine.analysis.billing import bill, provider_rules, requests_from_conversations
-    from engine.analysis.sweep import load_conversation_file
+    from engine.analysis.conversations import load_conversation_file
 
     rules = provider_rules("anthropic", "claude-sonnet-4-5")
     out: dict[str, Any] = {"provider": rules.label, "model": rules.model, "rules_checked": rules.checked,

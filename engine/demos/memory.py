@@ -97,8 +97,8 @@ KV_GROWS_PER_STEP = Demo(
 
 # ---------------------------------------------------------------------------- 70B at 128K
 def _kv_70b(env: DemoEnv) -> dict[str, Any]:
-    from engine.model.kv_memory import (KVMemoryShape, kv_memory_report, measure_loaded_model, preset,
-                                  shape_from_config)
+    from engine.model.kv_memory import KVMemoryShape, kv_memory_report, preset, shape_from_config
+    from engine.model.kv_pool import measure_loaded_model
 
     shape = preset("llama-3.1-70b")
     cfg = load_resource("llama-3.1-70b-config.json")

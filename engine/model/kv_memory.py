@@ -1,6 +1,6 @@
-"""KV memory per token and per layer: model presets, Hugging Face configs, and the report
-behind `cachescope kv-memory`. Pure arithmetic plus, for a loaded model, measurement of
-real pool and DynamicCache tensors; the pool itself lives in `kv_pool`.
+"""KV memory per token and per layer: the formula (`kv_bytes`), model presets, Hugging Face
+configs, and the report behind `cachescope kv-memory`. Pure arithmetic, no torch; measuring
+real tensors of a loaded model lives beside the pool in `kv_pool`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DTYPE_BYTES: dict[str, Fraction] = {
 }
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
                   "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "int8": "int8"}
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "int8": "int8"}
 
 _MHA_FORMULA = "2 * layers * kv_heads * head_dim * bytes_per_value * tokens"
 _MLA_FORMULA = "layers * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value * tokens"
@@ -183,35 +183,3 @@ def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> 
     if shape.note:
         report["note"] = shape.note
     return report
-
-
-def measure_loaded_model(loaded: Any, tokens: int, dtype: str) -> dict[str, Any]:
-    """Measure real tensors of a loaded model: a one-block KV pool in `dtype` and the
-    DynamicCache transformers builds on a short prompt (in the model's own dtype)."""
-    import torch
-    from transformers import DynamicCache
-
-    from engine.model.kv_pool import KVPool, KVShape
-
-    key = normalise_dtype(dtype)
-    out: dict[str, Any] = {}
-    torch_name = _TORCH_DTYPES.get(key)
-    if torch_name is not None and hasattr(torch, torch_name):
-        shape = KVShape(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, getattr(torch, torch_name))
-        # A pool of exactly `tokens` one-token blocks; torch.empty pages cost nothing until written.
-        # Beyond a few GiB, measure a one-token pool and scale, rather than reserve the address space.
-        direct = 0 < tokens and shape.bytes_per_token * tokens <= 4 * 2**30
-        pool = KVPool(shape, block_size=1, num_blocks=tokens if direct else 1)
-        per_layer = pool.per_layer_bytes() if direct else [b * tokens for b in pool.per_layer_bytes()]
-        out.update(pool_dtype=key, pool_bytes_per_token=pool.bytes_per_token, per_layer_bytes=per_layer,
-                   total_bytes=sum(per_layer), pool_measured_directly=direct)
-    else:
-        out["pool_dtype"] = None  # torch has no int4 tensor to measure
-    probe = 16
-    cache = DynamicCache(config=loaded.model.config)
-    ids = torch.arange(probe).unsqueeze(0) % max(2, int(loaded.model.config.vocab_size))
-    with torch.inference_mode():
-        loaded.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
-    out.update(model_dtype=normalise_dtype(str(loaded.dtype)), dynamic_cache_bytes_per_token=measured // probe)
-    return out

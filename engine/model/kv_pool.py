@@ -1,18 +1,18 @@
 """The paged KV storage: one preallocated tensor holding K and V of every layer for every
-block, indexed directly by block id. Bookkeeping (which block holds what) lives in
-`manager`; this module only moves tensors.
+block, indexed directly by block id, and measuring what real KV tensors take. Bookkeeping
+(which block holds what) lives in `manager`; the formula and presets in `kv_memory`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from engine.core.blocks import cdiv
 from engine.core.validation import check_memory
-from engine.model.kv_memory import kv_bytes
+from engine.model.kv_memory import TORCH_DTYPES, kv_bytes, normalise_dtype
 
 
 @dataclass(slots=True, frozen=True)
@@ -142,3 +142,32 @@ class KVPool:
                 k, v = k[0], v[0]
             self._slots[layer, 0].index_copy_(1, slots, k.to(self.shape.dtype))
             self._slots[layer, 1].index_copy_(1, slots, v.to(self.shape.dtype))
+
+
+def measure_loaded_model(loaded: Any, tokens: int, dtype: str) -> dict[str, Any]:
+    """Measure real tensors of a loaded model: a one-block KV pool in `dtype` and the
+    DynamicCache transformers builds on a short prompt (in the model's own dtype)."""
+    from transformers import DynamicCache
+
+    key = normalise_dtype(dtype)
+    out: dict[str, Any] = {}
+    torch_name = TORCH_DTYPES.get(key)
+    if torch_name is not None and hasattr(torch, torch_name):
+        shape = KVShape(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, getattr(torch, torch_name))
+        # A pool of exactly `tokens` one-token blocks; torch.empty pages cost nothing until written.
+        # Beyond a few GiB, measure a one-token pool and scale, rather than reserve the address space.
+        direct = 0 < tokens and shape.bytes_per_token * tokens <= 4 * 2**30
+        pool = KVPool(shape, block_size=1, num_blocks=tokens if direct else 1)
+        per_layer = pool.per_layer_bytes() if direct else [b * tokens for b in pool.per_layer_bytes()]
+        out.update(pool_dtype=key, pool_bytes_per_token=pool.bytes_per_token, per_layer_bytes=per_layer,
+                   total_bytes=sum(per_layer), pool_measured_directly=direct)
+    else:
+        out["pool_dtype"] = None  # torch has no int4 tensor to measure
+    probe = 16
+    cache = DynamicCache(config=loaded.model.config)
+    ids = torch.arange(probe).unsqueeze(0) % max(2, int(loaded.model.config.vocab_size))
+    with torch.inference_mode():
+        loaded.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+    measured = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    out.update(model_dtype=normalise_dtype(str(loaded.dtype)), dynamic_cache_bytes_per_token=measured // probe)
+    return out

@@ -65,7 +65,7 @@ class GenerationResult:
 
 
 @dataclass(slots=True)
-class _Sequence:
+class _RunningRequest:
     """A request in flight: its tokens, its DynamicCache and its engine blocks."""
 
     request_id: str
@@ -130,7 +130,7 @@ class ModelRunner:
     `kv_memory_bytes` holds). `seed` seeds both the hash root and sampling."""
 
     def __init__(self, loaded: LoadedModel, num_blocks: int | None = None, kv_memory_bytes: int | None = None,
-                 block_size: int = 16, seed: int | None = 0, hash: str = "sha256",
+                 block_size: int = 16, seed: int | None = 0, hash_name: str = "sha256",
                  events: EventBus | None = None, hash_seed: str | None = None) -> None:
         if num_blocks is not None and kv_memory_bytes is not None:
             raise ValueError("give the pool size as a number of blocks or as a KV memory budget, not both")
@@ -145,7 +145,7 @@ class ModelRunner:
                               device=next(self.model.parameters()).device)
         self.block_size = block_size
         self.manager = PrefixCacheManager(self.kv_pool.num_blocks, block_size,
-                                          BlockHasher(hash, seed, loaded.model_id, hash_seed), self.events)
+                                          BlockHasher(hash_name, seed, loaded.model_id, hash_seed), self.events)
         self.generator = torch.Generator(device="cpu")
         if seed is None:
             self.generator.seed()
@@ -189,16 +189,16 @@ class ModelRunner:
         """
         self._check_sampling(max_new_tokens, temperature, top_p)
         start = time.perf_counter()
-        seq, result = self._start(list(prompt_token_ids), max_new_tokens, salt, use_cache, request_id, start)
+        running, result = self._start(list(prompt_token_ids), max_new_tokens, salt, use_cache, request_id, start)
         aborted = True
         try:
-            logits = self._prefill(seq, result)
-            self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, start)
+            logits = self._prefill(running, result)
+            self._decode(running, result, logits, max_new_tokens, temperature, top_p, on_token, start)
             aborted = probe
         finally:
-            if seq.managed:
-                self.manager.finish(seq.request_id, aborted=aborted)
-            self._release_cache(seq.cache)
+            if running.managed:
+                self.manager.finish(running.request_id, aborted=aborted)
+            self._release_cache(running.cache)
         return result
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, salt: str | None = None,
@@ -215,26 +215,26 @@ class ModelRunner:
         """
         self._check_sampling(max_new_tokens, temperature, top_p)
         prompts = [list(p) for p in prompts]
-        started: list[tuple[_Sequence, GenerationResult, torch.Tensor, float]] = []
+        started: list[tuple[_RunningRequest, GenerationResult, torch.Tensor, float]] = []
         aborted = True
         try:
             for prompt in prompts:
                 t0 = time.perf_counter()
                 # Keep room for the outputs of the requests already admitted.
                 reserve = sum(self._blocks_still_needed(s, max_new_tokens) for s, _, _, _ in started)
-                seq, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0,
+                running, result = self._start(prompt, max_new_tokens, salt, use_cache, None, t0,
                                           reserve * self.block_size)
-                started.append((seq, result, torch.empty(0), t0))
-                logits = self._prefill(seq, result)
-                started[-1] = (seq, result, logits, t0)
-            for seq, result, logits, t0 in started:
-                self._decode(seq, result, logits, max_new_tokens, temperature, top_p, on_token, t0)
+                started.append((running, result, torch.empty(0), t0))
+                logits = self._prefill(running, result)
+                started[-1] = (running, result, logits, t0)
+            for running, result, logits, t0 in started:
+                self._decode(running, result, logits, max_new_tokens, temperature, top_p, on_token, t0)
             aborted = False
         finally:
-            for seq, _, _, _ in started:
-                if seq.managed:
-                    self.manager.finish(seq.request_id, aborted=aborted)
-                self._release_cache(seq.cache)
+            for running, _, _, _ in started:
+                if running.managed:
+                    self.manager.finish(running.request_id, aborted=aborted)
+                self._release_cache(running.cache)
         return [result for _, result, _, _ in started]
 
     # ---------------------------------------------------------------- steps
@@ -246,14 +246,14 @@ class ModelRunner:
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], not {top_p}")
 
-    def _blocks_still_needed(self, seq: _Sequence, max_new_tokens: int) -> int:
-        if not seq.managed:
+    def _blocks_still_needed(self, running: _RunningRequest, max_new_tokens: int) -> int:
+        if not running.managed:
             return 0
-        total = len(seq.prompt) + max_new_tokens - 1
-        return max(0, cdiv(total, self.block_size) - len(seq.block_ids))
+        total = len(running.prompt) + max_new_tokens - 1
+        return max(0, cdiv(total, self.block_size) - len(running.block_ids))
 
     def _start(self, prompt: list[int], max_new_tokens: int, salt: str | None, use_cache: bool,
-               request_id: str | None, start: float, reserve_tokens: int = 0) -> tuple[_Sequence, GenerationResult]:
+               request_id: str | None, start: float, reserve_tokens: int = 0) -> tuple[_RunningRequest, GenerationResult]:
         """Hash, look up and allocate (or, without the cache, just set up a cold request)."""
         if not prompt:
             raise ValueError("the prompt is empty; it needs at least one token")
@@ -280,11 +280,11 @@ class ModelRunner:
             block_ids = list(allocation.block_ids)
             num_cached = allocation.num_cached_tokens
             miss = allocation.miss
-        seq = _Sequence(rid, prompt, self._new_cache(len(prompt) + max_new_tokens), block_ids, num_cached,
+        running = _RunningRequest(rid, prompt, self._new_cache(len(prompt) + max_new_tokens), block_ids, num_cached,
                         use_cache, timings=timings)
-        result = GenerationResult(rid, prompt, seq.output, "", len(prompt), num_cached, len(prompt) - num_cached,
+        result = GenerationResult(rid, prompt, running.output, "", len(prompt), num_cached, len(prompt) - num_cached,
                                   miss, (), 0.0, 0.0, 0.0, None, timings=timings)
-        return seq, result
+        return running, result
 
     def _new_cache(self, capacity: int) -> Any:
         """A DynamicCache whose full-attention layers append into one preallocated buffer."""
@@ -315,91 +315,91 @@ class ModelRunner:
             self._spare_buffers.sort(key=lambda b: b.shape[4])
             del self._spare_buffers[0]  # keep the largest: they serve any request
 
-    def _fill_cache(self, seq: _Sequence) -> None:
+    def _fill_cache(self, running: _RunningRequest) -> None:
         """Put the cached prefix, gathered from the pool, into the request's working cache."""
-        n = seq.num_written
+        n = running.num_written
         if n == 0:
             return
         t = time.perf_counter()
-        cache = seq.cache
+        cache = running.cache
         buffer = getattr(cache, "kv_buffer", None)
         if buffer is not None:
-            self.kv_pool.gather_into(seq.block_ids, n, buffer[:, :, 0])
+            self.kv_pool.gather_into(running.block_ids, n, buffer[:, :, 0])
             for layer in cache.layers:
                 layer.set_length(n)
         else:
-            for index, (k, v) in enumerate(self.kv_pool.gather(seq.block_ids, n)):
+            for index, (k, v) in enumerate(self.kv_pool.gather(running.block_ids, n)):
                 cache.update(k, v, index)
-        seq.timings["gather_ms"] = seq.timings.get("gather_ms", 0.0) + _ms(t)
+        running.timings["gather_ms"] = running.timings.get("gather_ms", 0.0) + _ms(t)
 
-    def _forward(self, seq: _Sequence, token_ids: list[int], start: int) -> torch.Tensor:
+    def _forward(self, running: _RunningRequest, token_ids: list[int], start: int) -> torch.Tensor:
         ids = torch.tensor([token_ids], dtype=torch.long)
         positions = torch.arange(start, start + len(token_ids), dtype=torch.long).unsqueeze(0)
-        kwargs: dict[str, Any] = {self._cache_kwarg: seq.cache, "use_cache": True, "position_ids": positions}
+        kwargs: dict[str, Any] = {self._cache_kwarg: running.cache, "use_cache": True, "position_ids": positions}
         if self._keep_last_logits:
             kwargs["logits_to_keep"] = 1
         with torch.inference_mode():
             out = self.model(input_ids=ids, **kwargs)
         return out.logits[0, -1].float()
 
-    def _prefill(self, seq: _Sequence, result: GenerationResult) -> torch.Tensor:
-        self._fill_cache(seq)
+    def _prefill(self, running: _RunningRequest, result: GenerationResult) -> torch.Tensor:
+        self._fill_cache(running)
         t = time.perf_counter()
-        logits = self._forward(seq, seq.prompt[seq.num_written:], seq.num_written)
+        logits = self._forward(running, running.prompt[running.num_written:], running.num_written)
         result.prefill_ms = _ms(t)
-        seq.timings["prefill_ms"] = result.prefill_ms
-        if seq.managed:
+        running.timings["prefill_ms"] = result.prefill_ms
+        if running.managed:
             t = time.perf_counter()
-            self._write_full_blocks(seq, len(seq.prompt))
-            seq.timings["store_ms"] = _ms(t)
+            self._write_full_blocks(running, len(running.prompt))
+            running.timings["store_ms"] = _ms(t)
         result.first_logits = logits
         return logits
 
-    def _write_full_blocks(self, seq: _Sequence, num_tokens: int) -> None:
+    def _write_full_blocks(self, running: _RunningRequest, num_tokens: int) -> None:
         """Copy the request's newly filled blocks (up to `num_tokens` tokens of KV) to the pool."""
         end = (num_tokens // self.block_size) * self.block_size
-        start = seq.num_written
+        start = running.num_written
         if end <= start:
             return
-        layers = [(layer.keys[:, :, start:end], layer.values[:, :, start:end]) for layer in seq.cache.layers]
-        self.kv_pool.write(seq.block_ids, start, layers)
-        seq.num_written = end
+        layers = [(layer.keys[:, :, start:end], layer.values[:, :, start:end]) for layer in running.cache.layers]
+        self.kv_pool.write(running.block_ids, start, layers)
+        running.num_written = end
 
-    def _decode(self, seq: _Sequence, result: GenerationResult, logits: torch.Tensor, max_new_tokens: int,
+    def _decode(self, running: _RunningRequest, result: GenerationResult, logits: torch.Tensor, max_new_tokens: int,
                 temperature: float, top_p: float, on_token: OnToken | None, start: float) -> None:
         t_decode = time.perf_counter()
         decoded_text = ""
-        position = len(seq.prompt)
+        position = len(running.prompt)
         store_ms = 0.0
         while True:
             token = self._sample(logits, temperature, top_p)
-            seq.output.append(token)
-            if len(seq.output) == 1:
+            running.output.append(token)
+            if len(running.output) == 1:
                 result.ttft_ms = _ms(start)
                 t_decode = time.perf_counter()
             if on_token is not None:
-                text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
+                text = self.tokenizer.decode(running.output, skip_special_tokens=True)
                 on_token(token, text[len(decoded_text):])
                 decoded_text = text
             if token in self._eos_ids:
                 result.finish_reason = "stop"
                 break
-            if len(seq.output) >= max_new_tokens:
+            if len(running.output) >= max_new_tokens:
                 break
-            logits = self._forward(seq, [token], position)
+            logits = self._forward(running, [token], position)
             position += 1
-            if seq.managed:
+            if running.managed:
                 t = time.perf_counter()
-                new_blocks = self.manager.append(seq.request_id, token_ids=[token])
-                seq.block_ids.extend(new_blocks)
-                self._write_full_blocks(seq, position)
+                new_blocks = self.manager.append(running.request_id, token_ids=[token])
+                running.block_ids.extend(new_blocks)
+                self._write_full_blocks(running, position)
                 store_ms += _ms(t)
         result.decode_ms = _ms(t_decode)
-        seq.timings["decode_ms"] = result.decode_ms
-        seq.timings["decode_store_ms"] = store_ms
+        running.timings["decode_ms"] = result.decode_ms
+        running.timings["decode_store_ms"] = store_ms
         result.last_logits = logits
-        result.output_text = self.tokenizer.decode(seq.output, skip_special_tokens=True)
-        result.block_ids = tuple(seq.block_ids)
+        result.output_text = self.tokenizer.decode(running.output, skip_special_tokens=True)
+        result.block_ids = tuple(running.block_ids)
 
     def _sample(self, logits: torch.Tensor, temperature: float, top_p: float) -> int:
         if temperature == 0.0:

@@ -449,6 +449,4 @@ def _edited_extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
     return kept or None
 
 
-from engine.store.writer import StoreWriter  # noqa: E402 - re-exported; it needs Store first
-
-__all__ = ["Store", "StoreWriter", "SessionInfo", "MessageRow", "RunInfo", "StoredRequest", "default_db_path"]
+__all__ = ["Store", "SessionInfo", "MessageRow", "RunInfo", "StoredRequest", "default_db_path"]

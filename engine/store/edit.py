@@ -89,7 +89,7 @@ def edit_and_rerun(store: Store, session_id: int, position: int, content: str, *
 
             runner = ModelRunner(loaded if loaded is not None else load_model(info.model),
                                  num_blocks=config.capacity_blocks, block_size=config.block_size, seed=config.seed,
-                                 hash=config.hash, events=EventBus())
+                                 hash_name=config.hash, events=EventBus())
             manager = runner.manager
             for t in old_turns:  # teacher-forced: prompt and recorded reply get real KV
                 runner.generate(t.prompt_token_ids + t.output_token_ids, max_new_tokens=1, salt=salt,

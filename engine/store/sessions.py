@@ -27,7 +27,7 @@ DEFAULT_CAPACITY_BLOCKS = 4096
 # ---------------------------------------------------------------------------- import / export
 def import_file(store: Store, path: str | Path, format: str | None = None, *, title: str | None = None,
                 model: str | None = None, block_size: int | None = None, capacity_blocks: int | None = None,
-                seed: int | None = None, hash: str | None = None) -> list[int]:
+                seed: int | None = None, hash_name: str | None = None) -> list[int]:
     """Import every conversation of `path` as one session each, in ONE transaction.
 
     The whole file is parsed before anything is written, and a failure while writing
@@ -35,7 +35,7 @@ def import_file(store: Store, path: str | Path, format: str | None = None, *, ti
     """
     conversations = load_conversations(path, format)
     overrides = {k: v for k, v in (("model", model), ("block_size", block_size), ("capacity_blocks", capacity_blocks),
-                                   ("seed", seed), ("hash", hash)) if v is not None}
+                                   ("seed", seed), ("hash", hash_name)) if v is not None}
     with store.atomic():
         return [import_conversation(store, c, str(path), title, overrides) for c in conversations]
 
