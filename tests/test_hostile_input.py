@@ -249,14 +249,14 @@ def _per_token_reference(requests, config, bus):
     """`replay`'s loop as it was before quiet steps were skipped: one token per request per step."""
     from collections import deque
 
-    from engine.core.manager import _cdiv
+    from engine.core.blocks import cdiv
     from engine.core.replay import to_request
 
     mgr, bs = make_manager(config, bus), config.block_size
     pending, running = deque(requests), []
 
     def outstanding(live):
-        return _cdiv(live[0].input_length + live[2], bs) - len(mgr.block_table(live[0].id))
+        return cdiv(live[0].input_length + live[2], bs) - len(mgr.block_table(live[0].id))
 
     while pending or running:
         while pending and len(running) < config.concurrency:

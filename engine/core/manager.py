@@ -291,15 +291,15 @@ class PrefixCacheManager:
         table.extend(self._take_blocks(num_new, rid))
 
         tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
-        seq = _Running(request, table, list(lookup.block_hashes), tokens, request.num_prompt_tokens)
-        self._running[rid] = seq
+        running = _Running(request, table, list(lookup.block_hashes), tokens, request.num_prompt_tokens)
+        self._running[rid] = running
         if bus.active:
             bus.emit(BlocksAllocated, request_id=rid, block_ids=tuple(b.block_id for b in table),
                      num_hit_blocks=lookup.num_hit_blocks)
             bus.emit(RefCountsChanged, request_id=rid, block_ids=tuple(b.block_id for b in table),
                      ref_counts=tuple(b.ref_count for b in table))
-        for i in range(lookup.num_hit_blocks, len(seq.block_hashes)):
-            self._store(seq, i)
+        for i in range(lookup.num_hit_blocks, len(running.block_hashes)):
+            self._store(running, i)
 
         c = self.counters
         c.num_requests += 1
@@ -334,32 +334,32 @@ class PrefixCacheManager:
             if not kids:
                 del self._children[parent]
 
-    def _store(self, seq: _Running, i: int) -> None:
-        block = seq.block_table[i]
+    def _store(self, running: _Running, i: int) -> None:
+        block = running.block_table[i]
         if block.block_hash is not None:
             return
         bs = self.block_size
-        block_hash = seq.block_hashes[i]
-        parent = seq.block_hashes[i - 1] if i > 0 else None
-        if seq.token_ids is not None:
-            token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        block_hash = running.block_hashes[i]
+        parent = running.block_hashes[i - 1] if i > 0 else None
+        if running.token_ids is not None:
+            token_ids = tuple(running.token_ids[i * bs:(i + 1) * bs])
             external_id = None
         else:
             token_ids = ()
-            assert seq.request.external_block_ids is not None
-            external_id = int(seq.request.external_block_ids[i])
-        salt = seq.request.salt if i == 0 else None
+            assert running.request.external_block_ids is not None
+            external_id = int(running.request.external_block_ids[i])
+        salt = running.request.salt if i == 0 else None
         first_copy = block_hash not in self.pool.blocks_by_hash
         self.pool.cache(block, block_hash, parent, token_ids, salt, external_id)
         if first_copy:
             self._children.setdefault(parent, {})[block_hash] = None
         self._evicted_by_seq.pop(block_hash, None)
-        seq.stored.append(block)
+        running.stored.append(block)
         self.counters.num_stored_blocks += 1
         if self.events.active:
-            self.events.emit(BlockStored, request_id=seq.request.request_id, block_id=block.block_id,
+            self.events.emit(BlockStored, request_id=running.request.request_id, block_id=block.block_id,
                              block_hash=block_hash, parent_hash=parent, token_ids=token_ids,
-                             salt=seq.request.salt if i == 0 else None, external_id=external_id)
+                             salt=running.request.salt if i == 0 else None, external_id=external_id)
 
     def append(self, request_id: str, token_ids: Sequence[int] | None = None,
                num_tokens: int | None = None) -> tuple[int, ...]:
@@ -369,41 +369,41 @@ class PrefixCacheManager:
         once) or `num_tokens` for block-level ones (their decode blocks never are).
         Raises `CapacityError`, changing nothing, when no block is left for them.
         """
-        seq = self._get(request_id)
+        running = self._get(request_id)
         if token_ids is not None:
-            if seq.token_ids is None:
+            if running.token_ids is None:
                 raise ValueError(f"request {request_id!r} is block-level; append a count, not token ids")
             n = len(token_ids)
         elif num_tokens is not None:
-            if seq.token_ids is not None:
+            if running.token_ids is not None:
                 raise ValueError(f"request {request_id!r} is token-level; append its token ids")
             n = num_tokens
         else:
             raise ValueError("append needs token_ids or num_tokens")
         if n < 0:
             raise ValueError("cannot append a negative number of tokens")
-        total = seq.num_tokens + n
-        num_new = cdiv(total, self.block_size) - len(seq.block_table)
+        total = running.num_tokens + n
+        num_new = cdiv(total, self.block_size) - len(running.block_table)
         if num_new > self.pool.num_free_blocks:
             raise CapacityError(request_id, num_new, self.pool.num_free_blocks, self.pool.num_blocks)
         new_blocks = self._take_blocks(num_new, request_id) if num_new > 0 else []
-        seq.block_table.extend(new_blocks)
+        running.block_table.extend(new_blocks)
         if new_blocks and self.events.active:
             self.events.emit(BlocksAllocated, request_id=request_id,
                              block_ids=tuple(b.block_id for b in new_blocks), num_hit_blocks=0)
             self.events.emit(RefCountsChanged, request_id=request_id,
                              block_ids=tuple(b.block_id for b in new_blocks),
                              ref_counts=tuple(b.ref_count for b in new_blocks))
-        seq.num_tokens = total
-        if seq.token_ids is not None and token_ids is not None:
-            seq.token_ids.extend(token_ids)
+        running.num_tokens = total
+        if running.token_ids is not None and token_ids is not None:
+            running.token_ids.extend(token_ids)
             bs = self.block_size
-            while len(seq.block_hashes) < total // bs:
-                i = len(seq.block_hashes)
-                parent = seq.block_hashes[i - 1] if i > 0 else None
-                seq.block_hashes.append(self.hasher.hash_block(
-                    parent, seq.token_ids[i * bs:(i + 1) * bs], seq.request.salt if i == 0 else None))
-                self._store(seq, i)
+            while len(running.block_hashes) < total // bs:
+                i = len(running.block_hashes)
+                parent = running.block_hashes[i - 1] if i > 0 else None
+                running.block_hashes.append(self.hasher.hash_block(
+                    parent, running.token_ids[i * bs:(i + 1) * bs], running.request.salt if i == 0 else None))
+                self._store(running, i)
         return tuple(b.block_id for b in new_blocks)
 
     def finish(self, request_id: str, aborted: bool = False) -> tuple[int, ...]:
@@ -412,18 +412,18 @@ class PrefixCacheManager:
         An aborted request's own stored blocks are dropped from the map, since their KV
         may never have been written.
         """
-        seq = self._get(request_id)
+        running = self._get(request_id)
         del self._running[request_id]
         bus = self.events
         if aborted:
-            for block in seq.stored:
+            for block in running.stored:
                 if block.block_hash is not None and block.ref_count == 1:
                     old = block.block_hash
                     self._forget_child(old, self.pool.uncache(block))
                     if bus.active:
                         bus.emit(BlockEvicted, block_id=block.block_id, block_hash=old, by_request_id=request_id)
         freed: list[Block] = []
-        ordered = seq.block_table[::-1]
+        ordered = running.block_table[::-1]
         for block in ordered:
             if self.pool.release(block):
                 freed.append(block)
@@ -433,7 +433,7 @@ class PrefixCacheManager:
                      ref_counts=tuple(b.ref_count for b in ordered))
             if freed:
                 bus.emit(BlocksFreed, request_id=request_id, block_ids=tuple(b.block_id for b in freed))
-            bus.emit(RequestFinished, request_id=request_id, num_tokens_with_kv=seq.num_tokens, aborted=aborted)
+            bus.emit(RequestFinished, request_id=request_id, num_tokens_with_kv=running.num_tokens, aborted=aborted)
         return tuple(b.block_id for b in freed)
 
     def reset(self) -> int:
@@ -482,8 +482,8 @@ class PrefixCacheManager:
             for b in holders.values():
                 assert b.block_hash == h
         refs: dict[int, int] = {}
-        for seq in self._running.values():
-            for b in seq.block_table:
+        for running in self._running.values():
+            for b in running.block_table:
                 refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for b in pool.blocks:
             assert b.ref_count == refs.get(b.block_id, 0), f"block {b.block_id} ref count disagrees"

@@ -150,6 +150,17 @@ def _tmp_dir_beside(final: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
 
 
+def _save_and_publish(save: Callable[[str], Any], final: Path) -> None:
+    """`save(folder)` into a temporary folder beside `final`, then publish it as `final`,
+    so a reader never sees a half-written conversion."""
+    tmp = _tmp_dir_beside(final)
+    try:
+        save(str(tmp))
+        _publish(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _gguf_tokenizer_dir(path: Path, progress: Progress) -> Path:
     """The GGUF's tokenizer saved as a Hugging Face tokenizer (reading it from GGUF takes ~10 s)."""
     final = _converted_dir(path) / "tokenizer"
@@ -163,12 +174,7 @@ def _gguf_tokenizer_dir(path: Path, progress: Progress) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
         raise InputError(f"{path}: cannot read the tokenizer from this GGUF file ({_short(exc)})") from None
-    tmp = _tmp_dir_beside(final)
-    try:
-        tokenizer.save_pretrained(str(tmp))
-        _publish(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _save_and_publish(tokenizer.save_pretrained, final)
     return final
 
 
@@ -191,12 +197,7 @@ def _gguf_model_dir(path: Path, progress: Progress) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     progress("saving safetensors", 0.75)
-    tmp = _tmp_dir_beside(final)
-    try:
-        model.save_pretrained(str(tmp))
-        _publish(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _save_and_publish(model.save_pretrained, final)
     return final
 
 
