@@ -64,6 +64,6 @@ def test_the_model_runner_stores_vllms_hashes(tiny_model):
     bus = EventBus()
     stored = []
     bus.subscribe(lambda e: stored.append(e) if e.kind == "block_stored" else None)
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=row["block_size"], hash="vllm-sha256", events=bus)
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=row["block_size"], hash_name="vllm-sha256", events=bus)
     runner.generate(row["tokens"] + [7], max_new_tokens=1, salt=row["cache_salt"], request_id="r")
     assert [e.block_hash.hex() for e in stored[:2]] == row["block_hashes"]
