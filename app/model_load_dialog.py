@@ -21,8 +21,8 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, Q
 
 from engine.model.loader import LoadCancelled, needs_conversion
 
-CANCELLED_MESSAGE = ("Loading the model was cancelled; nothing was kept. Model > Load model (Ctrl+L) "
-                     "starts the conversion again.")
+CANCELLED_MESSAGE = ("Loading the model was cancelled before it was ready; Engine > Load model (Ctrl+L) "
+                     "starts it again.")
 
 
 class ModelLoadDialog(QDialog):
