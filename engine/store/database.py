@@ -73,8 +73,14 @@ class Store:
         conn = self._connect(path is None)
         self.db = sqlite_utils.Database(conn)
         try:
-            if self.path is not None and conn is not None and not self._in_memory_stand_in:
-                schema.check_ours(conn, self._read_state(conn), str(self.path))
+            if self.path is not None and not self._in_memory_stand_in:
+                state = self._read_state(conn)
+                schema.check_ours(conn, state, str(self.path))
+                if read_only and state.is_empty:  # an empty file reads as an empty database
+                    conn.close()
+                    conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                    self.db = sqlite_utils.Database(conn)
+                    self._in_memory_stand_in = True
             if read_only and not self._in_memory_stand_in:
                 conn.execute("PRAGMA query_only=1")
             else:

@@ -105,7 +105,10 @@ def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES)
     first_line = text.count("\n", 0, len(text) - len(stripped)) + 1
     v.check_depth(text, name, first_line)  # the whole text is at least as deep as any line of it
     if stripped[0] == "[":
-        return _array_items(text, name)
+        items = _array_items(text, name)
+        if not items:
+            raise TraceError(name, first_line, None, "the file is an empty list; it holds nothing to read")
+        return items
     try:
         return [(first_line, _loads(text))]
     except json.JSONDecodeError as whole_error:
