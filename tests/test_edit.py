@@ -127,3 +127,17 @@ def test_a_stored_non_string_salt_stops_edit_and_replay_before_any_write(tmp_pat
         with pytest.raises(InputError, match="not a string"):
             edit_and_rerun(store, sid, 1, "A different question.", tokenizer=default_tokenizer)
     assert _counts(db) == before
+
+
+def test_a_replay_that_fails_part_way_is_marked_aborted(tmp_path, default_tokenizer):
+    with Store(tmp_path / "s.db") as store:
+        [sid] = import_file(store, REASONING)
+
+        def fail_on_second(row):
+            if row.index == 1:
+                raise RuntimeError("the consumer gave up")
+
+        with pytest.raises(RuntimeError):
+            replay_session(store, sid, tokenizer=default_tokenizer, on_request=fail_on_second)
+        [run] = store.runs(sid)
+        assert run.status == "aborted" and len(store.requests(run.id)) == 2  # both committed before the callback

@@ -446,6 +446,11 @@ class Store:
             raise ValueError(f"no table {table!r}")
         return self.query(f"SELECT COUNT(*) FROM [{table}]")[0][0]
 
+    def abort_run(self, run_id: int) -> None:
+        """Mark a run that failed in this process as aborted (its committed requests stay)."""
+        with self.atomic():
+            self.db.execute("UPDATE runs SET status = 'aborted' WHERE id = ? AND status = 'running'", [run_id])
+
 
 def _edited_extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
     # Structured content (tool calls, content blocks) no longer matches edited text.

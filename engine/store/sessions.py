@@ -234,7 +234,13 @@ def replay_session(store: Store, session_id: int, *, capacity_blocks: int | None
     config = session_config(info, capacity_blocks, concurrency)
     manager = make_manager(config, events if events is not None else EventBus())
     run_id = store.create_run(session_id, "replay", asdict(config)) if persist else None
-    rows = run_requests(requests, config, manager, store if persist else None, run_id, turns, on_request)
+    try:
+        rows = run_requests(requests, config, manager, store if persist else None, run_id, turns, on_request)
+    except BaseException:
+        # What was committed stays (each request is its own transaction); the run says it ended early.
+        if run_id is not None:
+            store.abort_run(run_id)
+        raise
     totals = ReplayTotals.of(rows, manager.counters)
     if run_id is not None:
         store.finish_run(run_id, totals.to_dict())
