@@ -45,19 +45,11 @@ class RequestRecord:
 
 
 @dataclass(slots=True, frozen=True)
-class BlockInfo:
-    """Everything the projection knows of one physical block (for tooltips and tests)."""
+class BlockInfo(BlockView):
+    """Everything the projection knows of one physical block (for tooltips and tests): the
+    snapshot's view of it plus who used it and when, from the event stream."""
 
-    block_id: int
-    ref_count: int
-    block_hash: bytes | None
-    parent_hash: bytes | None
-    token_ids: tuple[int, ...]
-    salt: str | None
     tenant: str | None
-    external_id: int | None
-    free_rank: int | None
-    last_used: int
     last_use_seq: int | None
     evicted_seq: int | None
     owners: tuple[str, ...]
@@ -172,11 +164,11 @@ class PoolProjection:
             rank = next(i for i, b in enumerate(self.free) if b == block_id)
         return BlockInfo(
             block_id, self.ref_counts[block_id], self.hashes[block_id], self.parents[block_id],
-            self.token_ids[block_id], self.salts[block_id], self.tenants[block_id],
-            self.external_ids[block_id], rank, self.last_used[block_id],
-            self.last_seq[block_id] if self.last_seq[block_id] >= 0 else None,
-            self.evicted_seq[block_id] if self.evicted_seq[block_id] >= 0 else None,
-            self.owners(block_id))
+            self.token_ids[block_id], self.salts[block_id], self.external_ids[block_id], rank,
+            self.last_used[block_id], tenant=self.tenants[block_id],
+            last_use_seq=self.last_seq[block_id] if self.last_seq[block_id] >= 0 else None,
+            evicted_seq=self.evicted_seq[block_id] if self.evicted_seq[block_id] >= 0 else None,
+            owners=self.owners(block_id))
 
     def request_records(self) -> list[RequestRecord]:
         """Every started request in start order (the latest record for a reused id)."""
