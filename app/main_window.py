@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, 
 
 from app import theme
 from app.context import AppContext, JobCancelled, Subject, engine_info
-from app.remote import AttachOptions, RemoteController, StreamHealth
+from app.remote import AttachOptions, RemoteController, StreamHealth, latest_capture, open_capture
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
                       trace_capacity)
@@ -476,6 +476,16 @@ class MainWindow(QMainWindow):
         self._add_recent(p)
         if kind == "trace":
             self.replay_trace(p, on_done=on_done)
+            return True
+        if kind == "session" and latest_capture(p) is not None:  # a recorded vLLM attach
+            try:
+                open_capture(self.ctx, p)
+            except (InputError, ValueError, OSError) as exc:
+                self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+                return False
+            self.docks["block_table"].raise_()
+            if on_done is not None:
+                on_done(None)
             return True
         conversation = self.panels.get("conversation")
         if conversation is None:

@@ -392,3 +392,41 @@ def test_another_subject_ends_the_attach(qtbot, win, servers):
     assert win.ctx.subject.kind == "server" and "vLLM" in win.windowTitle()
     win.ctx.open_subject(Subject("trace", "a trace"), ask=False)
     assert not win.remote.is_attached and not win.act_detach.isEnabled()
+
+
+def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_path):
+    """`attach --record`'s capture (the engine's Recorder over the recorded frames) opened
+    with File > Open: the same remote pool, offline, and scrubbing shows an earlier one."""
+    import time
+
+    from engine.analysis.remote_capture import Recorder
+    from engine.remote.attachment import Attachment
+    from engine.remote.attachment import AttachOptions as EngineOptions
+
+    (server,), port, replay = servers(1)
+    att = Attachment(EngineOptions(endpoints=(f"tcp://127.0.0.1:{port}",),
+                                   replay_endpoints=(f"tcp://127.0.0.1:{replay}",), topic="kv-events"))
+    db = tmp_path / "capture.db"
+    rec = Recorder(str(db), att.options).start(att.events)
+    att.start()
+    deadline = time.time() + 8
+    while time.time() < deadline and sum(h.batches for h in att.health()) < 2:
+        server.publish(1)
+        time.sleep(0.05)
+    server.publish(2, drop=True)
+    server.publish(3)  # refills 2: GPU 3, CPU 1
+    while time.time() < deadline and sum(h.batches for h in att.health()) < 4:
+        time.sleep(0.05)
+    att.stop()
+    rec.finish({"streams": []})
+
+    assert win.open_file(db)
+    state = win.ctx.state
+    assert state.remote is not None and win.ctx.subject.kind == "server" and not win.remote.is_attached
+    assert tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0}
+    assert "recorded" in win.windowTitle()
+    stored = [e for e in state.log.events if e.kind == "block_stored"]
+    state.scrub_to(stored[1].seq)  # after batches 0 and 1: two blocks
+    assert state.projection.num_hashed == 2
+    state.scrub_to(None)
+    assert state.projection.num_hashed == 4
