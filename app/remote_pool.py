@@ -29,6 +29,7 @@ NUM_AGES = len(AGE_EDGES) + 1
 # block over a CPU one, a new one over an old one), so a redraw costs the same at any size.
 MAX_CELLS = 1 << 18
 LARGE_POOL = 100_000
+MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
 SAMPLE_EVERY_S = 0.25
 
 
@@ -86,7 +87,7 @@ class RemoteOverlay:
         self.num_restarts = 0
         self.last_reset_time: float | None = None
         self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
-        self._removed: set[bytes] = set()
+        self._removed: dict[tuple[bytes, str], None] = {}  # (hash, tier) removed, oldest first
         self._times_of: dict[bytes, float] = {}
         self._slots_of_removed: list[int] = []
         # Cached blocks per tier over time: one sample per applied batch, at most every
@@ -127,35 +128,41 @@ class RemoteOverlay:
         return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
 
     def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
-        """Note the slots and store times of the blocks this batch removes, while the
-        projection still has them."""
-        stored_at, times_of, slots = self.stored_at, self._times_of, self._slots_of_removed
-        times_of.clear()
+        """Walk the batch in order while the projection still holds what it removes: the
+        slots it empties and the lifetime of each removed block (from its latest store)."""
+        stored_at, stored_in_batch, slots = self.stored_at, self._times_of, self._slots_of_removed
+        stored_in_batch.clear()
         slots.clear()
+        add_life = self.lifetimes.append
         for e in events:
             if type(e) is BlockStored:
-                times_of[e.block_hash] = time_of(e)
+                stored_in_batch[e.block_hash] = time_of(e)
             elif type(e) is BlockEvicted:
-                b = projection.block_of_hash(e.block_hash)
+                h = e.block_hash
+                b = projection.block_of_hash(h)
                 if b is not None and b < len(stored_at):
                     slots.append(b)
-                    if e.block_hash not in times_of:
-                        times_of[e.block_hash] = float(stored_at[b])
+                t0 = stored_in_batch.pop(h, None)
+                if t0 is None and b is not None and b < len(stored_at):
+                    t0 = float(stored_at[b])
+                if t0 is not None:
+                    add_life(max(0.0, time_of(e) - t0))
 
     def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
         """Record a batch the projection has just applied (call `before` first)."""
         self.revision += 1
         self._grow(projection.num_blocks)
         tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
-        removed, times_of, touched = self._removed, self._times_of, self._touched
-        add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
+        removed, touched = self._removed, self._touched
+        add_stored, add_removed = self.stored_times.append, self.removed_times.append
         for e in events:
             cls = type(e)
             if cls is BlockStored:
                 t = time_of(e)
                 add_stored(t)
-                if e.block_hash in removed:
-                    removed.discard(e.block_hash)
+                key = (e.block_hash, tier_of(e))
+                if key in removed:  # the same tier again: computed twice (another tier: offloaded)
+                    del removed[key]
                     self.num_stored_again += 1
                 b = projection.block_of_hash(e.block_hash)
                 if b is not None:
@@ -168,10 +175,9 @@ class RemoteOverlay:
             elif cls is BlockEvicted:
                 t = time_of(e)
                 add_removed(t)
-                removed.add(e.block_hash)
-                t0 = times_of.get(e.block_hash)
-                if t0 is not None:
-                    add_life(max(0.0, t - t0))
+                removed[(e.block_hash, tier_of(e))] = None
+                if len(removed) > MAX_REMEMBERED_REMOVALS:  # forget the oldest removal
+                    del removed[next(iter(removed))]
             elif cls is CacheReset:
                 t = self.last_reset_time = time_of(e)
                 self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
@@ -182,7 +188,7 @@ class RemoteOverlay:
             if hashes[b] is None:  # removed and not stored again in this batch
                 base[b] = 0
                 touched.append(b)
-        times_of.clear()
+        self._times_of.clear()
         last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
                         self.removed_times[-1] if self.removed_times else 0.0)
         self._sample(projection, last_time)

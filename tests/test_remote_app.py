@@ -210,6 +210,9 @@ def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
     assert timeline.remote_view.removed_per_s.sum() == 5
     metrics = win.panels["metrics"]
     qtbot.waitUntil(lambda: metrics.remote_view.lifetime_counts.sum() == 1, timeout=WAIT_MS)
+    # block 1 was stored at server time 248.1 and left the GPU at 248.3 (for the CPU tier:
+    # an offload, which is not a block computed twice)
+    assert abs(state.remote.lifetimes[0] - 0.2) < 1e-3 and state.remote.num_stored_again == 0
     assert "stored again" in metrics.remote_view.summary.text()
     qtbot.waitUntil(lambda: "5 batches" in win.remote_label.text(), timeout=WAIT_MS)
     label = win.remote_label.text()
