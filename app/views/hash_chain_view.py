@@ -68,6 +68,8 @@ class HashChainView(QWidget):
         self._leaf_text: dict[bytes, str] = {}  # token text per hash, for tips and a remote pool's leaves
         self._drawn_version = -1
         self._last_build = 0.0
+        self._build_seconds = 0.0
+        self._stale = False
         self._range_shape: tuple[int, float, float] | None = None
 
         self.request_box = QComboBox()
@@ -139,7 +141,7 @@ class HashChainView(QWidget):
 
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
-        self._timer.timeout.connect(lambda: self.refresh(force=True))
+        self._timer.timeout.connect(lambda: self.refresh())  # throttled: past its wait now
         self._label_timer = QTimer(self)  # one label layout per burst of zoom or pan steps
         self._label_timer.setSingleShot(True)
         self._label_timer.setInterval(30)
@@ -212,8 +214,11 @@ class HashChainView(QWidget):
         pts = [self.tree.positions[h] for h in self.path_hashes if h in self.tree.positions]
         if not pts:
             return
-        xs, ys = [x for x, _ in pts], [y for _, y in pts]
-        self.plot.setRange(xRange=(min(xs) - 1, max(xs) + 4), yRange=(min(ys) - 6, max(ys) + 6), padding=0.02)
+        # the whole path across, and the rows around where it left the cache (a shared root
+        # can sit hundreds of rows away; its edge still shows where the path comes from)
+        xs = [x for x, _ in pts]
+        cy = self.cross.getData()[1][0] if len(self.cross.getData()[1]) else pts[-1][1]
+        self.plot.setRange(xRange=(min(xs) - 1, max(xs) + 6), yRange=(cy - 12, cy + 12), padding=0.02)
 
     def find(self, text: str) -> list[bytes]:
         """Mark the cached blocks whose hash starts with `text` (hex) or whose tokens read
@@ -270,13 +275,20 @@ class HashChainView(QWidget):
     def refresh(self, force: bool = False) -> None:
         if not force and self.state.version == self._drawn_version:
             return
-        wait_ms = MIN_REBUILD_MS - (time.monotonic() - self._last_build) * 1000
+        if not force and not self.isVisible():
+            self._stale = True  # a hidden tab rebuilds when it is shown, not per batch
+            return
+        # A big tree costs a fraction of a second to lay out: while events stream in, the
+        # view rebuilds at most once per four build times, so it never eats the frame.
+        spacing_ms = max(MIN_REBUILD_MS, 4000 * self._build_seconds)
+        wait_ms = spacing_ms - (time.monotonic() - self._last_build) * 1000
         if not force and self.state.is_live and wait_ms > 0:
             if not self._timer.isActive():
                 self._timer.start(int(wait_ms) + 1)
             return
+        self._stale = False
         self._drawn_version = self.state.version
-        self._last_build = time.monotonic()
+        started = time.monotonic()
         p = self.state.projection
         rec = self._record(p)
         breaks: set[bytes] = set()
@@ -289,6 +301,13 @@ class HashChainView(QWidget):
         self._draw_path(p, rec)
         self._fill_request_box(p)
         self.layout_labels()
+        self._last_build = time.monotonic()
+        self._build_seconds = self._last_build - started
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._stale:
+            self.refresh(force=True)
 
     def _record(self, p: PoolProjection) -> RequestRecord | None:
         rid = self.request_id if self.request_id is not None else p.last_request_id
@@ -340,7 +359,7 @@ class HashChainView(QWidget):
                 brushes.append(in_use if b is not None and p.ref_counts[b] > 0 else cached)
                 ids.append(b)
         self.nodes.setData(x=xs, y=ys, brush=brushes, pen=pg.mkPen(None), data=ids,
-                           size=7 if len(segs) < 2000 else 4)
+                           size=7 if len(segs) < 300 else 5 if len(segs) < 3000 else 3)
         # A remote pool has no requests to follow, so its leaves say what they hold as well.
         remote = getattr(self.state, "remote", None) is not None
         self._runs = sorted((s for s in segs if len(s.hashes) > 2 or (remote and not s.children)),
@@ -403,12 +422,33 @@ class HashChainView(QWidget):
         bounds = QRectF(0, 0, width, height)
         taken: list[QRectF] = []
         texts: list[str] = []
-        if self.cross_label.isVisible() and self.cross_label.textItem.toPlainText():
+        note = self.cross_label.textItem.toPlainText()
+        if note:
+            # under the cross, or above it where the cross sits at the bottom edge
             cx, cy = self.cross_label.pos().x(), self.cross_label.pos().y()
-            taken.append(box(cx, cy, self.cross_label.textItem.toPlainText(), 0, -0.2))
-            texts.append(self.cross_label.textItem.toPlainText())
+            anchor = (0, -0.2)
+            b = box(cx, cy, note, *anchor)
+            if b.bottom() > height:
+                anchor = (0, 1.2)
+                b = box(cx, cy, note, *anchor)
+            if b.right() > width:
+                anchor = (1, anchor[1])
+                b = box(cx, cy, note, *anchor)
+            self.cross_label.setAnchor(anchor)
+            taken.append(b)
+            texts.append(note)
+        # the path's nodes in view are kept clear of labels, so the chosen path stays readable
+        for h in self.path_hashes:
+            x, y = self.tree.positions[h]
+            if rect.contains(x, y):
+                px, py = (x - rect.left()) * sx, (y - rect.top()) * sy
+                taken.append(QRectF(px - 4, py - 4, 8, 8))
         for t, (label, y) in zip(self.group_labels, self.tree.groups):
-            b = box(0, y - 0.9, label, 0, 0.5)
+            gx = max(0.0, rect.left() + LABEL_PAD_PX / sx)
+            b = box(gx, y - 0.9, label, 0, 0.5)
+            if b.top() < 0 <= b.bottom():  # the first group's title sits at the top edge: keep it in
+                b.translate(0, -b.top())
+            t.setPos(gx, rect.top() + b.center().y() / sy)
             ok = bool(fit_labels([b], bounds, taken, 1))
             t.setVisible(ok)
             if ok:

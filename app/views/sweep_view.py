@@ -114,6 +114,7 @@ class SweepView(QWidget):
         self.bs_note = pg.TextItem(anchor=(0.5, 0.5))
         self.plot_bs.addItem(self.bs_note, ignoreBounds=True)
         for plot in (self.plot_bs, self.plot_cap):
+            plot.setMinimumHeight(200)  # a short dock scrolls rather than flattening the plots
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.setLabel("left", "%")
@@ -181,7 +182,9 @@ class SweepView(QWidget):
         col = self.palette["text"]
         self.plot_bs.setTitle("hit rate vs block size" if has_bs else "hit rate vs block size: fixed by the trace",
                               color=col, size="10pt")
-        self.plot_cap.setTitle(f"hit rate vs capacity (block size {result['block_size']})", color=col, size="10pt")
+        fixed = ", fixed by the trace's 512-token hash ids" if result.get("kind") == "mooncake" else ""
+        self.plot_cap.setTitle(f"hit rate vs capacity (block size {result['block_size']}{fixed})",
+                               color=col, size="10pt")
 
     def show_result(self, result: dict[str, Any]) -> None:
         self.result = result
@@ -205,6 +208,9 @@ class SweepView(QWidget):
                                "so its block size cannot vary: see the capacity plot.")
         else:
             self._show_bs_note("no block sizes were asked for")
+        # an axis with nothing to show gives its room to the capacity plot; the note stays
+        # readable in the title of the plot that is left
+        self.plot_bs.setVisible(bool(bs))
         self._set_titles(result)
         refused = sum(p["refused_requests"] for p in cap)
         text = (f"{result['requests']:,} requests ({result['kind']}), {result['total_tokens']:,} tokens · "

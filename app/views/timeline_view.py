@@ -92,9 +92,19 @@ class CountAxis(pg.AxisItem):
         return rect.adjusted(0, -8, 0, 8) if self.orientation in ("left", "right") else rect
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.orientation in ("left", "right") and max((abs(v) for v in values), default=0) >= 10_000:
+            return [compact_count(v) for v in values]  # a narrow side axis cannot hold "16,000"
         if self.integer or spacing >= 1:
             return [f"{v:,.0f}" for v in values]
         return super().tickStrings(values, scale, spacing)
+
+
+def compact_count(v: float) -> str:
+    """16000 -> "16k", 2500000 -> "2.5M": counts short enough for a 44-pixel axis."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{unit}"
+    return f"{v:,.0f}"
 
 
 class PlotStack(pg.GraphicsLayoutWidget):
