@@ -172,6 +172,11 @@ class HashChainView(QWidget):
         self.cross.setPen(pg.mkPen(self.palette["miss"], width=3))
         self.cross.setBrush(pg.mkBrush(self.palette["miss"]))
         self.cross_label.setColor(self.palette["miss"])
+        # labels sit on a veil of the background so they stay readable over dense edges
+        veil = pg.mkColor(self.palette["panel"])
+        veil.setAlpha(210)
+        for label in self.run_labels + self.group_labels + [self.cross_label]:
+            label.fill = pg.mkBrush(veil)
         for label in self.run_labels:
             label.setColor(self.palette["text_dim"])
         for axis in ("bottom",):
@@ -241,7 +246,8 @@ class HashChainView(QWidget):
         self.found.setData([pos[h][0] for h in self.matches], [pos[h][1] for h in self.matches])
         if self.matches:
             x, y = pos[self.matches[self.match_index]]
-            self.plot.setRange(xRange=(x - 12, x + 28), yRange=(y - 10, y + 10), padding=0)
+            left = max(-0.5, x - 12)
+            self.plot.setRange(xRange=(left, left + 40), yRange=(y - 10, y + 10), padding=0)
             block_selection(self.ctx).select(self.state.projection.block_of_hash(self.matches[self.match_index]))
         self.summary.setText(self._summary_text(self.path_record))
         return self.matches
@@ -365,7 +371,7 @@ class HashChainView(QWidget):
         self._runs = sorted((s for s in segs if len(s.hashes) > 2 or (remote and not s.children)),
                             key=lambda s: -len(s.hashes))[:MAX_LABEL_CANDIDATES]
         while len(self.group_labels) < len(tree.groups):
-            t = pg.TextItem(anchor=(0, 0.5))
+            t = pg.TextItem(anchor=(0, 0.5), fill=self.run_labels[0].fill)
             t.setZValue(6)
             self.plot.addItem(t, ignoreBounds=True)
             self.group_labels.append(t)

@@ -108,7 +108,7 @@ class SweepView(QWidget):
         self.curve_cap = self.plot_cap.plot([], [], symbol="o", symbolSize=7, name="hit rate (refused = missed)")
         self.curve_served = self.plot_cap.plot([], [], symbol="t", symbolSize=7, name="served requests only")
         self.curve_refused = self.plot_cap.plot([], [], symbol="x", symbolSize=9, name="requests refused")
-        self.legend = self.plot_cap.addLegend(offset=(6, 4), labelTextSize="8pt")
+        self.legend = self.plot_cap.addLegend(offset=(6, 4), labelTextSize="8pt", colCount=3)
         for item in (self.curve_cap, self.curve_served, self.curve_refused):
             self.legend.addItem(item, item.name())
         self.bs_note = pg.TextItem(anchor=(0.5, 0.5))
@@ -196,6 +196,12 @@ class SweepView(QWidget):
         self.curve_cap.setData(xs, [100 * p["hit_rate"] for p in cap])
         self.curve_served.setData(xs, [100 * p.get("served_hit_rate", p["hit_rate"]) for p in cap])
         self.curve_refused.setData(xs, [100 * p["refused_requests"] / num for p in cap])
+        # y follows the data (hit rates of a few percent are not drawn flat against a 0-100 axis),
+        # with room above for the legend
+        for plot, values in ((self.plot_bs, [100 * p["hit_rate"] for p in bs]),
+                             (self.plot_cap, [100 * max(p["hit_rate"], p.get("served_hit_rate", 0.0),
+                                                        p["refused_requests"] / num) for p in cap])):
+            plot.setYRange(0, min(105.0, max(5.0, 1.45 * max(values, default=0.0))), padding=0)
         for plot, points, key in ((self.plot_bs, bs, "block_size"), (self.plot_cap, cap, "capacity_blocks")):
             ticks = [(math.log2(p[key]), f"{p[key]:,}") for p in points]
             plot.getAxis("bottom").setTicks([ticks] if ticks else None)
