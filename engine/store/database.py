@@ -123,6 +123,8 @@ class Store:
     def _read_state(self, conn: sqlite3.Connection) -> schema.FileState:
         try:
             return schema.read_state(conn)
+        except sqlite3.OperationalError as exc:  # e.g. a WAL file in a folder we may not write
+            raise InputError(f"cannot open the database {self.path}: {exc}; it was not changed") from None
         except sqlite3.DatabaseError as exc:
             raise InputError(f"{self.path} is not a Cachescope database ({exc}); it was not changed") from None
 

@@ -122,8 +122,13 @@ def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES)
                 if not docs and whole_error.msg != "Extra data":
                     exc = whole_error  # one multi-line document that is broken
                     no = exc.lineno
-                raise TraceError(name, no, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+                where = "" if isinstance(exc, _Refused) else f" at column {exc.colno}"
+                raise TraceError(name, no, None, f"not valid JSON ({exc.msg}{where})") from None
         return docs
+
+
+class _Refused(json.JSONDecodeError):
+    """A value the shared decoder refuses (NaN, 1e999, a 5000-digit integer); it has no column."""
 
 
 def _loads(text: str) -> Any:
@@ -134,9 +139,9 @@ def _loads(text: str) -> Any:
     except json.JSONDecodeError:
         raise
     except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+        raise _Refused("nested too deeply", text, 0) from None
     except ValueError as exc:
-        raise json.JSONDecodeError(str(exc).split(";")[0], text, 0) from None
+        raise _Refused(str(exc).split(";")[0], text, 0) from None
 
 
 def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
