@@ -140,6 +140,7 @@ def db(tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzzdb") / "c.db"
     for source in (SESSION, DEMO_TRACE):
         assert main(["sessions", "import", str(source), "--db", str(path)]) == 0
+    (path.parent / "tokens.json").write_text(json.dumps(list(range(1, 40))))
     return path
 
 
@@ -151,6 +152,7 @@ FILE_COMMANDS = [
     lambda f, db: ["kv-memory", "--config", f, "--tokens", "100"],
     lambda f, db: ["semantic", "eval", f, "--thresholds", "0.9"],  # a bad file fails before the model loads
     lambda f, db: ["sessions", "import", f, "--db", db],
+    lambda f, db: ["hash", "--tokens", f, "--block-size", "2", "--hash", "sha256"],
 ]
 
 
@@ -201,6 +203,9 @@ ARG_COMMANDS = [
     lambda n, db: ["sessions", "import", str(DEMO_TRACE), "--db", db, "--seed", n],
     lambda n, db: ["semantic", "list", "--db", db, "--ttl", n],
     lambda n, db: ["semantic", "remove", n, "--db", db],
+    lambda n, db: ["hash", "--tokens", str(Path(db).parent / "tokens.json"), "--block-size", "4", "--hash", "sha256",
+                   "--seed", n],
+    lambda n, db: ["hash", "--tokens", str(Path(db).parent / "tokens.json"), "--block-size", n, "--hash", "xxh3"],
 ]
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from app.commands._common import positive_int, print_json
+from app.commands._common import positive_int, print_json, seed_int
+from engine.core import validation
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hash scheme (default vllm-sha256: vLLM's default prefix_caching_hash_algo)")
     p.add_argument("--hash-seed", default=None, metavar="SEED",
                    help="with a vllm-* hash: the server's PYTHONHASHSEED, if it was started with one")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="with sha256/xxh3: Cachescope's hash seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="with sha256/xxh3: Cachescope's hash seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -44,10 +44,7 @@ def read_tokens(path: str) -> list[int]:
         raise InputError(f"{path}: cannot read it ({type(exc).__name__})") from None
     stripped = text.strip()
     if stripped.startswith(("[", "{")):
-        try:
-            value: Any = json.loads(stripped)
-        except (ValueError, RecursionError):
-            raise InputError(f"{path}: not valid JSON") from None
+        value: Any = validation.loads(stripped, path, 1)  # depth, digits and NaN limits of every reader
         if isinstance(value, dict):
             value = value.get("tokens", value.get("token_ids"))
     else:
@@ -55,12 +52,7 @@ def read_tokens(path: str) -> list[int]:
             value = [int(t) for t in stripped.replace(",", " ").split()]
         except ValueError:
             raise InputError(f"{path}: expected token ids (whole numbers)") from None
-    if not isinstance(value, list) or not all(type(t) is int for t in value):
-        raise InputError(f"{path}: expected a list of token ids")
-    bad = next((t for t in value if not 0 <= t < 2**32), None)
-    if bad is not None:
-        raise InputError(f"{path}: token id {bad} is outside 0 .. 2**32 - 1")
-    return value
+    return list(validation.id_list(value, path, None, "tokens", validation.MAX_TOKEN_ID))
 
 
 def _prompt_tokens(args: argparse.Namespace) -> list[int]:
