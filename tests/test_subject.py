@@ -278,3 +278,16 @@ def test_reuse_reason_says_why_a_replayed_turn_reused_only_the_first_prompt():
     assert "48 of 284" in text and "61 tokens" in text and "48 of them in full 16-token blocks" in text
     assert "recorded" in text
     assert reuse_reason(R(20, 0, 0), None, 16) == ""
+
+
+def test_a_replayed_shipped_session_says_why_it_reused_what_it_did(qtbot, chat_window):
+    window = chat_window
+    conversation = window.panels["conversation"]
+    assert window.open_file(resource_path("sessions") / "mt_bench_81_writing.cachescope.json")
+    qtbot.waitUntil(lambda: not conversation.is_generating, timeout=WAIT_MS)
+    replies = [c for c, m in zip(conversation.cards, conversation.messages) if m.role == "assistant"]
+    assert len(replies) >= 2
+    second = replies[1].stats.text()
+    # The second turn reuses only what the first request ran: its recorded reply was read, not run.
+    assert "Reused" in second and "recorded, not run" in second
+    assert "not run yet (grey)" in conversation.legend.text()

@@ -31,6 +31,7 @@ from engine.model.chat import requests_after_edit
 if TYPE_CHECKING:
     from app.context import AppContext
 
+LEGEND_STATES = ("cached", "computed", "partial", "generated", "pending")
 PLACEHOLDER = ("Ask the model something. Every message shows which of its tokens came from the prefix cache; "
                "edit an earlier message to see what it invalidates.")
 
@@ -70,17 +71,13 @@ class ConversationView(PanelView):
         self.title_label.setMinimumWidth(60)
         head.addWidget(self.title_label, 1)
         lay.addLayout(head)
-        head = QHBoxLayout()
-        head.addStretch(1)
-        self.legend: dict[str, QLabel] = {}
-        for state in ("cached", "computed", "partial", "generated", "pending"):
-            chip = QLabel(self)
-            chip.setObjectName("muted")
-            chip.setToolTip(STATE_LABELS[state])
-            head.addWidget(chip)
-            self.legend[state] = chip
+        # One wrapping line, so a narrow dock (1280x800) shows every state, grey included.
+        self.legend = QLabel(self)
+        self.legend.setObjectName("muted")
+        self.legend.setWordWrap(True)
+        self.legend.setToolTip("\n".join(STATE_LABELS[s] for s in LEGEND_STATES))
         self._paint_legend()
-        lay.addLayout(head)
+        lay.addWidget(self.legend)
         self.scroll = QScrollArea(self)
         self.scroll.setWidgetResizable(True)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -98,15 +95,18 @@ class ConversationView(PanelView):
         lay.addWidget(self.scroll, 1)
         self.input = QPlainTextEdit(self)
         self.input.setPlaceholderText("Message (Ctrl+Enter to send)")
-        self.input.setFixedHeight(72)
+        self.input.setFixedHeight(56)
         lay.addWidget(self.input)
         row = QHBoxLayout()
         self.status = QLabel("", self)
         self.status.setObjectName("muted")
+        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         row.addWidget(self.status, 1)
-        row.addWidget(QLabel("max tokens", self))
+        row.addWidget(QLabel("max", self))
         self.max_tokens = QSpinBox(self)
         self.max_tokens.setRange(1, 2048)
+        self.max_tokens.setToolTip("the most tokens a reply may have")
         self.max_tokens.setValue(int(self.ctx.settings.value("chat/max_new_tokens", 48)))
         self.max_tokens.valueChanged.connect(lambda v: self.ctx.settings.setValue("chat/max_new_tokens", v))
         row.addWidget(self.max_tokens)
@@ -120,9 +120,9 @@ class ConversationView(PanelView):
 
     def _paint_legend(self) -> None:
         colors = theme.palette()
-        for state, chip in self.legend.items():
-            word = "not run" if state == "pending" else state
-            chip.setText(f"<span style='color:{colors[state]}'>■</span> {word}")
+        words = {"pending": "not run yet (grey)"}
+        self.legend.setText(" &nbsp; ".join(f"<span style='color:{colors[s]}'>■</span>&nbsp;{words.get(s, s)}"
+                                            for s in LEGEND_STATES))
 
     def apply_theme(self, name: str) -> None:
         self._paint_legend()
