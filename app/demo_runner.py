@@ -19,6 +19,7 @@ from app.context import AppContext, CancelToken, JobCancelled, Subject, engine_i
 from app.demo_words import finding_rows, step_details
 from app.jobs import error_sentence
 from engine.demos import DEMOS, DemoEnv, get_demo, run_demo
+from engine.core.events import EventBus
 from engine.demos.env import DemoEngine
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class DemoRunner(QObject):
             return False
         if not self.ctx.open_subject(Subject("demo", demo.title, source=name)):
             return False
+        # Until the demo builds its first engine the views show an empty pool, never the
+        # previous subject's (a demo that builds none, like the 70B one, keeps it empty).
+        self.ctx.attach_events(EventBus(), engine_info(block_size=16, num_blocks=0, model=None))
         self.running = name
         self._token = CancelToken()
         self.ctx.job, self.ctx.job_name = self._token, f"the demo \u201c{demo.title}\u201d"
@@ -247,13 +251,16 @@ def panels_to_fill(name: str, findings: dict[str, Any]) -> list[str]:
     return out
 
 
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8", "fp32": "float32"}
+
+
 def show_kv_what_if(view: Any, findings: dict[str, Any]) -> None:
     """Point the KV panel's what-if at the demo's model, length and first data type."""
     preset = "llama-3.1-70b"
     i = view.preset_box.findData(preset)
     if i >= 0:
         view.preset_box.setCurrentIndex(i)
-    dtypes = [row["dtype"] for row in findings.get("per_dtype", ())]
+    dtypes = [_DTYPE_NAMES.get(row["dtype"], row["dtype"]) for row in findings.get("per_dtype", ())]
     if dtypes and view.dtype_box.findText(dtypes[0]) >= 0:
         view.dtype_box.setCurrentIndex(view.dtype_box.findText(dtypes[0]))
     view.tokens_box.setValue(int(findings.get("tokens") or view.tokens_box.value()))
