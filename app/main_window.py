@@ -612,7 +612,7 @@ class MainWindow(QMainWindow):
         self.ctx.worker.submit(runner.manager.reset, on_error=failed)
 
     def _on_engine_changed(self, info: dict) -> None:
-        self.status_labels["model"].setText(info.get("model") or "no model (trace)")
+        self.status_labels["model"].setText(info.get("model") or f"no model ({self.ctx.subject.kind})")
         self.status_labels["block_size"].setText(f"block {info.get('block_size', '—')} tokens")
         self._update_status()
 

@@ -237,6 +237,7 @@ class SemanticView(QWidget):
         self.neighbours = ()
         self.table.setRowCount(0)
         self._sync_from_cache()
+        self.guard.setChecked(False)  # the story starts unguarded: the wrong answer is served
         self.decision_label.setText(f"the cache of the demo \u201c{source}\u201d")
         if prompt:
             self.prompt.setText(prompt)
