@@ -275,3 +275,24 @@ def test_help_menu_opens_the_glossary(qtbot, tmp_path):
     finally:
         context.shutdown()
 
+
+
+@pytest.mark.parametrize("width", [620, 1260])
+def test_billing_and_sweep_show_whole_labels_in_a_laptop_dock(ctx, qtbot, width):
+    from PySide6.QtWidgets import QLabel
+
+    from app.views.billing_view import BillingView
+
+    for cls in (BillingView, SweepView):
+        view = cls(ctx)
+        qtbot.addWidget(view)
+        view.resize(width, 420)
+        view.show()
+        qtbot.waitExposed(view)
+        qtbot.wait(20)
+        assert view.minimumSizeHint().width() <= width, cls.__name__
+        for label in view.findChildren(QLabel):
+            if label.isVisible() and not label.wordWrap() and label.text():
+                assert label.width() >= label.sizeHint().width(), (cls.__name__, label.text())
+    field = view.block_sizes  # the sweep's list fields show their whole default text
+    assert field.width() >= QFontMetrics(field.font()).horizontalAdvance(field.text())
