@@ -280,8 +280,11 @@ def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
     if n <= max_cells:
         return codes, 1
     k = math.ceil(n / max_cells)
-    padded = np.zeros(math.ceil(n / k) * k, dtype=codes.dtype)
-    padded[:n] = codes
+    if n % k:
+        padded = np.zeros(math.ceil(n / k) * k, dtype=codes.dtype)
+        padded[:n] = codes
+    else:
+        padded = codes
     # k strided passes: numpy's max over a short last axis is several times slower
     out = padded[0::k].copy()
     for j in range(1, k):
