@@ -249,11 +249,10 @@ class RemoteOverlay:
         return out
 
     def ranks(self, projection: PoolProjection) -> dict[int, int]:
-        """Cached blocks per data-parallel rank."""
+        """Cached blocks per data-parallel rank (the combined pool split by who holds it)."""
         n = min(projection.num_blocks, len(self.rank))
-        held = self.base[:n] > 0
-        values, counts = np.unique(self.rank[:n][held], return_counts=True)
-        return {int(v): int(c) for v, c in zip(values, counts)}
+        counts = np.bincount(self.rank[:n][self.base[:n] > 0])
+        return {r: int(c) for r, c in enumerate(counts) if c}
 
     def tier_name(self, slot: int) -> str:
         code = int(self.tier[slot]) if slot < len(self.tier) else 0

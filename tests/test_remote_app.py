@@ -259,6 +259,9 @@ def test_two_data_parallel_ranks_make_one_combined_pool(qtbot, win, servers):
     assert by_rank == {0: 2, 1: 2}  # rank 1's 32-byte hashes, joined late too
     assert any(len(h) == 32 for h in state.projection.by_hash) and any(len(h) == 8 for h in state.projection.by_hash)
     assert win.remote.health().ranks == 2
+    win.panels["block_table"].redraw()
+    summary = win.panels["block_table"].summary.text()
+    assert "rank 0 <b>2</b>" in summary and "rank 1 <b>2</b>" in summary
 
 
 def test_restart_starts_a_fresh_pool_and_says_so(qtbot, win, servers):
@@ -433,3 +436,21 @@ def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_pat
     assert state.projection.num_hashed == 2
     state.scrub_to(None)
     assert state.projection.num_hashed == 4
+
+
+def test_probe_of_typed_text_and_before_attaching(qtbot, win, servers, default_tokenizer):
+    probe = win.panels["remote_probe"]
+    probe.set_prompt("What is a prefix cache?")
+    assert probe.result is None and "Attach to a vLLM server first" in probe.answer.text()
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=30000)
+    probe.set_prompt("What is a prefix cache?")
+    from engine.analysis.diff import request_from_text
+
+    ids = request_from_text(default_tokenizer, "What is a prefix cache?").token_ids  # the chat template
+    assert probe.result.prompt_tokens == len(ids) > 10 and probe.result.cached_tokens == 0
+    probe.chat.setChecked(False)
+    probe.rebuild()
+    raw = default_tokenizer.encode("What is a prefix cache?", add_special_tokens=False)
+    assert probe.result.prompt_tokens == len(raw)

@@ -371,6 +371,8 @@ class BlockTableView(QWidget):
         if remote is not None:
             tiers = " &nbsp;·&nbsp; ".join(f"{t.tier} <b>{t.num_blocks:,}</b>" for t in remote.tier_counts(p)
                                            if t.num_blocks or t.tier == "GPU")
+            if self.state.engine_info.get("data_parallel_size", 1) > 1:  # one pool per rank, combined here
+                tiers += "".join(f" &nbsp;·&nbsp; rank {r} <b>{n:,}</b>" for r, n in remote.ranks(p).items())
             where = "live" if self.state.is_live else "<b>scrubbed</b> (tiers show live only)"
             seq = "no events yet" if p.seq < 0 else f"event {p.seq} ({where})"
             self.summary.setText(f"vLLM pool: <b>{p.num_hashed:,}</b> cached blocks × {p.block_size} tokens"
