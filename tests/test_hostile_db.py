@@ -236,3 +236,14 @@ def test_a_reader_does_not_wait_for_a_writer(tmp_path, capsys):
             assert [s.title for s in store.list_sessions()] == ["there", "after"]
     finally:
         holder.wait(timeout=60)
+
+
+def test_the_store_owns_every_sql_statement():
+    """No module outside engine/store talks to SQLite (so every statement runs under the
+    store's lock, in its transactions, and with its checks)."""
+    import re
+
+    pattern = re.compile(r"import sqlite3|\.execute\(|\.executemany\(|\.executescript\(")
+    offenders = [str(p.relative_to(ROOT)) for folder in ("engine", "app") for p in (ROOT / folder).rglob("*.py")
+                 if "engine/store" not in p.as_posix() and pattern.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
