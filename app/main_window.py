@@ -428,6 +428,7 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self.status_labels["model"].setText("no model")
         self.ctx.model_error = error_sentence(exc, "The model could not be loaded")
+        self.statusBar().showMessage("no model: traces still replay; chats show their recorded turns")
         self.ctx.show_error(self.ctx.model_error)
         if "conversation" in self.panels:  # turns waiting for the model are shown as recorded
             self.panels["conversation"].model_unavailable()

@@ -262,7 +262,7 @@ class ConversationView(PanelView):
             # The model failed to load: nothing will resume these turns, so drop them
             # rather than wait for ever (the recorded replies stay as they are).
             self._queue, self._current = [], None
-            self._set_status("no model: the turns are shown as recorded")
+            self._set_status("no model: turns as recorded")
             self.sigIdle.emit()
             return
         if runner is None:
