@@ -227,8 +227,9 @@ def test_every_number_argument_exits_0_or_2(tmp_path_factory, capsys, db, value,
 
 
 @FUZZ
-@given(path=st.sampled_from(["/", "/dev/null", "/etc/passwd", "/nonexistent/x.db", "", "."]))
+@given(path=st.sampled_from(["/", "/dev/null", "/etc/passwd", "/proc/version", "/nonexistent/x.db", "", "."]))
 def test_odd_database_paths_are_one_sentence(capsys, path):
-    for argv in (["sessions", "list", "--db", path], ["semantic", "list", "--db", path]):
+    for argv in (["sessions", "list", "--db", path], ["semantic", "list", "--db", path],
+                 ["sessions", "import", str(DEMO_TRACE), "--db", path]):
         code, _, err = _run(capsys, argv)
         _check_exit(code, err, argv)

@@ -103,6 +103,8 @@ class Store:
         where = self.path
         if where.is_dir():
             raise InputError(f"{where} is a directory, not a database file")
+        if where.exists() and not where.is_file():
+            raise InputError(f"{where} is not a regular file (a device or a pipe), so it cannot hold a database")
         if not where.exists():
             if self.read_only:
                 # Nothing to read: an empty stand-in, so that listing a new database shows
@@ -151,7 +153,10 @@ class Store:
                     db.execute(f"PRAGMA user_version={schema.SCHEMA_VERSION}")
             self._abort_dead_runs()
         except sqlite3.OperationalError as exc:
-            raise write_error(exc, self.path) from None
+            error = write_error(exc, self.path)
+            if isinstance(error, InputError):
+                raise error from None
+            raise InputError(f"cannot set up the database {self.path}: {exc}") from None
 
     def _abort_dead_runs(self) -> None:
         running = self.query("SELECT id, owner FROM runs WHERE status = 'running'")
