@@ -15,7 +15,7 @@ from typing import Any
 import pyqtgraph as pg
 import pyqtgraph.exporters  # noqa: F401 - makes pg.exporters available
 from PySide6.QtCore import QAbstractItemModel, Qt
-from PySide6.QtWidgets import QFileDialog, QMenu, QToolButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QMenu, QToolButton, QWidget
 
 PLOT_FORMATS = ("png", "svg")
 
@@ -97,6 +97,15 @@ def export_table(table: Table, path: str | Path) -> Path:
         for row in rows:
             writer.writerow(list(row))
     return path
+
+
+def header_row(label: QWidget, button: QWidget) -> QHBoxLayout:
+    """A view's summary line with its Export button at the right (the label wraps, the button does not)."""
+    row = QHBoxLayout()
+    row.setContentsMargins(0, 0, 0, 0)
+    row.addWidget(label, 1)
+    row.addWidget(button, 0, Qt.AlignmentFlag.AlignTop)
+    return row
 
 
 def _slug(text: str) -> str:

@@ -296,3 +296,23 @@ def test_billing_and_sweep_show_whole_labels_in_a_laptop_dock(ctx, qtbot, width)
                 assert label.width() >= label.sizeHint().width(), (cls.__name__, label.text())
     field = view.block_sizes  # the sweep's list fields show their whole default text
     assert field.width() >= QFontMetrics(field.font()).horizontalAdvance(field.text())
+
+
+def test_every_engine_view_exports_its_table(ctx, qtbot, tmp_path, mooncake_2000):
+    from app.views.kv_memory_view import KvMemoryView
+    from app.views.metrics_view import MetricsView
+
+    table, timeline, metrics, kv = BlockTableView(ctx), TimelineView(ctx), MetricsView(ctx), KvMemoryView(ctx)
+    for view in (table, timeline, metrics, kv):
+        qtbot.addWidget(view)
+    open_mooncake(ctx, mooncake_2000[:200], capacity=512)
+    p = ctx.state.projection
+    blocks = list(csv.reader(export_table(table.blocks_table(), tmp_path / "b.csv").open(encoding="utf-8")))
+    assert len(blocks) - 1 == p.num_blocks
+    assert sum(r[1] == "cached, free" for r in blocks[1:]) == p.num_cached_free
+    series = list(csv.reader(export_table(timeline.series_table(), tmp_path / "s.csv").open(encoding="utf-8")))
+    assert len(series) - 1 == len(ctx.state.log.series.seq)
+    reqs = list(csv.reader(export_table(metrics.requests_table(), tmp_path / "r.csv").open(encoding="utf-8")))
+    assert len(reqs) - 1 == len([r for r in p.request_records() if r.miss is not None])
+    for view in (table, timeline, metrics, kv):
+        assert view.export.menu().actions() and view.actions()  # the button's menu is the right-click menu too

@@ -186,7 +186,11 @@ class BlockTableView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.summary)
+        from app.export import export_button, header_row
+
+        self.export = export_button(self, plots={"Block table": lambda: self.glw},
+                                    tables={"Blocks": self.blocks_table})
+        layout.addLayout(header_row(self.summary, self.export))
         layout.addWidget(self.glw, 1)
         layout.addWidget(self.legend)
 
@@ -494,6 +498,19 @@ class BlockTableView(QWidget):
         if info.evicted_seq is not None:
             lines.append(f"last evicted at event {info.evicted_seq}")
         return "\n".join(lines)
+
+    def blocks_table(self) -> tuple[list[str], list[list[Any]]]:
+        """Every block of the shown pool as a row (for the CSV export)."""
+        p = self.state.projection
+        ranks = p.free_ranks()
+        rows = []
+        for b in range(p.num_blocks):
+            h, parent = p.hashes[b], p.parents[b]
+            state = "in use" if p.ref_counts[b] > 0 else "cached, free" if h is not None else "empty"
+            rows.append([b, state, p.ref_counts[b], h.hex() if h else "", parent.hex() if parent else "",
+                         ranks.get(b, ""), p.tenants[b] or "", len(p.token_ids[b])])
+        return (["block_id", "state", "ref_count", "hash", "parent_hash", "lru_position", "tenant", "num_tokens"],
+                rows)
 
     def color_of(self, block_id: int) -> QColor:
         """The colour the grid currently shows for `block_id` (for tests)."""

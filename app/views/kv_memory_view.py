@@ -114,7 +114,12 @@ class KvMemoryView(QWidget):
         bar.addWidget(self.tokens_box, 2)
         text = QVBoxLayout()
         text.setSpacing(6)
-        text.addWidget(self.totals)
+        from app.export import export_button, header_row
+
+        self.export = export_button(self, plots={"KV bytes per layer": lambda: self.plot},
+                                    tables={"KV bytes per layer": lambda: (["layer", "bytes"],
+                                                                           list(enumerate(self.per_layer)))})
+        text.addLayout(header_row(self.totals, self.export))
         text.addSpacing(2)
         text.addWidget(self.what_if_caption)
         text.addLayout(bar)

@@ -15,6 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app import theme
+from app.export import export_button, header_row
 from app.views.block_table_view import legend_line, swatch
 from app.views.timeline_view import PlotStack, show_remote
 from engine.core.projection import RequestRecord
@@ -74,7 +75,9 @@ class MetricsView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.summary)
+        self.export = export_button(self, plots={"Metrics": lambda: self.glw},
+                                    tables={"Requests": self.requests_table})
+        layout.addLayout(header_row(self.summary, self.export))
         layout.addWidget(self.glw, 1)
         # A remote vLLM pool has no requests or ref counts: its own plots take this place.
         from app.views.remote_plots import RemoteMetrics
@@ -155,6 +158,19 @@ class MetricsView(QWidget):
             ("", f"stored {c.num_stored_blocks:,} blocks"),
             ("", f"evicted {c.num_evicted_blocks:,}"),
             ("", f"refused {c.num_refused_requests:,}")]))
+
+    def requests_table(self) -> tuple[list[str], list[list[Any]]]:
+        """One row per request with a lookup, as the plots number them (for the CSV export)."""
+        records = [r for r in self.state.projection.request_records() if r.miss is not None]
+        _, _, rate = request_rows(records)
+        rows = []
+        for i, (r, so_far) in enumerate(zip(records, rate)):
+            t = self.state.timings.get(r.request_id)
+            rows.append([i + 1, r.request_id, r.num_prompt_tokens, r.num_cached_tokens, r.num_computed_tokens,
+                         round(float(so_far), 6), r.miss.reason if r.miss else "",
+                         "" if t is None else t.ttft_ms, "" if t is None or t.cold_ttft_ms is None else t.cold_ttft_ms])
+        return (["request", "request_id", "prompt_tokens", "cached_tokens", "computed_tokens", "hit_rate_so_far",
+                 "miss_reason", "ttft_ms", "cold_ttft_ms"], rows)
 
     def _draw_timings(self, records: list[RequestRecord]) -> None:
         timings = self.state.timings

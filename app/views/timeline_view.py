@@ -19,6 +19,7 @@ from PySide6.QtGui import QFontMetrics, QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
+from app.export import export_button, header_row
 from app.views.block_table_view import block_colors, legend_line, swatch
 
 NUM_BINS = 120
@@ -266,7 +267,9 @@ class TimelineView(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.title)
+        self.export = export_button(self, plots={"Ref counts and evictions": lambda: self.glw},
+                                    tables={"Pool over events": self.series_table})
+        layout.addLayout(header_row(self.title, self.export))
         layout.addWidget(self.glw, 1)
         # A remote vLLM pool has no requests or ref counts: its own plots take this place.
         from app.views.remote_plots import RemoteTimeline
@@ -396,6 +399,12 @@ class TimelineView(QWidget):
         if bin_width != self.bin_width:
             self.bin_width = bin_width
             self._set_headers()
+
+    def series_table(self) -> tuple[list[str], Any]:
+        """One row per event: the counts the plots draw (for the CSV export)."""
+        s = self.state.log.series
+        return (["seq", "in_use", "cached_free", "empty", "max_ref", "evicted_so_far"],
+                zip(s.seq, s.in_use, s.cached_free, s.empty, s.max_ref, s.evicted))
 
     def _place_pool_label(self, *_: Any) -> None:
         (x0, x1), (y0, y1) = self.p_blocks.vb.viewRange()
