@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QWidget
 
+from app import theme
+
 if TYPE_CHECKING:
     from app.context import AppContext, Subject
     from app.state import PoolState
@@ -26,7 +28,8 @@ def event_link(seq: int | None, state: PoolState | None, text: str | None = None
         return html.escape(text or "an unknown event")
     label = html.escape(text or f"event {seq:,}")
     if state is not None and state.contains(seq):
-        return f"<a href='{LINK_SCHEME}{int(seq)}'>{label}</a>"
+        # The theme's accent, not Qt's default link blue, which is unreadable on the dark theme.
+        return f"<a href='{LINK_SCHEME}{int(seq)}' style='color:{theme.color('accent').name()}'>{label}</a>"
     return label
 
 

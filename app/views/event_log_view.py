@@ -311,6 +311,9 @@ class EventLogView(PanelView):
         self.model.reset_log()
         self.refresh()
 
+    def apply_theme(self, name: str) -> None:
+        self._update_detail()  # its links carry the theme's colour
+
     def show_subject(self, subject: Subject) -> None:
         # A filter typed for the last file would hide most of the next one.
         self.set_filter()
