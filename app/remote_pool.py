@@ -155,6 +155,7 @@ class RemoteOverlay:
         tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
         removed, touched = self._removed, self._touched
         add_stored, add_removed = self.stored_times.append, self.removed_times.append
+        reset = False
         for e in events:
             cls = type(e)
             if cls is BlockStored:
@@ -181,8 +182,14 @@ class RemoteOverlay:
             elif cls is CacheReset:
                 t = self.last_reset_time = time_of(e)
                 self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
-                base[:] = 0
-                self._codes_second = None
+                # The projection decides what a reset cleared (one rank's blocks, or all):
+                # after the batch, every slot it no longer holds is emptied here too.
+                reset = True
+        if reset:
+            n = min(projection.num_blocks, len(base))
+            held = np.frombuffer(projection.hashed, dtype=np.uint8, count=n)
+            base[:n][held == 0] = 0
+            self._codes_second = None
         hashes = projection.hashes
         for b in self._slots_of_removed:
             if hashes[b] is None:  # removed and not stored again in this batch

@@ -454,3 +454,24 @@ def test_probe_of_typed_text_and_before_attaching(qtbot, win, servers, default_t
     probe.rebuild()
     raw = default_tokenizer.encode("What is a prefix cache?", add_special_tokens=False)
     assert probe.result.prompt_tokens == len(raw)
+
+
+def test_one_rank_clearing_keeps_the_other_ranks_blocks(qtbot, win, servers):
+    made, port, replay = servers(2)
+    attach(win, port, replay, topic="", data_parallel_size=2)
+    state = win.ctx.state
+
+    def both() -> bool:
+        for s in made:
+            s.publish(1)
+        qtbot.wait(20)
+        win.ctx.bridge.flush(everything=True)
+        return state.remote.ranks(state.projection) == {0: 2, 1: 2}
+
+    qtbot.waitUntil(both, timeout=WAIT_MS)
+    made[0].publish(2, drop=True)
+    made[0].publish(3, drop=True)
+    made[0].publish(4)  # rank 0's AllBlocksCleared
+    settle(qtbot, win, lambda: state.projection.num_resets == 1)
+    assert state.remote.ranks(state.projection) == {1: 2} and state.projection.num_hashed == 2
+    assert tiers(win)["GPU"] == 2

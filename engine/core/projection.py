@@ -67,7 +67,7 @@ class PoolProjection:
         "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "hashed", "free", "by_hash",
         "running", "requests", "order", "counters", "use_clock", "seq", "num_events",
         "num_in_use", "num_cached_free", "num_hashed", "ref_hist", "last_request_id",
-        "num_resets", "last_eviction_seq", "vacant",
+        "num_resets", "last_eviction_seq", "vacant", "slot_ranks",
     )
 
     def __init__(self, num_blocks: int = 0, block_size: int = 16) -> None:
@@ -110,6 +110,9 @@ class PoolProjection:
         # remote store, so a local engine's pool pays nothing for it. Entries are checked
         # when taken, so a stale one is skipped, never trusted.
         self.vacant: list[int] | None = None
+        # The data-parallel rank that stored each slot, once a remote event names one; a
+        # rank's AllBlocksCleared (or restart) clears only its own blocks from the combined pool.
+        self.slot_ranks: list[int] | None = None
         self._grow(num_blocks)
 
     # ------------------------------------------------------------------ queries
@@ -230,6 +233,8 @@ class PoolProjection:
             self.num_blocks = num_blocks
             if self.vacant is not None:
                 self.vacant.append(start)
+            if self.slot_ranks is not None:
+                self.slot_ranks.append(-1)
             return
         self.ref_counts.extend([0] * n)
         for lst in (self.hashes, self.parents, self.salts, self.tenants, self.external_ids):
@@ -242,6 +247,8 @@ class PoolProjection:
         for b in range(start, num_blocks):
             self.free[b] = None
         self.num_blocks = num_blocks
+        if self.slot_ranks is not None:
+            self.slot_ranks.extend([-1] * n)
         if self.vacant is not None:
             self.vacant.extend(range(num_blocks - 1, start - 1, -1))
 
@@ -359,6 +366,10 @@ class PoolProjection:
         self.tenants[b] = e.salt if e.parent_hash is None or parent_holder is None else self.tenants[parent_holder]
         self.external_ids[b] = e.external_id
         self.by_hash[e.block_hash] = self.by_hash.get(e.block_hash, ()) + (b,)
+        if e.remote is not None:
+            if self.slot_ranks is None:
+                self.slot_ranks = [-1] * self.num_blocks
+            self.slot_ranks[b] = e.remote.rank
         self.hashed[b] = 1
         self.num_hashed += 1
         if self.ref_counts[b] == 0:
@@ -400,6 +411,16 @@ class PoolProjection:
         self.counters.num_finished_requests += 1
 
     def _on_reset(self, e: CacheReset) -> None:
+        ranks = self.slot_ranks
+        if e.remote is not None and ranks is not None and any(r != e.remote.rank for r in ranks if r >= 0):
+            # One rank of a data-parallel deployment cleared (or restarted): the others keep theirs.
+            rank = e.remote.rank
+            for b in range(self.num_blocks):
+                if self.hashes[b] is not None and ranks[b] == rank:
+                    self._uncache(b)
+                    self.evicted_seq[b] = e.seq
+            self.num_resets += 1
+            return
         for b in range(self.num_blocks):
             if self.hashes[b] is not None:
                 self._uncache(b)
