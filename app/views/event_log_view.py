@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
-                               QLabel, QLineEdit, QTableView, QVBoxLayout, QWidget)
+                               QLabel, QLineEdit, QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
 from app import theme
 from app.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
@@ -299,6 +299,10 @@ class EventLogView(PanelView):
         self.detail.setObjectName("event_detail")
         self.detail.setWordWrap(True)
         self.detail.setToolTip("the shown event; click an \u201cevent N\u201d to scrub there")
+        # A short dock (1280x800) keeps the line: the table gives up rows, not the details.
+        self.table.setMinimumHeight(66)
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.detail.setMaximumHeight(self.detail.fontMetrics().lineSpacing() * 3 + 4)
         layout.addWidget(self.detail)
 
         self._syncing = False
