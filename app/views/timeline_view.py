@@ -194,7 +194,9 @@ def show_remote(view: Any) -> bool:
     """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then."""
     remote = getattr(view.state, "remote", None) is not None
     if view.remote_view.isHidden() == remote:
-        for w in (view.glw, getattr(view, "title", None), getattr(view, "summary", None)):
+        # the view's own export saves its own plots, which a remote pool does not fill
+        for w in (view.glw, getattr(view, "title", None), getattr(view, "summary", None),
+                  getattr(view, "export", None)):
             if w is not None:
                 w.setVisible(not remote)
         view.remote_view.setVisible(remote)
