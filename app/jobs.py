@@ -5,6 +5,7 @@ Jobs run on the worker thread and touch no widget.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,8 +73,22 @@ def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int)
     return result.to_dict()
 
 
+def model_threads() -> int:
+    """Intra-op threads for the model: every core but one, which the GUI thread keeps.
+
+    Measured on a busy 2-core machine (`cachescope demo multi-turn-reuse`, warm runner):
+    with torch's default of 2 threads each turn's TTFT was 3.1-4.5 s (84 s in all), with 1
+    thread 0.16-0.30 s (14 s in all). When anything else wants a core (the GUI drawing a
+    demo's events), a parallel matmul waits for its descheduled thread at every barrier.
+    """
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
     """Worker-thread job: load (converting on first run) the model and build a runner."""
+    import torch
+
+    torch.set_num_threads(model_threads())
     from engine.core.events import EventBus
     from engine.model.loader import load_model
     from engine.model.runner import ModelRunner
