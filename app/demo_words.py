@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from engine.core.validation import human_bytes
+
 # Findings that other panels show in full (the Diff panel shows the two message lists).
 HIDDEN_FINDINGS = ("diff_messages",)
 # What a step line reports, in this order, when the step has it.
@@ -28,12 +30,6 @@ def label(key: str) -> str:
     return " ".join(w for w in words if w)
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:,.1f} TiB"
 
 
 def _unit(key: str) -> str:
@@ -90,7 +86,7 @@ def _number(key: str, value: float) -> str:
     if unit == "s":
         return f"{value:,.2f} s"
     if unit == "bytes":
-        return _human_bytes(value)
+        return human_bytes(value)
     if unit == "GiB":
         return f"{value:,.1f} GiB"
     if unit == "%":

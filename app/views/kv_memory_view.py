@@ -17,17 +17,10 @@ from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizeP
 
 from app import theme
 from app.views.timeline_view import CountAxis
+from engine.core.validation import human_bytes
 from engine.model.kv_memory import PRESETS, kv_bytes
 
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 def _presets() -> dict[str, Any]:
@@ -209,8 +202,8 @@ class KvMemoryView(QWidget):
         in_use = p.num_in_use * p.block_size * (measured // tokens if tokens else 0)
         self.totals.setText(
             f"<b>{info.get('model') or 'model'}</b> · {layers} layers · {heads} KV heads · head dim {dim} · "
-            f"{dtype}<br>measured <b>{human_bytes(measured)}</b> ({measured:,} bytes) for {tokens:,} tokens "
-            f"({human_bytes(measured / tokens if tokens else 0)} per token) · in use now {human_bytes(in_use)}"
+            f"{dtype}<br>measured <b>{human_bytes(measured, 2)}</b> ({measured:,} bytes) for {tokens:,} tokens "
+            f"({human_bytes(measured / tokens if tokens else 0, 2)} per token) · in use now {human_bytes(in_use, 2)}"
             f"<br>formula 2 × {layers} layers × {heads} kv heads × {dim} head dim × {bpv} bytes × {tokens:,} tokens"
             f" = <b>{expected:,}</b> bytes, {check} the measured size")
 
@@ -239,4 +232,4 @@ class KvMemoryView(QWidget):
         note = "" if factor == 2 else " (latent attention: one latent per token and layer, no separate K and V)"
         self.what_if.setText(
             f"{name} in {dtype}: {factor} × {layers} × {heads} × {dim} × {BYTES_PER_VALUE[dtype]} × {tokens:,} = "
-            f"<b>{human_bytes(total)}</b> ({human_bytes(total / tokens)} per token){note}")
+            f"<b>{human_bytes(total, 2)}</b> ({human_bytes(total / tokens, 2)} per token){note}")

@@ -216,12 +216,13 @@ def available_memory() -> int:
             return 1 << 62  # unknown: do not refuse
 
 
-def human_bytes(n: float) -> str:
+def human_bytes(n: float, digits: int = 1) -> str:
+    """`n` bytes in binary units ("1.5 GiB"); the one formatter the messages and views share."""
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if abs(n) < 1024 or unit == "EiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.{digits}f} {unit}"
         n /= 1024
-    return f"{n:,.1f} EiB"  # pragma: no cover
+    return f"{n:,.{digits}f} EiB"  # pragma: no cover
 
 
 def check_memory(num_bytes: int, what: str) -> None:
