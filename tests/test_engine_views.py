@@ -404,6 +404,9 @@ def test_metrics_number_requests_with_whole_ticks(ctx, qtbot, tmp_path):
     x_axis = view.p_ttft.getAxis("bottom")
     (_, ticks), = x_axis.tickValues(*view.p_ttft.vb.viewRange()[0], 600)
     assert ticks and all(float(t).is_integer() for t in ticks)
+    # the ticks name requests as the log, the chat and the JSON do, not by position
+    served = [r["id"] for r in result["requests"] if not r.get("refused")]
+    assert x_axis.tickStrings([1.0, float(n)], 1.0, 1.0) == [served[0], served[-1]]
     # all three plots share the request axis, the TTFT one too (no empty -400..400 range)
     assert view.p_ttft.vb.viewRange()[0] == view.p_rate.vb.viewRange()[0]
     # with no timings the TTFT row steps out first when the dock is short

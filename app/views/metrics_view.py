@@ -46,7 +46,7 @@ class MetricsView(QWidget):
         self.summary.setObjectName("metrics_summary")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
-        self.glw = PlotStack("request (in start order)", header_width=92)
+        self.glw = PlotStack("request (in start order)", header_width=92)  # ticks name request ids
         h_rate, self.p_rate = self.glw.add(stretch=2)
         h_tokens, self.p_tokens = self.glw.add(stretch=3)
         h_ttft, self.p_ttft = self.glw.add(stretch=3)
@@ -137,7 +137,14 @@ class MetricsView(QWidget):
         cached, computed, rate = request_rows(records)
         self.cached_tokens, self.computed_tokens, self.hit_rates = cached, computed, rate
         n = len(records)
-        x = np.arange(1, n + 1, dtype=float)  # requests are numbered from 1, in start order
+        x = np.arange(1, n + 1, dtype=float)  # requests in start order, labelled by their ids
+        names = [r.request_id for r in records]
+        for plot in (self.p_rate, self.p_tokens, self.p_ttft):
+            axis = plot.getAxis("bottom")
+            if axis.names != names:
+                axis.names = names
+                axis.picture = None  # pyqtgraph caches the drawn ticks
+                axis.update()
         self.c_rate.setData(x, 100 * rate)
         per = np.divide(cached, cached + computed, out=np.zeros_like(cached), where=(cached + computed) > 0)
         self.s_rate.setData(x=x, y=100 * per)

@@ -57,6 +57,7 @@ class CountAxis(pg.AxisItem):
     def __init__(self, orientation: str, integer: bool = True) -> None:
         super().__init__(orientation)
         self.integer = integer
+        self.names: list[str] = []  # when set, x = 1..n print as these names (request ids)
         self.enableAutoSIPrefix(False)
 
     def _font_metrics(self) -> QFontMetrics:
@@ -93,6 +94,9 @@ class CountAxis(pg.AxisItem):
         return rect.adjusted(0, -8, 0, 8) if self.orientation in ("left", "right") else rect
 
     def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.names:  # the same names the chat, hash chains and log use; spacing measures them
+            n = len(self.names)
+            return [self.names[int(v) - 1] if v == int(v) and 1 <= v <= n else "" for v in values]
         if self.orientation in ("left", "right") and max((abs(v) for v in values), default=0) >= 10_000:
             return [compact_count(v) for v in values]  # a narrow side axis cannot hold "16,000"
         if self.integer or spacing >= 1:
