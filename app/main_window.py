@@ -9,6 +9,8 @@ themselves live in `app.views`.
 
 from __future__ import annotations
 
+import gc
+
 from pathlib import Path
 from typing import Any, Callable
 
@@ -416,6 +418,10 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, runner: Any) -> None:
         self.progress.hide()
+        # The model's objects live as long as the app: keep the collector from walking them
+        # again on every full collection, which would stall the GUI while events stream in.
+        gc.collect()
+        gc.freeze()
         # A trace or demo opened while the model was loading keeps the views; the model's
         # engine takes over at the first chat message.
         showing_other = not self.ctx.subject.is_chat
