@@ -258,10 +258,12 @@ class MainWindow(QMainWindow):
             self.resizeDocks([left[0], right[0]], [460, 1000], Qt.Orientation.Horizontal)
         bottom = [d for d in self.docks.values() if self.dockWidgetArea(d) == Qt.DockWidgetArea.BottomDockWidgetArea]
         if bottom and right:
-            # Proportions, not pixels: at 1280x800 the bottom plots still get room for
-            # their rows (about 45% of the height).
+            # Proportions, not pixels: the bottom plots keep room for their rows (45% of the
+            # height, 40% below 900 px so that a 1280x800 chat still shows a few turns; plot
+            # rows step out when short).
             height = max(self.height(), 600)
-            self.resizeDocks([right[0], bottom[0]], [int(height * 0.55), int(height * 0.45)],
+            bottom_share = 0.45 if height >= 900 else 0.40
+            self.resizeDocks([right[0], bottom[0]], [int(height * (1 - bottom_share)), int(height * bottom_share)],
                              Qt.Orientation.Vertical)
         side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
         if len(side_by_side) == 2:
