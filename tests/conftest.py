@@ -38,3 +38,16 @@ def tiny_model(default_tokenizer):
     from engine.model.loader import tiny_random_model
 
     return tiny_random_model(seed=0, tokenizer=default_tokenizer)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    """The main window on a test context (settings in tmp_path), without a model."""
+    from app.context import make_test_context
+    from app.main_window import MainWindow
+
+    ctx = make_test_context(tmp_path)
+    win = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(win)
+    yield win
+    ctx.shutdown()

@@ -8,21 +8,10 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.context import make_test_context  # noqa: E402
 from app.demo_runner import install_demos  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
 from engine.demos import DEMOS, get_demo  # noqa: E402
 
 DEMO_TIMEOUT_MS = 300_000  # a shared, busy test machine; the demo itself takes seconds
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    ctx = make_test_context(tmp_path)
-    win = MainWindow(ctx, load_model=False)
-    qtbot.addWidget(win)
-    yield win
-    ctx.shutdown()
 
 
 def _action(win, name):

@@ -8,15 +8,13 @@ scripts. Nothing here is timed.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.context import Subject, engine_info, make_test_context  # noqa: E402
+from app.context import Subject, engine_info  # noqa: E402
 from app.demo_runner import install_demos  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
 from app.state import is_eviction  # noqa: E402
 from app.views.event_log_view import describe  # noqa: E402
 from app.views.token_strip import ChatMessage, reuse_reason  # noqa: E402
@@ -28,15 +26,6 @@ from engine.resources import resource_path  # noqa: E402
 TRACE = resource_path("traces") / "demo_tokens.jsonl"
 BIG_TRACE = resource_path("traces") / "mooncake_synthetic_trace.jsonl"
 WAIT_MS = 300_000  # a shared, busy test machine
-
-
-@pytest.fixture
-def window(qtbot, tmp_path):
-    ctx = make_test_context(tmp_path)
-    win = MainWindow(ctx, load_model=False)
-    qtbot.addWidget(win)
-    yield win
-    ctx.shutdown()
 
 
 @pytest.fixture
