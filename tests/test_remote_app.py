@@ -24,6 +24,7 @@ from app.attach_dialog import AttachDialog
 from app.context import make_test_context
 from app.main_window import MainWindow
 from app.remote import AttachOptions
+from test_vllm_attach import free_ports  # the one loopback port finder of the vLLM tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMES = ROOT / "tests" / "data" / "vllm" / "vllm_zmq_frames.jsonl"
@@ -33,24 +34,6 @@ WAIT_MS = 8000
 def recorded(rank: int, kind: str) -> list[list[bytes]]:
     rows = [json.loads(line) for line in FRAMES.read_text().splitlines() if line.strip()]
     return [[base64.b64decode(f) for f in r["frames"]] for r in rows if r["rank"] == rank and r["socket"] == kind]
-
-
-def free_ports(n: int) -> int:
-    """A base port with `n` consecutive free ports after it (a rank adds itself to the port)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            for i in range(1, n):
-                with socket.socket() as t:
-                    t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free consecutive ports")
 
 
 class RecordedServer:
