@@ -94,8 +94,9 @@ def test_just_hit_block_is_not_evicted_while_other_free_blocks_exist():
     run(mgr, "c", [1, 2, 3, 4, 10])     # hit A again: A moves to the tail
     ha = mgr.lookup(Request("q", [1, 2, 3, 4, 0])).block_hashes[0]
     hb = mgr.lookup(Request("q", [5, 6, 7, 8, 0])).block_hashes[0]
-    # take 4 fresh blocks: empties go first, then the LRU cached block, which is B
-    run(mgr, "d", list(range(200, 215)))
+    # The three partial blocks went back to the head: 4 empties go first, then the LRU
+    # cached block, which is B (A was hit after it)
+    run(mgr, "d", list(range(200, 219)))
     assert mgr.is_cached(ha)
     assert not mgr.is_cached(hb)
 

@@ -35,7 +35,9 @@ class Block:
 class FreeBlockQueue:
     """Doubly linked list of free blocks with O(1) removal from anywhere.
 
-    The head is the least recently freed block, the next to be taken for new data.
+    The head is the next block taken for new data (its old hash, if any, is evicted then).
+    Cached blocks join at the tail, so among them the least recently freed goes first;
+    blocks without a hash join at the head, since reusing them evicts nothing.
     """
 
     __slots__ = ("_head", "_tail", "num_free_blocks")
@@ -76,6 +78,17 @@ class FreeBlockQueue:
         block.next_free = self._tail
         self._tail.prev_free = block
         self.num_free_blocks += 1
+
+    def prepend_n(self, blocks: list[Block]) -> None:
+        """Put `blocks` at the head, in order: `blocks[0]` becomes the next one taken."""
+        for block in reversed(blocks):
+            first = self._head.next_free
+            assert first is not None
+            block.prev_free = self._head
+            block.next_free = first
+            first.prev_free = block
+            self._head.next_free = block
+            self.num_free_blocks += 1
 
     def __iter__(self) -> Iterator[Block]:
         """Blocks from the head (evicted next) to the tail (freed last)."""
@@ -168,14 +181,24 @@ class BlockPool:
         self.use_clock += 1
         block.last_used = self.use_clock
 
-    def release(self, block: Block) -> bool:
-        """Drop a reference; returns True when the block became free (appended to the queue)."""
-        if block.ref_count <= 0:
-            raise ValueError(f"block {block.block_id} has no reference to release")
-        block.ref_count -= 1
-        self.use_clock += 1
-        block.last_used = self.use_clock
-        if block.ref_count == 0:
+    def free_blocks(self, ordered_blocks: list[Block]) -> list[Block]:
+        """Drop one reference from each block, first to be evicted first; returns those now free.
+
+        As vLLM 0.33.0's `BlockPool.free_blocks`: a freed block with a hash joins the tail
+        (LRU among cached blocks), one without (a partial last block, or an aborted one's)
+        joins the head and is reused first, so no cached block is evicted while it waits.
+        """
+        hashless: list[Block] = []
+        cached: list[Block] = []
+        for block in ordered_blocks:
+            if block.ref_count <= 0:
+                raise ValueError(f"block {block.block_id} has no reference to release")
+            block.ref_count -= 1
+            self.use_clock += 1
+            block.last_used = self.use_clock
+            if block.ref_count == 0:
+                (cached if block.block_hash is not None else hashless).append(block)
+        self.free_queue.prepend_n(hashless)
+        for block in cached:
             self.free_queue.append(block)
-            return True
-        return False
+        return [b for b in ordered_blocks if b.ref_count == 0 and self.free_queue.contains(b)]

@@ -409,6 +409,9 @@ class PrefixCacheManager:
     def finish(self, request_id: str, aborted: bool = False) -> tuple[int, ...]:
         """Release the request's blocks tail first; returns the ids that became free.
 
+        Freed blocks with a hash go to the tail of the free queue, those without to its
+        head (see `BlockPool.free_blocks`).
+
         An aborted request's own stored blocks are dropped from the map, since their KV
         may never have been written.
         """
@@ -422,11 +425,8 @@ class PrefixCacheManager:
                     self._forget_child(old, self.pool.uncache(block))
                     if bus.active:
                         bus.emit(BlockEvicted, block_id=block.block_id, block_hash=old, by_request_id=request_id)
-        freed: list[Block] = []
-        ordered = running.block_table[::-1]
-        for block in ordered:
-            if self.pool.release(block):
-                freed.append(block)
+        ordered = running.block_table[::-1]  # the tail is evicted before the shared prefix
+        freed = self.pool.free_blocks(ordered)
         self.counters.num_finished_requests += 1
         if bus.active:
             bus.emit(RefCountsChanged, request_id=request_id, block_ids=tuple(b.block_id for b in ordered),

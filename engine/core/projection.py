@@ -23,6 +23,57 @@ from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 EMPTY, CACHED_FREE, IN_USE = 0, 1, 2
 
 
+class FreeOrder:
+    """The free queue as block ids, head (taken next) first, with O(1) removal anywhere.
+
+    Two ordered sets: blocks put at the head (hashless blocks a request freed, newest
+    first) and blocks put at the tail (cached blocks, LRU order), as the manager's queue.
+    """
+
+    __slots__ = ("_front", "_back")
+
+    def __init__(self) -> None:
+        self._front: dict[int, None] = {}  # reversed: its last key is the head
+        self._back: dict[int, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._back)
+
+    def __iter__(self):
+        yield from reversed(self._front)
+        yield from self._back
+
+    def __reversed__(self):
+        yield from reversed(self._back)
+        yield from self._front
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._back or block_id in self._front
+
+    def append(self, block_id: int) -> None:
+        """To the tail (moved there if it was queued already)."""
+        self.discard(block_id)
+        self._back[block_id] = None
+
+    def prepend_n(self, block_ids: list[int]) -> None:
+        """To the head, in order: `block_ids[0]` becomes the head."""
+        for b in reversed(block_ids):
+            self.discard(b)
+            self._front[b] = None
+
+    def discard(self, block_id: int) -> None:
+        if block_id in self._back:
+            del self._back[block_id]
+        else:
+            self._front.pop(block_id, None)
+
+    def copy(self) -> FreeOrder:
+        new = FreeOrder.__new__(FreeOrder)
+        new._front = self._front.copy()
+        new._back = self._back.copy()
+        return new
+
+
 @dataclass(slots=True, frozen=True)
 class RequestRecord:
     """One request as its events describe it: the lookup outcome and, later, its end."""
@@ -88,8 +139,8 @@ class PoolProjection:
         self.last_seq: list[int] = []
         self.evicted_seq: list[int] = []
         self.hashed = bytearray()  # 1 where a block holds a hash: lets views vectorise without a loop
-        # The LRU free queue as an ordered set: first key is evicted next.
-        self.free: dict[int, None] = {}
+        # The free queue: the first block is taken (its hash evicted) next.
+        self.free = FreeOrder()
         # hash -> ids of the physical blocks holding it (usually one)
         self.by_hash: dict[bytes, tuple[int, ...]] = {}
         self.running: dict[str, tuple[int, ...]] = {}
@@ -192,7 +243,7 @@ class PoolProjection:
         new = PoolProjection.__new__(PoolProjection)
         for name in PoolProjection.__slots__:
             value = getattr(self, name)
-            if isinstance(value, (list, dict, bytearray)):  # vacant too (a list or None)
+            if isinstance(value, (list, dict, bytearray, FreeOrder)):  # vacant too (a list or None)
                 value = value.copy()  # elements are immutable (tuples, bytes, records)
             elif isinstance(value, Counters):
                 value = dataclasses.replace(value)
@@ -229,7 +280,7 @@ class PoolProjection:
             self.last_seq.append(-1)
             self.evicted_seq.append(-1)
             self.hashed.append(0)
-            self.free[start] = None
+            self.free.append(start)
             self.num_blocks = num_blocks
             if self.vacant is not None:
                 self.vacant.append(start)
@@ -245,7 +296,7 @@ class PoolProjection:
         self.evicted_seq.extend([-1] * n)
         self.hashed.extend(bytes(n))
         for b in range(start, num_blocks):
-            self.free[b] = None
+            self.free.append(b)
         self.num_blocks = num_blocks
         if self.slot_ranks is not None:
             self.slot_ranks.extend([-1] * n)
@@ -267,7 +318,7 @@ class PoolProjection:
             self.num_in_use += 1
             if self.hashes[b] is not None:
                 self.num_cached_free -= 1
-            self.free.pop(b, None)  # a hit or an allocation takes it off the queue
+            self.free.discard(b)  # a hit or an allocation takes it off the queue
         if ref > 0:
             hist[ref] = hist.get(ref, 0) + 1
         else:
@@ -375,15 +426,19 @@ class PoolProjection:
         if self.ref_counts[b] == 0:
             self.num_cached_free += 1
             # Only a remote pool stores into an unreferenced block: count it as just used.
-            self.free.pop(b, None)
-            self.free[b] = None
+            self.free.append(b)
         self.counters.num_stored_blocks += 1
 
     def _on_freed(self, e: BlocksFreed) -> None:
+        # As the manager's free_blocks: hashless blocks to the head, cached ones to the tail.
+        hashless: list[int] = []
         for b in e.block_ids:
             if 0 <= b < self.num_blocks and self.ref_counts[b] == 0:
-                self.free.pop(b, None)
-                self.free[b] = None
+                if self.hashes[b] is None:
+                    hashless.append(b)
+                else:
+                    self.free.append(b)
+        self.free.prepend_n(hashless)
 
     def _on_evicted(self, e: BlockEvicted) -> None:
         b = e.block_id
