@@ -113,3 +113,11 @@ def error_sentence(exc: BaseException, what: str) -> str:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return f"{what}: {exc.strerror or exc} ({exc.filename})."
     return f"{what}: {type(exc).__name__}: {exc}".rstrip(".") + "."
+
+
+def resize_pool_job(runner: Any, num_blocks: int, block_size: int) -> Any:
+    """Worker-thread job: a runner on the same loaded model with a fresh pool of another size."""
+    from engine.core.events import EventBus
+    from engine.model.runner import ModelRunner
+
+    return ModelRunner(runner.loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())

@@ -24,7 +24,7 @@ from app import theme
 from app.context import AppContext, JobCancelled, Subject, engine_info
 from app.remote import AttachOptions, RemoteController, StreamHealth, latest_capture, open_capture
 from app.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
-from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, trace_block_size,
+from app.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, resize_pool_job, trace_block_size,
                       trace_capacity)
 from app.model_load_dialog import ModelLoadMonitor
 from engine.core.errors import InputError, TraceError
@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         ctx.model_name = model
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
         self.panels = PanelMap(self._build_deferred_panel)
         self.last_replay: dict | None = None
@@ -134,6 +135,8 @@ class MainWindow(QMainWindow):
         self.act_live = a("Follow &live", self.follow_live, "End", "stop scrubbing and follow the live engine")
         self.act_reset_cache = a("Reset &cache", self.reset_cache, "Ctrl+Shift+Backspace", "drop every cached block (only when idle)")
         self.act_load_model = a("&Load model", self.start_model_load, "Ctrl+L", "load the model again")
+        self.act_pool_size = a("&Pool size…", self.pool_size_dialog, None,
+                               "blocks and block size of the pool (a vLLM server's num_gpu_blocks accepted)")
         self.act_about = a("&About Cachescope", self.show_about)
         self.act_shortcuts = a("&Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
         self.act_glossary = a("&Glossary", self.show_glossary, tip="the words the views use, explained")
@@ -153,7 +156,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.act_quit)
         self.view_menu = mb.addMenu("&View")
         eng = mb.addMenu("&Engine")
-        for act in (self.act_load_model, self.act_reset_cache, self.act_live):
+        for act in (self.act_load_model, self.act_pool_size, self.act_reset_cache, self.act_live):
             eng.addAction(act)
         self.demos_menu = mb.addMenu("&Demos")
         self._no_demos = self.demos_menu.addAction("No demos installed")
@@ -516,7 +519,7 @@ class MainWindow(QMainWindow):
     def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
         block_size = trace_block_size(path)
         try:
-            capacity = trace_capacity(path, block_size)
+            capacity = self.trace_num_blocks or trace_capacity(path, block_size)
         except (OSError, TypeError, ValueError):
             capacity = 1024
         self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
@@ -608,6 +611,36 @@ class MainWindow(QMainWindow):
         self.cancel_button.setVisible(bool(name))
         if name:
             self.cancel_button.setToolTip(f"stop {name}")
+
+    def pool_size_dialog(self) -> None:
+        from app.pool_size_dialog import PoolSize, PoolSizeDialog
+
+        dlg = PoolSizeDialog(PoolSize(self.num_blocks, self.block_size, self.trace_num_blocks is not None), self)
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            self.set_pool_size(dlg.pool_size())
+
+    def set_pool_size(self, size: Any) -> None:
+        """Use `size` (a `PoolSize`) from now on: the model's engine is rebuilt on a fresh pool
+        (its cache starts empty; sessions are kept), and traces replay in it if asked."""
+        self.trace_num_blocks = size.num_blocks if size.for_traces else None
+        if (size.num_blocks, size.block_size) == (self.num_blocks, self.block_size):
+            return
+        runner = self.ctx.runner
+        if runner is not None and self.ctx.worker.is_busy:
+            self.ctx.show_error("The pool cannot be resized while the model is working; try again when it is idle.")
+            return
+        self.num_blocks, self.block_size = size.num_blocks, size.block_size
+        if runner is None:
+            return
+
+        def done(new_runner: Any) -> None:
+            self.ctx.set_runner(new_runner, activate=self.ctx.subject.is_chat)
+            self.statusBar().showMessage(f"pool of {size.num_blocks:,} blocks × {size.block_size} tokens", 4000)
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.show_error(error_sentence(exc, "The pool could not be resized"))
+
+        self.ctx.worker.submit(resize_pool_job, runner, size.num_blocks, size.block_size, on_done=done, on_error=failed)
 
     def reset_cache(self) -> None:
         runner = self.ctx.runner

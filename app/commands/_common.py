@@ -49,6 +49,25 @@ def positive_int(text: str) -> int:
     return _int(text, 1, MAX_INT64)
 
 
+def vllm_gpu_blocks(text: str) -> int:
+    """A vLLM server's `num_gpu_blocks` -> the usable blocks of the same pool (N - 1)."""
+    from engine.core.blocks import usable_blocks_of_vllm
+
+    try:
+        return usable_blocks_of_vllm(_int(text, 2, MAX_INT64))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_pool_size(p: argparse.ArgumentParser, help_blocks: str, dest: str = "capacity_blocks",
+                  flag: str = "--capacity-blocks", default: int | None = None) -> None:
+    """The pool size in usable blocks (`flag`) or as a vLLM server's num_gpu_blocks; one `dest`."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(flag, type=positive_int, default=default, dest=dest, metavar="N", help=help_blocks)
+    group.add_argument("--num-gpu-blocks", type=vllm_gpu_blocks, dest=dest, metavar="N",
+                       help="the same as a vLLM server's num_gpu_blocks (its null block included: N - 1 usable blocks)")
+
+
 def non_negative_int(text: str) -> int:
     return _int(text, 0, MAX_INT64)
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.commands._common import positive_int
+from app.commands._common import add_pool_size, positive_int
 from engine.core.errors import InputError
 from engine.resources import resource_path
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="PATH", default=None, help="session database (default: the one in your user data folder)")
     p.add_argument("--screenshot", metavar="DIR", default=None, help="render every panel to PNGs in DIR offscreen, then exit")
     p.add_argument("--no-model", action="store_true", help="do not load a model (traces can still be opened)")
-    p.add_argument("--num-blocks", type=positive_int, default=256, metavar="N", help="blocks in the model's KV pool (default 256)")
+    add_pool_size(p, "blocks in the model's KV pool (default 256)", dest="num_blocks", flag="--num-blocks", default=256)
     p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
     p.add_argument("--theme", choices=("dark", "light"), default=None, help="colour theme (default: the last one used)")
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.commands._common import byte_size, non_negative_int, positive_int, print_json, seed_int
+from app.commands._common import byte_size, non_negative_int, positive_int, print_json, seed_int, vllm_gpu_blocks
 from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--capacity-blocks", type=positive_int, metavar="N", help="pool size in blocks (a conversation replay on a model defaults to 4096 blocks, enough not to evict)")
     cap.add_argument("--capacity-tokens", type=positive_int, metavar="N", help="pool size in tokens")
+    cap.add_argument("--num-gpu-blocks", type=vllm_gpu_blocks, metavar="N", dest="capacity_blocks",
+                     help="pool size as a vLLM server's num_gpu_blocks (its null block included: N - 1 usable blocks)")
     cap.add_argument("--kv-memory", type=byte_size, metavar="SIZE", help="pool size as a KV memory budget, e.g. 512MiB (needs a model)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
     p.add_argument("--random-seed", action="store_true", help="use a random hash root instead of --seed")
@@ -76,13 +78,14 @@ def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
     from engine.core.trace import read_trace
 
     if args.kv_memory is not None:
-        raise InputError("--kv-memory needs a model; with --no-model give --capacity-blocks or --capacity-tokens")
+        raise InputError("--kv-memory needs a model; with --no-model give --capacity-blocks, --capacity-tokens "
+                         "or --num-gpu-blocks")
     if args.capacity_tokens is not None:
         capacity = ReplayConfig.capacity_from_tokens(args.capacity_tokens, args.block_size)
     elif args.capacity_blocks is not None:
         capacity = args.capacity_blocks
     else:
-        raise InputError("give the pool size: --capacity-blocks N or --capacity-tokens N")
+        raise InputError("give the pool size: --capacity-blocks N, --capacity-tokens N or --num-gpu-blocks N")
     config = ReplayConfig(block_size=args.block_size, capacity_blocks=capacity,
                           seed=None if args.random_seed else args.seed, hash=args.hash,
                           concurrency=args.concurrency, hash_seed=args.hash_seed)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from app.commands._common import non_negative_int, positive_int, print_json, seed_int
+from app.commands._common import add_pool_size, non_negative_int, positive_int, print_json, seed_int
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     imp.add_argument("--model", default=None, metavar="M", help="model whose chat template renders the session")
     imp.add_argument("--block-size", type=positive_int, default=None, metavar="N",
                      help="tokens per block (default 16; 512 for Mooncake traces)")
-    imp.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N", help="pool size in blocks")
+    add_pool_size(imp, "pool size in blocks")
     imp.add_argument("--seed", type=seed_int, default=None, metavar="S", help="hash seed stored with the session (default 0)")
     imp.add_argument("--hash", choices=HASH_NAMES, default=None,
                      help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
@@ -55,15 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     edit.add_argument("--message", type=non_negative_int, required=True, metavar="K",
                       help="message to edit, counted from 0 with the system message included")
     edit.add_argument("--content", required=True, metavar="TEXT", help="the new text of message K")
-    edit.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N",
-                      help="pool size for the re-run (default: the session's)")
+    add_pool_size(edit, "pool size for the re-run (default: the session's)")
     edit.add_argument("--generate", action="store_true",
                       help="run the real model and regenerate the replies from message K on (default: keep them)")
     edit.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
                       help="tokens per regenerated reply (with --generate; default 64)")
     rep = parsers["replay"]
-    rep.add_argument("--capacity-blocks", type=positive_int, default=None, metavar="N",
-                     help="pool size (default: the session's)")
+    add_pool_size(rep, "pool size (default: the session's)")
     rep.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once")
     rep.add_argument("--no-record", action="store_true", help="do not store the run, its requests and events")
     rep.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
