@@ -10,10 +10,55 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import pytest  # noqa: E402
+
+# ---------------------------------------------------------------- the `model` marker
+# `-m "not model"` must be a run that loads no model: a test that asks for the real model
+# is marked here, and one that loads weights some other way without the marker errors.
+MODEL_FIXTURES = frozenset({"default_model", "embedder"})
+_LOADS_KEY = pytest.StashKey[list]()  # config: loads so far, in a one-item list
+_LOADS_BEFORE = pytest.StashKey[int]()  # item: loads when its setup began
+
+
+def pytest_configure(config):
+    import engine.model.loader as loader
+    import engine.semantic.cache as semantic_cache
+
+    loads = [0]
+    config.stash[_LOADS_KEY] = loads  # read back by the setup/teardown hooks below
+
+    def counting(fn):
+        def wrapper(*args, **kwargs):
+            loads[0] += 1
+            return fn(*args, **kwargs)
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    loader._load = counting(loader._load)
+    semantic_cache.Embedder.__init__ = counting(semantic_cache.Embedder.__init__)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
+def pytest_runtest_setup(item):
+    item.stash[_LOADS_BEFORE] = item.config.stash[_LOADS_KEY][0]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    before = item.stash.get(_LOADS_BEFORE, None)
+    loaded = before is not None and item.config.stash[_LOADS_KEY][0] > before
+    if loaded and item.get_closest_marker("model") is None:
+        raise AssertionError(f"{item.nodeid} loads a model but has no @pytest.mark.model: "
+                             "-m 'not model' would not be model-free")
+
+
 # ---------------------------------------------------------------- shared model fixtures
 # Loaded once per test session: the real default model takes ~1 s after its first
 # conversion (which takes ~20 s and is cached in the user cache directory).
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
