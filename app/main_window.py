@@ -14,7 +14,7 @@ import gc
 from pathlib import Path
 from typing import Any, Callable
 
-from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
                                QProgressBar, QPushButton, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem,
@@ -36,6 +36,15 @@ DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
 LAYOUT_VERSION = 3
+
+
+def fit_rect(wanted: QRect, available: QRect) -> QRect:
+    """`wanted` shrunk to fit `available` (a screen's area without panels) and moved inside it."""
+    width = min(wanted.width(), available.width())
+    height = min(wanted.height(), available.height())
+    x = min(max(wanted.x(), available.x()), available.x() + available.width() - width)
+    y = min(max(wanted.y(), available.y()), available.y() + available.height() - height)
+    return QRect(x, y, width, height)
 
 
 def app_icon() -> QIcon:
@@ -349,6 +358,22 @@ class MainWindow(QMainWindow):
         state = s.value("window/state")
         if isinstance(state, (QByteArray, bytes)):
             self.restoreState(QByteArray(state), LAYOUT_VERSION)
+        self.fit_to_screen()
+
+    def fit_to_screen(self) -> None:
+        """Keep the whole window on its screen: the default size, or a remembered geometry from
+        a larger screen, would put the status bar and the scrubber out of reach on a laptop.
+        The offscreen platform has no real screen (800x600): tests and screenshots keep their size."""
+        screen = self.screen()
+        if screen is None or QApplication.platformName() == "offscreen" or self.isMaximized():
+            return
+        area = screen.availableGeometry()
+        frame = self.frameGeometry()
+        extra = QSize(frame.width() - self.width(), frame.height() - self.height())  # title bar, borders
+        wanted = QRect(frame.topLeft(), self.size() + extra)
+        fitted = fit_rect(wanted, area)
+        self.resize(fitted.size() - extra)
+        self.move(fitted.topLeft())
 
     def adopt_extra_docks(self) -> None:
         """Call after another module added docks (the demos' guide): the default layout and
@@ -380,6 +405,7 @@ class MainWindow(QMainWindow):
             dock.setFloating(False)
             dock.show()
         self.resize(DEFAULT_SIZE)
+        self.fit_to_screen()
 
     # ------------------------------------------------------------------ theme
     def apply_theme(self, name: str, save: bool = True) -> None:

@@ -111,3 +111,15 @@ def test_gui_without_a_display_is_one_sentence_not_a_qt_abort(tmp_path):
                          env=env, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "no display" in out.stderr
+
+
+def test_a_window_larger_than_the_screen_is_shrunk_and_moved_onto_it():
+    from PySide6.QtCore import QRect
+
+    from app.main_window import fit_rect
+
+    laptop = QRect(0, 27, 1280, 773)  # 1280x800 less a top panel
+    assert fit_rect(QRect(0, 0, 1480, 920), laptop) == QRect(0, 27, 1280, 773)
+    # a geometry remembered on a second, larger monitor to the right comes back on screen
+    assert fit_rect(QRect(2000, 400, 1000, 700), laptop) == QRect(280, 100, 1000, 700)
+    assert fit_rect(QRect(100, 100, 800, 600), laptop) == QRect(100, 100, 800, 600)  # fits: untouched

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from engine.core.errors import InputError, TraceError
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.core.trace import is_request_trace
-from engine.model.chat import render_chat
+from engine.model.chat import default_system_prompt, render_chat
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",
           "bos_or_special_token", "new_content")
@@ -27,8 +27,6 @@ _ID_PATTERNS = re.compile(
     r"|\b[A-Za-z]{2,}[-_][A-Za-z0-9]*\d[A-Za-z0-9-_]*"  # req_8f3k2, id-2931
     r"|\d{5,}")  # long numbers: unix times, order ids
 _CHUNK_SPLIT = re.compile(r"\n\s*\n|<\|im_start\|>|<\|im_end\|>|\n(?=\S)")
-_PROBE_USER = "\u2063cachescope probe user\u2063"
-_PROBE_SYSTEM = "\u2063cachescope probe system\u2063"
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,25 +53,6 @@ class TokenDiff:
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
-
-
-def default_system_prompt(tokenizer: Any) -> str:
-    """The system text the chat template inserts when no system message is given ('' if none)."""
-    try:
-        plain = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE_USER}], tokenize=False)
-        with_sys = tokenizer.apply_chat_template([{"role": "system", "content": _PROBE_SYSTEM},
-                                                  {"role": "user", "content": _PROBE_USER}], tokenize=False)
-    except Exception:  # noqa: BLE001 - a template without system support has no default either
-        return ""
-    a = plain[:plain.find(_PROBE_USER)]
-    b = with_sys[:with_sys.find(_PROBE_USER)].replace(_PROBE_SYSTEM, "")
-    i = 0
-    while i < min(len(a), len(b)) and a[i] == b[i]:
-        i += 1
-    j = 0
-    while j < min(len(a), len(b)) - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
-        j += 1
-    return a[i:len(a) - j].strip()
 
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:

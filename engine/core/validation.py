@@ -241,19 +241,3 @@ BYTES_PER_BOOKKEEPING_BLOCK = 128
 
 def check_block_pool(num_blocks: int, what: str = "a pool") -> None:
     check_memory(num_blocks * BYTES_PER_BOOKKEEPING_BLOCK, f"{what} of {num_blocks:,} blocks")
-
-
-# ---------------------------------------------------------------------------- templates
-def apply_chat_template(tokenizer: Any, messages: Any, **kwargs: Any) -> Any:
-    """`tokenizer.apply_chat_template` with a template the Jinja sandbox refuses (or that
-    raises on these messages) reported as one `InputError`, not an internal error."""
-    try:
-        from jinja2 import TemplateError
-    except ImportError:  # pragma: no cover - transformers depends on jinja2
-        TemplateError = RuntimeError  # noqa: N806
-    try:
-        return tokenizer.apply_chat_template(messages, **kwargs)
-    except TemplateError as exc:
-        name = getattr(tokenizer, "name_or_path", "") or "the model"
-        raise InputError(f"{name}: the chat template refused these messages "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no reason given'})") from None

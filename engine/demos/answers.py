@@ -100,7 +100,7 @@ PROMPT_CACHING_BILL = Demo(
 
 # ---------------------------------------------------------------------------- default system prompt
 def _default_system(env: DemoEnv) -> dict[str, Any]:
-    from engine.analysis.diff import default_system_prompt
+    from engine.model.chat import default_system_prompt
 
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size

@@ -11,10 +11,27 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from engine.core.errors import InputError
-from engine.core.validation import apply_chat_template
 
 # Roles whose message makes the client send a request (the model answers after it).
 REQUEST_ROLES = ("user", "tool", "function")
+# Probe texts no real chat contains: they find what the template adds around a message.
+_PROBE_USER = "\u2063cachescope probe user\u2063"
+_PROBE_SYSTEM = "\u2063cachescope probe system\u2063"
+
+
+def _apply_template(tokenizer: Any, messages: Any, **kwargs: Any) -> Any:
+    """The one call of `tokenizer.apply_chat_template`: a template the Jinja sandbox refuses
+    (or that raises on these messages) is one `InputError`, not an internal error."""
+    try:
+        from jinja2 import TemplateError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        TemplateError = RuntimeError  # noqa: N806
+    try:
+        return tokenizer.apply_chat_template(messages, **kwargs)
+    except TemplateError as exc:
+        name = getattr(tokenizer, "name_or_path", "") or "the model"
+        raise InputError(f"{name}: the chat template refused these messages "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no reason given'})") from None
 
 
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
@@ -22,10 +39,28 @@ def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generati
     `add_generation_prompt` they end with the header the model's reply follows."""
     if not messages:
         raise InputError("a chat needs at least one message")
-    # Through the validation layer: a template the Jinja sandbox refuses is one InputError.
-    encoded = apply_chat_template(tokenizer, list(messages), add_generation_prompt=add_generation_prompt,
-                                  tokenize=True, return_dict=True)
+    encoded = _apply_template(tokenizer, list(messages), add_generation_prompt=add_generation_prompt,
+                              tokenize=True, return_dict=True)
     return list(encoded["input_ids"])
+
+
+def default_system_prompt(tokenizer: Any) -> str:
+    """The system text the chat template inserts when no system message is given ('' if none)."""
+    try:
+        plain = _apply_template(tokenizer, [{"role": "user", "content": _PROBE_USER}], tokenize=False)
+        with_sys = _apply_template(tokenizer, [{"role": "system", "content": _PROBE_SYSTEM},
+                                               {"role": "user", "content": _PROBE_USER}], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template without system support has no default either
+        return ""
+    a = plain[:plain.find(_PROBE_USER)]
+    b = with_sys[:with_sys.find(_PROBE_USER)].replace(_PROBE_SYSTEM, "")
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < min(len(a), len(b)) - i and a[len(a) - 1 - j] == b[len(b) - 1 - j]:
+        j += 1
+    return a[i:len(a) - j].strip()
 
 
 def message_ends(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:

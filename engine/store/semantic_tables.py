@@ -5,12 +5,21 @@ its transactions; `engine.semantic` keeps the indexes and the policy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, Sequence
+
+import sqlite_utils
 
 from engine.core.errors import InputError
 
-if TYPE_CHECKING:
-    from engine.store.database import Store
+
+class _Statements(Protocol):
+    """What the tables need of `engine.store.database.Store` (named here, not imported: the
+    store imports this module)."""
+
+    def has_table(self, name: str) -> bool: ...
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+    def atomic(self) -> AbstractContextManager[sqlite_utils.Database]: ...
 
 SEMANTIC_MIGRATION = "semantic-0001-entries"
 RESPONSE_MIGRATION = "response-cache-0001-entries"
@@ -39,7 +48,7 @@ class SemanticTables:
 
     __slots__ = ("store",)
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: _Statements) -> None:
         self.store = store
 
     def _has(self, table: str) -> bool:

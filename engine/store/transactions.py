@@ -8,14 +8,22 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+import threading
+from typing import Any, Callable, Protocol
 
 import sqlite_utils
 
 from engine.core.errors import InputError
 
-if TYPE_CHECKING:
-    from engine.store.database import Store
+
+class _Transactional(Protocol):
+    """What `Atomic` needs of `engine.store.database.Store` (named here, not imported: the
+    store imports this module)."""
+
+    db: sqlite_utils.Database
+    path: Path | None
+    _lock: threading.RLock
+    _depth: int
 
 
 class Atomic:
@@ -28,7 +36,7 @@ class Atomic:
 
     __slots__ = ("store", "_savepoint")
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: _Transactional) -> None:
         self.store = store
         self._savepoint: str | None = None
 
