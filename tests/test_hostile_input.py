@@ -266,9 +266,8 @@ def _per_token_reference(requests, config, bus):
             req = to_request(tr)
             mgr.allocate(req, mgr.lookup(req), num_lookahead_tokens=kv_out + reserve * bs)
             running.append([tr, 0, kv_out])
-        step = 1 if len(running) > 1 else None  # a request alone appends all it has left at once
         for live in running:
-            n = live[2] - live[1] if step is None else min(step, live[2] - live[1])
+            n = min(1, live[2] - live[1])
             if n > 0:
                 mgr.append(live[0].id, token_ids=live[0].output_tokens[live[1]:live[1] + n])
                 live[1] += n

@@ -113,15 +113,9 @@ CHECKS = ("hits", "schedule", "blocks", "block_tables", "free_queue", "cached")
 
 # Differences from vLLM that are understood but not fixed yet, (scenario, check) -> why.
 # The marks are strict: once the engine is fixed these pass, which fails the run until the
-# entry is removed.
-REPLAY_SINGLE_RUNNER = (
-    "engine/core/replay.py: a lone running request's output is appended in one call (all its decode "
-    "blocks taken before any is stored, no admission re-check as blocks fill); vLLM steps a token at a time")
-KNOWN: dict[tuple[str, str], str] = {
-    **{("decode_hits_wait_c2", check): REPLAY_SINGLE_RUNNER for check in CHECKS},
-    ("evict_pool64_c1", "blocks"): REPLAY_SINGLE_RUNNER,
-    ("evict_pool64_c4", "blocks"): REPLAY_SINGLE_RUNNER,
-}
+# entry is removed. (Empty: the last one, a lone request's output appended in one call by
+# engine/core/replay.py, went when replay stepped every request block by block.)
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 @functools.cache

@@ -111,22 +111,18 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             running.append(_Running(tr, kv_out))
         if not running:
             continue
-        if len(running) == 1:
-            live = running[0]
-            _append(mgr, live, live.num_kv_output - live.num_appended)
-        else:
-            # Round-robin, one token per request per step. Steps where no request fills a
-            # block or finishes change nothing anyone can see, so they are taken in one go:
-            # the events come out in the same order, and a long output costs per block,
-            # not per token.
-            quiet = min(min(live.num_kv_output - live.num_appended,
-                            bs - (live.tr.input_length + live.num_appended) % bs) for live in running) - 1
-            for live in running:
-                if quiet > 0:
-                    _append(mgr, live, quiet)
-            for live in running:
-                if live.num_appended < live.num_kv_output:
-                    _append(mgr, live, 1)
+        # Round-robin, one token per request per step. Steps where no request fills a
+        # block or finishes change nothing anyone can see, so they are taken in one go:
+        # the events come out in the same order, and a long output costs per block,
+        # not per token.
+        quiet = min(min(live.num_kv_output - live.num_appended,
+                        bs - (live.tr.input_length + live.num_appended) % bs) for live in running) - 1
+        for live in running:
+            if quiet > 0:
+                _append(mgr, live, quiet)
+        for live in running:
+            if live.num_appended < live.num_kv_output:
+                _append(mgr, live, 1)
         still: list[_Running] = []
         for live in running:
             if live.num_appended >= live.num_kv_output:
