@@ -29,8 +29,9 @@ def pytest_configure(config):
 
     def counting(fn):
         def wrapper(*args, **kwargs):
+            result = fn(*args, **kwargs)  # a load that fails (a corrupt file) loaded nothing
             loads[0] += 1
-            return fn(*args, **kwargs)
+            return result
         wrapper.__wrapped__ = fn
         return wrapper
 
@@ -48,7 +49,9 @@ def pytest_runtest_setup(item):
     item.stash[_LOADS_BEFORE] = item.config.stash[_LOADS_KEY][0]
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    yield  # the test's own fixtures are torn down first
     before = item.stash.get(_LOADS_BEFORE, None)
     loaded = before is not None and item.config.stash[_LOADS_KEY][0] > before
     if loaded and item.get_closest_marker("model") is None:

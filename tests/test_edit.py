@@ -70,6 +70,7 @@ def test_a_refused_generate_edit_adds_no_message_and_no_run(tmp_path, tiny_model
     assert _counts(db) == before
 
 
+@pytest.mark.model
 def test_a_refused_generate_edit_from_the_command_line(tmp_path, capsys):
     db = str(tmp_path / "s.db")
     assert main(["sessions", "import", str(REASONING), "--db", db]) == 0

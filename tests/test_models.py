@@ -85,6 +85,7 @@ def test_missing_paths_and_uncached_hub_ids(private_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_a_damaged_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
     real = _converted_dir(default_gguf_path())
     monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))

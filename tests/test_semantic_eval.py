@@ -117,6 +117,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert main(["semantic", "eval", "heldout", "--thresholds", "0.8,2"]) == 2
 
 
+@pytest.mark.model
 def test_cli_store_round_trip(tmp_path, capsys):
     db = str(tmp_path / "c.db")
     assert main(["semantic", "add", "Why is the sky blue?", "Rayleigh scattering.", "--db", db, "--tenant", "t1"]) == 0
