@@ -12,12 +12,15 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QGridLayout, QHBoxLayout, QLabel, QMessageBox, QPushButton,
                                QVBoxLayout, QWidget)
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 
 def folder_size(path: Path) -> int:
@@ -43,22 +46,21 @@ def human_size(num_bytes: int) -> str:
     return f"{size:.1f} GB"
 
 
-def describe_install(ctx: Any) -> dict[str, Any]:
+def describe_install(ctx: AppContext) -> dict[str, Any]:
     """Facts the dialog shows, as plain values (also what the tests check)."""
     from engine.model.loader import DEFAULT_MODEL_NAME, cache_dir, resolve_model
     from engine.store.database import default_db_path
 
-    from app.cli import version
+    from app import version
 
-    runner = getattr(ctx, "runner", None)
-    loaded = getattr(runner, "loaded", None)
+    loaded = getattr(ctx.runner, "loaded", None)
     try:
         model_file = resolve_model(ctx.model_name).location
     except Exception as exc:  # noqa: BLE001 - a missing model is shown, not raised, here
         model_file = f"not found ({exc})"
-    store_path = getattr(getattr(ctx, "store", None), "path", None)
+    store_path = getattr(ctx.store, "path", None)
     db_path = Path(store_path) if store_path else default_db_path()
-    settings = ctx.settings.fileName() if getattr(ctx, "settings", None) is not None else ""
+    settings = ctx.settings.fileName()
     return {
         "version": version(),
         "frozen": bool(getattr(sys, "frozen", False)),
@@ -75,7 +77,7 @@ def describe_install(ctx: Any) -> dict[str, Any]:
 class AboutDialog(QDialog):
     """The About box: version, model, data/settings/cache locations with open and clear buttons."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
         self.setObjectName("about_dialog")

@@ -14,9 +14,9 @@ import pkgutil
 import sys
 from types import ModuleType
 
-from engine.core.errors import InputError
-
 import app.commands
+from app import version
+from engine.core.errors import InputError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,26 +34,6 @@ def command_modules() -> list[ModuleType]:
             continue
         mods.append(importlib.import_module(f"app.commands.{info.name}"))
     return mods
-
-
-def version() -> str:
-    """The installed version (the bundle carries the package metadata too), else pyproject's."""
-    from importlib import metadata
-    from pathlib import Path
-
-    try:
-        return metadata.version("cachescope")
-    except metadata.PackageNotFoundError:
-        pass
-    # A source checkout run without `pip install -e .`: read it where it is defined.
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    try:
-        for line in pyproject.read_text(encoding="utf-8").splitlines():
-            if line.startswith("version = "):
-                return line.split("=", 1)[1].strip().strip('"')
-    except OSError:
-        pass
-    return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QSettings, Signal
 from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
@@ -22,6 +22,9 @@ from app.bridge import EngineBridge
 from app.state import PoolState
 from app.worker import ModelWorker
 from engine.core.events import EventBus
+
+if TYPE_CHECKING:
+    from app.remote import RemoteController
 
 ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
@@ -56,6 +59,20 @@ class Subject:
     def describe(self) -> str:
         word = {"session": "the session", "trace": "the trace", "demo": "the demo", "server": "the server"}[self.kind]
         return f"{word} \u201c{self.title}\u201d"
+
+
+class BlockSelection(QObject):
+    """The block the user picked last, in any view; `sigBlockSelected(block_id or None)` on each pick."""
+
+    sigBlockSelected = Signal(object)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.block_id: int | None = None
+
+    def select(self, block_id: int | None) -> None:
+        self.block_id = None if block_id is None else int(block_id)
+        self.sigBlockSelected.emit(self.block_id)
 
 
 class JobCancelled(Exception):
@@ -94,7 +111,7 @@ def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, n
 
 
 def runner_engine_info(runner: Any) -> dict[str, Any]:
-    """`engine_info` for an `engine.model.runner.ModelRunner` (engineer A's)."""
+    """`engine_info` for an `engine.model.runner.ModelRunner`."""
     loaded = getattr(runner, "loaded", None)
     mgr = runner.manager
     try:
@@ -130,6 +147,7 @@ class AppContext(QObject):
         self.bridge = EngineBridge(self)
         self.state = PoolState(self.bridge)
         self.worker = ModelWorker(self)
+        self.selection = BlockSelection(self)
         self.store = store
         self.settings = settings if settings is not None else QSettings(ORGANIZATION, APPLICATION)
         self.subject = Subject("session", "New session")
@@ -143,6 +161,10 @@ class AppContext(QObject):
         # Why the last model load failed (None: it did not); the app goes on without a model.
         self.model_error: str | None = None
         self.session_id: Any = None
+        # An attached vLLM server (`app.remote.RemoteController`, set by the window) and the
+        # tokenizer that decodes its token ids (None: the model's).
+        self.remote: RemoteController | None = None
+        self.remote_tokenizer: Any = None
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
         self.dialog_parent: QWidget | None = None
@@ -220,10 +242,12 @@ class AppContext(QObject):
         self.bridge.set_engine(info)
 
     # ------------------------------------------------------------------ cancellable jobs
-    def start_job(self, name: str, bus: EventBus) -> CancelToken:
-        """A cancel token for a long job whose engine emits on `bus` (a trace replay, a demo)."""
+    def start_job(self, name: str, bus: EventBus | None = None) -> CancelToken:
+        """A cancel token for a long job whose engine emits on `bus` (a trace replay); a job
+        that builds its engines later (a demo) subscribes the token to each itself."""
         token = CancelToken()
-        bus.subscribe(token.listener)
+        if bus is not None:
+            bus.subscribe(token.listener)
         self.job, self.job_name = token, name
         self.sigJobChanged.emit(name)
         return token

@@ -124,9 +124,7 @@ class DemoRunner(QObject):
         # previous subject's (a demo that builds none, like the 70B one, keeps it empty).
         self.ctx.attach_events(EventBus(), engine_info(block_size=16, num_blocks=0, model=None))
         self.running = name
-        self._token = CancelToken()
-        self.ctx.job, self.ctx.job_name = self._token, f"the demo \u201c{demo.title}\u201d"
-        self.ctx.sigJobChanged.emit(self.ctx.job_name)
+        self._token = self.ctx.start_job(f"the demo \u201c{demo.title}\u201d")
         if self.guide is not None:
             self.guide.show_running(name)
             self._raise("demo_guide")

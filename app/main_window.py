@@ -218,9 +218,7 @@ class MainWindow(QMainWindow):
             if name in self.docks:
                 self.docks[name].raise_()
         if "block_details" in self.docks:
-            from app.views.block_details import block_selection
-
-            block_selection(self.ctx).sigBlockSelected.connect(self._show_block_details)
+            self.ctx.selection.sigBlockSelected.connect(self._show_block_details)
         self._size_docks()
         if self.scrub_toolbar is not None:
             self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())

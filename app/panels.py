@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 LEFT = Qt.DockWidgetArea.LeftDockWidgetArea
 RIGHT = Qt.DockWidgetArea.RightDockWidgetArea
@@ -99,12 +102,9 @@ def load_factory(factory: str) -> Any:
     return getattr(module, attr)
 
 
-def build_panel(spec_or_factory: PanelSpec | str, ctx: Any, warn: bool = True) -> QWidget | None:
-    """Build one panel widget from its spec (or "module:Class" factory string).
-
-    `warn` is kept for callers of the development-time signature; a panel that cannot be
-    imported or built raises, so a broken panel is found at once rather than hidden.
-    """
+def build_panel(spec_or_factory: PanelSpec | str, ctx: AppContext) -> QWidget:
+    """Build one panel widget from its spec (or "module:Class" factory string); a panel
+    that cannot be imported or built raises, so a broken panel is found at once."""
     factory = spec_or_factory.factory if isinstance(spec_or_factory, PanelSpec) else spec_or_factory
     cls = load_factory(factory)
     return cls(ctx)

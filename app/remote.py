@@ -18,7 +18,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
-from app.context import engine_info
+from app.context import AppContext, engine_info
 from engine.core.events import EventBus
 
 HASH_SCHEMES = ("vllm-sha256", "vllm-sha256-cbor")
@@ -183,7 +183,7 @@ class RemoteController(QObject):
     sigMessage = Signal(str)
     sigTokenizer = Signal(object)
 
-    def __init__(self, ctx: Any, parent: QObject | None = None) -> None:
+    def __init__(self, ctx: AppContext, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.ctx = ctx
         self.options: AttachOptions | None = None
@@ -193,8 +193,8 @@ class RemoteController(QObject):
         self._timer = QTimer(self, interval=HEALTH_MS)
         self._timer.timeout.connect(self._poll)
         self.sigTokenizer.connect(self._set_tokenizer)
-        if hasattr(ctx, "sigSubjectChanged"):  # another subject (a trace, a chat) ends the attach
-            ctx.sigSubjectChanged.connect(lambda subject: subject.kind != "server" and self.detach())
+        # another subject (a trace, a chat) ends the attach
+        ctx.sigSubjectChanged.connect(lambda subject: subject.kind != "server" and self.detach())
 
     @property
     def is_attached(self) -> bool:
@@ -300,17 +300,14 @@ class RemoteController(QObject):
         self.detach()
 
 
-def view_tokenizer(ctx: Any) -> Any:
+def view_tokenizer(ctx: AppContext) -> Any:
     """The tokenizer views decode token ids with: the attached server's, else the model's."""
-    state = getattr(ctx, "state", None)
-    if state is not None and getattr(state, "remote", None) is not None:
-        tok = getattr(ctx, "remote_tokenizer", None)
-        if tok is not None:
-            return tok
-    return getattr(getattr(ctx, "runner", None), "tokenizer", None)
+    if ctx.state.remote is not None and ctx.remote_tokenizer is not None:
+        return ctx.remote_tokenizer
+    return getattr(ctx.runner, "tokenizer", None)
 
 
-def decode_tokens(ctx: Any, token_ids: Any, limit: int = 48) -> str | None:
+def decode_tokens(ctx: AppContext, token_ids: Any, limit: int = 48) -> str | None:
     """Token ids as text with the view tokenizer, or None when there is none."""
     tok = view_tokenizer(ctx)
     if tok is None:
@@ -342,7 +339,7 @@ def latest_capture(path: str | Path) -> Any:
     return last if last is not None and last.source_format == CAPTURE_SOURCE else None
 
 
-def open_capture(ctx: Any, path: str | Path, session_id: int | None = None) -> int:
+def open_capture(ctx: AppContext, path: str | Path, session_id: int | None = None) -> int:
     """Show a recorded attach offline: its events replayed into the views as a remote pool
     (tiers, ages, lifetimes, scrubbing); returns the number of events. InputError when the
     database holds no capture."""

@@ -223,7 +223,7 @@ def test_first_start_dialog_shows_progress_and_cancels(qtbot, tmp_path, monkeypa
 
 def test_about_names_version_model_and_folders_and_clears_the_cache(qtbot, tmp_path, monkeypatch):
     from app.about_dialog import AboutDialog
-    from app.cli import version
+    from app import version
     from app.context import make_test_context
 
     cache = tmp_path / "cache"

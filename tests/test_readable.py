@@ -16,7 +16,7 @@ from app.cli import main
 from app.context import engine_info, make_test_context
 from app.export import export_plot, export_table, model_table
 from app.glossary import GLOSSARY, GlossaryDialog, glossary_html
-from app.views.block_details import BlockDetailsView, block_selection, describe_block
+from app.views.block_details import BlockDetailsView, describe_block
 from app.views.block_table_view import BlockTableView
 from app.views.hash_chain_view import MAX_LABELS, HashChainView
 from app.views.sweep_view import SweepView
@@ -172,7 +172,7 @@ def test_only_this_request_and_search(ctx, qtbot, mooncake_2000):
     assert view.tree.num_nodes == everything
     target = view.path_hashes[0]
     seen = []
-    block_selection(ctx).sigBlockSelected.connect(seen.append)
+    ctx.selection.sigBlockSelected.connect(seen.append)
     assert view.find(target.hex()[:10]) == [target]
     assert seen[-1] == ctx.state.projection.block_of_hash(target)
     assert view.find("no such thing") == [] and "no cached block matches" in view.summary.text()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main, version
+from app import version
+from app.cli import main
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

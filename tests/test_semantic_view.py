@@ -38,27 +38,31 @@ def cache(embedder):
     return c
 
 
-def test_view_to_model_lookup_slider_and_guard(qtbot, cache):
-    view = SemanticView(None, cache)
+def test_view_to_model_lookup_slider_and_guard(qtbot, tmp_path, cache):
+    ctx = make_test_context(tmp_path)
+    view = SemanticView(ctx, cache)
     qtbot.addWidget(view)
-    assert view.threshold == 0.9 and not view.guard.isChecked()
-    view.prompt.setText("How do I not reverse a list in Python?")
-    with qtbot.waitSignal(view.sigLookedUp, timeout=30_000):
-        view.lookup_button.click()
-    assert view.table.rowCount() == 5
-    assert view.table.item(0, 1).text() == STORED[0][0]
-    assert "negation: not" in view.table.item(0, 2).text()
-    assert view.decision == "hit" and view.served_id == 1  # ~0.95 passes a plain 0.90 threshold
+    try:
+        assert view.threshold == 0.9 and not view.guard.isChecked()
+        view.prompt.setText("How do I not reverse a list in Python?")
+        with qtbot.waitSignal(view.sigLookedUp, timeout=30_000):
+            view.lookup_button.click()
+        assert view.table.rowCount() == 5
+        assert view.table.item(0, 1).text() == STORED[0][0]
+        assert "negation: not" in view.table.item(0, 2).text()
+        assert view.decision == "hit" and view.served_id == 1  # ~0.95 passes a plain 0.90 threshold
 
-    view.guard.setChecked(True)  # view -> model
-    assert cache.guard is True
-    assert view.decision == "guarded_miss" and "GUARDED" in view.decision_label.text()
+        view.guard.setChecked(True)  # view -> model
+        assert cache.guard is True
+        assert view.decision == "guarded_miss" and "GUARDED" in view.decision_label.text()
 
-    view.guard.setChecked(False)
-    view.slider.setValue(97)  # the decision is replayed live for the new threshold
-    assert cache.threshold == pytest.approx(0.97)
-    assert view.decision == "miss" and view.served_id is None
-    assert view.threshold_label.text() == "0.97"
+        view.guard.setChecked(False)
+        view.slider.setValue(97)  # the decision is replayed live for the new threshold
+        assert cache.threshold == pytest.approx(0.97)
+        assert view.decision == "miss" and view.served_id is None
+        assert view.threshold_label.text() == "0.97"
+    finally:
+        ctx.shutdown()
 
 
 def test_model_to_view_through_the_bridge(qtbot, tmp_path, embedder):

@@ -111,7 +111,7 @@ def selftest(model: str | None, cache: Path, max_new_tokens: int, block_size: in
     from engine.model.loader import load_model, resolve_model
     from engine.model.runner import ModelRunner
 
-    from app.cli import version
+    from app import version
 
     source = resolve_model(model)
     was_empty = not any(cache.iterdir())

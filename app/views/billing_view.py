@@ -5,7 +5,7 @@ Loading (tokenising) and billing run on the context's worker; the numbers are `e
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -18,6 +18,10 @@ from PySide6.QtWidgets import (
 
 from app import theme
 from app.export import export_button, model_table
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 COLUMNS = ("#", "id", "prompt", "read", "write", "uncached", "cost", "without cache", "notes")
 MAX_ROWS = 2000  # the table shows the first rows; totals and bars cover every request
@@ -27,16 +31,15 @@ def _money(v: float | None) -> str:
     return "n/a" if v is None else f"${v:.6f}"
 
 
-class BillingView(QWidget):
+class BillingView(PanelView):
     """Pick a source, provider and model; `sigBillDone(dict)` carries the billing JSON."""
 
     sigBillDone = Signal(dict)
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         from engine.analysis.billing import PROVIDERS, load_rules
 
-        self.ctx = ctx
         self.rules_data = load_rules()
         self.result: dict[str, Any] | None = None
         self._requests: tuple[str, list[Any], str] | None = None  # (source, requests, token-count note)
@@ -124,8 +127,6 @@ class BillingView(QWidget):
         layout.addWidget(self.total_label)
         layout.addWidget(self.rules_label)
         layout.addWidget(split, 1)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
@@ -210,7 +211,7 @@ class BillingView(QWidget):
         if not source:
             return
         cached = self._requests if self._requests and self._requests[0] == source else None
-        db = getattr(getattr(self.ctx, "store", None), "path", None)
+        db = getattr(self.ctx.store, "path", None)
         self.ctx.worker.submit(_bill_job, source, cached, self.settings(), None if db is None else str(db),
                                on_done=self._done, on_error=lambda exc: self.ctx.show_error(str(exc)))
 

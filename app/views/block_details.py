@@ -1,47 +1,28 @@
 """The block details pane: everything known about one block, whichever view it was picked in.
 
-`block_selection(ctx)` is the one channel views use to say "the user picked block N" (a
-click in the block table, a node of the hash chains); `BlockDetailsView` listens to it and
-reads the pool state read-only. `describe_block` is the Qt-free summary the pane shows.
+`ctx.selection` is the one channel views use to say "the user picked block N" (a click in
+the block table, a node of the hash chains); `BlockDetailsView` listens to it and reads the
+pool state read-only. `describe_block` is the Qt-free summary the pane shows.
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app import theme
+from app.widgets import PanelView
 from engine.core.projection import PoolProjection
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 MAX_REQUESTS_LISTED = 12
 MAX_TOKENS_SHOWN = 64
-
-
-class BlockSelection(QObject):
-    """The block the user picked last; `sigBlockSelected(block_id or None)` on each pick."""
-
-    sigBlockSelected = Signal(object)
-
-    def __init__(self, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self.block_id: int | None = None
-
-    def select(self, block_id: int | None) -> None:
-        self.block_id = None if block_id is None else int(block_id)
-        self.sigBlockSelected.emit(self.block_id)
-
-
-def block_selection(ctx: QObject) -> BlockSelection:
-    """The context's one selection channel, made on first use as a child of the context."""
-    sel = ctx.findChild(BlockSelection, "block_selection")
-    if sel is None:
-        sel = BlockSelection(ctx)
-        sel.setObjectName("block_selection")
-    return sel
 
 
 def _spaced(digest: str) -> str:
@@ -99,13 +80,11 @@ def describe_block(p: PoolProjection, block_id: int) -> BlockDescription:
         info.token_ids, info.tenant, info.owners, requests, num, info.last_use_seq, info.evicted_seq)
 
 
-class BlockDetailsView(QWidget):
+class BlockDetailsView(PanelView):
     """The pane: hash, parent, ref count, LRU position, token text and the requests that used it."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("block_details_view")
         self.block_id: int | None = None
         self.description: BlockDescription | None = None
@@ -123,11 +102,12 @@ class BlockDetailsView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.addWidget(scroll)
-        block_selection(ctx).sigBlockSelected.connect(self.show_block)
+        ctx.selection.sigBlockSelected.connect(self.show_block)
         self.state.sigChanged.connect(self._on_state_changed)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(lambda _name: self._refresh())
         self._refresh()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        self._refresh()  # the text's colours come from the palette
 
     def _on_state_changed(self) -> None:
         # listing the requests that used a block scans every request: only when it is seen
@@ -143,7 +123,7 @@ class BlockDetailsView(QWidget):
         self._refresh()
 
     def _decode(self, token_ids: tuple[int, ...]) -> str | None:
-        tokenizer = getattr(getattr(self.ctx, "runner", None), "tokenizer", None)
+        tokenizer = getattr(self.ctx.runner, "tokenizer", None)
         if tokenizer is None or not token_ids:
             return None
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -21,6 +21,10 @@ from app import theme
 from app.remote import decode_tokens
 from app.remote_pool import NUM_AGES, TIERS, aggregate
 from engine.core.projection import PoolProjection
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 FLASH_SECONDS = 0.6
 MAX_CELL_PX = 44  # a small pool is not drawn as giant tiles
@@ -130,17 +134,15 @@ def cell_pixels(num_blocks: int) -> int:
     return 1
 
 
-class BlockTableView(QWidget):
+class BlockTableView(PanelView):
     """Every physical block as a grid cell; hover for details, click to select a chain.
 
     `selected_chain` holds the block ids of the selected chain (root first); `select_block`
     and `select_request` set it from code (tests, other views).
     """
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("block_table_view")
         self.colors = block_colors()
         self.selected_chain: list[int] = []
@@ -199,8 +201,6 @@ class BlockTableView(QWidget):
         self._flash_timer.timeout.connect(self._end_flash)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     # ------------------------------------------------------------------ appearance
@@ -452,9 +452,7 @@ class BlockTableView(QWidget):
         block = self.block_at(pt.x(), pt.y())
         self.select_block(block)
         if block is not None:
-            from app.views.block_details import block_selection
-
-            block_selection(self.ctx).select(block)  # the details pane shows it
+            self.ctx.selection.select(block)  # the details pane shows it
 
     def _decode(self, token_ids: tuple[int, ...]) -> str:
         shown = list(token_ids[:MAX_TOOLTIP_TOKENS])

@@ -176,7 +176,7 @@ class DiffView(PanelView):
         if self.tokenizer is None:
             from engine.model.loader import load_tokenizer
 
-            self.tokenizer = load_tokenizer(getattr(self.ctx, "model_name", None))
+            self.tokenizer = load_tokenizer(self.ctx.model_name)
         return compute_diff(self.tokenizer, *args)
 
     def _failed(self, exc: BaseException) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -24,11 +24,14 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.export import export_button
 from app.remote import decode_tokens, view_tokenizer
-from app.views.block_details import block_selection
 from app.views.chain_layout import ChainTree, Segment, build_tree, fit_labels
 from app.views.block_table_view import block_colors, swatch
 from app.views.timeline_view import CountAxis
 from engine.core.projection import PoolProjection, RequestRecord
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 __all__ = ["ChainTree", "HashChainView", "Segment", "build_tree"]  # the layout lives in chain_layout
 
@@ -39,17 +42,15 @@ MAX_TEXT_SEARCH_BLOCKS = 50_000  # blocks decoded for a token-text search
 MIN_REBUILD_MS = 250  # rebuilding a big tree every frame would stall the window
 
 
-class HashChainView(QWidget):
+class HashChainView(PanelView):
     """The radix tree of cached prefixes with one request's path and divergence point.
 
     `label_rects` holds the pixel boxes of the labels drawn last (none overlap); `matches`
     the hashes the last search found.
     """
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("hash_chain_view")
         self.tree = ChainTree([], {}, [])
         self.request_id: str | None = None  # None = the last request
@@ -157,8 +158,6 @@ class HashChainView(QWidget):
         self.nodes.sigClicked.connect(self._on_node_clicked)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
@@ -209,7 +208,7 @@ class HashChainView(QWidget):
 
     def _on_node_clicked(self, _item: Any, points: Any, *_: Any) -> None:
         if len(points):
-            block_selection(self.ctx).select(points[0].data())
+            self.ctx.selection.select(points[0].data())
 
     def fit_all(self) -> None:
         self._range_shape = None
@@ -248,7 +247,7 @@ class HashChainView(QWidget):
             x, y = pos[self.matches[self.match_index]]
             left = max(-0.5, x - 12)
             self.plot.setRange(xRange=(left, left + 40), yRange=(y - 10, y + 10), padding=0)
-            block_selection(self.ctx).select(self.state.projection.block_of_hash(self.matches[self.match_index]))
+            self.ctx.selection.select(self.state.projection.block_of_hash(self.matches[self.match_index]))
         self.summary.setText(self._summary_text(self.path_record))
         return self.matches
 

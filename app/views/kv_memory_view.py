@@ -7,7 +7,7 @@ presets and reports from `engine.model.kv_memory` when it is available.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -19,6 +19,10 @@ from app import theme
 from app.views.timeline_view import CountAxis
 from engine.core.validation import human_bytes
 from engine.model.kv_memory import PRESETS, kv_bytes
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
@@ -43,13 +47,11 @@ def _shape_numbers(shape: Any) -> tuple[int, int, int] | None:
     return out[0], out[1], out[2]
 
 
-class KvMemoryView(QWidget):
+class KvMemoryView(PanelView):
     """Bars of measured bytes per layer and the formula check, plus a what-if calculator."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("kv_memory_view")
         self.per_layer: list[int] = []
         self.presets = _presets()
@@ -130,8 +132,6 @@ class KvMemoryView(QWidget):
         self.tokens_box.valueChanged.connect(self.update_what_if)
         self.state.sigReset.connect(self.refresh)
         self.state.sigChanged.connect(self._on_changed)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self._in_use_shown = -1
         self.apply_theme()
 
@@ -155,7 +155,7 @@ class KvMemoryView(QWidget):
     def _info(self) -> dict[str, Any]:
         info = dict(self.state.engine_info)
         if not info.get("per_layer_bytes"):
-            runner = getattr(self.ctx, "runner", None)
+            runner = self.ctx.runner
             pool = getattr(runner, "kv_pool", None)
             if pool is not None:
                 info["per_layer_bytes"] = list(pool.per_layer_bytes())

@@ -7,7 +7,7 @@ ran the request (the conversation view), with the cold time when it was measured
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -19,6 +19,10 @@ from app.export import export_button, header_row
 from app.views.block_table_view import legend_line, swatch
 from app.views.timeline_view import PlotStack, show_remote
 from engine.core.projection import RequestRecord
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 MAX_BARS = 400  # the most recent requests drawn as bars; older ones stay in the hit-rate curve
 
@@ -33,13 +37,11 @@ def request_rows(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, 
     return cached, computed, rate
 
 
-class MetricsView(QWidget):
+class MetricsView(PanelView):
     """Three plots over requests: cumulative hit rate, reused/computed tokens, TTFT."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("metrics_view")
         self._drawn_version = -1
         self.summary = QLabel()
@@ -86,8 +88,6 @@ class MetricsView(QWidget):
         self.remote_view.hide()
         layout.addWidget(self.remote_view, 1)
         self.state.sigChanged.connect(self.refresh)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:

@@ -8,25 +8,27 @@ The prompt is tokenized with the attach's tokenizer and hashed with the server's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QCheckBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QProgressBar,
                                QPushButton, QVBoxLayout, QWidget)
 
 from app import theme
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 CHECK_MS = 250  # at most this often while the pool changes
 EDIT_MS = 300  # after the last keystroke the prompt is tokenized and hashed again
 
 
-class ProbeView(QWidget):
+class ProbeView(PanelView):
     """Prompt in, answer out. `result` is the last `engine.remote.probe.ProbeResult` (or None)."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("probe_view")
         self.result: Any = None
         self.probe: Any = None  # engine.remote.probe.PromptProbe for the current prompt
@@ -76,7 +78,7 @@ class ProbeView(QWidget):
         self.salt.textChanged.connect(lambda _t: self._edit_timer.start())
         self.chat.toggled.connect(lambda _on: self._edit_timer.start())
         self.state.sigChanged.connect(self._schedule)
-        remote = getattr(ctx, "remote", None)
+        remote = ctx.remote
         if remote is not None:
             remote.sigTokenizer.connect(lambda _tok: self.rebuild())
             remote.sigAttached.connect(lambda _opts: self.rebuild())
@@ -103,7 +105,7 @@ class ProbeView(QWidget):
         """Probe the first conversation (or token row) of a file; its text shows in the box."""
         self.messages_file = Path(path)
         self.rebuild()
-        remote = getattr(self.ctx, "remote", None)
+        remote = self.ctx.remote
         text = f"(from {self.messages_file.name})"
         if self.probe is not None and remote is not None and remote.tokenizer is not None:
             try:
@@ -126,7 +128,7 @@ class ProbeView(QWidget):
         from engine.remote.probe import PromptProbe
 
         self.probe, self.result, self.error = None, None, ""
-        remote = getattr(self.ctx, "remote", None)
+        remote = self.ctx.remote
         text = self.prompt.toPlainText()
         if remote is None or remote.options is None:
             self.error = "Attach to a vLLM server first (File > Attach to vLLM…)."
@@ -152,7 +154,7 @@ class ProbeView(QWidget):
 
     def check(self) -> None:
         """Ask the live pools again (under the attachment's lock: subscribers mutate them)."""
-        remote = getattr(self.ctx, "remote", None)
+        remote = self.ctx.remote
         att = getattr(remote, "attachment", None)
         if self.probe is not None and att is not None:
             with att.lock:

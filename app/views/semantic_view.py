@@ -17,8 +17,9 @@ from PySide6.QtWidgets import (
 )
 
 from app import theme
-from engine.semantic.risk import risk_flags
+from app.widgets import PanelView
 from engine.semantic.cache import NEAR_MISS_MARGIN, Neighbour, SemanticResult, decide
+from engine.semantic.risk import risk_flags
 
 if TYPE_CHECKING:
     from app.context import AppContext, Subject
@@ -34,7 +35,7 @@ def _with_all_flags(result: SemanticResult) -> tuple[Neighbour, ...]:
                  for n in result.neighbours)
 
 
-class SemanticView(QWidget):
+class SemanticView(PanelView):
     """`SemanticView(ctx, cache=None)`: with no cache one is made when first needed.
 
     Lookups run on `ctx.worker` when there is one; `sigLookedUp(SemanticResult)` fires in the
@@ -45,9 +46,8 @@ class SemanticView(QWidget):
     sigLookedUp = Signal(object)
     sigQualityReady = Signal(dict)
 
-    def __init__(self, ctx: AppContext | None = None, cache: Any = None, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
+    def __init__(self, ctx: AppContext, cache: Any = None, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.cache = cache
         self.cache_source: str | None = None  # the demo whose cache is shown, None for the app's own
         self.result: SemanticResult | None = None
@@ -59,9 +59,7 @@ class SemanticView(QWidget):
         self._entry_points: dict[int, np.ndarray] = {}
         self._measuring = False
         self._build()
-        if ctx is not None:
-            ctx.bridge.sigEvents.connect(self._on_events)
-            ctx.sigSubjectChanged.connect(self.show_subject)
+        ctx.bridge.sigEvents.connect(self._on_events)
         if cache is not None:
             self._sync_from_cache()
 
@@ -109,8 +107,6 @@ class SemanticView(QWidget):
         for item in (self.circle_item, self.entries_item, self.neighbours_item, self.query_item):
             self.plot.addItem(item)
         self._restyle()
-        if self.ctx is not None:
-            self.ctx.sigThemeChanged.connect(lambda _name: self._restyle())
 
         top = QHBoxLayout()
         top.addWidget(self.prompt, 1)
@@ -153,8 +149,8 @@ class SemanticView(QWidget):
         if self.cache is None:
             from engine.semantic.cache import Embedder, SemanticCache
 
-            store = getattr(self.ctx, "store", None)
-            self.cache = SemanticCache(Embedder(), store, model=getattr(self.ctx, "model_name", None) or "",
+            store = self.ctx.store
+            self.cache = SemanticCache(Embedder(), store, model=self.ctx.model_name or "",
                                        threshold=self.threshold, guard=self.guard.isChecked())
         return self.cache
 
@@ -168,23 +164,16 @@ class SemanticView(QWidget):
         self._update_threshold_label()
         self._fit_projection()
 
+    def apply_theme(self, name: str | None = None) -> None:
+        self._restyle()
+
     def _submit(self, fn: Any, on_done: Any) -> None:
-        worker = getattr(self.ctx, "worker", None)
-        if worker is not None:
-            worker.submit(fn, on_done=on_done, on_error=self._on_error)
-            return
-        try:
-            on_done(fn())
-        except Exception as exc:  # noqa: BLE001 - shown to the user, as the worker would
-            self._on_error(exc)
+        self.ctx.worker.submit(fn, on_done=on_done, on_error=self._on_error)
 
     def _on_error(self, exc: BaseException) -> None:
         if self.lookup_button is not None:
             self.lookup_button.setEnabled(True)
-        if self.ctx is not None:
-            self.ctx.show_error(str(exc))
-        else:
-            self.decision_label.setText(f"error: {exc}")
+        self.ctx.show_error(str(exc))
 
     def look_up(self) -> None:
         text = self.prompt.text().strip()
@@ -200,7 +189,7 @@ class SemanticView(QWidget):
             self.lookup_button.setEnabled(True)
             self.show_result(result)
             self.sigLookedUp.emit(result)
-            if self.quality is None and not self._measuring and getattr(self.ctx, "worker", None) is not None:
+            if self.quality is None and not self._measuring:
                 self.measure_quality()  # the embedder is loaded now; score the pairs in the background
 
         self._submit(job, done)

@@ -7,7 +7,7 @@ Each sweep runs on the context's worker (`engine.analysis.sweep`); the plots onl
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -20,6 +20,10 @@ from PySide6.QtWidgets import (
 from app import theme
 from app.export import export_button
 from app.views.timeline_view import CountAxis
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -37,7 +41,7 @@ def _ints(text: str, what: str) -> list[int]:
 NARROW_PX = 760  # below this width the two plots stack instead of sitting side by side
 
 
-class SweepView(QWidget):
+class SweepView(PanelView):
     """Pick a trace and the values to try; `sigSweepDone(dict)` carries the sweep JSON.
 
     Hit rates count a refused request's prompt tokens as missed (as the CLI's `hit_rate`);
@@ -47,11 +51,10 @@ class SweepView(QWidget):
 
     sigSweepDone = Signal(dict)
 
-    def __init__(self, ctx: Any, tokenizer: Any = None, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
+    def __init__(self, ctx: AppContext, tokenizer: Any = None, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         from engine.analysis.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
 
-        self.ctx = ctx
         self.tokenizer = tokenizer
         self.result: dict[str, Any] | None = None
         self.setObjectName("sweep_view")
@@ -135,8 +138,6 @@ class SweepView(QWidget):
         layout.addLayout(grid)
         layout.addWidget(self.status)
         layout.addLayout(self.plots_box, 1)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
         self._show_bs_note("run a sweep to see the hit rate against block size")
 
@@ -266,7 +267,7 @@ class SweepView(QWidget):
             if self.tokenizer is None:
                 from engine.model.loader import load_tokenizer
 
-                self.tokenizer = load_tokenizer(getattr(self.ctx, "model_name", None))
+                self.tokenizer = load_tokenizer(self.ctx.model_name)
             return self.tokenizer
 
         reqs, kind = load_sweep_requests(path, tokenizer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -21,6 +21,10 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 from app import theme
 from app.export import export_button, header_row
 from app.views.block_table_view import block_colors, legend_line, swatch
+from app.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.context import AppContext
 
 NUM_BINS = 120
 # Redrawing 100K-point curves costs tens of ms: while live, at most this often.
@@ -209,13 +213,11 @@ def show_remote(view: Any) -> bool:
     return remote
 
 
-class TimelineView(QWidget):
+class TimelineView(PanelView):
     """Three linked plots over event seq; reads `ctx.state.log.series`."""
 
-    def __init__(self, ctx: Any, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.ctx = ctx
-        self.state = ctx.state
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
         self.setObjectName("timeline_view")
         self._drawn = (-1, -1)
         self.title = QLabel()
@@ -285,8 +287,6 @@ class TimelineView(QWidget):
         layout.addWidget(self.remote_view, 1)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
-        if hasattr(ctx, "sigThemeChanged"):
-            ctx.sigThemeChanged.connect(self.apply_theme)
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
