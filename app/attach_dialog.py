@@ -7,7 +7,6 @@ is one sentence under the form and the dialog stays open; `app.remote` does the 
 
 from __future__ import annotations
 
-from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout,
@@ -117,9 +116,3 @@ class AttachDialog(QDialog):
 
     def options(self) -> AttachOptions | None:
         return self._result
-
-
-def ask_attach_options(initial: AttachOptions, parent: Any = None) -> AttachOptions | None:
-    """Run the dialog modally; the validated options, or None when cancelled."""
-    dlg = AttachDialog(initial, parent)
-    return dlg.options() if dlg.exec() == QDialog.DialogCode.Accepted else None

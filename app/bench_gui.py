@@ -187,7 +187,7 @@ def bench_remote_redraw(quick: bool) -> dict[str, Any]:
         gc.collect()
         rss1 = _rss_bytes()
         app.processEvents()
-        ctx.state.version += 1  # a change the view has not drawn yet
+        ctx.state.version += 1  # a change the view has not drawn yet (no signal: the bench draws itself)
         t = time.perf_counter()
         view.redraw()  # the first draw ages every block (a full pass, once per stream second)
         view.glw.viewport().repaint()

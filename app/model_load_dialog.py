@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QProgressBar, QVBoxLayout, QWidget
 
 from engine.model.loader import LoadCancelled, needs_conversion

@@ -291,10 +291,7 @@ class RemoteController(QObject):
     def _set_tokenizer(self, tok: Any) -> None:
         self.tokenizer = tok
         self.ctx.remote_tokenizer = tok
-        state = self.ctx.state
-        if state is not None:  # views redraw their text with it
-            state.version += 1
-            state.sigChanged.emit()
+        self.ctx.state.touch()  # views redraw their text with it
 
     def stop(self) -> None:
         self.detach()

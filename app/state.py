@@ -181,9 +181,11 @@ class PoolState(QObject):
     def is_live(self) -> bool:
         return self._scrubbed is None
 
-    @property
-    def scrub_seq(self) -> int | None:
-        return self._scrub_seq
+    def touch(self) -> None:
+        """Something the views draw with changed outside the projection (a tokenizer that
+        decodes token text arrived): every view redraws once."""
+        self.version += 1
+        self.sigChanged.emit()
 
     @property
     def projection(self) -> PoolProjection:

@@ -402,13 +402,6 @@ class BlockTableView(PanelView):
         self._refresh_selection(p)
         return self.selected_chain
 
-    def select_request(self, request_id: str | None) -> list[int]:
-        """Outline a request's blocks (its block table while running, else its cached path)."""
-        self._selected_block = None
-        self._selected_request = request_id
-        self._refresh_selection(self.state.projection)
-        return self.selected_chain
-
     def clear_selection(self, redraw: bool = True) -> None:
         self._selected_block = None
         self._selected_request = None

@@ -290,10 +290,6 @@ class EventBus:
     def active(self) -> bool:
         return bool(self._listeners)
 
-    @property
-    def num_emitted(self) -> int:
-        return self._next_seq
-
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call `listener(event)` for every later event; returns a function that unsubscribes."""
         self._listeners.append(listener)

@@ -129,14 +129,6 @@ class BlockHasher:
             base = b"cachescope-root\x00" + struct.pack("<q", int(self.seed))
         self.root = self._digest(base + _encode_text(self.model_id))
 
-    @property
-    def digest_size(self) -> int:
-        return 16 if self.algorithm == "xxh3" else 32
-
-    @property
-    def is_vllm(self) -> bool:
-        return self.algorithm in VLLM_HASHES
-
     def _vllm_block(self, parent: bytes | None, token_ids: Sequence[int], extra: object) -> bytes:
         for t in token_ids:
             if not 0 <= t < 1 << 32:

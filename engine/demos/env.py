@@ -116,10 +116,6 @@ class DemoEnv:
             return self._embedder
 
     @property
-    def has_model(self) -> bool:
-        return self._model is not None
-
-    @property
     def loaded_model(self) -> Any:
         """The model if one is loaded already (None otherwise); never loads."""
         return self._model
@@ -183,10 +179,6 @@ class DemoEnv:
         self.timings.append({"request_id": request_id, "ttft_ms": row["ttft_ms"], "cold_ttft_ms": None})
         return self.step(action, **row, **extra)
 
-    def events_of(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
-
-    # ------------------------------------------------------------------ running
     def run(self, demo: Demo) -> dict[str, Any]:
         """Run `demo` from a clean record and assemble its JSON-ready result."""
         self.steps, self.events, self.timings, self.engines, self.outputs, self.shown = [], [], [], [], {}, {}

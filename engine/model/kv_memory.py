@@ -61,10 +61,6 @@ class KVMemoryShape:
     def num_kv_heads(self) -> int:
         return self.kv_heads
 
-    @property
-    def values_per_token_per_layer(self) -> int:
-        return self.kv_factor * self.kv_heads * self.head_dim
-
     def bytes_per_token(self, dtype: str = "bf16") -> int:
         return kv_bytes(self.layers, self.kv_heads, self.head_dim, DTYPE_BYTES[normalise_dtype(dtype)], 1, self.kv_factor)
 

@@ -57,10 +57,6 @@ def wire_hash(h: bytes) -> int | bytes:
     return int.from_bytes(h, "big") if len(h) == 8 else h
 
 
-def hash_hex(h: bytes) -> str:
-    return h.hex()
-
-
 @dataclass(slots=True)
 class VllmEvent:
     """One vLLM KV event with every field 0.33 publishes; kind is BlockStored, BlockRemoved
