@@ -156,7 +156,8 @@ class PrefixCacheManager:
         return self.hasher.hash_external_chain(list(request.external_block_ids[:n_full]), request.salt)
 
     def lookup(self, request: Request, block_hashes: Sequence[bytes] | None = None) -> LookupResult:
-        """Find the reusable leading blocks of `request`. Changes nothing, emits nothing."""
+        """Find the reusable leading blocks of `request`. Emits nothing and moves no block; it
+        only counts a digest match whose stored tokens differ (`num_hash_collisions`)."""
         bs = self.block_size
         hashes = list(block_hashes) if block_hashes is not None else self.hash_request(request)
         tokens = request.prompt_token_ids
