@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record", action="store_true", help="keep the stream in the session store as a session")
     p.add_argument("--db", metavar="PATH", default=None, help="database for --record (default: the user's)")
     p.add_argument("--refill-timeout", type=seconds, default=2.0, metavar="S",
-                   help="longest wait for a replay answer (default 2 s)")
+                   help="longest silence of the replay socket within an answer (default 2 s): a slow "
+                        "answer is read whole, one cut short is asked again from the first batch missing")
     p.add_argument("--json", action="store_true", help="print one JSON line per event, then a summary line")
 
 

@@ -28,7 +28,9 @@ MAX_DATA_PARALLEL = 1024
 class AttachOptions:
     """What to attach to. `replay_endpoints[i]` belongs to `endpoints[i]`; with
     `data_parallel_size` N, rank r uses both ports plus r (vLLM's rule). `bind` binds the
-    SUB sockets (for a server whose endpoint names a concrete host, which then connects)."""
+    SUB sockets (for a server whose endpoint names a concrete host, which then connects).
+    `refill_timeout` is how long a replay answer may stay silent (no frame) before it is
+    cut short and asked again; it does not bound a long answer that keeps coming."""
 
     endpoints: tuple[str, ...]
     replay_endpoints: tuple[str, ...] = ()

@@ -4,6 +4,10 @@
 sequence order, to `on_batch`, refills gaps from the replay socket, counts what it could
 not get (`missed`), what it could not read (`malformed`), and server restarts; none of
 these stops it. Health is a plain `StreamHealth`. No Qt here.
+
+A replay answer is read to its end marker however long it takes; `refill_timeout` bounds
+silence, not the answer. One cut short is asked again from the first batch still missing;
+only batches the server's answer skips (it no longer buffers them) are missed.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +27,9 @@ _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
 # vLLM numbers batches one by one from 0; a jump this large is a corrupt frame, not a gap.
 MAX_SEQ_JUMP = 1 << 40
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
+# One replay answer is at most the server's buffer (vLLM keeps 10,000 batches by default);
+# one that runs past this many frames is not a vLLM server's, and is cut short.
+MAX_REPLAY_FRAMES = 1 << 20
 
 
 def check_endpoint(endpoint: str, bind: bool = False) -> str:
@@ -87,6 +95,7 @@ class VllmSubscriber:
     `on_restart(seq)` before the first batch of a restarted server (the caller starts a
     fresh pool), `on_notice(kind, message)` for refills, misses and malformed frames, and
     `on_health(health)` after each of these with a copy of the counters.
+    `refill_timeout` is the longest silence (no frame) of the replay socket in one answer.
     """
 
     def __init__(self, endpoint: str, on_batch: Callable[[VllmBatch], None], *, replay_endpoint: str | None = None,
@@ -119,6 +128,7 @@ class VllmSubscriber:
         # The last seq seen on the PUB socket itself: PUB delivers in order, so only a lower
         # number there means a restart (replayed batches may run ahead of queued live ones).
         self._live_seq: int | None = None
+        self._held: deque[list[bytes]] = deque()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
         self._sub = self._ctx.socket(zmq.SUB)
@@ -184,12 +194,12 @@ class VllmSubscriber:
         elif last is not None and seq <= last:
             return  # already delivered from the replay socket
         expected = 0 if last is None else last + 1
-        if seq > expected:
-            self._refill(expected, seq)
+        if seq > expected and not self._refill(expected, seq):
+            return  # stopping: the gap is neither filled nor missed
         if self._deliver(seq, payload):
             self._live_seq = seq
 
-    def _deliver(self, seq: int, payload: bytes) -> bool:
+    def _deliver(self, seq: int, payload: bytes, replayed: bool = False) -> bool:
         try:
             batch = decode_batch(seq, payload)
         except MalformedFrame as exc:
@@ -199,89 +209,162 @@ class VllmSubscriber:
         self.on_batch(batch)
         h = self.health
         h.batches += 1
+        if replayed:
+            h.refilled += 1
         h.last_seq = seq
         h.lag_s = self.clock() - batch.ts
         self._report()
         return True
 
-    def _refill(self, start: int, upto: int) -> None:
-        """Fetch batches `start..upto-1` from the replay socket; count those not delivered."""
+    def _refill(self, start: int, upto: int) -> bool:
+        """Fetch batches `start..upto-1` from the replay socket, asking again from the first
+        one still missing while each answer brings new batches; count what stays missing.
+        False only when stopping (nothing is counted then)."""
         got = 0
-        if self.replay_endpoint is not None:
-            got, _first, _complete = self._fetch(start, upto)
-            if got:
-                self.health.refilled += got
-                self._notice("refilled", f"{self.endpoint}: refilled {got} batch(es) from the replay socket")
-        lost = (upto - start) - got
+        answer = None
+        while self.replay_endpoint is not None and start < upto:
+            answer = self._fetch(start, upto)
+            got += answer.num_delivered
+            start = answer.next_seq
+            if self._stop.is_set():
+                return False
+            if answer.complete or start >= upto or not answer.can_ask_again:
+                break
+        if got:
+            self._notice("refilled", f"{self.endpoint}: refilled {got} batch(es) from the replay socket")
+        lost = upto - start
         if lost > 0:
+            if self.replay_endpoint is None:
+                why = "no replay socket"
+            elif answer.complete:
+                why = "the server no longer buffers them"
+            elif answer.num_frames == 0:
+                why = f"the replay socket sent nothing for {self.refill_timeout:g} s"
+            else:
+                why = "the replay answer was cut short"
             self.health.missed += lost
             self.health.last_seq = upto - 1  # what is missed stays missed; the stream goes on
-            self._notice("missed", f"{self.endpoint}: {lost} batch(es) before {upto} are lost "
-                                   f"({'the server no longer buffers them' if self.replay_endpoint else 'no replay socket'})")
+            self._notice("missed", f"{self.endpoint}: {lost} batch(es) before {upto} are lost ({why})")
+        return True
 
     def _fetch_buffer(self) -> bool:
         """On joining, fetch everything the server still buffers, so an idle server's pool
-        shows at once; batches older than its oldest buffered one are missed. False when
-        the replay socket did not answer in time (it is asked again)."""
-        got, first, complete = self._fetch(0, None)
+        shows at once, asking again from the first batch still missing while each answer
+        brings new ones. False when the replay socket did not answer (it is asked again)."""
+        start = 0 if self.health.last_seq is None else self.health.last_seq + 1
+        got = 0
+        num_missed = self.health.missed
+        while True:
+            answer = self._fetch(start, None)
+            got += answer.num_delivered
+            start = answer.next_seq
+            if answer.complete or self._stop.is_set() or not answer.can_ask_again:
+                break
         if got:
-            self.health.refilled += got
             self._notice("refilled", f"{self.endpoint}: fetched {got} buffered batch(es) from the replay socket")
-        if first:
-            self.health.missed += first
-            self._notice("missed", f"{self.endpoint}: the server no longer buffers its first {first} batch(es)")
-        if got or first:
+        if got or self.health.missed != num_missed:
             self._report()
-        return complete
+        return answer.complete or answer.num_frames > 0
 
-    def _fetch(self, start: int, upto: int | None) -> tuple[int, int | None, bool]:
-        """Deliver replayed batches from `start` (below `upto`); (how many, the first seq,
-        whether the answer was complete: an end marker or the live stream reached)."""
+    def _fetch(self, start: int, upto: int | None) -> _Answer:
+        """Ask the replay socket once, from `start`, and deliver its batches in order (below
+        `upto`, which the live stream has). Batches the answer skips are missed: the server
+        no longer buffers them.
+
+        The wait is on silence (no frame for `refill_timeout`), never on the whole answer,
+        and it does not count the time `on_batch` takes, so a slow consumer gets what a
+        fast one gets. An answer is at most the server's buffer; one that keeps sending
+        without bringing a new batch, or past `MAX_REPLAY_FRAMES`, is cut short, so a
+        replay socket that never ends does not hold the live stream hostage."""
         zmq = self._zmq
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
-        delivered = 0
-        first = None
-        complete = False
-        received = 0
-        # One deadline for the whole refill: a replay socket that never stops sending must
-        # not hold the live stream (or `--seconds`) hostage.
-        deadline = time.monotonic() + self.refill_timeout
+        answer = _Answer(start)
+        # Joining, the first live frame tells where the answer can stop; it is kept for `_run`.
+        peek = upto is None and not self._held
+        if upto is None and self._held:
+            upto = self._held_seq()
         try:
             sock.connect(self.replay_endpoint)
             sock.send_multipart((b"", seq_frame(start)))
+            quiet_since = progress_at = time.monotonic()
             while not self._stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if received:  # silence is a server not up yet; this is one that never ends
-                        self._notice("refill_timeout", f"{self.replay_endpoint}: no end marker within "
-                                                       f"{self.refill_timeout:g} s; refill cut short")
-                    break
-                if not sock.poll(int(min(left, 0.1) * 1000) + 1):
+                if peek and self._sub.poll(0):
+                    self._held.append(self._sub.recv_multipart())
+                    peek = False
+                    upto = self._held_seq()  # the answer is complete once it reaches this
+                if not sock.poll(int(min(self.refill_timeout, 0.1) * 1000) + 1):
+                    if time.monotonic() - quiet_since >= self.refill_timeout:
+                        # Asking again is worth it only if this answer brought something new.
+                        answer.can_ask_again = answer.num_delivered > 0
+                        if answer.num_frames:  # silence is a server not up yet; this one stopped
+                            then = (f"asking again from {answer.next_seq}" if answer.can_ask_again
+                                    else "refill cut short")
+                            self._notice("refill_timeout", f"{self.replay_endpoint}: no frame for "
+                                         f"{self.refill_timeout:g} s after {answer.num_delivered} new batch(es); "
+                                         f"{then}")
+                        break
                     continue
                 frames = sock.recv_multipart()
-                received += 1
-                try:
-                    reply = parse_replay(frames)
-                except MalformedFrame as exc:
-                    self._malformed(str(exc))
-                    continue
-                if reply is None:
-                    complete = True
+                answer.num_frames += 1
+                if self._take_reply(frames, answer, upto):
                     break
-                seq, payload = reply
-                last = self.health.last_seq
-                if upto is not None and seq >= upto:
-                    complete = True
-                    break  # the live stream has these
-                if seq < start or (last is not None and seq <= last):
-                    continue
-                if self._deliver(seq, payload):
-                    delivered += 1
-                    first = seq if first is None else first
+                quiet_since = time.monotonic()  # after on_batch returned: its time is not silence
+                if answer.delivered_last:
+                    progress_at = quiet_since
+                elif quiet_since - progress_at >= self.refill_timeout:
+                    self._notice("refill_timeout", f"{self.replay_endpoint}: {self.refill_timeout:g} s of "
+                                                   "frames without a new batch; refill cut short")
+                    break
+                if answer.num_frames >= MAX_REPLAY_FRAMES:
+                    self._notice("refill_timeout", f"{self.replay_endpoint}: the answer ran past "
+                                                   f"{MAX_REPLAY_FRAMES} frames; refill cut short")
+                    break
         finally:
             sock.close(linger=0)
-        return delivered, first, complete
+        return answer
+
+    def _take_reply(self, frames: list[bytes], answer: _Answer, upto: int | None) -> bool:
+        """One replay frame into `answer`; True when the answer is complete."""
+        answer.delivered_last = False
+        try:
+            reply = parse_replay(frames)
+        except MalformedFrame as exc:
+            self._malformed(str(exc))
+            return False
+        if reply is None:
+            answer.complete = True
+            return True
+        seq, payload = reply
+        if upto is not None and seq >= upto:
+            answer.complete = True
+            return True  # the live stream has these
+        if seq < answer.next_seq:
+            return False  # already delivered (vLLM's answer only goes forward)
+        if seq - answer.next_seq > MAX_SEQ_JUMP:
+            self._malformed(f"replayed sequence {seq} jumps past {answer.next_seq}")
+            return False
+        if seq > answer.next_seq:
+            # vLLM answers with everything it buffers from the asked seq on, in order: what it
+            # skips it no longer has (or sent malformed), and asking again would not bring it.
+            lost = seq - answer.next_seq
+            self.health.missed += lost
+            self.health.last_seq = seq - 1  # counted once: nobody asks for these again
+            self._notice("missed", f"{self.endpoint}: {lost} batch(es) from {answer.next_seq} are lost "
+                                   "(the server no longer buffers them)")
+            answer.next_seq = seq
+        if self._deliver(seq, payload, replayed=True):
+            answer.next_seq = seq + 1
+            answer.num_delivered += 1
+            answer.delivered_last = True
+        return False
+
+    def _held_seq(self) -> int | None:
+        """The seq of the first live frame held back while joining (None if unreadable)."""
+        try:
+            return parse_pub(self._held[0])[1]
+        except MalformedFrame:
+            return None  # `handle` counts it when it gets there
 
     def _reconnect(self) -> None:
         self.num_reconnects += 1
@@ -307,8 +390,8 @@ class VllmSubscriber:
     def _run(self) -> None:
         zmq = self._zmq
         sub = self._sub
-        # Until the replay socket has answered once (a server that is not up yet) and while
-        # nothing came live, ask it again every second.
+        # Until the replay socket has answered (a server that is not up yet) and while nothing
+        # came live, ask it again every second.
         joining = self.replay_endpoint is not None
         next_ask = 0.0
         poller = zmq.Poller()
@@ -318,8 +401,11 @@ class VllmSubscriber:
         while not self._stop.is_set():
             try:
                 if joining and time.monotonic() >= next_ask:
-                    joining = self.health.last_seq is None and not self._fetch_buffer()
+                    joining = self._live_seq is None and not self._fetch_buffer()
                     next_ask = time.monotonic() + 1.0
+                if self._held:  # live frames read while the join was being fetched
+                    self.handle(self._held.popleft())
+                    continue
                 ready = dict(poller.poll(100))
                 if self._monitor is not None and self._monitor in ready:
                     self._monitor.recv_multipart()
@@ -331,3 +417,18 @@ class VllmSubscriber:
                     return
                 self.health.last_error = f"{type(exc).__name__}: {exc}"
                 self._notice("error", f"{self.endpoint}: {self.health.last_error}")
+
+
+@dataclass(slots=True)
+class _Answer:
+    """What one replay request brought. `next_seq` is the first batch still missing;
+    `complete`: the end marker came, or a batch the live stream has; `can_ask_again`: it
+    stopped in silence after bringing new batches (asking again from `next_seq` may bring
+    the rest)."""
+
+    next_seq: int
+    num_delivered: int = 0
+    num_frames: int = 0
+    complete: bool = False
+    can_ask_again: bool = False
+    delivered_last: bool = False
