@@ -13,10 +13,9 @@ import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from PySide6.QtCore import QObject, QSettings, Signal
-from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
+from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
 
 from app.bridge import EngineBridge
 from app.state import PoolState
@@ -167,7 +166,10 @@ class AppContext(QObject):
         self.remote_tokenizer: Any = None
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
-        self.dialog_parent: QWidget | None = None
+        # How the window asks and tells (modal message boxes); None: nobody to ask, so the
+        # context answers yes and writes errors to stderr. The context itself draws nothing.
+        self.ask_dialog: Callable[[str, str], bool] | None = None  # (title, text) -> yes?
+        self.error_dialog: Callable[[str, str], None] | None = None  # (title, text)
         self._at_shutdown: list[Any] = []
 
     # ------------------------------------------------------------------ engines
@@ -203,14 +205,11 @@ class AppContext(QObject):
             return True
         if self.answer_replace is not None:
             return self.answer_replace
-        if self.suppress_dialogs or QApplication.instance() is None:
+        if self.suppress_dialogs or self.ask_dialog is None:
             return True
         text = (f"Opening {new_title} replaces {self.subject.describe()}, which is not saved "
                 f"(its messages live only in this window). Replace it?")
-        answer = QMessageBox.question(self.dialog_parent, "Replace the current subject?", text,
-                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
-                                      QMessageBox.StandardButton.Cancel)
-        return answer == QMessageBox.StandardButton.Yes
+        return self.ask_dialog("Replace the current subject?", text)
 
     def open_subject(self, subject: Subject, ask: bool = True) -> bool:
         """Make `subject` current (asking first if unsaved work would be replaced); False if
@@ -269,10 +268,10 @@ class AppContext(QObject):
     def show_error(self, text: str, title: str = "Cachescope") -> None:
         text = str(text).strip() or "Something went wrong."
         self.errors.append(text)
-        if self.suppress_dialogs or QApplication.instance() is None:
+        if self.suppress_dialogs or self.error_dialog is None:
             sys.stderr.write(f"cachescope: {text}\n")
             return
-        QMessageBox.warning(self.dialog_parent, title, text)
+        self.error_dialog(title, text)
 
     def at_shutdown(self, fn: Any) -> None:
         """Call `fn()` at shutdown, after the worker stopped and before the store closes
@@ -299,7 +298,7 @@ def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> A
     Settings go to an INI file in `tmp_dir` (a fresh temporary directory by default), so
     tests never touch the user's real settings.
     """
-    if QApplication.instance() is None:
+    if QCoreApplication.instance() is None:
         raise RuntimeError("create a QApplication first (pytest-qt's qapp or qtbot fixture)")
     folder = Path(tmp_dir) if tmp_dir is not None else Path(tempfile.mkdtemp(prefix="cachescope-test-"))
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QByteArray, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow,
+from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox,
                                QProgressBar, QPushButton, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem,
                                QToolBar, QVBoxLayout, QWidget)
 
@@ -75,7 +75,8 @@ class MainWindow(QMainWindow):
                  num_blocks: int = 256, block_size: int = 16) -> None:
         super().__init__()
         self.ctx = ctx
-        ctx.dialog_parent = self
+        ctx.ask_dialog = self._ask
+        ctx.error_dialog = lambda title, text: QMessageBox.warning(self, title, text)
         ctx.model_name = model
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -114,6 +115,11 @@ class MainWindow(QMainWindow):
         self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
         if load_model:
             QTimer.singleShot(0, self.start_model_load)
+
+    def _ask(self, title: str, text: str) -> bool:
+        buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel
+        return QMessageBox.question(self, title, text, buttons, QMessageBox.StandardButton.Cancel) \
+            == QMessageBox.StandardButton.Yes
 
     # ------------------------------------------------------------------ construction
     def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
