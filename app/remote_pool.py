@@ -1,9 +1,10 @@
 """What a remote vLLM pool adds to the projection: the tier, rank and store time of each slot.
 
-`PoolProjection` places a remote block (vLLM names hashes, never block ids) in a slot of
-its own; `RemoteOverlay` keeps, per slot, what the views need beyond that in numpy arrays
-(so a million-block pool colours in a few milliseconds), plus the per-second rates and
-block lifetimes of the timelines and metrics. Qt-free; `app.state.PoolState` feeds it.
+`PoolProjection` places each remote copy of a block (vLLM names hashes, never block ids)
+in a slot of its own; `RemoteOverlay` keeps, per slot, what the views need beyond that in
+numpy arrays (so a million-block pool colours in a few milliseconds), plus the per-second
+rates and block lifetimes of the timelines and metrics. Qt-free; `app.state.PoolState`
+feeds it.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class RemoteOverlay:
     """
 
     __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
-                 "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed", "_times_of",
-                 "_slots_of_removed", "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
+                 "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
+                 "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
                  "_touched", "revision", "_counts")
 
     def __init__(self) -> None:
@@ -88,8 +89,6 @@ class RemoteOverlay:
         self.last_reset_time: float | None = None
         self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
         self._removed: dict[tuple[bytes, str], None] = {}  # (hash, tier) removed, oldest first
-        self._times_of: dict[bytes, float] = {}
-        self._slots_of_removed: list[int] = []
         # Cached blocks per tier over time: one sample per applied batch, at most every
         # SAMPLE_EVERY_S of wall time once the pool is large (a sample costs a pass over it).
         self.sample_times = array("d")
@@ -128,34 +127,21 @@ class RemoteOverlay:
         return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
 
     def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
-        """Walk the batch in order while the projection still holds what it removes: the
-        slots it empties and the lifetime of each removed block (from its latest store)."""
-        stored_at, stored_in_batch, slots = self.stored_at, self._times_of, self._slots_of_removed
-        stored_in_batch.clear()
-        slots.clear()
-        add_life = self.lifetimes.append
-        for e in events:
-            if type(e) is BlockStored:
-                stored_in_batch[e.block_hash] = time_of(e)
-            elif type(e) is BlockEvicted:
-                h = e.block_hash
-                b = projection.block_of_hash(h)
-                if b is not None and b < len(stored_at):
-                    slots.append(b)
-                t0 = stored_in_batch.pop(h, None)
-                if t0 is None and b is not None and b < len(stored_at):
-                    t0 = float(stored_at[b])
-                if t0 is not None:
-                    add_life(max(0.0, time_of(e) - t0))
+        """Arm the projection to report the slot each stored or removed block takes or
+        frees in this batch (a hash can have several copies, so its hash does not say)."""
+        projection.remote_slots = []
 
     def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
         """Record a batch the projection has just applied (call `before` first)."""
         self.revision += 1
         self._grow(projection.num_blocks)
+        slots = projection.remote_slots or []
+        projection.remote_slots = None
         tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
         removed, touched = self._removed, self._touched
-        add_stored, add_removed = self.stored_times.append, self.removed_times.append
+        add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
         reset = False
+        k = 0  # the next entry of `slots`: one per BlockStored and BlockEvicted, in order
         for e in events:
             cls = type(e)
             if cls is BlockStored:
@@ -165,8 +151,9 @@ class RemoteOverlay:
                 if key in removed:  # the same tier again: computed twice (another tier: offloaded)
                     del removed[key]
                     self.num_stored_again += 1
-                b = projection.block_of_hash(e.block_hash)
-                if b is not None:
+                b = slots[k] if k < len(slots) else -1
+                k += 1
+                if b >= 0:
                     code = self.tier_code(tier_of(e))
                     tier[b] = code
                     rank[b] = rank_of(e)
@@ -179,6 +166,12 @@ class RemoteOverlay:
                 removed[(e.block_hash, tier_of(e))] = None
                 if len(removed) > MAX_REMEMBERED_REMOVALS:  # forget the oldest removal
                     del removed[next(iter(removed))]
+                b = slots[k] if k < len(slots) else -1
+                k += 1
+                if b >= 0 and base[b]:  # the copy's lifetime, from its own store
+                    add_life(max(0.0, t - float(stored_at[b])))
+                    base[b] = 0
+                    touched.append(b)
             elif cls is CacheReset:
                 t = self.last_reset_time = time_of(e)
                 self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
@@ -190,12 +183,6 @@ class RemoteOverlay:
             held = np.frombuffer(projection.hashed, dtype=np.uint8, count=n)
             base[:n][held == 0] = 0
             self._codes_second = None
-        hashes = projection.hashes
-        for b in self._slots_of_removed:
-            if hashes[b] is None:  # removed and not stored again in this batch
-                base[b] = 0
-                touched.append(b)
-        self._times_of.clear()
         last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
                         self.removed_times[-1] if self.removed_times else 0.0)
         self._sample(projection, last_time)

@@ -1,8 +1,9 @@
 """The pool as the event stream tells it: a projection rebuilt purely from engine events.
 
 `PoolProjection` follows one engine's events (or a remote vLLM pool's stored/removed/
-cleared events, where block ids may be unknown); `EventLog` keeps every event with
-checkpoints so the pool at any past seq is rebuilt fast. No Qt, no torch.
+cleared events, where block ids may be unknown and each stored copy of a hash takes a
+slot of its own); `EventLog` keeps every event with checkpoints so the pool at any past
+seq is rebuilt fast. No Qt, no torch.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class PoolProjection:
         "tenants", "external_ids", "last_used", "last_seq", "evicted_seq", "hashed", "free", "by_hash",
         "running", "requests", "order", "counters", "use_clock", "seq", "num_events",
         "num_in_use", "num_cached_free", "num_hashed", "ref_hist", "last_request_id",
-        "num_resets", "last_eviction_seq", "vacant", "slot_ranks",
+        "num_resets", "last_eviction_seq", "vacant", "slot_ranks", "slot_places", "places", "remote_slots",
     )
 
     def __init__(self, num_blocks: int = 0, block_size: int = 16) -> None:
@@ -164,6 +165,13 @@ class PoolProjection:
         # The data-parallel rank that stored each slot, once a remote event names one; a
         # rank's AllBlocksCleared (or restart) clears only its own blocks from the combined pool.
         self.slot_ranks: list[int] | None = None
+        # Where each remote slot's copy lives: 1 + its index in `places`, a (tier, KV cache
+        # group) pair; 0 when unknown (matches any). A removal frees a copy of its own place.
+        self.slot_places: bytearray | None = None
+        self.places: list[tuple[str, int]] = []
+        # While a list (a caller such as the app's remote overlay arms it around one batch),
+        # every BlockStored and BlockEvicted appends the slot it filled or freed (-1: none).
+        self.remote_slots: list[int] | None = None
         self._grow(num_blocks)
 
     # ------------------------------------------------------------------ queries
@@ -248,6 +256,7 @@ class PoolProjection:
             elif isinstance(value, Counters):
                 value = dataclasses.replace(value)
             setattr(new, name, value)
+        new.remote_slots = None  # belongs to the batch being applied to this projection
         return new
 
     # ------------------------------------------------------------------ applying events
@@ -286,6 +295,8 @@ class PoolProjection:
                 self.vacant.append(start)
             if self.slot_ranks is not None:
                 self.slot_ranks.append(-1)
+            if self.slot_places is not None:
+                self.slot_places.append(0)
             return
         self.ref_counts.extend([0] * n)
         for lst in (self.hashes, self.parents, self.salts, self.tenants, self.external_ids):
@@ -300,6 +311,8 @@ class PoolProjection:
         self.num_blocks = num_blocks
         if self.slot_ranks is not None:
             self.slot_ranks.extend([-1] * n)
+        if self.slot_places is not None:
+            self.slot_places.extend(bytes(n))
         if self.vacant is not None:
             self.vacant.extend(range(num_blocks - 1, start - 1, -1))
 
@@ -345,14 +358,12 @@ class PoolProjection:
             if self.vacant is not None:
                 self.vacant.append(b)
 
-    def _slot_for_remote(self, block_hash: bytes) -> int:
-        # vLLM's events carry hashes, not block ids: reuse the slot of that hash, else
-        # take the first empty free slot, else grow the pool by one.
+    def _slot_for_remote(self) -> int:
+        # vLLM's events carry hashes, not block ids, and vLLM keeps one physical block per
+        # copy of a hash (RemotePool counts them): every store takes a slot of its own, the
+        # first empty free slot, else grows the pool by one.
         # A scan of the free queue for an empty slot made a pool of N blocks cost N^2:
         # the vacant stack (built by one scan on the first remote store) makes it O(1).
-        holder = self.block_of_hash(block_hash)
-        if holder is not None:
-            return holder
         if self.vacant is None:
             self.vacant = [b for b in reversed(self.free) if self.hashes[b] is None]
         vacant = self.vacant
@@ -401,10 +412,48 @@ class PoolProjection:
             self.last_used[b] = self.use_clock
             self.last_seq[b] = e.seq
 
+    def _place_of(self, medium: str, group: int | None) -> int:
+        key = (medium, group or 0)
+        places = self.places
+        try:
+            return places.index(key) + 1  # a handful of (tier, group) pairs at most
+        except ValueError:
+            if len(places) >= 255:
+                return 0
+            places.append(key)
+            return len(places)
+
+    def _slot_of_copy(self, e: BlockEvicted) -> int | None:
+        """The slot a removal frees: the oldest copy of its hash in its rank, tier and KV
+        cache group (a removal naming no group takes any group's, group 0 first)."""
+        holders = self.by_hash.get(e.block_hash)
+        if not holders:
+            return None
+        info = e.remote
+        places, ranks = self.slot_places, self.slot_ranks
+        if info is None or places is None or ranks is None:
+            return holders[0]
+        medium, group, rank = info.medium, info.group_idx, info.rank
+        fallback = None
+        for b in holders:
+            code = places[b]
+            if ranks[b] != rank and ranks[b] >= 0:
+                continue
+            if code == 0:
+                return b
+            m, g = self.places[code - 1]
+            if m != medium:
+                continue
+            if g == (group or 0):
+                return b
+            if group is None and fallback is None:
+                fallback = b
+        return fallback
+
     def _on_stored(self, e: BlockStored) -> None:
         b = e.block_id
         if b is None or b < 0:
-            b = self._slot_for_remote(e.block_hash)
+            b = self._slot_for_remote()
         elif b >= self.num_blocks:
             self._grow(b + 1)
         if self.hashes[b] is not None:
@@ -420,7 +469,10 @@ class PoolProjection:
         if e.remote is not None:
             if self.slot_ranks is None:
                 self.slot_ranks = [-1] * self.num_blocks
+            if self.slot_places is None:
+                self.slot_places = bytearray(self.num_blocks)
             self.slot_ranks[b] = e.remote.rank
+            self.slot_places[b] = self._place_of(e.remote.medium, e.remote.group_idx)
         self.hashed[b] = 1
         self.num_hashed += 1
         if self.ref_counts[b] == 0:
@@ -428,6 +480,8 @@ class PoolProjection:
             # Only a remote pool stores into an unreferenced block: count it as just used.
             self.free.append(b)
         self.counters.num_stored_blocks += 1
+        if self.remote_slots is not None:
+            self.remote_slots.append(b)
 
     def _on_freed(self, e: BlocksFreed) -> None:
         # As the manager's free_blocks: hashless blocks to the head, cached ones to the tail.
@@ -443,9 +497,11 @@ class PoolProjection:
     def _on_evicted(self, e: BlockEvicted) -> None:
         b = e.block_id
         if b is None or not 0 <= b < self.num_blocks or self.hashes[b] != e.block_hash:
-            b = self.block_of_hash(e.block_hash)
-            if b is None:
-                return
+            b = self._slot_of_copy(e)
+        if self.remote_slots is not None:
+            self.remote_slots.append(-1 if b is None else b)
+        if b is None:
+            return
         # Taking a free block for new data is an eviction; an aborted request dropping
         # its own in-use blocks is not counted as one, as in the manager.
         if self.ref_counts[b] == 0:

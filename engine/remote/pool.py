@@ -3,7 +3,9 @@
 `RemotePool.apply(batch)` updates a compact per-tier model (GPU, CPU, STORAGE) and, when
 anyone listens on its bus, emits Cachescope's own `BlockStored`, `BlockEvicted` and
 `CacheReset` carrying a `RemoteInfo`, so the same views, store and projections show a
-server's pool. `CombinedPool` answers for all ranks at once. No sockets, no Qt here.
+server's pool. A hash can be held by several physical copies (vLLM does not dedupe
+identical blocks); the pool counts them. `CombinedPool` answers for all ranks at once.
+No sockets, no Qt here.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ _U32 = "I" if array("I").itemsize == 4 else "L"
 
 
 class RemoteBlock:
-    """One cached block of a remote tier. Kept small (about 260 bytes with 16 token ids):
-    a server holds up to millions of them. `parent` is the parent's RemoteBlock when it was
-    tracked at store time (its hash object is shared, not copied), else the parent's hash
-    bytes; a removed parent stays reachable only through its cached children."""
+    """One hash cached on a remote tier, however many physical copies hold it (their count
+    is in `RemotePool.copies`, kept only for the rare hash that is not exactly one copy in
+    KV cache group 0). Kept small (about 260 bytes with 16 token ids): a server holds up to
+    millions of them. The fields describe the first copy stored. `parent` is the parent's
+    RemoteBlock when it was tracked at store time (its hash object is shared, not copied),
+    else the parent's hash bytes; a removed parent stays reachable only through its cached
+    children."""
 
     __slots__ = ("block_hash", "parent", "tokens", "stored_seq", "stored_time", "tenant")
 
@@ -66,7 +71,9 @@ def salt_of(extra_keys: Any, lora_name: str | None) -> str | None:
 
 @dataclass(slots=True)
 class LifetimeStats:
-    """Seconds from stored to removed (server batch clocks), summed for the metrics view."""
+    """How long a tier held a hash: seconds from its first copy stored to its last copy
+    removed (server batch clocks), one entry per hash that left a tier, summed for the
+    metrics view."""
 
     num: int = 0
     total_s: float = 0.0
@@ -87,9 +94,21 @@ class LifetimeStats:
 class RemotePool:
     """One rank of one server: cached blocks per tier, counters, and recent removals.
 
-    Not thread-safe: the `Attachment` applies batches under its lock, and readers (views,
-    probes) take the same lock. `removed_at` remembers, for the last `max_removed`
-    removals, hash -> (event seq or None when nobody listened, vLLM batch seq).
+    A copy is one physical block of the server holding a hash; copies are counted per
+    (tier, KV cache group, hash), the group being vLLM's `group_idx` (None is group 0).
+    vLLM keeps one block per request that computed it (two concurrent requests with one
+    prompt, a regenerated block-aligned prompt) and sends one BlockStored and one
+    BlockRemoved per copy; the offloading connector announces a shared prefix once per
+    chunk and asks consumers to count the announcements. So a BlockStored of a hash the
+    tier/group holds adds a copy, a BlockRemoved takes one away, and the hash leaves the
+    tier with its last copy. The exception is vLLM's reuse report (`_is_reuse_report`).
+
+    `tiers[medium][hash]` is the hash's RemoteBlock; `copies[(medium, hash)]` lists copies
+    per group index, only for hashes that are not exactly one copy in group 0, so the
+    common block costs nothing more. Not thread-safe: the `Attachment` applies batches under
+    its lock, and readers (views, probes) take the same lock. `removed_at` remembers, for
+    the last `max_removed` hashes that left a tier, hash -> (event seq or None when nobody
+    listened, vLLM batch seq).
     """
 
     source: str
@@ -101,26 +120,44 @@ class RemotePool:
     tenants: set[str] = field(default_factory=set)
     block_size: int | None = None
     num_batches: int = 0
-    num_stored: int = 0
-    num_removed: int = 0
+    num_stored: int = 0  # copies stored (each block of a BlockStored, reuse reports aside)
+    num_removed: int = 0  # blocks a BlockRemoved named (known to the pool or not)
     num_cleared: int = 0
-    num_unknown_removed: int = 0  # removals of blocks stored before we joined (or missed)
-    num_restored: int = 0  # BlockStored of a hash the tier already held (a re-store, e.g. after offload)
+    # removals of a copy the tier/group did not hold: stored before we joined (or missed)
+    num_unknown_removed: int = 0
+    num_restored: int = 0  # stores of a hash the tier/group already held: copies beyond the first
+    num_reported: int = 0  # blocks re-announced by a reuse report (held already; no copy added)
     last_batch_seq: int | None = None
     last_batch_time: float | None = None
     lifetimes: LifetimeStats = field(default_factory=LifetimeStats)
+    copies: dict[tuple[str, bytes], list[int]] = field(default_factory=dict)
+    num_extra_copies: dict[str, int] = field(default_factory=dict)  # per tier: copies beyond one per hash
 
     # ---- reading ---------------------------------------------------------------------
 
     @property
     def num_cached(self) -> int:
-        """Blocks held, counting a hash once per tier that holds it."""
-        return sum(len(t) for t in self.tiers.values())
+        """Physical blocks held on every tier: each copy of a hash counts."""
+        return sum(len(t) for t in self.tiers.values()) + sum(self.num_extra_copies.values())
 
     def num_cached_in(self, medium: str) -> int:
-        return len(self.tiers.get(medium, ()))
+        """Physical blocks held on one tier (each copy counts; `len(tiers[medium])` is hashes)."""
+        return len(self.tiers.get(medium, ())) + self.num_extra_copies.get(medium, 0)
+
+    def num_copies(self, block_hash: bytes, medium: str = MEDIUM_DEFAULT, group: int | None = None) -> int:
+        """Copies of `block_hash` held on `medium`, in KV cache `group` (every group for None)."""
+        tier = self.tiers.get(medium)
+        if not tier or block_hash not in tier:
+            return 0
+        counts = self.copies.get((medium, block_hash))
+        if counts is None:
+            return 1 if not group else 0
+        if group is None:
+            return sum(counts)
+        return counts[group] if group < len(counts) else 0
 
     def cached_hashes(self) -> set[bytes]:
+        """Every hash held on some tier (once, however many copies)."""
         out: set[bytes] = set()
         for tier in self.tiers.values():
             out.update(tier)
@@ -144,6 +181,7 @@ class RemotePool:
         return None
 
     def blocks(self) -> Iterator[tuple[str, RemoteBlock]]:
+        """(tier, block) per hash held on a tier; copies are counted by `num_copies`."""
         for medium, tier in self.tiers.items():
             for block in tier.values():
                 yield medium, block
@@ -158,10 +196,10 @@ class RemotePool:
         self.last_batch_time = batch.ts
         out: list[Event] = []
         emit = self.events.active
-        for e in batch.events:
+        for i, e in enumerate(batch.events):
             info = self._info(batch, e) if emit else None
             if e.kind == "BlockStored":
-                self._stored(e, batch, info, out)
+                self._stored(e, batch, i, info, out)
             elif e.kind == "BlockRemoved":
                 self._removed(e, batch, info, out)
             else:
@@ -184,7 +222,8 @@ class RemotePool:
                           extra_keys=e.extra_keys, locality=e.locality, session_id=e.session_id,
                           block_size=e.block_size or None)
 
-    def _stored(self, e: VllmEvent, batch: VllmBatch, info: RemoteInfo | None, out: list[Event]) -> None:
+    def _stored(self, e: VllmEvent, batch: VllmBatch, index: int, info: RemoteInfo | None,
+                out: list[Event]) -> None:
         hashes = e.block_hashes
         if not hashes:
             return
@@ -192,6 +231,13 @@ class RemotePool:
         tier = self.tiers.get(medium)
         if tier is None:
             tier = self.tiers[medium] = {}
+        group = e.group_idx or 0
+        parent_hash = e.parent_block_hash
+        if parent_hash is None and medium == MEDIUM_DEFAULT and hashes[0] in tier \
+                and all(self.num_copies(h, medium, group) for h in hashes) \
+                and self._is_reuse_report(batch, index, hashes[-1], group):
+            self.num_reported += len(hashes)
+            return
         bs = e.block_size or (len(e.token_ids) // len(hashes))
         if bs:
             self.block_size = bs
@@ -199,7 +245,6 @@ class RemotePool:
         if not raw and e.token_ids:  # built in code rather than decoded from the wire
             raw = array(_U32, e.token_ids).tobytes()
         step = 4 * bs
-        parent_hash = e.parent_block_hash
         parent: RemoteBlock | bytes | None = parent_hash
         tenant = None
         if parent_hash is not None:
@@ -210,15 +255,16 @@ class RemotePool:
                 parent, tenant = found, found.tenant
         extra = e.extra_keys
         removed_at = self.removed_at
-        if info is None and extra is None:
-            # The fast path (nobody listening, no salt): what `bench attach` measures.
-            seq, ts, pop, before = batch.seq, batch.ts, removed_at.pop, len(tier)
+        if info is None and extra is None and not group:
+            # The fast path (nobody listening, no salt, group 0): what `bench attach` measures.
+            seq, ts, pop, keep = batch.seq, batch.ts, removed_at.pop, tier.setdefault
             for i, h in enumerate(hashes):
-                block = RemoteBlock(h, parent, raw[i * step:(i + 1) * step], seq, ts, tenant)
-                tier[h] = block
+                new = RemoteBlock(h, parent, raw[i * step:(i + 1) * step], seq, ts, tenant)
+                block = keep(h, new)
+                if block is not new:  # held already: one more copy
+                    self._add_copy(medium, h, 0)
                 pop(h, None)
                 parent = block
-            self.num_restored += len(hashes) - (len(tier) - before)
             self.num_stored += len(hashes)
             return
         rid = f"{self.source}#{batch.seq}"
@@ -228,49 +274,135 @@ class RemotePool:
                 if salt is not None:
                     tenant = salt
                     self.tenants.add(salt)
-            if h in tier:
-                self.num_restored += 1
-            block = RemoteBlock(h, parent, raw[i * step:(i + 1) * step], batch.seq, batch.ts, tenant)
-            tier[h] = block
+            new = RemoteBlock(h, parent, raw[i * step:(i + 1) * step], batch.seq, batch.ts, tenant)
+            block = tier.setdefault(h, new)
+            if block is not new:
+                self._add_copy(medium, h, group)
+            elif group:
+                self.copies[(medium, h)] = [0] * group + [1]
             if removed_at:
                 removed_at.pop(h, None)
             self.num_stored += 1
             if info is not None:
                 ev = self.events.emit(BlockStored, request_id=rid, block_id=-1, block_hash=h,
-                                      parent_hash=block.parent_hash, token_ids=block.token_ids, salt=tenant,
+                                      parent_hash=new.parent_hash, token_ids=new.token_ids, salt=tenant,
                                       remote=info)
                 if ev is not None:
                     out.append(ev)
             parent = block
 
+    def _is_reuse_report(self, batch: VllmBatch, index: int, last: bytes, group: int) -> bool:
+        """Whether a GPU BlockStored without a parent, every block of which the group holds
+        already, is vLLM's reuse report rather than new copies.
+
+        With `kv_cache_report_mode="full"` vLLM re-announces the blocks a request hit, from
+        block 0 without a parent, in the same BlockStored that new copies arrive in: nothing
+        on the wire tells them apart. After its hit a request stores the blocks that follow,
+        in the same step, so a report is a store whose next GPU store of that group in the
+        batch has its `last` block for parent; once the server has sent one, every store of
+        its shape is read as a report. Copies of that shape are rare (a prompt of exactly
+        one block computed again, a request that skipped the prefix-cache lookup, such as
+        one asking for prompt logprobs): on a server that has sent reports they are missed,
+        and their removal counts as unknown. A report before the server's first continued
+        one (every full block of the prompt hit) is read as copies and stays counted.
+        """
+        if self.num_reported:
+            return True
+        for later in batch.events[index + 1:]:
+            if later.kind == "BlockStored" and (later.medium or MEDIUM_DEFAULT) == MEDIUM_DEFAULT \
+                    and (later.group_idx or 0) == group:
+                return later.parent_block_hash == last
+        return False
+
+    def _add_copy(self, medium: str, h: bytes, group: int) -> None:
+        """One more copy of a hash the tier holds, in KV cache `group`."""
+        key = (medium, h)
+        counts = self.copies.get(key)
+        if counts is None:
+            counts = self.copies[key] = [1]  # the one copy so far, in group 0
+        if group >= len(counts):
+            counts.extend([0] * (group + 1 - len(counts)))
+        if counts[group]:
+            self.num_restored += 1
+        counts[group] += 1
+        self.num_extra_copies[medium] = self.num_extra_copies.get(medium, 0) + 1
+
+    def _remove_copy(self, tier: dict[bytes, RemoteBlock], medium: str, h: bytes,
+                     group: int | None) -> tuple[bool, RemoteBlock | None]:
+        """Take one copy of `h` in `group` (None: any group, group 0 first) off the tier:
+        (whether the tier/group held one, the block when that was the hash's last copy)."""
+        block = tier.get(h)
+        if block is None:
+            return False, None
+        key = (medium, h)
+        counts = self.copies.get(key)
+        if counts is None:  # one copy, in group 0
+            if group:
+                return False, None
+            del tier[h]
+            return True, block
+        if group is None:
+            group = next(g for g, n in enumerate(counts) if n)
+        if group >= len(counts) or not counts[group]:
+            return False, None
+        counts[group] -= 1
+        left = sum(counts)
+        if not left:
+            del self.copies[key]
+            del tier[h]
+            return True, block
+        self.num_extra_copies[medium] -= 1
+        if left == 1 and counts[0]:
+            del self.copies[key]  # back to the common case: one copy in group 0
+        return True, None
+
     def _removed(self, e: VllmEvent, batch: VllmBatch, info: RemoteInfo | None, out: list[Event]) -> None:
-        tier = self.tiers.get(e.medium or MEDIUM_DEFAULT)
-        if info is None:
+        medium = e.medium or MEDIUM_DEFAULT
+        tier = self.tiers.get(medium)
+        group = e.group_idx
+        if info is None and not group:
             # The fast path: one shared (event, batch) pair, the lifetime sums inline.
             removed_at, key, ts, life = self.removed_at, (None, batch.seq), batch.ts, self.lifetimes
             pop = tier.pop if tier is not None else {}.pop
+            copies = self.copies
             for h in e.block_hashes:
-                block = pop(h, None)
-                if block is None:
-                    self.num_unknown_removed += 1
+                if copies and (medium, h) in copies:  # several copies, or one outside group 0
+                    held, block = self._remove_copy(tier, medium, h, group)
+                    if not held:
+                        self.num_unknown_removed += 1
+                        continue
+                    if block is None:  # another copy still holds it
+                        continue
                 else:
-                    seconds = ts - block.stored_time
-                    if seconds > 0:  # LifetimeStats.add, inlined: this loop runs per removed block
-                        life.total_s += seconds
-                        if seconds > life.max_s:
-                            life.max_s = seconds
-                    life.num += 1
+                    block = pop(h, None)
+                    if block is None:
+                        self.num_unknown_removed += 1
+                        removed_at[h] = key
+                        continue
+                seconds = ts - block.stored_time
+                if seconds > 0:  # LifetimeStats.add, inlined: this loop runs per removed block
+                    life.total_s += seconds
+                    if seconds > life.max_s:
+                        life.max_s = seconds
+                life.num += 1
                 removed_at[h] = key
             self.num_removed += len(e.block_hashes)
             while len(removed_at) > self.max_removed:
                 removed_at.popitem(last=False)
             return
         rid = f"{self.source}#{batch.seq}"
+        copies = self.copies
         for h in e.block_hashes:
-            block = tier.pop(h, None) if tier is not None else None
-            if block is None:
+            if tier is None:
+                held, block = False, None
+            elif group or (copies and (medium, h) in copies):
+                held, block = self._remove_copy(tier, medium, h, group)
+            else:  # one copy in group 0, the common case
+                block = tier.pop(h, None)
+                held = block is not None
+            if not held:
                 self.num_unknown_removed += 1
-            else:
+            elif block is not None:
                 self.lifetimes.add(batch.ts - block.stored_time)
             self.num_removed += 1
             seq = None
@@ -279,7 +411,8 @@ class RemotePool:
                 if ev is not None:
                     out.append(ev)
                     seq = ev.seq
-            self._remember_removal(h, seq, batch.seq)
+            if tier is None or h not in tier:  # the hash left the tier (or was never known there)
+                self._remember_removal(h, seq, batch.seq)
 
     def _remember_removal(self, h: bytes, event_seq: int | None, batch_seq: int) -> None:
         removed_at = self.removed_at
@@ -292,7 +425,7 @@ class RemotePool:
         num = 0
         seq = None
         if info is not None:
-            num = sum(len(self.tiers.get(m, ())) for m in tiers)
+            num = sum(self.num_cached_in(m) for m in tiers)
             ev = self.events.emit(CacheReset, num_blocks_cleared=num, remote=info)
             if ev is not None:
                 out.append(ev)
@@ -300,9 +433,15 @@ class RemotePool:
         batch_seq = info.batch_seq if info is not None else (self.last_batch_seq or -1)
         for m in tiers:
             tier = self.tiers.pop(m, None)
+            self.num_extra_copies.pop(m, None)
             if tier:
                 for h in tier:
                     self._remember_removal(h, seq, batch_seq)
+        if medium is None:
+            self.copies.clear()
+        elif self.copies:
+            for key in [k for k in self.copies if k[0] == medium]:
+                del self.copies[key]
         self.num_cleared += 1
 
 
