@@ -91,8 +91,8 @@ def tiny_model(default_tokenizer):
 @pytest.fixture
 def window(qtbot, tmp_path):
     """The main window on a test context (settings in tmp_path), without a model."""
-    from app.context import make_test_context
-    from app.main_window import MainWindow
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
 
     ctx = make_test_context(tmp_path)
     win = MainWindow(ctx, load_model=False)

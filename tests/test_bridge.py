@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.bridge import MAX_BATCH, EngineBridge
+from app.runtime.bridge import MAX_BATCH, EngineBridge
 from engine.core.events import BlockEvicted, EventBus, RequestStarted
 from engine.core.replay import ReplayConfig, replay
 from engine.core.trace import TraceRequest

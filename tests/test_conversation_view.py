@@ -7,9 +7,9 @@ import json
 import pytest
 from PySide6.QtCore import QPoint
 
-from app.context import make_test_context
-from app.views.conversation_view import ConversationView, MessageCard
-from app.views.token_strip import StripData, TokenStrip
+from app.runtime.context import make_test_context
+from app.views.chat.conversation_view import ConversationView, MessageCard
+from app.views.chat.token_strip import StripData, TokenStrip
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6
@@ -172,7 +172,7 @@ def test_token_strip_paints_blocks_and_answers_hover(qtbot):
 
 
 def test_window_loads_the_model_on_the_worker_and_a_chat_reaches_every_view(qtbot, tmp_path):
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     ctx = make_test_context(tmp_path)
     progress: list[tuple[str, float]] = []

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.demo_runner import install_demos  # noqa: E402
+from app.demos.runner import install_demos  # noqa: E402
 from engine.demos import DEMOS, get_demo  # noqa: E402
 
 DEMO_TIMEOUT_MS = 300_000  # a shared, busy test machine; the demo itself takes seconds

@@ -51,7 +51,7 @@ def test_requests_after_edit_when_the_model_answers_again():
 
 
 def test_the_conversation_view_and_the_demo_use_the_engine_function():
-    for path in ("app/views/conversation_view.py", "engine/demos/prefix.py", "engine/store/edit.py"):
+    for path in ("app/views/chat/conversation_view.py", "engine/demos/prefix.py", "engine/store/edit.py"):
         assert "requests_after_edit(" in (ROOT / path).read_text(encoding="utf-8"), path
 
 

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from app.context import engine_info, make_test_context
-from app.views.block_table_view import BlockTableView, compute_colors, grid_shape
-from app.views.event_log_view import EventLogView, request_of
-from app.views.hash_chain_view import HashChainView
-from app.views.kv_memory_view import KvMemoryView
+from app.runtime.context import engine_info, make_test_context
+from app.views.pool.block_table_view import BlockTableView, compute_colors, grid_shape
+from app.views.pool.event_log_view import EventLogView, request_of
+from app.views.pool.hash_chain_view import HashChainView
+from app.views.pool.kv_memory_view import KvMemoryView
 from engine.model.kv_memory import kv_bytes
-from app.views.metrics_view import MetricsView
-from app.views.scrub_bar import ScrubBar
-from app.views.timeline_view import TimelineView
+from app.views.pool.metrics_view import MetricsView
+from app.views.pool.scrub_bar import ScrubBar
+from app.views.pool.timeline_view import TimelineView
 from engine.core.events import BlockEvicted
 from engine.core.hashing import BlockHasher
 from engine.core.manager import PrefixCacheManager, Request

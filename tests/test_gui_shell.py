@@ -11,10 +11,10 @@ import pytest
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import QApplication
 
-from app import theme
-from app.context import make_test_context
-from app.main_window import MainWindow, classify_file
-from app.panels import PANELS, load_factory
+from app.ui import theme
+from app.runtime.context import make_test_context
+from app.window.main_window import MainWindow, classify_file
+from app.window.panels import PANELS, load_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "traces" / "demo_tokens.jsonl"

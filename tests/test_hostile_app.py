@@ -57,7 +57,7 @@ def test_a_deeply_nested_file_is_one_line(tmp_path, name):
 
 
 def test_the_file_kind_probe_survives_a_nested_first_line(tmp_path):
-    from app.jobs import classify_file, trace_capacity
+    from app.runtime.jobs import classify_file, trace_capacity
 
     path = tmp_path / "deep.jsonl"
     path.write_text("[" * 100_000 + "]" * 100_000 + "\n")

@@ -73,12 +73,12 @@ def test_smoke_expectations_match_the_source_tree(capsys):
 
 
 def test_smoke_test_expects_every_panel():
-    """The smoke test reads the panel names from app/panels.py's source; they must be the registry's."""
+    """The smoke test reads the panel names from app/window/panels.py's source; they must be the registry's."""
     pytest.importorskip("PySide6")
     from importlib.machinery import SourceFileLoader
     from importlib.util import module_from_spec, spec_from_loader
 
-    from app.panels import PANELS
+    from app.window.panels import PANELS
 
     spec = spec_from_loader("smoke_test", SourceFileLoader("smoke_test", str(SMOKE_TEST)))
     smoke = module_from_spec(spec)
@@ -195,9 +195,9 @@ def test_cancelling_the_first_start_conversion_leaves_nothing(tmp_path, monkeypa
 @pytest.mark.model
 @pytest.mark.slow
 def test_first_start_dialog_shows_progress_and_cancels(qtbot, tmp_path, monkeypatch):
-    from app.context import make_test_context
-    from app.main_window import MainWindow
-    from app.model_load_dialog import CANCELLED_MESSAGE
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
+    from app.dialogs.model_load_dialog import CANCELLED_MESSAGE
 
     monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))
     ctx = make_test_context(tmp_path / "settings")
@@ -222,9 +222,9 @@ def test_first_start_dialog_shows_progress_and_cancels(qtbot, tmp_path, monkeypa
 
 
 def test_about_names_version_model_and_folders_and_clears_the_cache(qtbot, tmp_path, monkeypatch):
-    from app.about_dialog import AboutDialog
+    from app.dialogs.about_dialog import AboutDialog
     from app import version
-    from app.context import make_test_context
+    from app.runtime.context import make_test_context
 
     cache = tmp_path / "cache"
     (cache / "models" / "m").mkdir(parents=True)

@@ -67,7 +67,7 @@ def test_sessions_replay_takes_a_vllm_block_count(capsys, tmp_path):
 
 
 def test_the_dialog_takes_a_server_count_as_such(qtbot):
-    from app.pool_size_dialog import PoolSize, PoolSizeDialog
+    from app.dialogs.pool_size_dialog import PoolSize, PoolSizeDialog
 
     dlg = PoolSizeDialog(PoolSize(256, 16))
     qtbot.addWidget(dlg)
@@ -84,7 +84,7 @@ def test_the_dialog_takes_a_server_count_as_such(qtbot):
 
 @pytest.mark.model
 def test_the_window_rebuilds_the_model_engine_on_the_server_sized_pool(qtbot, window, default_model):
-    from app.pool_size_dialog import PoolSize
+    from app.dialogs.pool_size_dialog import PoolSize
     from engine.model.runner import ModelRunner
 
     window.ctx.set_runner(ModelRunner(default_model, num_blocks=256))

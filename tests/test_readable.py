@@ -13,14 +13,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QFontMetrics, QImage
 
 from app.cli import main
-from app.context import engine_info, make_test_context
-from app.export import export_plot, export_table, model_table
-from app.glossary import GLOSSARY, GlossaryDialog, glossary_html
-from app.views.block_details import BlockDetailsView, describe_block
-from app.views.block_table_view import BlockTableView
-from app.views.hash_chain_view import MAX_LABELS, HashChainView
-from app.views.sweep_view import SweepView
-from app.views.timeline_view import CountAxis, TimelineView
+from app.runtime.context import engine_info, make_test_context
+from app.ui.export import export_plot, export_table, model_table
+from app.dialogs.glossary import GLOSSARY, GlossaryDialog, glossary_html
+from app.views.pool.block_details import BlockDetailsView, describe_block
+from app.views.pool.block_table_view import BlockTableView
+from app.views.pool.hash_chain_view import MAX_LABELS, HashChainView
+from app.views.tools.sweep_view import SweepView
+from app.views.pool.timeline_view import CountAxis, TimelineView
 from engine.analysis.sweep import sweep
 from engine.core.hashing import BlockHasher
 from engine.core.manager import PrefixCacheManager, Request
@@ -261,7 +261,7 @@ def test_glossary_covers_the_words_the_views_use(qtbot):
 
 
 def test_help_menu_opens_the_glossary(qtbot, tmp_path):
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     context = make_test_context(tmp_path)
     window = MainWindow(context, load_model=False)
@@ -281,7 +281,7 @@ def test_help_menu_opens_the_glossary(qtbot, tmp_path):
 def test_billing_and_sweep_show_whole_labels_in_a_laptop_dock(ctx, qtbot, width):
     from PySide6.QtWidgets import QLabel
 
-    from app.views.billing_view import BillingView
+    from app.views.tools.billing_view import BillingView
 
     for cls in (BillingView, SweepView):
         view = cls(ctx)
@@ -299,8 +299,8 @@ def test_billing_and_sweep_show_whole_labels_in_a_laptop_dock(ctx, qtbot, width)
 
 
 def test_every_engine_view_exports_its_table(ctx, qtbot, tmp_path, mooncake_2000):
-    from app.views.kv_memory_view import KvMemoryView
-    from app.views.metrics_view import MetricsView
+    from app.views.pool.kv_memory_view import KvMemoryView
+    from app.views.pool.metrics_view import MetricsView
 
     table, timeline, metrics, kv = BlockTableView(ctx), TimelineView(ctx), MetricsView(ctx), KvMemoryView(ctx)
     for view in (table, timeline, metrics, kv):

@@ -20,10 +20,10 @@ import pytest
 import zmq
 from PySide6.QtWidgets import QDialogButtonBox
 
-from app.attach_dialog import AttachDialog
-from app.context import make_test_context
-from app.main_window import MainWindow
-from app.remote import AttachOptions
+from app.dialogs.attach_dialog import AttachDialog
+from app.runtime.context import make_test_context
+from app.window.main_window import MainWindow
+from app.runtime.remote import AttachOptions
 from test_vllm_attach import free_ports  # the one loopback port finder of the vLLM tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def test_attach_failure_is_one_sentence_and_leaves_no_pool(qtbot, win):
 
 def test_a_million_block_remote_pool_draws_aggregated(qtbot, win):
     """The grid of a huge remote pool is bounded (cells aggregate runs of blocks)."""
-    from app.remote_pool import MAX_CELLS
+    from engine.remote.overlay import MAX_CELLS
     from engine.core.events import BlockStored, RemoteInfo
 
     state = win.ctx.state
@@ -374,7 +374,7 @@ def test_probe_follows_the_pool(qtbot, win, servers, tmp_path):
 
 
 def test_another_subject_ends_the_attach(qtbot, win, servers):
-    from app.context import Subject
+    from app.runtime.context import Subject
 
     (server,), port, replay = servers(1)
     attach(win, port, replay)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from app.remote_pool import RemoteOverlay
+from engine.remote.overlay import RemoteOverlay
 from engine.core.events import BlockEvicted, BlockStored, EventBus
 from engine.core.hashing import BlockHasher
 from engine.core.projection import EventLog
@@ -118,7 +118,7 @@ def test_the_projection_draws_each_copy_in_a_slot_of_its_own(scenario):
         if batch is not None:
             batch_events.clear()
             pool.apply(batch)
-            overlay.before(batch_events, log.live)  # as app.state.PoolState.apply_events
+            overlay.before(batch_events, log.live)  # as app.runtime.state.PoolState.apply_events
             log.extend(batch_events)
             overlay.observe(batch_events, log.live)
         p = log.live

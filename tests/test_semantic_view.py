@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.context import engine_info, make_test_context  # noqa: E402
-from app.views.semantic_view import SemanticView  # noqa: E402
+from app.runtime.context import engine_info, make_test_context  # noqa: E402
+from app.views.tools.semantic_view import SemanticView  # noqa: E402
 from engine.semantic.cache import Embedder, SemanticCache  # noqa: E402
 
 STORED = [

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.context import make_test_context  # noqa: E402
-from app.views.billing_view import BillingView  # noqa: E402
-from app.views.diff_view import DiffView  # noqa: E402
-from app.views.sweep_view import SweepView  # noqa: E402
+from app.runtime.context import make_test_context  # noqa: E402
+from app.views.tools.billing_view import BillingView  # noqa: E402
+from app.views.tools.diff_view import DiffView  # noqa: E402
+from app.views.tools.sweep_view import SweepView  # noqa: E402
 
 TIMEOUT = 60_000  # the first job may load the tokenizer
 

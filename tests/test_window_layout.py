@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QTabBar
 
-from app.context import make_test_context
-from app.demo_runner import install_demos
-from app.main_window import MainWindow
+from app.runtime.context import make_test_context
+from app.demos.runner import install_demos
+from app.window.main_window import MainWindow
 
 
 @pytest.mark.parametrize("size", [(1600, 1000), (1280, 800)])
@@ -49,8 +49,8 @@ def _check_layout(qtbot, window, size) -> None:
 
 
 def test_lazy_panels_are_built_when_first_shown_or_asked_for(qtbot, tmp_path):
-    from app.views.billing_view import BillingView
-    from app.views.diff_view import DiffView
+    from app.views.tools.billing_view import BillingView
+    from app.views.tools.diff_view import DiffView
 
     ctx = make_test_context(tmp_path)
     window = MainWindow(ctx, load_model=False)
@@ -116,7 +116,7 @@ def test_gui_without_a_display_is_one_sentence_not_a_qt_abort(tmp_path):
 def test_a_window_larger_than_the_screen_is_shrunk_and_moved_onto_it():
     from PySide6.QtCore import QRect
 
-    from app.main_window import fit_rect
+    from app.window.main_window import fit_rect
 
     laptop = QRect(0, 27, 1280, 773)  # 1280x800 less a top panel
     assert fit_rect(QRect(0, 0, 1480, 920), laptop) == QRect(0, 27, 1280, 773)

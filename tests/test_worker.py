@@ -7,7 +7,7 @@ import threading
 import pytest
 from PySide6.QtCore import QThread
 
-from app.worker import ModelWorker
+from app.runtime.worker import ModelWorker
 from engine.core.errors import InputError
 
 

@@ -19,7 +19,7 @@ BENCHES = {
     "ttft": "engine.bench.ttft",
     "semantic": "engine.bench.semantic",
     "attach": "engine.bench.attach",
-    "gui": "app.bench_gui",
+    "gui": "app.commands._bench_gui",
 }
 
 

@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.screenshot is not None:
         _quiet_offscreen_warnings()
 
-    from app.context import AppContext, make_test_context
-    from app.main_window import MainWindow, app_icon
+    from app.runtime.context import AppContext, make_test_context
+    from app.window.main_window import MainWindow, app_icon
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Cachescope")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         ctx.suppress_dialogs = True
     else:
         ctx = AppContext(store=store)
-    from app.main_window import classify_file
+    from app.window.main_window import classify_file
 
     target = Path(args.file) if args.file else DEMO_TRACE
     # Screenshots of a trace need no model; of a conversation or session they do.
@@ -134,7 +134,7 @@ def check_display() -> None:
 
 def _install_demos(window) -> None:
     """Fill the Demos menu and add the demo guide dock."""
-    from app.demo_runner import install_demos
+    from app.demos.runner import install_demos
 
     install_demos(window)
     window.adopt_extra_docks()

@@ -1,1 +1,1 @@
-"""The app's panels: each a QWidget built from the app context (`app.context.AppContext`)."""
+"""The app's panels: each a QWidget built from the app context (`app.runtime.context.AppContext`)."""

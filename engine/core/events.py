@@ -3,7 +3,7 @@
 Every state change of the engine is one event with a monotonically increasing `seq` and a
 wall-clock `time`. Events are emitted synchronously on the thread that called the engine
 method which caused them (in the app: the model worker thread; headless: the caller's
-thread). The Qt layer turns them into signals in `app.bridge`; nothing here knows Qt.
+thread). The Qt layer turns them into signals in `app.runtime.bridge`; nothing here knows Qt.
 
 `BlockStored`, `BlockEvicted` and `CacheReset` map one to one onto vLLM's `BlockStored`,
 `BlockRemoved` and `AllBlocksCleared` KV-cache events.

@@ -2,7 +2,7 @@
 
 The registry and `run_demo` live here; the shared environment (one loaded model, engines
 wired to the caller's views) in `engine.demos.env`; the scenarios in the sibling modules.
-The app runs the same demos on its worker thread (`app.demo_runner`).
+The app runs the same demos on its worker thread (`app.demos.runner`).
 """
 
 from __future__ import annotations

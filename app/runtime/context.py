@@ -1,0 +1,305 @@
+"""The app context: the few shared objects every panel is built from, and the one subject.
+
+A panel factory takes one `AppContext` and reads the bridge (engine events as Qt
+signals), the pool state (the projection of those events), the model worker, the store,
+the settings, the current runner and the current `Subject` (what every view shows: a live
+session, an opened session or trace, a demo, an attached server). Nothing here draws.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
+
+from app.runtime.bridge import EngineBridge
+from app.runtime.state import PoolState
+from app.runtime.worker import ModelWorker
+from engine.core.events import EventBus
+
+if TYPE_CHECKING:
+    from app.runtime.remote import RemoteController
+
+ORGANIZATION = "Cachescope"
+APPLICATION = "Cachescope"
+
+
+SUBJECT_KINDS = ("session", "trace", "demo", "server")
+
+
+@dataclass(slots=True, frozen=True)
+class Subject:
+    """What every view shows right now.
+
+    `kind` is "session" (a live or opened chat session), "trace" (a replayed token or block
+    trace), "demo" (a guided demo in its own engine) or "server" (an attached vLLM pool);
+    `title` names it in the window title and the views that do not apply to it;
+    `unsaved` marks work that is lost if another subject replaces it (a chat with no store).
+    """
+
+    kind: str
+    title: str
+    unsaved: bool = False
+    source: str | None = None  # a file path, demo name or server endpoint
+
+    def __post_init__(self) -> None:
+        if self.kind not in SUBJECT_KINDS:
+            raise ValueError(f"a subject is one of {', '.join(SUBJECT_KINDS)}, not {self.kind!r}")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.kind == "session"
+
+    def describe(self) -> str:
+        word = {"session": "the session", "trace": "the trace", "demo": "the demo", "server": "the server"}[self.kind]
+        return f"{word} \u201c{self.title}\u201d"
+
+
+class BlockSelection(QObject):
+    """The block the user picked last, in any view; `sigBlockSelected(block_id or None)` on each pick."""
+
+    sigBlockSelected = Signal(object)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.block_id: int | None = None
+
+    def select(self, block_id: int | None) -> None:
+        self.block_id = None if block_id is None else int(block_id)
+        self.sigBlockSelected.emit(self.block_id)
+
+
+class JobCancelled(Exception):
+    """Raised inside a worker job whose user pressed Cancel (a long trace load or a demo)."""
+
+
+class CancelToken:
+    """A flag a long job checks (through its event bus) so Cancel stops it between events."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def listener(self, _event: Any) -> None:
+        # Subscribed to the job's own bus: the engine emits from the worker thread, so the
+        # exception unwinds the job there; the engine it leaves half-done is thrown away.
+        if self._event.is_set():
+            raise JobCancelled("cancelled")
+
+
+def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, num_layers: int = 0,
+                num_kv_heads: int = 0, head_dim: int = 0, dtype: str | None = None,
+                per_layer_bytes: list[int] | None = None) -> dict[str, Any]:
+    """The `sigEngineChanged` dict; bytes are per block (K and V of every layer)."""
+    per_layer = [int(b) for b in (per_layer_bytes or [])]
+    per_block = [b // num_blocks for b in per_layer] if num_blocks else []
+    return {"block_size": int(block_size), "num_blocks": int(num_blocks), "model": model,
+            "num_layers": int(num_layers), "num_kv_heads": int(num_kv_heads), "head_dim": int(head_dim),
+            "dtype": dtype, "bytes_per_block": int(sum(per_block)), "per_layer_bytes": per_layer}
+
+
+def runner_engine_info(runner: Any) -> dict[str, Any]:
+    """`engine_info` for an `engine.model.runner.ModelRunner`."""
+    loaded = getattr(runner, "loaded", None)
+    mgr = runner.manager
+    try:
+        per_layer = list(runner.kv_pool.per_layer_bytes())
+    except AttributeError:
+        per_layer = []
+    dtype = getattr(loaded, "dtype", None)
+    return engine_info(block_size=mgr.block_size, num_blocks=mgr.num_blocks,
+                       model=getattr(loaded, "name", None), num_layers=getattr(loaded, "num_layers", 0),
+                       num_kv_heads=getattr(loaded, "num_kv_heads", 0), head_dim=getattr(loaded, "head_dim", 0),
+                       dtype=None if dtype is None else str(dtype).replace("torch.", ""),
+                       per_layer_bytes=per_layer)
+
+
+class AppContext(QObject):
+    """Shared objects of one app window. Attributes are plain and public.
+
+    `runner` is the current `engine.model.runner.ModelRunner` or None (no model loaded yet, or a
+    trace is open); `sigRunnerChanged(runner)` fires when it changes. `show_error` is the
+    one way to tell the user that something failed: a modal dialog with one sentence, or,
+    with `suppress_dialogs`, an entry in `errors` (tests).
+    """
+
+    sigRunnerChanged = Signal(object)
+    sigSessionChanged = Signal(object)  # session id (int | str) or None
+    sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
+    sigSubjectChanged = Signal(object)  # the new Subject, after the views were pointed at it
+    sigJobChanged = Signal(str)  # the cancellable job now running ("" when none)
+
+    def __init__(self, settings: QSettings | None = None, store: Any = None,
+                 suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.bridge = EngineBridge(self)
+        self.state = PoolState(self.bridge)
+        self.worker = ModelWorker(self)
+        self.selection = BlockSelection(self)
+        self.store = store
+        self.settings = settings if settings is not None else QSettings(ORGANIZATION, APPLICATION)
+        self.subject = Subject("session", "New session")
+        self.job: CancelToken | None = None
+        self.job_name = ""
+        # Tests answer "replace unsaved work?" here instead of in a dialog (None: ask).
+        self.answer_replace: bool | None = None
+        self.runner: Any = None
+        self.loaded: Any = None  # engine.model.loader.LoadedModel once loaded
+        self.model_name: str | None = None  # --model, None = bundled default
+        # Why the last model load failed (None: it did not); the app goes on without a model.
+        self.model_error: str | None = None
+        self.session_id: Any = None
+        # An attached vLLM server (`app.runtime.remote.RemoteController`, set by the window) and the
+        # tokenizer that decodes its token ids (None: the model's).
+        self.remote: RemoteController | None = None
+        self.remote_tokenizer: Any = None
+        self.suppress_dialogs = suppress_dialogs
+        self.errors: list[str] = []
+        # How the window asks and tells (modal message boxes); None: nobody to ask, so the
+        # context answers yes and writes errors to stderr. The context itself draws nothing.
+        self.ask_dialog: Callable[[str, str], bool] | None = None  # (title, text) -> yes?
+        self.error_dialog: Callable[[str, str], None] | None = None  # (title, text)
+        self._at_shutdown: list[Any] = []
+
+    # ------------------------------------------------------------------ engines
+    def set_runner(self, runner: Any, activate: bool = True) -> None:
+        """Make `runner` current: its events go to the bridge and views reset to its shape.
+
+        With `activate=False` the views stay on what they show (an opened trace); the
+        runner takes over when the user chats (`activate_runner`).
+        """
+        self.runner = runner
+        if runner is not None and activate:
+            self.attach_events(runner.manager.events, runner_engine_info(runner))
+        self.sigRunnerChanged.emit(runner)
+
+    def activate_runner(self) -> bool:
+        """Point the bridge back at the runner's engine (after a trace replay); False if no runner."""
+        if self.runner is None:
+            return False
+        if self.bridge.bus is not self.runner.manager.events:
+            self.set_runner(self.runner)
+        return True
+
+    def new_event_bus(self, info: dict[str, Any]) -> EventBus:
+        """A fresh bus wired to the bridge for a headless engine (trace replay); views reset."""
+        bus = EventBus()
+        self.attach_events(bus, info)
+        return bus
+
+    # ------------------------------------------------------------------ subject
+    def may_replace_subject(self, new_title: str) -> bool:
+        """True if the current subject may be replaced: nothing unsaved, or the user agreed."""
+        if not self.subject.unsaved:
+            return True
+        if self.answer_replace is not None:
+            return self.answer_replace
+        if self.suppress_dialogs or self.ask_dialog is None:
+            return True
+        text = (f"Opening {new_title} replaces {self.subject.describe()}, which is not saved "
+                f"(its messages live only in this window). Replace it?")
+        return self.ask_dialog("Replace the current subject?", text)
+
+    def open_subject(self, subject: Subject, ask: bool = True) -> bool:
+        """Make `subject` current (asking first if unsaved work would be replaced); False if
+        the user said no. The views go back to live and hear `sigSubjectChanged`.
+
+        This is also the hook for a new source of events (an attached vLLM server): open a
+        `Subject("server", ...)`, then `attach_events(bus, info)`.
+        """
+        if ask and not self.may_replace_subject(subject.describe()):
+            return False
+        self.subject = subject
+        self.state.scrub_to(None)
+        self.sigSubjectChanged.emit(subject)
+        return True
+
+    def mark_unsaved(self, unsaved: bool) -> None:
+        """The current subject now has (or no longer has) work that is not saved."""
+        if self.subject.unsaved != unsaved:
+            self.subject = replace(self.subject, unsaved=unsaved)
+
+    def rename_subject(self, title: str) -> None:
+        if title and title != self.subject.title:
+            self.subject = replace(self.subject, title=title)
+            self.sigSubjectChanged.emit(self.subject)
+
+    def attach_events(self, bus: EventBus, info: dict[str, Any]) -> None:
+        """The one way to point every view at an engine: listen to `bus`, reset to `info`."""
+        self.bridge.attach(bus)
+        self.bridge.set_engine(info)
+
+    # ------------------------------------------------------------------ cancellable jobs
+    def start_job(self, name: str, bus: EventBus | None = None) -> CancelToken:
+        """A cancel token for a long job whose engine emits on `bus` (a trace replay); a job
+        that builds its engines later (a demo) subscribes the token to each itself."""
+        token = CancelToken()
+        if bus is not None:
+            bus.subscribe(token.listener)
+        self.job, self.job_name = token, name
+        self.sigJobChanged.emit(name)
+        return token
+
+    def cancel_job(self) -> bool:
+        """Ask the running long job to stop at its next event; False if none runs."""
+        if self.job is None:
+            return False
+        self.job.cancel()
+        return True
+
+    def end_job(self, token: CancelToken | None = None) -> None:
+        if token is not None and token is not self.job:
+            return
+        self.job, self.job_name = None, ""
+        self.sigJobChanged.emit("")
+
+    # ------------------------------------------------------------------ errors
+    def show_error(self, text: str, title: str = "Cachescope") -> None:
+        text = str(text).strip() or "Something went wrong."
+        self.errors.append(text)
+        if self.suppress_dialogs or self.error_dialog is None:
+            sys.stderr.write(f"cachescope: {text}\n")
+            return
+        self.error_dialog(title, text)
+
+    def at_shutdown(self, fn: Any) -> None:
+        """Call `fn()` at shutdown, after the worker stopped and before the store closes
+        (a view's writer thread commits what it queued)."""
+        self._at_shutdown.append(fn)
+
+    def shutdown(self) -> None:
+        """Stop the worker thread and the bridge timer; call once when the window closes."""
+        self.worker.stop()
+        for fn in self._at_shutdown:
+            fn()
+        self._at_shutdown.clear()
+        self.bridge.stop()
+        if self.store is not None and hasattr(self.store, "close"):
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 - closing must not block shutdown
+                pass
+
+
+def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> AppContext:
+    """A ready context for pytest-qt tests: bridge, state and worker, no model, no dialogs.
+
+    Settings go to an INI file in `tmp_dir` (a fresh temporary directory by default), so
+    tests never touch the user's real settings.
+    """
+    if QCoreApplication.instance() is None:
+        raise RuntimeError("create a QApplication first (pytest-qt's qapp or qtbot fixture)")
+    folder = Path(tmp_dir) if tmp_dir is not None else Path(tempfile.mkdtemp(prefix="cachescope-test-"))
+    settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
+    return AppContext(settings=settings, store=store, suppress_dialogs=True)

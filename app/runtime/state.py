@@ -1,0 +1,214 @@
+"""The pool state every engine view reads: the event log, the live or scrubbed projection.
+
+`PoolState` listens to the bridge (one batch of events per frame), applies each batch to
+an `engine.core.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
+Event seq is the one numbering every view uses: "event 120" is `Event.seq == 120`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.remote.overlay import RemoteOverlay
+from engine.core.events import Event
+from engine.core.projection import EventLog, PoolProjection
+
+# While scrubbing, blocks evicted this many events before the shown one still flash.
+SCRUB_FLASH_EVENTS = 8
+# Live, only the evictions of the last batch flash, and at most this many events back,
+# so that opening a whole trace in one batch does not paint every eviction ever made.
+LIVE_FLASH_EVENTS = 256
+# What "next miss" and "next eviction" jump to.
+MISS_REASONS = ("new_content", "evicted", "salt")
+EVICTION_KINDS = ("block_evicted", "cache_reset")
+
+
+def is_miss(event: Event) -> bool:
+    """A lookup that missed a whole block it could have hit (not just the tail)."""
+    miss = getattr(event, "miss", None)
+    return event.kind == "lookup" and miss is not None and miss.reason in MISS_REASONS
+
+
+def is_eviction(event: Event) -> bool:
+    return event.kind in EVICTION_KINDS
+# A remote pool can reach a million blocks, and every checkpoint is a copy of it: keep few,
+# far apart (scrubbing replays at most one interval).
+REMOTE_CHECKPOINTS = 4
+REMOTE_CHECKPOINT_EVENTS = 1 << 17
+
+
+@dataclass(slots=True, frozen=True)
+class Timing:
+    """Time to first token of one request, and the same prompt without reuse if measured."""
+
+    request_id: str
+    ttft_ms: float
+    cold_ttft_ms: float | None = None
+
+
+class PoolState(QObject):
+    """The projection views draw: live (following new events) or scrubbed to event N.
+
+    `projection` is the live `PoolProjection` or a rebuilt past one; views must treat it as
+    read-only. `sigReset` fires when a new engine replaces the old (views clear caches);
+    `sigChanged` after each applied batch, scrub or timing.
+    """
+
+    sigChanged = Signal()
+    sigReset = Signal()
+
+    def __init__(self, bridge: Any = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.bridge = bridge
+        self.engine_info: dict[str, Any] = {}
+        self.log = EventLog(0, 16)
+        self.timings: dict[str, Timing] = {}
+        self.version = 0  # bumps whenever `projection` changes
+        self.last_batch: tuple[int, int] | None = None  # first and last seq of the last batch
+        # Tier, rank and age of each block while the pool is a remote vLLM one (engine_info
+        # "remote"), else None.
+        self.remote: RemoteOverlay | None = None
+        self._scrubbed: PoolProjection | None = None
+        self._scrub_seq: int | None = None
+        if bridge is not None:
+            bridge.sigEvents.connect(self.apply_events)
+            bridge.sigEngineChanged.connect(self.set_engine)
+            if getattr(bridge, "engine_info", None):
+                self.set_engine(bridge.engine_info)
+
+    # ------------------------------------------------------------------ inputs
+    def set_engine(self, info: dict[str, Any]) -> None:
+        """Start over for a new engine (`sigEngineChanged` dict: block_size, num_blocks, ...)."""
+        self.engine_info = dict(info)
+        self.reset(int(info.get("num_blocks") or 0), int(info.get("block_size") or 16))
+
+    def reset(self, num_blocks: int, block_size: int) -> None:
+        if self.engine_info.get("remote"):
+            self.log = EventLog(num_blocks, block_size, checkpoint_every=REMOTE_CHECKPOINT_EVENTS,
+                                max_checkpoints=REMOTE_CHECKPOINTS)
+            self.remote = RemoteOverlay()
+        else:
+            self.log = EventLog(num_blocks, block_size)
+            self.remote = None
+        self.timings = {}
+        self.last_batch = None
+        self._scrubbed = None
+        self._scrub_seq = None
+        self.version += 1
+        self.sigReset.emit()
+        self.sigChanged.emit()
+
+    def apply_events(self, events: list[Event]) -> None:
+        """Append one batch to the log; the live projection follows it, a scrubbed one stays."""
+        if not events:
+            return
+        last = self.log.last_seq
+        if last is not None and events[0].seq <= last:
+            # A bus shared across engines or a re-delivered batch: keep only what is new.
+            events = [e for e in events if e.seq > last]
+            if not events:
+                return
+        if self.remote is not None:
+            self.remote.before(events, self.log.live)
+            self.log.extend(events)
+            self.remote.observe(events, self.log.live)
+        else:
+            self.log.extend(events)
+        self.last_batch = (events[0].seq, events[-1].seq)
+        if self._scrubbed is not None and any(e.kind == "request_started" for e in events):
+            # A new request is what the user is looking at now: a scrubbed past must not
+            # hide it (scrub, New session, send would otherwise show the old pool).
+            self._scrubbed = None
+            self._scrub_seq = None
+        if self._scrubbed is None:
+            self.version += 1
+        self.sigChanged.emit()
+
+    def record_timing(self, request_id: str, ttft_ms: float, cold_ttft_ms: float | None = None) -> None:
+        """Remember a request's time to first token (and without reuse, if it was measured)."""
+        self.timings[request_id] = Timing(request_id, float(ttft_ms),
+                                          None if cold_ttft_ms is None else float(cold_ttft_ms))
+        self.version += 1
+        self.sigChanged.emit()
+
+    # ------------------------------------------------------------------ scrubbing
+    def scrub_to(self, seq: int | None) -> None:
+        """Show the pool as it was right after event `seq`; None follows the live pool again."""
+        if seq is None:
+            if self._scrubbed is None:
+                return
+            self._scrubbed = None
+            self._scrub_seq = None
+        else:
+            seq = int(seq)
+            first = self.log.first_seq
+            if first is not None and seq < first:
+                seq = first
+            if seq == self._scrub_seq:
+                return
+            self._scrubbed = self.log.state_at(seq, base=self._scrubbed)
+            self._scrub_seq = seq
+        self.version += 1
+        self.sigChanged.emit()
+
+    def contains(self, seq: int | None) -> bool:
+        """True if event `seq` is in the log (a link to it can scrub there)."""
+        return seq is not None and self.log.event_at_seq(int(seq)) is not None
+
+    def find(self, predicate: Any, forward: bool, start: int | None = None) -> int | None:
+        """The seq of the nearest event after (or before) `start` (default: the shown one)
+        that satisfies `predicate`; None if there is none."""
+        seqs, events = self.log.seqs, self.log.events
+        if not seqs:
+            return None
+        here = self.current_seq if start is None else start
+        if here is None:
+            here = seqs[0] - 1
+        if forward:
+            rng = range(bisect.bisect_right(seqs, here), len(seqs))
+        else:
+            rng = range(bisect.bisect_left(seqs, here) - 1, -1, -1)
+        for i in rng:
+            if predicate(events[i]):
+                return seqs[i]
+        return None
+
+    @property
+    def is_live(self) -> bool:
+        return self._scrubbed is None
+
+    def touch(self) -> None:
+        """Something the views draw with changed outside the projection (a tokenizer that
+        decodes token text arrived): every view redraws once."""
+        self.version += 1
+        self.sigChanged.emit()
+
+    @property
+    def projection(self) -> PoolProjection:
+        return self.log.live if self._scrubbed is None else self._scrubbed
+
+    @property
+    def seq_range(self) -> tuple[int, int] | None:
+        """First and last seq of the log, or None while it is empty."""
+        if not self.log.seqs:
+            return None
+        return self.log.seqs[0], self.log.seqs[-1]
+
+    @property
+    def current_seq(self) -> int | None:
+        """The seq of the last event the shown projection includes (None before any)."""
+        seq = self.projection.seq
+        return None if seq < 0 else seq
+
+    @property
+    def flash_since_seq(self) -> int:
+        """Blocks evicted at or after this seq count as just evicted and flash."""
+        if self._scrubbed is not None:
+            return self._scrubbed.seq - SCRUB_FLASH_EVENTS + 1
+        if self.last_batch is None:
+            return 1 << 62
+        return max(self.last_batch[0], self.last_batch[1] - LIVE_FLASH_EVENTS + 1)

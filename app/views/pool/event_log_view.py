@@ -1,0 +1,384 @@
+"""The event log: every engine event in a table, filterable by kind, request and text.
+
+A QTableView over a QAbstractTableModel that indexes `ctx.state.log` (no widget per row,
+details formatted only for rows shown or filtered). Selecting a row scrubs to its event;
+the line under the table repeats the shown event's details with its "event N" as links.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import re
+from typing import TYPE_CHECKING, Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
+                               QLabel, QLineEdit, QSizePolicy, QTableView, QVBoxLayout, QWidget)
+
+from app.ui import theme
+from app.ui.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
+from engine.core.events import EVENT_TYPES, Event
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext, Subject
+    from app.runtime.state import PoolState
+
+COLUMNS = ("seq", "time (s)", "kind", "request", "details")
+_MAX_LISTED = 8
+
+
+def _ids(values: tuple[int, ...]) -> str:
+    head = ", ".join(str(v) for v in values[:_MAX_LISTED])
+    return head + (f", … ({len(values)} in all)" if len(values) > _MAX_LISTED else "")
+
+
+def _hex(digest: bytes | None) -> str:
+    return digest.hex()[:10] if digest is not None else "none"
+
+
+def request_of(event: Event) -> str:
+    rid = getattr(event, "request_id", None)
+    if rid is None:
+        rid = getattr(event, "by_request_id", None)
+    return "" if rid is None else str(rid)
+
+
+_TAG = re.compile(r"<[^>]+>")
+
+
+def describe(event: Event, state: PoolState | None = None, rich: bool = False) -> str:
+    """One line saying what the event did, in the words the views use.
+
+    With `state`, an eviction a miss names is checked against the log (never an event the
+    log lacks); with `rich`, the line is HTML whose "event N" are links.
+    """
+    text = _describe(event, state)
+    if rich:
+        return text
+    return html.unescape(_TAG.sub("", text))
+
+
+def _describe(event: Event, state: PoolState | None) -> str:
+    k = event.kind
+    e: Any = event
+    info = getattr(e, "remote", None)
+    if info is not None:  # a vLLM event: no block id, but a tier, a rank and a batch
+        where = f"{info.medium}, rank {info.rank}, batch {info.batch_seq}"
+        if k == "block_stored":
+            salt = f", tenant {e.salt}" if e.salt is not None else ""
+            return f"stored {_hex(e.block_hash)} on {where}, parent {_hex(e.parent_hash)}, {len(e.token_ids)} tokens{salt}"
+        if k == "block_evicted":
+            return f"removed {_hex(e.block_hash)} from {where}"
+        if k == "cache_reset":
+            return f"{e.num_blocks_cleared} blocks cleared ({where})"
+    if k == "request_started":
+        salt = f", tenant {e.salt}" if e.salt is not None else ""
+        return f"{e.num_prompt_tokens} prompt tokens{salt}"
+    if k == "lookup":
+        miss = e.miss
+        where = f"miss at block {miss.first_miss_block}: {miss.reason.replace('_', ' ')}"
+        if miss.divergence_token is not None:
+            where += f" (diverges at token {miss.divergence_token})"
+        if miss.reason == "evicted":
+            where += f" ({eviction_phrase(miss.evicted_by_seq, state)})"
+        if miss.other_salt is not None:
+            where += f" (cached under tenant {miss.other_salt or 'none'})"
+        return f"hit {e.num_hit_blocks} blocks, {e.num_cached_tokens} of {e.num_prompt_tokens} tokens cached; {where}"
+    if k == "blocks_allocated":
+        return f"blocks {_ids(e.block_ids)} ({e.num_hit_blocks} hits)"
+    if k == "block_stored":
+        ext = f", external id {e.external_id}" if e.external_id is not None else ""
+        return f"block {e.block_id} ← {_hex(e.block_hash)}, parent {_hex(e.parent_hash)}, {len(e.token_ids)} tokens{ext}"
+    if k == "ref_counts_changed":
+        pairs = [f"{b}→{r}" for b, r in zip(e.block_ids, e.ref_counts)]
+        more = f", … ({len(pairs)} in all)" if len(pairs) > _MAX_LISTED else ""
+        return "ref counts " + ", ".join(pairs[:_MAX_LISTED]) + more
+    if k == "blocks_freed":
+        return f"blocks {_ids(e.block_ids)} to the free queue"
+    if k == "block_evicted":
+        return f"block {e.block_id} lost {_hex(e.block_hash)}"
+    if k == "request_refused":
+        return f"needs {e.num_blocks_needed} blocks, {e.num_blocks_available} available"
+    if k == "request_finished":
+        return f"{e.num_tokens_with_kv} tokens with KV" + (", aborted" if e.aborted else "")
+    if k == "cache_reset":
+        return f"{e.num_blocks_cleared} blocks cleared"
+    if k == "semantic_lookup":
+        best = f", best {e.neighbours[0][1]:.3f}" if e.neighbours else ""
+        return f"{e.decision} (threshold {e.threshold}{best}): {html.escape(repr(e.prompt[:60]))}"
+    if k == "semantic_stored":
+        return f"entry {e.entry_id}: {html.escape(repr(e.prompt[:60]))}"
+    if k == "semantic_evicted":
+        return f"entry {e.entry_id} ({e.reason})"
+    return ""
+
+
+class EventTableModel(QAbstractTableModel):
+    """Rows are positions in the log that pass the filter; grows as the log grows."""
+
+    def __init__(self, state: Any, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.kind = ""
+        self.request = ""
+        self.text = ""
+        self.rows: list[int] = []
+        self._scanned = 0  # log positions already filtered
+        self._details: dict[int, str] = {}
+        self._t0: float | None = None
+
+    # ------------------------------------------------------------------ filtering
+    def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
+        self.beginResetModel()
+        self.kind, self.request, self.text = kind, request.strip(), text.strip().lower()
+        self.rows = []
+        self._scanned = 0
+        self._scan()
+        self.endResetModel()
+
+    def _matches(self, i: int, event: Event) -> bool:
+        if self.kind and event.kind != self.kind:
+            return False
+        if self.request and self.request not in request_of(event):
+            return False
+        if self.text:
+            hay = f"{event.kind} {request_of(event)} {self.details(i)}".lower()
+            if self.text not in hay:
+                return False
+        return True
+
+    def _scan(self) -> list[int]:
+        events = self.state.log.events
+        found = [i for i in range(self._scanned, len(events)) if self._matches(i, events[i])]
+        self._scanned = len(events)
+        self.rows.extend(found)
+        return found
+
+    def reset_log(self) -> None:
+        self.beginResetModel()
+        self.rows = []
+        self._scanned = 0
+        self._details = {}
+        self._t0 = None
+        self._scan()
+        self.endResetModel()
+
+    def catch_up(self) -> None:
+        """Append rows for events added to the log since the last call."""
+        events = self.state.log.events
+        if self._scanned > len(events):  # the log was replaced
+            self.reset_log()
+            return
+        if self._scanned == len(events):
+            return
+        first = len(self.rows)
+        before = self._scanned
+        found = [i for i in range(before, len(events)) if self._matches(i, events[i])]
+        if found:
+            self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
+            self.rows.extend(found)
+            self._scanned = len(events)
+            self.endInsertRows()
+        else:
+            self._scanned = len(events)
+
+    def details(self, i: int) -> str:
+        text = self._details.get(i)
+        if text is None:
+            text = describe(self.state.log.events[i], self.state)
+            self._details[i] = text
+        return text
+
+    def row_of_seq(self, seq: int) -> int | None:
+        """The last row whose event seq is <= `seq` (the event the pool is shown after)."""
+        pos = self.state.log.count_upto(seq) - 1
+        r = bisect.bisect_right(self.rows, pos) - 1
+        return r if r >= 0 else None
+
+    def event(self, row: int) -> Event:
+        return self.state.log.events[self.rows[row]]
+
+    # ------------------------------------------------------------------ Qt model
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        i = self.rows[index.row()]
+        event = self.state.log.events[i]
+        col = index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            if col == 0:
+                return str(event.seq)
+            if col == 1:
+                if self._t0 is None:
+                    self._t0 = self.state.log.events[0].time
+                return f"{event.time - self._t0:.3f}"
+            if col == 2:
+                return event.kind.replace("_", " ")
+            if col == 3:
+                return request_of(event)
+            return self.details(i)
+        if role == Qt.ItemDataRole.ToolTipRole and col == 4:
+            return self.details(i)  # the column elides long details; the tooltip has them whole
+        if role == Qt.ItemDataRole.ForegroundRole and col == 2:
+            key = _KIND_COLORS.get(event.kind)
+            return theme.color(key) if key else None
+        if role == Qt.ItemDataRole.TextAlignmentRole and col in (0, 1):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None
+
+
+_KIND_COLORS = {"block_evicted": "evicted", "request_refused": "miss", "cache_reset": "warn",
+                "block_stored": "cached", "lookup": "accent", "blocks_freed": "text_dim"}
+
+
+class EventLogView(PanelView):
+    """The filterable log; follows live events and scrubs the pool to a selected row."""
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self.setObjectName("event_log_view")
+        self.model = EventTableModel(self.state, self)
+        self.kind_box = QComboBox()
+        self.kind_box.setObjectName("event_kind_filter")
+        self.kind_box.addItem("all kinds", "")
+        for kind in EVENT_TYPES:
+            self.kind_box.addItem(kind.replace("_", " "), kind)
+        self.request_edit = QLineEdit()
+        self.request_edit.setObjectName("event_request_filter")
+        self.request_edit.setPlaceholderText("request id")
+        self.request_edit.setClearButtonEnabled(True)
+        self.text_edit = QLineEdit()
+        self.text_edit.setObjectName("event_text_filter")
+        self.text_edit.setPlaceholderText("search details")
+        self.text_edit.setClearButtonEnabled(True)
+        self.follow = QCheckBox("follow")
+        self.follow.setChecked(True)
+        self.follow.setToolTip("scroll to new events as they arrive")
+        self.count_label = QLabel()
+        self.count_label.setObjectName("event_count")
+
+        self.table = QTableView()
+        self.table.setObjectName("event_table")
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()
+        # narrow fixed columns leave the details most of a dock's width
+        for col, width in enumerate((58, 66, 136, 84)):
+            header.resizeSection(col, width)
+        header.setMinimumSectionSize(40)
+        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+
+        bar = QHBoxLayout()
+        bar.addWidget(self.kind_box)
+        bar.addWidget(self.request_edit)
+        bar.addWidget(self.text_edit, 1)
+        bar.addWidget(self.follow)
+        bar.addWidget(self.count_label)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(bar)
+        layout.addWidget(self.table, 1)
+        self.detail = EventLinkLabel(self.state, "", self)
+        self.detail.setObjectName("event_detail")
+        self.detail.setWordWrap(True)
+        self.detail.setToolTip("the shown event; click an \u201cevent N\u201d to scrub there")
+        # A short dock (1280x800) keeps the line: the table gives up rows, not the details.
+        self.table.setMinimumHeight(66)
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.detail.setMaximumHeight(self.detail.fontMetrics().lineSpacing() * 3 + 4)
+        layout.addWidget(self.detail)
+
+        self._syncing = False
+        self.kind_box.currentIndexChanged.connect(self._apply_filter)
+        self.request_edit.textChanged.connect(self._apply_filter)
+        self.text_edit.textChanged.connect(self._apply_filter)
+        self.table.selectionModel().currentRowChanged.connect(self._on_row)
+        self.state.sigChanged.connect(self.refresh)
+        self.state.sigReset.connect(self.model.reset_log)
+        self.model.reset_log()
+        self.refresh()
+
+    def apply_theme(self, name: str) -> None:
+        self._update_detail()  # its links carry the theme's colour
+
+    def show_subject(self, subject: Subject) -> None:
+        # A filter typed for the last file would hide most of the next one.
+        self.set_filter()
+
+    def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
+        """Set the filter widgets (which refilter the table)."""
+        i = self.kind_box.findData(kind)
+        self.kind_box.setCurrentIndex(max(0, i))
+        self.request_edit.setText(request)
+        self.text_edit.setText(text)
+
+    def _apply_filter(self) -> None:
+        self.model.set_filter(self.kind_box.currentData() or "", self.request_edit.text(), self.text_edit.text())
+        self._update_count()
+        self._select_current()
+
+    def _update_count(self) -> None:
+        self.count_label.setText(f"{len(self.model.rows):,} of {len(self.state.log):,}")
+
+    def refresh(self) -> None:
+        self.model.catch_up()
+        self._update_count()
+        self._select_current()
+        self._update_detail()
+
+    def _update_detail(self) -> None:
+        seq = self.state.current_seq
+        event = self.state.log.event_at_seq(seq) if seq is not None else None
+        if event is None:
+            self.detail.setText("")
+            return
+        rid = request_of(event)
+        who = f" · request {html.escape(rid)}" if rid else ""
+        self.detail.setText(f"{event_link(seq, self.state)} · {event.kind.replace('_', ' ')}{who}: "
+                            f"{describe(event, self.state, rich=True)}")
+
+    def _select_current(self) -> None:
+        """Model to view: the row of the event the pool is shown at (last row when live)."""
+        if not self.model.rows:
+            return
+        self._syncing = True
+        try:
+            if self.state.is_live:
+                if self.follow.isChecked():
+                    self.table.clearSelection()
+                    self.table.scrollToBottom()
+                return
+            row = self.model.row_of_seq(self.state.current_seq if self.state.current_seq is not None else -1)
+            if row is not None:
+                index = self.model.index(row, 0)
+                self.table.setCurrentIndex(index)
+                self.table.scrollTo(index)
+        finally:
+            self._syncing = False
+
+    def _on_row(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if self._syncing or not current.isValid():
+            return
+        self.state.scrub_to(self.model.event(current.row()).seq)
+
+    def selected_event(self) -> Event | None:
+        index = self.table.currentIndex()
+        return self.model.event(index.row()) if index.isValid() else None
+

@@ -1,0 +1,235 @@
+"""Per-layer KV memory: measured bytes per layer as bars, totals, the formula with the
+numbers filled in, and what-ifs for another dtype or model preset.
+
+Measured sizes come from `sigEngineChanged`'s `per_layer_bytes` (or the runner's pool);
+presets and reports from `engine.model.kv_memory` when it is available.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
+
+from app.ui import theme
+from app.views.pool.timeline_view import CountAxis
+from engine.core.validation import human_bytes
+from engine.model.kv_memory import PRESETS, kv_bytes
+from app.ui.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+
+BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
+
+
+def _presets() -> dict[str, Any]:
+    return dict(PRESETS)
+
+
+def _shape_numbers(shape: Any) -> tuple[int, int, int] | None:
+    """(layers, kv_heads, head_dim) of a preset, whatever its container."""
+    names = (("num_layers", "layers"), ("num_kv_heads", "kv_heads"), ("head_dim",))
+    out = []
+    for options in names:
+        value = None
+        for name in options:
+            value = shape.get(name) if isinstance(shape, dict) else getattr(shape, name, None)
+            if value is not None:
+                break
+        if value is None:
+            return None
+        out.append(int(value))
+    return out[0], out[1], out[2]
+
+
+class KvMemoryView(PanelView):
+    """Bars of measured bytes per layer and the formula check, plus a what-if calculator."""
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self.setObjectName("kv_memory_view")
+        self.per_layer: list[int] = []
+        self.presets = _presets()
+
+        self.totals = QLabel()
+        self.totals.setObjectName("kv_totals")
+        self.totals.setTextFormat(Qt.TextFormat.RichText)
+        self.totals.setWordWrap(True)
+        self.plot = pg.PlotWidget(axisItems={"left": CountAxis("left", integer=False), "bottom": CountAxis("bottom")})
+        self.plot.setMenuEnabled(False)
+        self.plot.hideButtons()
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.getAxis("left").setWidth(44)
+        self.plot.showGrid(x=False, y=True, alpha=0.15)
+        # the plot takes the room the text leaves and never asks for more (a preferred height
+        # would make the dock's scroll area scroll)
+        self.plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.plot.setMinimumSize(200, 110)
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.75)
+        self.plot.addItem(self.bars)
+
+        self.dtype_box = QComboBox()
+        self.dtype_box.setObjectName("kv_dtype")
+        for name in BYTES_PER_VALUE:
+            self.dtype_box.addItem(name)
+        self.preset_box = QComboBox()
+        self.preset_box.setObjectName("kv_preset")
+        self.preset_box.addItem("this model", None)
+        for name in self.presets:
+            self.preset_box.addItem(name, name)
+        self.tokens_box = QSpinBox()
+        self.tokens_box.setObjectName("kv_tokens")
+        self.tokens_box.setRange(1, 10_000_000)
+        self.tokens_box.setSingleStep(1024)
+        self.tokens_box.setSuffix(" tokens")
+        self.what_if = QLabel()
+        self.what_if.setObjectName("kv_what_if")
+        self.what_if.setTextFormat(Qt.TextFormat.RichText)
+        self.what_if.setWordWrap(True)
+
+        for box in (self.preset_box, self.dtype_box):
+            # long preset names must not widen the dock: the box shows as much as fits
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(6)
+        self.tokens_box.setMinimumWidth(112)
+        self.preset_box.setToolTip("a model preset, or the model loaded now")
+        self.dtype_box.setToolTip("the KV cache's data type")
+        self.tokens_box.setToolTip("tokens held in the KV cache")
+        self.what_if_caption = QLabel("What if — model, data type, tokens:")
+        self.what_if_caption.setObjectName("kv_what_if_caption")
+        bar = QHBoxLayout()
+        bar.setSpacing(4)
+        bar.addWidget(self.preset_box, 2)
+        bar.addWidget(self.dtype_box, 1)
+        bar.addWidget(self.tokens_box, 2)
+        text = QVBoxLayout()
+        text.setSpacing(6)
+        from app.ui.export import export_button, header_row
+
+        self.export = export_button(self, plots={"KV bytes per layer": lambda: self.plot},
+                                    tables={"KV bytes per layer": lambda: (["layer", "bytes"],
+                                                                           list(enumerate(self.per_layer)))})
+        text.addLayout(header_row(self.totals, self.export))
+        text.addSpacing(2)
+        text.addWidget(self.what_if_caption)
+        text.addLayout(bar)
+        text.addWidget(self.what_if)
+        text.addStretch(1)
+        # Side by side in a wide, short dock (the default); stacked when the dock is tall.
+        self.box = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
+        self.box.setContentsMargins(6, 6, 6, 6)
+        self.box.setSpacing(10)
+        self.box.addWidget(self.plot, 5)
+        self.box.addLayout(text, 4)
+
+        for box in (self.dtype_box, self.preset_box):
+            box.currentIndexChanged.connect(self.update_what_if)
+        self.tokens_box.valueChanged.connect(self.update_what_if)
+        self.state.sigReset.connect(self.refresh)
+        self.state.sigChanged.connect(self._on_changed)
+        self._in_use_shown = -1
+        self.apply_theme()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        wide = event.size().width() >= 1.6 * event.size().height()
+        self.box.setDirection(QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom)
+        super().resizeEvent(event)
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.plot.setBackground(p["panel"])
+        self.bars.setOpts(brush=pg.mkBrush(p["accent"]), pen=pg.mkPen(None))
+        for side in ("left", "bottom"):
+            self.plot.getAxis(side).setTextPen(p["text_dim"])
+            self.plot.getAxis(side).setPen(p["text_dim"])
+        self.plot.setTitle("KV bytes per layer, MiB (K + V)", color=p["text_dim"], size="9pt")
+        self.what_if_caption.setStyleSheet(f"color: {p['text_dim']}")
+        self.refresh()
+
+    # ------------------------------------------------------------------ model
+    def _info(self) -> dict[str, Any]:
+        info = dict(self.state.engine_info)
+        if not info.get("per_layer_bytes"):
+            runner = self.ctx.runner
+            pool = getattr(runner, "kv_pool", None)
+            if pool is not None:
+                info["per_layer_bytes"] = list(pool.per_layer_bytes())
+        return info
+
+    def _on_changed(self) -> None:
+        # only the "in use now" line depends on events; redo it when the count moves
+        if self.state.projection.num_in_use != self._in_use_shown:
+            self._update_totals()
+
+    def refresh(self) -> None:
+        info = self._info()
+        self.per_layer = [int(b) for b in info.get("per_layer_bytes") or []]
+        x = np.arange(len(self.per_layer), dtype=float)
+        heights = np.array(self.per_layer, dtype=float) / 2**20
+        self.bars.setOpts(x=x, height=heights, width=0.75)
+        self.plot.setYRange(0, max(float(heights.max()) if len(heights) else 0.0, 1e-3) * 1.08, padding=0)
+        self.plot.setXRange(-0.6, max(len(heights), 1) - 0.4, padding=0)
+        self.plot.setVisible(bool(self.per_layer))  # no model pool: empty axes would only waste room
+        capacity = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
+        if capacity and self.tokens_box.value() == 1:
+            self.tokens_box.setValue(min(capacity, self.tokens_box.maximum()))
+        dtype = info.get("dtype")
+        if dtype in BYTES_PER_VALUE:
+            self.dtype_box.setCurrentText(dtype)
+        self._update_totals()
+        self.update_what_if()
+
+    def _update_totals(self) -> None:
+        info = self._info()
+        p = self.state.projection
+        self._in_use_shown = p.num_in_use
+        layers, heads, dim = (int(info.get(k) or 0) for k in ("num_layers", "num_kv_heads", "head_dim"))
+        dtype = info.get("dtype") or "float32"
+        bpv = BYTES_PER_VALUE.get(str(dtype), 4)
+        tokens = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
+        if not self.per_layer or not layers:
+            self.totals.setText("No model pool yet: per-layer KV memory is measured from the model runner's "
+                                "tensors once a model is loaded. The what-if below works without one.")
+            return
+        measured = sum(self.per_layer)
+        expected = kv_bytes(layers, heads, dim, bpv, tokens)
+        check = "✓ equals" if measured == expected else "✗ differs from"
+        in_use = p.num_in_use * p.block_size * (measured // tokens if tokens else 0)
+        self.totals.setText(
+            f"<b>{info.get('model') or 'model'}</b> · {layers} layers · {heads} KV heads · head dim {dim} · "
+            f"{dtype}<br>measured <b>{human_bytes(measured, 2)}</b> ({measured:,} bytes) for {tokens:,} tokens "
+            f"({human_bytes(measured / tokens if tokens else 0, 2)} per token) · in use now {human_bytes(in_use, 2)}"
+            f"<br>formula 2 × {layers} layers × {heads} kv heads × {dim} head dim × {bpv} bytes × {tokens:,} tokens"
+            f" = <b>{expected:,}</b> bytes, {check} the measured size")
+
+    def update_what_if(self) -> None:
+        """The formula for the chosen preset (or this model), dtype and token count."""
+        info = self._info()
+        preset = self.preset_box.currentData()
+        numbers = None
+        name = info.get("model") or "this model"
+        if preset is not None:
+            numbers = _shape_numbers(self.presets[preset])
+            name = preset
+        elif info.get("num_layers"):
+            numbers = (int(info["num_layers"]), int(info["num_kv_heads"]), int(info["head_dim"]))
+        dtype = self.dtype_box.currentText()
+        tokens = self.tokens_box.value()
+        if numbers is None:
+            self.what_if.setText("Pick a model preset to see what its KV cache would need.")
+            return
+        layers, heads, dim = numbers
+        # Latent attention (DeepSeek-V3) caches one compressed latent per token and layer,
+        # not K and V per head: the preset's kv_factor says which (2 or 1).
+        factor = int(getattr(self.presets[preset], "kv_factor", 2)) if preset is not None else 2
+        total = kv_bytes(layers, heads, dim, BYTES_PER_VALUE[dtype], tokens, factor)
+        self.what_if_bytes = total
+        note = "" if factor == 2 else " (latent attention: one latent per token and layer, no separate K and V)"
+        self.what_if.setText(
+            f"{name} in {dtype}: {factor} × {layers} × {heads} × {dim} × {BYTES_PER_VALUE[dtype]} × {tokens:,} = "
+            f"<b>{human_bytes(total, 2)}</b> ({human_bytes(total / tokens, 2)} per token){note}")

@@ -1,0 +1,202 @@
+"""Metrics: hit rate over time, tokens reused vs computed per request, time to first token.
+
+Hit rate and token counts come from the projection's request records (so they follow
+scrubbing); times to first token come from `PoolState.record_timing`, called by whoever
+ran the request (the conversation view), with the cold time when it was measured.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from app.ui import theme
+from app.ui.export import export_button, header_row
+from app.views.pool.block_table_view import legend_line, swatch
+from app.views.pool.timeline_view import PlotStack, show_remote
+from engine.core.projection import RequestRecord
+from app.ui.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+
+MAX_BARS = 400  # the most recent requests drawn as bars; older ones stay in the hit-rate curve
+
+
+def request_rows(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cached, computed, cumulative hit rate) per request that got a lookup, in start order."""
+    looked = [r for r in records if r.miss is not None]
+    cached = np.array([r.num_cached_tokens for r in looked], dtype=float)
+    computed = np.array([r.num_computed_tokens for r in looked], dtype=float)
+    prompt = np.cumsum(cached + computed)
+    rate = np.divide(np.cumsum(cached), prompt, out=np.zeros_like(prompt), where=prompt > 0)
+    return cached, computed, rate
+
+
+class MetricsView(PanelView):
+    """Three plots over requests: cumulative hit rate, reused/computed tokens, TTFT."""
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self.setObjectName("metrics_view")
+        self._drawn_version = -1
+        self.summary = QLabel()
+        self.summary.setObjectName("metrics_summary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
+        self.glw = PlotStack("request (in start order)", header_width=92)  # ticks name request ids
+        h_rate, self.p_rate = self.glw.add(stretch=2)
+        h_tokens, self.p_tokens = self.glw.add(stretch=3)
+        h_ttft, self.p_ttft = self.glw.add(stretch=3)
+        self.headers = [h_rate, h_tokens, h_ttft]
+        for p in (self.p_rate, self.p_tokens, self.p_ttft):
+            p.showGrid(x=False, y=True, alpha=0.15)
+            p.setMouseEnabled(x=True, y=False)
+        self.p_rate.setYRange(-6, 106, padding=0)  # the 0 % and 100 % dots stay whole
+        self.p_ttft.setYRange(0, 1, padding=0)
+        self.c_rate = self.p_rate.plot(name="cumulative hit rate")
+        self.s_rate = pg.ScatterPlotItem(size=5, name="this request")
+        self.p_rate.addItem(self.s_rate)
+        self.b_cached = pg.BarGraphItem(x=[], height=[], width=0.8, name="reused (cached)")
+        self.b_computed = pg.BarGraphItem(x=[], y0=[], height=[], width=0.8, name="computed")
+        self.p_tokens.addItem(self.b_cached)
+        self.p_tokens.addItem(self.b_computed)
+        self.b_warm = pg.BarGraphItem(x=[], height=[], width=0.4, name="with reuse")
+        self.b_cold = pg.BarGraphItem(x=[], height=[], width=0.4, name="without reuse")
+        self.p_ttft.addItem(self.b_cold)
+        self.p_ttft.addItem(self.b_warm)
+        self.ttft_hint = pg.TextItem("no timings yet: chat with the model to measure them", anchor=(0.5, 0.5))
+        self.p_ttft.addItem(self.ttft_hint, ignoreBounds=True)
+        self.p_ttft.vb.sigXRangeChanged.connect(self._place_hint)
+        self._has_timings = False
+        self._fit_rows()
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        self.export = export_button(self, plots={"Metrics": lambda: self.glw},
+                                    tables={"Requests": self.requests_table})
+        layout.addLayout(header_row(self.summary, self.export))
+        layout.addWidget(self.glw, 1)
+        # A remote vLLM pool has no requests or ref counts: its own plots take this place.
+        from app.views.pool.remote_plots import RemoteMetrics
+
+        self.remote_view = RemoteMetrics(self.state)
+        self.remote_view.hide()
+        layout.addWidget(self.remote_view, 1)
+        self.state.sigChanged.connect(self.refresh)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        self.remote_view.apply_theme(name)
+        p = theme.palette(name)
+        self.palette = p
+        self.glw.setBackground(p["panel"])
+        self.c_rate.setPen(pg.mkPen(p["accent"], width=2))
+        self.s_rate.setBrush(pg.mkBrush(p["text_dim"]))
+        self.s_rate.setPen(pg.mkPen(None))
+        self.b_cached.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
+        self.b_computed.setOpts(brush=pg.mkBrush(p["computed"]), pen=pg.mkPen(None))
+        self.b_warm.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
+        self.b_cold.setOpts(brush=pg.mkBrush(p["computed"]), pen=pg.mkPen(None))
+        self.ttft_hint.setColor(p["text_dim"])
+        for plot in (self.p_rate, self.p_tokens, self.p_ttft):
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+        small = "<span style='font-size:8pt'>"
+        texts = (f"hit rate %<br>{small}{swatch(p['accent'], '▬')} so far&nbsp; ● each</span>",
+                 "prompt tokens",
+                 f"TTFT ms<br>{small}{swatch(p['cached'])} with&nbsp; {swatch(p['computed'])} without</span>")
+        for header, text in zip(self.headers, texts):
+            header.setText(text, color=p["text_dim"], size="9pt")
+        self._drawn_version = -1
+        self.refresh()
+
+    def _fit_rows(self) -> None:
+        # Without timings (a trace) the TTFT row only holds a hint: it steps out first.
+        self.glw.priority = [1, 2, 0] if self._has_timings else [1, 0, 2]
+        self.glw.shown = []
+        self.glw.fit()
+
+    def _place_hint(self) -> None:
+        (x0, x1), _ = self.p_ttft.vb.viewRange()
+        self.ttft_hint.setPos((x0 + x1) / 2, 0.5)
+
+    def refresh(self) -> None:
+        if show_remote(self):
+            return
+        if self.state.version == self._drawn_version:
+            return
+        self._drawn_version = self.state.version
+        proj = self.state.projection
+        records = [r for r in proj.request_records() if r.miss is not None]
+        cached, computed, rate = request_rows(records)
+        self.cached_tokens, self.computed_tokens, self.hit_rates = cached, computed, rate
+        n = len(records)
+        x = np.arange(1, n + 1, dtype=float)  # requests in start order, labelled by their ids
+        names = [r.request_id for r in records]
+        for plot in (self.p_rate, self.p_tokens, self.p_ttft):
+            axis = plot.getAxis("bottom")
+            if axis.names != names:
+                axis.names = names
+                axis.picture = None  # pyqtgraph caches the drawn ticks
+                axis.update()
+        self.c_rate.setData(x, 100 * rate)
+        per = np.divide(cached, cached + computed, out=np.zeros_like(cached), where=(cached + computed) > 0)
+        self.s_rate.setData(x=x, y=100 * per)
+        recent = slice(max(0, n - MAX_BARS), n)
+        self.b_cached.setOpts(x=x[recent], height=cached[recent], width=0.8)
+        self.b_computed.setOpts(x=x[recent], y0=cached[recent], height=computed[recent], width=0.8)
+        top = float((cached + computed)[recent].max()) if n else 1.0
+        self.p_tokens.setYRange(0, max(1.0, top) * 1.05, padding=0)
+        self.p_rate.setXRange(max(0.5, n - MAX_BARS + 0.5), max(1.5, n + 0.5), padding=0)
+        self._draw_timings(records)
+        c = proj.counters
+        p = self.palette
+        self.summary.setText(legend_line([
+            ("", f"<b>{c.num_requests:,}</b> requests"),
+            (swatch(p["accent"], "▬"), f"hit rate <b>{100 * c.hit_rate:.1f}%</b>"),
+            (swatch(p["cached"]), f"reused <b>{c.num_cached_tokens:,}</b> of {c.num_prompt_tokens:,} prompt tokens"),
+            (swatch(p["computed"]), f"computed <b>{c.num_computed_tokens:,}</b>"),
+            ("", f"stored {c.num_stored_blocks:,} blocks"),
+            ("", f"evicted {c.num_evicted_blocks:,}"),
+            ("", f"refused {c.num_refused_requests:,}")]))
+
+    def requests_table(self) -> tuple[list[str], list[list[Any]]]:
+        """One row per request with a lookup, as the plots number them (for the CSV export)."""
+        records = [r for r in self.state.projection.request_records() if r.miss is not None]
+        _, _, rate = request_rows(records)
+        rows = []
+        for i, (r, so_far) in enumerate(zip(records, rate)):
+            t = self.state.timings.get(r.request_id)
+            rows.append([i + 1, r.request_id, r.num_prompt_tokens, r.num_cached_tokens, r.num_computed_tokens,
+                         round(float(so_far), 6), r.miss.reason if r.miss else "",
+                         "" if t is None else t.ttft_ms, "" if t is None or t.cold_ttft_ms is None else t.cold_ttft_ms])
+        return (["request", "request_id", "prompt_tokens", "cached_tokens", "computed_tokens", "hit_rate_so_far",
+                 "miss_reason", "ttft_ms", "cold_ttft_ms"], rows)
+
+    def _draw_timings(self, records: list[RequestRecord]) -> None:
+        timings = self.state.timings
+        rows = [(i + 1, timings[r.request_id]) for i, r in enumerate(records) if r.request_id in timings]
+        self.ttft_hint.setVisible(not rows)
+        if bool(rows) != self._has_timings:
+            self._has_timings = bool(rows)
+            self._fit_rows()
+        if not rows:
+            self.b_warm.setOpts(x=[], height=[])
+            self.b_cold.setOpts(x=[], height=[])
+            self.p_ttft.setYRange(0, 1, padding=0)
+            self._place_hint()
+            return
+        xs = np.array([i for i, _ in rows], dtype=float)
+        warm = np.array([t.ttft_ms for _, t in rows], dtype=float)
+        cold_rows = [(i, t.cold_ttft_ms) for i, t in rows if t.cold_ttft_ms is not None]
+        cold = np.array([c for _, c in cold_rows], dtype=float)
+        self.b_warm.setOpts(x=xs + 0.2, height=warm, width=0.4)
+        self.b_cold.setOpts(x=np.array([i for i, _ in cold_rows], dtype=float) - 0.2, height=cold, width=0.4)
+        top = max(float(warm.max()), float(cold.max()) if len(cold) else 0.0, 1.0)
+        self.p_ttft.setYRange(0, top * 1.05, padding=0)

@@ -1,0 +1,226 @@
+"""The timelines and metrics of a remote vLLM pool, over the server's clock.
+
+A vLLM pool has no requests and no ref counts in its events, so the timeline and metrics
+docks show these instead while attached (or while a capture is open): cached blocks per
+tier, blocks stored and removed per second, and how long blocks lived from stored to
+removed. They read `PoolState.remote` (`engine.remote.overlay.RemoteOverlay`) only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from app.ui import theme
+from app.views.pool.block_table_view import legend_line, swatch, tier_colors
+from app.views.pool.timeline_view import PlotStack
+
+# A refresh reads every stored and removed time: at most this often while events stream.
+REFRESH_MS = 200
+# Lifetime bins, seconds: log-spaced from 10 ms to a day.
+LIFETIME_EDGES = np.concatenate(([0.0], np.logspace(-2, np.log10(86400), 29)))
+
+
+LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
+    (0.01, "10 ms"), (0.1, "100 ms"), (1, "1 s"), (10, "10 s"), (60, "1 min"), (600, "10 min"),
+    (3600, "1 h"), (86400, "1 day"))]
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class _Throttled(QWidget):
+    """A widget whose `refresh` runs at most every REFRESH_MS, however often `schedule` is called."""
+
+    def _init_throttle(self) -> None:
+        self._throttle = QTimer(self, singleShot=True, interval=REFRESH_MS)
+        self._throttle.timeout.connect(self.refresh)
+
+    def schedule(self) -> None:
+        if not self._throttle.isActive():
+            self._throttle.start()
+
+    def refresh(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class RemoteTimeline(_Throttled):
+    """Cached blocks per tier, and blocks stored and removed per second of server time."""
+
+    def __init__(self, state: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._init_throttle()
+        self.setObjectName("remote_timeline")
+        self.title = QLabel()
+        self.title.setObjectName("remote_timeline_summary")
+        self.title.setTextFormat(Qt.TextFormat.RichText)
+        self.title.setWordWrap(True)
+        self.glw = PlotStack("seconds since the first event (server clock)")
+        h_cached, self.p_cached = self.glw.add(stretch=3)
+        h_stored, self.p_stored = self.glw.add(stretch=2)
+        h_removed, self.p_removed = self.glw.add(stretch=2)
+        self.headers = [h_cached, h_stored, h_removed]
+        self.glw.priority = [0, 1, 2]
+        self.glw.show_rows([True, True, True])
+        for p in (self.p_cached, self.p_stored, self.p_removed):
+            p.showGrid(x=True, y=True, alpha=0.15)
+            p.setMouseEnabled(x=True, y=False)
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.b_stored = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self.b_removed = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self.p_stored.addItem(self.b_stored)
+        self.p_removed.addItem(self.b_removed)
+        self.stored_per_s = np.zeros(0)
+        self.removed_per_s = np.zeros(0)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.title)
+        layout.addWidget(self.glw, 1)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.palette, self.tiers = p, tier_colors(name)
+        self.glw.setBackground(p["panel"])
+        for tier, curve in self.curves.items():
+            curve.setPen(pg.mkPen(self.tiers.get(tier, p["accent"]), width=2))
+        self.b_stored.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
+        self.b_removed.setOpts(brush=pg.mkBrush(p["evicted"]), pen=pg.mkPen(None))
+        for plot in (self.p_cached, self.p_stored, self.p_removed):
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+        for header, text in zip(self.headers, ("cached<br>blocks", "stored<br>per s", "removed<br>per s")):
+            header.setText(text, color=p["text_dim"], size="9pt")
+        self.refresh()
+
+    def refresh(self) -> None:
+        remote = self.state.remote
+        if remote is None:
+            return
+        t = np.frombuffer(remote.sample_times, dtype=np.float64) if remote.sample_times else np.zeros(0)
+        start = float(np.floor(min(remote.stored_times[0] if remote.stored_times else np.inf,
+                                   t[0] if len(t) else np.inf))) if len(t) else 0.0
+        top = 1.0
+        for name, code in remote.tier_names.items():
+            counts = remote.sample_counts[code - 1] if code - 1 < len(remote.sample_counts) else None
+            if counts is None or not any(counts):
+                if name in self.curves:
+                    self.curves[name].setData([], [])
+                continue
+            curve = self.curves.get(name)
+            if curve is None:
+                curve = self.curves[name] = self.p_cached.plot(stepMode=None)
+                curve.setPen(pg.mkPen(self.tiers.get(name, self.palette["accent"]), width=2))
+            y = np.frombuffer(counts, dtype=np.int64).astype(float)
+            curve.setData(t - start, y)
+            top = max(top, float(y.max()))
+        self.p_cached.setYRange(0, top * 1.1, padding=0)
+        secs, stored, removed = remote.per_second(start if len(t) else None)
+        self.stored_per_s, self.removed_per_s = stored, removed
+        self.b_stored.setOpts(x=secs + 0.5, height=stored, width=0.9)
+        self.b_removed.setOpts(x=secs + 0.5, height=removed, width=0.9)
+        self.p_stored.setYRange(0, max(1.0, float(stored.max()) if len(stored) else 1.0) * 1.1, padding=0)
+        self.p_removed.setYRange(0, max(1.0, float(removed.max()) if len(removed) else 1.0) * 1.1, padding=0)
+        right = max(float(t[-1] - start) if len(t) else 0.0, float(len(secs)))
+        self.p_cached.setXRange(0, max(1.0, right), padding=0.02)
+        p = self.state.projection
+        counts = remote.tier_counts(p)
+        items = [(swatch(self.tiers.get(c.tier, self.palette["accent"]), "▬"), f"{c.tier} <b>{c.num_blocks:,}</b>")
+                 for c in counts if c.num_blocks or c.tier == "GPU"]
+        items += [(swatch(self.palette["cached"]), f"stored <b>{len(remote.stored_times):,}</b>"),
+                  (swatch(self.palette["evicted"]), f"removed <b>{len(remote.removed_times):,}</b>"),
+                  ("", f"resets {p.num_resets}")]
+        self.title.setText(legend_line(items))
+
+
+class RemoteMetrics(_Throttled):
+    """Block lifetime from stored to removed, and what the server reports of reuse."""
+
+    def __init__(self, state: Any, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._init_throttle()
+        self.setObjectName("remote_metrics")
+        self.summary = QLabel()
+        self.summary.setObjectName("remote_metrics_summary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)
+        self.glw = PlotStack("block lifetime, stored to removed (log scale)", header_width=92)
+        h_life, self.p_life = self.glw.add(stretch=1)
+        self.headers = [h_life]
+        self.glw.show_rows([True])
+        self.p_life.showGrid(x=True, y=True, alpha=0.15)
+        self.p_life.setMouseEnabled(x=False, y=False)
+        self.p_life.setLogMode(x=True, y=False)
+        # log10 seconds as words: the axis would otherwise read -2, -1, 0, 1 ...
+        self.p_life.getAxis("bottom").setTicks([LIFETIME_TICKS, []])
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.1)
+        self.p_life.addItem(self.bars)
+        self.hint = pg.TextItem("no block removed yet: lifetimes appear when the server removes blocks",
+                                anchor=(0.5, 0.5))
+        self.p_life.addItem(self.hint, ignoreBounds=True)
+        self.lifetime_counts = np.zeros(0)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.glw, 1)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.palette = p
+        self.glw.setBackground(p["panel"])
+        self.bars.setOpts(brush=pg.mkBrush(p["accent"]), pen=pg.mkPen(None))
+        self.hint.setColor(p["text_dim"])
+        for side in ("left", "bottom"):
+            self.p_life.getAxis(side).setTextPen(p["text_dim"])
+            self.p_life.getAxis(side).setPen(p["text_dim"])
+        self.headers[0].setText("removed<br>blocks", color=p["text_dim"], size="9pt")
+        self.refresh()
+
+    def refresh(self) -> None:
+        remote = self.state.remote
+        if remote is None:
+            return
+        life = np.frombuffer(remote.lifetimes, dtype=np.float64) if remote.lifetimes else np.zeros(0)
+        counts, edges = np.histogram(life, bins=LIFETIME_EDGES)
+        self.lifetime_counts = counts
+        # log-x bars: centres and widths in log10 units; the first bin (0-10 ms) sits at 5 ms
+        lo = np.log10(np.maximum(edges[:-1], 0.005))
+        hi = np.log10(edges[1:])
+        self.bars.setOpts(x=(lo + hi) / 2, height=counts.astype(float), width=(hi - lo) * 0.9)
+        self.p_life.setYRange(0, max(1.0, float(counts.max()) if len(counts) else 1.0) * 1.1, padding=0)
+        self.p_life.setXRange(-2.3, np.log10(86400), padding=0)
+        self.hint.setVisible(len(life) == 0)
+        self.hint.setPos(1.0, 0.5)
+        p = self.state.projection
+        items = [("", f"<b>{len(remote.stored_times):,}</b> blocks stored"),
+                 ("", f"<b>{len(remote.removed_times):,}</b> removed")]
+        if len(life):
+            q50, q90 = np.percentile(life, [50, 90])
+            items.append((swatch(self.palette["accent"]), f"lifetime median <b>{_fmt_s(q50)}</b>, p90 {_fmt_s(q90)}"))
+        items.append(("", f"cached now <b>{p.num_hashed:,}</b>"))
+        if p.num_blocks <= 200_000:  # a pass over every slot; skipped for a huge pool
+            tenants = sorted({t for t in p.tenants if t is not None})
+            if tenants:
+                items.append(("", f"tenants {', '.join(tenants[:4])}{' …' if len(tenants) > 4 else ''}"))
+        if remote.num_restarts:
+            items.append(("", f"server restarts <b>{remote.num_restarts}</b>"))
+        # vLLM's KV events carry stores and removals, never prefix hits: say so rather than show 0 %.
+        reuse = ("reuse: vLLM's KV events do not publish prefix hits; "
+                 f"<b>{remote.num_stored_again:,}</b> blocks were stored again after the server removed them "
+                 "(computed twice)")
+        self.summary.setText(legend_line(items) + "<br>" + reuse)

@@ -1,0 +1,445 @@
+"""Timelines of the pool over event seq: blocks in use / cached free / empty, max ref count,
+and evictions per step, with markers for refused requests and cache resets.
+
+Curves come from `EventLog.series` (one sample per event) and are updated in place; a
+cursor marks the event the views show, and clicking a plot scrubs there. The plot helpers
+the other engine views share (`CountAxis`, `PlotStack`) live here too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtGui import QFontMetrics, QResizeEvent
+from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from app.ui import theme
+from app.ui.export import export_button, header_row
+from app.views.pool.block_table_view import block_colors, legend_line, swatch
+from app.ui.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+
+NUM_BINS = 120
+# Redrawing 100K-point curves costs tens of ms: while live, at most this often.
+MIN_REDRAW_MS = 150
+HEADER_WIDTH = 78  # the column of row titles left of the plots
+AXIS_WIDTH = 44  # every left axis equally wide, so the linked x axes line up
+MIN_ROW_PX = 42  # a plot row shorter than this is unreadable: it steps out instead
+X_AXIS_PX = 40  # tick labels and title of the shared x axis
+QWIDGETSIZE_MAX = 16777215
+
+
+def nice_step(raw: float) -> float:
+    """The smallest of 1, 2, 5 × 10^k that is at least `raw`."""
+    if raw <= 0:
+        return 1.0
+    p10 = 10.0 ** math.floor(math.log10(raw))
+    for factor in (1.0, 2.0, 5.0, 10.0):
+        if factor * p10 >= raw * (1 - 1e-9):
+            return factor * p10
+    return 10.0 * p10
+
+
+class CountAxis(pg.AxisItem):
+    """Ticks at round values spaced so their labels never collide, whole numbers for counts.
+
+    The spacing is measured, not guessed: a step is kept only when the widest label it would
+    print (in the axis' own font) fits between two ticks with a gap, so "100,000" and
+    "150,000" cannot run together where "10" and "20" would have fitted.
+    """
+
+    GAP_PX = 12  # clear space between two horizontal labels
+    MAX_STEPS = 40
+
+    def __init__(self, orientation: str, integer: bool = True) -> None:
+        super().__init__(orientation)
+        self.integer = integer
+        self.names: list[str] = []  # when set, x = 1..n print as these names (request ids)
+        self.enableAutoSIPrefix(False)
+
+    def _font_metrics(self) -> QFontMetrics:
+        font = self.style.get("tickFont") or self.font()
+        return QFontMetrics(font)
+
+    def label_extent(self, values: list[float], step: float) -> float:
+        """Pixels one label needs along the axis (its width, or its height on a vertical axis)."""
+        fm = self._font_metrics()
+        if self.orientation in ("left", "right"):
+            return fm.height() + 4
+        texts = self.tickStrings(values, 1.0, step)
+        return max((fm.horizontalAdvance(t) for t in texts), default=0) + self.GAP_PX
+
+    def tickSpacing(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, float]]:
+        lo, hi = min(minVal, maxVal), max(minVal, maxVal)
+        span = hi - lo
+        if span <= 0 or size <= 0:
+            return []
+        step = nice_step(span / max(2.0, size / 40.0))
+        if self.integer:
+            step = max(1.0, step)
+        for _ in range(self.MAX_STEPS):
+            first = math.ceil(lo / step) * step
+            values = [first + i * step for i in range(int((hi - first) // step) + 1)] or [first]
+            if step / span * size >= self.label_extent(values, step):
+                break
+            step = nice_step(step * 1.0001)
+        return [(step, 0.0)]
+
+    def boundingRect(self) -> QRectF:
+        # with a grid pyqtgraph culls the "0" half past the axis end; let it overhang a little
+        rect = super().boundingRect()
+        return rect.adjusted(0, -8, 0, 8) if self.orientation in ("left", "right") else rect
+
+    def tickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        if self.names:  # the same names the chat, hash chains and log use; spacing measures them
+            n = len(self.names)
+            return [self.names[int(v) - 1] if v == int(v) and 1 <= v <= n else "" for v in values]
+        if self.orientation in ("left", "right") and max((abs(v) for v in values), default=0) >= 10_000:
+            return [compact_count(v) for v in values]  # a narrow side axis cannot hold "16,000"
+        if self.integer or spacing >= 1:
+            return [f"{v:,.0f}" for v in values]
+        return super().tickStrings(values, scale, spacing)
+
+
+def compact_count(v: float) -> str:
+    """16000 -> "16k", 2500000 -> "2.5M": counts short enough for a 44-pixel axis."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{unit}"
+    return f"{v:,.0f}"
+
+
+class PlotStack(pg.GraphicsLayoutWidget):
+    """Plots stacked in rows over one shared x axis, each with its title in a column of its
+    own (rotated axis labels collide on short rows). Tick labels show under the last row
+    only, and when the dock is too short for every row, rows of low priority step out."""
+
+    def __init__(self, x_label: str, header_width: int = HEADER_WIDTH) -> None:
+        self.rows: list[tuple[pg.LabelItem, pg.PlotItem, int]] = []
+        super().__init__()
+        self.x_label = x_label
+        self.priority: list[int] = []  # row indices, the most important first
+        self.shown: list[bool] = []
+        layout = self.ci.layout
+        layout.setContentsMargins(2, 2, 6, 2)
+        layout.setVerticalSpacing(8)  # a row's "0" and the next row's top label stay apart
+        layout.setHorizontalSpacing(0)
+        layout.setColumnFixedWidth(0, header_width)
+        # The plots take the room the labels above leave and never ask for more: in a dock's
+        # scroll area a preferred height would force a vertical scroll bar.
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.setMinimumHeight(MIN_ROW_PX + X_AXIS_PX)
+
+    def add(self, stretch: int) -> tuple[pg.LabelItem, pg.PlotItem]:
+        """A new row under the others (rows share the first row's x range)."""
+        plot = pg.PlotItem(axisItems={"left": CountAxis("left"), "bottom": CountAxis("bottom")})
+        plot.setMenuEnabled(False)
+        plot.hideButtons()
+        plot.getAxis("left").setWidth(AXIS_WIDTH)
+        plot.setLabel("bottom", self.x_label)
+        if self.rows:
+            plot.setXLink(self.rows[0][1])
+        header = pg.LabelItem(justify="right")
+        self.ci.addItem(header, row=len(self.rows), col=0)
+        self.ci.addItem(plot, row=len(self.rows), col=1)
+        self.rows.append((header, plot, stretch))
+        self.priority.append(len(self.rows) - 1)
+        return header, plot
+
+    def resizeEvent(self, event: QResizeEvent | None) -> None:
+        if self.rows:
+            self.fit(event.size().height() if event is not None else None)
+        super().resizeEvent(event)
+
+    def fit(self, height: int | None = None) -> None:
+        """Show as many rows as fit `height` pixels, the most important ones."""
+        height = self.height() if height is None else height
+        room = max(1, (height - X_AXIS_PX) // MIN_ROW_PX)
+        keep = set(self.priority[:room])
+        self.show_rows([i in keep for i in range(len(self.rows))])
+
+    def show_rows(self, shown: list[bool]) -> None:
+        if shown == self.shown:
+            return
+        # A row steps out by hiding at zero height: its items stay in the layout and keep
+        # their data and links, so stepping back in costs nothing.
+        last = max((i for i, on in enumerate(shown) if on), default=-1)
+        for i, (header, plot, stretch) in enumerate(self.rows):
+            on = shown[i]
+            for item in (header, plot):
+                item.setVisible(on)
+                item.setMinimumHeight(-1 if on else 0)  # -1: its own minimum again
+                item.setMaximumHeight(QWIDGETSIZE_MAX if on else 0)
+            self.ci.layout.setRowStretchFactor(i, stretch if on else 0)
+            axis = plot.getAxis("bottom")
+            axis.setStyle(showValues=i == last)
+            axis.showLabel(i == last)
+        self.shown = list(shown)
+
+
+def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_BINS) -> tuple[np.ndarray, np.ndarray, float]:
+    """Evictions per bin of seq: (bin centres, counts, bin width), from the cumulative count."""
+    if len(seq) == 0:
+        return np.zeros(0), np.zeros(0), 1.0
+    lo, hi = float(seq[0]), float(seq[-1]) + 1.0
+    bins = max(1, min(num_bins, len(seq)))
+    edges = np.linspace(lo, hi, bins + 1)
+    idx = np.searchsorted(seq, edges, side="left")  # samples before each edge
+    cum = np.concatenate(([0], evicted_cum))
+    counts = np.diff(cum[idx])
+    width = (hi - lo) / bins
+    return edges[:-1] + width / 2, counts.astype(float), width
+
+
+def show_remote(view: Any) -> bool:
+    """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then."""
+    remote = getattr(view.state, "remote", None) is not None
+    if view.remote_view.isHidden() == remote:
+        # the view's own export saves its own plots, which a remote pool does not fill
+        for w in (view.glw, getattr(view, "title", None), getattr(view, "summary", None),
+                  getattr(view, "export", None)):
+            if w is not None:
+                w.setVisible(not remote)
+        view.remote_view.setVisible(remote)
+    if remote:
+        view.remote_view.schedule()
+    return remote
+
+
+class TimelineView(PanelView):
+    """Three linked plots over event seq; reads `ctx.state.log.series`."""
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self.setObjectName("timeline_view")
+        self._drawn = (-1, -1)
+        self.title = QLabel()
+        self.title.setObjectName("timeline_summary")
+        self.title.setTextFormat(Qt.TextFormat.RichText)
+        self.title.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
+        self.glw = PlotStack("event seq")
+        h_blocks, self.p_blocks = self.glw.add(stretch=3)
+        h_used, self.p_used = self.glw.add(stretch=2)
+        h_ref, self.p_ref = self.glw.add(stretch=2)
+        h_evict, self.p_evict = self.glw.add(stretch=2)
+        self.headers = [h_blocks, h_used, h_ref, h_evict]
+        self.plots = [self.p_blocks, self.p_used, self.p_ref, self.p_evict]
+        # a short dock drops the max-ref row first (the summary has it), then the in-use row
+        self.glw.priority = [0, 3, 1, 2]
+        self.glw.show_rows([True, True, True, True])
+        for p in self.plots:
+            p.showGrid(x=True, y=True, alpha=0.15)
+            p.setMouseEnabled(x=True, y=False)
+        self.bin_width = 1
+        self.eviction_counts = np.zeros(0)
+
+        # The blocks row is scaled to the blocks that hold something, not to the pool: a pool
+        # of 16K blocks would flatten a chat's few dozen to a line at zero. The pool's size
+        # is a dashed line when it is in view, else a note in the corner.
+        self.c_cached = self.p_blocks.plot(name="cached, free", fillLevel=0)
+        self.c_used = self.p_blocks.plot(name="in use", fillLevel=0)
+        self.pool_line = pg.InfiniteLine(angle=0, movable=False)
+        self.p_blocks.addItem(self.pool_line, ignoreBounds=True)
+        self.pool_label = pg.TextItem(anchor=(1, 0))
+        self.p_blocks.addItem(self.pool_label, ignoreBounds=True)
+        self.p_blocks.vb.sigRangeChanged.connect(self._place_pool_label)
+        self.pool_size = 0
+        self.c_in_use = self.p_used.plot(fillLevel=0)
+        self.refusals = pg.ScatterPlotItem(symbol="t", size=11, name="refused")
+        self.resets = pg.ScatterPlotItem(symbol="d", size=11, name="reset")
+        self.p_blocks.addItem(self.refusals)
+        self.p_blocks.addItem(self.resets)
+        self.c_ref = self.p_ref.plot(stepMode=None)
+        self.bars = pg.BarGraphItem(x=[], height=[], width=1.0)
+        self.p_evict.addItem(self.bars)
+        self.no_evictions = pg.TextItem("no evictions", anchor=(0, 0.5))
+        self.p_evict.addItem(self.no_evictions, ignoreBounds=True)
+        for curve in (self.c_cached, self.c_used, self.c_in_use, self.c_ref):
+            curve.setClipToView(True)
+            curve.setDownsampling(auto=True, method="peak")
+        self.cursors = [pg.InfiniteLine(angle=90, movable=False) for _ in self.plots]
+        for p, line in zip(self.plots, self.cursors):
+            p.addItem(line, ignoreBounds=True)
+        self.glw.scene().sigMouseClicked.connect(self._on_click)
+        self._throttle = QTimer(self)
+        self._throttle.setSingleShot(True)
+        self._throttle.timeout.connect(self.refresh)
+        self._last_series_draw = 0.0
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        self.export = export_button(self, plots={"Ref counts and evictions": lambda: self.glw},
+                                    tables={"Pool over events": self.series_table})
+        layout.addLayout(header_row(self.title, self.export))
+        layout.addWidget(self.glw, 1)
+        # A remote vLLM pool has no requests or ref counts: its own plots take this place.
+        from app.views.pool.remote_plots import RemoteTimeline
+
+        self.remote_view = RemoteTimeline(self.state)
+        self.remote_view.hide()
+        layout.addWidget(self.remote_view, 1)
+        self.state.sigChanged.connect(self.refresh)
+        self.state.sigReset.connect(self._on_reset)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        self.remote_view.apply_theme(name)
+        c = block_colors(name)
+        p = theme.palette(name)
+        self.colors, self.palette = c, p
+        self.glw.setBackground(p["panel"])
+
+        def fill(col: Any) -> Any:
+            q = pg.mkColor(col)
+            q.setAlpha(170)
+            return pg.mkBrush(q)
+
+        dark = (name or theme.current_theme()) == "dark"
+        # empty blocks are drawn a shade off the background so the pool's size still shows
+        self.empty_color = c["empty"].lighter(140) if dark else c["empty"].darker(125)
+        self.pool_line.setPen(pg.mkPen(self.empty_color, width=1.5, style=Qt.PenStyle.DashLine))
+        self.pool_label.setColor(p["text_dim"])
+        self.c_in_use.setPen(pg.mkPen(c["ref1"], width=1.5))
+        self.c_in_use.setBrush(fill(c["ref1"]))
+        self.c_cached.setPen(pg.mkPen(c["cached_new"], width=1))
+        self.c_cached.setBrush(fill(c["cached_new"]))
+        self.c_used.setPen(pg.mkPen(c["ref1"], width=1))
+        self.c_used.setBrush(fill(c["ref1"]))
+        self.refusals.setBrush(pg.mkBrush(p["miss"]))
+        self.refusals.setPen(pg.mkPen(None))
+        self.resets.setBrush(pg.mkBrush(p["warn"]))
+        self.resets.setPen(pg.mkPen(None))
+        self.c_ref.setPen(pg.mkPen(c["ref3"], width=2))
+        self.bars.setOpts(brush=pg.mkBrush(c["evicted"]), pen=pg.mkPen(None))
+        self.no_evictions.setColor(p["text_dim"])
+        for line in self.cursors:
+            line.setPen(pg.mkPen(p["text"], width=1, style=Qt.PenStyle.DashLine))
+        for plot in self.plots:
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["text_dim"])
+        self._set_headers()
+        self._drawn = (-1, -1)
+        self.refresh(force=True)
+
+    def _set_headers(self) -> None:
+        dim = self.palette["text_dim"]
+        per = "per event" if self.bin_width == 1 else f"per {self.bin_width:,} events"
+        texts = ("blocks<br><span style='font-size:8pt'>holding data</span>", "in use",
+                 "max ref count", f"evicted<br><span style='font-size:8pt'>{per}</span>")
+        for header, text in zip(self.headers, texts):
+            header.setText(text, color=dim, size="9pt")
+
+    def _on_reset(self) -> None:
+        self._drawn = (-1, -1)
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False) -> None:
+        """Model to view: curves up to the newest event, cursor at the shown one."""
+        if show_remote(self):
+            return
+        n = len(self.state.log)
+        key = (n, self.state.version)
+        if key == self._drawn and not force:
+            return
+        if n != self._drawn[0] or force:
+            wait_ms = MIN_REDRAW_MS - (time.monotonic() - self._last_series_draw) * 1000
+            if wait_ms > 0 and not force and self._drawn[0] > 0:
+                if not self._throttle.isActive():
+                    self._throttle.start(int(wait_ms) + 1)
+                return
+            self._draw_series()
+            self._last_series_draw = time.monotonic()
+        self._drawn = key
+        seq = self.state.current_seq
+        for line in self.cursors:
+            line.setVisible(seq is not None and not self.state.is_live)
+            if seq is not None:
+                line.setValue(seq)
+        self._update_title()
+
+    def _draw_series(self) -> None:
+        s = self.state.log.series
+        x = np.array(s.seq, dtype=float)
+        used = np.array(s.in_use, dtype=float)
+        cached = used + np.array(s.cached_free, dtype=float)
+        self.c_cached.setData(x, cached)
+        self.c_used.setData(x, used)
+        self.c_in_use.setData(x, used)
+        max_ref = np.array(s.max_ref, dtype=float)
+        self.c_ref.setData(x, max_ref)
+        self.pool_size = self.state.projection.num_blocks
+        held = float(cached.max()) if len(cached) else 0.0
+        # 0-based counts scaled to the data; a little room on top for the markers. The pool
+        # line joins the view only when it is near the data (else it would flatten it again).
+        top = max(1.0, held)
+        if self.pool_size and self.pool_size <= held * 1.25:
+            top = float(self.pool_size)
+        self.blocks_top = top * 1.1
+        self.p_blocks.setYRange(0, self.blocks_top, padding=0)
+        self.pool_line.setValue(self.pool_size)
+        self.pool_line.setVisible(0 < self.pool_size <= self.blocks_top)
+        self.pool_label.setText(f"pool {self.pool_size:,} blocks" if self.pool_size else "")
+        self._place_pool_label()
+        self.p_used.setYRange(0, max(1.0, float(used.max()) if len(used) else 0.0) * 1.15, padding=0)
+        ref_x = np.array(s.refusal_seqs, dtype=float)
+        self.refusals.setData(x=ref_x, y=np.full(len(ref_x), top * 1.04))
+        reset_x = np.array(s.reset_seqs, dtype=float)
+        self.resets.setData(x=reset_x, y=np.full(len(reset_x), top * 1.04))
+        self.p_ref.setYRange(0, max(1.0, float(max_ref.max()) if len(max_ref) else 0.0) * 1.15, padding=0)
+        centres, counts, width = eviction_bins(np.array(s.seq), np.array(s.evicted))
+        self.eviction_counts = counts
+        self.bars.setOpts(x=centres, height=counts, width=width * 0.9)
+        most = float(counts.max()) if len(counts) else 0.0
+        self.p_evict.setYRange(0, max(1.0, most) * 1.1, padding=0)
+        self.no_evictions.setVisible(most == 0)
+        self.no_evictions.setPos(float(x[0]) if len(x) else 0.0, 0.5)
+        bin_width = max(1, round(width))
+        if bin_width != self.bin_width:
+            self.bin_width = bin_width
+            self._set_headers()
+
+    def series_table(self) -> tuple[list[str], Any]:
+        """One row per event: the counts the plots draw (for the CSV export)."""
+        s = self.state.log.series
+        return (["seq", "in_use", "cached_free", "empty", "max_ref", "evicted_so_far"],
+                zip(s.seq, s.in_use, s.cached_free, s.empty, s.max_ref, s.evicted))
+
+    def _place_pool_label(self, *_: Any) -> None:
+        (x0, x1), (y0, y1) = self.p_blocks.vb.viewRange()
+        self.pool_label.setPos(x1, y1)
+
+    def _update_title(self) -> None:
+        p = self.state.projection
+        c = p.counters
+        col, pal = self.colors, self.palette
+        self.title.setText(legend_line([
+            (swatch(col["ref1"]), f"in use <b>{p.num_in_use:,}</b>"),
+            (swatch(col["cached_new"]), f"cached free <b>{p.num_cached_free:,}</b>"),
+            (swatch(self.empty_color), f"empty <b>{p.num_empty:,}</b>"),
+            (swatch(col["ref3"], "▬"), f"max ref <b>{p.max_ref_count}</b>"),
+            (swatch(col["evicted"]), f"evicted <b>{c.num_evicted_blocks:,}</b>"),
+            (swatch(pal["miss"], "▼"), f"refused <b>{c.num_refused_requests:,}</b>"),
+            (swatch(pal["warn"], "◆"), f"resets <b>{p.num_resets}</b>")]))
+
+    def _on_click(self, ev: Any) -> None:
+        """View to model: a click on a plot scrubs to the nearest event at or before it."""
+        if ev.button() != Qt.MouseButton.LeftButton or not self.state.log.seqs:
+            return
+        for p in self.plots:
+            if p.vb.sceneBoundingRect().contains(ev.scenePos()):
+                x = p.vb.mapSceneToView(ev.scenePos()).x()
+                self.scrub_to_x(x)
+                return
+
+    def scrub_to_x(self, x: float) -> None:
+        seqs = self.state.log.seqs
+        i = max(0, self.state.log.count_upto(int(np.floor(x))) - 1)
+        self.state.scrub_to(seqs[i])

@@ -1,0 +1,274 @@
+"""The Billing panel: what a hosted API would charge for a session or trace, request by request.
+
+Loading (tokenising) and billing run on the context's worker; the numbers are `engine.analysis.billing`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import (
+    QComboBox, QDoubleSpinBox, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton,
+    QSizePolicy, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+from app.ui import theme
+from app.ui.export import export_button, model_table
+from app.ui.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+
+COLUMNS = ("#", "id", "prompt", "read", "write", "uncached", "cost", "without cache", "notes")
+MAX_ROWS = 2000  # the table shows the first rows; totals and bars cover every request
+
+
+def _money(v: float | None) -> str:
+    return "n/a" if v is None else f"${v:.6f}"
+
+
+class BillingView(PanelView):
+    """Pick a source, provider and model; `sigBillDone(dict)` carries the billing JSON."""
+
+    sigBillDone = Signal(dict)
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        from engine.analysis.billing import PROVIDERS, load_rules
+
+        self.rules_data = load_rules()
+        self.result: dict[str, Any] | None = None
+        self._requests: tuple[str, list[Any], str] | None = None  # (source, requests, token-count note)
+
+        self.source = QLineEdit()
+        self.source.setPlaceholderText("conversation file, token-level or Mooncake trace, or a session id")
+        self.source.returnPressed.connect(self.recompute)
+        browse = QPushButton("Open…")
+        browse.clicked.connect(self._browse)
+        self.provider = QComboBox()
+        self.provider.addItems(PROVIDERS)
+        self.model = QComboBox()
+        self.breakpoints = QLineEdit("auto")
+        self.breakpoints.setMinimumWidth(60)
+        self.breakpoints.setToolTip("'auto' (the last block) or block indices such as 0,-1")
+        self.ttl = QComboBox()
+        self.ttl.addItems(["5m", "1h"])
+        self.price = QDoubleSpinBox()
+        self.price.setRange(0.0, 1000.0)
+        self.price.setDecimals(3)
+        self.price.setSpecialValueText("rules file")
+        self.price.setPrefix("$")
+        self.price.setSuffix(" /Mtok")
+        self._fill_models()
+        self.provider.currentTextChanged.connect(self._provider_changed)
+        for w in (self.model, self.ttl):
+            w.currentTextChanged.connect(self.rebill)
+        self.breakpoints.editingFinished.connect(self.rebill)
+        self.price.valueChanged.connect(self.rebill)
+
+        row1 = QHBoxLayout()
+        row1.addWidget(QLabel("source"))
+        row1.addWidget(self.source, 1)
+        row1.addWidget(browse)
+        # Label/field pairs in a grid that reflows from one row to three as the dock narrows:
+        # one fixed row of ten cut "auto" to "uto" in a 640-pixel dock.
+        self.controls = QGridLayout()
+        self.controls.setHorizontalSpacing(8)
+        self._pairs = [(QLabel(label), w) for label, w in (
+            ("provider", self.provider), ("model", self.model), ("breakpoints", self.breakpoints),
+            ("TTL", self.ttl), ("base price", self.price))]
+        self._per_row = 0
+        self._reflow(5)
+
+        self.total_label = QLabel("Open a conversation or trace to see its bill.")
+        self.total_label.setObjectName("billingTotals")
+        self.total_label.setWordWrap(True)
+        self.rules_label = QLabel("")
+        self.rules_label.setWordWrap(True)
+        for label in (self.total_label, self.rules_label):
+            # a wrapped label must not ask for its one-line width, or the dock scrolls sideways
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            label.setMinimumWidth(120)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setStretchLastSection(True)
+
+        self.plot = pg.PlotWidget()
+        self.plot.setLabel("bottom", "request")
+        self.plot.setLabel("left", "prompt tokens")
+        self.plot.addLegend(offset=(10, 2), colCount=3)
+        # Created once; every bill updates them with setOpts.
+        self.bars = {}
+        for key, label, colour in (("uncached", "uncached input", "pending"), ("write", "cache write", "computed"),
+                                   ("read", "cache read", "cached")):
+            item = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.color(colour), pen=None, name=label)
+            self.plot.addItem(item)  # `name` puts it in the legend
+            self.bars[key] = item
+
+        self.split = split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(self.table)
+        split.addWidget(self.plot)
+        split.setSizes([560, 440])
+        split.setMinimumHeight(160)  # a short dock scrolls rather than crushing the table
+        self.export = export_button(self, plots={"Billing bars": lambda: self.plot},
+                                    tables={"Billing table": lambda: model_table(self.table.model())})
+        row1.addWidget(self.export)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(row1)
+        layout.addLayout(self.controls)
+        layout.addWidget(self.total_label)
+        layout.addWidget(self.rules_label)
+        layout.addWidget(split, 1)
+        self.apply_theme()
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.plot.setBackground(p["panel"])
+        for side in ("left", "bottom"):
+            self.plot.getAxis(side).setTextPen(p["text_dim"])
+            self.plot.getAxis(side).setPen(p["text_dim"])
+        for key, colour in (("uncached", "pending"), ("write", "computed"), ("read", "cached")):
+            self.bars[key].setOpts(brush=theme.color(colour, name))
+        self.plot.plotItem.legend.setLabelTextColor(p["text"])
+
+    def _reflow(self, per_row: int) -> None:
+        if per_row == self._per_row:
+            return
+        self._per_row = per_row
+        for label, w in self._pairs:
+            self.controls.removeWidget(label)
+            self.controls.removeWidget(w)
+        for c in range(12):
+            self.controls.setColumnStretch(c, 0)
+        for i, (label, w) in enumerate(self._pairs):
+            self.controls.addWidget(label, i // per_row, 2 * (i % per_row))
+            self.controls.addWidget(w, i // per_row, 2 * (i % per_row) + 1)
+        for c in range(per_row):
+            self.controls.setColumnStretch(2 * c + 1, 1)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        width = event.size().width()
+        self._reflow(5 if width >= 1000 else 3 if width >= 620 else 2)
+        # side by side needs room for both; a narrow dock stacks the bars under the table
+        self.split.setOrientation(Qt.Orientation.Horizontal if width >= 900 else Qt.Orientation.Vertical)
+        super().resizeEvent(event)
+
+    # ---------------------------------------------------------------- model -> view
+    def set_source(self, source: str) -> None:
+        self.source.setText(str(source))
+        self.recompute()
+
+    def set_provider(self, provider: str, model: str | None = None) -> None:
+        self.provider.setCurrentText(provider)
+        if model:
+            self.model.setCurrentText(model)
+
+    # ---------------------------------------------------------------- view -> model
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a conversation or trace", "",
+                                              "Conversations and traces (*.json *.jsonl);;All files (*)")
+        if path:
+            self.set_source(path)
+
+    def _fill_models(self) -> None:
+        p = self.rules_data["providers"][self.provider.currentText()]
+        self.model.blockSignals(True)
+        self.model.clear()
+        self.model.addItems(list(p["models"]))
+        self.model.setCurrentText(p["default_model"])
+        self.model.blockSignals(False)
+        self.ttl.setEnabled("ttl_options" in p)
+        self.breakpoints.setEnabled(p.get("max_breakpoints", 0) > 0)
+
+    def _provider_changed(self, _: str) -> None:
+        self._fill_models()
+        self.rebill()
+
+    def settings(self) -> dict[str, Any]:
+        provider = self.provider.currentText()
+        bps = self.breakpoints.text().strip() if self.breakpoints.isEnabled() else None
+        if provider != "anthropic" and bps == "auto":
+            bps = None
+        return {"provider": provider, "model": self.model.currentText() or None,
+                "ttl": self.ttl.currentText() if self.ttl.isEnabled() else "5m",
+                "price": self.price.value() if self.price.value() > 0 else None, "breakpoints": bps}
+
+    def recompute(self) -> None:
+        """Load the source again (it may have changed on disk), then bill it."""
+        self._requests = None
+        self.rebill()
+
+    def rebill(self, *_: Any) -> None:
+        source = self.source.text().strip()
+        if not source:
+            return
+        cached = self._requests if self._requests and self._requests[0] == source else None
+        db = getattr(self.ctx.store, "path", None)
+        self.ctx.worker.submit(_bill_job, source, cached, self.settings(), None if db is None else str(db),
+                               on_done=self._done, on_error=lambda exc: self.ctx.show_error(str(exc)))
+
+    def _done(self, out: tuple[tuple[str, list[Any], str], dict[str, Any]]) -> None:
+        self._requests, result = out
+        self.result = result
+        self._show(result)
+        self.sigBillDone.emit(result)
+
+    def _show(self, result: dict[str, Any]) -> None:
+        rows, t, r = result["requests"], result["totals"], result["rules"]
+        self.total_label.setText(
+            f"<b>{_money(t['cost_usd'])}</b> with caching vs <b>{_money(t['cost_without_cache_usd'])}</b> without "
+            f"— saves <b>{t['savings_fraction']:.1%}</b> · {t['requests']} requests, {t['prompt_tokens']} prompt "
+            f"tokens: {t['read_tokens']} read, {t['write_tokens']} written, {t['uncached_tokens']} uncached · "
+            f"{t['num_notes']} notes")
+        self.rules_label.setText(
+            f"{r['label']} · {r['model']}: write {r['write_multiplier']}x, read {r['read_multiplier']}x, "
+            f"minimum {r['min_cacheable_tokens']} tokens, TTL {r['ttl_seconds']:.0f} s (rules checked {r['checked']}) · "
+            f"token counts: {result.get('token_counts', '')}")
+        shown = rows[:MAX_ROWS]
+        self.table.setUpdatesEnabled(False)
+        self.table.setRowCount(len(shown))
+        for i, row in enumerate(shown):
+            values = (row["index"], row["id"], row["prompt_tokens"], row["read_tokens"], row["write_tokens"],
+                      row["uncached_tokens"], _money(row["cost_usd"]), _money(row["cost_without_cache_usd"]),
+                      "; ".join(row["notes"]))
+            for j, v in enumerate(values):
+                item = QTableWidgetItem(str(v))
+                if j == len(values) - 1 and row["notes"]:
+                    item.setToolTip("\n".join(row["notes"]))
+                self.table.setItem(i, j, item)
+        self.table.setUpdatesEnabled(True)
+        self.table.resizeColumnsToContents()
+        x = np.arange(len(rows), dtype=float)
+        unc = np.array([row["uncached_tokens"] for row in rows], dtype=float)
+        wr = np.array([row["write_tokens"] for row in rows], dtype=float)
+        rd = np.array([row["read_tokens"] for row in rows], dtype=float)
+        self.bars["uncached"].setOpts(x=x, height=unc, y0=np.zeros_like(unc))
+        self.bars["write"].setOpts(x=x, height=wr, y0=unc)
+        self.bars["read"].setOpts(x=x, height=rd, y0=unc + wr)
+        top = float((unc + wr + rd).max()) if len(rows) else 1.0
+        # Headroom above the tallest bar keeps the one-row legend clear of the bars.
+        self.plot.setXRange(-0.6, max(len(rows) - 0.4, 0.4), padding=0)
+        self.plot.setYRange(0, top * 1.18, padding=0)
+
+
+def _bill_job(source: str, cached: tuple[str, list[Any], str] | None, settings: dict[str, Any],
+              db: str | None) -> tuple[tuple[str, list[Any], str], dict[str, Any]]:
+    """Worker thread: load (once per source) and bill."""
+    from engine.analysis import billing
+
+    if cached is None:
+        reqs, note = billing.load_billing_requests(source, db)
+        cached = (source, reqs, note)
+    rules = billing.provider_rules(settings["provider"], settings["model"], settings["ttl"], settings["price"])
+    result = billing.bill(cached[1], rules, billing.parse_breakpoints(settings["breakpoints"], rules))
+    result["token_counts"] = cached[2]
+    result["source"] = source
+    return cached, result

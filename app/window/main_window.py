@@ -1,0 +1,805 @@
+"""The main window: menus, toolbar, status bar and one dock per registered panel.
+
+It is up before the model: loading runs on the model worker with a progress bar in the
+status bar. Opening a file replays it on the worker through a fresh engine whose events
+reach the views through the bridge. Whatever is opened becomes the one current subject
+(`AppContext.open_subject`), which asks before it replaces unsaved work. Panels
+themselves live in `app.views`.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from pathlib import Path
+from typing import Any, Callable
+
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem,
+                               QToolBar, QVBoxLayout, QWidget)
+
+from app.ui import theme
+from app.runtime.context import AppContext, JobCancelled, Subject, engine_info
+from app.runtime.remote import AttachOptions, RemoteController, StreamHealth, latest_capture, open_capture
+from app.window.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
+from app.runtime.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, resize_pool_job, trace_block_size,
+                      trace_capacity)
+from app.dialogs.model_load_dialog import ModelLoadMonitor
+from engine.core.errors import InputError, TraceError
+from engine.resources import resource_path
+
+ICON_DIR = resource_path("icons")
+MAX_RECENT = 8
+DEFAULT_SIZE = QSize(1480, 920)
+# Layout version: bump when PANELS changes so an old saved dock state is not restored
+# onto a different set of docks.
+LAYOUT_VERSION = 3
+
+
+def fit_rect(wanted: QRect, available: QRect) -> QRect:
+    """`wanted` shrunk to fit `available` (a screen's area without panels) and moved inside it."""
+    width = min(wanted.width(), available.width())
+    height = min(wanted.height(), available.height())
+    x = min(max(wanted.x(), available.x()), available.x() + available.width() - width)
+    y = min(max(wanted.y(), available.y()), available.y() + available.height() - height)
+    return QRect(x, y, width, height)
+
+
+def app_icon() -> QIcon:
+    icon = QIcon()
+    for size in (16, 32, 48, 64, 128, 256):
+        png = ICON_DIR / f"cachescope-{size}.png"
+        if png.exists():
+            icon.addFile(str(png), QSize(size, size))
+    svg = ICON_DIR / "cachescope.svg"
+    if icon.isNull() and svg.exists():
+        icon.addFile(str(svg))
+    return icon
+
+
+def _ignore_args(fn: Callable[[], Any]) -> Callable[..., None]:
+    """A slot that drops the signal's arguments (`triggered(bool)`) and calls `fn()`."""
+
+    def slot(*_args: Any) -> None:
+        fn()
+
+    return slot
+
+
+class MainWindow(QMainWindow):
+    """The Cachescope window. `docks` maps a panel's object_name to its QDockWidget."""
+
+    def __init__(self, ctx: AppContext, model: str | None = None, load_model: bool = True,
+                 num_blocks: int = 256, block_size: int = 16) -> None:
+        super().__init__()
+        self.ctx = ctx
+        ctx.ask_dialog = self._ask
+        ctx.error_dialog = lambda title, text: QMessageBox.warning(self, title, text)
+        ctx.model_name = model
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
+        self.docks: dict[str, QDockWidget] = {}
+        self.panels = PanelMap(self._build_deferred_panel)
+        self.last_replay: dict | None = None
+        self._demo_actions: list[QAction] = []
+        self.setObjectName("MainWindow")
+        self.setWindowTitle("Cachescope")
+        self.setWindowIcon(app_icon())
+        self.setDockNestingEnabled(True)
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
+                            | QMainWindow.DockOption.AllowNestedDocks)
+        self.resize(DEFAULT_SIZE)
+        self.remote = RemoteController(ctx, self)
+        self.remote_messages: list[str] = []  # what the remote pool told the user (restarts)
+        ctx.remote = self.remote
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self._build_docks()
+        self._build_status_bar()
+        self._default_state = self.saveState(LAYOUT_VERSION)
+        self._restore_settings()
+        ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
+        ctx.state.sigChanged.connect(self._schedule_status)
+        ctx.worker.sigProgress.connect(self._on_progress)
+        self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
+        ctx.sigSubjectChanged.connect(self._on_subject_changed)
+        ctx.sigJobChanged.connect(self._on_job_changed)
+        self.remote.sigHealth.connect(self._on_remote_health)
+        self.remote.sigMessage.connect(self._on_remote_message)
+        self.remote.sigAttached.connect(lambda _o: self._on_remote_attached(True))
+        self.remote.sigDetached.connect(lambda: self._on_remote_attached(False))
+        self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
+        if load_model:
+            QTimer.singleShot(0, self.start_model_load)
+
+    def _ask(self, title: str, text: str) -> bool:
+        buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel
+        return QMessageBox.question(self, title, text, buttons, QMessageBox.StandardButton.Cancel) \
+            == QMessageBox.StandardButton.Yes
+
+    # ------------------------------------------------------------------ construction
+    def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
+                checkable: bool = False) -> QAction:
+        act = QAction(text, self)
+        if shortcut is not None:
+            act.setShortcut(QKeySequence(shortcut))
+        act.setStatusTip(tip)
+        act.setToolTip(f"{text.replace('&', '').rstrip('.')}  ({QKeySequence(shortcut).toString()})" if shortcut else tip or text)
+        act.setCheckable(checkable)
+        act.triggered.connect(_ignore_args(slot))
+        self.addAction(act)
+        return act
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.act_new = a("&New session", self.new_session, QKeySequence.StandardKey.New, "start an empty chat session")
+        self.act_open = a("&Open…", self.open_dialog, QKeySequence.StandardKey.Open, "open a trace, conversation or session file")
+        self.act_import = a("&Import conversation…", self.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
+        self.act_export = a("&Export…", self.export_dialog, "Ctrl+E", "save the conversation and event log")
+        self.act_attach = a("&Attach to vLLM…", self.attach_dialog, "Ctrl+Shift+A",
+                            "show a running vLLM server's prefix cache (its KV-event stream)")
+        self.act_detach = a("&Detach from vLLM", self.detach_remote, None, "stop following the vLLM server")
+        self.act_detach.setEnabled(False)
+        self.act_quit = a("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.act_theme = a("&Light theme", self.toggle_theme, "Ctrl+T", "switch between dark and light")
+        self.act_reset_layout = a("&Reset layout", self.reset_layout, "Ctrl+Shift+R", "put every panel back in place")
+        self.act_live = a("Follow &live", self.follow_live, "End", "stop scrubbing and follow the live engine")
+        self.act_reset_cache = a("Reset &cache", self.reset_cache, "Ctrl+Shift+Backspace", "drop every cached block (only when idle)")
+        self.act_load_model = a("&Load model", self.start_model_load, "Ctrl+L", "load the model again")
+        self.act_pool_size = a("&Pool size…", self.pool_size_dialog, None,
+                               "blocks and block size of the pool (a vLLM server's num_gpu_blocks accepted)")
+        self.act_about = a("&About Cachescope", self.show_about)
+        self.act_shortcuts = a("&Keyboard shortcuts", self.show_shortcuts, QKeySequence.StandardKey.HelpContents)
+        self.act_glossary = a("&Glossary", self.show_glossary, tip="the words the views use, explained")
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        for act in (self.act_new, self.act_open, self.act_import):
+            m.addAction(act)
+        self.recent_menu = m.addMenu("Open &recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        m.addAction(self.act_export)
+        m.addSeparator()
+        m.addAction(self.act_attach)
+        m.addAction(self.act_detach)
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        self.view_menu = mb.addMenu("&View")
+        eng = mb.addMenu("&Engine")
+        for act in (self.act_load_model, self.act_pool_size, self.act_reset_cache, self.act_live):
+            eng.addAction(act)
+        self.demos_menu = mb.addMenu("&Demos")
+        self._no_demos = self.demos_menu.addAction("No demos installed")
+        self._no_demos.setEnabled(False)
+        h = mb.addMenu("&Help")
+        h.addAction(self.act_shortcuts)
+        h.addAction(self.act_glossary)
+        h.addAction(self.act_about)
+
+    def _build_toolbar(self) -> None:
+        tb = QToolBar("Main", self)
+        tb.setObjectName("main_toolbar")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        for act in (self.act_new, self.act_open, self.act_import):
+            tb.addAction(act)
+        tb.addSeparator()
+        for act in (self.act_live, self.act_reset_cache):
+            tb.addAction(act)
+        tb.addSeparator()
+        tb.addAction(self.act_theme)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
+        self.toolbar = tb
+        self.scrub_bar = build_panel(SCRUB_BAR, self.ctx)
+        self.scrub_toolbar = None
+        if self.scrub_bar is not None:
+            bar = QToolBar("Time", self)
+            bar.setObjectName("scrub_toolbar")
+            bar.setMovable(False)
+            bar.addWidget(self.scrub_bar)
+            self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, bar)
+            self.scrub_toolbar = bar
+
+    def _build_docks(self) -> None:
+        built = [(spec, QWidget() if spec.lazy else build_panel(spec, self.ctx)) for spec in PANELS]
+        docks = {spec.object_name: self._make_dock(spec, w) for spec, w in built}
+        primaries = [spec for spec, _ in built if not spec.tab_with or spec.tab_with not in docks]
+        first_in_area: dict[Qt.DockWidgetArea, QDockWidget] = {}
+        for spec in primaries:
+            dock = docks[spec.object_name]
+            self.addDockWidget(spec.area, dock)
+            if spec.area in first_in_area:  # side by side with the first panel of its area
+                orientation = Qt.Orientation.Horizontal if spec.area == BOTTOM else Qt.Orientation.Vertical
+                self.splitDockWidget(first_in_area[spec.area], dock, orientation)
+            first_in_area.setdefault(spec.area, dock)
+        for spec, _ in built:
+            if spec not in primaries:
+                self.tabifyDockWidget(docks[spec.tab_with], docks[spec.object_name])
+        for name in ("conversation", "block_table", "timeline", "metrics"):
+            if name in self.docks:
+                self.docks[name].raise_()
+        if "block_details" in self.docks:
+            self.ctx.selection.sigBlockSelected.connect(self._show_block_details)
+        self._size_docks()
+        if self.scrub_toolbar is not None:
+            self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())
+        self.view_menu.addSeparator()
+        self.view_menu.addAction(self.act_theme)
+        self.view_menu.addAction(self.act_reset_layout)
+
+    def _make_dock(self, spec: PanelSpec, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(spec.title, self)
+        dock.setObjectName(spec.object_name)
+        # A scroll area lets a dock shrink below its panel's minimum width (a legend row, a
+        # wide table) so the window still fits a laptop screen; it scrolls instead.
+        holder = QScrollArea(dock)
+        holder.setObjectName(f"{spec.object_name}_holder")
+        holder.setWidgetResizable(True)
+        holder.setFrameShape(QFrame.Shape.NoFrame)
+        holder.setWidget(widget)
+        dock.setWidget(holder)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetClosable
+                         | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        toggle = dock.toggleViewAction()
+        if spec.shortcut:
+            toggle.setShortcut(QKeySequence(spec.shortcut))
+        self.view_menu.addAction(toggle)
+        self.docks[spec.object_name] = dock
+        if spec.lazy:
+            self.panels.defer(spec)
+            dock.visibilityChanged.connect(lambda visible, name=spec.object_name: visible and self.panels.get(name))
+        else:
+            self.panels.add(spec.object_name, widget)
+        return dock
+
+    def _build_deferred_panel(self, name: str) -> None:
+        """Build a lazy panel in place of its placeholder (first shown, or first asked for)."""
+        spec = self.panels.pending(name)
+        if spec is None:
+            return
+        widget = build_panel(spec, self.ctx)
+        holder = self.docks[name].widget()
+        holder.setWidget(widget)  # the placeholder is deleted by the scroll area
+        self.panels.add(name, widget)
+
+    def _size_docks(self) -> None:
+        left = [d for n, d in self.docks.items() if self.dockWidgetArea(d) == Qt.DockWidgetArea.LeftDockWidgetArea]
+        right = [d for n, d in self.docks.items() if self.dockWidgetArea(d) == Qt.DockWidgetArea.RightDockWidgetArea]
+        if left and right:
+            self.resizeDocks([left[0], right[0]], [460, 1000], Qt.Orientation.Horizontal)
+        bottom = [d for d in self.docks.values() if self.dockWidgetArea(d) == Qt.DockWidgetArea.BottomDockWidgetArea]
+        if bottom and right:
+            # Proportions, not pixels: the bottom plots keep room for their rows (45% of the
+            # height, 40% below 900 px so that a 1280x800 chat still shows a few turns; plot
+            # rows step out when short).
+            height = max(self.height(), 600)
+            bottom_share = 0.45 if height >= 900 else 0.40
+            self.resizeDocks([right[0], bottom[0]], [int(height * (1 - bottom_share)), int(height * bottom_share)],
+                             Qt.Orientation.Vertical)
+        side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
+        if len(side_by_side) == 2:
+            self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
+
+    def hide_stale_tab_bars(self) -> int:
+        """Hide dock tab bars left over from an earlier layout; returns how many.
+
+        After docks are re-tabified (the demo guide joins later) or a saved layout is
+        restored, QMainWindow can leave an old tab bar visible at its old place, drawn over
+        a dock. A live tab bar sits beside its docks, never on top of one.
+        """
+        docks = [d.geometry() for d in self.docks.values() if d.isVisible() and not d.isFloating()]
+        bars = [b for b in self.findChildren(QTabBar) if b.parent() is self and b.isVisible()]
+
+        def tabs(bar: QTabBar) -> tuple[str, ...]:
+            return tuple(bar.tabText(i) for i in range(bar.count()))
+
+        def overlaps(bar: QTabBar) -> bool:
+            return any(bar.geometry().intersects(g) for g in docks)
+
+        # A bar is stale when a live bar (beside its docks) holds all of its tabs and it
+        # either lies over a dock or holds fewer tabs than that live bar.
+        live = [set(tabs(b)) for b in bars if not overlaps(b)]
+        hidden = 0
+        for bar in bars:
+            mine = set(tabs(bar))
+            if any(mine <= other and (overlaps(bar) or mine != other) for other in live):
+                bar.hide()
+                hidden += 1
+        return hidden
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        QTimer.singleShot(0, self.hide_stale_tab_bars)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self.hide_stale_tab_bars)
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.status_labels: dict[str, QLabel] = {}
+        for key, text in (("model", "no model"), ("block_size", "block —"), ("occupancy", "pool —"),
+                          ("hit_rate", "hit rate —")):
+            label = QLabel(text, self)
+            label.setObjectName("statusValue")
+            sb.addPermanentWidget(label)
+            self.status_labels[key] = label
+        self.remote_label = QLabel("", self)
+        self.remote_label.setObjectName("statusRemote")
+        self.remote_label.hide()
+        sb.insertPermanentWidget(0, self.remote_label)
+        self.progress = QProgressBar(self)
+        self.progress.setFixedWidth(200)
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        sb.insertPermanentWidget(0, self.progress)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setObjectName("cancel_job")
+        self.cancel_button.setToolTip("stop the trace load or demo that is running")
+        self.cancel_button.clicked.connect(lambda _checked=False: self.ctx.cancel_job())
+        self.cancel_button.hide()
+        sb.insertPermanentWidget(1, self.cancel_button)
+
+    # ------------------------------------------------------------------ settings
+    def _restore_settings(self) -> None:
+        s = self.ctx.settings
+        name = str(s.value("ui/theme", "dark"))
+        self.apply_theme(name if name in theme.THEME_NAMES else "dark", save=False)
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, (QByteArray, bytes)):
+            self.restoreGeometry(QByteArray(geometry))
+        size = s.value("window/size")
+        # Some platforms (offscreen, some Wayland compositors) ignore the size in the
+        # geometry blob; the plain size is restored on every platform.
+        if isinstance(size, QSize) and size.isValid() and not self.isMaximized():
+            self.resize(size)
+        state = s.value("window/state")
+        if isinstance(state, (QByteArray, bytes)):
+            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+        self.fit_to_screen()
+
+    def fit_to_screen(self) -> None:
+        """Keep the whole window on its screen: the default size, or a remembered geometry from
+        a larger screen, would put the status bar and the scrubber out of reach on a laptop.
+        The offscreen platform has no real screen (800x600): tests and screenshots keep their size."""
+        screen = self.screen()
+        if screen is None or QApplication.platformName() == "offscreen" or self.isMaximized():
+            return
+        area = screen.availableGeometry()
+        frame = self.frameGeometry()
+        extra = QSize(frame.width() - self.width(), frame.height() - self.height())  # title bar, borders
+        wanted = QRect(frame.topLeft(), self.size() + extra)
+        fitted = fit_rect(wanted, area)
+        self.resize(fitted.size() - extra)
+        self.move(fitted.topLeft())
+
+    def adopt_extra_docks(self) -> None:
+        """Call after another module added docks (the demos' guide): the default layout and
+        the saved one are taken again so that those docks are reset and remembered too."""
+        if "conversation" in self.docks:
+            self.docks["conversation"].raise_()
+        self._size_docks()
+        self._default_state = self.saveState(LAYOUT_VERSION)
+        state = self.ctx.settings.value("window/state")
+        if isinstance(state, (QByteArray, bytes)):
+            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+
+    def save_settings(self) -> None:
+        s = self.ctx.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/size", self.size())
+        s.setValue("window/state", self.saveState(LAYOUT_VERSION))
+        s.setValue("ui/theme", theme.current_theme())
+        s.sync()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        self.remote.detach()
+        self.save_settings()
+        super().closeEvent(event)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self._default_state, LAYOUT_VERSION)
+        for dock in self.docks.values():
+            dock.setFloating(False)
+            dock.show()
+        self.resize(DEFAULT_SIZE)
+        self.fit_to_screen()
+
+    # ------------------------------------------------------------------ theme
+    def apply_theme(self, name: str, save: bool = True) -> None:
+        app = QApplication.instance()
+        theme.apply_theme(app, name)
+        # The button names the theme a click switches to, not the one in use.
+        other = "Light" if name == "dark" else "Dark"
+        self.act_theme.setText(f"&{other} theme")
+        self.act_theme.setToolTip(f"switch to the {other.lower()} theme  (Ctrl+T)")
+        if save:
+            self.ctx.settings.setValue("ui/theme", name)
+        self.ctx.sigThemeChanged.emit(name)
+
+    def toggle_theme(self) -> None:
+        self.apply_theme("light" if theme.current_theme() == "dark" else "dark")
+
+    # ------------------------------------------------------------------ demos hook
+    def add_demo_action(self, name: str, description: str, callback: Callable[[], Any]) -> QAction:
+        """Add a Demos menu entry (used by the demos module); returns the action."""
+        if self._no_demos is not None:
+            self.demos_menu.removeAction(self._no_demos)
+            self._no_demos = None
+        act = QAction(name, self)
+        act.setStatusTip(description)
+        act.setToolTip(description)
+        act.triggered.connect(_ignore_args(callback))
+        self.demos_menu.addAction(act)
+        self._demo_actions.append(act)
+        return act
+
+    # ------------------------------------------------------------------ model
+    def start_model_load(self) -> None:
+        if self.ctx.worker.is_busy and self.ctx.runner is None and self.progress.isVisible():
+            return  # already loading
+        self._on_progress("loading model", 0.0)
+        self.ctx.model_error = None
+        self.status_labels["model"].setText("loading model…")
+        self.ctx.worker.submit(load_model_job, self.ctx.model_name, self.num_blocks, self.block_size,
+                               self.model_load.progress_callback(self.ctx.model_name), on_done=self._on_model_loaded,
+                               on_error=self._on_model_failed)
+
+    def _on_model_loaded(self, runner: Any) -> None:
+        self.progress.hide()
+        # The model's objects live as long as the app: keep the collector from walking them
+        # again on every full collection, which would stall the GUI while events stream in.
+        gc.collect()
+        gc.freeze()
+        # A trace or demo opened while the model was loading keeps the views; the model's
+        # engine takes over at the first chat message.
+        showing_other = not self.ctx.subject.is_chat
+        self.ctx.set_runner(runner, activate=not showing_other)
+        if showing_other:
+            self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show {self.ctx.subject.kind}")
+        self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
+
+    def _on_model_failed(self, exc: BaseException) -> None:
+        self.progress.hide()
+        self.status_labels["model"].setText("no model")
+        self.ctx.model_error = error_sentence(exc, "The model could not be loaded")
+        self.statusBar().showMessage("no model: traces still replay; chats show their recorded turns")
+        self.ctx.show_error(self.ctx.model_error)
+        if "conversation" in self.panels:  # turns waiting for the model are shown as recorded
+            self.panels["conversation"].model_unavailable()
+
+    def _on_progress(self, text: str, fraction: float) -> None:
+        self.progress.show()
+        if fraction < 0:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(max(0.0, min(1.0, fraction)) * 1000))
+        self.progress.setToolTip(text)
+        self.statusBar().showMessage(text)
+        if fraction >= 1.0:
+            QTimer.singleShot(600, self.progress.hide)
+
+    # ------------------------------------------------------------------ files
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a trace, conversation or session", self._last_dir(),
+                                              "Cachescope files (*.jsonl *.json *.db *.sqlite);;All files (*)")
+        if path:
+            self.open_file(path)
+
+    def import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversations", self._last_dir(),
+                                              "Conversations (*.json *.jsonl);;All files (*)")
+        if path:
+            self.open_file(path)
+
+    def _last_dir(self) -> str:
+        recent = self.recent_files()
+        return str(Path(recent[0]).parent) if recent else str(Path.home())
+
+    def open_file(self, path: str | Path, on_done: Callable[[Any], None] | None = None) -> bool:
+        """Open a trace (replayed on the worker), a session database or a conversation file."""
+        p = Path(path)
+        if not p.exists():
+            self.ctx.show_error(f"{p}: no such file.")
+            return False
+        if p.is_dir():
+            self.ctx.show_error(f"{p} is a folder; open a trace, conversation or session file.")
+            return False
+        kind = classify_file(p)
+        if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
+            return False
+        self._add_recent(p)
+        if kind == "trace":
+            self.replay_trace(p, on_done=on_done)
+            return True
+        if kind == "session" and latest_capture(p) is not None:  # a recorded vLLM attach
+            try:
+                open_capture(self.ctx, p)
+            except (InputError, ValueError, OSError) as exc:
+                self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+                return False
+            self.docks["block_table"].raise_()
+            if on_done is not None:
+                on_done(None)
+            return True
+        conversation = self.panels.get("conversation")
+        if conversation is None:
+            self.ctx.show_error("The conversation panel is not available, so conversations cannot be opened.")
+            return False
+        try:
+            if kind == "session":
+                conversation.open_store(p)
+            else:
+                conversation.import_file(p)
+        except (InputError, TraceError, ValueError, OSError) as exc:
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            return False
+        self.docks["conversation"].raise_()
+        if on_done is not None:
+            on_done(None)
+        return True
+
+    def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
+        block_size = trace_block_size(path)
+        try:
+            capacity = self.trace_num_blocks or trace_capacity(path, block_size)
+        except (OSError, TypeError, ValueError):
+            capacity = 1024
+        self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
+        bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
+        token = self.ctx.start_job(f"replaying {path.name}", bus)
+        self._on_progress(f"replaying {path.name}", -1.0)
+
+        def done(result: dict) -> None:
+            self.ctx.end_job(token)
+            self.last_replay = result
+            t = result["totals"]
+            final = (f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
+                     f"{t['evicted_blocks']:,} evictions")
+            # The engine is done before the views have drawn every event: until they have,
+            # the status bar says how far they are, not the final figures beside partial ones.
+            self._when_views_caught_up(path.name, final, lambda: on_done(result) if on_done is not None else None)
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.end_job(token)
+            self.progress.hide()
+            if isinstance(exc, JobCancelled):
+                self.statusBar().showMessage(f"{path.name}: cancelled; the views show the part replayed", 8000)
+            else:
+                self.ctx.show_error(error_sentence(exc, f"{path.name} could not be replayed"))
+            if on_done is not None:
+                on_done(None)
+
+        self.ctx.worker.submit(replay_trace_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
+
+    def _when_views_caught_up(self, name: str, final: str, then: Callable[[], None]) -> None:
+        bridge = self.ctx.bridge
+        pending = bridge.num_pending
+        if pending:
+            shown = len(self.ctx.state.log)
+            self._on_progress(f"{name}: showing events, {shown:,} of {shown + pending:,}",
+                              shown / max(1, shown + pending))
+            QTimer.singleShot(50, lambda: self._when_views_caught_up(name, final, then))
+            return
+        self.progress.hide()
+        self._update_status()
+        self.statusBar().showMessage(final, 8000)
+        then()
+
+    def recent_files(self) -> list[str]:
+        value = self.ctx.settings.value("recent/files", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _add_recent(self, path: Path) -> None:
+        text = str(path.resolve())
+        files = [text] + [f for f in self.recent_files() if f != text]
+        self.ctx.settings.setValue("recent/files", files[:MAX_RECENT])
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        files = self.recent_files()
+        for f in files:
+            act = self.recent_menu.addAction(Path(f).name)
+            act.setToolTip(f)
+            act.triggered.connect(_ignore_args(lambda f=f: self.open_file(f)))
+        if not files:
+            self.recent_menu.addAction("No recent files").setEnabled(False)
+
+    def new_session(self) -> None:
+        conversation = self.panels.get("conversation")
+        if conversation is not None and conversation.new_session():
+            self.docks["conversation"].raise_()
+
+    def export_dialog(self) -> None:
+        conversation = self.panels.get("conversation")
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / "conversation.json"),
+                                              "OpenAI messages (*.json)")
+        if not path or conversation is None:
+            return
+        try:
+            conversation.export_json(path)
+        except OSError as exc:
+            self.ctx.show_error(error_sentence(exc, "The conversation could not be saved"))
+
+    # ------------------------------------------------------------------ engine
+    def follow_live(self) -> None:
+        self.ctx.state.scrub_to(None)
+
+    def _on_subject_changed(self, subject: Subject) -> None:
+        self.setWindowTitle(f"{subject.title} \u2014 Cachescope")
+
+    def _on_job_changed(self, name: str) -> None:
+        self.cancel_button.setVisible(bool(name))
+        if name:
+            self.cancel_button.setToolTip(f"stop {name}")
+
+    def pool_size_dialog(self) -> None:
+        from app.dialogs.pool_size_dialog import PoolSize, PoolSizeDialog
+
+        dlg = PoolSizeDialog(PoolSize(self.num_blocks, self.block_size, self.trace_num_blocks is not None), self)
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            self.set_pool_size(dlg.pool_size())
+
+    def set_pool_size(self, size: Any) -> None:
+        """Use `size` (a `PoolSize`) from now on: the model's engine is rebuilt on a fresh pool
+        (its cache starts empty; sessions are kept), and traces replay in it if asked."""
+        self.trace_num_blocks = size.num_blocks if size.for_traces else None
+        if (size.num_blocks, size.block_size) == (self.num_blocks, self.block_size):
+            return
+        runner = self.ctx.runner
+        if runner is not None and self.ctx.worker.is_busy:
+            self.ctx.show_error("The pool cannot be resized while the model is working; try again when it is idle.")
+            return
+        self.num_blocks, self.block_size = size.num_blocks, size.block_size
+        if runner is None:
+            return
+
+        def done(new_runner: Any) -> None:
+            self.ctx.set_runner(new_runner, activate=self.ctx.subject.is_chat)
+            self.statusBar().showMessage(f"pool of {size.num_blocks:,} blocks × {size.block_size} tokens", 4000)
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.show_error(error_sentence(exc, "The pool could not be resized"))
+
+        self.ctx.worker.submit(resize_pool_job, runner, size.num_blocks, size.block_size, on_done=done, on_error=failed)
+
+    def reset_cache(self) -> None:
+        runner = self.ctx.runner
+        if runner is None:
+            self.ctx.show_error("There is no model engine to reset; load a model first.")
+            return
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.show_error(error_sentence(exc, "The cache could not be reset"))
+
+        self.ctx.worker.submit(runner.manager.reset, on_error=failed)
+
+    def _on_engine_changed(self, info: dict) -> None:
+        self.status_labels["model"].setText(info.get("model") or f"no model ({self.ctx.subject.kind})")
+        self.status_labels["block_size"].setText(f"block {info.get('block_size', '—')} tokens")
+        self._update_status()
+
+    def _schedule_status(self) -> None:
+        if not self._status_timer.isActive():
+            self._status_timer.start()
+
+    def _update_status(self) -> None:
+        state = self.ctx.state
+        proj = state.projection
+        remote = state.remote is not None
+        # A vLLM pool publishes no requests and no pool size: its cached blocks, no hit rate.
+        self.status_labels["hit_rate"].setVisible(not remote)
+        if remote:
+            self.status_labels["occupancy"].setText(f"vLLM pool {proj.num_hashed:,} cached blocks")
+            return
+        total = max(proj.num_blocks, 1)
+        self.status_labels["occupancy"].setText(
+            f"pool {proj.num_in_use} in use · {proj.num_cached_free} cached · {proj.num_blocks} blocks "
+            f"({(proj.num_in_use + proj.num_cached_free) / total:.0%})")
+        c = proj.counters
+        self.status_labels["hit_rate"].setText(f"hit rate {c.hit_rate:.1%}" if c.num_prompt_tokens else "hit rate —")
+
+    # ------------------------------------------------------------------ vLLM
+    def attach_dialog(self) -> None:
+        """Ask for a server (remembered), attach; a failure is shown in the dialog, which stays."""
+        from app.dialogs.attach_dialog import AttachDialog
+
+        dlg = AttachDialog(AttachOptions.load(self.ctx.settings), self)
+        while dlg.exec() == QDialog.DialogCode.Accepted:
+            opts = dlg.options()
+            try:
+                self.attach_remote(opts)
+                return
+            except ValueError as exc:
+                dlg.show_error(str(exc))
+
+    def attach_remote(self, options: AttachOptions) -> AttachOptions | None:
+        """Attach to a vLLM server (raises ValueError with a sentence); options are remembered.
+        None when the user kept the current subject (unsaved work) instead."""
+        opts = options.validated()
+        if not self.ctx.open_subject(Subject("server", f"vLLM {opts.endpoint}", source=opts.endpoint)):
+            return None
+        opts = self.remote.attach(opts)
+        opts.save(self.ctx.settings)
+        self.statusBar().showMessage(f"attached to {opts.endpoint}", 4000)
+        return opts
+
+    def detach_remote(self) -> None:
+        self.remote.detach()
+
+    def _on_remote_attached(self, attached: bool) -> None:
+        self.act_detach.setEnabled(attached)
+        self.remote_label.setVisible(attached or bool(self.remote_label.text()))
+        if not attached and self.remote_label.text():
+            self.remote_label.setText(self.remote_label.text().replace("vLLM ·", "vLLM (detached) ·", 1))
+            self.statusBar().showMessage("detached from the vLLM server; the views keep its last pool", 6000)
+
+    def _on_remote_health(self, health: StreamHealth) -> None:
+        self.remote_label.setText(health.text())
+        tip = f"{health.ranks} rank(s) · {health.num_restarts} restart(s)"
+        if health.last_error:
+            tip += f"\nlast malformed frame: {health.last_error}"
+        self.remote_label.setToolTip(tip)
+        self.remote_label.show()
+
+    def _on_remote_message(self, text: str) -> None:
+        self.remote_messages.append(text)
+        self.statusBar().showMessage(text, 10000)
+
+    # ------------------------------------------------------------------ help
+    def show_about(self) -> None:
+        from app.dialogs.about_dialog import AboutDialog
+
+        AboutDialog(self.ctx, self).exec()
+
+    def shortcut_rows(self) -> list[tuple[str, str]]:
+        rows = []
+        for act in self.findChildren(QAction):
+            if not act.shortcut().isEmpty():
+                rows.append((act.text().replace("&", ""), act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)))
+        return sorted(set(rows))
+
+    def _show_block_details(self, block_id: Any) -> None:
+        dock = self.docks["block_details"]
+        if block_id is not None and not dock.isHidden():
+            dock.raise_()
+
+    def show_glossary(self) -> None:
+        from app.dialogs.glossary import GlossaryDialog
+
+        dlg = self.findChild(GlossaryDialog)
+        if dlg is None:
+            dlg = GlossaryDialog(self)
+        dlg.show()
+        dlg.raise_()
+
+    def show_shortcuts(self) -> None:
+        dlg = QDialog(self)
+        dlg.setWindowTitle("Keyboard shortcuts")
+        rows = self.shortcut_rows()
+        table = QTableWidget(len(rows), 2, dlg)
+        table.setHorizontalHeaderLabels(["Action", "Shortcut"])
+        table.verticalHeader().hide()
+        for i, (name, keys) in enumerate(rows):
+            table.setItem(i, 0, QTableWidgetItem(name))
+            table.setItem(i, 1, QTableWidgetItem(keys))
+        table.resizeColumnsToContents()
+        table.horizontalHeader().setStretchLastSection(True)
+        layout = QVBoxLayout(dlg)
+        layout.addWidget(table)
+        dlg.resize(420, 480)
+        dlg.exec()
+
+
+def runner_name(runner: Any) -> str:
+    loaded = getattr(runner, "loaded", None)
+    return getattr(loaded, "name", None) or "model"

@@ -1,0 +1,285 @@
+"""What a remote vLLM pool adds to the projection: the tier, rank and store time of each slot.
+
+`PoolProjection` places each remote copy of a block (vLLM names hashes, never block ids)
+in a slot of its own; `RemoteOverlay` keeps, per slot, what the views need beyond that in
+numpy arrays (so a million-block pool colours in a few milliseconds), plus the per-second
+rates and block lifetimes of the timelines and metrics. Qt-free; `app.runtime.state.PoolState`
+feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
+from engine.core.projection import PoolProjection
+
+# Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
+TIERS = ("GPU", "CPU", "STORAGE")
+TIER_CODE = {name: i + 1 for i, name in enumerate(TIERS)}  # 0 = no block
+# Age buckets of a cached block (seconds since it was stored), newest first.
+AGE_EDGES = (10.0, 60.0, 600.0)
+NUM_AGES = len(AGE_EDGES) + 1
+# A grid of more cells than this is aggregated: one cell shows its hottest block (a GPU
+# block over a CPU one, a new one over an old one), so a redraw costs the same at any size.
+MAX_CELLS = 1 << 18
+LARGE_POOL = 100_000
+MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
+SAMPLE_EVERY_S = 0.25
+
+
+def tier_of(event: Event) -> str:
+    """The tier an event names, upper-case; GPU when it names none (vLLM's default)."""
+    info = getattr(event, "remote", None)
+    medium = getattr(info, "medium", None) if info is not None else getattr(event, "medium", None)
+    return str(medium).upper() if medium else "GPU"
+
+
+def rank_of(event: Event) -> int:
+    """The data-parallel rank that published an event (0 for a single server)."""
+    info = getattr(event, "remote", None)
+    rank = getattr(info, "rank", None) if info is not None else getattr(event, "rank", None)
+    return int(rank) if rank is not None else 0
+
+
+def time_of(event: Event) -> float:
+    """When the server published an event (its batch time), else when it arrived."""
+    info = getattr(event, "remote", None)
+    t = getattr(info, "batch_time", 0.0) if info is not None else 0.0
+    return float(t) if t else event.time
+
+
+@dataclass(slots=True, frozen=True)
+class TierCount:
+    tier: str
+    num_blocks: int
+
+
+class RemoteOverlay:
+    """Per-slot tier, rank and store time of a remote pool, and its rates over time.
+
+    `before(events, projection)` and `observe(events, projection)` are called around the
+    projection applying each batch. Slots follow the projection's. `base` holds each
+    slot's code at its freshest (0 = no block) and is kept exact per batch; `codes` ages
+    it, recomputed in full only when the stream's clock passes a whole second, so a
+    redraw of a steady million-block pool costs one pass over a byte per block.
+    """
+
+    __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
+                 "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
+                 "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
+                 "_touched", "revision", "_counts")
+
+    def __init__(self) -> None:
+        self.tier = np.zeros(0, dtype=np.uint8)
+        self.rank = np.zeros(0, dtype=np.uint16)
+        self.stored_at = np.zeros(0, dtype=np.float64)
+        self.base = np.zeros(0, dtype=np.uint8)
+        self.stored_times = array("d")  # event time of every stored block
+        self.removed_times = array("d")  # event time of every removed block
+        self.lifetimes = array("d")  # seconds from stored to removed, per removed block
+        self.num_stored_again = 0  # stored after the server had removed it: computed twice
+        self.num_restarts = 0
+        self.last_reset_time: float | None = None
+        self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
+        self._removed: dict[tuple[bytes, str], None] = {}  # (hash, tier) removed, oldest first
+        # Cached blocks per tier over time: one sample per applied batch, at most every
+        # SAMPLE_EVERY_S of wall time once the pool is large (a sample costs a pass over it).
+        self.sample_times = array("d")
+        self.sample_counts: list[array] = []  # one array("q") per tier code - 1
+        self._last_sample = 0.0
+        self._codes = np.zeros(0, dtype=np.uint8)
+        self._codes_second: float | None = None  # the stream second `_codes` was aged at
+        self._touched: list[int] = []  # slots changed since `_codes` was computed
+        self.revision = 0  # bumps with every observed batch
+        self._counts: tuple[int, int, list[TierCount]] | None = None
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.tier):
+            return
+        size = max(n, 2 * len(self.tier), 1024)
+        for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64),
+                            ("base", np.uint8)):
+            old = getattr(self, name)
+            new = np.zeros(size, dtype=dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+        self._codes_second = None  # sizes changed: the next `codes` recomputes
+
+    def tier_code(self, name: str) -> int:
+        code = self.tier_names.get(name)
+        if code is None:
+            code = self.tier_names[name] = len(self.tier_names) + 1
+            if code > len(TIERS):  # one more tier shifts every code: re-derive them
+                held = self.base > 0
+                self.base[held] = 1 + (code - self.tier[held].astype(np.int64)) * NUM_AGES + NUM_AGES - 1
+            self._codes_second = None
+        return code
+
+    def _fresh_code(self, code: int) -> int:
+        num_tiers = max(len(self.tier_names), len(TIERS))
+        return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
+
+    def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
+        """Arm the projection to report the slot each stored or removed block takes or
+        frees in this batch (a hash can have several copies, so its hash does not say)."""
+        projection.remote_slots = []
+
+    def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
+        """Record a batch the projection has just applied (call `before` first)."""
+        self.revision += 1
+        self._grow(projection.num_blocks)
+        slots = projection.remote_slots or []
+        projection.remote_slots = None
+        tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
+        removed, touched = self._removed, self._touched
+        add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
+        reset = False
+        k = 0  # the next entry of `slots`: one per BlockStored and BlockEvicted, in order
+        for e in events:
+            cls = type(e)
+            if cls is BlockStored:
+                t = time_of(e)
+                add_stored(t)
+                key = (e.block_hash, tier_of(e))
+                if key in removed:  # the same tier again: computed twice (another tier: offloaded)
+                    del removed[key]
+                    self.num_stored_again += 1
+                b = slots[k] if k < len(slots) else -1
+                k += 1
+                if b >= 0:
+                    code = self.tier_code(tier_of(e))
+                    tier[b] = code
+                    rank[b] = rank_of(e)
+                    stored_at[b] = t
+                    base[b] = self._fresh_code(code)
+                    touched.append(b)
+            elif cls is BlockEvicted:
+                t = time_of(e)
+                add_removed(t)
+                removed[(e.block_hash, tier_of(e))] = None
+                if len(removed) > MAX_REMEMBERED_REMOVALS:  # forget the oldest removal
+                    del removed[next(iter(removed))]
+                b = slots[k] if k < len(slots) else -1
+                k += 1
+                if b >= 0 and base[b]:  # the copy's lifetime, from its own store
+                    add_life(max(0.0, t - float(stored_at[b])))
+                    base[b] = 0
+                    touched.append(b)
+            elif cls is CacheReset:
+                t = self.last_reset_time = time_of(e)
+                self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
+                # The projection decides what a reset cleared (one rank's blocks, or all):
+                # after the batch, every slot it no longer holds is emptied here too.
+                reset = True
+        if reset:
+            n = min(projection.num_blocks, len(base))
+            held = np.frombuffer(projection.hashed, dtype=np.uint8, count=n)
+            base[:n][held == 0] = 0
+            self._codes_second = None
+        last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
+                        self.removed_times[-1] if self.removed_times else 0.0)
+        self._sample(projection, last_time)
+
+    def _sample(self, projection: PoolProjection, t: float) -> None:
+        now = time.monotonic()
+        if projection.num_blocks > LARGE_POOL and now - self._last_sample < SAMPLE_EVERY_S:
+            return
+        self._last_sample = now
+        counts = {c.tier: c.num_blocks for c in self.tier_counts(projection)}
+        while len(self.sample_counts) < len(self.tier_names):
+            self.sample_counts.append(array("q", [0] * len(self.sample_times)))
+        self.sample_times.append(t)
+        for name, code in self.tier_names.items():
+            self.sample_counts[code - 1].append(counts.get(name, 0))
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def now(self) -> float:
+        """The stream's clock: the time of its newest stored or removed block."""
+        return max(self.stored_times[-1] if self.stored_times else 0.0,
+                   self.removed_times[-1] if self.removed_times else 0.0)
+
+    def codes(self, projection: PoolProjection, now: float | None = None) -> np.ndarray:
+        """One uint8 per slot: 0 empty, else 1 + tier rank * NUM_AGES + freshness.
+
+        Tiers rank GPU highest and freshness counts up to the newest age bucket, so the
+        larger of two codes is the hotter block (what an aggregated cell shows). The
+        result is shared and must be treated as read-only.
+        """
+        n = projection.num_blocks
+        self._grow(n)
+        now = self.now if now is None else now
+        second = math.floor(now)
+        if self._codes_second != second or len(self._codes) != len(self.base):
+            stored = self.stored_at
+            older = ((stored < now - AGE_EDGES[0]).view(np.uint8) + (stored < now - AGE_EDGES[1]).view(np.uint8)
+                     + (stored < now - AGE_EDGES[2]).view(np.uint8))
+            codes = self.base - older
+            codes[self.base == 0] = 0
+            self._codes, self._codes_second = codes, second
+        elif self._touched:
+            # Stores since the last full pass are the freshest blocks; removals are 0.
+            idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
+            self._codes[idx] = self.base[idx]
+        self._touched.clear()
+        return self._codes[:n]
+
+    def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
+        """Cached blocks per tier (GPU, CPU, STORAGE, then any tier vLLM adds)."""
+        n = min(projection.num_blocks, len(self.base))
+        if self._counts is not None and self._counts[:2] == (self.revision, n):
+            return self._counts[2]
+        counts = np.bincount(self.base[:n], minlength=1 + max(len(self.tier_names), len(TIERS)) * NUM_AGES)
+        out = [TierCount(name, int(counts[self._fresh_code(code)]))
+               for name, code in sorted(self.tier_names.items(), key=lambda kv: kv[1])]
+        self._counts = (self.revision, n, out)
+        return out
+
+    def ranks(self, projection: PoolProjection) -> dict[int, int]:
+        """Cached blocks per data-parallel rank (the combined pool split by who holds it)."""
+        n = min(projection.num_blocks, len(self.rank))
+        counts = np.bincount(self.rank[:n][self.base[:n] > 0])
+        return {r: int(c) for r, c in enumerate(counts) if c}
+
+    def tier_name(self, slot: int) -> str:
+        code = int(self.tier[slot]) if slot < len(self.tier) else 0
+        return next((name for name, c in self.tier_names.items() if c == code), "GPU")
+
+    def per_second(self, start: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(second since `start`, stored, removed) per whole second of the stream."""
+        stored = np.frombuffer(self.stored_times, dtype=np.float64) if self.stored_times else np.zeros(0)
+        removed = np.frombuffer(self.removed_times, dtype=np.float64) if self.removed_times else np.zeros(0)
+        both = np.concatenate((stored, removed))
+        if not len(both):
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        t0 = math.floor(both.min()) if start is None else start
+        n = int(math.floor(both.max() - t0)) + 1
+        n = max(1, min(n, 24 * 3600))  # a day of seconds at most; older ones fold into the first
+        s = np.bincount(np.clip((stored - t0).astype(np.int64), 0, n - 1), minlength=n)
+        r = np.bincount(np.clip((removed - t0).astype(np.int64), 0, n - 1), minlength=n)
+        return np.arange(n, dtype=float), s.astype(float), r.astype(float)
+
+
+def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray, int]:
+    """(cell codes, blocks per cell): at most `max_cells` cells, each the max of its run."""
+    n = len(codes)
+    if n <= max_cells:
+        return codes, 1
+    k = math.ceil(n / max_cells)
+    if n % k:
+        padded = np.zeros(math.ceil(n / k) * k, dtype=codes.dtype)
+        padded[:n] = codes
+    else:
+        padded = codes
+    # k strided passes: numpy's max over a short last axis is several times slower
+    out = padded[0::k].copy()
+    for j in range(1, k):
+        np.maximum(out, padded[j::k], out=out)
+    return out, k
