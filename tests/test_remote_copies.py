@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from app.commands.attach import _summary
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import BlockEvicted, BlockStored, EventBus
 from engine.core.hashing import BlockHasher
@@ -267,6 +268,8 @@ def test_the_attach_path_over_zmq_holds_what_vllm_held():
             with att.lock:
                 assert slots_per_hash(log.live) == held
                 assert att.combined.num_cached == sum(held.values()) and gpu_copies(att.pools[0]) == held
+                row = _summary(att)[0]  # `attach`'s summary counts copies per tier, as its "cached" does
+                assert row["tiers"] == {"GPU": sum(held.values())} == {"GPU": row["cached"]}
     finally:
         att.stop()
         pub.close(linger=0)

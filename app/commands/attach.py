@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 print_json({"endpoint": pool.source, "event": e.to_dict()})
         else:
             out.write(f"{pool.source} seq {batch.seq}: {len(batch.events)} events, {pool.num_cached} blocks "
-                      f"cached ({', '.join(f'{m} {len(t)}' for m, t in pool.tiers.items()) or 'none'}), "
+                      f"cached ({', '.join(f'{m} {pool.num_cached_in(m)}' for m in pool.tiers) or 'none'}), "
                       f"{pool.num_stored} stored, {pool.num_removed} removed\n")
         show_probe(att.pools)
         out.flush()
@@ -175,7 +175,7 @@ def _summary(att: Any) -> list[dict[str, Any]]:
         h = sub.health
         rows.append({"endpoint": pool.source, "rank": pool.rank, "batches": h.batches, "stored": pool.num_stored,
                      "removed": pool.num_removed, "cached": pool.num_cached,
-                     "tiers": {m: len(t) for m, t in pool.tiers.items()}, "refilled": h.refilled,
+                     "tiers": {m: pool.num_cached_in(m) for m in pool.tiers}, "refilled": h.refilled,
                      "gaps_refilled": h.refilled, "missed_batches": h.missed, "malformed": h.malformed,
                      "restarts": h.restarts, "last_seq": h.last_seq})
     return rows
