@@ -20,7 +20,8 @@ from app.views.pool.block_details import BlockDetailsView, describe_block
 from app.views.pool.block_table_view import BlockTableView
 from app.views.pool.hash_chain_view import MAX_LABELS, HashChainView
 from app.views.tools.sweep_view import SweepView
-from app.views.pool.timeline_view import CountAxis, TimelineView
+from app.ui.plots import CountAxis
+from app.views.pool.timeline_view import TimelineView
 from engine.analysis.sweep import sweep
 from engine.core.hashing import BlockHasher
 from engine.core.manager import PrefixCacheManager, Request

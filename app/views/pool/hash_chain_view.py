@@ -25,8 +25,8 @@ from app.ui import theme
 from app.ui.export import export_button
 from app.runtime.remote import decode_tokens, view_tokenizer
 from app.views.pool.chain_layout import ChainTree, Segment, build_tree, fit_labels
-from app.views.pool.block_table_view import block_colors, swatch
-from app.views.pool.timeline_view import CountAxis
+from app.ui.colors import block_colors, swatch
+from app.ui.plots import CountAxis
 from engine.core.projection import PoolProjection, RequestRecord
 from app.ui.widgets import PanelView
 

@@ -16,7 +16,7 @@ from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
 
 from app.ui import theme
-from app.views.pool.timeline_view import CountAxis
+from app.ui.plots import CountAxis
 from engine.core.validation import human_bytes
 from engine.model.kv_memory import PRESETS, kv_bytes
 from app.ui.widgets import PanelView

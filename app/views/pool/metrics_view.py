@@ -16,8 +16,9 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.ui import theme
 from app.ui.export import export_button, header_row
-from app.views.pool.block_table_view import legend_line, swatch
-from app.views.pool.timeline_view import PlotStack, show_remote
+from app.ui.colors import legend_line, swatch
+from app.ui.plots import PlotStack
+from app.views.pool.remote_plots import RemoteMetrics, show_remote
 from engine.core.projection import RequestRecord
 from app.ui.widgets import PanelView
 
@@ -82,8 +83,6 @@ class MetricsView(PanelView):
         layout.addLayout(header_row(self.summary, self.export))
         layout.addWidget(self.glw, 1)
         # A remote vLLM pool has no requests or ref counts: its own plots take this place.
-        from app.views.pool.remote_plots import RemoteMetrics
-
         self.remote_view = RemoteMetrics(self.state)
         self.remote_view.hide()
         layout.addWidget(self.remote_view, 1)

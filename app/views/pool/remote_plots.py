@@ -3,7 +3,8 @@
 A vLLM pool has no requests and no ref counts in its events, so the timeline and metrics
 docks show these instead while attached (or while a capture is open): cached blocks per
 tier, blocks stored and removed per second, and how long blocks lived from stored to
-removed. They read `PoolState.remote` (`engine.remote.overlay.RemoteOverlay`) only.
+removed. They read `PoolState.remote` (`engine.remote.overlay.RemoteOverlay`) only;
+`show_remote` swaps a view's own plots for them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.ui import theme
-from app.views.pool.block_table_view import legend_line, swatch, tier_colors
-from app.views.pool.timeline_view import PlotStack
+from app.ui.colors import legend_line, swatch, tier_colors
+from app.ui.plots import PlotStack
 
 # A refresh reads every stored and removed time: at most this often while events stream.
 REFRESH_MS = 200
@@ -38,6 +39,21 @@ def _fmt_s(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def show_remote(view: Any) -> bool:
+    """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then."""
+    remote = getattr(view.state, "remote", None) is not None
+    if view.remote_view.isHidden() == remote:
+        # the view's own export saves its own plots, which a remote pool does not fill
+        for w in (view.glw, getattr(view, "title", None), getattr(view, "summary", None),
+                  getattr(view, "export", None)):
+            if w is not None:
+                w.setVisible(not remote)
+        view.remote_view.setVisible(remote)
+    if remote:
+        view.remote_view.schedule()
+    return remote
 
 
 class _Throttled(QWidget):

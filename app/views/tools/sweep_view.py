@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 
 from app.ui import theme
 from app.ui.export import export_button
-from app.views.pool.timeline_view import CountAxis
+from app.ui.plots import CountAxis
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
