@@ -32,7 +32,7 @@ SLOW = 0.01  # seconds per batch: --json to a pipe, or the app while drawing
 REFILL_TIMEOUT = 0.2  # far less than a slow consumer takes over 300 batches
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, frozen=True)
 class Recording:
     meta: dict
     answers: dict[int, list[list[bytes]]]  # start seq -> what the DEALER received, end marker last
