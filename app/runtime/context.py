@@ -13,17 +13,15 @@ import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
 
-from app.runtime.bridge import EngineBridge
+from app.runtime.bridge import EngineBridge, engine_info
+from app.runtime.remote import RemoteController
 from app.runtime.state import PoolState
 from app.runtime.worker import ModelWorker
 from engine.core.events import EventBus
-
-if TYPE_CHECKING:
-    from app.runtime.remote import RemoteController
 
 ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
@@ -98,17 +96,6 @@ class CancelToken:
             raise JobCancelled("cancelled")
 
 
-def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, num_layers: int = 0,
-                num_kv_heads: int = 0, head_dim: int = 0, dtype: str | None = None,
-                per_layer_bytes: list[int] | None = None) -> dict[str, Any]:
-    """The `sigEngineChanged` dict; bytes are per block (K and V of every layer)."""
-    per_layer = [int(b) for b in (per_layer_bytes or [])]
-    per_block = [b // num_blocks for b in per_layer] if num_blocks else []
-    return {"block_size": int(block_size), "num_blocks": int(num_blocks), "model": model,
-            "num_layers": int(num_layers), "num_kv_heads": int(num_kv_heads), "head_dim": int(head_dim),
-            "dtype": dtype, "bytes_per_block": int(sum(per_block)), "per_layer_bytes": per_layer}
-
-
 def runner_engine_info(runner: Any) -> dict[str, Any]:
     """`engine_info` for an `engine.model.runner.ModelRunner`."""
     loaded = getattr(runner, "loaded", None)
@@ -160,10 +147,8 @@ class AppContext(QObject):
         # Why the last model load failed (None: it did not); the app goes on without a model.
         self.model_error: str | None = None
         self.session_id: Any = None
-        # An attached vLLM server (`app.runtime.remote.RemoteController`, set by the window) and the
-        # tokenizer that decodes its token ids (None: the model's).
-        self.remote: RemoteController | None = None
-        self.remote_tokenizer: Any = None
+        # The attached vLLM server, if any, and the tokenizer that decodes its token ids.
+        self.remote = RemoteController(self)
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
         # How the window asks and tells (modal message boxes); None: nobody to ask, so the
@@ -280,6 +265,7 @@ class AppContext(QObject):
 
     def shutdown(self) -> None:
         """Stop the worker thread and the bridge timer; call once when the window closes."""
+        self.remote.stop()
         self.worker.stop()
         for fn in self._at_shutdown:
             fn()
