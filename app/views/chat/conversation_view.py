@@ -21,9 +21,11 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
 
 from app.ui import theme
 from app.runtime.context import Subject
-from app.views.chat.chat_store import ChatRecorder
+from app.runtime.chat_store import ChatRecorder
 from app.views.chat.message_card import MessageCard
-from app.views.chat.token_strip import STATE_LABELS, ChatMessage, chat_dicts, reuse_reason, strip_data, title_of
+from app.runtime.chat_messages import ChatMessage, chat_dicts, reuse_reason, title_of
+from app.ui.token_strip import STATE_LABELS
+from app.views.chat.strips import strip_data
 from app.ui.widgets import PanelView
 from engine.core.errors import CapacityError, InputError
 from engine.model.chat import requests_after_edit
