@@ -9,7 +9,7 @@ from PySide6.QtCore import QPoint
 
 from app.runtime.context import make_test_context
 from app.views.chat.conversation_view import ConversationView, MessageCard
-from app.ui.token_strip import StripData, TokenStrip
+from app.views.chat.token_strip import StripData, TokenStrip
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6
@@ -51,7 +51,7 @@ def _wait_idle(qtbot, view):
 
 def test_send_streams_tokens_and_colours_the_strip(qtbot, view, ctx):
     streamed: list[str] = []
-    view._sigToken.connect(lambda tid, text: streamed.append(text))
+    view.chat.sigToken.connect(lambda tid, text: streamed.append(text))
     view.input.setPlainText("What is the capital of France?")
     with qtbot.waitSignal(view.sigTurnFinished, timeout=120_000) as turn:
         view.send_button.click()

@@ -50,8 +50,8 @@ def test_requests_after_edit_when_the_model_answers_again():
         requests_after_edit(CHAT, 9, keep_replies=False)
 
 
-def test_the_conversation_view_and_the_demo_use_the_engine_function():
-    for path in ("app/views/chat/conversation_view.py", "engine/demos/prefix.py", "engine/store/edit.py"):
+def test_the_chat_controller_and_the_demo_use_the_engine_function():
+    for path in ("app/runtime/chat.py", "engine/demos/prefix.py", "engine/store/edit.py"):
         assert "requests_after_edit(" in (ROOT / path).read_text(encoding="utf-8"), path
 
 

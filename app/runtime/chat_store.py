@@ -1,6 +1,6 @@
 """`ChatRecorder`: writes one chat session to the store on the store's writer thread.
 
-The conversation view never touches SQLite on the GUI thread: every write (the session
+The chat controller never touches SQLite on the GUI thread: every write (the session
 row, messages, edits, served requests) is queued, in order, to an
 `engine.store.writer.StoreWriter`. A session id the writer assigns reaches the GUI by
 `sigSessionCreated`; a failed write by `sigFailed` with one sentence.
