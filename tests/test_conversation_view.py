@@ -9,7 +9,7 @@ from PySide6.QtCore import QPoint
 
 from app.runtime.context import make_test_context
 from app.views.chat.conversation_view import ConversationView, MessageCard
-from app.views.chat.token_strip import StripData, TokenStrip
+from app.ui.token_strip import StripData, TokenStrip
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6

@@ -23,7 +23,8 @@ from PySide6.QtWidgets import QDialogButtonBox
 from app.dialogs.attach_dialog import AttachDialog
 from app.runtime.context import make_test_context
 from app.window.main_window import MainWindow
-from app.runtime.remote import AttachOptions
+from app.runtime.remote import AttachSettings
+from engine.remote.attachment import AttachOptions
 from test_vllm_attach import free_ports  # the one loopback port finder of the vLLM tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,9 +116,9 @@ def servers():
         s.close()
 
 
-def attach(win, port: int, replay: int, **kw) -> AttachOptions:
-    opts = AttachOptions(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay}", **kw)
-    return win.attach_remote(opts)
+def attach(win, port: int, replay: int, **kw) -> AttachSettings:
+    opts = AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay}",), **kw)
+    return win.attach_remote(AttachSettings(opts))
 
 
 def join(qtbot, win, server: RecordedServer, seq: int = 1) -> None:
@@ -127,7 +128,7 @@ def join(qtbot, win, server: RecordedServer, seq: int = 1) -> None:
     def delivered() -> bool:
         server.publish(seq)
         qtbot.wait(20)
-        return win.remote.health().num_batches >= seq + 1  # batches 0..seq, one rank
+        return win.remote.health().batches >= seq + 1  # batches 0..seq, one rank
 
     qtbot.waitUntil(delivered, timeout=WAIT_MS)
 
@@ -154,26 +155,26 @@ def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
     # Joined at batch 1: batch 0 (published before we joined) comes from the replay socket.
     settle(qtbot, win, lambda: state.projection.num_hashed == 2)
     assert server.num_replay_requests >= 1
-    assert win.remote.health().num_refilled >= 1
+    assert win.remote.health().refilled >= 1
     assert tiers(win)["GPU"] == 2
 
     # A gap: batch 2 never reaches the PUB socket; batch 3 makes the subscriber refill it.
     server.publish(2, drop=True)
     server.publish(3)
-    settle(qtbot, win, lambda: win.remote.health().num_batches >= 4)
+    settle(qtbot, win, lambda: win.remote.health().batches >= 4)
     # batch 2 stored two salted blocks; batch 3 moved block 1 from the GPU to the CPU tier
     settle(qtbot, win, lambda: tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0})
     h = win.remote.health()
-    assert h.num_missed == 0 and h.num_malformed == 0
+    assert h.missed == 0 and h.malformed == 0
 
     # Garbage: a seq frame that is not 8 bytes, and a payload that is not msgpack.
     server.send([b"kv-events", b"\x00\x04", b"\x93"])
     server.send([b"kv-events", (4).to_bytes(8, "big"), b"\xc1 not msgpack"])
-    settle(qtbot, win, lambda: win.remote.health().num_malformed == 2)
+    settle(qtbot, win, lambda: win.remote.health().malformed == 2)
     assert state.projection.num_hashed == 4  # nothing applied, the sequence did not move on
     server.publish(4)  # the real batch 4 still applies: AllBlocksCleared
     settle(qtbot, win, lambda: state.projection.num_hashed == 0)
-    assert win.remote.health().num_missed == 0
+    assert win.remote.health().missed == 0
 
     # The views, after the real flow.
     qtbot.wait(300)  # the status bar and remote plots refresh on their timers
@@ -241,7 +242,7 @@ def test_two_data_parallel_ranks_make_one_combined_pool(qtbot, win, servers):
     by_rank = state.remote.ranks(state.projection)
     assert by_rank == {0: 2, 1: 2}  # rank 1's 32-byte hashes, joined late too
     assert any(len(h) == 32 for h in state.projection.by_hash) and any(len(h) == 8 for h in state.projection.by_hash)
-    assert win.remote.health().ranks == 2
+    assert win.remote.num_streams == 2
     win.panels["block_table"].redraw()
     summary = win.panels["block_table"].summary.text()
     assert "rank 0 <b>2</b>" in summary and "rank 1 <b>2</b>" in summary
@@ -262,7 +263,7 @@ def test_restart_starts_a_fresh_pool_and_says_so(qtbot, win, servers):
     qtbot.waitUntil(lambda: any("restarted" in m for m in win.remote_messages), timeout=WAIT_MS)
     settle(qtbot, win, lambda: state.projection.num_hashed == 1)
     assert state.projection.num_resets >= 1
-    assert win.remote.health().num_restarts == 1
+    assert win.remote.health().restarts == 1
 
 
 def test_detach_stops_following_and_keeps_the_pool(qtbot, win, servers):
@@ -283,13 +284,13 @@ def test_detach_stops_following_and_keeps_the_pool(qtbot, win, servers):
 
 @pytest.mark.parametrize("field, value, words", [
     ("endpoint", "localhost:5557", "not a ZMQ endpoint"),
-    ("endpoint", "tcp://127.0.0.1:99999", "ports run from 1 to 65535"),
+    ("endpoint", "tcp://127.0.0.1:99999", "from 1 to 65535"),
     ("endpoint", "tcp://*:5557", "wildcard"),
     ("replay", "tcp://127.0.0.1:5557", "must differ"),
     ("tokenizer", "/nonexistent/tokenizer", "does not exist"),
 ])
 def test_dialog_refuses_bad_fields_in_one_sentence(qtbot, field, value, words):
-    dlg = AttachDialog(AttachOptions())
+    dlg = AttachDialog(AttachSettings())
     qtbot.addWidget(dlg)
     getattr(dlg, field).setText(value)
     dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
@@ -300,7 +301,7 @@ def test_dialog_refuses_bad_fields_in_one_sentence(qtbot, field, value, words):
 
 def test_dialog_accepts_and_the_options_are_remembered(qtbot, tmp_path):
     ctx = make_test_context(tmp_path)
-    dlg = AttachDialog(AttachOptions.load(ctx.settings))
+    dlg = AttachDialog(AttachSettings.load(ctx.settings))
     qtbot.addWidget(dlg)
     dlg.endpoint.setText(" tcp://10.0.0.7:6000 ")
     dlg.replay.setText("tcp://10.0.0.7:6001")
@@ -309,12 +310,24 @@ def test_dialog_accepts_and_the_options_are_remembered(qtbot, tmp_path):
     dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
     opts = dlg.options()
     assert opts is not None and opts.endpoint == "tcp://10.0.0.7:6000"
-    assert [e for _, e, _ in opts.rank_endpoints()][-1] == "tcp://10.0.0.7:6003"
+    assert opts.options.streams()[-1].endpoint == "tcp://10.0.0.7:6003"
     opts.save(ctx.settings)
     other = make_test_context(tmp_path)
-    assert AttachOptions.load(other.settings) == opts
+    assert AttachSettings.load(other.settings) == opts
     other.shutdown()
     ctx.shutdown()
+
+
+def test_dialog_takes_ipc_endpoints_for_every_rank(qtbot):
+    """The engine's rule for data-parallel ipc endpoints (vLLM appends _dp<rank>), not a refusal."""
+    dlg = AttachDialog(AttachSettings())
+    qtbot.addWidget(dlg)
+    dlg.endpoint.setText("ipc:///tmp/kv-events")
+    dlg.replay.setText("")
+    dlg.ranks.setValue(2)
+    dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    assert dlg.error.isHidden() and dlg.options() is not None
+    assert [s.endpoint for s in dlg.options().options.streams()] == ["ipc:///tmp/kv-events", "ipc:///tmp/kv-events_dp1"]
 
 
 def test_attach_failure_is_one_sentence_and_leaves_no_pool(qtbot, win):
@@ -323,7 +336,7 @@ def test_attach_failure_is_one_sentence_and_leaves_no_pool(qtbot, win):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ValueError, match="Could not attach"):
-            win.attach_remote(AttachOptions(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint="", bind=True))
+            win.attach_remote(AttachSettings(AttachOptions((f"tcp://127.0.0.1:{port}",), bind=True)))
     assert not win.remote.is_attached and not win.act_detach.isEnabled()
 
 
@@ -390,10 +403,9 @@ def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_pat
 
     from engine.analysis.remote_capture import Recorder
     from engine.remote.attachment import Attachment
-    from engine.remote.attachment import AttachOptions as EngineOptions
 
     (server,), port, replay = servers(1)
-    att = Attachment(EngineOptions(endpoints=(f"tcp://127.0.0.1:{port}",),
+    att = Attachment(AttachOptions(endpoints=(f"tcp://127.0.0.1:{port}",),
                                    replay_endpoints=(f"tcp://127.0.0.1:{replay}",), topic="kv-events"))
     db = tmp_path / "capture.db"
     rec = Recorder(str(db), att.options).start(att.events)

@@ -17,7 +17,7 @@ from app.runtime.context import Subject, engine_info  # noqa: E402
 from app.demos.runner import install_demos  # noqa: E402
 from app.runtime.state import is_eviction  # noqa: E402
 from app.views.pool.event_log_view import describe  # noqa: E402
-from app.views.chat.token_strip import ChatMessage, reuse_reason  # noqa: E402
+from app.runtime.chat_messages import ChatMessage, reuse_reason  # noqa: E402
 from app.ui.widgets import seq_of_link  # noqa: E402
 from engine.core.hashing import BlockHasher  # noqa: E402
 from engine.core.manager import PrefixCacheManager, Request  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from engine.core.errors import InputError
-from engine.remote import AttachOptions, Attachment
+from engine.remote import AttachOptions, Attachment, StreamHealth, total_health
 from engine.remote.wire import canonical_hash
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm"
@@ -341,6 +341,16 @@ def test_options_round_trip_through_json():
         AttachOptions.from_dict({"endpoints": ["tcp://10.0.0.5:5557"], "data_parallel_size": "2"})
 
 
+def test_total_health_adds_the_counts_and_keeps_the_freshest_lag():
+    a = StreamHealth("r0", 0, batches=4, refilled=1, missed=2, malformed=0, restarts=1, last_seq=3, lag_s=0.5)
+    b = StreamHealth("r1", 1, batches=6, refilled=0, missed=1, malformed=2, restarts=0, last_seq=5, lag_s=0.2,
+                     last_error="bad frame")
+    total = total_health([a, b], "vLLM")
+    assert (total.batches, total.refilled, total.missed, total.malformed, total.restarts) == (10, 1, 3, 2, 1)
+    assert total.lag_s == 0.2 and total.last_error == "bad frame" and total.last_seq is None
+    assert total_health([], "vLLM") == StreamHealth("vLLM")
+
+
 def test_bad_options_are_one_sentence():
     with pytest.raises(InputError, match="65535"):
         AttachOptions(("tcp://127.0.0.1:999999",))
@@ -350,6 +360,8 @@ def test_bad_options_are_one_sentence():
         AttachOptions(("tcp://127.0.0.1:65535",), data_parallel_size=2)
     with pytest.raises(InputError, match="not a ZMQ endpoint"):
         AttachOptions(("localhost:5557",))
+    with pytest.raises(InputError, match="must differ"):
+        AttachOptions(("tcp://127.0.0.1:5557",), ("tcp://127.0.0.1:5557",))
     port = free_ports()
     holder = zmq.Context.instance().socket(zmq.PUB)
     holder.bind(f"tcp://127.0.0.1:{port}")

@@ -26,6 +26,17 @@ FIRST_BATCH = 1_000
 MIN_BATCH = 500
 
 
+def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, num_layers: int = 0,
+                num_kv_heads: int = 0, head_dim: int = 0, dtype: str | None = None,
+                per_layer_bytes: list[int] | None = None) -> dict[str, Any]:
+    """The `sigEngineChanged` dict; bytes are per block (K and V of every layer)."""
+    per_layer = [int(b) for b in (per_layer_bytes or [])]
+    per_block = [b // num_blocks for b in per_layer] if num_blocks else []
+    return {"block_size": int(block_size), "num_blocks": int(num_blocks), "model": model,
+            "num_layers": int(num_layers), "num_kv_heads": int(num_kv_heads), "head_dim": int(head_dim),
+            "dtype": dtype, "bytes_per_block": int(sum(per_block)), "per_layer_bytes": per_layer}
+
+
 class EngineBridge(QObject):
     """Buffers events from any thread and re-emits them in the GUI thread, per frame.
 

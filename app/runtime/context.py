@@ -13,17 +13,15 @@ import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
 
-from app.runtime.bridge import EngineBridge
+from app.runtime.bridge import EngineBridge, engine_info
+from app.runtime.remote import RemoteController
 from app.runtime.state import PoolState
 from app.runtime.worker import ModelWorker
 from engine.core.events import EventBus
-
-if TYPE_CHECKING:
-    from app.runtime.remote import RemoteController
 
 ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
@@ -98,17 +96,6 @@ class CancelToken:
             raise JobCancelled("cancelled")
 
 
-def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, num_layers: int = 0,
-                num_kv_heads: int = 0, head_dim: int = 0, dtype: str | None = None,
-                per_layer_bytes: list[int] | None = None) -> dict[str, Any]:
-    """The `sigEngineChanged` dict; bytes are per block (K and V of every layer)."""
-    per_layer = [int(b) for b in (per_layer_bytes or [])]
-    per_block = [b // num_blocks for b in per_layer] if num_blocks else []
-    return {"block_size": int(block_size), "num_blocks": int(num_blocks), "model": model,
-            "num_layers": int(num_layers), "num_kv_heads": int(num_kv_heads), "head_dim": int(head_dim),
-            "dtype": dtype, "bytes_per_block": int(sum(per_block)), "per_layer_bytes": per_layer}
-
-
 def runner_engine_info(runner: Any) -> dict[str, Any]:
     """`engine_info` for an `engine.model.runner.ModelRunner`."""
     loaded = getattr(runner, "loaded", None)
@@ -135,8 +122,7 @@ class AppContext(QObject):
     """
 
     sigRunnerChanged = Signal(object)
-    sigSessionChanged = Signal(object)  # session id (int | str) or None, after `set_session`
-    sigStoreClosing = Signal()  # the store is about to close: whoever writes to it finishes now
+    sigSessionChanged = Signal(object)  # session id (int | str) or None
     sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
     sigSubjectChanged = Signal(object)  # the new Subject, after the views were pointed at it
     sigJobChanged = Signal(str)  # the cancellable job now running ("" when none)
@@ -161,10 +147,8 @@ class AppContext(QObject):
         # Why the last model load failed (None: it did not); the app goes on without a model.
         self.model_error: str | None = None
         self.session_id: Any = None
-        # An attached vLLM server (`app.runtime.remote.RemoteController`, set by the window) and the
-        # tokenizer that decodes its token ids (None: the model's).
-        self.remote: RemoteController | None = None
-        self.remote_tokenizer: Any = None
+        # The attached vLLM server, if any, and the tokenizer that decodes its token ids.
+        self.remote = RemoteController(self)
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
         # How the window asks and tells (modal message boxes); None: nobody to ask, so the
@@ -265,40 +249,6 @@ class AppContext(QObject):
         self.job, self.job_name = None, ""
         self.sigJobChanged.emit("")
 
-    # ------------------------------------------------------------------ store and session
-    def open_store(self, path: str | Path, accept: Callable[[Any], None] | None = None) -> Any:
-        """Make the Cachescope database at `path` the store, closing the one before; returns it.
-
-        `accept(store)` may refuse the new store by raising (it holds no chat, say): the new
-        one is closed and the old one stays, open.
-        """
-        from engine.store.database import Store
-
-        store = Store(path)
-        if accept is not None:
-            try:
-                accept(store)
-            except BaseException:
-                store.close()
-                raise
-        self.close_store()
-        self.store = store
-        return store
-
-    def close_store(self) -> None:
-        """Close the store (its writers first hear `sigStoreClosing`); the context has none after."""
-        store, self.store = self.store, None
-        if store is None:
-            return
-        self.sigStoreClosing.emit()
-        if hasattr(store, "close"):
-            store.close()
-
-    def set_session(self, session_id: Any) -> None:
-        """The session the chat records into now (None: a new one, created at the first message)."""
-        self.session_id = session_id
-        self.sigSessionChanged.emit(session_id)
-
     # ------------------------------------------------------------------ errors
     def show_error(self, text: str, title: str = "Cachescope") -> None:
         text = str(text).strip() or "Something went wrong."
@@ -315,15 +265,17 @@ class AppContext(QObject):
 
     def shutdown(self) -> None:
         """Stop the worker thread and the bridge timer; call once when the window closes."""
+        self.remote.stop()
         self.worker.stop()
         for fn in self._at_shutdown:
             fn()
         self._at_shutdown.clear()
         self.bridge.stop()
-        try:
-            self.close_store()
-        except Exception:  # noqa: BLE001 - closing must not block shutdown
-            pass
+        if self.store is not None and hasattr(self.store, "close"):
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 - closing must not block shutdown
+                pass
 
 
 def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> AppContext:

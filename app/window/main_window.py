@@ -22,7 +22,9 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, 
 
 from app.ui import theme
 from app.runtime.context import AppContext, JobCancelled, Subject, engine_info
-from app.runtime.remote import AttachOptions, RemoteController, StreamHealth, latest_capture, open_capture
+from app.runtime.captures import latest_capture, open_capture
+from app.runtime.remote import AttachSettings, status_text
+from engine.remote.subscriber import StreamHealth
 from app.window.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
 from app.runtime.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, resize_pool_job, trace_block_size,
                       trace_capacity)
@@ -92,9 +94,8 @@ class MainWindow(QMainWindow):
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)
         self.resize(DEFAULT_SIZE)
-        self.remote = RemoteController(ctx, self)
+        self.remote = ctx.remote
         self.remote_messages: list[str] = []  # what the remote pool told the user (restarts)
-        ctx.remote = self.remote
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
@@ -713,7 +714,7 @@ class MainWindow(QMainWindow):
         """Ask for a server (remembered), attach; a failure is shown in the dialog, which stays."""
         from app.dialogs.attach_dialog import AttachDialog
 
-        dlg = AttachDialog(AttachOptions.load(self.ctx.settings), self)
+        dlg = AttachDialog(AttachSettings.load(self.ctx.settings), self)
         while dlg.exec() == QDialog.DialogCode.Accepted:
             opts = dlg.options()
             try:
@@ -722,16 +723,16 @@ class MainWindow(QMainWindow):
             except ValueError as exc:
                 dlg.show_error(str(exc))
 
-    def attach_remote(self, options: AttachOptions) -> AttachOptions | None:
-        """Attach to a vLLM server (raises ValueError with a sentence); options are remembered.
+    def attach_remote(self, settings: AttachSettings) -> AttachSettings | None:
+        """Attach to a vLLM server (raises ValueError with a sentence); the settings are remembered.
         None when the user kept the current subject (unsaved work) instead."""
-        opts = options.validated()
-        if not self.ctx.open_subject(Subject("server", f"vLLM {opts.endpoint}", source=opts.endpoint)):
+        settings = settings.validated()
+        if not self.ctx.open_subject(Subject("server", f"vLLM {settings.endpoint}", source=settings.endpoint)):
             return None
-        opts = self.remote.attach(opts)
-        opts.save(self.ctx.settings)
-        self.statusBar().showMessage(f"attached to {opts.endpoint}", 4000)
-        return opts
+        settings = self.remote.attach(settings)
+        settings.save(self.ctx.settings)
+        self.statusBar().showMessage(f"attached to {settings.endpoint}", 4000)
+        return settings
 
     def detach_remote(self) -> None:
         self.remote.detach()
@@ -743,9 +744,9 @@ class MainWindow(QMainWindow):
             self.remote_label.setText(self.remote_label.text().replace("vLLM ·", "vLLM (detached) ·", 1))
             self.statusBar().showMessage("detached from the vLLM server; the views keep its last pool", 6000)
 
-    def _on_remote_health(self, health: StreamHealth) -> None:
-        self.remote_label.setText(health.text())
-        tip = f"{health.ranks} rank(s) · {health.num_restarts} restart(s)"
+    def _on_remote_health(self, health: StreamHealth) -> None:  # every rank's, summed
+        self.remote_label.setText(status_text(health))
+        tip = f"{self.remote.num_streams} rank(s) · {health.restarts} restart(s)"
         if health.last_error:
             tip += f"\nlast malformed frame: {health.last_error}"
         self.remote_label.setToolTip(tip)

@@ -18,7 +18,7 @@ The API the app and the CLI build on (no Qt anywhere in this package):
 
 Notice kinds: refilled, missed, malformed, restart (the pool was reset), refill_timeout,
 reconnected, error. `att.health()` returns one StreamHealth per stream (batches, refilled,
-missed, malformed, restarts, lag_s) at any time.
+missed, malformed, restarts, lag_s) at any time; `total_health` sums them for a status bar.
 
 Every converted event carries `remote: RemoteInfo` (engine.core.events): source, rank,
 batch_seq and batch_time, medium (tier: GPU, CPU, STORAGE), group_idx,
@@ -38,12 +38,12 @@ from engine.remote.attachment import AttachOptions, Attachment, StreamSpec
 from engine.remote.pool import CombinedPool, RemoteBlock, RemotePool
 from engine.remote.probe import ProbeResult, PromptProbe, probe_prompt
 from engine.remote.publisher import EnginePublisher, VllmPublisher
-from engine.remote.subscriber import StreamHealth, VllmSubscriber, check_endpoint, endpoint_for_rank
+from engine.remote.subscriber import StreamHealth, VllmSubscriber, check_endpoint, endpoint_for_rank, total_health
 from engine.remote.wire import MalformedFrame, VllmBatch, VllmEvent, canonical_hash, decode_batch, encode_batch
 
 __all__ = [
     "AttachOptions", "Attachment", "StreamSpec", "CombinedPool", "RemoteBlock", "RemotePool", "ProbeResult",
     "PromptProbe", "probe_prompt", "EnginePublisher", "VllmPublisher", "StreamHealth", "VllmSubscriber", "check_endpoint",
-    "endpoint_for_rank", "MalformedFrame", "VllmBatch", "VllmEvent", "canonical_hash", "decode_batch",
+    "endpoint_for_rank", "total_health", "MalformedFrame", "VllmBatch", "VllmEvent", "canonical_hash", "decode_batch",
     "encode_batch",
 ]

@@ -53,8 +53,11 @@ class AttachOptions:
             raise InputError("the refill timeout must be a positive number of seconds")
         for e in self.endpoints:
             check_endpoint(e, self.bind)
-        for r in self.replay_endpoints:
+        for e, r in zip(self.endpoints, self.replay_endpoints):
             check_endpoint(r)
+            if r == e:
+                raise InputError(f"the replay endpoint {r} must differ from its event endpoint "
+                                 "(vLLM binds them to two ports)")
         for spec in self.streams():  # every rank's port must exist too
             check_endpoint(spec.endpoint, self.bind)
 

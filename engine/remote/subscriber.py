@@ -88,6 +88,23 @@ class StreamHealth:
         return dataclasses.asdict(self)
 
 
+def total_health(streams: list[StreamHealth], source: str = "all streams") -> StreamHealth:
+    """Several streams' health as one (what a status bar shows for every rank): the counts
+    add up, `lag_s` is the freshest stream's, `last_error` the last stream's that has one;
+    `last_seq` stays None, as each stream numbers its own batches."""
+    total = StreamHealth(source)
+    for s in streams:
+        total.batches += s.batches
+        total.refilled += s.refilled
+        total.missed += s.missed
+        total.malformed += s.malformed
+        total.restarts += s.restarts
+        total.last_error = s.last_error or total.last_error
+    lags = [s.lag_s for s in streams if s.lag_s is not None]
+    total.lag_s = min(lags) if lags else None
+    return total
+
+
 class VllmSubscriber:
     """Subscribes to one vLLM endpoint (one rank) on a background thread.
 

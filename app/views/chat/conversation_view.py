@@ -19,10 +19,12 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QSizePolicy, QSpinBox, QVBoxLayout, QWidget)
 
 from app.ui import theme
-from app.runtime.chat import DEFAULT_MAX_NEW_TOKENS, ChatController, ChatMessage
+from app.runtime.chat import DEFAULT_MAX_NEW_TOKENS, ChatController
 from app.runtime.context import Subject
 from app.views.chat.message_card import MessageCard
-from app.views.chat.token_strip import STATE_LABELS, reuse_reason, strip_data
+from app.ui.token_strip import STATE_LABELS
+from app.runtime.chat_messages import ChatMessage, reuse_reason
+from app.views.chat.strips import strip_data
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
-from app.views.chat.token_strip import MISS_TEXT, ChatMessage, StripData, TokenStrip
+from app.runtime.chat_messages import MISS_TEXT, ChatMessage
+from app.ui.token_strip import StripData, TokenStrip
 from app.ui.widgets import EventLinkLabel, eviction_phrase
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QFormLayout, QGridLayout, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.views.chat.token_strip import StripData, TokenStrip
+from app.ui.token_strip import StripData, TokenStrip
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:

@@ -130,7 +130,7 @@ class ProbeView(PanelView):
         self.probe, self.result, self.error = None, None, ""
         remote = self.ctx.remote
         text = self.prompt.toPlainText()
-        if remote is None or remote.options is None:
+        if remote is None or remote.settings is None:
             self.error = "Attach to a vLLM server first (File > Attach to vLLM…)."
         elif remote.tokenizer is None:
             self.error = "Loading the tokenizer…"
@@ -146,8 +146,8 @@ class ProbeView(PanelView):
                     ids = request_from_text(remote.tokenizer, text, salt).token_ids
                 else:
                     ids = remote.tokenizer.encode(text, add_special_tokens=False)
-                self.probe = PromptProbe(tuple(int(t) for t in ids), BlockHasher(remote.options.hash_scheme), salt,
-                                         remote.options.block_size)
+                self.probe = PromptProbe(tuple(int(t) for t in ids), BlockHasher(remote.settings.hash_scheme), salt,
+                                         remote.settings.block_size)
             except ValueError as exc:  # InputError too: a bad file is one sentence
                 self.error = str(exc)
         self.check()
