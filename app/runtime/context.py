@@ -122,7 +122,8 @@ class AppContext(QObject):
     """
 
     sigRunnerChanged = Signal(object)
-    sigSessionChanged = Signal(object)  # session id (int | str) or None
+    sigSessionChanged = Signal(object)  # session id (int | str) or None, after `set_session`
+    sigStoreClosing = Signal()  # the store is about to close: whoever writes to it finishes now
     sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
     sigSubjectChanged = Signal(object)  # the new Subject, after the views were pointed at it
     sigJobChanged = Signal(str)  # the cancellable job now running ("" when none)
@@ -249,6 +250,40 @@ class AppContext(QObject):
         self.job, self.job_name = None, ""
         self.sigJobChanged.emit("")
 
+    # ------------------------------------------------------------------ store and session
+    def open_store(self, path: str | Path, accept: Callable[[Any], None] | None = None) -> Any:
+        """Make the Cachescope database at `path` the store, closing the one before; returns it.
+
+        `accept(store)` may refuse the new store by raising (it holds no chat, say): the new
+        one is closed and the old one stays, open.
+        """
+        from engine.store.database import Store
+
+        store = Store(path)
+        if accept is not None:
+            try:
+                accept(store)
+            except BaseException:
+                store.close()
+                raise
+        self.close_store()
+        self.store = store
+        return store
+
+    def close_store(self) -> None:
+        """Close the store (its writers first hear `sigStoreClosing`); the context has none after."""
+        store, self.store = self.store, None
+        if store is None:
+            return
+        self.sigStoreClosing.emit()
+        if hasattr(store, "close"):
+            store.close()
+
+    def set_session(self, session_id: Any) -> None:
+        """The session the chat records into now (None: a new one, created at the first message)."""
+        self.session_id = session_id
+        self.sigSessionChanged.emit(session_id)
+
     # ------------------------------------------------------------------ errors
     def show_error(self, text: str, title: str = "Cachescope") -> None:
         text = str(text).strip() or "Something went wrong."
@@ -271,11 +306,10 @@ class AppContext(QObject):
             fn()
         self._at_shutdown.clear()
         self.bridge.stop()
-        if self.store is not None and hasattr(self.store, "close"):
-            try:
-                self.store.close()
-            except Exception:  # noqa: BLE001 - closing must not block shutdown
-                pass
+        try:
+            self.close_store()
+        except Exception:  # noqa: BLE001 - closing must not block shutdown
+            pass
 
 
 def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> AppContext:
