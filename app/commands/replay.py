@@ -10,7 +10,7 @@ from app.commands._common import byte_size, non_negative_int, positive_int, prin
 from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
-from engine.core.trace import is_request_trace
+from engine.core.sniff import is_request_trace
 
 NAME = "replay"
 HELP = "replay a token/block trace (no model) or a conversation (real model) through a fresh engine"

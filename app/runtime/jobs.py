@@ -1,5 +1,5 @@
 """Work the main window hands to the model worker (loading the model, replaying a trace),
-recognising what kind of file the user opened, and turning failures into one sentence.
+recognising what kind of file the user opened (`engine.core.sniff`), and turning failures into one sentence.
 Jobs run on the worker thread and touch no widget.
 """
 
@@ -10,29 +10,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.core import validation
+from engine.core.sniff import file_kind, trace_format
 from engine.core.trace import MOONCAKE_BLOCK_SIZE
 from engine.core.errors import InputError, TraceError
 
 
 def classify_file(path: Path) -> str:
-    """"trace" (token/block JSONL), "session" (a Cachescope database) or "conversation"."""
-    if path.suffix.lower() in (".db", ".sqlite", ".sqlite3", ".cachescope"):
-        return "session"
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(16)
-            if head.startswith(b"SQLite format 3"):
-                return "session"
-            fh.seek(0)
-            for raw in fh:
-                if raw.strip():
-                    obj = validation.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
-                    if isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj):
-                        return "trace"
-                    break
-    except (OSError, ValueError, UnicodeDecodeError):
-        pass
-    return "conversation"
+    """"trace" (token/block JSONL), "session" (a Cachescope database) or "conversation":
+    what File > Open does with `path`, as `engine.core.sniff.file_kind` tells it."""
+    return file_kind(path)
 
 
 def trace_capacity(path: Path, block_size: int) -> int:
@@ -54,12 +40,8 @@ def trace_capacity(path: Path, block_size: int) -> int:
 
 
 def trace_block_size(path: Path) -> int:
-    with path.open("rb") as fh:
-        for raw in fh:
-            if raw.strip():
-                # Mooncake hash ids each stand for one 512-token block.
-                return MOONCAKE_BLOCK_SIZE if b'"hash_ids"' in raw else 16
-    return 16
+    # Mooncake hash ids each stand for one 512-token block.
+    return MOONCAKE_BLOCK_SIZE if trace_format(path) == "mooncake" else 16
 
 
 def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:

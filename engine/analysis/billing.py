@@ -17,7 +17,8 @@ from typing import Any, Hashable, Iterable, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
-from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length, is_request_trace
+from engine.core.sniff import is_request_trace
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import message_spans
 from engine.resources import resource_path

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from engine.core.errors import InputError, TraceError
 from engine.analysis.conversations import load_conversation_file, messages_of
-from engine.core.trace import is_request_trace
+from engine.core.sniff import is_request_trace
 from engine.model.chat import default_system_prompt, render_chat
 
 CAUSES = ("identical", "tenant_salt", "default_system_prompt", "whitespace", "timestamp_or_id", "reordered",

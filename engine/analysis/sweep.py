@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Sequence
 from engine.core.errors import InputError
 from engine.core.blocks import cdiv
 from engine.core.replay import ReplayConfig, replay
-from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, is_request_trace, load_trace
+from engine.core.sniff import is_request_trace
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import render_chat
 

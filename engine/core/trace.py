@@ -107,19 +107,6 @@ def load_trace(path: str | Path, block_size: int | None = None) -> list[TraceReq
     return list(read_trace(path, block_size))
 
 
-def is_request_trace(path: str | Path) -> bool:
-    """True when the first non-blank line is a token-level or block-level request."""
-    try:
-        with Path(path).open("rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = v.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
-                    return isinstance(obj, dict) and ("tokens" in obj or "hash_ids" in obj)
-    except (OSError, ValueError):  # TraceError is a ValueError: the reader reports it later
-        return False
-    return False
-
-
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading token ids two sequences share."""
     n = 0

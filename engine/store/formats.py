@@ -13,10 +13,10 @@ from typing import Any
 from engine.core import validation as v
 from engine.core.errors import InputError, TraceError
 from engine.core.hashing import HASH_NAMES
+from engine.core.sniff import document_format
 from engine.core.trace import MAX_LINE_BYTES, MOONCAKE_BLOCK_SIZE, TraceRequest, parse_trace_line
 
 FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope")
-SESSION_FILE_FORMAT = "cachescope-session"
 MAX_FILE_BYTES = v.MAX_FILE_BYTES
 
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -189,43 +189,15 @@ def _array_items(text: str, name: str) -> list[tuple[int, Any]]:
 
 
 def detect_format(docs: list[tuple[int, Any]], name: str) -> str:
-    """Guess the format from the documents' keys; `--format` overrides it."""
+    """Guess the format from the documents' keys (`engine.core.sniff`); `--format` overrides it."""
     line, first = docs[0]
     if not isinstance(first, dict):
         raise TraceError(name, line, None, f"expected a JSON object, got {_type(first)}")
-    if first.get("format") == SESSION_FILE_FORMAT:
-        return "cachescope"
-    if "hash_ids" in first:
-        return "mooncake"
-    if "tokens" in first:
-        return "tokens"
-    if "conversations" in first:
-        return "sharegpt"
-    if "turns" in first:
-        return "mt-bench"
-    if "messages" in first:
-        return "anthropic" if any(isinstance(d, dict) and _looks_anthropic(d) for _, d in docs) else "openai"
-    if "role" in first:
-        return "openai"
-    raise TraceError(name, line, None, "cannot tell the format: expected 'messages', 'conversations', 'turns', "
-                                       "'tokens' or 'hash_ids' (use --format to choose one)")
-
-
-def _looks_anthropic(obj: dict[str, Any]) -> bool:
-    if "system" in obj:
-        return True
-    tools = obj.get("tools")
-    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
-        return True
-    messages = obj.get("messages")
-    for m in messages if isinstance(messages, list) else ():
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):
-            for b in content:
-                if isinstance(b, dict) and (b.get("type") in ("tool_use", "tool_result", "thinking")
-                                            or (b.get("type") == "image" and "source" in b)):
-                    return True
-    return False
+    fmt = document_format(first, [d for _, d in docs])
+    if fmt is None:
+        raise TraceError(name, line, None, "cannot tell the format: expected 'messages', 'conversations', 'turns', "
+                                           "'tokens' or 'hash_ids' (use --format to choose one)")
+    return fmt
 
 
 def _type(value: Any) -> str:

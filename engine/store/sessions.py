@@ -12,8 +12,8 @@ from typing import Any, Callable, Sequence
 
 from engine.core.errors import InputError, TraceError
 from engine.core.events import EventBus
-from engine.store.formats import (SESSION_FILE_FORMAT, Conversation, load_conversations,
-                            trace_request_dict)
+from engine.core.sniff import SESSION_FILE_FORMAT
+from engine.store.formats import Conversation, load_conversations, trace_request_dict
 from engine.core.manager import PrefixCacheManager
 from engine.core.replay import ReplayConfig, make_manager, replay
 from engine.core.served import ReplayResult, ReplayTotals, ServedRequest

@@ -1,0 +1,94 @@
+"""What a file holds, told from its first bytes and its first JSON document's keys.
+
+The one sniffer every reader asks: `cachescope replay`, `sessions import` (through
+`engine.store.formats.detect_format`) and the app's File > Open. Parsing stays with the
+readers (`engine.core.trace`, `engine.store.formats`); nothing here reads a whole file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from engine.core import validation as v
+
+SESSION_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".cachescope")
+SQLITE_HEADER = b"SQLite format 3"
+SESSION_FILE_FORMAT = "cachescope-session"  # the "format" of an exported Cachescope session
+TRACE_FORMATS = ("tokens", "mooncake")  # request traces: one request per JSONL line
+
+
+def document_format(first: Any, docs: Sequence[Any] = ()) -> str | None:
+    """The format a file's documents are in, from the keys of the first one: cachescope,
+    mooncake, tokens, sharegpt, mt-bench, anthropic or openai; None when the keys say
+    nothing. `docs` (every document, the first included) tells Anthropic bodies from OpenAI ones."""
+    if not isinstance(first, dict):
+        return None
+    if first.get("format") == SESSION_FILE_FORMAT:
+        return "cachescope"
+    if "hash_ids" in first:
+        return "mooncake"
+    if "tokens" in first:
+        return "tokens"
+    if "conversations" in first:
+        return "sharegpt"
+    if "turns" in first:
+        return "mt-bench"
+    if "messages" in first:
+        return "anthropic" if any(isinstance(d, dict) and _looks_anthropic(d) for d in docs or (first,)) else "openai"
+    if "role" in first:
+        return "openai"
+    return None
+
+
+def trace_format(path: str | Path) -> str | None:
+    """"tokens" or "mooncake" when the first non-blank line of `path` is a request of a
+    token-level or block-level trace; None otherwise, or when it cannot be read (the
+    reader then says why)."""
+    try:
+        with Path(path).open("rb") as fh:
+            for raw in fh:
+                if raw.strip():
+                    obj = v.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
+                    fmt = document_format(obj)
+                    return fmt if fmt in TRACE_FORMATS else None
+    except (OSError, ValueError):  # TraceError and UnicodeDecodeError are ValueErrors
+        return None
+    return None
+
+
+def is_request_trace(path: str | Path) -> bool:
+    """True when `path` is a token-level or block-level (Mooncake) JSONL trace."""
+    return trace_format(path) is not None
+
+
+def file_kind(path: str | Path) -> str:
+    """"session" (a Cachescope database), "trace" (token or block JSONL) or "conversation"
+    (anything else: the conversation reader names what is wrong with it)."""
+    p = Path(path)
+    if p.suffix.lower() in SESSION_SUFFIXES:
+        return "session"
+    try:
+        with p.open("rb") as fh:
+            if fh.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                return "session"
+    except OSError:
+        return "conversation"
+    return "trace" if is_request_trace(p) else "conversation"
+
+
+def _looks_anthropic(obj: dict[str, Any]) -> bool:
+    if "system" in obj:
+        return True
+    tools = obj.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
+        return True
+    messages = obj.get("messages")
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            for b in content:
+                if isinstance(b, dict) and (b.get("type") in ("tool_use", "tool_result", "thinking")
+                                            or (b.get("type") == "image" and "source" in b)):
+                    return True
+    return False
