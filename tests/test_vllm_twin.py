@@ -132,6 +132,7 @@ def _case(name: str, check: str):
 
 def test_fixtures_are_there():
     assert len(SCENARIOS) >= 6, "the vLLM twin fixtures are missing (tests/data/vllm_twin/)"
+    assert "mooncake_slice_c4" in SCENARIOS, "the Mooncake slice fixture is missing (tests/data/vllm_twin/)"
     for name in SCENARIOS:
         assert load(name)["vllm_version"] == "0.33.0"
     assert all(name in SCENARIOS and check in CHECKS for name, check in KNOWN)

@@ -39,6 +39,9 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 HERE = Path(__file__).resolve().parent
 BLOCK_SIZE = 16
 VOCAB = 32000
+MOONCAKE = HERE.parents[2] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
+MOONCAKE_BLOCK = 512  # the tokens one of the trace's hash_ids stands for
+MOONCAKE_ROWS = 30  # 150 rows would make ~1.5 MB of fixtures (every block's tokens and hash is recorded)
 
 
 @dataclass
@@ -92,6 +95,29 @@ def chats(rng: random.Random, num_chats: int, num_turns: int, system: list[int],
     return order
 
 
+def mooncake(num_requests: int, max_output: int, seed: int) -> list[Item]:
+    """The first `num_requests` rows of the Mooncake FAST'25 conversation trace as tokens, scaled
+    by BLOCK_SIZE / 512: hash id h becomes the block of token ids 16h .. 16h + 15 (distinct for
+    every h in the slice, so the prefix structure is the trace's exactly); the last block is cut
+    to its share of `input_length` (at least one token). Outputs are scaled the same way (at
+    least one token, at most `max_output`) and drawn from a seeded rng."""
+    rng = random.Random(seed)
+    items = []
+    with MOONCAKE.open() as fh:
+        for i, line in zip(range(num_requests), fh):
+            row = json.loads(line)
+            ids = row["hash_ids"]
+            assert len(ids) == cdiv(row["input_length"], MOONCAKE_BLOCK), f"row {i}: hash_ids do not cover the input"
+            assert max(ids) < (1 << 17) // BLOCK_SIZE, f"row {i}: token ids would repeat"
+            rest = row["input_length"] - MOONCAKE_BLOCK * (len(ids) - 1)
+            last = max(1, (rest * BLOCK_SIZE + MOONCAKE_BLOCK // 2) // MOONCAKE_BLOCK)
+            tokens = [BLOCK_SIZE * h + j for h in ids for j in range(BLOCK_SIZE)]
+            del tokens[BLOCK_SIZE * (len(ids) - 1) + last:]
+            num_out = (row["output_length"] * BLOCK_SIZE + MOONCAKE_BLOCK // 2) // MOONCAKE_BLOCK
+            items.append(Item(f"mc{i}", tokens, toks(rng, min(max(num_out, 1), max_output))))
+    return items
+
+
 def scenarios() -> list[dict]:
     out = []
 
@@ -134,6 +160,11 @@ def scenarios() -> list[dict]:
     add("decode_hits_wait_c2", "a request that waits for room while the one ahead of it decodes "
         "the blocks it will hit (its prompt extends that request's answer); 31 usable blocks, "
         "concurrency 2", 32, 2, [a, b, c])
+    add("mooncake_slice_c4", f"the first {MOONCAKE_ROWS} requests of the Mooncake FAST'25 conversation "
+        "trace as tokens (each 512-token hash id one 16-token block, lengths scaled by 16/512, outputs "
+        "at most 24 tokens): real prefix structure (only the first block is shared in this slice), "
+        "199 usable blocks for requests of up to 171 blocks, concurrency 4: admissions wait, hundreds of "
+        "evictions", 200, 4, mooncake(MOONCAKE_ROWS, 24, 8))
     return out
 
 
