@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidge
 
 from app.ui import theme
 from app.ui.colors import block_colors, legend_line, swatch, tier_colors
+from app.ui.export import export_button, header_row
 from app.runtime.remote import decode_tokens
 from engine.remote.overlay import NUM_AGES, TIERS, aggregate
 from engine.core.projection import PoolProjection
@@ -151,8 +152,6 @@ class BlockTableView(PanelView):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        from app.ui.export import export_button, header_row
-
         self.export = export_button(self, plots={"Block table": lambda: self.glw},
                                     tables={"Blocks": self.blocks_table})
         layout.addLayout(header_row(self.summary, self.export))

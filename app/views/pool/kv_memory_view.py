@@ -16,6 +16,7 @@ from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
 
 from app.ui import theme
+from app.ui.export import export_button, header_row
 from app.ui.plots import CountAxis
 from engine.core.validation import human_bytes
 from engine.model.kv_memory import PRESETS, kv_bytes
@@ -109,8 +110,6 @@ class KvMemoryView(PanelView):
         bar.addWidget(self.tokens_box, 2)
         text = QVBoxLayout()
         text.setSpacing(6)
-        from app.ui.export import export_button, header_row
-
         self.export = export_button(self, plots={"KV bytes per layer": lambda: self.plot},
                                     tables={"KV bytes per layer": lambda: (["layer", "bytes"],
                                                                            list(enumerate(self.per_layer)))})
