@@ -1,39 +1,36 @@
 """The main window: menus, toolbar, status bar and one dock per registered panel.
 
 It is up before the model: loading runs on the model worker with a progress bar in the
-status bar. Opening a file replays it on the worker through a fresh engine whose events
-reach the views through the bridge. Whatever is opened becomes the one current subject
-(`AppContext.open_subject`), which asks before it replaces unsaved work. Panels
-themselves live in `app.views`.
+status bar. Whatever is opened becomes the one current subject (`AppContext.open_subject`),
+which asks before it replaces unsaved work. Opening files is `app.window.files`, trace
+replays `app.runtime.replays`, the model load `app.runtime.model_load`; panels live in `app.views`.
 """
 
 from __future__ import annotations
-
-import gc
 
 from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QByteArray, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton, QScrollArea, QTabBar, QTableWidget, QTableWidgetItem,
-                               QToolBar, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFrame, QLabel, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton, QScrollArea, QTabBar, QToolBar, QWidget)
 
 from app.ui import theme
-from app.runtime.context import AppContext, JobCancelled, Subject, engine_info
-from app.runtime.captures import latest_capture, open_capture
+from app.runtime.context import AppContext, Subject
+from app.runtime.model_load import ModelLoad
+from app.runtime.replays import TraceReplays
 from app.runtime.remote import AttachSettings, status_text
 from engine.remote.subscriber import StreamHealth
 from app.window.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
-from app.runtime.jobs import (classify_file, error_sentence, load_model_job, replay_trace_job, resize_pool_job, trace_block_size,
-                      trace_capacity)
+from app.runtime.jobs import classify_file, error_sentence, resize_pool_job  # noqa: F401 - classify_file: app.commands.gui
 from app.dialogs.model_load_dialog import ModelLoadMonitor
-from engine.core.errors import InputError, TraceError
+from app.dialogs.shortcuts_dialog import ShortcutsDialog, shortcut_rows
+from app.window.files import FileOpener
+from app.window.recent import RecentFiles
 from engine.resources import resource_path
 
 ICON_DIR = resource_path("icons")
-MAX_RECENT = 8
 DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
@@ -85,17 +82,14 @@ class MainWindow(QMainWindow):
         self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
         self.panels = PanelMap(self._build_deferred_panel)
-        self.last_replay: dict | None = None
+        self.recent = RecentFiles(ctx.settings)
+        self.files = FileOpener(ctx, self, self.recent, self.panels, self.docks, self.replay_trace)
+        self.replays = TraceReplays(ctx, self)
+        self.loader = ModelLoad(ctx, self)
         self._demo_actions: list[QAction] = []
-        self.setObjectName("MainWindow")
-        self.setWindowTitle("Cachescope")
-        self.setWindowIcon(app_icon())
-        self.setDockNestingEnabled(True)
-        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
-                            | QMainWindow.DockOption.AllowNestedDocks)
-        self.resize(DEFAULT_SIZE)
         self.remote = ctx.remote
         self.remote_messages: list[str] = []  # what the remote pool told the user (restarts)
+        self._build_frame()
         self._build_actions()
         self._build_menus()
         self._build_toolbar()
@@ -103,19 +97,29 @@ class MainWindow(QMainWindow):
         self._build_status_bar()
         self._default_state = self.saveState(LAYOUT_VERSION)
         self._restore_settings()
+        self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
+        self._connect()
+        self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
+        if load_model:
+            QTimer.singleShot(0, self.start_model_load)
+
+    def _connect(self) -> None:
+        ctx = self.ctx
         ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
         ctx.state.sigChanged.connect(self._schedule_status)
         ctx.worker.sigProgress.connect(self._on_progress)
-        self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
         ctx.sigSubjectChanged.connect(self._on_subject_changed)
         ctx.sigJobChanged.connect(self._on_job_changed)
         self.remote.sigHealth.connect(self._on_remote_health)
         self.remote.sigMessage.connect(self._on_remote_message)
         self.remote.sigAttached.connect(lambda _o: self._on_remote_attached(True))
         self.remote.sigDetached.connect(lambda: self._on_remote_attached(False))
-        self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
-        if load_model:
-            QTimer.singleShot(0, self.start_model_load)
+        self.replays.sigProgress.connect(self._on_progress)
+        self.replays.sigShown.connect(self._on_replay_shown)
+        self.replays.sigCancelled.connect(self._on_replay_cancelled)
+        self.replays.sigFailed.connect(self._on_replay_failed)
+        self.loader.sigLoaded.connect(self._on_model_loaded)
+        self.loader.sigFailed.connect(self._on_model_failed)
 
     def _ask(self, title: str, text: str) -> bool:
         buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel
@@ -123,6 +127,15 @@ class MainWindow(QMainWindow):
             == QMessageBox.StandardButton.Yes
 
     # ------------------------------------------------------------------ construction
+    def _build_frame(self) -> None:
+        self.setObjectName("MainWindow")
+        self.setWindowTitle("Cachescope")
+        self.setWindowIcon(app_icon())
+        self.setDockNestingEnabled(True)
+        self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
+                            | QMainWindow.DockOption.AllowNestedDocks)
+        self.resize(DEFAULT_SIZE)
+
     def _action(self, text: str, slot: Callable[[], Any], shortcut: Any = None, tip: str = "",
                 checkable: bool = False) -> QAction:
         act = QAction(text, self)
@@ -136,11 +149,11 @@ class MainWindow(QMainWindow):
         return act
 
     def _build_actions(self) -> None:
-        a = self._action
+        a, files = self._action, self.files
         self.act_new = a("&New session", self.new_session, QKeySequence.StandardKey.New, "start an empty chat session")
-        self.act_open = a("&Open…", self.open_dialog, QKeySequence.StandardKey.Open, "open a trace, conversation or session file")
-        self.act_import = a("&Import conversation…", self.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
-        self.act_export = a("&Export…", self.export_dialog, "Ctrl+E", "save the conversation and event log")
+        self.act_open = a("&Open…", files.open_dialog, QKeySequence.StandardKey.Open, "open a trace, conversation or session file")
+        self.act_import = a("&Import conversation…", files.import_dialog, "Ctrl+I", "import OpenAI/ShareGPT/Anthropic conversations")
+        self.act_export = a("&Export…", files.export_dialog, "Ctrl+E", "save the conversation and event log")
         self.act_attach = a("&Attach to vLLM…", self.attach_dialog, "Ctrl+Shift+A",
                             "show a running vLLM server's prefix cache (its KV-event stream)")
         self.act_detach = a("&Detach from vLLM", self.detach_remote, None, "stop following the vLLM server")
@@ -163,7 +176,7 @@ class MainWindow(QMainWindow):
         for act in (self.act_new, self.act_open, self.act_import):
             m.addAction(act)
         self.recent_menu = m.addMenu("Open &recent")
-        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        self.recent_menu.aboutToShow.connect(lambda: self.recent.fill_menu(self.recent_menu, self.open_file))
         m.addAction(self.act_export)
         m.addSeparator()
         m.addAction(self.act_attach)
@@ -446,18 +459,11 @@ class MainWindow(QMainWindow):
         if self.ctx.worker.is_busy and self.ctx.runner is None and self.progress.isVisible():
             return  # already loading
         self._on_progress("loading model", 0.0)
-        self.ctx.model_error = None
         self.status_labels["model"].setText("loading model…")
-        self.ctx.worker.submit(load_model_job, self.ctx.model_name, self.num_blocks, self.block_size,
-                               self.model_load.progress_callback(self.ctx.model_name), on_done=self._on_model_loaded,
-                               on_error=self._on_model_failed)
+        self.loader.start(self.num_blocks, self.block_size, self.model_load.progress_callback(self.ctx.model_name))
 
     def _on_model_loaded(self, runner: Any) -> None:
         self.progress.hide()
-        # The model's objects live as long as the app: keep the collector from walking them
-        # again on every full collection, which would stall the GUI while events stream in.
-        gc.collect()
-        gc.freeze()
         # A trace or demo opened while the model was loading keeps the views; the model's
         # engine takes over at the first chat message.
         showing_other = not self.ctx.subject.is_chat
@@ -466,12 +472,11 @@ class MainWindow(QMainWindow):
             self.status_labels["model"].setText(f"{runner_name(runner)} ready · views show {self.ctx.subject.kind}")
         self.statusBar().showMessage(f"model {runner_name(runner)} ready", 4000)
 
-    def _on_model_failed(self, exc: BaseException) -> None:
+    def _on_model_failed(self, sentence: str) -> None:
         self.progress.hide()
         self.status_labels["model"].setText("no model")
-        self.ctx.model_error = error_sentence(exc, "The model could not be loaded")
         self.statusBar().showMessage("no model: traces still replay; chats show their recorded turns")
-        self.ctx.show_error(self.ctx.model_error)
+        self.ctx.show_error(sentence)
         if "conversation" in self.panels:  # turns waiting for the model are shown as recorded
             self.panels["conversation"].model_unavailable()
 
@@ -488,148 +493,37 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(600, self.progress.hide)
 
     # ------------------------------------------------------------------ files
-    def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a trace, conversation or session", self._last_dir(),
-                                              "Cachescope files (*.jsonl *.json *.db *.sqlite);;All files (*)")
-        if path:
-            self.open_file(path)
-
-    def import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import conversations", self._last_dir(),
-                                              "Conversations (*.json *.jsonl);;All files (*)")
-        if path:
-            self.open_file(path)
-
-    def _last_dir(self) -> str:
-        recent = self.recent_files()
-        return str(Path(recent[0]).parent) if recent else str(Path.home())
-
     def open_file(self, path: str | Path, on_done: Callable[[Any], None] | None = None) -> bool:
         """Open a trace (replayed on the worker), a session database or a conversation file."""
-        p = Path(path)
-        if not p.exists():
-            self.ctx.show_error(f"{p}: no such file.")
-            return False
-        if p.is_dir():
-            self.ctx.show_error(f"{p} is a folder; open a trace, conversation or session file.")
-            return False
-        kind = classify_file(p)
-        if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
-            return False
-        self._add_recent(p)
-        if kind == "trace":
-            self.replay_trace(p, on_done=on_done)
-            return True
-        if kind == "session" and latest_capture(p) is not None:  # a recorded vLLM attach
-            try:
-                open_capture(self.ctx, p)
-            except (InputError, ValueError, OSError) as exc:
-                self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
-                return False
-            self.docks["block_table"].raise_()
-            if on_done is not None:
-                on_done(None)
-            return True
-        conversation = self.panels.get("conversation")
-        if conversation is None:
-            self.ctx.show_error("The conversation panel is not available, so conversations cannot be opened.")
-            return False
-        try:
-            if kind == "session":
-                conversation.open_store(p)
-            else:
-                conversation.import_file(p)
-        except (InputError, TraceError, ValueError, OSError) as exc:
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
-            return False
-        self.docks["conversation"].raise_()
-        if on_done is not None:
-            on_done(None)
-        return True
+        return self.files.open_file(path, on_done=on_done)
 
     def replay_trace(self, path: Path, on_done: Callable[[Any], None] | None = None) -> None:
-        block_size = trace_block_size(path)
-        try:
-            capacity = self.trace_num_blocks or trace_capacity(path, block_size)
-        except (OSError, TypeError, ValueError):
-            capacity = 1024
-        self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
-        bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
-        token = self.ctx.start_job(f"replaying {path.name}", bus)
-        self._on_progress(f"replaying {path.name}", -1.0)
+        self.replays.start(path, self.trace_num_blocks, on_done=on_done)
 
-        def done(result: dict) -> None:
-            self.ctx.end_job(token)
-            self.last_replay = result
-            t = result["totals"]
-            final = (f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
-                     f"{t['evicted_blocks']:,} evictions")
-            # The engine is done before the views have drawn every event: until they have,
-            # the status bar says how far they are, not the final figures beside partial ones.
-            self._when_views_caught_up(path.name, final, lambda: on_done(result) if on_done is not None else None)
+    @property
+    def last_replay(self) -> dict | None:
+        return self.replays.last_result
 
-        def failed(exc: BaseException) -> None:
-            self.ctx.end_job(token)
-            self.progress.hide()
-            if isinstance(exc, JobCancelled):
-                self.statusBar().showMessage(f"{path.name}: cancelled; the views show the part replayed", 8000)
-            else:
-                self.ctx.show_error(error_sentence(exc, f"{path.name} could not be replayed"))
-            if on_done is not None:
-                on_done(None)
-
-        self.ctx.worker.submit(replay_trace_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
-
-    def _when_views_caught_up(self, name: str, final: str, then: Callable[[], None]) -> None:
-        bridge = self.ctx.bridge
-        pending = bridge.num_pending
-        if pending:
-            shown = len(self.ctx.state.log)
-            self._on_progress(f"{name}: showing events, {shown:,} of {shown + pending:,}",
-                              shown / max(1, shown + pending))
-            QTimer.singleShot(50, lambda: self._when_views_caught_up(name, final, then))
-            return
+    def _on_replay_shown(self, summary: str) -> None:
         self.progress.hide()
         self._update_status()
-        self.statusBar().showMessage(final, 8000)
-        then()
+        self.statusBar().showMessage(summary, 8000)
+
+    def _on_replay_cancelled(self, text: str) -> None:
+        self.progress.hide()
+        self.statusBar().showMessage(text, 8000)
+
+    def _on_replay_failed(self, sentence: str) -> None:
+        self.progress.hide()
+        self.ctx.show_error(sentence)
 
     def recent_files(self) -> list[str]:
-        value = self.ctx.settings.value("recent/files", [])
-        if isinstance(value, str):
-            value = [value]
-        return [str(v) for v in (value or [])]
-
-    def _add_recent(self, path: Path) -> None:
-        text = str(path.resolve())
-        files = [text] + [f for f in self.recent_files() if f != text]
-        self.ctx.settings.setValue("recent/files", files[:MAX_RECENT])
-
-    def _fill_recent_menu(self) -> None:
-        self.recent_menu.clear()
-        files = self.recent_files()
-        for f in files:
-            act = self.recent_menu.addAction(Path(f).name)
-            act.setToolTip(f)
-            act.triggered.connect(_ignore_args(lambda f=f: self.open_file(f)))
-        if not files:
-            self.recent_menu.addAction("No recent files").setEnabled(False)
+        return self.recent.files()
 
     def new_session(self) -> None:
         conversation = self.panels.get("conversation")
         if conversation is not None and conversation.new_session():
             self.docks["conversation"].raise_()
-
-    def export_dialog(self) -> None:
-        conversation = self.panels.get("conversation")
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / "conversation.json"),
-                                              "OpenAI messages (*.json)")
-        if not path or conversation is None:
-            return
-        try:
-            conversation.export_json(path)
-        except OSError as exc:
-            self.ctx.show_error(error_sentence(exc, "The conversation could not be saved"))
 
     # ------------------------------------------------------------------ engine
     def follow_live(self) -> None:
@@ -763,11 +657,7 @@ class MainWindow(QMainWindow):
         AboutDialog(self.ctx, self).exec()
 
     def shortcut_rows(self) -> list[tuple[str, str]]:
-        rows = []
-        for act in self.findChildren(QAction):
-            if not act.shortcut().isEmpty():
-                rows.append((act.text().replace("&", ""), act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)))
-        return sorted(set(rows))
+        return shortcut_rows(self)
 
     def _show_block_details(self, block_id: Any) -> None:
         dock = self.docks["block_details"]
@@ -784,21 +674,7 @@ class MainWindow(QMainWindow):
         dlg.raise_()
 
     def show_shortcuts(self) -> None:
-        dlg = QDialog(self)
-        dlg.setWindowTitle("Keyboard shortcuts")
-        rows = self.shortcut_rows()
-        table = QTableWidget(len(rows), 2, dlg)
-        table.setHorizontalHeaderLabels(["Action", "Shortcut"])
-        table.verticalHeader().hide()
-        for i, (name, keys) in enumerate(rows):
-            table.setItem(i, 0, QTableWidgetItem(name))
-            table.setItem(i, 1, QTableWidgetItem(keys))
-        table.resizeColumnsToContents()
-        table.horizontalHeader().setStretchLastSection(True)
-        layout = QVBoxLayout(dlg)
-        layout.addWidget(table)
-        dlg.resize(420, 480)
-        dlg.exec()
+        ShortcutsDialog(self.shortcut_rows(), self).exec()
 
 
 def runner_name(runner: Any) -> str:
