@@ -17,15 +17,16 @@ import engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_engine_module_imports_without_qt():
-    names = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
-    assert "engine.core.manager" in names and len(names) >= 6
+def import_with_blocked(names: list[str], blocked: tuple[str, ...]) -> str:
+    """Import `names` in a fresh interpreter in which `blocked` (top-level packages, or
+    dotted modules) cannot be imported; returns what it printed, fails with its stderr."""
     code = (
         "import sys, importlib\n"
+        f"blocked = {blocked!r}\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('PySide6', 'shiboken6', 'pyqtgraph', 'PyQt5', 'PyQt6'):\n"
-        "            raise ImportError('Qt is blocked in engine/: ' + name)\n"
+        "        if name in blocked or name.split('.')[0] in blocked:\n"
+        "            raise ImportError('blocked here: ' + name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, Block())\n"
         f"for name in {names!r}:\n"
@@ -34,22 +35,19 @@ def test_every_engine_module_imports_without_qt():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("ok")
+    return out.stdout
+
+
+def test_every_engine_module_imports_without_qt():
+    names = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
+    assert "engine.core.manager" in names and len(names) >= 6
+    assert import_with_blocked(names, ("PySide6", "shiboken6", "pyqtgraph", "PyQt5", "PyQt6")).startswith("ok")
 
 
 def test_bookkeeping_modules_import_without_torch():
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'transformers', 'PySide6'):\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import engine.core.hashing, engine.core.block_pool, engine.core.manager, engine.core.events, engine.core.trace, engine.core.replay\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    names = ["engine.core.hashing", "engine.core.block_pool", "engine.core.manager", "engine.core.events",
+             "engine.core.trace", "engine.core.replay"]
+    assert import_with_blocked(names, ("torch", "transformers", "PySide6")).startswith("ok")
 
 
 def test_import_contracts_hold():
@@ -86,21 +84,8 @@ def test_no_import_cycle(package):
 
 
 def test_runtime_modules_import_without_widgets():
-    """app.runtime holds the app's Qt objects (context, state, bridge, worker, jobs, remote):
-    QtCore only, so a headless tool can drive them."""
+    """app.runtime holds the app's Qt objects (context, state, bridge, worker, jobs, remote,
+    chat, replays, model load): QtCore only, so a headless tool can drive them."""
     names = sorted(m.name for m in pkgutil.walk_packages(app.runtime.__path__, "app.runtime."))
     assert "app.runtime.context" in names
-    code = (
-        "import sys, importlib\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name in ('PySide6.QtWidgets', 'PySide6.QtGui') or name.split('.')[0] == 'pyqtgraph':\n"
-        "            raise ImportError('widgets are blocked in app.runtime: ' + name)\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, Block())\n"
-        f"for name in {names!r}:\n"
-        "    importlib.import_module(name)\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert import_with_blocked(names, ("PySide6.QtWidgets", "PySide6.QtGui", "pyqtgraph")).startswith("ok")

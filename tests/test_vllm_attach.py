@@ -34,6 +34,17 @@ def fixture_frames(rank: int, sock: str) -> list[list[bytes]]:
     return out
 
 
+def wait_for_subscriber(xpub, timeout: float = 10.0) -> None:
+    """Until an XPUB socket hears a subscription (b"\\x01" + topic); unsubscriptions are skipped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not xpub.poll(int(left * 1000) + 1):
+            raise AssertionError("no subscriber joined")
+        if xpub.recv_multipart()[0][:1] == b"\x01":
+            return
+
+
 def free_ports(n: int = 1) -> int:
     """A base port p with p .. p+n-1 all free on 127.0.0.1 (data-parallel ranks add to it)."""
     for _ in range(200):
@@ -91,14 +102,7 @@ class FixtureServer:
         return f"tcp://127.0.0.1:{self.replay_port}"
 
     def wait_joined(self, timeout: float = 10.0) -> None:
-        """Until a subscription message (b"\\x01" + topic) arrives; unsubscriptions are skipped."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.pub.poll(int(left * 1000) + 1):
-                raise AssertionError("no subscriber joined")
-            if self.pub.recv_multipart()[0][:1] == b"\x01":
-                return
+        wait_for_subscriber(self.pub, timeout)
 
     def send(self, frames: list[bytes], drop: bool = False) -> None:
         """Publish `frames` (`drop`: into the buffer only, as if lost on the way)."""

@@ -25,7 +25,7 @@ import zmq
 
 from engine.remote import AttachOptions, Attachment
 from engine.remote.wire import canonical_hash, parse_replay
-from test_vllm_attach import free_ports, wait_for  # tests/ is on sys.path
+from test_vllm_attach import free_ports, wait_for, wait_for_subscriber  # tests/ is on sys.path
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm_late_join"
 SLOW = 0.01  # seconds per batch: --json to a pipe, or the app while drawing
@@ -97,13 +97,7 @@ class RecordedVllm:
         return f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.replay_port}"
 
     def wait_joined(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.pub.poll(int(left * 1000) + 1):
-                raise AssertionError("no subscriber joined")
-            if self.pub.recv_multipart()[0][:1] == b"\x01":
-                return
+        wait_for_subscriber(self.pub, timeout)
 
     def publish(self, seq: int, drop: bool = False) -> None:
         """Buffer batch `seq` and send it on PUB (`drop`: lost on the way to us)."""
