@@ -142,6 +142,10 @@ class RemoteTimeline(_Throttled):
                 curve.setPen(pg.mkPen(self.tiers.get(name, self.palette["accent"]), width=2))
             y = np.frombuffer(counts, dtype=np.int64).astype(float)
             curve.setData(t - start, y)
+            # A burst (a late join's refill) arrives in one frame: one sample, which a line cannot show.
+            curve.setSymbol("o" if len(y) == 1 else None)
+            curve.setSymbolBrush(self.tiers.get(name, self.palette["accent"]))
+            curve.setSymbolPen(None)
             top = max(top, float(y.max()))
         self.p_cached.setYRange(0, top * 1.1, padding=0)
         secs, stored, removed = remote.per_second(start if len(t) else None)
