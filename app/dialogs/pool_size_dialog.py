@@ -76,7 +76,7 @@ class PoolSizeDialog(QDialog):
             size = self.pool_size()
         except ValueError as exc:
             self.usable.setText("")
-            self.error.setText(str(exc))
+            self.error.setText(_sentence(exc))
             return
         self.error.setText("")
         self.usable.setText(f"{size.num_blocks:,} usable blocks × {size.block_size} tokens = "
@@ -86,6 +86,11 @@ class PoolSizeDialog(QDialog):
         try:
             self.pool_size()
         except ValueError as exc:
-            self.error.setText(str(exc))
+            self.error.setText(_sentence(exc))
             return
         super().accept()
+
+
+def _sentence(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
