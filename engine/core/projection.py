@@ -12,7 +12,7 @@ import bisect
 import dataclasses
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone,
@@ -40,11 +40,11 @@ class FreeOrder:
     def __len__(self) -> int:
         return len(self._front) + len(self._back)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         yield from reversed(self._front)
         yield from self._back
 
-    def __reversed__(self):
+    def __reversed__(self) -> Iterator[int]:
         yield from reversed(self._back)
         yield from self._front
 
