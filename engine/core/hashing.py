@@ -10,6 +10,7 @@ Plain Python: no torch, no Qt.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import pickle
@@ -128,6 +129,18 @@ class BlockHasher:
         else:
             base = b"cachescope-root\x00" + struct.pack("<q", int(self.seed))
         self.root = self._digest(base + _encode_text(self.model_id))
+
+    def for_model(self, model: str) -> BlockHasher:
+        """This hasher with `model` folded into its chain root: a request's model as the
+        first key of its cache (a cache is keyed to its model). Every block of the chain
+        differs from the model-less one and from any other model's; this hasher itself,
+        used for requests without a model, is unchanged."""
+        keyed = copy.copy(self)
+        if self.algorithm in VLLM_HASHES:
+            keyed.root = vllm_digest(self.algorithm, (self.root, "cachescope-model", model))
+        else:
+            keyed.root = self._digest(self.root + b"cachescope-model\x00" + _encode_text(model))
+        return keyed
 
     def _vllm_block(self, parent: bytes | None, token_ids: Sequence[int], extra: object) -> bytes:
         for t in token_ids:
