@@ -21,7 +21,7 @@ from engine.core.events import (
 from engine.core.hashing import BlockHasher
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 
-MISS_REASONS = ("new_content", "evicted", "salt", "partial_block", "last_token")
+MISS_REASONS = ("new_content", "evicted", "salt", "model", "partial_block", "last_token")
 _MAX_SALTS_CHECKED = 64
 
 
@@ -32,6 +32,10 @@ class Request:
     Token-level requests give `prompt_token_ids`. Block-level traces (Mooncake) give
     `num_prompt_tokens` and `external_block_ids`, one id per block whose identity already
     includes its prefix; their decode blocks are never cacheable.
+
+    `model` keys the cache: it is folded into the root of the hash chain (and so
+    namespaces block ids too), so the same tokens under two models share no block. None,
+    the default, hashes exactly as a request without a model always has.
     """
 
     request_id: str
@@ -39,6 +43,7 @@ class Request:
     num_prompt_tokens: int = 0
     salt: str | None = None
     external_block_ids: Sequence[int] | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_token_ids is not None:
@@ -112,6 +117,8 @@ class PrefixCacheManager:
         # hash -> seq of the eviction (or reset) event that removed it; None if unnumbered
         self._evicted_by_seq: dict[bytes, int | None] = {}
         self._salts_seen: dict[str | None, None] = {}
+        self._models_seen: dict[str | None, None] = {}
+        self._model_hashers: dict[str, BlockHasher] = {}
         # parent hash -> child hashes currently cached; used to find where a request diverges
         self._children: dict[bytes | None, dict[bytes, None]] = {}
 
@@ -148,12 +155,28 @@ class PrefixCacheManager:
             raise ValueError(f"request {request_id!r} is not running") from None
 
     # ------------------------------------------------------------------ lookup
+    def hasher_for(self, model: str | None) -> BlockHasher:
+        """The hasher of requests of `model`: the manager's own for None, else one whose
+        chain root holds the model (`BlockHasher.for_model`), made once per model."""
+        if model is None:
+            return self.hasher
+        keyed = self._model_hashers.get(model)
+        if keyed is None:
+            keyed = self._model_hashers[model] = self.hasher.for_model(model)
+        return keyed
+
     def hash_request(self, request: Request) -> list[bytes]:
-        n_full = request.num_prompt_tokens // self.block_size
-        if request.prompt_token_ids is not None:
-            return self.hasher.hash_chain(request.prompt_token_ids, self.block_size, request.salt)
+        return self._chain(request, request.model, request.salt, request.num_prompt_tokens // self.block_size)
+
+    def _chain(self, request: Request, model: str | None, salt: str | None, n_blocks: int) -> list[bytes]:
+        hasher = self.hasher_for(model)
+        tokens = request.prompt_token_ids
+        if tokens is not None:
+            if n_blocks * self.block_size < len(tokens):
+                tokens = tokens[:n_blocks * self.block_size]
+            return hasher.hash_chain(tokens, self.block_size, salt)
         assert request.external_block_ids is not None
-        return self.hasher.hash_external_chain(list(request.external_block_ids[:n_full]), request.salt)
+        return hasher.hash_external_chain(list(request.external_block_ids[:n_blocks]), salt)
 
     def lookup(self, request: Request, block_hashes: Sequence[bytes] | None = None) -> LookupResult:
         """Find the reusable leading blocks of `request`. Emits nothing and moves no block; it
@@ -196,14 +219,29 @@ class PrefixCacheManager:
         h = hashes[k]
         if h in self._evicted_by_seq:
             return MissInfo(reason="evicted", first_miss_block=k, evicted_by_seq=self._evicted_by_seq[h])
+        if len(self._models_seen) > 1 and self._held_by_other_model(request, k):
+            return MissInfo(reason="model", first_miss_block=k)
         other = self._find_other_salt(request, k)
         if other is not None:
             return MissInfo(reason="salt", first_miss_block=k, other_salt=other[0] if other[0] is not None else "")
         return MissInfo(reason="new_content", first_miss_block=k,
                         divergence_token=self._divergence(request, hashes, k))
 
+    def _held_by_other_model(self, request: Request, k: int) -> bool:
+        """True when block k of the request is cached under another model: a model switch."""
+        checked = 0
+        for model in self._models_seen:
+            if model == request.model:
+                continue
+            checked += 1
+            if checked > _MAX_SALTS_CHECKED:
+                break
+            chain = self._chain(request, model, request.salt, k + 1)
+            if chain and chain[-1] in self.pool.blocks_by_hash:
+                return True
+        return False
+
     def _find_other_salt(self, request: Request, k: int) -> tuple[str | None] | None:
-        bs = self.block_size
         checked = 0
         for salt in self._salts_seen:
             if salt == request.salt:
@@ -211,11 +249,7 @@ class PrefixCacheManager:
             checked += 1
             if checked > _MAX_SALTS_CHECKED:
                 break
-            if request.prompt_token_ids is not None:
-                chain = self.hasher.hash_chain(request.prompt_token_ids[:(k + 1) * bs], bs, salt)
-            else:
-                assert request.external_block_ids is not None
-                chain = self.hasher.hash_external_chain(list(request.external_block_ids[:k + 1]), salt)
+            chain = self._chain(request, request.model, salt, k + 1)
             if chain and chain[-1] in self.pool.blocks_by_hash:
                 return (salt,)
         return None
@@ -276,6 +310,7 @@ class PrefixCacheManager:
             raise CapacityError(rid, needed, available, self.pool.num_blocks)
 
         self._salts_seen.setdefault(request.salt, None)
+        self._models_seen.setdefault(request.model, None)
         if bus.active:
             bus.emit(RequestStarted, request_id=rid, num_prompt_tokens=request.num_prompt_tokens,
                      salt=request.salt)
@@ -402,7 +437,7 @@ class PrefixCacheManager:
             while len(running.block_hashes) < total // bs:
                 i = len(running.block_hashes)
                 parent = running.block_hashes[i - 1] if i > 0 else None
-                running.block_hashes.append(self.hasher.hash_block(
+                running.block_hashes.append(self.hasher_for(running.request.model).hash_block(
                     parent, running.token_ids[i * bs:(i + 1) * bs], running.request.salt if i == 0 else None))
                 self._store(running, i)
         return tuple(b.block_id for b in new_blocks)

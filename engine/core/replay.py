@@ -55,8 +55,8 @@ def make_manager(config: ReplayConfig, events: EventBus | None = None) -> Prefix
 
 def to_request(tr: TraceRequest) -> Request:
     if tr.tokens is not None:
-        return Request(tr.id, tr.tokens, salt=tr.tenant)
-    return Request(tr.id, None, tr.input_length, tr.tenant, tr.hash_ids)
+        return Request(tr.id, tr.tokens, salt=tr.tenant, model=tr.model)
+    return Request(tr.id, None, tr.input_length, tr.tenant, tr.hash_ids, model=tr.model)
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ class TraceRequest:
     input_length: int
     output_length: int
     timestamp: float | None = None
+    model: str | None = None  # the model the request went to: part of its cache key
 
     @property
     def is_block_level(self) -> bool:
