@@ -7,6 +7,7 @@ readers (`engine.core.trace`, `engine.store.formats`); nothing here reads a whol
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,16 +17,21 @@ SESSION_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".cachescope")
 SQLITE_HEADER = b"SQLite format 3"
 SESSION_FILE_FORMAT = "cachescope-session"  # the "format" of an exported Cachescope session
 TRACE_FORMATS = ("tokens", "mooncake")  # request traces: one request per JSONL line
+WEKA_FORMAT = "weka"  # a WEKA kv-cache-tester conversation: one JSON document (engine.store.weka)
+_WEKA_SNIFF_BYTES = 64 * 1024
+_WEKA_KEYS = re.compile(rb'"(?:hash_id_scope|block_size)"\s*:')
 
 
 def document_format(first: Any, docs: Sequence[Any] = ()) -> str | None:
     """The format a file's documents are in, from the keys of the first one: cachescope,
-    mooncake, tokens, sharegpt, mt-bench, anthropic or openai; None when the keys say
+    weka, mooncake, tokens, sharegpt, mt-bench, anthropic or openai; None when the keys say
     nothing. `docs` (every document, the first included) tells Anthropic bodies from OpenAI ones."""
     if not isinstance(first, dict):
         return None
     if first.get("format") == SESSION_FILE_FORMAT:
         return "cachescope"
+    if isinstance(first.get("requests"), list) and ("hash_id_scope" in first or "block_size" in first):
+        return WEKA_FORMAT
     if "hash_ids" in first:
         return "mooncake"
     if "tokens" in first:
@@ -57,13 +63,31 @@ def trace_format(path: str | Path) -> str | None:
     return None
 
 
+def is_weka_trace(path: str | Path) -> bool:
+    """True when `path` starts as a WEKA kv-cache-tester document does: one JSON object whose
+    first 64 KiB name `hash_id_scope` or `block_size` before its `requests` list. Only that
+    prefix is read; the reader (`engine.store.weka`) checks the rest."""
+    try:
+        with Path(path).open("rb") as fh:
+            head = fh.read(_WEKA_SNIFF_BYTES)
+    except OSError:
+        return False
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if not head.startswith(b"{"):
+        return False
+    at = head.find(b'"requests"')
+    keys = _WEKA_KEYS.search(head)
+    return at > 0 and keys is not None and keys.start() < at
+
+
 def is_request_trace(path: str | Path) -> bool:
     """True when `path` is a token-level or block-level (Mooncake) JSONL trace."""
     return trace_format(path) is not None
 
 
 def file_kind(path: str | Path) -> str:
-    """"session" (a Cachescope database), "trace" (token or block JSONL) or "conversation"
+    """"session" (a Cachescope database), "trace" (token or block JSONL), "weka" (a WEKA
+    kv-cache-tester conversation) or "conversation"
     (anything else: the conversation reader names what is wrong with it)."""
     p = Path(path)
     if p.suffix.lower() in SESSION_SUFFIXES:
@@ -74,6 +98,8 @@ def file_kind(path: str | Path) -> str:
                 return "session"
     except OSError:
         return "conversation"
+    if is_weka_trace(p):
+        return "weka"
     return "trace" if is_request_trace(p) else "conversation"
 
 

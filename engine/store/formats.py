@@ -16,7 +16,7 @@ from engine.core.hashing import HASH_NAMES
 from engine.core.sniff import document_format
 from engine.core.trace import MAX_LINE_BYTES, MOONCAKE_BLOCK_SIZE, TraceRequest, parse_trace_line
 
-FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope")
+FORMATS = ("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake", "cachescope", "weka")
 MAX_FILE_BYTES = v.MAX_FILE_BYTES
 
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -68,6 +68,10 @@ def load_conversations(path: str | Path, format: str | None = None,
     stem = p.name.split(".")[0] or p.name
     if fmt in ("tokens", "mooncake"):
         return [_trace_conversation(docs, name, fmt, stem)]
+    if fmt == "weka":
+        from engine.store.weka import weka_conversation
+
+        return [weka_conversation(docs, name)]
     if fmt == "openai" and isinstance(docs[0][1], dict) and "role" in docs[0][1] and "messages" not in docs[0][1]:
         docs = [(docs[0][0], {"messages": [d for _, d in docs]})]  # a bare list of messages
     parse = {"openai": _openai, "sharegpt": _sharegpt, "anthropic": _anthropic,

@@ -243,3 +243,36 @@ def to_trace_requests(requests: Iterable[WekaRequest], scopes: dict[str, str] | 
         out.append(TraceRequest(i, 1, r.id, salt, None, None, r.hash_ids, r.input_length, r.output_length,
                                 r.time, r.model if keyed_by_model else None))
     return out
+
+
+def weka_conversation(docs: list[tuple[int, Any]], name: str) -> Any:
+    """A kv-cache-tester file as a trace `Conversation` for `sessions import`: its requests
+    (sub-agents' among them, in time order) with their models in the settings, since a
+    stored trace line has no model column."""
+    from engine.store.formats import Conversation
+
+    if len(docs) != 1:
+        raise TraceError(name, docs[1][0], None, "a kv-cache-tester trace is one JSON document; this file holds more")
+    trace = parse_weka(docs[0][1], name)
+    requests = to_trace_requests(trace.requests, {trace.id: trace.hash_id_scope})
+    models = list(trace.models) or sorted({r.model for r in trace.requests})
+    for r in trace.requests:
+        if r.model not in models:
+            models.append(r.model)
+    settings = {"block_size": trace.block_size, "source_format": FORMAT, "hash_id_scope": trace.hash_id_scope,
+                "models": models, "request_models": [models.index(r.model) for r in trace.requests],
+                "streams": sorted({r.stream for r in trace.requests})}
+    return Conversation(trace.id, FORMAT, "trace", [], requests, settings, docs[0][0])
+
+
+def with_models(requests: list[TraceRequest], settings: dict[str, Any]) -> list[TraceRequest]:
+    """Stored trace requests with the models `weka_conversation` kept in the settings put
+    back (the requests unchanged when the settings hold none)."""
+    models = settings.get("models")
+    index = settings.get("request_models")
+    if not isinstance(models, list) or not isinstance(index, list) or len(index) != len(requests):
+        return requests
+    from dataclasses import replace
+
+    return [replace(r, model=models[i]) if isinstance(i, int) and 0 <= i < len(models) else r
+            for r, i in zip(requests, index)]
