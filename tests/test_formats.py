@@ -195,6 +195,10 @@ VALID = {
                                  "created": "2026-01-01"},
                                 {"position": 0, "version": 2, "role": "user", "content": "hey", "extra": None,
                                  "created": "2026-01-02"}]},
+    "weka": {"id": "trace_x", "models": ["m"], "block_size": 64, "hash_id_scope": "global",
+             "requests": [{"t": 0.0, "type": "s", "model": "m", "in": 130, "out": 5, "hash_ids": [1, 2]},
+                          {"t": 1.0, "type": "subagent", "agent_id": "agent_001",
+                           "requests": [{"t": 0.0, "type": "n", "model": "m", "in": 64, "out": 1, "hash_ids": [1]}]}]},
 }
 assert set(VALID) == set(FORMATS)
 
