@@ -215,9 +215,14 @@ def test_offloaded_chunks_count_their_repeated_announcements():
             assert pool.num_cached_in("STORAGE") == slots["STORAGE"] == 4
             assert {h: pool.num_copies(h, "STORAGE") for h in c} == {h: 1 for h in c}
     assert pool.num_unknown_removed == 0
-    # the sliding-window group's block is a copy of its own; every tier as vLLM named it
-    assert pool.num_copies(c[3], "GPU", 1) == 1 and pool.num_cached_in("GPU") == 7
-    assert {m: pool.num_cached_in(m) for m in pool.tiers} == {"GPU": 7, "CPU": 2, "STORAGE": 4, "cpu": 2, "cuda:0": 1}
+    # the sliding-window group's block is a copy of its own; LMCache's `cuda:0` is one more
+    # GPU copy of block 0 (a connector's tier, not a reuse report); the media fold into
+    # one tier model with the raw names kept
+    assert pool.num_copies(c[3], "GPU", 1) == 1 and pool.num_copies(a[0], "GPU") == 2
+    assert {m: pool.num_cached_in(m) for m in pool.tiers} == {"GPU": 8, "CPU": 4, "STORAGE": 4}
+    assert pool.media == {"GPU": {"GPU": 9, "cuda:0": 1}, "CPU": {"CPU": 2, "cpu": 2}, "STORAGE": {"STORAGE": 8}}
+    assert pool.num_without_tokens("CPU") == 2 and pool.num_without_tokens("GPU") == 0  # the placeholders
+    assert pool.hits_by_session == {"sess-c": 2}  # the reuse report, a hit of C's session
     assert log.live.num_hashed == pool.num_cached == 16
 
 

@@ -97,7 +97,10 @@ def test_unknown_fields_are_ignored_and_defaults_may_be_absent():
 
 @pytest.mark.parametrize("payload", [
     b"\xc1", b"", msgpack.packb("x"), msgpack.packb([1.0, "no list"]), msgpack.packb([float("nan"), []]),
-    msgpack.packb([0.0, [["BlockMoved"]]]), msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1.5]}]]),
+    msgpack.packb([0.0, [[7]]]), msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1.5]}]]),
+    msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": b"\x01\x00\x00\x00"}]]),
+    msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "extra_keys": [float("nan")]}]]),
+
     msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [-1]}]]),
     msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "token_ids": [2**32]}]]),
     msgpack.packb([0.0, [{"type": "BlockStored", "block_hashes": [1], "group_idx": "a"}]]),
@@ -106,6 +109,27 @@ def test_unknown_fields_are_ignored_and_defaults_may_be_absent():
 def test_bad_payloads_are_malformed_frames(payload):
     with pytest.raises(MalformedFrame):
         decode_batch(0, payload)
+
+
+def test_extra_keys_nested_a_thousand_deep_are_malformed_not_an_error():
+    deep: list = ["salt"]
+    for _ in range(1000):
+        deep = [deep]
+    packer = msgpack.Packer()
+    payload = packer.pack([0.0, [{"type": "BlockStored", "block_hashes": [1], "extra_keys": [deep]}], 0])
+    with pytest.raises(MalformedFrame, match="nested"):
+        decode_batch(0, payload)
+
+
+def test_an_unknown_event_type_is_kept_and_counted_never_fatal():
+    from engine.remote.pool import RemotePool
+
+    batch = decode_batch(3, msgpack.packb([0.0, [["BlockMoved", 1, 2], {"type": "BlockStored", "block_hashes": [9],
+                                                                           "token_ids": list(range(16))}], 0]))
+    assert [e.kind for e in batch.events] == ["BlockMoved", "BlockStored"]
+    pool = RemotePool("s")
+    pool.apply(batch)
+    assert pool.num_unknown_events == {"BlockMoved": 1} and pool.num_cached == 1
 
 
 def test_bad_frames_are_malformed():

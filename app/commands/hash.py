@@ -13,7 +13,7 @@ from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
 NAME = "hash"
-HELP = "print the block hashes of a prompt (vllm-sha256 / vllm-sha256-cbor equal a vLLM server's)"
+HELP = "print the block hashes of a prompt (vllm-sha256 / vllm-sha256-cbor equal a vLLM server's, sglang-sha256 SGLang's)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=positive_int, required=True, metavar="N", help="the server's block size")
     p.add_argument("--salt", default=None, metavar="S", help="the request's cache_salt")
     p.add_argument("--hash", choices=HASH_NAMES, default="vllm-sha256",
-                   help="hash scheme (default vllm-sha256: vLLM's default prefix_caching_hash_algo)")
+                   help="hash scheme (default vllm-sha256: vLLM's default prefix_caching_hash_algo; sglang-sha256: "
+                        "SGLang's page hash, whose events carry the first 8 bytes signed)")
     p.add_argument("--hash-seed", default=None, metavar="SEED",
                    help="with a vllm-* hash: the server's PYTHONHASHSEED, if it was started with one")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="with sha256/xxh3: Cachescope's hash seed (default 0)")
@@ -78,7 +79,7 @@ def _prompt_tokens(args: argparse.Namespace) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.core.hashing import BlockHasher, event_hash
+    from engine.core.hashing import BlockHasher
 
     if args.hash_seed is not None and not args.hash.startswith("vllm-"):
         raise InputError("--hash-seed applies to the vllm-sha256 and vllm-sha256-cbor hashes")
@@ -86,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
     hasher = BlockHasher(args.hash, args.seed, "", args.hash_seed)
     bs = args.block_size
     chain = hasher.hash_chain(tokens, bs, args.salt)
-    blocks = [{"index": i, "hash": h.hex(), "event_hash": event_hash(h), "tokens": tokens[i * bs:(i + 1) * bs]}
-              for i, h in enumerate(chain)]
+    # event_hash: the integer the server's events carry; event_key: it as Cachescope shows
+    # every remote hash (16 hex digits, the bytes of the digest the server took it from)
+    blocks = [{"index": i, "hash": h.hex(), "event_hash": hasher.event_int(h), "event_key": hasher.event_key(h).hex(),
+               "tokens": tokens[i * bs:(i + 1) * bs]} for i, h in enumerate(chain)]
     result = {"hash": args.hash, "block_size": bs, "blocks": blocks}
     if args.json:
         print_json(result)
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     out.write(f"{len(tokens)} tokens, {len(blocks)} full block(s) of {bs} ({args.hash}"
               f"{', salt ' + repr(args.salt) if args.salt else ''})\n")
     for b in blocks:
-        out.write(f"  {b['index']:>4}  {b['hash']}  event {b['event_hash']}\n")
+        out.write(f"  {b['index']:>4}  {b['hash']}  event {b['event_hash']} ({b['event_key']})\n")
     rest = len(tokens) - len(blocks) * bs
     if rest:
         out.write(f"  the last {rest} token(s) fill no block and are never cached\n")

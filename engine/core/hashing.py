@@ -4,8 +4,8 @@
 fixed (little-endian uint32 token ids; block size and salt in block 0), never Python's
 `hash()`, so digests are stable across processes and versions (vLLM's CVE-2025-25183 came
 from `hash()`). `vllm-sha256` and `vllm-sha256-cbor` reproduce vLLM's `hash_block_tokens`
-byte for byte (DESIGN 9), so a prompt can be checked against a live server's pool.
-Plain Python: no torch, no Qt.
+byte for byte (DESIGN 9), and `sglang-sha256` SGLang 0.5.23's page hash (DESIGN 10), so a
+prompt can be checked against a live server's pool. Plain Python: no torch, no Qt.
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ from typing import Sequence
 
 import xxhash
 
-HASH_NAMES = ("sha256", "xxh3", "vllm-sha256", "vllm-sha256-cbor")
+HASH_NAMES = ("sha256", "xxh3", "vllm-sha256", "vllm-sha256-cbor", "sglang-sha256")
 VLLM_HASHES = ("vllm-sha256", "vllm-sha256-cbor")
+SGLANG_HASH = "sglang-sha256"
+# The schemes whose digests equal a serving engine's (what `attach --probe` can use).
+SERVER_HASHES = (*VLLM_HASHES, SGLANG_HASH)
+# SGLang seeds a salted request's first page with SHA-256 of this prefix and the salt
+# (`mem_cache/utils.py: compute_node_event_hash_values`); an unsalted one has no prior.
+SGLANG_SALT_PREFIX = b"sglang-cache-salt-v1\0"
 # vLLM's root parent ("NONE_HASH") is its hash function applied to this string, or to
 # PYTHONHASHSEED when the server was started with one.
 VLLM_NONE_HASH_SEED = "vllm-none-hash"
@@ -96,6 +102,17 @@ def event_hash(digest: bytes) -> int:
     return int.from_bytes(digest[-8:], "big")
 
 
+def sglang_event_hash(digest: bytes) -> int:
+    """The integer SGLang's KV events carry for a page digest: its FIRST 8 bytes as a
+    signed int64 (`mem_cache/utils.py: hash_str_to_int64`)."""
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def sglang_salt_root(salt: str) -> bytes:
+    """The prior digest of a salted request's first page in SGLang's event hashes."""
+    return hashlib.sha256(SGLANG_SALT_PREFIX + salt.encode("utf-8")).digest()
+
+
 @dataclass(slots=True)
 class BlockHasher:
     """Computes the hash chain of a request's full blocks.
@@ -108,6 +125,11 @@ class BlockHasher:
     "vllm-sha256" and "vllm-sha256-cbor" hash `(parent, tuple(token_ids), extra_keys)` as
     vLLM does, from the root `H(hash_seed or "vllm-none-hash")`; `seed` and `model_id`
     play no part (vLLM has neither), and a salt is block 0's `(("cache_salt", salt),)`.
+
+    "sglang-sha256" is SGLang's page hash: `SHA-256(prior digest || token ids as uint32
+    little-endian)`, no prior on an unsalted first page, `sglang_salt_root(salt)` on a
+    salted one (an empty salt is no salt, as SGLang's `cache_salt or None`). `event_int`
+    and `event_key` say how each server's events name a digest.
     """
 
     algorithm: str = "sha256"
@@ -124,6 +146,9 @@ class BlockHasher:
             return
         if self.hash_seed is not None:
             raise ValueError("a hash seed (PYTHONHASHSEED) only applies to the vllm-* hashes")
+        if self.algorithm == SGLANG_HASH:
+            self.root = b""  # no prior digest on an unsalted first page
+            return
         if self.seed is None:
             base = os.urandom(32)
         else:
@@ -141,6 +166,21 @@ class BlockHasher:
         else:
             keyed.root = self._digest(self.root + b"cachescope-model\x00" + _encode_text(model))
         return keyed
+
+    def event_int(self, digest: bytes) -> int:
+        """The integer the server's KV events carry for `digest` (vLLM: last 8 bytes
+        unsigned; SGLang: first 8 bytes signed; Cachescope's own: vLLM's rule)."""
+        return sglang_event_hash(digest) if self.algorithm == SGLANG_HASH else event_hash(digest)
+
+    def event_key(self, digest: bytes) -> bytes:
+        """`digest` as a remote pool keys it (`engine.remote.wire.canonical_hash` of the
+        event's integer): the 8 bytes the server's events carry."""
+        return digest[:8] if self.algorithm == SGLANG_HASH else digest[-8:]
+
+    def _sglang_prior(self, parent: bytes | None, salt: str | None) -> bytes:
+        if parent is not None:
+            return parent
+        return sglang_salt_root(salt) if salt else b""
 
     def _vllm_block(self, parent: bytes | None, token_ids: Sequence[int], extra: object) -> bytes:
         for t in token_ids:
@@ -162,6 +202,8 @@ class BlockHasher:
         """Digest of one block of token ids; `salt` is given for block 0 only (parent None)."""
         if self.algorithm in VLLM_HASHES:
             return self._vllm_block(parent, token_ids, (("cache_salt", salt),) if parent is None and salt else None)
+        if self.algorithm == SGLANG_HASH:
+            return hashlib.sha256(self._sglang_prior(parent, salt) + _encode_tokens(token_ids)).digest()
         if parent is None:
             return self._digest(self.root + _encode_tokens(token_ids)
                                 + self._first_block_extra(len(token_ids), salt))
@@ -173,6 +215,10 @@ class BlockHasher:
             # vLLM has no external ids; a tagged extra key keeps them apart from token blocks.
             extra = (("external_id", int(external_id)),) + ((("cache_salt", salt),) if parent is None and salt else ())
             return vllm_digest(self.algorithm, (self.root if parent is None else parent, (), extra))
+        if self.algorithm == SGLANG_HASH:
+            # SGLang has no external ids either: a tagged page keeps them apart from token pages.
+            return hashlib.sha256(self._sglang_prior(parent, salt) + _TAG_EXTERNAL
+                                  + struct.pack("<Q", external_id)).digest()
         # Unsigned: Mooncake and vLLM ids use all 64 bits; below 2**63 the bytes equal the
         # signed encoding earlier releases wrote, so stored hashes do not change.
         body = _TAG_EXTERNAL + struct.pack("<Q", external_id)
@@ -199,6 +245,14 @@ class BlockHasher:
             return out
         raw = _encode_tokens(token_ids[start_block * block_size:n_full * block_size])
         step = 4 * block_size
+        if self.algorithm == SGLANG_HASH:
+            sha = hashlib.sha256
+            prior = self._sglang_prior(parent, salt)
+            out = []
+            for j in range(0, len(raw), step):
+                prior = sha(prior + raw[j:j + step]).digest()
+                out.append(prior)
+            return out
         digest = self._digest
         hashes: list[bytes] = []
         pos = 0

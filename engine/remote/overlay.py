@@ -19,6 +19,7 @@ import numpy as np
 
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
 from engine.core.projection import PoolProjection
+from engine.remote.tiers import tier_of_medium
 
 # Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
 TIERS = ("GPU", "CPU", "STORAGE")
@@ -35,10 +36,10 @@ SAMPLE_EVERY_S = 0.25
 
 
 def tier_of(event: Event) -> str:
-    """The tier an event names, upper-case; GPU when it names none (vLLM's default)."""
+    """The tier an event names (`engine.remote.tiers`); GPU when it names none (vLLM's default)."""
     info = getattr(event, "remote", None)
     medium = getattr(info, "medium", None) if info is not None else getattr(event, "medium", None)
-    return str(medium).upper() if medium else "GPU"
+    return tier_of_medium(medium)
 
 
 def rank_of(event: Event) -> int:

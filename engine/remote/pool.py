@@ -1,6 +1,7 @@
 """The remote pool: what one vLLM server (one data-parallel rank) holds, rebuilt from its events.
 
-`RemotePool.apply(batch)` updates a compact per-tier model (GPU, CPU, STORAGE) and, when
+`RemotePool.apply(batch)` updates a compact per-tier model (GPU, CPU, STORAGE, REMOTE: every
+producer's medium normalized by `engine.remote.tiers`, the raw names kept) and, when
 anyone listens on its bus, emits Cachescope's own `BlockStored`, `BlockEvicted` and
 `CacheReset` carrying a `RemoteInfo`, so the same views, store and projections show a
 server's pool. A hash can be held by several physical copies (vLLM does not dedupe
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event, EventBus, RemoteInfo
+from engine.remote.tiers import GPU, tier_of_medium, tier_order
 from engine.remote.wire import MEDIUM_DEFAULT, VllmBatch, VllmEvent
 
 _U32 = "I" if array("I").itemsize == 4 else "L"
@@ -90,6 +92,22 @@ class LifetimeStats:
         return self.total_s / self.num if self.num else 0.0
 
 
+@dataclass(slots=True, frozen=True)
+class GroupSpec:
+    """A KV cache group as its events describe it: vLLM's `kv_cache_spec_kind`
+    (full_attention, sliding_window, ...), the sliding window, and its block size (a
+    sliding-window group may use a partial block, e.g. 8 of 16 tokens)."""
+
+    group_idx: int
+    kind: str | None = None
+    sliding_window: int | None = None
+    block_size: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group_idx": self.group_idx, "kind": self.kind, "sliding_window": self.sliding_window,
+                "block_size": self.block_size}
+
+
 @dataclass(slots=True)
 class RemotePool:
     """One rank of one server: cached blocks per tier, counters, and recent removals.
@@ -103,7 +121,14 @@ class RemotePool:
     tier/group holds adds a copy, a BlockRemoved takes one away, and the hash leaves the
     tier with its last copy. The exception is vLLM's reuse report (`_is_reuse_report`).
 
-    `tiers[medium][hash]` is the hash's RemoteBlock; `copies[(medium, hash)]` lists copies
+    Tiers are normalized (`tiers.tier_of_medium`: `cpu` and `CPU_PINNED` are CPU, `cuda:0`
+    the GPU); `media[tier][raw name]` counts the blocks announced under each raw name. A
+    placeholder (an offloading connector's store with no token ids) is held like any block
+    and counted by `num_without_tokens`. `hits_by_session` counts the blocks reuse reports
+    re-announced, per session (None: no session id): vLLM's only hit signal on the wire.
+    `announced`/`removals` count, per hash, the stores and removals that named it.
+
+    `tiers[tier][hash]` is the hash's RemoteBlock; `copies[(medium, hash)]` lists copies
     per group index, only for hashes that are not exactly one copy in group 0, so the
     common block costs nothing more. Not thread-safe: the `Attachment` applies batches under
     its lock, and readers (views, probes) take the same lock. `removed_at` remembers, for
@@ -115,6 +140,7 @@ class RemotePool:
     rank: int = 0
     events: EventBus = field(default_factory=EventBus)
     max_removed: int = 200_000
+    server: str = ""  # the fleet's name for the server this rank belongs to ("" if alone)
     tiers: dict[str, dict[bytes, RemoteBlock]] = field(default_factory=dict)
     removed_at: OrderedDict[bytes, tuple[int | None, int]] = field(default_factory=OrderedDict)
     tenants: set[str] = field(default_factory=set)
@@ -132,6 +158,15 @@ class RemotePool:
     lifetimes: LifetimeStats = field(default_factory=LifetimeStats)
     copies: dict[tuple[str, bytes], list[int]] = field(default_factory=dict)
     num_extra_copies: dict[str, int] = field(default_factory=dict)  # per tier: copies beyond one per hash
+    media: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> raw medium name -> blocks announced
+    hits_by_session: dict[str | None, int] = field(default_factory=dict)
+    num_unknown_events: dict[str, int] = field(default_factory=dict)  # event type -> count (changes nothing)
+    announced: dict[bytes, int] = field(default_factory=dict)  # hash -> stores naming it (reports included)
+    removals: dict[bytes, int] = field(default_factory=dict)  # hash -> removals naming it
+    groups: dict[int, GroupSpec] = field(default_factory=dict)
+    # (tier, hash) -> what a store said beyond the common fields (its raw medium when not
+    # the tier's name, ownership, locality, lookahead tokens), only when it said any of it
+    details: dict[tuple[str, bytes], dict[str, Any]] = field(default_factory=dict)
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -141,11 +176,22 @@ class RemotePool:
         return sum(len(t) for t in self.tiers.values()) + sum(self.num_extra_copies.values())
 
     def num_cached_in(self, medium: str) -> int:
-        """Physical blocks held on one tier (each copy counts; `len(tiers[medium])` is hashes)."""
+        """Physical blocks held on one tier (each copy counts; `len(tiers[tier])` is hashes);
+        `medium` may be any name of the tier (`cpu`, `CPU_PINNED`)."""
+        medium = tier_of_medium(medium)
         return len(self.tiers.get(medium, ())) + self.num_extra_copies.get(medium, 0)
+
+    def num_without_tokens(self, medium: str) -> int:
+        """Hashes a tier holds from placeholder stores (no token ids, block size 0)."""
+        return sum(1 for b in self.tiers.get(tier_of_medium(medium), {}).values() if not b.tokens)
+
+    def mediums(self) -> list[str]:
+        """The tiers held, GPU first."""
+        return sorted(self.tiers, key=tier_order)
 
     def num_copies(self, block_hash: bytes, medium: str = MEDIUM_DEFAULT, group: int | None = None) -> int:
         """Copies of `block_hash` held on `medium`, in KV cache `group` (every group for None)."""
+        medium = tier_of_medium(medium)
         tier = self.tiers.get(medium)
         if not tier or block_hash not in tier:
             return 0
@@ -172,6 +218,37 @@ class RemotePool:
                 if block is not None:
                     return medium, block
         return None
+
+    def tiers_holding(self, block_hash: bytes) -> list[str]:
+        """Every tier holding `block_hash` (or, for a 32-byte digest, its 8-byte tail), GPU first."""
+        keys = (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,)
+        return [m for m in self.mediums() if any(k in self.tiers[m] for k in keys)]
+
+    def held_key(self, block_hash: bytes, medium: str) -> bytes:
+        """The key `medium` holds `block_hash` under: itself, or a digest's 8-byte tail."""
+        tier = self.tiers.get(medium, {})
+        if block_hash not in tier and len(block_hash) > 8 and block_hash[-8:] in tier:
+            return block_hash[-8:]
+        return block_hash
+
+    def held(self) -> Iterator[tuple[str, bytes, int]]:
+        """(tier, hash, physical copies) for every hash held on a tier."""
+        for medium in self.mediums():
+            for h in self.tiers[medium]:
+                yield medium, h, self.num_copies(h, medium)
+
+    def details_of(self, block_hash: bytes) -> dict[str, Any]:
+        """What the pool knows of one hash: where it is held (copies per tier), how often it
+        was announced and removed, and what its store said beyond the common fields."""
+        key = block_hash
+        tiers: dict[str, dict[str, Any]] = {}
+        for m in self.tiers_holding(block_hash):
+            key = self.held_key(block_hash, m)
+            tiers[m] = {"copies": self.num_copies(key, m), **self.details.get((m, key), {})}
+            if not self.tiers[m][key].tokens:
+                tiers[m]["no_token_ids"] = True
+        return {"hash": key.hex(), "tiers": tiers, "announced": self.announced.get(key, 0),
+                "removed": self.removals.get(key, 0)}
 
     def removal_of(self, block_hash: bytes) -> tuple[int | None, int] | None:
         for key in (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,):
@@ -202,8 +279,10 @@ class RemotePool:
                 self._stored(e, batch, i, info, out)
             elif e.kind == "BlockRemoved":
                 self._removed(e, batch, info, out)
-            else:
+            elif e.kind == "AllBlocksCleared":
                 self._clear(e.medium, info, out)
+            else:  # a type a newer server added: counted, never fatal
+                self.num_unknown_events[e.kind] = self.num_unknown_events.get(e.kind, 0) + 1
         return out
 
     def reset(self, batch_seq: int = -1, batch_time: float = 0.0) -> list[Event]:
@@ -217,7 +296,7 @@ class RemotePool:
     def _info(self, batch: VllmBatch, e: VllmEvent) -> RemoteInfo:
         return RemoteInfo(source=self.source, rank=self.rank if batch.data_parallel_rank is None
                           else batch.data_parallel_rank, batch_seq=batch.seq, batch_time=batch.ts,
-                          medium=e.medium or MEDIUM_DEFAULT, group_idx=e.group_idx,
+                          medium=tier_of_medium(e.medium), group_idx=e.group_idx,
                           kv_cache_spec_kind=e.kv_cache_spec_kind, lora_id=e.lora_id, lora_name=e.lora_name,
                           extra_keys=e.extra_keys, locality=e.locality, session_id=e.session_id,
                           block_size=e.block_size or None)
@@ -227,32 +306,58 @@ class RemotePool:
         hashes = e.block_hashes
         if not hashes:
             return
-        medium = e.medium or MEDIUM_DEFAULT
+        raw_medium = e.medium or MEDIUM_DEFAULT
+        medium = tier_of_medium(raw_medium)
         tier = self.tiers.get(medium)
         if tier is None:
             tier = self.tiers[medium] = {}
         group = e.group_idx or 0
         parent_hash = e.parent_block_hash
-        if parent_hash is None and medium == MEDIUM_DEFAULT and hashes[0] in tier \
+        announced = self.announced
+        for h in hashes:
+            announced[h] = announced.get(h, 0) + 1
+        # Only the engine's own GPU pool sends reuse reports; a connector's device tier
+        # (LMCache's `cuda:0`) storing a held hash is another physical copy.
+        if parent_hash is None and raw_medium == MEDIUM_DEFAULT and hashes[0] in tier \
                 and all(self.num_copies(h, medium, group) for h in hashes) \
                 and self._is_reuse_report(batch, index, hashes[-1], group):
             self.num_reported += len(hashes)
+            self.hits_by_session[e.session_id] = self.hits_by_session.get(e.session_id, 0) + len(hashes)
             return
+        names = self.media.get(medium)
+        if names is None:
+            names = self.media[medium] = {}
+        names[raw_medium] = names.get(raw_medium, 0) + len(hashes)
         bs = e.block_size or (len(e.token_ids) // len(hashes))
-        if bs:
+        if bs and not group:  # a sliding-window group may use partial blocks: group 0 sets the size
             self.block_size = bs
+        if e.group_idx is not None or e.kv_cache_spec_kind is not None:
+            spec = GroupSpec(group, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, bs or None)
+            if self.groups.get(group) != spec:
+                self.groups[group] = spec
+        if e.ownership is not None or e.locality is not None or e.lookahead_token_ids is not None \
+                or raw_medium != medium:
+            said = {k: v for k, v in (("medium", raw_medium if raw_medium != medium else None),
+                                      ("ownership", e.ownership), ("locality", e.locality),
+                                      ("lookahead_token_ids", e.lookahead_token_ids)) if v is not None}
+            for h in hashes:
+                self.details.setdefault((medium, h), {}).update(said)
         raw = e.token_bytes
         if not raw and e.token_ids:  # built in code rather than decoded from the wire
             raw = array(_U32, e.token_ids).tobytes()
         step = 4 * bs
         parent: RemoteBlock | bytes | None = parent_hash
-        tenant = None
+        tenant = e.cache_salt  # SGLang names the tenant on every store; vLLM on block 0's extra keys
+        if tenant is not None:
+            self.tenants.add(tenant)
         if parent_hash is not None:
             found = tier.get(parent_hash)
             if found is None and len(self.tiers) > 1:  # e.g. offloaded to CPU under a GPU parent
                 found = next((t[parent_hash] for t in self.tiers.values() if parent_hash in t), None)
             if found is not None:
-                parent, tenant = found, found.tenant
+                parent = found
+                if tenant is None:
+                    tenant = found.tenant
         extra = e.extra_keys
         removed_at = self.removed_at
         if info is None and extra is None and not group:
@@ -357,9 +462,12 @@ class RemotePool:
         return True, None
 
     def _removed(self, e: VllmEvent, batch: VllmBatch, info: RemoteInfo | None, out: list[Event]) -> None:
-        medium = e.medium or MEDIUM_DEFAULT
+        medium = tier_of_medium(e.medium)
         tier = self.tiers.get(medium)
         group = e.group_idx
+        removals = self.removals
+        for h in e.block_hashes:
+            removals[h] = removals.get(h, 0) + 1
         if info is None and not group:
             # The fast path: one shared (event, batch) pair, the lifetime sums inline.
             removed_at, key, ts, life = self.removed_at, (None, batch.seq), batch.ts, self.lifetimes
@@ -386,6 +494,8 @@ class RemotePool:
                         life.max_s = seconds
                 life.num += 1
                 removed_at[h] = key
+                if self.details:
+                    self.details.pop((medium, h), None)
             self.num_removed += len(e.block_hashes)
             while len(removed_at) > self.max_removed:
                 removed_at.popitem(last=False)
@@ -413,6 +523,7 @@ class RemotePool:
                     seq = ev.seq
             if tier is None or h not in tier:  # the hash left the tier (or was never known there)
                 self._remember_removal(h, seq, batch.seq)
+                self.details.pop((medium, h), None)
 
     def _remember_removal(self, h: bytes, event_seq: int | None, batch_seq: int) -> None:
         removed_at = self.removed_at
@@ -421,6 +532,8 @@ class RemotePool:
             removed_at.popitem(last=False)
 
     def _clear(self, medium: str | None, info: RemoteInfo | None, out: list[Event]) -> None:
+        if medium is not None:
+            medium = tier_of_medium(medium)
         tiers = [medium] if medium is not None else list(self.tiers)
         num = 0
         seq = None
@@ -437,6 +550,9 @@ class RemotePool:
             if tier:
                 for h in tier:
                     self._remember_removal(h, seq, batch_seq)
+        if self.details:
+            for key in [k for k in self.details if k[0] in tiers]:
+                del self.details[key]
         if medium is None:
             self.copies.clear()
         elif self.copies:

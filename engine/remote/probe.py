@@ -1,7 +1,7 @@
 """Simulated against observed: how much of a prompt an attached server holds, and why not more.
 
 The prompt's block hashes are computed with the server's scheme (`BlockHasher` with
-`vllm-sha256` or `vllm-sha256-cbor`, the same salt and block size) and looked up in the
+`vllm-sha256`, `vllm-sha256-cbor` or `sglang-sha256`, the same salt and block size) and looked up in the
 remote pools. The first missing block gets one reason: never stored; stored, then removed
 at event N; held under another salt; or the partial last block. No Qt, no sockets.
 """
@@ -30,6 +30,15 @@ class ProbeResult:
                 "first_missing_block": self.first_missing_block, "reason": self.reason}
 
 
+def prompt_keys(hasher: BlockHasher, token_ids: Sequence[int], block_size: int, salt: str | None = None) -> list[bytes]:
+    """A prompt's full blocks as a server's events name them: vLLM's digests (a pool
+    matches their 8-byte tail too), SGLang's first 8 bytes (`BlockHasher.event_key`)."""
+    chain = hasher.hash_chain(list(token_ids), block_size, salt)
+    if hasher.algorithm == "sglang-sha256":
+        return [hasher.event_key(h) for h in chain]
+    return chain
+
+
 def _num_hits(pool: RemotePool, hashes: Sequence[bytes]) -> int:
     n = 0
     for h in hashes:
@@ -51,11 +60,18 @@ class PromptProbe:
     _hashes: dict[int, list[bytes]] = field(default_factory=dict)
 
     def check(self, pools: Sequence[RemotePool]) -> ProbeResult:
-        bs = self.block_size or next((p.block_size for p in pools if p.block_size), None) or 16
-        hashes = self._hashes.get(bs)
+        bs = self.block_size_of(pools)
+        return probe_prompt(pools, self.token_ids, self.hasher, bs, self.salt, self.keys(bs))
+
+    def keys(self, block_size: int) -> list[bytes]:
+        """The prompt's block hashes at `block_size`, as the server's events name them."""
+        hashes = self._hashes.get(block_size)
         if hashes is None:
-            hashes = self._hashes[bs] = self.hasher.hash_chain(list(self.token_ids), bs, self.salt)
-        return probe_prompt(pools, self.token_ids, self.hasher, bs, self.salt, hashes)
+            hashes = self._hashes[block_size] = prompt_keys(self.hasher, self.token_ids, block_size, self.salt)
+        return hashes
+
+    def block_size_of(self, pools: Sequence[RemotePool]) -> int:
+        return self.block_size or next((p.block_size for p in pools if p.block_size), None) or 16
 
 
 def probe_prompt(pools: Sequence[RemotePool], token_ids: Sequence[int], hasher: BlockHasher, block_size: int,
@@ -65,7 +81,7 @@ def probe_prompt(pools: Sequence[RemotePool], token_ids: Sequence[int], hasher: 
         raise ValueError(f"the block size must be at least 1, not {block_size}")
     tokens = list(token_ids)
     if hashes is None:
-        hashes = hasher.hash_chain(tokens, block_size, salt)
+        hashes = prompt_keys(hasher, tokens, block_size, salt)
     n_full = len(hashes)
     best: RemotePool | None = None
     hits = -1
@@ -98,7 +114,7 @@ def _why_missing(pool: RemotePool | None, tokens: list[int], hasher: BlockHasher
         return f"stored, then removed at {where}"
     prefix = tokens[:(index + 1) * block_size]
     for other in sorted(pool.tenants - {salt} if salt is not None else pool.tenants) + ([None] if salt else []):
-        chain = hasher.hash_chain(prefix, block_size, other)
+        chain = prompt_keys(hasher, prefix, block_size, other)
         if pool.find(chain[index]) is not None:
             held = f"under the salt {other!r}" if other is not None else "without a salt"
             return f"held under another salt: block {index} is cached {held}"

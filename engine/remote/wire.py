@@ -4,7 +4,8 @@ Reads every layout vLLM has sent (DESIGN 9): PUB `[topic, seq, payload]`; replay
 `[b"", topic, seq, payload]` (0.33) and `[b"", seq, payload]` (older), each with its end
 marker of seq -1; batches `[ts, events, dp_rank]`; events as `"type"`-tagged maps (0.33)
 or tagged arrays (older), unknown fields ignored, default-valued fields absent. Writes
-vLLM 0.33's exact layout (`encode_batch`), which is what `--publish` sends. Hashes are
+vLLM 0.33's exact layout (`encode_batch`), which is what `--publish` sends. SGLang 0.5.23
+sends the same layout with its own fields (`cache_salt`, signed hashes). Hashes are
 kept in one canonical form: an integer hash becomes its 8 bytes, unsigned (16 hex
 digits); a digest stays as its bytes (64 hex digits for SHA-256). No sockets, no Qt here.
 """
@@ -38,8 +39,10 @@ class MalformedFrame(ValueError):
 def canonical_hash(value: Any) -> bytes:
     """A block hash as vLLM sent it (int or bytes) in Cachescope's one canonical form.
 
-    Integers are the last 8 bytes of the digest, unsigned; older releases sent them signed,
-    so a negative int is taken modulo 2**64. Bytes are kept as they are.
+    An integer becomes its 8 bytes big-endian, taken modulo 2**64: vLLM sends the last 8
+    bytes of its digest unsigned (older releases signed), SGLang the FIRST 8 bytes of its
+    page digest as a signed int64; either way the 8 bytes, as 16 hex digits, are the bytes
+    of the digest the server took them from. Bytes are kept as they are.
     """
     if isinstance(value, (bytes, bytearray)):
         if not 1 <= len(value) <= 64:
@@ -59,8 +62,9 @@ def wire_hash(h: bytes) -> int | bytes:
 
 @dataclass(slots=True)
 class VllmEvent:
-    """One vLLM KV event with every field 0.33 publishes; kind is BlockStored, BlockRemoved
-    or AllBlocksCleared. Hashes are canonical bytes. Not frozen only because a frozen
+    """One KV event with every field vLLM 0.33 and SGLang 0.5.23 publish; kind is
+    BlockStored, BlockRemoved, AllBlocksCleared, or the name of a type this reader does not
+    know (kept so the pool can count it; it changes nothing). Hashes are canonical bytes. Not frozen only because a frozen
     dataclass is several times slower to build, and a server sends millions of these;
     treat it as a value. `token_bytes` is the token ids as native uint32, when decoded."""
 
@@ -78,6 +82,11 @@ class VllmEvent:
     locality: str | None = None
     session_id: str | None = None
     token_bytes: bytes = field(default=b"", compare=False, repr=False)
+    # SGLang's BlockStored names the tenant itself; vLLM puts the salt in `extra_keys`.
+    cache_salt: str | None = None
+    ownership: str | None = None  # the offloading connector's owner of a self-describing store
+    lookahead_token_ids: tuple[Any, ...] | None = None  # speculative tokens past the block
+    kv_cache_spec_sliding_window: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,9 +99,21 @@ class VllmBatch:
     data_parallel_rank: int | None = None
 
 
-def _tupled(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tupled(v) for v in value)
+# Extra keys are a tuple per block of short tuples (LoRA name, multimodal hashes, salt):
+# a few levels at most. Deeper nesting is not a server's; it is refused before it can
+# recurse far, and a non-finite float (which no JSON line can carry) is refused too.
+MAX_EXTRA_DEPTH = 16
+
+
+def _tupled(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, (list, tuple)):
+        if depth >= MAX_EXTRA_DEPTH:
+            raise MalformedFrame(f"extra_keys are nested more than {MAX_EXTRA_DEPTH} levels deep")
+        return tuple(_tupled(v, depth + 1) for v in value)
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        raise MalformedFrame("extra_keys hold a number that is not finite (NaN or infinity)")
+    if isinstance(value, dict):
+        raise MalformedFrame("extra_keys hold a map; vLLM publishes lists")
     return value
 
 
@@ -132,7 +153,9 @@ def decode_event(obj: Any) -> VllmEvent:
     if kind == "AllBlocksCleared":
         return VllmEvent("AllBlocksCleared", medium=_check(get("medium"), str, "medium"))
     if kind not in ("BlockStored", "BlockRemoved"):
-        raise MalformedFrame(f"unknown KV event type {kind!r}")
+        if type(kind) is not str or not 0 < len(kind) <= 100:
+            raise MalformedFrame("an event has no type name")
+        return VllmEvent(kind)  # a type a newer server added: counted by the pool, never fatal
     hashes = _hashes(get("block_hashes") or ())
     medium = _check(get("medium"), str, "medium")
     group_idx = _check(get("group_idx"), int, "group_idx")
@@ -141,9 +164,11 @@ def decode_event(obj: Any) -> VllmEvent:
     session_id = _check(get("session_id"), str, "session_id")
     if kind == "BlockRemoved":
         return VllmEvent("BlockRemoved", hashes, None, (), 0, None, medium, None, None, group_idx, spec, locality,
-                         session_id)
+                         session_id, ownership=_check(get("ownership"), str, "ownership"))
     parent = get("parent_block_hash")
     tokens = get("token_ids") or ()
+    if type(tokens) is not list and type(tokens) is not tuple:
+        raise MalformedFrame(f"token_ids must be a list of integers, not {type(tokens).__name__}")
     try:
         # array() checks every id is an int in 0 .. 2**32-1 in C; the pool keeps these bytes.
         token_bytes = array(_U32, tokens).tobytes()
@@ -153,10 +178,13 @@ def decode_event(obj: Any) -> VllmEvent:
     if block_size < 0:
         raise MalformedFrame("block_size must not be negative")
     extra = get("extra_keys")
+    lookahead = get("lookahead_token_ids")
+    window = _check(get("kv_cache_spec_sliding_window"), int, "kv_cache_spec_sliding_window")
     return VllmEvent("BlockStored", hashes, canonical_hash(parent) if parent is not None else None, tuple(tokens),
                      block_size, _check(get("lora_id"), int, "lora_id"), medium, _check(get("lora_name"), str, "lora_name"),
                      _tupled(extra) if isinstance(extra, (list, tuple)) else None, group_idx, spec, locality, session_id,
-                     token_bytes)
+                     token_bytes, _check(get("cache_salt"), str, "cache_salt"), _check(get("ownership"), str, "ownership"),
+                     _tupled(lookahead) if isinstance(lookahead, (list, tuple)) else None, window)
 
 
 def decode_batch(seq: int, payload: bytes) -> VllmBatch:
