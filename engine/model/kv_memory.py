@@ -179,3 +179,37 @@ def kv_memory_report(shape: KVMemoryShape, tokens: int, dtype: str = "bf16") -> 
     if shape.note:
         report["note"] = shape.note
     return report
+
+
+# ---------------------------------------------------------------------------- quantized KV
+QUANTIZED_BITS = (2, 4)
+
+
+def check_group_size(head_dim: int, group_size: int) -> None:
+    """Refuse a quantization group size that does not divide `head_dim`: its groups would
+    straddle two heads' vectors (or two tokens'), so one scale would cover values of
+    unrelated channels. Raises InputError with one sentence naming the divisors."""
+    if group_size < 1 or head_dim % group_size:
+        divisors = ", ".join(str(d) for d in range(1, head_dim + 1) if head_dim % d == 0 and d >= 8) or str(head_dim)
+        raise InputError(f"a quantization group of {group_size} values does not divide the head dimension "
+                         f"{head_dim}, so groups would straddle two heads; choose one of {divisors}")
+
+
+def quantized_kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, num_tokens: int, nbits: int = 4,
+                       group_size: int = 64, scale_bytes: int = 4, residual_tokens: int = 0,
+                       residual_bytes_per_value: int = 4) -> int:
+    """Bytes of a group-quantized KV cache (transformers' QuantizedCache layout): `nbits`
+    per value packed into bytes, plus one scale and one zero point of `scale_bytes` each per
+    group of `group_size` values, for the quantized tokens, and the last `residual_tokens`
+    kept unquantized at `residual_bytes_per_value`. Refuses a group that does not divide
+    `head_dim` (`check_group_size`) and bit widths other than 2 and 4."""
+    if nbits not in QUANTIZED_BITS:
+        raise InputError(f"a quantized KV cache stores 2 or 4 bits per value, not {nbits}")
+    check_group_size(head_dim, group_size)
+    if num_tokens < 0 or residual_tokens < 0:
+        raise InputError("token counts must not be negative")
+    values = 2 * num_layers * num_kv_heads * head_dim * num_tokens
+    packed = math.ceil(values * nbits / 8)
+    groups = values // group_size
+    residual = 2 * num_layers * num_kv_heads * head_dim * residual_tokens * residual_bytes_per_value
+    return packed + groups * 2 * scale_bytes + residual
