@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.demos import answers, memory, prefix
+from engine.demos import answers, memory, perf, prefix, quantized
 from engine.demos.env import Demo, DemoEnv
 from engine.core.errors import InputError
 
@@ -26,6 +26,10 @@ DEMOS: tuple[Demo, ...] = (
     answers.SEMANTIC_FALSE_POSITIVE,
     answers.PROMPT_CACHING_BILL,
     answers.DEFAULT_SYSTEM_PROMPT_DIFF,
+    quantized.QUANTIZED_KV_CACHE,
+    perf.PREFIX_SAVES_PREFILL_ONLY,
+    perf.HASHING_COSTS_SOMETHING,
+    perf.DEEPCOPY_VS_SHARED,
 )
 DEMO_NAMES: tuple[str, ...] = tuple(d.name for d in DEMOS)
 
