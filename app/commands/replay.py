@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.commands._common import byte_size, non_negative_int, positive_int, print_json, seed_int, vllm_gpu_blocks
 from app.commands._publish import Publishing, add_publish_arguments
+from app.commands._weka import is_weka_input, run_weka
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 from engine.core.sniff import is_request_trace
@@ -17,7 +18,8 @@ HELP = "replay a token/block trace (no model) or a conversation (real model) thr
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", metavar="TRACE", help="token-level or Mooncake JSONL trace, or an OpenAI-style conversation JSON")
+    p.add_argument("trace", metavar="TRACE", help="token-level or Mooncake JSONL trace, a WEKA kv-cache-tester file or "
+                                                  "folder (concurrent users), or an OpenAI-style conversation JSON")
     p.add_argument("--no-model", action="store_true", help="bookkeeping only: no model, no tensors")
     p.add_argument("--model", metavar="M", default=None, help="local HF folder, .gguf file or hub id (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
@@ -39,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher-forced", action="store_true", help="keep recorded assistant turns instead of generating them")
     p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--shared-across-models", action="store_true",
+                   help="what-if: one cache shared across models (by default a request's model is part of its cache key)")
     add_publish_arguments(p)
 
 
@@ -56,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
             bus = EventBus()
             publishing.hook(bus, args.block_size)
+        if is_weka_input(path):
+            return run_weka(args, bus)
         if args.no_model or is_request_trace(path):
             result = _replay_trace(args, bus)
         else:

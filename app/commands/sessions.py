@@ -36,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             sp.add_argument("session", metavar="ID", type=positive_int, help="session id (see `sessions list`)")
     parsers["show"].add_argument("--history", action="store_true", help="every version of every message")
     imp = parsers["import"]
-    imp.add_argument("file", metavar="FILE", help="conversation or trace file")
+    imp.add_argument("file", metavar="FILE", help="conversation or trace file (a WEKA kv-cache-tester file keeps its models)")
     imp.add_argument("--format", choices=("openai", "sharegpt", "anthropic", "mt-bench", "tokens", "mooncake",
-                                          "cachescope"), default=None, help="force the format instead of detecting it")
+                                          "cachescope", "weka"), default=None, help="force the format instead of detecting it")
     imp.add_argument("--title", default=None, help="session title (default: from the file)")
     imp.add_argument("--model", default=None, metavar="M", help="model whose chat template renders the session")
     imp.add_argument("--block-size", type=positive_int, default=None, metavar="N",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from app.commands._common import positive_int, print_json, seed_int
 from engine.core.errors import InputError
+from engine.core.sniff import WEKA_FORMAT, file_kind
 
 NAME = "sweep"
 HELP = "what-if sweep: hit rate of a trace or conversation file against block size and capacity"
@@ -24,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from engine.analysis.sweep import DEFAULT_BLOCK_SIZES, DEFAULT_CAPACITIES
 
     p.add_argument("trace", metavar="TRACE",
-                   help="token-level or Mooncake JSONL trace, or a conversation file (tokenised with the real tokenizer)")
+                   help="token-level or Mooncake JSONL trace, a WEKA kv-cache-tester file or folder, or a conversation "
+                        "file (tokenised with the real tokenizer)")
     p.add_argument("--block-sizes", type=int_list, default=list(DEFAULT_BLOCK_SIZES), metavar="LIST",
                    help="block sizes to try (default 1,2,4,8,16,32,64; a Mooncake trace fixes 512)")
     p.add_argument("--capacities", type=int_list, default=list(DEFAULT_CAPACITIES), metavar="LIST",
@@ -36,13 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use only the first N requests")
     p.add_argument("--model", metavar="M", default=None, help="tokenizer for conversation files (default: bundled SmolLM2)")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed (default 0)")
+    p.add_argument("--shared-across-models", action="store_true",
+                   help="what if one cache were shared across models (by default a cache is keyed to its model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.analysis.sweep import load_sweep_requests, sweep
+    from engine.core.trace import MOONCAKE_BLOCK_SIZE
 
-    if not Path(args.trace).is_file():
+    if not Path(args.trace).exists():
         raise InputError(f"{args.trace}: no such file")
 
     def tokenizer():
@@ -50,11 +55,22 @@ def run(args: argparse.Namespace) -> int:
 
         return load_tokenizer(args.model)
 
-    reqs, kind = load_sweep_requests(args.trace, tokenizer)
+    trace_block_size = MOONCAKE_BLOCK_SIZE
+    if Path(args.trace).is_dir() or file_kind(args.trace) == WEKA_FORMAT:
+        from engine.store.weka import load_weka, merged_requests, to_trace_requests
+
+        traces = load_weka(args.trace)
+        trace_block_size, kind = traces[0].block_size, WEKA_FORMAT
+        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
+                                 keyed_by_model=not args.shared_across_models)
+    else:
+        reqs, kind = load_sweep_requests(args.trace, tokenizer)
     if args.limit is not None:
         reqs = reqs[:args.limit]
     result = sweep(reqs, args.block_sizes, args.capacities, block_size=args.block_size,
-                   capacity_tokens=args.capacity_tokens, seed=args.seed, trace=str(args.trace))
+                   capacity_tokens=args.capacity_tokens, seed=args.seed, trace=str(args.trace),
+                   trace_block_size=trace_block_size)
+    result["keyed_by_model"] = not args.shared_across_models
     result["kind"] = kind
     if args.json:
         print_json(result)

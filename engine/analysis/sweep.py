@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 from engine.core.errors import InputError
 from engine.core.blocks import cdiv
 from engine.core.replay import ReplayConfig, replay
-from engine.core.sniff import is_request_trace
+from engine.core.sniff import WEKA_FORMAT, file_kind, is_request_trace
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import render_chat
@@ -74,7 +74,13 @@ def conversation_trace(conversations: Iterable[Any], tokenizer: Any) -> list[Tra
 
 
 def load_sweep_requests(path: str | Path, tokenizer_loader: Callable[[], Any] | None = None) -> tuple[list[TraceRequest], str]:
-    """The requests of a trace or conversation file and its kind: tokens, mooncake or conversation."""
+    """The requests of a trace or conversation file and its kind: tokens, mooncake, weka (a
+    kv-cache-tester file or a folder of them: concurrent users in time order, the cache keyed
+    by model) or conversation."""
+    if Path(path).is_dir() or file_kind(path) == WEKA_FORMAT:
+        from engine.store.weka import load_weka_requests
+
+        return load_weka_requests(path), WEKA_FORMAT
     if is_request_trace(path):
         reqs = load_trace(path)
         return reqs, ("mooncake" if reqs[0].is_block_level else "tokens")
@@ -100,12 +106,14 @@ def _point(reqs: list[TraceRequest], series: str, block_size: int, capacity: int
 def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
           capacities: Sequence[int] = DEFAULT_CAPACITIES, block_size: int = 16,
           capacity_tokens: int | None = None, seed: int = 0, trace: str = "",
-          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int], None] | None = None,
+          trace_block_size: int = MOONCAKE_BLOCK_SIZE) -> dict[str, Any]:
     """Replay `requests` once per point; the sweep JSON.
 
     The block-size series holds the pool at `capacity_tokens` tokens (default: every token
     of the trace, so nothing is evicted and only granularity matters); the capacity series
-    holds the block size at `block_size`. A Mooncake trace fixes the block size at 512.
+    holds the block size at `block_size`. A block-level trace fixes the block size at its
+    own, `trace_block_size` (512 for Mooncake, 64 for kv-cache-tester).
     """
     reqs = list(requests)
     if not reqs:
@@ -115,10 +123,11 @@ def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT
     notes: list[str] = []
     block_level = any(r.is_block_level for r in reqs)
     if block_level:
-        if any(b != MOONCAKE_BLOCK_SIZE for b in block_sizes) or block_size != MOONCAKE_BLOCK_SIZE:
-            notes.append("a Mooncake trace fixes the block size at 512 tokens (its hash ids name 512-token "
-                         "blocks), so only the capacity varies")
-        block_sizes, block_size = (), MOONCAKE_BLOCK_SIZE
+        size = trace_block_size
+        if any(b != size for b in block_sizes) or block_size != size:
+            notes.append(f"a block-level trace fixes the block size at {size} tokens (its hash ids name "
+                         f"{size}-token blocks), so only the capacity varies")
+        block_sizes, block_size = (), size
     total_tokens = sum(r.input_length + r.output_length for r in reqs)
     budget = capacity_tokens if capacity_tokens is not None else total_tokens
     plan = [("block_size", b, max(1, cdiv(budget, b))) for b in sorted(set(block_sizes))]
@@ -128,6 +137,8 @@ def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT
         points.append(_point(reqs, series, bs, cap, seed).to_dict())
         if progress is not None:
             progress(i + 1, len(plan))
+    models = sorted({r.model for r in reqs if r.model is not None})
     return {"trace": trace, "kind": "mooncake" if block_level else "tokens", "requests": len(reqs),
+            **({"models": models} if models else {}),
             "total_tokens": total_tokens, "block_size": block_size, "capacity_tokens": budget,
             "notes": notes, "points": points}

@@ -19,9 +19,10 @@ from engine.core.replay import ReplayConfig, replay
 from engine.core.served import ServedRequest
 from engine.store.weka import WekaRequest, WekaTrace, merged_requests, to_trace_requests
 
-HIT_RATE_NOTE = ("the engine's hit rate counts tokens, and it recomputes the last block of a prompt that fills "
-                 "its blocks exactly (a hit stops one token short of the prompt, as in vLLM), so it can be a "
-                 "little lower than the blocks it holds")
+HIT_RATE_NOTE = ("the engine's hit rate counts tokens: a prompt's partial last block is never a hit, and a prompt "
+                 "that fills its blocks exactly has its last block recomputed (a hit stops one token short of the "
+                 "prompt, as in vLLM, so the model has logits to sample from), so it is a little lower than the "
+                 "blocks held")
 
 
 @dataclass(slots=True, frozen=True)

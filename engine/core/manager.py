@@ -219,7 +219,8 @@ class PrefixCacheManager:
         h = hashes[k]
         if h in self._evicted_by_seq:
             return MissInfo(reason="evicted", first_miss_block=k, evicted_by_seq=self._evicted_by_seq[h])
-        if len(self._models_seen) > 1 and self._held_by_other_model(request, k):
+        if (len(self._models_seen) > 1 or request.model not in self._models_seen) \
+                and self._held_by_other_model(request, k):
             return MissInfo(reason="model", first_miss_block=k)
         other = self._find_other_salt(request, k)
         if other is not None:

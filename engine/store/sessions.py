@@ -217,7 +217,9 @@ def run_requests(requests: Sequence[TraceRequest], config: ReplayConfig, manager
 def session_requests(store: Store, info: SessionInfo, tokenizer: Any = None) -> tuple[list[TraceRequest], list[Turn]]:
     """What replaying a session sends: its trace lines, or its rendered chat turns."""
     if info.kind == "trace":
-        return store.trace_requests(info.id), []
+        from engine.store.weka import with_models  # an imported kv-cache-tester trace keeps its models
+
+        return with_models(store.trace_requests(info.id), info.settings), []
     salt = session_salt(info)
     turns = session_turns(store, info, tokenizer)
     return turn_requests(turns, salt), turns

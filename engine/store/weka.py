@@ -276,3 +276,16 @@ def with_models(requests: list[TraceRequest], settings: dict[str, Any]) -> list[
 
     return [replace(r, model=models[i]) if isinstance(i, int) and 0 <= i < len(models) else r
             for r, i in zip(requests, index)]
+
+
+def load_weka(path: str | Path) -> list[WekaTrace]:
+    """A kv-cache-tester file, or a folder of them, as a list of conversations."""
+    return read_weka_folder(path) if Path(path).is_dir() else [read_weka(path)]
+
+
+def load_weka_requests(path: str | Path, include_subagents: bool = True,
+                       keyed_by_model: bool = True) -> list[TraceRequest]:
+    """The engine requests of a kv-cache-tester file or folder, in time order."""
+    traces = load_weka(path)
+    return to_trace_requests(merged_requests(traces, include_subagents),
+                             {t.id: t.hash_id_scope for t in traces}, keyed_by_model)
