@@ -1,0 +1,541 @@
+"""The event log as columns: one row per block an event names, numpy arrays throughout.
+
+`ColumnarLog` holds what the Python engine's events say (engine.core.events) without an
+object per event: `kind`, `seq`, `request`, `block`, `hash` (a dense chain id; the digest
+is computed once per id, on demand), `tier` and two values `a`, `b` plus a `flag`. The
+replay kernel fills it directly (`from_columns`); live sources append `Event`s
+(`append_events`). `events()` gives the very `Event` objects the Python engine emitted, and
+`state_at(seq)` the pool at any event from checkpoints and vectorised code; both are held
+equal to `engine.core.projection` by tests/test_columnar.py.
+
+Row layout per kind (unlisted columns are -1 or 0):
+  started: request | lookup: request, block=first miss block, a=hit blocks, b=divergence
+  token, evicting seq or other salt (per flag=miss reason) | allocated: request, block,
+  a=hit blocks | stored: request, block, hash | ref: request, block, a=ref count | freed:
+  request, block, flag=1 when it went to the tail (it has a hash) | evicted: request,
+  block, hash | refused: request, a=needed, b=available | finished: request,
+  a=tokens with KV, flag=aborted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from engine.core.events import (
+    BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, Event, LookupDone, MissInfo, RefCountsChanged,
+    RequestFinished, RequestRefused, RequestStarted,
+)
+from engine.core.pool_state import Counters
+
+STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
+KIND_NAMES = {STARTED: "request_started", LOOKUP: "lookup", ALLOCATED: "blocks_allocated",
+              STORED: "block_stored", REF: "ref_counts_changed", FREED: "blocks_freed",
+              EVICTED: "block_evicted", REFUSED: "request_refused", FINISHED: "request_finished"}
+MISS_REASONS = ("new_content", "evicted", "salt", "model", "partial_block", "last_token")  # the manager's
+_MISS_CODE = {name: i for i, name in enumerate(MISS_REASONS)}
+COLUMNS = (("kind", np.uint8), ("tier", np.uint8), ("seq", np.int64), ("request", np.int32),
+           ("block", np.int32), ("hash", np.int32), ("a", np.int64), ("b", np.int64), ("flag", np.uint8))
+_EXT_MASK = (1 << 64) - 1
+
+
+class KeyTable:
+    """Chain ids and what each stands for: parent id, content (a hash id or token ids), salt.
+
+    The kernel's ids come with (parent, item, tag) arrays and their digests are computed
+    with the run's `BlockHasher` when first asked for; live sources add ids whose digest
+    and content their events carry.
+    """
+
+    def __init__(self, parent: np.ndarray, item: np.ndarray, tag: np.ndarray, content: np.ndarray,
+                 salts: Sequence[str | None], hasher: Any, block_size: int, models: Sequence[str] = ()) -> None:
+        self.parent = parent
+        self.item = item
+        self.tag = tag
+        self.content = content
+        self.salts = list(salts)
+        self.hasher = hasher
+        self.block_size = block_size
+        self.models = list(models)
+        self._hashers: dict[int, Any] = {}
+        self._digests: list[bytes | None] = [None] * len(parent)
+        # live ids: digest -> id, and their stored attributes
+        self._by_digest: dict[bytes, int] = {}
+        self._live: dict[int, tuple[bytes | None, tuple[int, ...], str | None, int | None]] = {}
+
+    @classmethod
+    def empty(cls) -> KeyTable:
+        z = np.zeros(0, np.int64)
+        return cls(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def is_root(self, key: int) -> bool:
+        return key < len(self.parent) and int(self.parent[key]) < 0
+
+    def _salt_of_root(self, key: int) -> str | None:
+        sid = ((int(self.tag[key]) >> 1) & 0xFFFFFFFF) - 2
+        return None if sid < 0 else self.salts[sid]
+
+    def _hasher_of_root(self, key: int) -> Any:
+        mid = (int(self.tag[key]) >> 33) - 1
+        if mid < 0:
+            return self.hasher
+        h = self._hashers.get(mid)
+        if h is None:
+            h = self._hashers[mid] = self.hasher.for_model(self.models[mid])
+        return h
+
+    def attributes(self, key: int) -> tuple[bytes | None, tuple[int, ...], str | None, int | None]:
+        """(parent digest, token ids, salt, external id) as a `BlockStored` carries them."""
+        live = self._live.get(key)
+        if live is not None:
+            return live
+        p = int(self.parent[key])
+        parent = self.digest(p) if p >= 0 else None
+        salt = self._salt_of_root(key) if p < 0 else None
+        tag = int(self.tag[key])
+        if tag % 2 == 1:
+            return parent, tuple(self.content[int(self.item[key])].tolist()), salt, None
+        return parent, (), salt, int(self.item[key]) & _EXT_MASK
+
+    def digest(self, key: int) -> bytes:
+        d = self._digests[key]
+        if d is not None:
+            return d
+        chain = []
+        k = key
+        while k >= 0 and self._digests[k] is None:
+            chain.append(k)
+            k = int(self.parent[k])
+        hasher = self._hasher_of_root(k) if k >= 0 else None
+        for k in reversed(chain):
+            p = int(self.parent[k])
+            parent = self._digests[p] if p >= 0 else None
+            tag = int(self.tag[k])
+            salt = None
+            if p < 0:
+                salt = self._salt_of_root(k)
+                hasher = self._hasher_of_root(k)
+            if tag % 2 == 1:
+                self._digests[k] = hasher.hash_block(parent, self.content[int(self.item[k])].tolist(), salt)
+            else:
+                self._digests[k] = hasher.hash_external(parent, int(self.item[k]) & _EXT_MASK, salt)
+        return self._digests[key]  # type: ignore[return-value]
+
+    def key_of(self, digest: bytes, attributes: tuple | None = None) -> int:
+        """The id of a digest a live event carries (a new id the first time)."""
+        k = self._by_digest.get(digest)
+        if k is None:
+            k = len(self._digests)
+            self._digests.append(digest)
+            self._by_digest[digest] = k
+        if attributes is not None:
+            self._live[k] = attributes
+        return k
+
+
+class RequestTable:
+    """Per request occurrence (a row of the trace, or a live RequestStarted/Refused): its id,
+    salt, prompt size and full-block chain ids."""
+
+    def __init__(self, ids: list[str], salts: Sequence[str | None], salt_ids: np.ndarray, nprompt: np.ndarray,
+                 keys: np.ndarray, koff: np.ndarray, nfull: np.ndarray) -> None:
+        self.ids = ids
+        self._salts = list(salts)
+        self._salt_ids = salt_ids
+        self._nprompt = nprompt
+        self._keys, self._koff, self._nfull = keys, koff, nfull
+        self._n_fixed = len(ids)
+        self._live: list[tuple[str | None, int, tuple[int, ...]]] = []
+
+    @classmethod
+    def empty(cls) -> RequestTable:
+        z = np.zeros(0, np.int64)
+        return cls([], [], z.astype(np.int32), z, z.astype(np.int32), np.zeros(1, np.int64), z.astype(np.int32))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def salt(self, r: int) -> str | None:
+        if r >= self._n_fixed:
+            return self._live[r - self._n_fixed][0]
+        sid = int(self._salt_ids[r])
+        return None if sid < 0 else self._salts[sid]
+
+    def num_prompt_tokens(self, r: int) -> int:
+        if r >= self._n_fixed:
+            return self._live[r - self._n_fixed][1]
+        return int(self._nprompt[r])
+
+    def hash_keys(self, r: int) -> Sequence[int]:
+        if r >= self._n_fixed:
+            return self._live[r - self._n_fixed][2]
+        a = int(self._koff[r])
+        return self._keys[a:a + int(self._nfull[r])].tolist()
+
+    def add(self, request_id: str, salt: str | None, num_prompt_tokens: int) -> int:
+        self.ids.append(request_id)
+        self._live.append((salt, num_prompt_tokens, ()))
+        return len(self.ids) - 1
+
+    def set_live(self, r: int, salt: str | None, num_prompt_tokens: int, keys: tuple[int, ...]) -> None:
+        self._live[r - self._n_fixed] = (salt, num_prompt_tokens, keys)
+
+    def prompt_sizes(self) -> np.ndarray:
+        """num_prompt_tokens of every request, as an array."""
+        live = np.array([x[1] for x in self._live], np.int64)
+        return np.concatenate([np.asarray(self._nprompt, np.int64), live]) if len(live) else \
+            np.asarray(self._nprompt, np.int64)
+
+
+@dataclass(slots=True)
+class PoolArrays:
+    """The pool after some event, as arrays: what `PoolProjection` keeps per block."""
+
+    seq: int
+    num_rows: int
+    ref_counts: np.ndarray  # int32 per block
+    hash_keys: np.ndarray  # int32 chain id per block, -1 when it holds no hash
+    free_pos: np.ndarray  # int64 per block: its place in the free queue, FREE_ABSENT when not in it
+    counters: Counters
+
+    def free_order(self) -> np.ndarray:
+        """Block ids in the free queue, head (taken next) first."""
+        queued = np.flatnonzero(self.free_pos != FREE_ABSENT)
+        return queued[np.argsort(self.free_pos[queued], kind="stable")]
+
+    @property
+    def num_in_use(self) -> int:
+        return int(np.count_nonzero(self.ref_counts > 0))
+
+    @property
+    def num_cached_free(self) -> int:
+        return int(np.count_nonzero((self.ref_counts == 0) & (self.hash_keys >= 0)))
+
+
+FREE_ABSENT = np.iinfo(np.int64).max
+
+
+class ColumnarLog:
+    """Columns of rows in seq order, with their key and request tables and checkpoints."""
+
+    def __init__(self, num_blocks: int, block_size: int, keys: KeyTable | None = None,
+                 requests: RequestTable | None = None, checkpoint_rows: int | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.keys = keys if keys is not None else KeyTable.empty()
+        self.requests = requests if requests is not None else RequestTable.empty()
+        self._cols = {name: np.zeros(1024, dtype) for name, dtype in COLUMNS}
+        self.num_rows = 0
+        self.num_seq = 0  # events numbered so far (the next seq)
+        self.final_counters = Counters()
+        self.checkpoint_rows = checkpoint_rows
+        self._cp_rows: list[int] = []
+        self._cp_states: list[PoolArrays] = []
+        self._cp_tail = 0  # tail-append and head-prepend counts at the last checkpoint's end
+        # live appends: the current hash of each block and request id -> its latest row
+        self._live_keys: np.ndarray | None = None
+        self._live_request: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_columns(cls, num_blocks: int, block_size: int, columns: Sequence[np.ndarray], keys: KeyTable,
+                     requests: RequestTable, counters: Counters, num_seq: int) -> ColumnarLog:
+        log = cls(num_blocks, block_size, keys, requests)
+        log._cols = {name: np.ascontiguousarray(col, dtype) for (name, dtype), col in zip(COLUMNS, columns)}
+        log.num_rows = len(columns[0])
+        log.num_seq = num_seq
+        log.final_counters = counters
+        log.build_checkpoints()
+        return log
+
+    def col(self, name: str) -> np.ndarray:
+        return self._cols[name][:self.num_rows]
+
+    def __len__(self) -> int:
+        """Events in the log (rows are per block; several rows may share one seq)."""
+        return self.num_seq
+
+    def nbytes(self) -> int:
+        return sum(a[:self.num_rows].nbytes for a in self._cols.values())
+
+    def _reserve(self, n: int) -> None:
+        need = self.num_rows + n
+        cap = len(self._cols["kind"])
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap)
+        for name, arr in self._cols.items():
+            grown = np.zeros(new_cap, arr.dtype)
+            grown[:self.num_rows] = arr[:self.num_rows]
+            self._cols[name] = grown
+
+    def _row(self, kind: int, seq: int, request: int, block: int = -1, key: int = -1, a: int = 0, b: int = 0,
+             flag: int = 0) -> None:
+        self._reserve(1)
+        i = self.num_rows
+        c = self._cols
+        c["kind"][i] = kind
+        c["seq"][i] = seq
+        c["request"][i] = request
+        c["block"][i] = block
+        c["hash"][i] = key
+        c["a"][i] = a
+        c["b"][i] = b
+        c["flag"][i] = flag
+        self.num_rows += 1
+
+    def append_events(self, events: Iterable[Event]) -> None:
+        """Append a live source's events (the local engine's kinds), in seq order."""
+        if self._live_keys is None:
+            self._live_keys = np.full(self.num_blocks, -1, np.int32)
+        cur = self._live_keys
+        reqs = self.requests
+        for e in events:
+            t = type(e)
+            s = e.seq
+            if t is RequestStarted or t is RequestRefused:
+                r = reqs.add(e.request_id, getattr(e, "salt", None), getattr(e, "num_prompt_tokens", 0))
+                self._live_request[e.request_id] = r
+                if t is RequestStarted:
+                    self._row(STARTED, s, r)
+                else:
+                    self._row(REFUSED, s, r, a=e.num_blocks_needed, b=e.num_blocks_available)
+                continue
+            r = self._request_row(e)
+            if t is LookupDone:
+                keys = tuple(self.keys.key_of(h) for h in e.block_hashes)
+                reqs.set_live(r, reqs.salt(r), e.num_prompt_tokens, keys)
+                m = e.miss
+                code = _MISS_CODE[m.reason]
+                if m.reason == "evicted":
+                    b = -1 if m.evicted_by_seq is None else m.evicted_by_seq
+                elif m.reason == "salt":
+                    b = self._salt_id(m.other_salt or "")
+                else:
+                    b = -1 if m.divergence_token is None else m.divergence_token
+                self._row(LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code)
+            elif t is BlocksAllocated:
+                self._reserve(len(e.block_ids))
+                for blk in e.block_ids:
+                    self._row(ALLOCATED, s, r, blk, a=e.num_hit_blocks)
+            elif t is RefCountsChanged:
+                self._reserve(len(e.block_ids))
+                for blk, ref in zip(e.block_ids, e.ref_counts):
+                    self._row(REF, s, r, blk, a=ref)
+            elif t is BlockStored:
+                k = self.keys.key_of(e.block_hash, (e.parent_hash, tuple(e.token_ids), e.salt, e.external_id))
+                cur[e.block_id] = k
+                self._row(STORED, s, r, e.block_id, k)
+            elif t is BlocksFreed:
+                for blk in e.block_ids:
+                    self._row(FREED, s, r, blk, flag=1 if cur[blk] >= 0 else 0)
+            elif t is BlockEvicted:
+                k = self.keys.key_of(e.block_hash)
+                cur[e.block_id] = -1
+                self._row(EVICTED, s, r, e.block_id, k)
+            elif t is RequestFinished:
+                self._row(FINISHED, s, r, a=e.num_tokens_with_kv, flag=int(e.aborted))
+            else:
+                raise ValueError(f"the columnar log does not hold {e.kind} events")
+            self.num_seq = s + 1
+        self.num_seq = max(self.num_seq, int(self._cols["seq"][self.num_rows - 1]) + 1 if self.num_rows else 0)
+
+    def _request_row(self, e: Event) -> int:
+        rid = getattr(e, "request_id", None) or getattr(e, "by_request_id", None)
+        r = self._live_request.get(rid)
+        if r is None:
+            r = self.requests.add(rid, None, 0)
+            self._live_request[rid] = r
+        return r
+
+    def _salt_id(self, salt: str) -> int:
+        salts = self.keys.salts
+        if salt not in salts:
+            salts.append(salt)
+        return salts.index(salt)
+
+    # ------------------------------------------------------------------ events
+    def events(self, time: float = 0.0, start_row: int = 0, stop_row: int | None = None) -> Iterator[Event]:
+        """The rows as the Python engine's `Event` objects (with `time` for every event)."""
+        c = {name: self.col(name) for name, _ in COLUMNS}
+        kind, seq, req, block = c["kind"].tolist(), c["seq"].tolist(), c["request"].tolist(), c["block"].tolist()
+        key, a, b, flag = c["hash"].tolist(), c["a"].tolist(), c["b"].tolist(), c["flag"].tolist()
+        reqs, keys, bs = self.requests, self.keys, self.block_size
+        n = self.num_rows if stop_row is None else stop_row
+        i = start_row
+        while i < n:
+            k, s, r = kind[i], seq[i], req[i]
+            j = i + 1
+            while j < n and seq[j] == s:
+                j += 1
+            rid = reqs.ids[r]
+            if k == STARTED:
+                yield RequestStarted(seq=s, time=time, request_id=rid, num_prompt_tokens=reqs.num_prompt_tokens(r),
+                                     salt=reqs.salt(r))
+            elif k == LOOKUP:
+                reason = MISS_REASONS[flag[i]]
+                extra = b[i]
+                miss = MissInfo(reason=reason, first_miss_block=block[i],
+                                divergence_token=extra if reason == "new_content" else None,
+                                evicted_by_seq=(None if extra < 0 else extra) if reason == "evicted" else None,
+                                other_salt=(("" if extra < 0 else keys.salts[extra] or "")
+                                            if reason == "salt" else None))
+                hk = reqs.hash_keys(r)
+                yield LookupDone(seq=s, time=time, request_id=rid, block_hashes=tuple(keys.digest(x) for x in hk),
+                                 num_hit_blocks=a[i], num_cached_tokens=a[i] * bs,
+                                 num_prompt_tokens=reqs.num_prompt_tokens(r), miss=miss)
+            elif k == ALLOCATED:
+                yield BlocksAllocated(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]),
+                                      num_hit_blocks=a[i])
+            elif k == REF:
+                yield RefCountsChanged(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]),
+                                       ref_counts=tuple(a[i:j]))
+            elif k == STORED:
+                parent, tokens, salt, ext = keys.attributes(key[i])
+                yield BlockStored(seq=s, time=time, request_id=rid, block_id=block[i], block_hash=keys.digest(key[i]),
+                                  parent_hash=parent, token_ids=tokens, salt=salt, external_id=ext)
+            elif k == FREED:
+                yield BlocksFreed(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]))
+            elif k == EVICTED:
+                yield BlockEvicted(seq=s, time=time, block_id=block[i], block_hash=keys.digest(key[i]),
+                                   by_request_id=rid)
+            elif k == REFUSED:
+                yield RequestRefused(seq=s, time=time, request_id=rid, num_blocks_needed=a[i],
+                                     num_blocks_available=b[i])
+            elif k == FINISHED:
+                yield RequestFinished(seq=s, time=time, request_id=rid, num_tokens_with_kv=a[i],
+                                      aborted=bool(flag[i]))
+            i = j
+
+    def rows_upto(self, seq: int | None) -> int:
+        """How many rows belong to events with seq <= `seq` (all for None)."""
+        if seq is None:
+            return self.num_rows
+        return int(np.searchsorted(self.col("seq"), seq, side="right"))
+
+    # ------------------------------------------------------------------ projection
+    def initial_state(self) -> PoolArrays:
+        n = self.num_blocks
+        return PoolArrays(-1, 0, np.zeros(n, np.int32), np.full(n, -1, np.int32), np.arange(n, dtype=np.int64),
+                          Counters())
+
+    def build_checkpoints(self, every: int | None = None) -> None:
+        """A snapshot every `every` rows (default: memory for 64 snapshots at most, and no
+        closer than 65,536 rows), so `state_at` applies at most one interval."""
+        every = every or self.checkpoint_rows or max(65536, self.num_rows // 64 + 1)
+        self.checkpoint_rows = every
+        state = self.initial_state()
+        self._cp_rows = [0]
+        self._cp_states = [state]
+        pos = 0
+        while pos + every <= self.num_rows:
+            state = self._advance(state, pos, pos + every)
+            pos += every
+            self._cp_rows.append(pos)
+            self._cp_states.append(state)
+
+    def state_at(self, seq: int | None) -> PoolArrays:
+        """The pool after every event with seq <= `seq` (after the last event for None)."""
+        n = self.rows_upto(seq)
+        i = bisect.bisect_right(self._cp_rows, n) - 1 if self._cp_rows else -1
+        if i < 0:
+            state, start = self.initial_state(), 0
+        else:
+            state, start = self._cp_states[i], self._cp_rows[i]
+        out = self._advance(state, start, n)
+        if seq is not None:
+            out.seq = seq
+        return out
+
+    def _tail_count(self, stop: int) -> tuple[int, int]:
+        """Tail appends and head prepends of the free queue in rows [0, stop)."""
+        kind, flag = self.col("kind")[:stop], self.col("flag")[:stop]
+        freed = kind == FREED
+        tails = int(np.count_nonzero(freed & (flag == 1)))
+        return tails, int(np.count_nonzero(freed)) - tails
+
+    def _advance(self, state: PoolArrays, start: int, stop: int) -> PoolArrays:
+        """`state` (after row `start`) moved on to after row `stop`; vectorised, a new value."""
+        ref = state.ref_counts.copy()
+        hk = state.hash_keys.copy()
+        pos = state.free_pos.copy()
+        c = state.counters
+        counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks,
+                            c.num_evicted_blocks, c.num_refused_requests, c.num_finished_requests,
+                            c.num_hash_collisions)
+        if stop <= start:
+            return PoolArrays(state.seq, stop, ref, hk, pos, counters)
+        kind = self.col("kind")[start:stop]
+        block = self.col("block")[start:stop]
+        a = self.col("a")[start:stop]
+        seqs = self.col("seq")[start:stop]
+        # ref counts: the last ref row of each block wins
+        m = kind == REF
+        _last_write(ref, block[m], a[m])
+        # hashes: stored sets, evicted clears; the last of either wins
+        m = (kind == STORED) | (kind == EVICTED)
+        _last_write(hk, block[m], np.where(kind[m] == STORED, self.col("hash")[start:stop][m], -1))
+        # free queue places: a block leaves when a request takes it (ref > 0) and joins
+        # at the tail (cached, LRU order) or the head (hashless, reused first) when freed
+        tails0, heads0 = self._tail_count(start)
+        n = self.num_blocks
+        freed = kind == FREED
+        is_tail = freed & (self.col("flag")[start:stop] == 1)
+        is_head = freed & ~is_tail
+        place = np.full(stop - start, FREE_ABSENT, np.int64)
+        place[is_tail] = n + tails0 + np.arange(np.count_nonzero(is_tail), dtype=np.int64)
+        if is_head.any():
+            hs = seqs[is_head]
+            g = heads0 + np.arange(len(hs), dtype=np.int64)  # global index among head rows
+            _, first, counts = np.unique(hs, return_index=True, return_counts=True)
+            g0 = np.repeat(g[first], counts)
+            m_ = np.repeat(counts, counts)
+            # prepend_n puts the event's first block at the head: it gets the lowest place
+            place[is_head] = -(2 * g0 + m_ - g)
+        taken = (kind == REF) & (a > 0)
+        m = taken | freed
+        _last_write(pos, block[m], place[m])
+        # counters: cumulative, from the rows themselves
+        look = kind == LOOKUP
+        sizes = self.requests.prompt_sizes()
+        counters.num_requests += int(np.count_nonzero(look))
+        counters.num_prompt_tokens += int(sizes[self.col("request")[start:stop][look]].sum()) if look.any() else 0
+        counters.num_cached_tokens += int(a[look].sum()) * self.block_size
+        counters.num_stored_blocks += int(np.count_nonzero(kind == STORED))
+        counters.num_evicted_blocks += int(np.count_nonzero(kind == EVICTED))
+        counters.num_refused_requests += int(np.count_nonzero(kind == REFUSED))
+        counters.num_finished_requests += int(np.count_nonzero(kind == FINISHED))
+        return PoolArrays(int(seqs[-1]), stop, ref, hk, pos, counters)
+
+    def running_at(self, seq: int | None) -> dict[str, tuple[int, ...]]:
+        """Request id -> block table of the requests running after `seq`."""
+        n = self.rows_upto(seq)
+        kind, req, block = self.col("kind")[:n], self.col("request")[:n], self.col("block")[:n]
+        started = np.unique(req[kind == STARTED])
+        done = np.unique(req[kind == FINISHED])
+        live = np.setdiff1d(started, done)
+        out: dict[str, tuple[int, ...]] = {}
+        if not len(live):
+            return out
+        alloc = (kind == ALLOCATED) & np.isin(req, live)
+        for r in live.tolist():
+            out[self.requests.ids[r]] = ()
+        for r, blk in zip(req[alloc].tolist(), block[alloc].tolist()):
+            rid = self.requests.ids[r]
+            out[rid] = out[rid] + (blk,)
+        return out
+
+
+def _last_write(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """target[index] = values where, for a repeated index, the last value wins."""
+    if not len(index):
+        return
+    rev_idx = index[::-1]
+    uniq, first = np.unique(rev_idx, return_index=True)
+    target[uniq] = values[::-1][first]

@@ -1,0 +1,599 @@
+"""The compiled replay loop: `engine.core.replay.replay` over flat arrays, in numba.
+
+It keeps the manager's bookkeeping (engine/core/manager.py, block_pool.py) in arrays:
+the free queue as a doubly linked list over block ids (vLLM's FreeKVCacheBlockQueue:
+LRU cached blocks at the tail, hashless ones at the head), ref counts, the holders of
+each hash in insertion order, the cached children of each parent (for divergence) and
+the seq of the event that evicted each hash. It numbers events exactly as the manager's
+`EventBus` would and, when recording, writes them as rows of the columnar log
+(`engine.core.columnar`). Nothing here allocates per block or per event.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from engine.kernel.intern import KIND_TOKENS, find_key
+
+# Row kinds; engine.core.columnar names them.
+STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
+# Miss reasons, in engine.core.manager.MISS_REASONS order.
+NEW_CONTENT, EVICTED_MISS, SALT, MODEL, PARTIAL, LAST_TOKEN = 0, 1, 2, 3, 4, 5
+OK, ERR_DUPLICATE, ERR_CAPACITY = 0, 1, 2
+MAX_SALTS_CHECKED = 64
+# Counters, in engine.core.pool_state.Counters order.
+C_REQ, C_PROMPT, C_CACHED, C_STORED, C_EVICTED, C_REFUSED, C_FINISHED, C_COLLISIONS = range(8)
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@njit(cache=True)
+def _grow(kind, tier, seq, req, block, key, a, b, flag, cap):
+    n = kind.shape[0]
+    out = (np.zeros(cap, np.uint8), np.zeros(cap, np.uint8), np.zeros(cap, np.int64), np.zeros(cap, np.int32),
+           np.zeros(cap, np.int32), np.zeros(cap, np.int32), np.zeros(cap, np.int64), np.zeros(cap, np.int64),
+           np.zeros(cap, np.uint8))
+    out[0][:n] = kind
+    out[1][:n] = tier
+    out[2][:n] = seq
+    out[3][:n] = req
+    out[4][:n] = block
+    out[5][:n] = key
+    out[6][:n] = a
+    out[7][:n] = b
+    out[8][:n] = flag
+    return out
+
+
+@njit(cache=True)
+def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, model):
+    """Whether blocks 0..k of a request's items, chained under `salt` and `model`, end in a
+    cached block (the manager hashes the chain anew; a chain no request has was never stored)."""
+    ck = find_key(table, k_parent, k_item, k_tag, -1, items[k0], kind + 2 * (salt + 2) + (model + 1) * (1 << 33))
+    i = 1
+    while ck >= 0 and i <= k:
+        ck = find_key(table, k_parent, k_item, k_tag, ck, items[k0 + i], kind)
+        i += 1
+    return ck >= 0 and n_copies[ck] > 0
+
+
+@njit(cache=True)
+def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
+           ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key):
+    """The manager's `_store`: block `bb` gets hash `key` and becomes findable; returns
+    (rows used, 1 if an event was numbered)."""
+    if bkey[bb] >= 0:
+        return n_rows, 0
+    bkey[bb] = key
+    if n_copies[key] == 0:
+        pi = k_parent[key] + 1
+        head = ch_head[pi]
+        ch_next[key] = head
+        ch_prev[key] = -1
+        if head >= 0:
+            ch_prev[head] = key
+        ch_head[pi] = key
+    tail = hold_tail[key]
+    hprev[bb] = tail
+    hnext[bb] = -1
+    if tail >= 0:
+        hnext[tail] = bb
+    else:
+        hold_head[key] = bb
+    hold_tail[key] = bb
+    n_copies[key] += 1
+    ev_seq[key] = -2
+    counters[C_STORED] += 1
+    if record:
+        c_kind[n_rows] = STORED
+        c_seq[n_rows] = seq
+        c_req[n_rows] = r
+        c_block[n_rows] = bb
+        c_key[n_rows] = key
+        n_rows += 1
+    return n_rows, 1
+
+
+@njit(cache=True)
+def replay_arrays(num_blocks, bs, concurrency, record,
+                  r_nprompt, r_kvout, r_salt, r_model, r_kind, r_uid, r_koff, r_nfull, keys, items,
+                  table, k_parent, k_item, k_tag, k_salt, content, n_salts, n_models, n_uids, row_cap):
+    """Replay every request; returns (status, request at fault, counters, per-request
+    results, log columns, rows used, events numbered)."""
+    n_req = r_nprompt.shape[0]
+    n_keys = k_parent.shape[0]
+    N = num_blocks
+    HEAD, TAIL = N, N + 1
+    # ---- pool state
+    ref = np.zeros(N, np.int32)
+    bkey = np.full(N, -1, np.int32)
+    qprev = np.full(N + 2, -1, np.int32)
+    qnext = np.full(N + 2, -1, np.int32)
+    for i in range(N):
+        qprev[i] = i - 1 if i > 0 else HEAD
+        qnext[i] = i + 1 if i < N - 1 else TAIL
+    qnext[HEAD] = 0 if N > 0 else TAIL
+    qprev[TAIL] = N - 1 if N > 0 else HEAD
+    qprev[HEAD] = -2
+    qnext[TAIL] = -2
+    n_free = N
+    hold_head = np.full(n_keys, -1, np.int32)
+    hold_tail = np.full(n_keys, -1, np.int32)
+    n_copies = np.zeros(n_keys, np.int32)
+    hnext = np.full(N, -1, np.int32)
+    hprev = np.full(N, -1, np.int32)
+    ch_head = np.full(n_keys + 1, -1, np.int32)  # index 0: children of no parent
+    ch_next = np.full(n_keys, -1, np.int32)
+    ch_prev = np.full(n_keys, -1, np.int32)
+    ev_seq = np.full(n_keys, -2, np.int64)  # -2: not evicted
+    salts_seen = np.empty(n_salts + 1, np.int32)
+    salt_seen = np.zeros(n_salts + 1, np.uint8)
+    n_seen = 0
+    models_seen = np.empty(n_models + 1, np.int32)
+    model_seen = np.zeros(n_models + 1, np.uint8)
+    n_models_seen = 0
+    running_uid = np.zeros(n_uids, np.uint8)
+    counters = np.zeros(8, np.int64)
+    # ---- per-request results
+    res_cached = np.zeros(n_req, np.int64)
+    res_computed = np.zeros(n_req, np.int64)
+    res_reason = np.zeros(n_req, np.uint8)
+    res_first = np.zeros(n_req, np.int64)
+    res_div = np.full(n_req, -1, np.int64)
+    res_refused = np.zeros(n_req, np.uint8)
+    # ---- running requests, in slots; `order` keeps round-robin order
+    max_nb = 1
+    for r in range(n_req):
+        nb = _cdiv(r_nprompt[r] + r_kvout[r], bs)
+        if nb > max_nb:
+            max_nb = nb
+    K = concurrency
+    tables = np.zeros((K, max_nb), np.int32)
+    s_req = np.zeros(K, np.int64)
+    s_ntab = np.zeros(K, np.int64)
+    s_ntok = np.zeros(K, np.int64)
+    s_app = np.zeros(K, np.int64)
+    s_nh = np.zeros(K, np.int64)
+    free_slots = np.arange(K - 1, -1, -1).astype(np.int64)
+    n_free_slots = K
+    order = np.zeros(K, np.int64)
+    nrun = 0
+    hits = np.zeros(max_nb, np.int32)
+    hashless = np.zeros(max_nb, np.int32)
+    # ---- the log
+    cap = row_cap if record else 1
+    L = _grow(np.zeros(0, np.uint8), np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int32),
+              np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64),
+              np.zeros(0, np.uint8), cap)
+    c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag = L
+    n_rows = 0
+    seq = 0
+    margin = K * (12 * max_nb + 16) + 16
+
+    p = 0
+    while p < n_req or nrun > 0:
+        if record and n_rows + margin > c_kind.shape[0]:
+            new_cap = max(2 * c_kind.shape[0], n_rows + 2 * margin)
+            L = _grow(c_kind[:n_rows], c_tier[:n_rows], c_seq[:n_rows], c_req[:n_rows], c_block[:n_rows],
+                      c_key[:n_rows], c_a[:n_rows], c_b[:n_rows], c_flag[:n_rows], new_cap)
+            c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag = L
+        while p < n_req and nrun < K:
+            r = p
+            n_prompt = r_nprompt[r]
+            kv_out = r_kvout[r]
+            reserve = 0
+            for j in range(nrun):
+                s = order[j]
+                rq = s_req[s]
+                reserve += _cdiv(r_nprompt[rq] + r_kvout[rq], bs) - s_ntab[s]
+            # ---- lookup (PrefixCacheManager.lookup)
+            k0 = r_koff[r]
+            n_full = r_nfull[r]
+            n_hit = 0
+            for i in range(n_full):
+                kk = keys[k0 + i]
+                if n_copies[kk] == 0:
+                    break
+                hits[n_hit] = hold_head[kk]
+                n_hit += 1
+            max_hit = (n_prompt - 1) // bs
+            div = -1
+            if n_hit > max_hit:
+                n_hit = max_hit
+                reason = LAST_TOKEN
+            elif n_hit < n_full:
+                kk = keys[k0 + n_hit]
+                if ev_seq[kk] != -2:
+                    reason = EVICTED_MISS
+                    div = ev_seq[kk]  # the lookup event carries it; rows show None
+                else:
+                    reason = NEW_CONTENT
+                    other = -2
+                    if n_models_seen > 0:  # any model seen but the request's own is checked
+                        checked = 0
+                        for j in range(n_models_seen):
+                            mid = models_seen[j]
+                            if mid == r_model[r]:
+                                continue
+                            checked += 1
+                            if checked > MAX_SALTS_CHECKED:
+                                break
+                            if _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, n_hit, r_kind[r],
+                                             r_salt[r], mid):
+                                reason = MODEL
+                                break
+                    if reason == NEW_CONTENT:
+                        checked = 0
+                        for j in range(n_seen):
+                            sid = salts_seen[j]
+                            if sid == r_salt[r]:
+                                continue
+                            checked += 1
+                            if checked > MAX_SALTS_CHECKED:
+                                break
+                            if _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, n_hit, r_kind[r],
+                                             sid, r_model[r]):
+                                other = sid
+                                break
+                    if reason == MODEL:
+                        pass
+                    elif other != -2:
+                        reason = SALT
+                        div = other
+                    else:
+                        start = n_hit * bs
+                        best = 0
+                        if r_kind[r] == KIND_TOKENS:
+                            parent = keys[k0 + n_hit - 1] if n_hit > 0 else -1
+                            mine = items[k0 + n_hit]
+                            c = ch_head[parent + 1]
+                            while c >= 0:
+                                if not (parent < 0 and k_salt[c] != r_salt[r]):
+                                    m = 0
+                                    if k_tag[c] % 2 == KIND_TOKENS:
+                                        theirs = k_item[c]
+                                        while m < bs and content[mine, m] == content[theirs, m]:
+                                            m += 1
+                                    if m > best:
+                                        best = m
+                                c = ch_next[c]
+                        div = start + best
+            else:
+                reason = LAST_TOKEN if n_prompt - n_hit * bs == 1 else PARTIAL
+            res_reason[r] = reason
+            res_first[r] = n_hit
+            res_div[r] = div if (reason == NEW_CONTENT) else -1
+            if running_uid[r_uid[r]]:
+                return (ERR_DUPLICATE, r, counters, res_cached, res_computed, res_reason, res_first, res_div,
+                        res_refused, (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag), n_rows, seq)
+            # ---- allocate
+            needed = _cdiv(n_prompt + kv_out + reserve * bs, bs) - n_hit
+            hits_free = 0
+            for i in range(n_hit):
+                if ref[hits[i]] == 0:
+                    hits_free += 1
+            available = n_free - hits_free
+            if needed > available:
+                counters[C_REFUSED] += 1
+                if record:
+                    c_kind[n_rows] = REFUSED
+                    c_seq[n_rows] = seq
+                    c_req[n_rows] = r
+                    c_block[n_rows] = -1
+                    c_key[n_rows] = -1
+                    c_a[n_rows] = needed
+                    c_b[n_rows] = available
+                    n_rows += 1
+                seq += 1
+                if nrun > 0:
+                    break
+                res_refused[r] = 1
+                p += 1
+                continue
+            midx = r_model[r] + 1
+            if not model_seen[midx]:
+                model_seen[midx] = 1
+                models_seen[n_models_seen] = r_model[r]
+                n_models_seen += 1
+            sidx = r_salt[r] + 1
+            if not salt_seen[sidx]:
+                salt_seen[sidx] = 1
+                salts_seen[n_seen] = r_salt[r]
+                n_seen += 1
+            if record:
+                c_kind[n_rows] = STARTED
+                c_seq[n_rows] = seq
+                c_req[n_rows] = r
+                c_block[n_rows] = -1
+                c_key[n_rows] = -1
+                n_rows += 1
+                c_kind[n_rows] = LOOKUP
+                c_seq[n_rows] = seq + 1
+                c_req[n_rows] = r
+                c_block[n_rows] = n_hit  # the first missing block
+                c_key[n_rows] = -1
+                c_a[n_rows] = n_hit
+                c_b[n_rows] = div
+                c_flag[n_rows] = reason
+                n_rows += 1
+            seq += 2
+            s = free_slots[n_free_slots - 1]
+            n_free_slots -= 1
+            ntab = 0
+            for i in range(n_hit):
+                bb = hits[i]
+                if ref[bb] == 0 and qprev[bb] != -1:
+                    qnext[qprev[bb]] = qnext[bb]
+                    qprev[qnext[bb]] = qprev[bb]
+                    qprev[bb] = -1
+                    qnext[bb] = -1
+                    n_free -= 1
+                ref[bb] += 1
+                tables[s, ntab] = bb
+                ntab += 1
+            num_new = _cdiv(n_prompt, bs) - ntab
+            for _ in range(num_new):
+                bb = qnext[HEAD]
+                qnext[HEAD] = qnext[bb]
+                qprev[qnext[bb]] = HEAD
+                qprev[bb] = -1
+                qnext[bb] = -1
+                n_free -= 1
+                ek = bkey[bb]
+                if ek >= 0:
+                    # uncache: drop the holder, then forget the child if no copy is left
+                    if hprev[bb] >= 0:
+                        hnext[hprev[bb]] = hnext[bb]
+                    else:
+                        hold_head[ek] = hnext[bb]
+                    if hnext[bb] >= 0:
+                        hprev[hnext[bb]] = hprev[bb]
+                    else:
+                        hold_tail[ek] = hprev[bb]
+                    hnext[bb] = -1
+                    hprev[bb] = -1
+                    n_copies[ek] -= 1
+                    bkey[bb] = -1
+                    if n_copies[ek] == 0:
+                        pi = k_parent[ek] + 1
+                        if ch_prev[ek] >= 0:
+                            ch_next[ch_prev[ek]] = ch_next[ek]
+                        else:
+                            ch_head[pi] = ch_next[ek]
+                        if ch_next[ek] >= 0:
+                            ch_prev[ch_next[ek]] = ch_prev[ek]
+                        ch_next[ek] = -1
+                        ch_prev[ek] = -1
+                    counters[C_EVICTED] += 1
+                    if record:
+                        c_kind[n_rows] = EVICTED
+                        c_seq[n_rows] = seq
+                        c_req[n_rows] = r
+                        c_block[n_rows] = bb
+                        c_key[n_rows] = ek
+                        n_rows += 1
+                    ev_seq[ek] = seq if record else -1
+                    seq += 1
+                ref[bb] += 1
+                tables[s, ntab] = bb
+                ntab += 1
+            if record:
+                for i in range(ntab):
+                    c_kind[n_rows] = ALLOCATED
+                    c_seq[n_rows] = seq
+                    c_req[n_rows] = r
+                    c_block[n_rows] = tables[s, i]
+                    c_key[n_rows] = -1
+                    c_a[n_rows] = n_hit
+                    n_rows += 1
+                for i in range(ntab):
+                    c_kind[n_rows] = REF
+                    c_seq[n_rows] = seq + 1
+                    c_req[n_rows] = r
+                    c_block[n_rows] = tables[s, i]
+                    c_key[n_rows] = -1
+                    c_a[n_rows] = ref[tables[s, i]]
+                    n_rows += 1
+            seq += 2
+            running_uid[r_uid[r]] = 1
+            s_req[s] = r
+            s_ntab[s] = ntab
+            s_ntok[s] = n_prompt
+            s_app[s] = 0
+            s_nh[s] = n_full
+            order[nrun] = s
+            nrun += 1
+            for i in range(n_hit, n_full):
+                n_rows, did = _store(tables[s, i], keys[k0 + i], r, k_parent, bkey, hold_head, hold_tail, hnext,
+                                     hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq,
+                                     n_rows, c_kind, c_seq, c_req, c_block, c_key)
+                seq += did
+            counters[C_REQ] += 1
+            counters[C_PROMPT] += n_prompt
+            counters[C_CACHED] += n_hit * bs
+            res_cached[r] = n_hit * bs
+            res_computed[r] = n_prompt - n_hit * bs
+            p += 1
+        if nrun == 0:
+            continue
+        # ---- decode round-robin, quiet steps in one go (as engine.core.replay)
+        quiet = 1 << 62
+        for j in range(nrun):
+            s = order[j]
+            rq = s_req[s]
+            q = min(r_kvout[rq] - s_app[s], bs - (r_nprompt[rq] + s_app[s]) % bs)
+            if q < quiet:
+                quiet = q
+        quiet -= 1
+        for step in range(2):
+            for j in range(nrun):
+                s = order[j]
+                rq = s_req[s]
+                if step == 0:
+                    n = quiet
+                else:
+                    n = 1 if s_app[s] < r_kvout[rq] else 0
+                if n <= 0:
+                    continue
+                total = s_ntok[s] + n
+                num_new = _cdiv(total, bs) - s_ntab[s]
+                if num_new > n_free:
+                    return (ERR_CAPACITY, rq, counters, res_cached, res_computed, res_reason, res_first, res_div,
+                            res_refused, (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag),
+                            n_rows, seq)
+                first_new = s_ntab[s]
+                for _ in range(num_new):
+                    bb = qnext[HEAD]
+                    qnext[HEAD] = qnext[bb]
+                    qprev[qnext[bb]] = HEAD
+                    qprev[bb] = -1
+                    qnext[bb] = -1
+                    n_free -= 1
+                    ek = bkey[bb]
+                    if ek >= 0:
+                        if hprev[bb] >= 0:
+                            hnext[hprev[bb]] = hnext[bb]
+                        else:
+                            hold_head[ek] = hnext[bb]
+                        if hnext[bb] >= 0:
+                            hprev[hnext[bb]] = hprev[bb]
+                        else:
+                            hold_tail[ek] = hprev[bb]
+                        hnext[bb] = -1
+                        hprev[bb] = -1
+                        n_copies[ek] -= 1
+                        bkey[bb] = -1
+                        if n_copies[ek] == 0:
+                            pi = k_parent[ek] + 1
+                            if ch_prev[ek] >= 0:
+                                ch_next[ch_prev[ek]] = ch_next[ek]
+                            else:
+                                ch_head[pi] = ch_next[ek]
+                            if ch_next[ek] >= 0:
+                                ch_prev[ch_next[ek]] = ch_prev[ek]
+                            ch_next[ek] = -1
+                            ch_prev[ek] = -1
+                        counters[C_EVICTED] += 1
+                        if record:
+                            c_kind[n_rows] = EVICTED
+                            c_seq[n_rows] = seq
+                            c_req[n_rows] = rq
+                            c_block[n_rows] = bb
+                            c_key[n_rows] = ek
+                            n_rows += 1
+                        ev_seq[ek] = seq if record else -1
+                        seq += 1
+                    ref[bb] += 1
+                    tables[s, s_ntab[s]] = bb
+                    s_ntab[s] += 1
+                if num_new > 0:
+                    if record:
+                        for i in range(first_new, s_ntab[s]):
+                            c_kind[n_rows] = ALLOCATED
+                            c_seq[n_rows] = seq
+                            c_req[n_rows] = rq
+                            c_block[n_rows] = tables[s, i]
+                            c_key[n_rows] = -1
+                            c_a[n_rows] = 0
+                            n_rows += 1
+                        for i in range(first_new, s_ntab[s]):
+                            c_kind[n_rows] = REF
+                            c_seq[n_rows] = seq + 1
+                            c_req[n_rows] = rq
+                            c_block[n_rows] = tables[s, i]
+                            c_key[n_rows] = -1
+                            c_a[n_rows] = ref[tables[s, i]]
+                            n_rows += 1
+                    seq += 2
+                s_ntok[s] = total
+                s_app[s] += n
+                if r_kind[rq] == KIND_TOKENS:
+                    k0 = r_koff[rq]
+                    while s_nh[s] < total // bs:
+                        i = s_nh[s]
+                        n_rows, did = _store(tables[s, i], keys[k0 + i], rq, k_parent, bkey, hold_head, hold_tail,
+                                             hnext, hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters,
+                                             record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
+                        seq += did
+                        s_nh[s] += 1
+        # ---- finish in order, keep the rest
+        keep = 0
+        for j in range(nrun):
+            s = order[j]
+            rq = s_req[s]
+            if s_app[s] < r_kvout[rq]:
+                order[keep] = s
+                keep += 1
+                continue
+            running_uid[r_uid[rq]] = 0
+            ntab = s_ntab[s]
+            n_hashless = 0
+            for i in range(ntab - 1, -1, -1):
+                bb = tables[s, i]
+                ref[bb] -= 1
+                if ref[bb] == 0 and bkey[bb] < 0:
+                    hashless[n_hashless] = bb
+                    n_hashless += 1
+            for i in range(n_hashless - 1, -1, -1):  # prepend_n: hashless[0] ends at the head
+                bb = hashless[i]
+                first = qnext[HEAD]
+                qprev[bb] = HEAD
+                qnext[bb] = first
+                qprev[first] = bb
+                qnext[HEAD] = bb
+                n_free += 1
+            n_freed = 0
+            for i in range(ntab - 1, -1, -1):
+                bb = tables[s, i]
+                if ref[bb] == 0:
+                    n_freed += 1
+                    if bkey[bb] >= 0:
+                        last = qprev[TAIL]
+                        qnext[last] = bb
+                        qprev[bb] = last
+                        qnext[bb] = TAIL
+                        qprev[TAIL] = bb
+                        n_free += 1
+            counters[C_FINISHED] += 1
+            if record:
+                for i in range(ntab - 1, -1, -1):
+                    c_kind[n_rows] = REF
+                    c_seq[n_rows] = seq
+                    c_req[n_rows] = rq
+                    c_block[n_rows] = tables[s, i]
+                    c_key[n_rows] = -1
+                    c_a[n_rows] = ref[tables[s, i]]
+                    n_rows += 1
+            seq += 1
+            if n_freed > 0:
+                if record:
+                    for i in range(ntab - 1, -1, -1):
+                        bb = tables[s, i]
+                        if ref[bb] == 0:
+                            c_kind[n_rows] = FREED
+                            c_seq[n_rows] = seq
+                            c_req[n_rows] = rq
+                            c_block[n_rows] = bb
+                            c_key[n_rows] = -1
+                            c_flag[n_rows] = 1 if bkey[bb] >= 0 else 0
+                            n_rows += 1
+                seq += 1
+            if record:
+                c_kind[n_rows] = FINISHED
+                c_seq[n_rows] = seq
+                c_req[n_rows] = rq
+                c_block[n_rows] = -1
+                c_key[n_rows] = -1
+                c_a[n_rows] = s_ntok[s]
+                c_flag[n_rows] = 0
+                n_rows += 1
+            seq += 1
+            free_slots[n_free_slots] = s
+            n_free_slots += 1
+        nrun = keep
+    return (OK, -1, counters, res_cached, res_computed, res_reason, res_first, res_div, res_refused,
+            (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag), n_rows, seq)
