@@ -1,12 +1,14 @@
 """The app attached to a running vLLM server: its settings and the controller.
 
 `AttachSettings` is what File > Attach to vLLM... asks for: the engine's `AttachOptions`
-(how to reach the stream) plus how to read it (hash scheme, block size, tokenizer), kept
-in QSettings. `RemoteController` runs the engine's `Attachment` off the GUI thread and
-wires its one event bus to the bridge, so every view shows the remote pool exactly as it
-shows the embedded engine's. Health is the engine's `StreamHealth`, summed over ranks and
-polled for the status bar. Recorded attaches open in `app.runtime.captures`; the dialog
-lives in `app.dialogs.attach_dialog`.
+(how to reach the streams: one server, a list of servers, or a bound address every pod
+connects to) plus the servers' names and how to read them (hash scheme, block size,
+tokenizer), kept in QSettings. `RemoteController` runs the engine's one `Attachment` for
+the whole fleet off the GUI thread and wires its event bus to the bridge, so every view
+shows the remote pools exactly as it shows the embedded engine's; the fleet views read
+the servers through `fleet_snapshot` and `with_fleet`. Health is the engine's
+`StreamHealth`, summed for the status bar and per server for the fleet. Recorded attaches
+open in `app.runtime.captures`; the dialog lives in `app.dialogs.attach_dialog`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 from app.runtime.bridge import engine_info
 from engine.core.errors import InputError
 from engine.core.events import EventBus
-from engine.core.hashing import VLLM_HASHES
+from engine.core.hashing import SERVER_HASHES
 from engine.remote.attachment import AttachOptions
+from engine.remote.fleet import Fleet
+from engine.remote.fleet_view import FleetSnapshot, snapshot
 from engine.remote.subscriber import StreamHealth, total_health
 
 if TYPE_CHECKING:
@@ -39,20 +43,45 @@ DEFAULT_OPTIONS = AttachOptions(("tcp://127.0.0.1:5557",), ("tcp://127.0.0.1:555
 
 @dataclass(slots=True, frozen=True)
 class AttachSettings:
-    """File > Attach's choices: `options` says where the stream is; `hash_scheme` (vLLM's
-    --prefix-caching-hash-algo) and `block_size` are how the probe hashes a prompt as the
-    server does; `tokenizer` is a local Hugging Face folder ("" = the default model's)."""
+    """File > Attach's choices: `options` says where the streams are; `servers[i]` names
+    the server at `options.endpoints[i]` ("" or missing: its endpoint, or in centralized
+    mode the pod of its llm-d topic); `hash_scheme` (vLLM's --prefix-caching-hash-algo, or
+    SGLang's page hash) and `block_size` are how the probes hash a prompt as the servers do;
+    `tokenizer` is a local Hugging Face folder ("" = the default model's)."""
 
     options: AttachOptions = DEFAULT_OPTIONS
     hash_scheme: str = "vllm-sha256"
     tokenizer: str = ""
     block_size: int = 16
+    servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.hash_scheme not in VLLM_HASHES:
-            raise InputError(f"the hash scheme must be one of {', '.join(VLLM_HASHES)}, not {self.hash_scheme!r}")
+        if self.hash_scheme not in SERVER_HASHES:
+            raise InputError(f"the hash scheme must be one of {', '.join(SERVER_HASHES)}, not {self.hash_scheme!r}")
         if not isinstance(self.block_size, int) or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise InputError(f"the block size must be from 1 to {MAX_BLOCK_SIZE} tokens, not {self.block_size}")
+        if len(self.servers) > len(self.options.endpoints):
+            raise InputError("give at most one server name per endpoint")
+        named = [n for n in self.servers if n]
+        if len(set(named)) != len(named):
+            raise InputError(f"the server name {next(n for n in named if named.count(n) > 1)!r} is given twice")
+
+    @property
+    def num_servers(self) -> int:
+        """Servers listed (a bound address counts one until its pods' topics arrive)."""
+        return len(self.options.endpoints)
+
+    def stream_names(self) -> dict[str, str]:
+        """Stream source (endpoint, with its rank when there are several) -> server name."""
+        out: dict[str, str] = {}
+        specs = self.options.streams()
+        per = self.options.data_parallel_size
+        for i, spec in enumerate(specs):
+            index = i // per
+            name = self.servers[index] if index < len(self.servers) else ""
+            if name:
+                out[spec.name] = name
+        return out
 
     @property
     def endpoint(self) -> str:
@@ -71,14 +100,15 @@ class AttachSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.options.to_dict(), "hash_scheme": self.hash_scheme, "tokenizer": self.tokenizer,
-                "block_size": self.block_size}
+                "block_size": self.block_size, "servers": list(self.servers)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachSettings:
         """The inverse of `to_dict`; bad values raise InputError."""
         try:
             return cls(AttachOptions.from_dict(data), str(data.get("hash_scheme", "vllm-sha256")),
-                       str(data.get("tokenizer", "")), data.get("block_size", 16))
+                       str(data.get("tokenizer", "")), data.get("block_size", 16),
+                       tuple(str(n) for n in data.get("servers") or ()))
         except (TypeError, AttributeError) as exc:
             raise InputError(f"attach settings are not valid ({exc})") from None
 
@@ -123,7 +153,12 @@ class RemoteController(QObject):
     bridge listens to like an embedded engine's. Signals (GUI thread):
     `sigAttached(AttachSettings)`, `sigDetached()`, `sigHealth(StreamHealth)` (every rank's,
     summed) every HEALTH_MS while attached, `sigMessage(str)` for what the user must read (a
-    restart, a refill that timed out), `sigTokenizer(object)` when the chosen tokenizer has loaded.
+    restart, a refill that timed out), `sigTokenizer(object)` when the chosen tokenizer has
+    loaded, `sigFleet()` when the fleet the views read is another one (an attach, a recorded
+    capture opened, another subject).
+
+    One controller serves the whole fleet: the engine's `Attachment` already runs one
+    stream per server, rank and (in centralized mode) llm-d topic, on one lock and one bus.
     """
 
     sigAttached = Signal(object)
@@ -131,6 +166,7 @@ class RemoteController(QObject):
     sigHealth = Signal(object)
     sigMessage = Signal(str)
     sigTokenizer = Signal(object)
+    sigFleet = Signal()
 
     def __init__(self, host: RemoteHost) -> None:
         super().__init__(host if isinstance(host, QObject) else None)
@@ -139,11 +175,14 @@ class RemoteController(QObject):
         self.attachment: Any = None  # engine.remote.Attachment, kept after detach (the last pools)
         self.tokenizer: Any = None  # the server's tokenizer once loaded; None: the model's
         self.last_health = StreamHealth("vLLM")
+        self.last_settings: AttachSettings | None = None  # the last attach's, kept after detach
+        self.recorded_fleet: Fleet | None = None  # a recorded capture's pools, shown offline
+        self.recorded_settings: AttachSettings | None = None
         self._timer = QTimer(self, interval=HEALTH_MS)
         self._timer.timeout.connect(self._poll)
         self.sigTokenizer.connect(self._set_tokenizer)
         # another subject (a trace, a chat) ends the attach
-        host.sigSubjectChanged.connect(lambda subject: subject.kind != "server" and self.detach())
+        host.sigSubjectChanged.connect(self._on_subject)
 
     @property
     def is_attached(self) -> bool:
@@ -153,6 +192,48 @@ class RemoteController(QObject):
     def num_streams(self) -> int:
         """Streams of the last attach (one per endpoint and rank)."""
         return 0 if self.attachment is None else len(self.attachment.subscribers)
+
+    def _on_subject(self, subject: Any) -> None:
+        if subject.kind != "server":
+            self.detach()
+            if self.recorded_fleet is not None or self.attachment is not None:
+                self.recorded_fleet, self.recorded_settings = None, None
+                self.attachment = self.last_settings = None
+                self.sigFleet.emit()
+
+    # ------------------------------------------------------------------ the fleet
+    @property
+    def reading_settings(self) -> AttachSettings | None:
+        """How the fleet being shown is read (hash scheme, block size): the live attach's,
+        else the recorded capture's."""
+        return self.settings or self.recorded_settings or (self.last_settings if self.attachment else None)
+
+    def with_fleet(self, read: Any, default: Any = None) -> Any:
+        """`read(fleet)` on the fleet the views show (the live attach's, under its lock, or
+        a recorded capture's); `default` when there is none. `read` must only read."""
+        att = self.attachment
+        if att is not None:
+            from engine.remote.fleet_view import fleet_of_attachment
+
+            names = self.last_settings.stream_names() if self.last_settings is not None else {}
+            with att.lock:
+                return read(fleet_of_attachment(att, names))
+        if self.recorded_fleet is not None:
+            return read(self.recorded_fleet)
+        return default
+
+    def fleet_snapshot(self, max_rows: int | None = None) -> FleetSnapshot:
+        """The servers, their blocks and what they share, read at once (empty: no fleet)."""
+        health = self.attachment.health() if self.attachment is not None else []
+        kw = {} if max_rows is None else {"max_rows": max_rows}
+        return self.with_fleet(lambda fleet: snapshot(fleet, health, **kw), FleetSnapshot())
+
+    def show_recorded_fleet(self, fleet: Fleet, settings: AttachSettings | None = None) -> None:
+        """Show a recorded capture's pools offline (`app.runtime.captures`)."""
+        self.detach()
+        self.attachment = None
+        self.recorded_fleet, self.recorded_settings = fleet, settings
+        self.sigFleet.emit()
 
     # ------------------------------------------------------------------ attach / detach
     def attach(self, settings: AttachSettings) -> AttachSettings:
@@ -174,9 +255,12 @@ class RemoteController(QObject):
             raise ValueError(f"Could not attach to {settings.endpoint}: {text}.") from None
         self.attachment = attachment
         self.settings = settings
+        self.last_settings = settings
+        self.recorded_fleet, self.recorded_settings = None, None
         self._timer.start()
         self._load_tokenizer(settings.tokenizer)
         self.sigAttached.emit(settings)
+        self.sigFleet.emit()
         return settings
 
     def detach(self) -> None:
@@ -195,7 +279,11 @@ class RemoteController(QObject):
         opts = settings.options
         endpoint = ", ".join(opts.endpoints)
         ranks = f" ×{opts.data_parallel_size} ranks" if opts.data_parallel_size > 1 else ""
-        info = engine_info(block_size=settings.block_size, num_blocks=0, model=f"vLLM {endpoint}{ranks}")
+        named = ", ".join(n or e for n, e in zip((*settings.servers, *[""] * len(opts.endpoints)), opts.endpoints))
+        label = f"fleet of {len(opts.endpoints)}: {named}" if len(opts.endpoints) > 1 else endpoint
+        if opts.bind:
+            label = f"{label} (bound)"
+        info = engine_info(block_size=settings.block_size, num_blocks=0, model=f"vLLM {label}{ranks}")
         info.update(remote=True, endpoint=endpoint, hash_scheme=settings.hash_scheme,
                     data_parallel_size=opts.data_parallel_size)
         return info
