@@ -279,3 +279,36 @@ def test_to_trace_requests_salts_a_local_scope():
     trace = read_weka(WEKA / "trace_0303.json")
     assert {r.tenant for r in to_trace_requests(trace.requests, {trace.id: "global"})} == {None}
     assert {r.tenant for r in to_trace_requests(trace.requests, {trace.id: "conversation"})} == {"trace_0303"}
+
+
+# ---------------------------------------------------------------------------- kvcache-simulator lines
+def _kvsim(tmp_path, sizes):
+    p = tmp_path / "sim.jsonl"
+    p.write_text("".join(json.dumps({"block_size": s, "hash_ids": list(range(i + 3)), "input_length": 64 * (i + 3) + 10})
+                         + "\n" for i, s in enumerate(sizes)))
+    return p
+
+
+def test_kvcache_simulator_lines_replay_at_their_own_block_size(tmp_path):
+    from engine.store.block_traces import declared_block_size
+
+    p = _kvsim(tmp_path, [64] * 5)
+    assert declared_block_size(p) == 64 and declared_block_size(WEKA / "trace_0303.json") is None
+    r = cli("replay", str(p), "--capacity-blocks", "100", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["config"]["block_size"] == 64
+    # each line extends the last by one 64-token block: all earlier blocks are hits
+    assert [q["cached_tokens"] for q in out["requests"]] == [0, 192, 256, 320, 384]
+
+
+def test_kvcache_simulator_lines_that_disagree_are_refused(tmp_path):
+    p = _kvsim(tmp_path, [64, 64, 32])
+    r = cli("replay", str(p), "--capacity-blocks", "100")
+    assert r.returncode == 2 and "line 3, field 'block_size'" in r.stderr and len(r.stderr.splitlines()) == 1
+    p = _kvsim(tmp_path, [64] * 3)
+    r = cli("replay", str(p), "--capacity-blocks", "100", "--block-size", "32")
+    assert r.returncode == 2 and "--block-size 64" in r.stderr
+    p = _kvsim(tmp_path, [0])
+    r = cli("replay", str(p), "--capacity-blocks", "100")
+    assert r.returncode == 2 and "line 1, field 'block_size'" in r.stderr

@@ -82,6 +82,15 @@ def run(args: argparse.Namespace) -> int:
 def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
     from engine.core.replay import ReplayConfig, replay
     from engine.core.trace import read_trace
+    from engine.store.block_traces import check_block_sizes, declared_block_size
+
+    declared = declared_block_size(args.trace)  # kvcache-simulator lines carry their block size
+    if declared is not None:
+        if args.block_size not in (16, declared):  # 16 is the option's default
+            raise InputError(f"{args.trace}: its hash ids name {declared}-token blocks; give --block-size {declared} "
+                             f"or leave it out")
+        args.block_size = declared
+        check_block_sizes(args.trace, declared)
 
     if args.kv_memory is not None:
         raise InputError("--kv-memory needs a model; with --no-model give --capacity-blocks, --capacity-tokens "

@@ -64,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
                                  keyed_by_model=not args.shared_across_models)
     else:
+        from engine.store.block_traces import check_block_sizes, declared_block_size
+
+        declared = declared_block_size(args.trace)  # kvcache-simulator lines carry their block size
+        if declared is not None:
+            check_block_sizes(args.trace, declared)
+            trace_block_size = declared
         reqs, kind = load_sweep_requests(args.trace, tokenizer)
     if args.limit is not None:
         reqs = reqs[:args.limit]
