@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.demos import answers, memory, perf, prefix, quantized
+from engine.demos import answers, cacheblend, memory, perf, prefix, prompts, quantized
 from engine.demos.env import Demo, DemoEnv
 from engine.core.errors import InputError
 
@@ -30,6 +30,11 @@ DEMOS: tuple[Demo, ...] = (
     perf.PREFIX_SAVES_PREFILL_ONLY,
     perf.HASHING_COSTS_SOMETHING,
     perf.DEEPCOPY_VS_SHARED,
+    prompts.TOOL_ORDER,
+    prompts.AB_SETTING,
+    prompts.COMPACTION,
+    prompts.BREAKPOINT_ON_USER_MESSAGE,
+    cacheblend.CACHEBLEND_RAG,
 )
 DEMO_NAMES: tuple[str, ...] = tuple(d.name for d in DEMOS)
 
