@@ -33,6 +33,8 @@ DOCK_FOR_DEMO = {
     "kv-grows-per-step": "kv_memory", "kv-memory-70b-128k": "kv_memory", "multi-turn-reuse": "metrics",
     "semantic-false-positive": "semantic", "prompt-caching-bill": "billing", "default-system-prompt-diff": "diff",
     "reordered-rag-chunks": "diff", "timestamp-at-front": "diff",
+    "quantized-kv-cache": "kv_memory", "prefix-saves-prefill-only": "metrics", "hashing-costs-something": "metrics",
+    "deepcopy-vs-shared-blocks": "timeline",
 }
 
 
@@ -199,6 +201,8 @@ class DemoRunner(QObject):
                 pick = next((q for q in queries if q.get("served_wrong_answer")), queries[0] if queries else None)
                 if cache is not None:
                     panels["semantic"].show_cache(cache, pick["prompt"] if pick else None, result["title"])
+            elif panel == "kv_memory" and name == "quantized-kv-cache":
+                show_quantized_kv(panels["kv_memory"], findings)
             elif panel == "kv_memory":
                 show_kv_what_if(panels["kv_memory"], findings)
         self._raise(DOCK_FOR_DEMO.get(name, "block_table"))
@@ -245,7 +249,8 @@ def panels_to_fill(name: str, findings: dict[str, Any]) -> list[str]:
     if findings.get("diff_messages"):
         out.append("diff")
     out += {"prompt-caching-bill": ["billing"], "semantic-false-positive": ["semantic"],
-            "kv-memory-70b-128k": ["kv_memory"], "kv-grows-per-step": []}.get(name, [])
+            "kv-memory-70b-128k": ["kv_memory"], "kv-grows-per-step": [],
+            "quantized-kv-cache": ["kv_memory"]}.get(name, [])
     return out
 
 
@@ -262,6 +267,18 @@ def show_kv_what_if(view: Any, findings: dict[str, Any]) -> None:
     if dtypes and view.dtype_box.findText(dtypes[0]) >= 0:
         view.dtype_box.setCurrentIndex(view.dtype_box.findText(dtypes[0]))
     view.tokens_box.setValue(int(findings.get("tokens") or view.tokens_box.value()))
+
+
+def show_quantized_kv(view: Any, findings: dict[str, Any]) -> None:
+    """Point the KV panel's what-if at this model in bfloat16 at the long context, and show
+    the measured quantized cache beside it (with the group size the engine refused)."""
+    view.preset_box.setCurrentIndex(0)  # "this model"
+    if view.dtype_box.findText("bfloat16") >= 0:
+        view.dtype_box.setCurrentIndex(view.dtype_box.findText("bfloat16"))
+    contexts = findings.get("contexts") or []
+    if contexts:
+        view.tokens_box.setValue(int(contexts[-1]["tokens_with_kv"]))
+    view.show_quantized(findings)
 
 
 def install_demos(window: MainWindow, model: Any = None) -> DemoRunner:

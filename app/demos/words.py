@@ -17,7 +17,10 @@ HIDDEN_FINDINGS = ("diff_messages",)
 # What a step line reports, in this order, when the step has it.
 STEP_KEYS = ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens", "miss_reason", "first_miss_block",
              "ttft_ms", "cold_ttft_ms", "tokens_with_kv", "total_bytes", "score", "decision", "guarded_decision",
-             "cache_creation_input_tokens", "cache_read_input_tokens", "input_tokens", "per_request_gib")
+             "cache_creation_input_tokens", "cache_read_input_tokens", "input_tokens", "per_request_gib",
+             "decode_ms_per_token", "cold_decode_ms_per_token", "fp32_bytes", "quantized_bytes",
+             "quantized_decode_ms_per_token", "decode_logit_max_abs_diff", "on_wall_ms", "off_wall_ms",
+             "bookkeeping_ms", "copied_bytes", "copy_ms", "own_bytes", "gather_ms", "refusal")
 _WORDS = {"ttft": "TTFT", "ms": "", "gib": "", "kv": "KV", "gqa": "GQA", "bf16": "bf16", "id": "id", "70b": "70B"}
 _MAX_ITEMS = 8
 _MAX_CHARS = 200
@@ -34,7 +37,7 @@ def label(key: str) -> str:
 
 def _unit(key: str) -> str:
     k = key.lower()
-    for suffix, unit in (("_ms", "ms"), ("_ms_per_turn", "ms"), ("_bytes", "bytes"), ("_gib", "GiB"),
+    for suffix, unit in (("_ms", "ms"), ("_ms_per_token", "ms"), ("_per_s", "/s"), ("_ms_per_turn", "ms"), ("_bytes", "bytes"), ("_gib", "GiB"),
                          ("_gib_bf16", "GiB"), ("_s", "s"), ("tokens", "tokens"), ("_per_turn", ""),
                          ("rate", "%"), ("fraction", "%"), ("_usd", "$"), ("cost", "$")):
         if k.endswith(suffix) or (suffix in ("tokens", "rate", "fraction", "cost") and suffix in k):
@@ -83,6 +86,8 @@ def _number(key: str, value: float) -> str:
     unit = _unit(key)
     if unit == "ms":
         return f"{value:,.0f} ms"
+    if unit == "/s":
+        return f"{value:,.1f} tokens/s" if "tokens" in key else f"{value:,.1f}/s"
     if unit == "s":
         return f"{value:,.2f} s"
     if unit == "bytes":

@@ -118,6 +118,14 @@ class KvMemoryView(PanelView):
         text.addWidget(self.what_if_caption)
         text.addLayout(bar)
         text.addWidget(self.what_if)
+        # A quantized cache measured by the quantized-kv-cache demo; hidden until one is shown.
+        self.quantized = QLabel()
+        self.quantized.setObjectName("kv_quantized")
+        self.quantized.setTextFormat(Qt.TextFormat.RichText)
+        self.quantized.setWordWrap(True)
+        self.quantized.hide()
+        self.quantized_findings: dict[str, Any] | None = None
+        text.addWidget(self.quantized)
         text.addStretch(1)
         # Side by side in a wide, short dock (the default); stacked when the dock is tall.
         self.box = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
@@ -149,6 +157,8 @@ class KvMemoryView(PanelView):
         self.plot.setTitle("KV bytes per layer, MiB (K + V)", color=p["text_dim"], size="9pt")
         self.what_if_caption.setStyleSheet(f"color: {p['text_dim']}")
         self.refresh()
+        if self.quantized_findings is not None:
+            self.show_quantized(self.quantized_findings)
 
     # ------------------------------------------------------------------ model
     def _info(self) -> dict[str, Any]:
@@ -232,3 +242,28 @@ class KvMemoryView(PanelView):
         self.what_if.setText(
             f"{name} in {dtype}: {factor} × {layers} × {heads} × {dim} × {BYTES_PER_VALUE[dtype]} × {tokens:,} = "
             f"<b>{human_bytes(total, 2)}</b> ({human_bytes(total / tokens, 2)} per token){note}")
+
+    def show_quantized(self, findings: dict[str, Any]) -> None:
+        """A measured quantized KV cache (the quantized-kv-cache demo's findings) against the
+        full-precision one: bytes, capacity, TTFT, decode time, logit cost and the refusal."""
+        self.quantized_findings = findings
+        p = theme.palette()
+        rows = "".join(
+            f"<tr><td>{c['context']} ({c['tokens_with_kv']:,} tokens)</td>"
+            f"<td align='right'>{human_bytes(c['fp32_bytes'], 2)}</td><td align='right'>{human_bytes(c['bf16_bytes'], 2)}</td>"
+            f"<td align='right'><b>{human_bytes(c['quantized_bytes'], 2)}</b></td>"
+            f"<td align='right'>{c['capacity_vs_bf16']:.2f}×</td>"
+            f"<td align='right'>{c['fp32_ttft_ms']:,.0f} / {c['quantized_ttft_ms']:,.0f} ms</td>"
+            f"<td align='right'>{c['fp32_decode_ms_per_token']:,.1f} / {c['quantized_decode_ms_per_token']:,.1f} ms</td>"
+            f"<td align='right'>{c['decode_logit_max_abs_diff']:.2f}</td></tr>"
+            for c in findings.get("contexts", ()))
+        refusal = (findings.get("refusal") or {}).get("engine_refusal")
+        refused = (f"<br><span style='color:{p['warn']}'>Group size {findings['refusal']['group_size']} refused: "
+                   f"{refusal}.</span>" if refusal else "")
+        self.quantized.setText(
+            f"<b>Quantized KV cache, measured</b> · {findings.get('nbits')}-bit, groups of {findings.get('group_size')}, "
+            f"{findings.get('backend')} ({findings.get('unpack', '')})"
+            f"<table cellspacing='0' cellpadding='2'><tr><th align='left'>context</th><th>float32</th><th>bf16</th>"
+            f"<th>{findings.get('nbits')}-bit</th><th>vs bf16</th><th>TTFT fp32 / q</th><th>decode per token</th>"
+            f"<th>logit Δ</th></tr>{rows}</table>{refused}")
+        self.quantized.show()
