@@ -1,0 +1,112 @@
+"""`cachescope compare A B`: two runs on one request axis, with per-request deltas (B - A)
+and a CI gate on the hit rate (`--fail-if-hit-rate-drops`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.commands._common import positive_int, print_json, seed_int, vllm_gpu_blocks
+from engine.core.errors import InputError
+from engine.core.hashing import HASH_NAMES
+
+NAME = "compare"
+HELP = "compare two runs (traces, conversation or session files, session:ID, run:ID) request by request"
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:24]!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text[:24]} is not a fraction from 0 to 1 (0.05 is five points)")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A", help="the baseline: a token-level or Mooncake trace, a conversation or "
+                                          ".cachescope.json file, session:ID (replayed) or run:ID (as recorded)")
+    p.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
+    for side in ("", "-a", "-b"):
+        which = {"": "both sides", "-a": "A only", "-b": "B only"}[side]
+        dest = side.replace("-", "_")
+        p.add_argument(f"--block-size{side}", type=positive_int, default=None, metavar="N", dest=f"block_size{dest}",
+                       help=f"tokens per block, {which}" + (" (default 16)" if not side else ""))
+        cap = p.add_mutually_exclusive_group()
+        cap.add_argument(f"--capacity-blocks{side}", type=positive_int, metavar="N", dest=f"capacity_blocks{dest}",
+                         help=f"pool size in blocks, {which}" + (" (default: the whole run fits)" if not side else ""))
+        cap.add_argument(f"--capacity-tokens{side}", type=positive_int, metavar="N", dest=f"capacity_tokens{dest}",
+                         help=f"pool size in tokens, {which} (the same memory at any block size)")
+        cap.add_argument(f"--num-gpu-blocks{side}", type=vllm_gpu_blocks, metavar="N", dest=f"capacity_blocks{dest}",
+                         help=f"pool size as a vLLM server's num_gpu_blocks, {which}")
+        p.add_argument(f"--hash{side}", choices=HASH_NAMES, default=None, dest=f"hash{dest}",
+                       help=f"block hash, {which}" + (" (default sha256)" if not side else ""))
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
+    p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight (default 1)")
+    p.add_argument("--requests", type=positive_int, default=None, metavar="N", help="only the first N requests of each side")
+    p.add_argument("--db", metavar="PATH", default=None, help="the session database for session:ID and run:ID")
+    p.add_argument("--fail-if-hit-rate-drops", type=fraction, default=None, metavar="X",
+                   help="exit 1 when B's hit rate is lower than A's by more than X (a fraction: 0.02 = 2 points)")
+    p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def side_options(args: argparse.Namespace, side: str):
+    from engine.analysis.compare import SideOptions
+
+    def pick(name: str, default):
+        own = getattr(args, f"{name}_{side}")
+        both = getattr(args, name)
+        return own if own is not None else both if both is not None else default
+
+    blocks, tokens = pick("capacity_blocks", None), pick("capacity_tokens", None)
+    if getattr(args, f"capacity_blocks_{side}") is not None:
+        tokens = None  # the side's own pool size wins over the common one
+    elif getattr(args, f"capacity_tokens_{side}") is not None:
+        blocks = None
+    return SideOptions(block_size=pick("block_size", 16), capacity_blocks=blocks, capacity_tokens=tokens,
+                       hash=pick("hash", "sha256"), seed=args.seed, concurrency=args.concurrency, limit=args.requests)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.analysis.compare import compare
+
+    result = compare(args.a, args.b, side_options(args, "a"), side_options(args, "b"), args.db)
+    out = result.to_dict()
+    if args.totals_only:
+        out.pop("requests")
+    gate = args.fail_if_hit_rate_drops
+    failed = gate is not None and result.hit_rate_drop > gate
+    if gate is not None:
+        out["gate"] = {"fail_if_hit_rate_drops": gate, "hit_rate_drop": result.hit_rate_drop, "failed": failed}
+    if args.json:
+        print_json(out)
+    else:
+        _print_human(out)
+    if failed:
+        sys.stderr.write(f"cachescope: B's hit rate {result.b.hit_rate:.2%} is {result.hit_rate_drop:.2%} below A's "
+                         f"{result.a.hit_rate:.2%}, more than the {gate:.2%} allowed\n")
+        return 1
+    return 0
+
+
+def _print_human(r: dict) -> None:
+    out = sys.stdout
+    for side in ("a", "b"):
+        t, c = r[side]["totals"], r[side]["config"]
+        out.write(f"{side.upper()}: {r[side]['label']}  block size {c['block_size']}  pool {c['capacity_blocks']} blocks  "
+                  f"requests {t['requests']}  cached {t['cached_tokens']} of {t['prompt_tokens']}  "
+                  f"hit rate {t['hit_rate']:.2%}  evicted {t['evicted_blocks']}\n")
+    d, s = r["delta"], r["summary"]
+    out.write(f"B - A: cached {d['cached_tokens']:+d} tokens, hit rate {d['hit_rate']:+.2%}; B reuses more on "
+              f"{s['b_reuses_more']} requests, less on {s['b_reuses_less']}, the same on {s['same']} "
+              f"(aligned by {r['aligned_by']})\n")
+    rows = [x for x in r.get("requests") or [] if x["cached_delta"]]
+    if rows:
+        out.write(f"{'#':>5} {'id':<14} {'cached A':>9} {'cached B':>9} {'delta':>7}  B\n")
+        for x in rows[:100]:
+            out.write(f"{x['position']:>5} {str(x['id_a'] or x['id_b'])[:14]:<14} {x['cached_tokens_a']:>9} "
+                      f"{x['cached_tokens_b']:>9} {x['cached_delta']:>+7}  {x['b_reuses']}\n")
+        if len(rows) > 100:
+            out.write(f"... {len(rows) - 100} more requests differ (use --json)\n")

@@ -1,0 +1,286 @@
+"""Comparing two runs on one aligned request axis: `cachescope compare A B` and File > Compare...
+
+A side is a trace (token-level or Mooncake), a conversation or session file, a stored
+session (`session:ID`, replayed) or a recorded run (`run:ID`: a replay, a chat, a recorded
+attach, as it was recorded). Files and sessions are replayed through a fresh engine with
+the side's `SideOptions`; requests are paired by id when both sides have the same ids,
+else by position. Deltas are B minus A: "more" means B reused more tokens. Hit rates are
+cached over prompt tokens of every request, a refused one counted as missed, so a pool
+that serves fewer requests never looks better (as `engine.analysis.sweep` counts them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from engine.core.blocks import cdiv
+from engine.core.errors import InputError
+from engine.core.replay import ReplayConfig, replay
+from engine.core.served import ServedRequest
+from engine.core.sniff import is_request_trace
+from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
+
+_STORED = re.compile(r"(session|run):(\d+)")
+
+
+@dataclass(slots=True, frozen=True)
+class SideOptions:
+    """How one side is replayed. `capacity_blocks` wins over `capacity_tokens`; with
+    neither, the pool holds every token of the side (nothing is evicted, only block
+    granularity and content matter). `limit` keeps the first N requests."""
+
+    block_size: int = 16
+    capacity_blocks: int | None = None
+    capacity_tokens: int | None = None
+    hash: str = "sha256"
+    seed: int = 0
+    concurrency: int = 1
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise InputError(f"the block size must be at least 1, not {self.block_size}")
+        if self.limit is not None and self.limit < 1:
+            raise InputError(f"the number of requests must be at least 1, not {self.limit}")
+
+
+@dataclass(slots=True)
+class Run:
+    """One side: what it is, the settings it ran with, its served requests in order, and
+    the engine's block counters (None for a recorded run that did not keep them)."""
+
+    label: str
+    kind: str  # tokens | mooncake | conversation | session | run
+    config: dict[str, Any]
+    requests: list[ServedRequest]
+    stored_blocks: int | None = None
+    evicted_blocks: int | None = None
+    token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # prompt ids by request id, when known
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in self.requests)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(r.cached_tokens for r in self.requests if not r.refused)
+
+    @property
+    def hit_rate(self) -> float:
+        p = self.prompt_tokens
+        return round(self.cached_tokens / p, 6) if p else 0.0
+
+    def totals(self) -> dict[str, Any]:
+        served = [r for r in self.requests if not r.refused]
+        return {"requests": len(self.requests), "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens,
+                "computed_tokens": sum(r.computed_tokens for r in served),
+                "hit_rate": self.hit_rate, "refused_requests": len(self.requests) - len(served),
+                "stored_blocks": self.stored_blocks, "evicted_blocks": self.evicted_blocks,
+                "cached_per_request": round(self.cached_tokens / len(self.requests), 3) if self.requests else 0.0}
+
+
+# ---- loading a side ---------------------------------------------------------------------
+
+def refine_block_ids(requests: Sequence[TraceRequest], block_size: int) -> list[TraceRequest]:
+    """A Mooncake trace at a block size that divides 512: hash id h at block i stands for
+    the 512 tokens 512i..512i+511, whose identity includes the whole prefix; its k-th
+    sub-block of `block_size` tokens gets the id h * (512 / block_size) + k, so two
+    requests share a sub-block exactly when they share the 512-token block that holds it.
+    (A last, partial 512-token block is shared as far as the two prompts both reach.)"""
+    if block_size == MOONCAKE_BLOCK_SIZE:
+        return list(requests)
+    if block_size > MOONCAKE_BLOCK_SIZE or MOONCAKE_BLOCK_SIZE % block_size:
+        raise InputError(f"a Mooncake trace names {MOONCAKE_BLOCK_SIZE}-token blocks; it can be replayed at a "
+                         f"block size that divides {MOONCAKE_BLOCK_SIZE} (1, 2, 4, ..., 512), not {block_size}")
+    per = MOONCAKE_BLOCK_SIZE // block_size
+    out = []
+    for tr in requests:
+        if tr.hash_ids is None:
+            out.append(tr)
+            continue
+        num = cdiv(tr.input_length, block_size)
+        ids = tuple(h * per + k for h in tr.hash_ids for k in range(per))[:num]
+        out.append(replace(tr, hash_ids=ids))
+    return out
+
+
+def _capacity(reqs: Sequence[TraceRequest], opts: SideOptions) -> int:
+    if opts.capacity_blocks is not None:
+        return opts.capacity_blocks
+    if opts.capacity_tokens is not None:
+        return ReplayConfig.capacity_from_tokens(opts.capacity_tokens, opts.block_size)
+    return max(1, sum(cdiv(r.input_length + r.output_length, opts.block_size) + 1 for r in reqs))
+
+
+def replay_requests(reqs: Sequence[TraceRequest], opts: SideOptions, label: str, kind: str,
+                    source: str | None = None, model: str | None = None) -> Run:
+    reqs = list(reqs)[:opts.limit] if opts.limit else list(reqs)
+    if not reqs:
+        raise InputError(f"{label}: there is no request to compare")
+    if any(r.is_block_level for r in reqs):
+        reqs = refine_block_ids(reqs, opts.block_size)
+    config = ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), seed=opts.seed,
+                          hash=opts.hash, concurrency=opts.concurrency, model=model)
+    result = replay(reqs, config, source=source or label)
+    cfg = {**result.config, "source": label, "kind": kind}
+    tokens = {r.id: r.tokens for r in reqs if r.tokens is not None}
+    return Run(label, kind, cfg, result.requests, result.totals.stored_blocks, result.totals.evicted_blocks, tokens)
+
+
+def load_side(spec: str, opts: SideOptions, db: str | None = None,
+              tokenizer_loader: Callable[[], Any] | None = None) -> Run:
+    """One side from `spec`: a file path, session:ID or run:ID (in the database `db`)."""
+    m = _STORED.fullmatch(spec)
+    if m:
+        return _stored(m.group(1), int(m.group(2)), opts, db, tokenizer_loader)
+    path = Path(spec)
+    if not path.is_file():
+        raise InputError(f"{spec}: no such file (give a trace, a conversation or session file, session:ID or run:ID)")
+    if is_request_trace(path):
+        reqs = load_trace(path)  # Mooncake ids name 512-token blocks whatever block size replays them
+        return replay_requests(reqs, opts, spec, "mooncake" if reqs[0].is_block_level else "tokens", spec)
+    from engine.analysis.conversations import load_conversation_file
+
+    convs = load_conversation_file(path)
+    if not convs:
+        raise InputError(f"{spec}: the file holds no conversation")
+    if all(getattr(c, "trace", None) is not None for c in convs):  # exported trace sessions
+        reqs = [tr for c in convs for tr in c.trace]
+        reqs = [replace(tr, index=i) for i, tr in enumerate(reqs)]
+        return replay_requests(reqs, opts, spec, "session", spec)
+    from engine.analysis.sweep import conversation_trace
+
+    return replay_requests(conversation_trace(convs, _tokenizer(tokenizer_loader)), opts, spec, "conversation", spec)
+
+
+def _tokenizer(loader: Callable[[], Any] | None) -> Any:
+    if loader is not None:
+        return loader()
+    from engine.model.loader import load_tokenizer
+
+    return load_tokenizer()
+
+
+def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
+            tokenizer_loader: Callable[[], Any] | None) -> Run:
+    from engine.store.database import Store
+    from engine.store.sessions import session_requests
+
+    with Store(db, read_only=True) as store:
+        if what == "session":
+            info = store.get_session(ident)
+            tok = _tokenizer(tokenizer_loader) if info.kind == "chat" else None
+            reqs, _ = session_requests(store, info, tok)
+            run = replay_requests(reqs, opts, f"session:{ident}", "session",
+                                  model=info.model if info.kind == "chat" else None)
+            run.config["session"] = ident
+            return run
+        runs = {r.id: r for r in store.runs()}
+        if ident not in runs:
+            raise InputError(f"there is no run {ident} in the database; 'cachescope sessions list' shows the sessions")
+        info = runs[ident]
+        rows = [ServedRequest(r.idx, r.request_id, r.tenant, r.prompt_tokens, r.cached_tokens, r.computed_tokens,
+                              len(r.output_token_ids or ()), r.miss_reason, r.first_miss_block, r.divergence_token,
+                              bool(r.refused)) for r in store.requests(ident)]
+        if opts.limit:
+            rows = rows[:opts.limit]
+        counts = dict(store.query("SELECT kind, COUNT(*) FROM events WHERE run_id = ? GROUP BY kind", [ident]))
+        tokens = {r.request_id: tuple(r.prompt_token_ids) for r in store.requests(ident) if r.prompt_token_ids}
+        return Run(f"run:{ident}", "run", {**(info.config or {}), "run": ident, "run_kind": info.kind,
+                                           "source": f"run:{ident}", "kind": "run"},
+                   rows, counts.get("block_stored", 0), counts.get("block_evicted", 0), tokens)
+
+
+# ---- the comparison ---------------------------------------------------------------------
+
+def _delta_word(d: float) -> str:
+    return "more" if d > 0 else "less" if d < 0 else "same"
+
+
+def _rate(r: ServedRequest) -> float:
+    return 0.0 if r.refused or not r.prompt_tokens else r.cached_tokens / r.prompt_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class Comparison:
+    a: Run
+    b: Run
+    aligned_by: str  # id | index
+    pairs: tuple[tuple[ServedRequest | None, ServedRequest | None], ...]
+
+    @property
+    def hit_rate_drop(self) -> float:
+        """How much lower B's hit rate is than A's (negative when B is higher)."""
+        return round(self.a.hit_rate - self.b.hit_rate, 6)
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for i, (ra, rb) in enumerate(self.pairs):
+            row: dict[str, Any] = {"position": i, "id_a": ra.id if ra else None, "id_b": rb.id if rb else None}
+            for side, r in (("a", ra), ("b", rb)):
+                row[f"prompt_tokens_{side}"] = r.prompt_tokens if r else None
+                row[f"cached_tokens_{side}"] = r.cached_tokens if r else None
+                row[f"hit_rate_{side}"] = round(_rate(r), 6) if r else None
+                row[f"miss_reason_{side}"] = r.miss_reason if r else None
+            if ra is not None and rb is not None:
+                d = rb.cached_tokens - ra.cached_tokens
+                row["cached_delta"] = d
+                row["computed_delta"] = rb.computed_tokens - ra.computed_tokens
+                row["hit_rate_delta"] = round(_rate(rb) - _rate(ra), 6)  # normalized: sizes may differ
+                row["b_reuses"] = _delta_word(d)
+            else:
+                row["cached_delta"] = row["computed_delta"] = row["hit_rate_delta"] = row["b_reuses"] = None
+            out.append(row)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        ta, tb = self.a.totals(), self.b.totals()
+        delta = {k: round(tb[k] - ta[k], 6) if isinstance(ta[k], (int, float)) and isinstance(tb[k], (int, float))
+                 else None for k in ta}
+        rows = self.rows()
+        paired = [r for r in rows if r["cached_delta"] is not None]
+        summary = {"paired": len(paired), "only_a": sum(1 for a, b in self.pairs if b is None),
+                   "only_b": sum(1 for a, b in self.pairs if a is None),
+                   "b_reuses_more": sum(1 for r in paired if r["b_reuses"] == "more"),
+                   "b_reuses_less": sum(1 for r in paired if r["b_reuses"] == "less"),
+                   "same": sum(1 for r in paired if r["b_reuses"] == "same"),
+                   "b_reuses": _delta_word(delta["cached_tokens"])}
+        return {"a": {"label": self.a.label, "config": self.a.config, "totals": ta},
+                "b": {"label": self.b.label, "config": self.b.config, "totals": tb},
+                "aligned_by": self.aligned_by, "delta": delta, "summary": summary, "requests": rows}
+
+
+def compare_runs(a: Run, b: Run) -> Comparison:
+    """Pair the requests of `a` and `b`: by id when both sides carry the same ids (each once),
+    else by position; unpaired requests of the longer side pair with None."""
+    ids_a = [r.id for r in a.requests]
+    ids_b = [r.id for r in b.requests]
+    if len(set(ids_a)) == len(ids_a) and set(ids_a) == set(ids_b):
+        by_id = {r.id: r for r in b.requests}
+        return Comparison(a, b, "id", tuple((r, by_id[r.id]) for r in a.requests))
+    n = max(len(a.requests), len(b.requests))
+    pairs = tuple((a.requests[i] if i < len(a.requests) else None, b.requests[i] if i < len(b.requests) else None)
+                  for i in range(n))
+    return Comparison(a, b, "index", pairs)
+
+
+def compare(spec_a: str, spec_b: str, opts_a: SideOptions, opts_b: SideOptions | None = None,
+            db: str | None = None, tokenizer_loader: Callable[[], Any] | None = None) -> Comparison:
+    """Load, replay and pair two sides (B takes A's options unless given its own)."""
+    a = load_side(spec_a, opts_a, db, tokenizer_loader)
+    b = load_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader)
+    return compare_runs(a, b)
+
+
+def hit_rate_curve(run: Run) -> list[float]:
+    """The running hit rate after each request (cached over prompt tokens so far)."""
+    out, cached, prompt = [], 0, 0
+    for r in run.requests:
+        prompt += r.prompt_tokens
+        cached += 0 if r.refused else r.cached_tokens
+        out.append(cached / prompt if prompt else 0.0)
+    return out

@@ -1,0 +1,191 @@
+"""`cachescope compare A B`: per-request deltas on two known runs and the CI exit codes.
+
+Block size 16 against 64 on the real Mooncake conversation trace is checked against an
+oracle written apart from the engine (a trie of the stored chains); a timestamp at the
+front of the system prompt against one at the end is the bundled demo's scenario, written
+as two conversation files and rendered with the real tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.analysis.compare import SideOptions, compare, compare_runs, hit_rate_curve, load_side, refine_block_ids
+from engine.core.errors import InputError
+from engine.core.trace import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
+SCENARIOS = ROOT / "resources" / "demos" / "prefix_scenarios.json"
+N = 300
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["compare", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def oracle_cached(block_size: int) -> list[int]:
+    """Cached tokens per request of the first N Mooncake requests at `block_size`, with a
+    pool that never evicts: the longest chain of full blocks an earlier prompt stored,
+    at most (prompt - 1) // block_size blocks. Sub-block k of 512-token id h is (h, k)."""
+    per = 512 // block_size
+    trie: dict[tuple[int, tuple[int, int]], int] = {}
+    out = []
+    for tr in load_trace(MOONCAKE)[:N]:
+        ids = [(h, k) for h in tr.hash_ids for k in range(per)]
+        node, hit = 0, 0
+        for i in range((tr.input_length - 1) // block_size):
+            node = trie.get((node, ids[i]), -1)
+            if node < 0:
+                break
+            hit += 1
+        out.append(hit * block_size)
+        node = 0
+        for i in range(tr.input_length // block_size):
+            node = trie.setdefault((node, ids[i]), len(trie) + 1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mooncake_16_64():
+    return compare(str(MOONCAKE), str(MOONCAKE), SideOptions(block_size=16, limit=N),
+                   SideOptions(block_size=64, limit=N)).to_dict()
+
+
+def test_mooncake_16_against_64_matches_the_oracle(mooncake_16_64):
+    r = mooncake_16_64
+    rows = r["requests"]
+    assert r["aligned_by"] == "id" and len(rows) == N
+    assert [x["cached_tokens_a"] for x in rows] == oracle_cached(16)
+    assert [x["cached_tokens_b"] for x in rows] == oracle_cached(64)
+    # 64 is a multiple of 16, so 64-token blocks never reuse more and lose less than a block
+    assert all(-64 < x["cached_delta"] <= 0 for x in rows)
+    less = [x for x in rows if x["b_reuses"] == "less"]
+    assert less and r["summary"]["b_reuses_less"] == len(less)
+    assert r["summary"]["b_reuses_more"] == 0
+    assert r["summary"]["same"] == N - len(less)
+    assert r["delta"]["cached_tokens"] == sum(x["cached_delta"] for x in rows) < 0
+    assert r["delta"]["prompt_tokens"] == 0
+    ta, tb = r["a"]["totals"], r["b"]["totals"]
+    assert ta["hit_rate"] == round(ta["cached_tokens"] / ta["prompt_tokens"], 6)
+    assert r["delta"]["hit_rate"] == round(tb["hit_rate"] - ta["hit_rate"], 6) < 0
+    assert ta["evicted_blocks"] == tb["evicted_blocks"] == 0  # the default pool holds the whole run
+    for x in less:
+        assert x["computed_delta"] == -x["cached_delta"]
+        assert x["hit_rate_delta"] == round((x["cached_tokens_b"] - x["cached_tokens_a"]) / x["prompt_tokens_a"], 6)
+
+
+def test_a_pool_in_tokens_is_the_same_memory_at_both_sizes():
+    opts = dict(capacity_tokens=200_000, limit=N)
+    c = compare(str(MOONCAKE), str(MOONCAKE), SideOptions(block_size=16, **opts), SideOptions(block_size=64, **opts))
+    assert c.a.config["capacity_blocks"] == 12_500 and c.b.config["capacity_blocks"] == 3_125
+    d = c.to_dict()
+    assert d["a"]["totals"]["evicted_blocks"] > 0 and d["b"]["totals"]["evicted_blocks"] > 0
+    assert [x["cached_tokens_a"] for x in d["requests"]] != oracle_cached(16)  # evictions cost reuse
+
+
+def test_mooncake_refines_only_to_divisors_of_512():
+    reqs = load_trace(MOONCAKE)[:2]
+    fine = refine_block_ids(reqs, 128)
+    assert fine[0].hash_ids[:5] == (0, 1, 2, 3, 4) and len(fine[0].hash_ids) == -(-6758 // 128)
+    assert fine[1].hash_ids[:5] == (0, 1, 2, 3, 14 * 4)
+    with pytest.raises(InputError, match="divides 512"):
+        refine_block_ids(reqs, 48)
+
+
+def _timestamp_files(tmp_path: Path) -> tuple[Path, Path]:
+    """The timestamp demo's requests as two conversation files (one conversation per request)."""
+    spec = json.loads(SCENARIOS.read_text())["timestamp"]
+    front, end = [], []
+    for time, question in zip(spec["times"], spec["questions"]):
+        front.append({"messages": [{"role": "system", "content": spec["system_front"].format(time=time, date=spec["date"])},
+                                   {"role": "user", "content": question}]})
+        end.append({"messages": [{"role": "system", "content": spec["system_static"]},
+                                 {"role": "user", "content": question + spec["user_suffix"].format(time=time, date=spec["date"])}]})
+    a, b = tmp_path / "front.jsonl", tmp_path / "end.jsonl"
+    a.write_text("".join(json.dumps(c) + "\n" for c in front))
+    b.write_text("".join(json.dumps(c) + "\n" for c in end))
+    return a, b
+
+
+def test_timestamp_at_the_front_against_at_the_end(tmp_path, default_tokenizer):
+    from engine.model.chat import render_chat
+
+    a, b = _timestamp_files(tmp_path)
+    c = compare(str(a), str(b), SideOptions(block_size=16), tokenizer_loader=lambda: default_tokenizer)
+    r = c.to_dict()
+    rows = r["requests"]
+    assert r["aligned_by"] == "id" and [x["id_a"] for x in rows] == ["0/1", "1/1", "2/1"]
+    spec = json.loads(SCENARIOS.read_text())["timestamp"]
+    static = render_chat(default_tokenizer, [{"role": "system", "content": spec["system_static"]}],
+                         add_generation_prompt=False)
+    shared_blocks = len(static) // 16
+    assert shared_blocks >= 2
+    # the first request of each side finds an empty pool; later ones reuse the static system prompt on B only
+    assert rows[0]["cached_tokens_a"] == rows[0]["cached_tokens_b"] == 0 and rows[0]["b_reuses"] == "same"
+    for x in rows[1:]:
+        assert x["cached_tokens_a"] < 16 * 2  # the time sits in block 0 or 1: nothing after it is reused
+        assert x["cached_tokens_b"] >= shared_blocks * 16
+        assert x["b_reuses"] == "more" and x["cached_delta"] == x["cached_tokens_b"] - x["cached_tokens_a"] > 0
+        assert x["miss_reason_a"] == "new_content"
+    assert r["summary"]["b_reuses_more"] == 2 and r["delta"]["cached_tokens"] > 0
+    assert hit_rate_curve(c.b)[-1] == pytest.approx(r["b"]["totals"]["cached_tokens"] / r["b"]["totals"]["prompt_tokens"])
+
+
+def test_the_ci_gate_exit_codes(tmp_path, capsys, monkeypatch, default_tokenizer):
+    import engine.model.loader as loader
+
+    monkeypatch.setattr(loader, "load_tokenizer", lambda *a, **k: default_tokenizer)
+    front, end = _timestamp_files(tmp_path)
+    code, out, err = cli(capsys, str(end), str(front), "--json", "--fail-if-hit-rate-drops", "0.05")
+    doc = json.loads(out)
+    assert code == 1 and doc["gate"]["failed"] is True and doc["gate"]["hit_rate_drop"] > 0.05
+    assert err.count("\n") == 1 and "below A's" in err
+    code, out, err = cli(capsys, str(front), str(end), "--json", "--fail-if-hit-rate-drops", "0.05")
+    assert code == 0 and json.loads(out)["gate"]["failed"] is False and err == ""
+    drop = doc["gate"]["hit_rate_drop"]
+    code, _, _ = cli(capsys, str(end), str(front), "--json", "--fail-if-hit-rate-drops", f"{drop + 0.001:.6f}")
+    assert code == 0  # within the allowance
+    code, out, err = cli(capsys, str(end), str(front))  # no gate: always 0
+    assert code == 0 and "B - A:" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["nope.jsonl", str(MOONCAKE)], "no such file"),
+    ([str(MOONCAKE), str(MOONCAKE), "--block-size-b", "48"], "divides 512"),
+    ([str(MOONCAKE), str(MOONCAKE), "--fail-if-hit-rate-drops", "5"], "fraction"),
+    ([str(MOONCAKE), str(MOONCAKE), "--block-size", "0"], "at least 1"),
+    ([str(MOONCAKE), "run:999999", "--db", "/nonexistent-dir/x.db"], "no run 999999"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, words):
+    with pytest.raises(SystemExit) as info:  # argparse refusals exit from inside
+        code = main(["compare", *argv])
+        raise SystemExit(code)
+    _, err = capsys.readouterr()
+    assert info.value.code == 2 and words in err and err.count("\n") == 1
+
+
+def test_a_recorded_run_compares_as_recorded(tmp_path):
+    from engine.store.database import Store
+    from engine.store.sessions import import_file, replay_session
+
+    db = tmp_path / "s.db"
+    trace = tmp_path / "t.jsonl"
+    system = list(range(1, 49))
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "tokens": system + [100 + i] * 5}) + "\n" for i in range(4)))
+    with Store(db) as store:
+        (sid,) = import_file(store, trace)
+        run_id = replay_session(store, sid).config["run_id"]
+    recorded = load_side(f"run:{run_id}", SideOptions(), str(db))
+    replayed = load_side(f"session:{sid}", SideOptions(block_size=32), str(db))
+    c = compare_runs(recorded, replayed).to_dict()
+    assert [x["cached_tokens_a"] for x in c["requests"]] == [0, 48, 48, 48]
+    assert [x["cached_tokens_b"] for x in c["requests"]] == [0, 32, 32, 32]
+    assert c["a"]["totals"]["stored_blocks"] == 3 + 3 * 0  # the events of the run: one chain of 3 blocks
+    assert c["summary"]["b_reuses_less"] == 3
