@@ -20,7 +20,8 @@ import zmq
 
 from engine.core.errors import InputError
 from engine.remote import AttachOptions, Attachment, StreamHealth, total_health
-from engine.remote.wire import canonical_hash
+from engine.remote.pool import RemotePool
+from engine.remote.wire import canonical_hash, decode_batch
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm"
 
@@ -259,12 +260,46 @@ def test_a_restart_starts_a_fresh_pool():
         for frames in server.pub_frames[:3]:
             server.send(frames)
         wait_for(lambda: len(got.batches) == 4)
-        server.send(server.pub_frames[0])  # seq 1 again: the server started over
+        topic = server.pub_frames[0][0]
+        batch0 = server.replay_frames[0][3]
+        server.send([topic, (0).to_bytes(8, "big"), batch0])  # seq 0 again: the server started over
+        server.send(server.pub_frames[0])
         wait_for(lambda: att.subscribers[0].health.restarts == 1 and [s for _, s in got.batches][-2:] == [0, 1])
         with att.lock:
             assert set(att.pools[0].cached_hashes()) == {A, B}  # batches 0 and 1 of the new server
         assert any(kind == "restart" for kind, _ in got.notices)
         assert any(e.kind == "cache_reset" for e in got.events)
+    finally:
+        att.stop()
+        server.close()
+
+
+def test_one_lower_number_is_no_restart_but_a_run_of_them_is():
+    """A restarted server whose batch 0 went before we reconnected sends 1, 2, 3 below our
+    last: three in a row are a restart (batch 0 refilled from its replay socket); one
+    forged lower number is malformed and changes nothing."""
+    server = FixtureServer()
+    att, got = attach(server, server.replay_endpoint)
+    try:
+        server.wait_joined()
+        for frames in server.pub_frames[:3]:
+            server.send(frames)
+        wait_for(lambda: len(got.batches) == 4)
+        server.send(server.pub_frames[0])  # seq 1 alone: forged
+        topic, _, payload = server.pub_frames[2]
+        server.send([topic, (4).to_bytes(8, "big"), payload])  # the stream goes on
+        wait_for(lambda: att.subscribers[0].health.last_seq == 4)
+        h = att.subscribers[0].health
+        assert (h.restarts, h.malformed, h.missed) == (0, 1, 0)
+        for frames in server.pub_frames[:3]:  # 1, 2, 3: the server started over
+            server.send(frames)
+        wait_for(lambda: att.subscribers[0].health.restarts == 1 and att.subscribers[0].health.last_seq == 3)
+        assert [s for _, s in got.batches][-4:] == [0, 1, 2, 3]  # batch 0 from the replay socket
+        fresh = RemotePool("fresh")
+        for frames in server.replay_frames[:4]:
+            fresh.apply(decode_batch(int.from_bytes(frames[2], "big"), frames[3]))
+        with att.lock:
+            assert att.pools[0].cached_hashes() == fresh.cached_hashes() and fresh.num_cached > 0
     finally:
         att.stop()
         server.close()

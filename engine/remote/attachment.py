@@ -1,9 +1,12 @@
-"""Attaching to a vLLM deployment: every endpoint and data-parallel rank, one pool each.
+"""Attaching to a deployment: every server, endpoint and data-parallel rank, one pool each.
 
 `Attachment` starts one `VllmSubscriber` per (endpoint, rank), applies batches to that
 rank's `RemotePool` under one lock, numbers all converted events on one `EventBus` (so
-"removed at event N" means one thing across ranks), and reports batches, health and
-notices through plain callbacks. The app wraps it in Qt signals; the CLI prints. No Qt.
+"removed at event N" means one thing across ranks and servers), and reports batches,
+health and notices through plain callbacks. A bound endpoint (llm-d's centralized mode)
+gets one more stream and pool per topic `kv@<pod>@<model>` as pods appear. `fleet()` is
+every server's pools as an `engine.remote.fleet.Fleet`. The app wraps it in Qt signals;
+the CLI prints. No Qt.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Callable
 
 from engine.core.errors import InputError
 from engine.core.events import Event, EventBus
+from engine.remote.fleet import Fleet, server_of_topic
 from engine.remote.pool import CombinedPool, RemotePool
 from engine.remote.subscriber import (
     DEFAULT_MAX_FRAME_BYTES, StreamHealth, VllmSubscriber, check_endpoint, endpoint_for_rank,
@@ -30,7 +34,10 @@ class AttachOptions:
     `data_parallel_size` N, rank r uses both ports plus r (vLLM's rule). `bind` binds the
     SUB sockets (for a server whose endpoint names a concrete host, which then connects).
     `refill_timeout` is how long a replay answer may stay silent (no frame) before it is
-    cut short and asked again; it does not bound a long answer that keeps coming."""
+    cut short and asked again; it does not bound a long answer that keeps coming.
+    `servers[i]` names the server of `endpoints[i]` (default: the endpoint; endpoints with
+    one name are that server's ranks), `ranks[i]` its data-parallel rank when the ranks
+    are listed one by one (as `/server_info` describes them) instead of `data_parallel_size`."""
 
     endpoints: tuple[str, ...]
     replay_endpoints: tuple[str, ...] = ()
@@ -40,10 +47,22 @@ class AttachOptions:
     refill_timeout: float = 2.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_removed: int = 200_000
+    servers: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.endpoints:
             raise InputError("give at least one endpoint, such as tcp://127.0.0.1:5557")
+        if len(self.servers) > len(self.endpoints) or len(self.ranks) > len(self.endpoints):
+            raise InputError("give at most one server name and one rank per endpoint")
+        for name in self.servers:
+            if not isinstance(name, str) or not name or len(name) > 200 or any(c.isspace() for c in name):
+                raise InputError(f"{name!r} is not a server name (one word, at most 200 characters)")
+        for r in self.ranks:
+            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_DATA_PARALLEL:
+                raise InputError(f"a rank must be from 0 to {MAX_DATA_PARALLEL - 1}, not {r!r}")
+        if self.ranks and self.data_parallel_size > 1:
+            raise InputError("list the ranks one by one or give a data-parallel size, not both")
         if len(self.replay_endpoints) > len(self.endpoints):
             raise InputError("give at most one replay endpoint per event endpoint")
         if not isinstance(self.data_parallel_size, int) or not 1 <= self.data_parallel_size <= MAX_DATA_PARALLEL:
@@ -54,6 +73,8 @@ class AttachOptions:
         for e in self.endpoints:
             check_endpoint(e, self.bind)
         for e, r in zip(self.endpoints, self.replay_endpoints):
+            if r == "":  # this endpoint has no replay socket (the ones after it may)
+                continue
             check_endpoint(r)
             if r == e:
                 raise InputError(f"the replay endpoint {r} must differ from its event endpoint "
@@ -65,7 +86,7 @@ class AttachOptions:
         """JSON-ready settings (what the app remembers between runs)."""
         return {"endpoints": list(self.endpoints), "replay_endpoints": list(self.replay_endpoints),
                 "topic": self.topic, "data_parallel_size": self.data_parallel_size, "bind": self.bind,
-                "refill_timeout": self.refill_timeout}
+                "refill_timeout": self.refill_timeout, "servers": list(self.servers), "ranks": list(self.ranks)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachOptions:
@@ -75,28 +96,40 @@ class AttachOptions:
         try:
             return cls(tuple(data.get("endpoints") or ()), tuple(data.get("replay_endpoints") or ()),
                        str(data.get("topic", "")), data.get("data_parallel_size", 1), bool(data.get("bind", False)),
-                       data.get("refill_timeout", 2.0))
+                       data.get("refill_timeout", 2.0), servers=tuple(data.get("servers") or ()),
+                       ranks=tuple(data.get("ranks") or ()))
         except TypeError as exc:
             raise InputError(f"attach settings are not valid ({exc})") from None
+
+    def server_of(self, i: int) -> str:
+        return self.servers[i] if i < len(self.servers) else self.endpoints[i]
 
     def streams(self) -> list[StreamSpec]:
         out = []
         many = self.data_parallel_size > 1
         for i, endpoint in enumerate(self.endpoints):
-            replay = self.replay_endpoints[i] if i < len(self.replay_endpoints) else None
+            replay = (self.replay_endpoints[i] if i < len(self.replay_endpoints) else None) or None
+            server = self.server_of(i)
+            if i < len(self.ranks):  # one rank listed on its own
+                rank = self.ranks[i]
+                out.append(StreamSpec(f"{server} rank {rank}", endpoint, replay, rank, server))
+                continue
             for rank in range(self.data_parallel_size):
                 ep = endpoint_for_rank(endpoint, rank)
-                name = f"{endpoint} rank {rank}" if many else endpoint
-                out.append(StreamSpec(name, ep, endpoint_for_rank(replay, rank) if replay else None, rank))
+                name = f"{server} rank {rank}" if many else server
+                out.append(StreamSpec(name, ep, endpoint_for_rank(replay, rank) if replay else None, rank, server))
         return out
 
 
 @dataclass(slots=True, frozen=True)
 class StreamSpec:
+    """One stream: its name (the pool's source), endpoints, rank, and the server it belongs to."""
+
     name: str
     endpoint: str
     replay_endpoint: str | None
     rank: int
+    server: str = ""
 
 
 BatchListener = Callable[[RemotePool, VllmBatch, list[Event]], None]
@@ -110,7 +143,7 @@ class Attachment:
     `on_batch(pool, batch, events)` after each batch is applied (events: the Cachescope
     events it produced, empty if nobody listens on `events`), `on_health(health)`, and
     `on_notice(pool, kind, message)` with kind refilled | missed | malformed | restart |
-    refill_timeout | error. Read `pools`/`combined` from other threads only under `lock`.
+    refill_timeout | reconnected | joined (a pod's first frame on a bound endpoint) | error. Read `pools`/`combined` from other threads only under `lock`.
     """
 
     options: AttachOptions
@@ -133,13 +166,14 @@ class Attachment:
             return self
         try:
             for spec in self.options.streams():
-                pool = RemotePool(spec.name, spec.rank, self.events, self.options.max_removed)
+                pool = RemotePool(spec.name, spec.rank, self.events, self.options.max_removed, server=spec.server)
                 sub = VllmSubscriber(
                     spec.endpoint, self._batch_handler(pool), replay_endpoint=spec.replay_endpoint,
                     topic=self.options.topic, bind=self.options.bind, rank=spec.rank, source=spec.name,
                     on_restart=self._restart_handler(pool), on_notice=self._notice_handler(pool),
                     on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
-                    max_frame_bytes=self.options.max_frame_bytes)
+                    max_frame_bytes=self.options.max_frame_bytes,
+                    demux=self._demux_handler(spec) if self.options.bind else None)
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -164,6 +198,17 @@ class Attachment:
         with self.lock:
             return [s.health.copy() for s in self.subscribers]
 
+    def fleet(self) -> Fleet:
+        """Every server's pools (call under `lock` while attached). A bound endpoint whose
+        frames all came on pods' own topics is left out: its pods are the servers."""
+        with self.lock:
+            fleet = Fleet()
+            for pool, sub in zip(self.pools, self.subscribers):
+                if sub.streams and not pool.num_batches and not sub.health.malformed:
+                    continue
+                fleet.add(pool.server or pool.source, pool)
+            return fleet
+
     # ---- callbacks from subscriber threads ---------------------------------------------
 
     def _batch_handler(self, pool: RemotePool) -> Callable[[VllmBatch], None]:
@@ -173,6 +218,31 @@ class Attachment:
                 if self.on_batch is not None:
                     self.on_batch(pool, batch, events)
         return on_batch
+
+    def _demux_handler(self, spec: StreamSpec) -> Callable[[bytes], VllmSubscriber | None]:
+        """A new pod's topic on a bound endpoint: its own pool and stream (on the socket's thread)."""
+        many = self.options.data_parallel_size > 1
+
+        def make(topic: bytes) -> VllmSubscriber | None:
+            pod = server_of_topic(topic)
+            if pod is None:
+                return None
+            name = f"{pod} rank {spec.rank}" if many else pod
+            with self.lock:
+                pool = RemotePool(name, spec.rank, self.events, self.options.max_removed, server=pod)
+                sub = VllmSubscriber(
+                    spec.endpoint, self._batch_handler(pool), topic=topic.decode("utf-8", "replace"), bind=True,
+                    rank=spec.rank, source=name, on_restart=self._restart_handler(pool),
+                    on_notice=self._notice_handler(pool), on_health=self._health_handler(),
+                    refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
+                    socket=False)
+                sub.topic = topic  # exactly the pod's topic, whatever its bytes
+                self.pools.append(pool)
+                self.subscribers.append(sub)
+            self._notice_handler(pool)("joined", f"{spec.endpoint}: {pod} publishes on topic "
+                                                 f"{topic.decode('utf-8', 'replace')!r}")
+            return sub
+        return make
 
     def _restart_handler(self, pool: RemotePool) -> Callable[[int], None]:
         def on_restart(seq: int) -> None:

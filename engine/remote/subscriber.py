@@ -8,6 +8,16 @@ these stops it. Health is a plain `StreamHealth`. No Qt here.
 A replay answer is read to its end marker however long it takes; `refill_timeout` bounds
 silence, not the answer. One cut short is asked again from the first batch still missing;
 only batches the server's answer skips (it no longer buffers them) are missed.
+
+No single frame can steer the sequence (DESIGN 9, issue 24): a number far past what the
+stream could have produced since its last batch (`MAX_BATCHES_PER_S`) is malformed, not a
+gap; only a return to 0 is a restart (or `RESTART_RUN` consecutive numbers below the last,
+which a restarted server whose batch 0 was lost sends and one forged frame cannot); a
+replay answer is checked against what was asked, and what it sends out of order is held
+and delivered, never counted as missed; the topic must equal `topic` exactly (ZMQ only
+matches its prefix). With `demux`, one bound socket carries many servers (llm-d's
+centralized mode): each topic `kv@<pod>@<model>` is a stream of its own, with its own
+sequence, gaps and restarts.
 """
 
 from __future__ import annotations
@@ -17,15 +27,26 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.core.errors import InputError
+from engine.remote.fleet import server_of_topic
 from engine.remote.wire import MalformedFrame, VllmBatch, decode_batch, parse_pub, parse_replay, seq_frame
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
-# vLLM numbers batches one by one from 0; a jump this large is a corrupt frame, not a gap.
-MAX_SEQ_JUMP = 1 << 40
+# vLLM numbers batches one by one from 0, one per engine step (milliseconds at least). A
+# first number past MAX_FIRST_SEQ, or a jump past what MAX_BATCHES_PER_S could have sent
+# since the last batch, is a corrupt or forged frame, not a gap.
+MAX_FIRST_SEQ = 1 << 40
+MAX_BATCHES_PER_S = 100_000
+# Consecutive live numbers below the last one that make a restart without a batch 0.
+RESTART_RUN = 3
+# What an out-of-order replay answer may hold back before the lowest is delivered.
+MAX_PENDING_REPLIES = 1024
+MAX_PENDING_BYTES = 256 << 20
+# Streams one bound socket may carry (llm-d's centralized mode: one per pod).
+MAX_TOPIC_STREAMS = 4096
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
 # One replay answer is at most the server's buffer (vLLM keeps 10,000 batches by default);
 # one that runs past this many frames is not a vLLM server's, and is cut short.
@@ -113,6 +134,10 @@ class VllmSubscriber:
     fresh pool), `on_notice(kind, message)` for refills, misses and malformed frames, and
     `on_health(health)` after each of these with a copy of the counters.
     `refill_timeout` is the longest silence (no frame) of the replay socket in one answer.
+
+    `demux(topic)` (bind mode, llm-d's centralized mode) makes the stream of a topic of the
+    form `kv@<pod>@<model>` the first time one arrives, a socket-less subscriber
+    (`socket=False`) this one feeds from its thread; other topics are this stream's own.
     """
 
     def __init__(self, endpoint: str, on_batch: Callable[[VllmBatch], None], *, replay_endpoint: str | None = None,
@@ -121,7 +146,8 @@ class VllmSubscriber:
                  on_notice: Callable[[str, str], None] | None = None,
                  on_health: Callable[[StreamHealth], None] | None = None,
                  refill_timeout: float = 2.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -145,9 +171,20 @@ class VllmSubscriber:
         # The last seq seen on the PUB socket itself: PUB delivers in order, so only a lower
         # number there means a restart (replayed batches may run ahead of queued live ones).
         self._live_seq: int | None = None
+        self._last_at = time.monotonic()  # when the last batch was delivered
+        self._low: list[list[bytes]] = []  # live frames below the last seq: a restart, if RESTART_RUN in a row
         self._held: deque[list[bytes]] = deque()
+        self._demux = demux
+        self.streams: dict[bytes, VllmSubscriber] = {}  # demux: topic -> its stream
+        self.num_other_topics = 0  # frames whose topic only began with ours (ZMQ's prefix match)
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
+        self.num_reconnects = 0
+        self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
+        self._sub = None
+        self._monitor = None
+        if not socket:  # a stream fed by another subscriber's socket (demux)
+            return
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
@@ -162,20 +199,20 @@ class VllmSubscriber:
         # A frame past MAXMSGSIZE makes ZMQ drop the connection and not come back; watching
         # for disconnects lets us connect again, so one oversized frame never ends the stream.
         self._monitor = None if bind else self._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.num_reconnects = 0
-        self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
 
     @property
     def last_seq(self) -> int | None:
         return self.health.last_seq
 
     def start(self) -> VllmSubscriber:
-        self._thread.start()
+        if self._sub is not None:
+            self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop the thread and close the sockets; calling it again does nothing."""
-        if self._sub.closed:
+        self._stop.set()
+        if self._sub is None or self._sub.closed:
             return
         self._stop.set()
         if self._thread.is_alive():
@@ -190,31 +227,89 @@ class VllmSubscriber:
     def handle(self, frames: list[bytes]) -> None:
         """One PUB message. Public so tests and recorded captures can drive the rules."""
         try:
-            _topic, seq, payload = parse_pub(frames)
+            topic, seq, payload = parse_pub(frames)
         except MalformedFrame as exc:
             self._malformed(str(exc))
             return
+        if self._demux is not None and server_of_topic(topic) is not None:
+            self._route(topic, frames)
+            return
+        if topic != self.topic and self.topic:
+            self.num_other_topics += 1  # ZMQ matched a prefix of ours: another stream's frame
+            return
         last = self.health.last_seq
-        if last is not None and seq - last > MAX_SEQ_JUMP:
-            self._malformed(f"sequence {seq} jumps {seq - last} past {last}")
+        if last is None and seq > MAX_FIRST_SEQ:
+            self._malformed(f"the first sequence number {seq} is past any a server reaches ({MAX_FIRST_SEQ})")
+            return
+        if last is not None and seq - last > self._max_jump():
+            self._malformed(f"sequence {seq} jumps {seq - last} past {last}, more than the stream could have "
+                            "sent since its last batch")
             return
         live = self._live_seq
-        if last is not None and seq < last and live is not None and seq < live:
-            # vLLM numbers from 0 again only when the server restarted: its pool is gone.
-            self.health.restarts += 1
-            self.health.last_seq = None
-            self._notice("restart", f"{self.endpoint}: the sequence went from {last} back to {seq}: "
-                                    "the server restarted; starting a fresh pool")
-            if self.on_restart is not None:
-                self.on_restart(seq)
-            last = None
-        elif last is not None and seq <= last:
-            return  # already delivered from the replay socket
+        if last is not None and seq <= last:
+            # vLLM numbers from 0 again only when the server restarted: its pool is gone. PUB
+            # delivers in order, so only a number below a live one tells (replayed batches
+            # may run ahead of live ones still queued).
+            if seq == 0 and live is not None:
+                self._drop_low(last)
+                self._restart(last, seq)
+                last = None
+            elif live is not None and seq < live and self._low_run(frames, seq, last):
+                held, self._low = self._low, []
+                self._restart(last, seq)
+                for frames_ in held[:-1]:  # the run that showed the restart, oldest first
+                    self.handle(frames_)
+                last = self.health.last_seq
+            else:
+                return  # already delivered from the replay socket, or held as a possible restart
+        elif self._low:
+            self._drop_low(last)
         expected = 0 if last is None else last + 1
         if seq > expected and not self._refill(expected, seq):
             return  # stopping: the gap is neither filled nor missed
         if self._deliver(seq, payload):
             self._live_seq = seq
+
+    def _max_jump(self) -> int:
+        """The furthest a stream can have numbered on since its last batch was delivered."""
+        return int(MAX_BATCHES_PER_S * (time.monotonic() - self._last_at + 1.0))
+
+    def _low_run(self, frames: list[bytes], seq: int, last: int) -> bool:
+        """Hold a live frame numbered below the last; True once RESTART_RUN in a row came
+        (each one more than the one before): a restarted server whose batch 0 was lost."""
+        if self._low and parse_pub(self._low[-1])[1] + 1 != seq:
+            self._drop_low(last)
+        self._low.append(frames)
+        return len(self._low) >= RESTART_RUN
+
+    def _drop_low(self, last: int) -> None:
+        """Held numbers below the last that no restart followed: forged or corrupt frames."""
+        for frames in self._low:
+            self._malformed(f"sequence {parse_pub(frames)[1]} went back below {last} without returning to 0")
+        self._low = []
+
+    def _restart(self, last: int, seq: int) -> None:
+        self.health.restarts += 1
+        self.health.last_seq = None
+        self._live_seq = None
+        self._notice("restart", f"{self.endpoint}: the sequence went from {last} back to {seq}: "
+                                "the server restarted; starting a fresh pool")
+        if self.on_restart is not None:
+            self.on_restart(seq)
+
+    def _route(self, topic: bytes, frames: list[bytes]) -> None:
+        """A frame of one pod's topic on a shared (bound) socket, to that pod's stream."""
+        stream = self.streams.get(topic)
+        if stream is None:
+            if len(self.streams) >= MAX_TOPIC_STREAMS:
+                self._malformed(f"more than {MAX_TOPIC_STREAMS} topics on one socket")
+                return
+            stream = self._demux(topic) if self._demux is not None else None
+            if stream is None:
+                self.num_other_topics += 1
+                return
+            self.streams[topic] = stream
+        stream.handle(frames)
 
     def _deliver(self, seq: int, payload: bytes, replayed: bool = False) -> bool:
         try:
@@ -230,6 +325,7 @@ class VllmSubscriber:
             h.refilled += 1
         h.last_seq = seq
         h.lag_s = self.clock() - batch.ts
+        self._last_at = time.monotonic()
         self._report()
         return True
 
@@ -339,6 +435,8 @@ class VllmSubscriber:
                     break
         finally:
             sock.close(linger=0)
+        if not self._stop.is_set():
+            self._flush(answer)
         return answer
 
     def _take_reply(self, frames: list[bytes], answer: _Answer, upto: int | None) -> bool:
@@ -356,25 +454,64 @@ class VllmSubscriber:
         if upto is not None and seq >= upto:
             answer.complete = True
             return True  # the live stream has these
-        if seq < answer.next_seq:
-            return False  # already delivered (vLLM's answer only goes forward)
-        if seq - answer.next_seq > MAX_SEQ_JUMP:
-            self._malformed(f"replayed sequence {seq} jumps past {answer.next_seq}")
+        if seq < answer.asked:
+            self._malformed(f"the replay socket answered batch {seq} to a request from {answer.asked}")
+            return False
+        if seq < answer.next_seq or seq in answer.pending:
+            return False  # already delivered or held (vLLM's answer only goes forward)
+        bound = MAX_FIRST_SEQ if self.health.last_seq is None and answer.asked == 0 else \
+            answer.next_seq + self._max_jump()
+        if seq > bound:
+            self._malformed(f"replayed sequence {seq} is past anything the stream could have sent "
+                            f"(asked from {answer.asked})")
             return False
         if seq > answer.next_seq:
-            # vLLM answers with everything it buffers from the asked seq on, in order: what it
-            # skips it no longer has (or sent malformed), and asking again would not bring it.
-            lost = seq - answer.next_seq
+            # Held until the answer ends or fills the gap: vLLM answers in order, so what it
+            # skips it no longer has, but a batch an answer sends late is still delivered.
+            answer.pending[seq] = payload
+            answer.pending_bytes += len(payload)
+            while len(answer.pending) > MAX_PENDING_REPLIES or answer.pending_bytes > MAX_PENDING_BYTES:
+                self._deliver_pending(answer, min(answer.pending))
+            answer.delivered_last = True
+            return False
+        self._deliver_replayed(answer, seq, payload)
+        self._drain(answer)
+        return False
+
+    def _deliver_replayed(self, answer: _Answer, seq: int, payload: bytes) -> None:
+        if self._deliver(seq, payload, replayed=True):
+            answer.num_delivered += 1
+            answer.delivered_last = True
+        # A malformed batch is skipped: the server sent it and will send it no better.
+        answer.next_seq = max(answer.next_seq, seq + 1)
+
+    def _drain(self, answer: _Answer) -> None:
+        """Deliver held batches that now follow on."""
+        while answer.next_seq in answer.pending:
+            seq = answer.next_seq
+            payload = answer.pending.pop(seq)
+            answer.pending_bytes -= len(payload)
+            self._deliver_replayed(answer, seq, payload)
+
+    def _deliver_pending(self, answer: _Answer, seq: int) -> None:
+        """Deliver held batch `seq`; the ones before it that the answer never sent are missed
+        (the server no longer buffers them, or sent them malformed)."""
+        lost = seq - answer.next_seq
+        if lost > 0:
             self.health.missed += lost
             self.health.last_seq = seq - 1  # counted once: nobody asks for these again
             self._notice("missed", f"{self.endpoint}: {lost} batch(es) from {answer.next_seq} are lost "
                                    "(the server no longer buffers them)")
             answer.next_seq = seq
-        if self._deliver(seq, payload, replayed=True):
-            answer.next_seq = seq + 1
-            answer.num_delivered += 1
-            answer.delivered_last = True
-        return False
+        payload = answer.pending.pop(seq)
+        answer.pending_bytes -= len(payload)
+        self._deliver_replayed(answer, seq, payload)
+        self._drain(answer)
+
+    def _flush(self, answer: _Answer) -> None:
+        """The answer ended: deliver what it held, in order."""
+        while answer.pending:
+            self._deliver_pending(answer, min(answer.pending))
 
     def _held_seq(self) -> int | None:
         """The seq of the first live frame held back while joining (None if unreadable)."""
@@ -444,8 +581,15 @@ class _Answer:
     the rest)."""
 
     next_seq: int
+    asked: int = -1  # the seq asked for (set from next_seq)
+    pending: dict[int, bytes] = field(default_factory=dict)  # sent ahead of a gap, held
+    pending_bytes: int = 0
     num_delivered: int = 0
     num_frames: int = 0
     complete: bool = False
     can_ask_again: bool = False
     delivered_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.asked < 0:
+            self.asked = self.next_seq
