@@ -6,6 +6,25 @@ the app; anything else is an internal error.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+
+def show_path(path: str | Path) -> str:
+    """`path` as a message shows it: as it is when every character prints, quoted with
+    escapes otherwise, so a name holding a newline or a control character keeps the
+    message on one line."""
+    text = str(path)
+    if text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def one_line(message: str) -> str:
+    """A message with any line break escaped: the command line's last guard of its
+    one-line promise, for a sentence that quoted something without `show_path`."""
+    return message if message.isprintable() else json.dumps(message, ensure_ascii=False)[1:-1]
+
 
 class InputError(ValueError):
     """Bad input from the user: a file, an argument or a request that cannot be served."""
@@ -19,7 +38,7 @@ class TraceError(InputError):
         self.line = line
         self.field = field
         self.problem = problem
-        where = self.path
+        where = show_path(self.path)
         if line is not None:
             where += f", line {line}"
         if field:

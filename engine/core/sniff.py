@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.core import validation as v
+from engine.core.trace import MAX_LINE_BYTES
 
 SESSION_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".cachescope")
 SQLITE_HEADER = b"SQLite format 3"
@@ -50,17 +51,16 @@ def document_format(first: Any, docs: Sequence[Any] = ()) -> str | None:
 def trace_format(path: str | Path) -> str | None:
     """"tokens" or "mooncake" when the first non-blank line of `path` is a request of a
     token-level or block-level trace; None otherwise, or when it cannot be read (the
-    reader then says why)."""
-    try:
-        with Path(path).open("rb") as fh:
-            for raw in fh:
-                if raw.strip():
-                    obj = v.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
-                    fmt = document_format(obj)
-                    return fmt if fmt in TRACE_FORMATS else None
-    except (OSError, ValueError):  # TraceError and UnicodeDecodeError are ValueErrors
+    reader then says why). Only a regular file is opened, and only its first line is read,
+    no further than the trace reader's line limit."""
+    raw = v.first_line(path, MAX_LINE_BYTES)
+    if raw is None:
         return None
-    return None
+    try:
+        fmt = document_format(v.loads(raw, str(path), 1))
+    except ValueError:  # TraceError: the reader reports the line
+        return None
+    return fmt if fmt in TRACE_FORMATS else None
 
 
 def is_weka_trace(path: str | Path) -> bool:
@@ -68,9 +68,9 @@ def is_weka_trace(path: str | Path) -> bool:
     first 64 KiB name `hash_id_scope` or `block_size` before its `requests` list. Only that
     prefix is read; the reader (`engine.store.weka`) checks the rest."""
     try:
-        with Path(path).open("rb") as fh:
+        with v.open_input(path, max_bytes=None) as fh:
             head = fh.read(_WEKA_SNIFF_BYTES)
-    except OSError:
+    except (OSError, ValueError):
         return False
     head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     if not head.startswith(b"{"):
@@ -93,10 +93,10 @@ def file_kind(path: str | Path) -> str:
     if p.suffix.lower() in SESSION_SUFFIXES:
         return "session"
     try:
-        with p.open("rb") as fh:
+        with v.open_input(p, max_bytes=None) as fh:
             if fh.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
                 return "session"
-    except OSError:
+    except (OSError, ValueError):  # not a regular file, unreadable: the conversation reader says why
         return "conversation"
     if is_weka_trace(p):
         return "weka"

@@ -77,28 +77,25 @@ def parse_trace_line(obj: Any, path: str, line: int, index: int, block_size: int
 
 
 def read_trace(path: str | Path, block_size: int | None = None) -> Iterator[TraceRequest]:
-    """Yield the requests of a JSONL trace in file order; raises `TraceError` on bad input."""
-    p = Path(path)
+    """Yield the requests of a JSONL trace in file order; raises `TraceError` on bad input.
+
+    The file is checked to be a regular file before it is opened (`validation.open_input`)
+    and read one line at a time, no line past `MAX_LINE_BYTES`, so memory is bounded by the
+    longest line whatever the file holds; the whole trace is never in memory at once.
+    """
     name = str(path)
-    if not p.exists():
-        raise TraceError(name, None, None, "no such file")
-    if p.is_dir():
-        raise TraceError(name, None, None, "is a directory, not a trace file")
     index = 0
-    try:
-        fh = p.open("rb")
-    except OSError as exc:
-        raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
-    with fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise TraceError(name, line_no, None, f"line is longer than {MAX_LINE_BYTES} bytes")
+    with v.open_input(path, "trace file", max_bytes=None) as fh:
+        for line_no, raw in v.iter_lines(fh, name, MAX_LINE_BYTES):
             if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte order mark, as import accepts
             if not raw.strip():
                 continue
             obj = v.loads(raw, name, line_no)
-            yield parse_trace_line(obj, name, line_no, index, block_size)
+            del raw  # hold one form of a line at a time: a 50 MB line is 8M ids
+            request = parse_trace_line(obj, name, line_no, index, block_size)
+            del obj
+            yield request
             index += 1
     if index == 0:
         raise TraceError(name, None, None, "the file holds no requests")

@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import sqlite_utils
 
-from engine.core.errors import InputError
+from engine.core.errors import InputError, show_path
 from engine.core.events import Event, event_from_dict
-from engine.core.validation import MAX_INT64, check_block_pool
+from engine.core.validation import MAX_HASH_ID, MAX_INT64, MAX_TOKEN_ID, check_block_pool, id_list
 from engine.store import schema
 from engine.store.rows import REQUEST_FIELDS, MessageRow, RunInfo, SessionInfo, StoredRequest
 from engine.store.semantic_tables import SemanticTables
@@ -53,6 +53,54 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+# ---------------------------------------------------------------------------- damaged rows
+# A row is checked as it is read, so a file damaged by another program (broken JSON in a
+# column, a text where a number belongs) is one sentence naming the row and the column,
+# not a traceback in whatever code meets the value first.
+class DamagedError(InputError):
+    """A stored value that is not what Cachescope wrote: the file is damaged."""
+
+
+def _damaged(where: str, row: str, column: str, problem: str) -> DamagedError:
+    return DamagedError(f"{where}: {row}, field '{column}' {problem}; the database is damaged "
+                        f"(fix or delete that row, or import the session again)")
+
+
+def _kind_of(value: Any) -> str:
+    return {int: "an integer", float: "a real number", str: "text", bytes: "a blob",
+            type(None): "NULL"}.get(type(value), type(value).__name__)
+
+
+def _json_column(text: Any, where: str, row: str, column: str, want: type | tuple[type, ...] | None = None,
+                 nullable: bool = True) -> Any:
+    if text is None:
+        if nullable:
+            return None
+        raise _damaged(where, row, column, "is NULL")
+    if not isinstance(text, str):
+        raise _damaged(where, row, column, f"holds {_kind_of(text)}, not JSON text")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _damaged(where, row, column, f"is not valid JSON ({str(exc).split(';')[0][:80]})") from None
+    if want is not None and not isinstance(value, want):
+        names = {dict: "an object", list: "a list"}
+        wanted = " or ".join(names.get(t, t.__name__) for t in (want if isinstance(want, tuple) else (want,)))
+        raise _damaged(where, row, column, f"holds JSON {type(value).__name__}, not {wanted}")
+    return value
+
+
+def _column(value: Any, where: str, row: str, column: str, want: type, nullable: bool = False,
+            lo: int | None = None) -> Any:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, want) or isinstance(value, bool):
+        raise _damaged(where, row, column, f"holds {_kind_of(value)}, not {_kind_of(want())}")
+    if lo is not None and value < lo:
+        raise _damaged(where, row, column, f"is {value}, below {lo}")
+    return value
+
+
 # ---------------------------------------------------------------------------- store
 class Store:
     """The Cachescope database. Thread-safe: one lock serialises every statement.
@@ -74,8 +122,16 @@ class Store:
         self.db = sqlite_utils.Database(conn)
         try:
             if self.path is not None and not self._in_memory_stand_in:
-                state = self._read_state(conn)
-                schema.check_ours(conn, state, str(self.path))
+                try:
+                    state = self._read_state(conn)
+                except InputError:
+                    if not read_only:
+                        raise
+                    conn.close()
+                    conn = self._connect_immutable()  # a read-only mount: no -shm can be made
+                    self.db = sqlite_utils.Database(conn)
+                    state = self._read_state(conn)
+                schema.check_ours(conn, state, self._where)
                 if read_only and state.is_empty:  # an empty file reads as an empty database
                     conn.close()
                     conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -101,10 +157,11 @@ class Store:
         if self.path is None:
             return connect(":memory:")
         where = self.path
+        shown = show_path(where)
         if where.is_dir():
-            raise InputError(f"{where} is a directory, not a database file")
+            raise InputError(f"{shown} is a directory, not a database file")
         if where.exists() and not where.is_file():
-            raise InputError(f"{where} is not a regular file (a device or a pipe), so it cannot hold a database")
+            raise InputError(f"{shown} is not a regular file (a device or a pipe), so it cannot hold a database")
         if not where.exists():
             if self.read_only:
                 # Nothing to read: an empty stand-in, so that listing a new database shows
@@ -113,22 +170,43 @@ class Store:
                 return connect(":memory:")
             if not where.parent.is_dir():
                 if not is_default:
-                    raise InputError(f"cannot create the database {where}: the folder {where.parent} does not exist")
+                    raise InputError(f"cannot create the database {shown}: the folder {show_path(where.parent)} does not exist")
                 where.parent.mkdir(parents=True, exist_ok=True)
         try:
             if self.read_only:
                 return connect(f"{where.resolve().as_uri()}?mode=ro", uri=True)
             return connect(str(where))
         except (OSError, sqlite3.Error) as exc:
-            raise InputError(f"cannot open the database {where}: {exc}") from None
+            raise InputError(f"cannot open the database {shown}: {exc}") from None
+
+    def _connect_immutable(self) -> sqlite3.Connection:
+        """A read-only connection to a database in a place nothing can be written (a
+        read-only mount, a folder we may not write): SQLite's `mode=ro` still needs to
+        create the -shm file of a WAL database there, `immutable=1` does not. It reads
+        the main file only, so a write-ahead log still holding commits is refused."""
+        assert self.path is not None
+        wal = Path(f"{self.path}-wal")
+        try:
+            pending = wal.stat().st_size > 0
+        except OSError:
+            pending = False
+        if pending:
+            raise InputError(f"cannot read the database {show_path(self.path)} here: it cannot be opened for writing "
+                             f"(a read-only file system?) and its write-ahead log {show_path(wal)} holds commits not "
+                             f"yet in the file; open it once where it can be written, then read it here")
+        try:
+            return sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                   check_same_thread=False, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise InputError(f"cannot open the database {show_path(self.path)}: {exc}") from None
 
     def _read_state(self, conn: sqlite3.Connection) -> schema.FileState:
         try:
             return schema.read_state(conn)
         except sqlite3.OperationalError as exc:  # e.g. a WAL file in a folder we may not write
-            raise InputError(f"cannot open the database {self.path}: {exc}; it was not changed") from None
+            raise InputError(f"cannot open the database {self._where}: {exc}; it was not changed") from None
         except sqlite3.DatabaseError as exc:
-            raise InputError(f"{self.path} is not a Cachescope database ({exc}); it was not changed") from None
+            raise InputError(f"{self._where} is not a Cachescope database ({exc}); it was not changed") from None
 
     def _initialise(self) -> None:
         """Schema, WAL and header on a file that is ours (or empty), then sweep dead runs."""
@@ -156,7 +234,7 @@ class Store:
             error = write_error(exc, self.path)
             if isinstance(error, InputError):
                 raise error from None
-            raise InputError(f"cannot set up the database {self.path}: {exc}") from None
+            raise InputError(f"cannot set up the database {self._where}: {exc}") from None
 
     def _abort_dead_runs(self) -> None:
         running = self.query("SELECT id, owner FROM runs WHERE status = 'running'")
@@ -252,10 +330,26 @@ class Store:
                     " (SELECT COUNT(DISTINCT position) FROM messages m WHERE m.session_id = s.id),"
                     " (SELECT COUNT(*) FROM runs r WHERE r.session_id = s.id) FROM sessions s")
 
-    @staticmethod
-    def _session(row: Sequence[Any]) -> SessionInfo:
+    @property
+    def _where(self) -> str:
+        return show_path(self.path) if self.path is not None else "the database"
+
+    def _session(self, row: Sequence[Any]) -> SessionInfo:
+        w, r = self._where, f"session {row[0]}"
+        _column(row[0], w, "a session", "id", int)
+        kind = _column(row[2], w, r, "kind", str)
+        if kind not in ("chat", "trace"):
+            raise _damaged(w, r, "kind", f"is {kind[:40]!r}, not 'chat' or 'trace'")
+        for i, name, want, nullable in ((1, "title", str, False), (3, "model", str, True), (7, "hash", str, False),
+                                        (8, "created", str, False), (9, "source_path", str, True),
+                                        (10, "source_format", str, True)):
+            _column(row[i], w, r, name, want, nullable)
+        _column(row[4], w, r, "block_size", int, lo=1)
+        _column(row[5], w, r, "capacity_blocks", int, lo=1)
+        _column(row[6], w, r, "seed", int, nullable=True)
+        settings = _json_column(row[11], w, r, "settings", dict)
         return SessionInfo(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                           row[9], row[10], _loads(row[11]) or {}, row[12], row[13])
+                           row[9], row[10], settings or {}, row[12], row[13])
 
     def list_sessions(self) -> list[SessionInfo]:
         """Every session, oldest first, with its message and run counts."""
@@ -267,7 +361,7 @@ class Store:
         with self._lock:
             row = self.db.execute(self._SESSION_SQL + " WHERE s.id = ?", [session_id]).fetchone()
         if row is None:
-            raise InputError(f"there is no session {session_id} in {self.path or 'this database'}")
+            raise InputError(f"there is no session {session_id} in {self._where if self.path else 'this database'}")
         return self._session(row)
 
     def update_session(self, session_id: int, **fields: Any) -> None:
@@ -296,9 +390,12 @@ class Store:
             self.db.execute("DELETE FROM sessions WHERE id = ?", [session_id])
 
     # -- messages
-    @staticmethod
-    def _message(row: Sequence[Any], current: bool) -> MessageRow:
-        return MessageRow(row[0], row[1], row[2], row[3], row[4], row[5], _loads(row[6]), row[7], current)
+    def _message(self, row: Sequence[Any], current: bool) -> MessageRow:
+        w, r = self._where, f"session {row[1]}, message {row[2]} version {row[3]}"
+        for i, name in ((4, "role"), (5, "content"), (7, "created")):
+            _column(row[i], w, r, name, str)
+        extra = _json_column(row[6], w, r, "extra", dict)
+        return MessageRow(row[0], row[1], row[2], row[3], row[4], row[5], extra, row[7], current)
 
     def messages(self, session_id: int, include_history: bool = False) -> list[MessageRow]:
         """The current version of every message in position order; with `include_history`,
@@ -309,6 +406,8 @@ class Store:
                 " WHERE session_id = ? ORDER BY position, version", [session_id]))
         latest: dict[int, int] = {}
         for r in rows:
+            _column(r[2], self._where, f"session {session_id}, a message", "position", int, lo=0)
+            _column(r[3], self._where, f"session {session_id}, message {r[2]}", "version", int, lo=1)
             latest[r[2]] = r[3]
         out = [self._message(r, latest[r[2]] == r[3]) for r in rows]
         return out if include_history else [m for m in out if m.is_current]
@@ -343,13 +442,21 @@ class Store:
     # -- trace lines of a trace session
     def add_trace_requests(self, session_id: int, requests: Iterable[Any]) -> int:
         """Store `engine.core.trace.TraceRequest`s of a trace session; returns how many."""
-        rows = [(session_id, r.index, r.line, r.id, r.tenant, _dumps(list(r.tokens) if r.tokens is not None else None),
-                 _dumps(list(r.output_tokens) if r.output_tokens is not None else None),
-                 _dumps(list(r.hash_ids) if r.hash_ids is not None else None), r.input_length, r.output_length,
-                 r.timestamp) for r in requests]
+        count = 0
+
+        def rows() -> Iterable[tuple[Any, ...]]:
+            # One row at a time: the JSON text of a 50 MB line exists only while it is written.
+            nonlocal count
+            for r in requests:
+                count += 1
+                yield (session_id, r.index, r.line, r.id, r.tenant, _dumps(list(r.tokens) if r.tokens is not None else None),
+                       _dumps(list(r.output_tokens) if r.output_tokens is not None else None),
+                       _dumps(list(r.hash_ids) if r.hash_ids is not None else None), r.input_length, r.output_length,
+                       r.timestamp)
+
         with self.atomic():
-            self.db.conn.executemany("INSERT INTO trace_requests VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
-        return len(rows)
+            self.db.conn.executemany("INSERT INTO trace_requests VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows())
+        return count
 
     def num_trace_requests(self, session_id: int) -> int:
         with self._lock:
@@ -359,14 +466,39 @@ class Store:
         """The `TraceRequest`s of a trace session, in file order."""
         from engine.core.trace import TraceRequest
 
-        def tup(text: str | None) -> tuple[int, ...] | None:
-            return None if text is None else tuple(json.loads(text))
+        w = self._where
+
+        def tup(r: Sequence[Any], i: int, name: str, hi: int) -> tuple[int, ...] | None:
+            row = f"session {session_id}, trace line {r[0]}"
+            ids = _json_column(r[i], w, row, name, list)
+            if ids is None:
+                return None
+            try:
+                return id_list(ids, w, None, name, hi)
+            except InputError as exc:
+                raise _damaged(w, row, name, str(exc).split(": ", 1)[-1]) from None
+
+        def request(r: Sequence[Any]) -> Any:
+            row = f"session {session_id}, trace line {r[0]}"
+            _column(r[1], w, row, "line", int, nullable=True)
+            _column(r[2], w, row, "request_id", str)
+            _column(r[3], w, row, "tenant", str, nullable=True)
+            for i, name in ((7, "input_length"), (8, "output_length")):
+                _column(r[i], w, row, name, int, lo=0)
+            if r[9] is not None and not isinstance(r[9], (int, float)):
+                raise _damaged(w, row, "timestamp", f"holds {_kind_of(r[9])}, not a number")
+            tokens, hash_ids = tup(r, 4, "tokens", MAX_TOKEN_ID), tup(r, 6, "hash_ids", MAX_HASH_ID)
+            if (tokens is None) == (hash_ids is None):
+                raise _damaged(w, row, "tokens", "and 'hash_ids' are both set or both NULL")
+            return TraceRequest(r[0], r[1], r[2], r[3], tokens, tup(r, 5, "output_tokens", MAX_TOKEN_ID), hash_ids,
+                                r[7], r[8], r[9])
 
         with self._lock:
-            rows = list(self.db.execute("SELECT idx, line, request_id, tenant, tokens, output_tokens, hash_ids,"
-                                        " input_length, output_length, timestamp FROM trace_requests"
-                                        " WHERE session_id = ? ORDER BY idx", [session_id]))
-        return [TraceRequest(r[0], r[1], r[2], r[3], tup(r[4]), tup(r[5]), tup(r[6]), r[7], r[8], r[9]) for r in rows]
+            rows = self.db.execute("SELECT idx, line, request_id, tenant, tokens, output_tokens, hash_ids,"
+                                   " input_length, output_length, timestamp FROM trace_requests"
+                                   " WHERE session_id = ? ORDER BY idx", [session_id])
+            # One row's JSON at a time: a trace of 50 MB lines is never held twice as text.
+            return [request(r) for r in rows]
 
     # -- runs, requests, events
     def create_run(self, session_id: int | None, kind: str = "replay", config: dict[str, Any] | None = None) -> int:
@@ -386,7 +518,9 @@ class Store:
         with self._lock:
             rows = list(self.db.execute(sql + (" WHERE session_id = ?" if session_id is not None else "") + " ORDER BY id",
                                         [session_id] if session_id is not None else []))
-        return [RunInfo(r[0], r[1], r[2], r[3], _loads(r[4]) or {}, _loads(r[5]), r[6]) for r in rows]
+        w = self._where
+        return [RunInfo(r[0], r[1], r[2], r[3], _json_column(r[4], w, f"run {r[0]}", "config", dict) or {},
+                        _json_column(r[5], w, f"run {r[0]}", "totals", dict), r[6]) for r in rows]
 
     def record_request(self, run_id: int, idx: int, **fields: Any) -> int:
         """Persist one served request of a run (fields: see `REQUEST_FIELDS`); returns its row id."""
@@ -416,7 +550,9 @@ class Store:
         out = []
         for r in rows:
             r = list(r)
-            r[5], r[6] = _loads(r[5]), _loads(r[6])
+            row = f"run {run_id}, request {r[2]}"
+            r[5] = _json_column(r[5], self._where, row, "prompt_token_ids", list)
+            r[6] = _json_column(r[6], self._where, row, "output_token_ids", list)
             r[18] = bool(r[18])
             out.append(StoredRequest(*r))
         return out
@@ -439,7 +575,8 @@ class Store:
             sql += " LIMIT ?"
             params.append(limit)
         with self._lock:
-            return [json.loads(r[0]) for r in self.db.execute(sql, params)]
+            return [_json_column(r[0], self._where, f"run {run_id}, an event", "payload", dict, nullable=False)
+                    for r in self.db.execute(sql, params)]
 
     def events(self, run_id: int, since_seq: int = -1, limit: int | None = None) -> list[Event]:
         """Events of a run rebuilt as engine `Event` objects, in sequence order."""

@@ -6,6 +6,7 @@ session files. Parsing only: every problem is a `TraceError` naming file, line a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,7 @@ def load_conversations(path: str | Path, format: str | None = None,
     if format is not None and format not in FORMATS:
         raise InputError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     p = Path(path)
-    data = v.read_bytes(p, "conversation file", MAX_FILE_BYTES)
-    docs = read_documents(data, name, max_line_bytes)
+    docs = _parse_text(_file_text(p, name, max_line_bytes), name)
     fmt = format or detect_format(docs, name)
     stem = p.name.split(".")[0] or p.name
     if fmt in ("tokens", "mooncake"):
@@ -92,43 +92,96 @@ def load_conversations(path: str | Path, format: str | None = None,
 def read_documents(data: bytes, name: str, max_line_bytes: int = MAX_LINE_BYTES) -> list[tuple[int, Any]]:
     """The JSON values of a file with the line each starts on: one document, the items of
     a top-level array, or one value per line (JSONL)."""
-    lines = data.split(b"\n")
-    for no, raw in enumerate(lines, start=1):
-        if len(raw) > max_line_bytes:
-            raise TraceError(name, no, None, f"line is longer than {max_line_bytes} bytes")
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise TraceError(name, no, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-    text = data.decode("utf-8")
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    stripped = text.lstrip()
-    if not stripped:
+    return _parse_text(_decode(data, name, max_line_bytes), name)
+
+
+def _file_text(path: Path, name: str, max_line_bytes: int) -> str:
+    # The bytes are dropped as soon as they are decoded: one copy of the file at a time.
+    return _decode(v.read_bytes(path, "conversation file", MAX_FILE_BYTES), name, max_line_bytes)
+
+
+def _decode(data: bytes, name: str, max_line_bytes: int) -> str:
+    """`data` as text, refusing a line longer than the limit and bytes that are not UTF-8
+    (both named by line), without splitting the file into a copy of its lines."""
+    if len(data) > max_line_bytes:
+        start, no = 0, 1
+        while start <= len(data):
+            end = data.find(b"\n", start)
+            end = len(data) if end < 0 else end
+            if end - start > max_line_bytes:
+                raise TraceError(name, no, None, f"line is longer than {max_line_bytes} bytes")
+            start, no = end + 1, no + 1
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        no = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(name, no, None, f"not valid UTF-8 ({exc.reason} at byte {exc.start - line_start})") from None
+
+
+_NON_SPACE = re.compile(r"[^ \t\r\n]")
+
+
+def _parse_text(text: str, name: str) -> list[tuple[int, Any]]:
+    # One pass of the decoder over the text, value after value: no stripped copy, no list
+    # of lines, and the first document is not parsed twice (whole, then as JSONL).
+    begin = 1 if text.startswith("\ufeff") else 0
+    found = _NON_SPACE.search(text, begin)
+    if found is None:
         raise TraceError(name, None, None, "the file is empty")
-    first_line = text.count("\n", 0, len(text) - len(stripped)) + 1
+    pos = found.start()
+    first_line = text.count("\n", 0, pos) + 1
     v.check_depth(text, name, first_line)  # the whole text is at least as deep as any line of it
-    if stripped[0] == "[":
+    if text[pos] == "[":
         items = _array_items(text, name)
         if not items:
             raise TraceError(name, first_line, None, "the file is an empty list; it holds nothing to read")
         return items
+    return _values(text, name, pos, first_line)
+
+
+def _values(text: str, name: str, pos: int, line: int) -> list[tuple[int, Any]]:
+    """One document, or one value per line (JSONL); a problem is located as a line-by-line
+    reader would: the line, and the column within it."""
+    docs: list[tuple[int, Any]] = []
+    n, counted = len(text), pos
+    while True:
+        line += text.count("\n", counted, pos)
+        counted = pos
+        try:
+            value, end = v.DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            if docs:
+                raise _line_error(text, name, pos, line) from None
+            at = exc.pos
+            raise TraceError(name, text.count("\n", 0, at) + 1, None,
+                             f"not valid JSON ({exc.msg} at column {at - text.rfind(chr(10), 0, at)})") from None
+        except (ValueError, RecursionError) as exc:  # the shared decoder's refusals (NaN, 1e999, 5000 digits)
+            problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+            raise TraceError(name, line, None, f"not valid JSON ({problem})") from None
+        found = _NON_SPACE.search(text, end)
+        multi_line = text.find("\n", pos, end) >= 0
+        if found is None:
+            if docs and multi_line:
+                raise _line_error(text, name, pos, line)
+            docs.append((line, value))
+            return docs
+        if text.find("\n", end, found.start()) < 0 or multi_line:
+            raise _line_error(text, name, pos, line)  # more on the same line, or JSONL of multi-line values
+        docs.append((line, value))
+        pos = found.start()
+
+
+def _line_error(text: str, name: str, pos: int, line: int) -> TraceError:
+    """The error of the line holding `pos`, parsed alone, as JSONL reads it."""
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
     try:
-        return [(first_line, _loads(text))]
-    except json.JSONDecodeError as whole_error:
-        docs = []
-        for no, line_text in enumerate(text.split("\n"), start=1):
-            if not line_text.strip():
-                continue
-            try:
-                docs.append((no, _loads(line_text)))
-            except json.JSONDecodeError as exc:
-                if not docs and whole_error.msg != "Extra data":
-                    exc = whole_error  # one multi-line document that is broken
-                    no = exc.lineno
-                where = "" if isinstance(exc, _Refused) else f" at column {exc.colno}"
-                raise TraceError(name, no, None, f"not valid JSON ({exc.msg}{where})") from None
-        return docs
+        _loads(text[start:] if end < 0 else text[start:end])
+    except json.JSONDecodeError as exc:
+        where = "" if isinstance(exc, _Refused) else f" at column {exc.colno}"
+        return TraceError(name, line, None, f"not valid JSON ({exc.msg}{where})")
+    return TraceError(name, line, None, "not valid JSON (a value spans several lines of a file of one value per line)")
 
 
 class _Refused(json.JSONDecodeError):
@@ -432,11 +485,15 @@ def _trace_line(obj: Any, name: str, line: int, index: int, fmt: str) -> TraceRe
 
 
 def _trace_conversation(docs: list[tuple[int, Any]], name: str, fmt: str, stem: str) -> Conversation:
-    requests = [_trace_line(obj, name, line, i, fmt) for i, (line, obj) in enumerate(docs)]
+    first = docs[0][0] if docs else None
+    requests = []
+    for i, (line, obj) in enumerate(docs):
+        requests.append(_trace_line(obj, name, line, i, fmt))
+        docs[i] = (line, None)  # each parsed line is dropped once it is a request: one copy of the trace
     if not requests:
         raise TraceError(name, None, None, "the file holds no requests")
     settings = {"block_size": MOONCAKE_BLOCK_SIZE} if fmt == "mooncake" else {}
-    return Conversation(stem, fmt, "trace", [], requests, settings, docs[0][0])
+    return Conversation(stem, fmt, "trace", [], requests, settings, first)
 
 
 def trace_request_dict(tr: TraceRequest) -> dict[str, Any]:
