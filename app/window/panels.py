@@ -53,6 +53,8 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Sweep", "sweep", "app.views.tools.sweep_view:SweepView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Semantic cache", "semantic", "app.views.tools.semantic_view:SemanticView", RIGHT, "block_table", None),
     PanelSpec("vLLM probe", "remote_probe", "app.views.tools.probe_view:ProbeView", RIGHT, "block_table", None, lazy=True),
+    # Many servers at once (an attach to a fleet, or a recorded one): built when first shown.
+    PanelSpec("Fleet", "fleet", "app.views.fleet.fleet_view:FleetView", RIGHT, "block_table", "Ctrl+8", lazy=True),
 )
 
 SCRUB_BAR = "app.views.pool.scrub_bar:ScrubBar"
