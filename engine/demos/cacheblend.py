@@ -427,7 +427,7 @@ def _cacheblend(env: DemoEnv) -> dict[str, Any]:
             ms, res = _median_ms(lambda r=ratio: blend_prefill(model, prefix_kv, [chunk_kv[d] for d in order],
                                                              suffix, recompute_ratio=r))
             lead = greedy_agreement(model, res.cache, res.logits, len(prompt), reference)
-            row[label] = {"ttft_ms": round(ms, 2), "ttft_speedup": round(full_ms / ms, 2),
+            row[label] = {"ttft_ms": round(ms, 2), "speedup_over_full_prefill": round(full_ms / ms, 2),
                           "recomputed_chunk_tokens": len(res.recomputed_positions),
                           "recomputed_fraction": round(res.recomputed_fraction, 3),
                           **_logit_stats(full_logits, res.logits),
@@ -453,8 +453,9 @@ def _cacheblend(env: DemoEnv) -> dict[str, Any]:
     return {"model": loaded.name, "layers": n_layers, "recompute_ratio": DEFAULT_RECOMPUTE_RATIO,
             "check_layer": DEFAULT_CHECK_LAYER, "prompts": len(rows), "greedy_tokens": GREEDY_TOKENS,
             "per_prompt": rows,
-            "blend_ttft_speedup": mean("blend", "ttft_speedup"), "concat_ttft_speedup": mean("concat", "ttft_speedup"),
-            "prefix_caching_ttft_speedup": round(statistics.fmean(r["full_prefill_ttft_ms"] / r["prefix_caching_ttft_ms"]
+            "blend_speedup_over_full_prefill": mean("blend", "speedup_over_full_prefill"),
+            "concat_speedup_over_full_prefill": mean("concat", "speedup_over_full_prefill"),
+            "prefix_caching_speedup_over_full_prefill": round(statistics.fmean(r["full_prefill_ttft_ms"] / r["prefix_caching_ttft_ms"]
                                                                   for r in rows), 2),
             "blend_kl_from_full": mean("blend", "kl_from_full"), "concat_kl_from_full": mean("concat", "kl_from_full"),
             "blend_max_abs_logit_diff": mean("blend", "max_abs_logit_diff"),
@@ -464,8 +465,20 @@ def _cacheblend(env: DemoEnv) -> dict[str, Any]:
             "blend_greedy_matching_tokens": mean("blend", "greedy_matching_tokens"),
             "concat_greedy_matching_tokens": mean("concat", "greedy_matching_tokens"),
             "blend_compute_fraction_of_full": round(work, 3), "blend_ideal_speedup": round(1 / work, 2),
-            "paper_ttft_speedup": "2-3x at full-prefill quality (CacheBlend, EuroSys 2025; LMCache)",
+            "paper_claim": "2-3x faster first token at full-prefill quality (CacheBlend, EuroSys 2025; LMCache)",
+            "why_short_of_the_paper": _shortfall(rows, work),
             "diff_messages": {"a": _rag_messages_of(spec, requests[0]), "b": _rag_messages_of(spec, requests[1])}}
+
+
+def _shortfall(rows: list[dict[str, Any]], work: float) -> str:
+    chunk = statistics.fmean(r["chunk_tokens"] / 4 for r in rows)
+    prompt = statistics.fmean(r["prompt_tokens"] for r in rows)
+    return (f"The chunks hold about {chunk:.0f} tokens and the prompts {prompt:.0f}, where the paper's hold hundreds "
+            f"to thousands: CacheBlend still computes {work:.0%} of the full prefill's token-layers (two whole layers, "
+            f"the question, 15% of the chunks), and on a CPU a forward over a few dozen tokens costs little more "
+            f"than over a few, so per-layer overhead, not tokens, sets the time. A 135M model also has few layers "
+            f"(30) and small heads, so a chunk's reused KV deviates more and greedy text parts from full prefill "
+            f"after a few tokens even when the first token and most of the distribution agree.")
 
 
 def _rag_messages_of(spec: dict[str, Any], request: dict[str, Any]) -> list[dict[str, str]]:

@@ -271,7 +271,7 @@ def _breakpoint(env: DemoEnv) -> dict[str, Any]:
     return {**out, "system_prompt_tokens": system_tokens,
             "read_tokens_on_user_message": out["on_user_message"]["read_tokens"],
             "read_tokens_on_system_block": out["on_system_block"]["read_tokens"],
-            "cost_ratio_user_to_system": round(out["on_user_message"]["cost_usd"] / out["on_system_block"]["cost_usd"], 3)}
+            "bill_ratio_user_to_system": round(out["on_user_message"]["cost_usd"] / out["on_system_block"]["cost_usd"], 3)}
 
 
 BREAKPOINT_ON_USER_MESSAGE = Demo(
