@@ -35,6 +35,8 @@ DOCK_FOR_DEMO = {
     "reordered-rag-chunks": "diff", "timestamp-at-front": "diff",
     "quantized-kv-cache": "kv_memory", "prefix-saves-prefill-only": "metrics", "hashing-costs-something": "metrics",
     "deepcopy-vs-shared-blocks": "timeline",
+    "tool-order": "diff", "ab-setting-splits-cache": "hash_chains", "summarize-vs-truncate": "diff",
+    "breakpoint-on-user-message": "billing", "cacheblend-rag": "diff",
 }
 
 
@@ -188,6 +190,8 @@ class DemoRunner(QObject):
             if panel == "diff":
                 msgs = findings["diff_messages"]
                 panels["diff"].show_messages(msgs["a"], msgs["b"], source=result["title"])
+            elif panel == "billing" and name == "breakpoint-on-user-message":
+                show_breakpoint_bill(panels["billing"], findings)
             elif panel == "billing":
                 from engine.demos.env import RESOURCES
 
@@ -250,8 +254,21 @@ def panels_to_fill(name: str, findings: dict[str, Any]) -> list[str]:
         out.append("diff")
     out += {"prompt-caching-bill": ["billing"], "semantic-false-positive": ["semantic"],
             "kv-memory-70b-128k": ["kv_memory"], "kv-grows-per-step": [],
-            "quantized-kv-cache": ["kv_memory"]}.get(name, [])
+            "quantized-kv-cache": ["kv_memory"], "breakpoint-on-user-message": ["billing"]}.get(name, [])
     return out
+
+
+def show_breakpoint_bill(view: Any, findings: dict[str, Any]) -> None:
+    """Bill the demo's requests in the billing panel with the breakpoint on the user message
+    (the last block): the table shows every request writing and none reading. Typing 0 in
+    its breakpoints field bills the fix, the breakpoint on the system block."""
+    from pathlib import Path
+
+    from engine.demos.env import RESOURCES
+
+    view.set_provider("anthropic", findings.get("model"))
+    view.breakpoints.setText(",".join(str(b) for b in findings["on_user_message"]["breakpoints"]))
+    view.set_source(str(RESOURCES / Path(findings["file"]).name))
 
 
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8", "fp32": "float32"}

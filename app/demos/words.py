@@ -20,8 +20,11 @@ STEP_KEYS = ("request_id", "prompt_tokens", "cached_tokens", "computed_tokens", 
              "cache_creation_input_tokens", "cache_read_input_tokens", "input_tokens", "per_request_gib",
              "decode_ms_per_token", "cold_decode_ms_per_token", "fp32_bytes", "quantized_bytes",
              "quantized_decode_ms_per_token", "decode_logit_max_abs_diff", "on_wall_ms", "off_wall_ms",
-             "bookkeeping_ms", "copied_bytes", "copy_ms", "own_bytes", "gather_ms", "refusal")
-_WORDS = {"ttft": "TTFT", "ms": "", "gib": "", "kv": "KV", "gqa": "GQA", "bf16": "bf16", "id": "id", "70b": "70B"}
+             "bookkeeping_ms", "copied_bytes", "copy_ms", "own_bytes", "gather_ms", "refusal",
+             "hit_rate", "offline_ms", "chunk_cache_bytes", "full_prefill_ttft_ms", "concat_ttft_ms", "blend_ttft_ms",
+             "concat_kl_from_full", "blend_kl_from_full", "concat_greedy_matching_tokens",
+             "blend_greedy_matching_tokens")
+_WORDS = {"ttft": "TTFT", "ms": "", "gib": "", "kv": "KV", "gqa": "GQA", "bf16": "bf16", "id": "id", "70b": "70B", "kl": "KL"}
 _MAX_ITEMS = 8
 _MAX_CHARS = 200
 _EPOCH_2001 = 978_307_200  # a number after this in a time-like field is a Unix timestamp
