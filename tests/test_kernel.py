@@ -128,3 +128,28 @@ def test_an_empty_salt_under_vllm_hash_is_refused_with_a_sentence():
     reqs = [TraceRequest(0, 1, "a", "", tuple(range(40)), (), None, 40, 0)]
     with pytest.raises(InputError, match="Python engine"):
         replay_kernel(reqs, ReplayConfig(hash="vllm-sha256"))
+
+
+def test_replay_with_numba_gives_the_events_to_a_bus():
+    from engine.core.replay import replay_with
+
+    requests = load_trace(TRACES / "demo_tokens.jsonl")
+    config = ReplayConfig(block_size=16, capacity_blocks=48, concurrency=2)
+    expected, expected_events = python_run(requests, config)
+    events = []
+    bus = EventBus(clock=lambda: 0.0)
+    bus.subscribe(events.append)
+    assert replay_with("numba", requests, config, bus).to_dict() == expected.to_dict()
+    assert events == expected_events
+
+
+def test_replay_with_auto_falls_back_where_the_kernel_cannot_run():
+    from engine.core.replay import replay_with
+
+    reqs = [TraceRequest(0, 1, "a", "", tuple(range(40)), (), None, 40, 0)]
+    config = ReplayConfig(hash="vllm-sha256")
+    assert replay_with("auto", reqs, config).to_dict() == replay(reqs, config).to_dict()
+    with pytest.raises(InputError):
+        replay_with("numba", reqs, config)
+    with pytest.raises(InputError, match="unknown kernel"):
+        replay_with("fortran", reqs, config)
