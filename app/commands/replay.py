@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--shared-across-models", action="store_true",
                    help="what-if: one cache shared across models (by default a request's model is part of its cache key)")
+    p.add_argument("--kernel", choices=("auto", "numba", "python"), default="auto",
+                   help="bookkeeping of a no-model trace replay: numba (compiled, the same results and events), "
+                        "python (the reference engine) or auto (numba where it can run the trace; default)")
     add_publish_arguments(p)
 
 
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
-    from engine.core.replay import ReplayConfig, replay
+    from engine.core.replay import ReplayConfig, replay_with
     from engine.core.trace import read_trace
     from engine.store.block_traces import check_block_sizes, declared_block_size
 
@@ -104,7 +107,8 @@ def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
     config = ReplayConfig(block_size=args.block_size, capacity_blocks=capacity,
                           seed=None if args.random_seed else args.seed, hash=args.hash,
                           concurrency=args.concurrency, hash_seed=args.hash_seed)
-    result = replay(read_trace(args.trace, args.block_size), config, events, source=str(args.trace))
+    result = replay_with(args.kernel, read_trace(args.trace, args.block_size), config, events,  # type: ignore[arg-type]
+                         source=str(args.trace))
     result.config["trace"] = str(args.trace)
     return result.to_dict()
 
