@@ -90,6 +90,12 @@ class Targets:
     block_size: int | None = None
     listed: bool = False  # ranks listed one by one (an http server or a servers file)
 
+    def add(self, endpoint: str, replay: str, server: str, rank: int) -> None:
+        self.endpoints.append(endpoint)
+        self.replays.append(replay)
+        self.servers.append(server)
+        self.ranks.append(rank)
+
 
 def _targets(args: argparse.Namespace) -> Targets:
     from engine.remote.discovery import fetch_server_info, read_servers
@@ -99,38 +105,36 @@ def _targets(args: argparse.Namespace) -> Targets:
     if not args.endpoints and args.servers is None:
         raise InputError("give an ENDPOINT (tcp://HOST:PORT or http://HOST:PORT) or --servers FILE")
     urls = [e for e in args.endpoints if e.startswith(("http://", "https://"))]
-    tcp = [e for e in args.endpoints if not e.startswith(("http://", "https://"))]
-    if len(args.replay) > len(tcp):
+    if len(args.replay) > len(args.endpoints) - len(urls):
         raise InputError("give at most one --replay per tcp ENDPOINT")
     if (urls or args.servers) and args.bind:
         raise InputError("--bind takes tcp endpoints only: http servers and --servers files are connected to")
     dp = args.data_parallel_size
     t.listed = bool(urls or args.servers)
-    for i, endpoint in enumerate(tcp):
-        replay = args.replay[i] if i < len(args.replay) else ""
-        ranks = range(dp) if t.listed else (0,)
-        for r in ranks:
-            t.endpoints.append(endpoint_for_rank(endpoint, r) if t.listed else endpoint)
-            t.replays.append((endpoint_for_rank(replay, r) if replay else "") if t.listed else replay)
-            t.servers.append(endpoint)
-            t.ranks.append(r)
-    for url in urls:
-        described = fetch_server_info(url)
-        if t.topic is None:
-            t.topic = described.topic
-        t.block_size = t.block_size or described.block_size
-        for ep in described.endpoints:
-            t.endpoints.append(ep.endpoint)
-            t.replays.append(ep.replay_endpoint or "")
-            t.servers.append(ep.server)
-            t.ranks.append(ep.rank)
+    num_tcp = 0
+    for entry in args.endpoints:  # in the order given
+        if entry.startswith(("http://", "https://")):
+            described = fetch_server_info(entry)
+            if t.topic is None:
+                t.topic = described.topic
+            t.block_size = t.block_size or described.block_size
+            for ep in described.endpoints:
+                t.add(ep.endpoint, ep.replay_endpoint or "", ep.server, ep.rank)
+            continue
+        replay = args.replay[num_tcp] if num_tcp < len(args.replay) else ""
+        num_tcp += 1
+        if not t.listed:
+            t.add(entry, replay, entry, 0)
+            continue
+        for r in range(dp):
+            t.add(endpoint_for_rank(entry, r), endpoint_for_rank(replay, r) if replay else "", entry, r)
     if args.servers is not None:
         for ep in read_servers(args.servers):
             for r in range(dp):
-                t.endpoints.append(endpoint_for_rank(ep.endpoint, r))
-                t.replays.append(endpoint_for_rank(ep.replay_endpoint, r) if ep.replay_endpoint else "")
-                t.servers.append(ep.server)
-                t.ranks.append(r)
+                t.add(endpoint_for_rank(ep.endpoint, r),
+                      endpoint_for_rank(ep.replay_endpoint, r) if ep.replay_endpoint else "", ep.server, r)
+    if len(set(zip(t.servers, t.ranks))) < len(t.servers):
+        raise InputError("a server is named twice: give each endpoint its own name")
     return t
 
 

@@ -107,12 +107,16 @@ class AttachOptions:
     def streams(self) -> list[StreamSpec]:
         out = []
         many = self.data_parallel_size > 1
+        num_listed: dict[str, int] = {}
+        for i in range(len(self.ranks)):
+            num_listed[self.server_of(i)] = num_listed.get(self.server_of(i), 0) + 1
         for i, endpoint in enumerate(self.endpoints):
             replay = (self.replay_endpoints[i] if i < len(self.replay_endpoints) else None) or None
             server = self.server_of(i)
             if i < len(self.ranks):  # one rank listed on its own
                 rank = self.ranks[i]
-                out.append(StreamSpec(f"{server} rank {rank}", endpoint, replay, rank, server))
+                name = f"{server} rank {rank}" if num_listed[server] > 1 else server
+                out.append(StreamSpec(name, endpoint, replay, rank, server))
                 continue
             for rank in range(self.data_parallel_size):
                 ep = endpoint_for_rank(endpoint, rank)
