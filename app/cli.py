@@ -16,7 +16,7 @@ from types import ModuleType
 
 import app.commands
 from app import version
-from engine.core.errors import InputError
+from engine.core.errors import InputError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except InputError as exc:
-        sys.stderr.write(f"cachescope: error: {exc}\n")
+        sys.stderr.write(f"cachescope: error: {one_line(str(exc))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("cachescope: interrupted\n")
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last line of defence of a command line
         if args.debug:
             raise
-        sys.stderr.write(f"cachescope: internal error: {type(exc).__name__}: {exc} (run with --debug for details)\n")
+        sys.stderr.write(f"cachescope: internal error: {type(exc).__name__}: {one_line(str(exc))} (run with --debug for details)\n")
         return 1
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.commands._common import add_pool_size, positive_int
 from engine.core.errors import InputError
+from engine.core.validation import check_regular_file
 from engine.resources import resource_path
 
 NAME = "gui"
@@ -34,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.file is not None and not Path(args.file).exists():
-        raise InputError(f"{args.file}: no such file")
+    if args.file is not None:
+        # Before Qt starts: a FIFO or a device would block or never end the first read.
+        check_regular_file(args.file, "session, conversation or trace file")
     if args.screenshot is not None:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     else:

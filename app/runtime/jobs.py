@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from engine.core import validation
 from engine.core.sniff import file_kind, trace_format
-from engine.core.trace import MOONCAKE_BLOCK_SIZE
+from engine.core.trace import MAX_LINE_BYTES, MOONCAKE_BLOCK_SIZE
 from engine.core.errors import InputError, TraceError
 
 
@@ -25,17 +25,18 @@ def trace_capacity(path: Path, block_size: int) -> int:
     """A pool about half the size of everything the trace ever holds, so that it fills and
     evicts (the interesting part) without thrashing; at least 64 blocks, at most 16K."""
     num_tokens = 0
-    with path.open("rb") as fh:
-        for raw in fh:
-            try:
+    try:
+        # The trace reader's own bounded lines: a regular file only, no line past the limit.
+        with validation.open_input(path, "trace file", max_bytes=None) as fh:
+            for _, raw in validation.iter_lines(fh, str(path), MAX_LINE_BYTES):
                 obj = validation.loads(raw, str(path)) if raw.strip() else None
-            except ValueError:
-                break  # the replay itself reports the bad line
-            if isinstance(obj, dict):
-                if isinstance(obj.get("tokens"), list):
-                    num_tokens += len(obj["tokens"]) + len(obj.get("output_tokens") or [])
-                else:
-                    num_tokens += int(obj.get("input_length") or 0) + int(obj.get("output_length") or 0)
+                if isinstance(obj, dict):
+                    if isinstance(obj.get("tokens"), list):
+                        num_tokens += len(obj["tokens"]) + len(obj.get("output_tokens") or [])
+                    else:
+                        num_tokens += int(obj.get("input_length") or 0) + int(obj.get("output_length") or 0)
+    except (ValueError, TypeError):  # TraceError is a ValueError: the replay itself reports the bad line
+        pass
     return max(64, min(16384, num_tokens // block_size // 2))
 
 
@@ -47,10 +48,11 @@ def trace_block_size(path: Path) -> int:
 def replay_trace_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
     """Worker-thread job: replay a token/block trace through a fresh engine emitting on `bus`."""
     from engine.core.replay import ReplayConfig, replay
-    from engine.core.trace import load_trace
+    from engine.core.trace import read_trace
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    result = replay(load_trace(path, block_size), config, events=bus, source=str(path))
+    # Streamed, as `cachescope replay` does: memory is bounded by the longest line, not the file.
+    result = replay(read_trace(path, block_size), config, events=bus, source=str(path))
     result.config["trace"] = str(path)
     return result.to_dict()
 

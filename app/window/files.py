@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog, QWidget
 
 from app.runtime.captures import latest_capture, open_capture
 from app.runtime.jobs import classify_file, error_sentence
-from engine.core.errors import InputError, TraceError
+from engine.core.errors import InputError, TraceError, show_path
+from engine.core.validation import check_regular_file
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
@@ -63,10 +64,15 @@ class FileOpener:
         """Open a trace (replayed on the worker), a session database or a conversation file."""
         p = Path(path)
         if not p.exists():
-            self.ctx.show_error(f"{p}: no such file.")
+            self.ctx.show_error(f"{show_path(p)}: no such file.")
             return False
         if p.is_dir():
-            self.ctx.show_error(f"{p} is a folder; open a trace, conversation or session file.")
+            self.ctx.show_error(f"{show_path(p)} is a folder; open a trace, conversation or session file.")
+            return False
+        try:  # a FIFO or a device: reading it would block or never end
+            check_regular_file(p, "trace, conversation or session file")
+        except InputError as exc:
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
             return False
         kind = classify_file(p)
         if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from array import array
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Sequence
 
@@ -418,8 +420,9 @@ _MOD = (1 << 61) - 1
 _BASE = 1_000_003
 
 
-def _prefix_hashes(tokens: Sequence[int]) -> list[int]:
-    out, h = [0], 0
+def _prefix_hashes(tokens: Iterable[int]) -> array:
+    # 8 bytes a token in an array, not a 32-byte int each in a list: a 50 MB line is 8M tokens.
+    out, h = array("q", [0]), 0
     for tok in tokens:
         h = (h * _BASE + tok + 1) % _MOD
         out.append(h)
@@ -450,7 +453,7 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
             out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True))
             continue
         tokens = tr.tokens
-        hashes = _prefix_hashes(tuple(tokens) + tuple(tr.output_tokens or ()))
+        hashes = _prefix_hashes(chain(tokens, tr.output_tokens or ()))
         n = len(tokens)
         cuts = sorted(L for L, seen in known.items() if 0 < L < n and hashes[L] in seen) + [n]
         segs, start = [], 0
@@ -497,12 +500,13 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
             if info.kind == "trace":
                 return requests_from_trace(store.trace_requests(info.id)), "trace token counts"
             convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
-    elif not path.is_file():
-        raise InputError(f"{source}: no such file or stored session")
-    elif is_request_trace(path):
-        from engine.core.trace import load_trace
+    elif not os.path.lexists(path):
+        raise InputError(f"{validation.show_path(source)}: no such file or stored session")
+    elif validation.check_regular_file(path, "trace or conversation file") and is_request_trace(path):
+        from engine.core.trace import read_trace
 
-        return requests_from_trace(load_trace(path)), "trace token counts; timestamps read as milliseconds"
+        # Streamed: each line is dropped once it is billed, so the trace is not held twice.
+        return requests_from_trace(read_trace(path)), "trace token counts; timestamps read as milliseconds"
     else:
         convs = load_conversation_file(path)
     from engine.model.loader import load_tokenizer

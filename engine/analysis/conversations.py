@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.core.errors import InputError
+from engine.core.validation import check_regular_file
 from engine.store.formats import load_conversations
 
 
@@ -37,6 +37,5 @@ def messages_of(conv: Any) -> list[dict[str, str]]:
 def load_conversation_file(path: str | Path) -> list[Any]:
     """Conversations of a message file (OpenAI, ShareGPT, Anthropic, MT-Bench, session files)."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{path}: no such file")
+    check_regular_file(p, "conversation file")  # missing, a directory, a FIFO or a device: one sentence
     return list(load_conversations(p))

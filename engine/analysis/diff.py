@@ -6,12 +6,14 @@ Loading a request (message file, raw text, trace line, stored request) lives her
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from engine.core.errors import InputError, TraceError
+from engine.core.errors import InputError, TraceError, show_path
+from engine.core.validation import check_regular_file, read_bytes
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.core.sniff import is_request_trace
 from engine.model.chat import default_system_prompt, render_chat
@@ -177,18 +179,19 @@ def load_request(spec: str, tokenizer: Any, salt: str | None = None, db: str | N
     if m:
         return _stored_request(int(m.group(1)), m.group(2), salt, db)
     path = Path(spec)
-    if not path.is_file():
-        raise InputError(f"{spec}: no such file (give a .txt or message file, or session:ID:REQ)")
+    if not os.path.lexists(path):
+        raise InputError(f"{show_path(spec)}: no such file (give a .txt or message file, or session:ID:REQ)")
+    check_regular_file(path, "request file")
     if path.suffix.lower() in (".txt", ".md", ""):
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bytes(path, "text file").decode("utf-8")
         except UnicodeDecodeError:
-            raise InputError(f"{spec}: not UTF-8 text") from None
+            raise InputError(f"{show_path(spec)}: not UTF-8 text") from None
         return request_from_text(tokenizer, text, salt, spec)
     if is_request_trace(path):
-        from engine.core.trace import load_trace
+        from engine.core.trace import read_trace
 
-        tr = load_trace(path)[0]
+        tr = next(read_trace(path))  # the first request only: the rest of the file is not read
         if tr.tokens is None:
             raise InputError(f"{spec}: a block-level (Mooncake) trace has no token ids to compare")
         vocab = len(tokenizer)
