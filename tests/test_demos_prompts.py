@@ -127,3 +127,43 @@ def test_cli_json(capsys):
     assert main(["demo", "breakpoint-on-user-message", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["name"] == "breakpoint-on-user-message" and out["findings"]["read_tokens_on_user_message"] == 0
+
+
+# ---------------------------------------------------------------------------- in the app
+def _run_from_menu(qtbot, window, name):
+    from app.demos.runner import install_demos
+    from engine.demos import get_demo
+
+    runner = install_demos(window)
+    action = next(a for a in window.demos_menu.actions() if a.text() == get_demo(name).title)
+    with qtbot.waitSignal(runner.sigFinished, timeout=120_000) as blocker:
+        action.trigger()
+    return runner, blocker.args[0]
+
+
+def test_breakpoint_demo_bills_in_the_billing_panel(qtbot, window):
+    pytest.importorskip("pytestqt")
+    _, result = _run_from_menu(qtbot, window, "breakpoint-on-user-message")
+    assert window.ctx.subject.kind == "demo" and window.ctx.subject.source == "breakpoint-on-user-message"
+    billing = window.panels["billing"]
+    assert billing.source.text().endswith("billing_breakpoint_requests.jsonl")
+    assert billing.breakpoints.text() == "-1"
+    qtbot.waitUntil(lambda: billing.result is not None, timeout=60_000)
+    totals = billing.result["totals"]
+    # The panel bills what the demo reported: nothing read, every prompt written.
+    assert totals["read_tokens"] == result["findings"]["read_tokens_on_user_message"] == 0
+    assert totals["write_tokens"] == result["findings"]["on_user_message"]["write_tokens"]
+    assert window.ctx.errors == []
+
+
+def test_ab_demo_shows_two_chains(qtbot, window):
+    pytest.importorskip("pytestqt")
+    _, result = _run_from_menu(qtbot, window, "ab-setting-splits-cache")
+    qtbot.waitUntil(lambda: window.ctx.bridge.num_pending == 0)
+    state = window.ctx.state
+    records = state.projection.request_records()
+    # The views follow the A/B engine: its 24 requests, half of them in each arm.
+    ab = result["findings"]["ab_test"]["requests"]
+    assert {r.request_id for r in records} == {f"ab_test/{x['request_id']}" for x in ab}
+    assert sum(r.num_cached_tokens for r in records) == result["findings"]["ab_test"]["cached_tokens"]
+    assert window.ctx.errors == []
