@@ -160,6 +160,7 @@ def test_the_ci_gate_exit_codes(tmp_path, capsys, monkeypatch, default_tokenizer
     (["nope.jsonl", str(MOONCAKE)], "no such file"),
     ([str(MOONCAKE), str(MOONCAKE), "--block-size-b", "48"], "divides 512"),
     ([str(MOONCAKE), str(MOONCAKE), "--fail-if-hit-rate-drops", "5"], "fraction"),
+    ([str(MOONCAKE), str(MOONCAKE), "--capacity-tokens", "8"], "holds no block"),
     ([str(MOONCAKE), str(MOONCAKE), "--block-size", "0"], "at least 1"),
     ([str(MOONCAKE), "run:999999", "--db", "/nonexistent-dir/x.db"], "no run 999999"),
 ])

@@ -116,24 +116,47 @@ def _capacity(reqs: Sequence[TraceRequest], opts: SideOptions) -> int:
     return max(1, sum(cdiv(r.input_length + r.output_length, opts.block_size) + 1 for r in reqs))
 
 
-def replay_requests(reqs: Sequence[TraceRequest], opts: SideOptions, label: str, kind: str,
-                    source: str | None = None, model: str | None = None) -> Run:
+@dataclass(slots=True)
+class PreparedSide:
+    """A side read and checked, not yet replayed: its requests (refined to the block size),
+    or a recorded `Run` that is shown as it was recorded."""
+
+    label: str
+    kind: str
+    opts: SideOptions
+    requests: list[TraceRequest] = field(default_factory=list)
+    model: str | None = None
+    recorded: Run | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def run(self) -> Run:
+        if self.recorded is not None:
+            return self.recorded
+        reqs, opts = self.requests, self.opts
+        config = ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), seed=opts.seed,
+                              hash=opts.hash, concurrency=opts.concurrency, model=self.model)
+        result = replay(reqs, config, source=self.label)
+        cfg = {**result.config, "source": self.label, "kind": self.kind, **self.extra}
+        tokens = {r.id: r.tokens for r in reqs if r.tokens is not None}
+        return Run(self.label, self.kind, cfg, result.requests, result.totals.stored_blocks,
+                   result.totals.evicted_blocks, tokens)
+
+
+def prepare_requests(reqs: Sequence[TraceRequest], opts: SideOptions, label: str, kind: str,
+                     model: str | None = None) -> PreparedSide:
     reqs = list(reqs)[:opts.limit] if opts.limit else list(reqs)
     if not reqs:
         raise InputError(f"{label}: there is no request to compare")
     if any(r.is_block_level for r in reqs):
         reqs = refine_block_ids(reqs, opts.block_size)
-    config = ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), seed=opts.seed,
-                          hash=opts.hash, concurrency=opts.concurrency, model=model)
-    result = replay(reqs, config, source=source or label)
-    cfg = {**result.config, "source": label, "kind": kind}
-    tokens = {r.id: r.tokens for r in reqs if r.tokens is not None}
-    return Run(label, kind, cfg, result.requests, result.totals.stored_blocks, result.totals.evicted_blocks, tokens)
+    ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), hash=opts.hash)  # checks now
+    return PreparedSide(label, kind, opts, reqs, model)
 
 
-def load_side(spec: str, opts: SideOptions, db: str | None = None,
-              tokenizer_loader: Callable[[], Any] | None = None) -> Run:
-    """One side from `spec`: a file path, session:ID or run:ID (in the database `db`)."""
+def prepare_side(spec: str, opts: SideOptions, db: str | None = None,
+                 tokenizer_loader: Callable[[], Any] | None = None) -> PreparedSide:
+    """One side from `spec` (a file path, session:ID or run:ID in the database `db`), read
+    and checked; replaying it is `PreparedSide.run`, so a bad B fails before A replays."""
     m = _STORED.fullmatch(spec)
     if m:
         return _stored(m.group(1), int(m.group(2)), opts, db, tokenizer_loader)
@@ -142,7 +165,7 @@ def load_side(spec: str, opts: SideOptions, db: str | None = None,
         raise InputError(f"{spec}: no such file (give a trace, a conversation or session file, session:ID or run:ID)")
     if is_request_trace(path):
         reqs = load_trace(path)  # Mooncake ids name 512-token blocks whatever block size replays them
-        return replay_requests(reqs, opts, spec, "mooncake" if reqs[0].is_block_level else "tokens", spec)
+        return prepare_requests(reqs, opts, spec, "mooncake" if reqs[0].is_block_level else "tokens")
     from engine.analysis.conversations import load_conversation_file
 
     convs = load_conversation_file(path)
@@ -150,11 +173,16 @@ def load_side(spec: str, opts: SideOptions, db: str | None = None,
         raise InputError(f"{spec}: the file holds no conversation")
     if all(getattr(c, "trace", None) is not None for c in convs):  # exported trace sessions
         reqs = [tr for c in convs for tr in c.trace]
-        reqs = [replace(tr, index=i) for i, tr in enumerate(reqs)]
-        return replay_requests(reqs, opts, spec, "session", spec)
+        return prepare_requests([replace(tr, index=i) for i, tr in enumerate(reqs)], opts, spec, "session")
     from engine.analysis.sweep import conversation_trace
 
-    return replay_requests(conversation_trace(convs, _tokenizer(tokenizer_loader)), opts, spec, "conversation", spec)
+    return prepare_requests(conversation_trace(convs, _tokenizer(tokenizer_loader)), opts, spec, "conversation")
+
+
+def load_side(spec: str, opts: SideOptions, db: str | None = None,
+              tokenizer_loader: Callable[[], Any] | None = None) -> Run:
+    """One side from `spec`, replayed (or as recorded, for run:ID)."""
+    return prepare_side(spec, opts, db, tokenizer_loader).run()
 
 
 def _tokenizer(loader: Callable[[], Any] | None) -> Any:
@@ -166,7 +194,7 @@ def _tokenizer(loader: Callable[[], Any] | None) -> Any:
 
 
 def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
-            tokenizer_loader: Callable[[], Any] | None) -> Run:
+            tokenizer_loader: Callable[[], Any] | None) -> PreparedSide:
     from engine.store.database import Store
     from engine.store.sessions import session_requests
 
@@ -175,24 +203,25 @@ def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
             info = store.get_session(ident)
             tok = _tokenizer(tokenizer_loader) if info.kind == "chat" else None
             reqs, _ = session_requests(store, info, tok)
-            run = replay_requests(reqs, opts, f"session:{ident}", "session",
-                                  model=info.model if info.kind == "chat" else None)
-            run.config["session"] = ident
-            return run
+            side = prepare_requests(reqs, opts, f"session:{ident}", "session",
+                                    model=info.model if info.kind == "chat" else None)
+            side.extra["session"] = ident
+            return side
         runs = {r.id: r for r in store.runs()}
         if ident not in runs:
             raise InputError(f"there is no run {ident} in the database; 'cachescope sessions list' shows the sessions")
         info = runs[ident]
+        stored = store.requests(ident)[:opts.limit] if opts.limit else store.requests(ident)
         rows = [ServedRequest(r.idx, r.request_id, r.tenant, r.prompt_tokens, r.cached_tokens, r.computed_tokens,
                               len(r.output_token_ids or ()), r.miss_reason, r.first_miss_block, r.divergence_token,
-                              bool(r.refused)) for r in store.requests(ident)]
-        if opts.limit:
-            rows = rows[:opts.limit]
+                              bool(r.refused)) for r in stored]
         counts = dict(store.query("SELECT kind, COUNT(*) FROM events WHERE run_id = ? GROUP BY kind", [ident]))
-        tokens = {r.request_id: tuple(r.prompt_token_ids) for r in store.requests(ident) if r.prompt_token_ids}
-        return Run(f"run:{ident}", "run", {**(info.config or {}), "run": ident, "run_kind": info.kind,
-                                           "source": f"run:{ident}", "kind": "run"},
-                   rows, counts.get("block_stored", 0), counts.get("block_evicted", 0), tokens)
+        tokens = {r.request_id: tuple(r.prompt_token_ids) for r in stored if r.prompt_token_ids}
+        label = f"run:{ident}"
+        run = Run(label, "run", {**(info.config or {}), "run": ident, "run_kind": info.kind, "source": label,
+                                 "kind": "run"},
+                  rows, counts.get("block_stored", 0), counts.get("block_evicted", 0), tokens)
+        return PreparedSide(label, "run", opts, recorded=run)
 
 
 # ---- the comparison ---------------------------------------------------------------------
@@ -271,9 +300,9 @@ def compare_runs(a: Run, b: Run) -> Comparison:
 def compare(spec_a: str, spec_b: str, opts_a: SideOptions, opts_b: SideOptions | None = None,
             db: str | None = None, tokenizer_loader: Callable[[], Any] | None = None) -> Comparison:
     """Load, replay and pair two sides (B takes A's options unless given its own)."""
-    a = load_side(spec_a, opts_a, db, tokenizer_loader)
-    b = load_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader)
-    return compare_runs(a, b)
+    a = prepare_side(spec_a, opts_a, db, tokenizer_loader)
+    b = prepare_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader)
+    return compare_runs(a.run(), b.run())
 
 
 def hit_rate_curve(run: Run) -> list[float]:
