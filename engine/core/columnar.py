@@ -241,6 +241,7 @@ class ColumnarLog:
         # live appends: the current hash of each block and request id -> its latest row
         self._live_keys: np.ndarray | None = None
         self._live_request: dict[str, int] = {}
+        self._req_index: tuple | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -429,6 +430,7 @@ class ColumnarLog:
         """A snapshot every `every` rows (default: memory for 64 snapshots at most, and no
         closer than 65,536 rows), so `state_at` applies at most one interval."""
         every = every or self.checkpoint_rows or max(65536, self.num_rows // 64 + 1)
+        self._request_index()
         self.checkpoint_rows = every
         state = self.initial_state()
         self._cp_rows = [0]
@@ -513,22 +515,38 @@ class ColumnarLog:
         counters.num_finished_requests += int(np.count_nonzero(kind == FINISHED))
         return PoolArrays(int(seqs[-1]), stop, ref, hk, pos, counters)
 
+    def _request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: the row that started it, the row that finished it (num_rows when
+        none yet); and the allocation rows grouped by request (row numbers, group starts)."""
+        cached = getattr(self, "_req_index", None)
+        if cached is not None and cached[0] == self.num_rows:
+            return cached[1]
+        kind, req = self.col("kind"), self.col("request")
+        n_req = len(self.requests)
+        rows = np.arange(self.num_rows, dtype=np.int64)
+        start = np.full(n_req, self.num_rows, np.int64)
+        m = kind == STARTED
+        start[req[m]] = rows[m]
+        finish = np.full(n_req, self.num_rows, np.int64)
+        m = kind == FINISHED
+        finish[req[m]] = rows[m]
+        alloc = np.flatnonzero(kind == ALLOCATED)
+        alloc = alloc[np.argsort(req[alloc], kind="stable")]
+        bounds = np.searchsorted(req[alloc], np.arange(n_req + 1))
+        value = (start, finish, alloc, bounds)
+        self._req_index = (self.num_rows, value)
+        return value
+
     def running_at(self, seq: int | None) -> dict[str, tuple[int, ...]]:
         """Request id -> block table of the requests running after `seq`."""
         n = self.rows_upto(seq)
-        kind, req, block = self.col("kind")[:n], self.col("request")[:n], self.col("block")[:n]
-        started = np.unique(req[kind == STARTED])
-        done = np.unique(req[kind == FINISHED])
-        live = np.setdiff1d(started, done)
+        start, finish, alloc, bounds = self._request_index()
+        live = np.flatnonzero((start < n) & (finish >= n))
+        block = self.col("block")
         out: dict[str, tuple[int, ...]] = {}
-        if not len(live):
-            return out
-        alloc = (kind == ALLOCATED) & np.isin(req, live)
         for r in live.tolist():
-            out[self.requests.ids[r]] = ()
-        for r, blk in zip(req[alloc].tolist(), block[alloc].tolist()):
-            rid = self.requests.ids[r]
-            out[rid] = out[rid] + (blk,)
+            rows = alloc[bounds[r]:bounds[r + 1]]
+            out[self.requests.ids[r]] = tuple(block[rows[rows < n]].tolist())
         return out
 
 
