@@ -1,0 +1,115 @@
+"""Statistics against values worked out by hand on two small traces (block size 4).
+
+Trace "shared" (a pool that never evicts): r0 = 1..8 + [9]; r1 = 1..8 + [10];
+r2 = 1..4 + 20..23 + [24]; r3 = 1..8 + [11]. Full blocks: h1 = 1..4, h2 = 5..8, h5 = 20..23.
+Accesses h1 h2 | h1 h2 | h1 h5 | h1 h2: reuse distances 1, 1, 1, 1, 2 and 3 first accesses.
+Hit chains: r1 [h1 h2], r2 [h1], r3 [h1 h2] -> h1 h2 reached by 2 requests (16 tokens saved),
+h1 alone by 3 (12). r0 and r2 miss new content at tokens 0 and 4.
+
+Trace "evicting" (2 blocks, block-aligned prompts, no output): r0 = 1..8 (tenant a),
+r1 = 1..4 + 30..33 (a), r2 = 11..18 (b), r3 = 1..8 (a). r0 frees h2 then h1 to the queue's
+tail, so r1 (hit h1) evicts h2 (lived 1 request); r2 evicts r1's 30..33 block (1) and h1 (2);
+r3 finds nothing (h1 was evicted) and evicts r2's 15..18 then 11..14 (1, 1); r3's two
+blocks stay. Accesses h1 h2 | h1 h5 | h3 h4 | h1 h2: distances 1, 3, 4; 5 first accesses.
+Tenant a: 24 prompt tokens, 4 cached; tenant b: 8, 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from engine.analysis.statistics import Histogram, compute, reuse_distances
+from engine.core.events import EventBus
+from engine.core.replay import ReplayConfig, replay
+from engine.core.trace import TraceRequest
+
+
+def trace(rows: list[tuple[str, list[int], str | None]]) -> list[TraceRequest]:
+    return [TraceRequest(i, i + 1, rid, tenant, tuple(toks), (), None, len(toks), 0)
+            for i, (rid, toks, tenant) in enumerate(rows)]
+
+
+def events_of(reqs: list[TraceRequest], capacity: int) -> list[dict]:
+    bus = EventBus()
+    out: list[dict] = []
+    bus.subscribe(lambda e: out.append(e.to_dict()))
+    replay(reqs, ReplayConfig(block_size=4, capacity_blocks=capacity, seed=0), bus)
+    return out
+
+
+def decode(ids) -> str:
+    return "".join(chr(ord("a") + (t - 1) % 26) for t in ids)
+
+
+B1, B2 = list(range(1, 5)), list(range(5, 9))
+SHARED = trace([("r0", B1 + B2 + [9], None), ("r1", B1 + B2 + [10], None), ("r2", B1 + [20, 21, 22, 23, 24], None),
+                ("r3", B1 + B2 + [11], None)])
+EVICTING = trace([("r0", B1 + B2, "a"), ("r1", B1 + [30, 31, 32, 33], "a"), ("r2", list(range(11, 19)), "b"),
+                  ("r3", B1 + B2, "a")])
+
+
+def prompts(reqs):
+    return {r.id: r.tokens for r in reqs}
+
+
+def test_reuse_distance_by_hand():
+    assert reuse_distances(list("abab")) == ([1, 1], 2)
+    assert reuse_distances(list("aaa")) == ([0, 0], 1)
+    assert reuse_distances(list("abcba")) == ([1, 2], 3)
+
+
+def test_histogram_bins():
+    h = Histogram.of([0, 1, 1, 2, 3, 4, 9], "blocks", 5)
+    assert h.edges == (0, 1, 2, 4, 8, 16) and h.counts == (1, 2, 2, 1, 1) and h.num_unbounded == 5
+    header, rows = h.table("first access")
+    assert rows[-1] == ("first access", "", 5) and rows[2] == (2, 4, 2)
+
+
+def test_shared_trace():
+    s = compute(events_of(SHARED, 64), prompts(SHARED), decode)
+    assert sorted(s.reuse_distance.values) == [1, 1, 1, 1, 2] and s.reuse_distance.num_unbounded == 3
+    assert s.lifetime.counts == (0,) and s.lifetime.num_unbounded == 3  # h1, h2, h5 stay cached
+    top = [(p.num_blocks, p.num_requests, p.tokens_saved, p.text) for p in s.shared_prefixes]
+    assert top == [(2, 2, 16, "abcdefgh"), (1, 3, 12, "abcd")]
+    kill = [(k.position, k.num_requests, k.share, k.text, k.examples) for k in s.killers]
+    assert kill == [(0, 1, 0.5, "abcd", ("r0",)), (4, 1, 0.5, decode([20, 21, 22, 23]), ("r2",))]
+    (none,) = s.hit_rates["tenant"]
+    assert (none.group, none.requests, none.prompt_tokens, none.cached_tokens) == ("(none)", 4, 36, 20)
+    assert s.hit_rates["server"][0].group == "local"
+
+
+def test_evicting_trace():
+    s = compute(events_of(EVICTING, 2), prompts(EVICTING), decode)
+    assert sorted(s.reuse_distance.values) == [1, 3, 4] and s.reuse_distance.num_unbounded == 5
+    assert sorted(s.lifetime.values) == [1, 1, 1, 1, 2] and s.lifetime.num_unbounded == 2
+    assert s.lifetime.unit == "requests"
+    rates = {g.group: (g.requests, g.prompt_tokens, g.cached_tokens, g.hit_rate) for g in s.hit_rates["tenant"]}
+    assert rates == {"a": (3, 24, 4, round(4 / 24, 6)), "b": (1, 8, 0, 0.0)}
+    assert [(p.num_blocks, p.num_requests, p.text) for p in s.shared_prefixes] == [(1, 1, "abcd")]
+    # r3 misses because h1 was evicted: an eviction, not a killer
+    assert [(k.position, k.num_requests) for k in s.killers] == [(0, 2), (4, 1)]
+    assert s.killers[0].examples == ("r0", "r2")
+
+
+def test_every_table_exports_as_csv():
+    s = compute(events_of(EVICTING, 2), prompts(EVICTING), decode)
+    names = set(s.tables())
+    assert names == {"reuse_distance", "block_lifetime", "hit_rate_by_tenant", "hit_rate_by_model",
+                     "hit_rate_by_server", "shared_prefixes", "cache_killers"}
+    rows = list(csv.reader(io.StringIO(s.to_csv("hit_rate_by_tenant"))))
+    assert rows == [["tenant", "requests", "prompt tokens", "cached tokens", "hit rate"],
+                    ["a", "3", "24", "4", str(round(4 / 24, 6))], ["b", "1", "8", "0", "0.0"]]
+    lifetimes = list(csv.reader(io.StringIO(s.to_csv("block_lifetime"))))
+    assert lifetimes[0] == ["from (requests)", "below (requests)", "count"]
+    assert lifetimes[1:] == [["0", "1", "0"], ["1", "2", "4"], ["2", "4", "1"], ["still cached", "", "2"]]
+    with pytest.raises(ValueError, match="no statistics table"):
+        s.to_csv("nope")
+
+
+def test_without_prompts_or_decoder_the_tables_show_ids():
+    s = compute(events_of(SHARED, 64))
+    assert s.shared_prefixes[0].text is None and s.tables()["shared_prefixes"][1][0][-1] == "1 2 3 4 5 6 7 8"
+    assert s.killers[0].text is None
