@@ -206,7 +206,7 @@ class DemoRunner(QObject):
                 if cache is not None:
                     panels["semantic"].show_cache(cache, pick["prompt"] if pick else None, result["title"])
             elif panel == "kv_memory" and name == "quantized-kv-cache":
-                show_quantized_kv(panels["kv_memory"], findings)
+                panels["kv_memory"].show_quantized(findings)
             elif panel == "kv_memory":
                 show_kv_what_if(panels["kv_memory"], findings)
         self._raise(DOCK_FOR_DEMO.get(name, "block_table"))
@@ -284,18 +284,6 @@ def show_kv_what_if(view: Any, findings: dict[str, Any]) -> None:
     if dtypes and view.dtype_box.findText(dtypes[0]) >= 0:
         view.dtype_box.setCurrentIndex(view.dtype_box.findText(dtypes[0]))
     view.tokens_box.setValue(int(findings.get("tokens") or view.tokens_box.value()))
-
-
-def show_quantized_kv(view: Any, findings: dict[str, Any]) -> None:
-    """Point the KV panel's what-if at this model in bfloat16 at the long context, and show
-    the measured quantized cache beside it (with the group size the engine refused)."""
-    view.preset_box.setCurrentIndex(0)  # "this model"
-    if view.dtype_box.findText("bfloat16") >= 0:
-        view.dtype_box.setCurrentIndex(view.dtype_box.findText("bfloat16"))
-    contexts = findings.get("contexts") or []
-    if contexts:
-        view.tokens_box.setValue(int(contexts[-1]["tokens_with_kv"]))
-    view.show_quantized(findings)
 
 
 def install_demos(window: MainWindow, model: Any = None) -> DemoRunner:

@@ -138,6 +138,7 @@ class KvMemoryView(PanelView):
             box.currentIndexChanged.connect(self.update_what_if)
         self.tokens_box.valueChanged.connect(self.update_what_if)
         self.state.sigReset.connect(self.refresh)
+        self.state.sigReset.connect(self.clear_quantized)
         self.state.sigChanged.connect(self._on_changed)
         self._in_use_shown = -1
         self.apply_theme()
@@ -245,25 +246,34 @@ class KvMemoryView(PanelView):
 
     def show_quantized(self, findings: dict[str, Any]) -> None:
         """A measured quantized KV cache (the quantized-kv-cache demo's findings) against the
-        full-precision one: bytes, capacity, TTFT, decode time, logit cost and the refusal."""
+        full-precision one: bytes, capacity, TTFT, decode time, logit cost and the refusal.
+        The what-if shows this model in bfloat16 at the long context beside it."""
         self.quantized_findings = findings
+        self.preset_box.setCurrentIndex(0)  # "this model"
+        if self.dtype_box.findText("bfloat16") >= 0:
+            self.dtype_box.setCurrentText("bfloat16")
+        contexts = findings.get("contexts") or []
+        if contexts:
+            self.tokens_box.setValue(int(contexts[-1]["tokens_with_kv"]))
         p = theme.palette()
         rows = "".join(
-            f"<tr><td>{c['context']} ({c['tokens_with_kv']:,} tokens)</td>"
-            f"<td align='right'>{human_bytes(c['fp32_bytes'], 2)}</td><td align='right'>{human_bytes(c['bf16_bytes'], 2)}</td>"
-            f"<td align='right'><b>{human_bytes(c['quantized_bytes'], 2)}</b></td>"
-            f"<td align='right'>{c['capacity_vs_bf16']:.2f}×</td>"
-            f"<td align='right'>{c['fp32_ttft_ms']:,.0f} / {c['quantized_ttft_ms']:,.0f} ms</td>"
-            f"<td align='right'>{c['fp32_decode_ms_per_token']:,.1f} / {c['quantized_decode_ms_per_token']:,.1f} ms</td>"
-            f"<td align='right'>{c['decode_logit_max_abs_diff']:.2f}</td></tr>"
+            f"<br>{c['context']}, {c['tokens_with_kv']:,} tokens: float32 {human_bytes(c['fp32_bytes'], 2)} · "
+            f"bf16 {human_bytes(c['bf16_bytes'], 2)} · {findings.get('nbits')}-bit "
+            f"<b>{human_bytes(c['quantized_bytes'], 2)}</b> ({c['capacity_vs_bf16']:.2f}× less than bf16) · "
+            f"TTFT {c['fp32_ttft_ms']:,.0f} → {c['quantized_ttft_ms']:,.0f} ms · decode "
+            f"{c['fp32_decode_ms_per_token']:,.0f} → {c['quantized_decode_ms_per_token']:,.0f} ms per token · "
+            f"largest logit change {c['decode_logit_max_abs_diff']:.2f}"
             for c in findings.get("contexts", ()))
         refusal = (findings.get("refusal") or {}).get("engine_refusal")
         refused = (f"<br><span style='color:{p['warn']}'>Group size {findings['refusal']['group_size']} refused: "
                    f"{refusal}.</span>" if refusal else "")
         self.quantized.setText(
             f"<b>Quantized KV cache, measured</b> · {findings.get('nbits')}-bit, groups of {findings.get('group_size')}, "
-            f"{findings.get('backend')} ({findings.get('unpack', '')})"
-            f"<table cellspacing='0' cellpadding='2'><tr><th align='left'>context</th><th>float32</th><th>bf16</th>"
-            f"<th>{findings.get('nbits')}-bit</th><th>vs bf16</th><th>TTFT fp32 / q</th><th>decode per token</th>"
-            f"<th>logit Δ</th></tr>{rows}</table>{refused}")
+            f"{findings.get('backend')}, unpacking in {str(findings.get('unpack', 'torch')).split(' (')[0]}"
+            f"{rows}{refused}")
         self.quantized.show()
+
+    def clear_quantized(self) -> None:
+        """Forget the quantized cache shown: a new engine's pool is not what it measured."""
+        self.quantized_findings = None
+        self.quantized.hide()
