@@ -56,3 +56,24 @@ def test_the_hash_command_prints_sglangs_hashes(row, tmp_path):
     assert [b["hash"] for b in out["blocks"]] == row["page_hashes"]
     assert [b["event_hash"] for b in out["blocks"]] == row["event_int_hashes"]
     assert [b["event_key"] for b in out["blocks"]] == [h[:16] for h in row["page_hashes"]]
+
+
+def test_the_engine_and_replay_hash_with_sglangs_scheme(tmp_path):
+    from engine.core.manager import PrefixCacheManager, Request
+
+    manager = PrefixCacheManager(10, 16, BlockHasher("sglang-sha256"))
+    for row in ROWS:
+        assert [h.hex() for h in manager.hash_request(Request("r", row["tokens"]))] == row["page_hashes"]
+        # a model keys Cachescope's own schemes; a server's scheme ignores it, as the server does
+        assert [h.hex() for h in manager.hash_request(Request("r", row["tokens"], model="m"))] == row["page_hashes"]
+    trace = tmp_path / "t.jsonl"
+    six = ROWS[2]["tokens"]
+    trace.write_text(json.dumps({"id": "a", "tokens": six, "output_length": 1}) + "\n"
+                     + json.dumps({"id": "b", "tokens": six[:40], "output_length": 1}) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "app", "replay", str(trace), "--no-model", "--capacity-blocks", "50",
+                           "--block-size", "16", "--hash", "sglang-sha256", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["config"]["hash"] == "sglang-sha256"
+    assert [r["cached_tokens"] for r in out["requests"]] == [0, 32]  # b reuses a's first two pages
