@@ -17,6 +17,7 @@ from engine.store.formats import Conversation, load_conversations, trace_request
 from engine.core.manager import PrefixCacheManager
 from engine.core.replay import ReplayConfig, make_manager, replay
 from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
+from engine.store.bookmarks import import_bookmarks, session_file_bookmarks
 from engine.store.database import SessionInfo, Store
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest
 from engine.model.chat import Turn, render_turns
@@ -37,7 +38,10 @@ def import_file(store: Store, path: str | Path, format: str | None = None, *, ti
     overrides = {k: v for k, v in (("model", model), ("block_size", block_size), ("capacity_blocks", capacity_blocks),
                                    ("seed", seed), ("hash", hash_name)) if v is not None}
     with store.atomic():
-        return [import_conversation(store, c, str(path), title, overrides) for c in conversations]
+        ids = [import_conversation(store, c, str(path), title, overrides) for c in conversations]
+        if conversations and conversations[0].format == "cachescope":
+            import_bookmarks(store, path, ids)
+        return ids
 
 
 def import_conversation(store: Store, conv: Conversation, source_path: str | None = None, title: str | None = None,
@@ -84,6 +88,9 @@ def session_file(store: Store, session_id: int) -> dict[str, Any]:
     doc: dict[str, Any] = {"format": SESSION_FILE_FORMAT, "version": 1, "session": session, "messages": messages}
     if info.kind == "trace":
         doc["trace"] = [trace_request_dict(tr) for tr in store.trace_requests(session_id)]
+    marks = session_file_bookmarks(store, session_id)
+    if marks:  # a walk through the session travels with it (engine.store.bookmarks)
+        doc["bookmarks"] = marks
     return doc
 
 
