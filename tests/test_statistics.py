@@ -112,4 +112,9 @@ def test_every_table_exports_as_csv():
 def test_without_prompts_or_decoder_the_tables_show_ids():
     s = compute(events_of(SHARED, 64))
     assert s.shared_prefixes[0].text is None and s.tables()["shared_prefixes"][1][0][-1] == "1 2 3 4 5 6 7 8"
-    assert s.killers[0].text is None
+    assert s.killers[0].text == "1 2 3 4"  # read back from the blocks r0 stored
+
+
+def test_prompts_are_read_back_from_the_stored_blocks():
+    s = compute(events_of(SHARED, 64), decode=decode)
+    assert [(k.position, k.text) for k in s.killers] == [(0, "abcd"), (4, decode([20, 21, 22, 23]))]

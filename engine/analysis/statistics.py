@@ -179,8 +179,8 @@ def compute(events: Iterable[Mapping[str, Any]], prompts: Mapping[str, Sequence[
             decode: Decode | None = None, block_size: int | None = None, top: int = 20,
             killer_window: int = 4) -> Statistics:
     """The statistics of an event log. `prompts` gives each request id's prompt token ids
-    (for the killers' text); `decode` turns ids into text; `block_size` is inferred from
-    stored blocks when not given."""
+    for the killers' text (else they are read back from the stored blocks); `decode` turns
+    ids into text; `block_size` is inferred from stored blocks when not given."""
     events = list(events)
     ctx = EventContext.from_events(events)
     prompts = prompts or {}
@@ -238,6 +238,15 @@ def compute(events: Iterable[Mapping[str, Any]], prompts: Mapping[str, Sequence[
             for h, times in stored_at.items():
                 lifetimes.extend(now - t for t in times)
             stored_at.clear()
+    # A prompt not given is what its lookup's full blocks held (enough for a divergence,
+    # which is always inside a full block that the request then stored).
+    known = dict(prompts)
+    for e in events:
+        if e.get("kind") == "lookup" and str(e.get("request_id")) not in known:
+            hashes = [_hash_key(h) for h in e.get("block_hashes") or ()]
+            if hashes and all(h in tokens_of for h in hashes):
+                known[str(e.get("request_id"))] = tuple(t for h in hashes for t in tokens_of[h])
+    prompts = known
     distances, cold = reuse_distances(accesses)
     still = sum(len(v) for v in stored_at.values())
     unit = "requests" if has_requests else "seconds"
