@@ -153,3 +153,18 @@ def test_replay_with_auto_falls_back_where_the_kernel_cannot_run():
         replay_with("numba", reqs, config)
     with pytest.raises(InputError, match="unknown kernel"):
         replay_with("fortran", reqs, config)
+
+
+@pytest.mark.parametrize("capacity,concurrency,chunk", [(300, 3, 7), (2000, 1, 500), (100000, 4, 1000)])
+def test_stream_in_chunks_equals_one_run(capacity, concurrency, chunk):
+    """Chunks of a stream (requests still running carried to the next) total what one run does."""
+    from engine.kernel.stream import chunks_of, replay_stream
+
+    requests = load_trace(TRACES / "mooncake_conversation_trace.jsonl", 512)[:1500]
+    config = ReplayConfig(block_size=512, capacity_blocks=capacity, concurrency=concurrency)
+    one = replay(requests, config).totals
+    got = replay_stream(chunks_of(requests, chunk), config)
+    assert (got.requests, got.refused_requests, got.prompt_tokens, got.cached_tokens, got.stored_blocks,
+            got.evicted_blocks, got.hit_rate) == (one.requests, one.refused_requests, one.prompt_tokens,
+                                                  one.cached_tokens, one.stored_blocks, one.evicted_blocks,
+                                                  one.hit_rate)

@@ -96,3 +96,72 @@ def intern_chains(items, offsets, kinds, root_tags):
             keys[j] = k
             parent = k
     return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
+
+
+@njit(cache=True)
+def _rehash(k_parent, k_item, k_tag, n_keys, size):
+    table = np.full(size, -1, np.int32)
+    mask = np.uint64(size - 1)
+    for k in range(n_keys):
+        s = _slot(k_parent[k], k_item[k], k_tag[k], mask)
+        while table[s] >= 0:
+            s = (s + np.uint64(1)) & mask
+        table[s] = k
+    return table
+
+
+@njit(cache=True)
+def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
+    mask = np.uint64(table.shape[0] - 1)
+    for r in range(offsets.shape[0] - 1):
+        parent = -1
+        for j in range(offsets[r], offsets[r + 1]):
+            item = items[j]
+            tag = root_tags[r] if parent < 0 else kinds[r]
+            s = _slot(parent, item, tag, mask)
+            while True:
+                k = table[s]
+                if k < 0:
+                    k = n_keys
+                    table[s] = k
+                    k_parent[k] = parent
+                    k_item[k] = item
+                    k_tag[k] = tag
+                    n_keys += 1
+                    break
+                if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
+                    break
+                s = (s + np.uint64(1)) & mask
+            keys[j] = k
+            parent = k
+    return n_keys
+
+
+class Interner:
+    """A key table that grows across the chunks of a stream (`intern_chains` for one go)."""
+
+    def __init__(self) -> None:
+        self.table = np.full(1024, -1, np.int32)
+        self.k_parent = np.zeros(256, np.int32)
+        self.k_item = np.zeros(256, np.int64)
+        self.k_tag = np.zeros(256, np.int64)
+        self.num_keys = 0
+
+    def intern(self, items: np.ndarray, offsets: np.ndarray, kinds: np.ndarray, root_tags: np.ndarray) -> np.ndarray:
+        need = self.num_keys + len(items)
+        if len(self.k_parent) < need:
+            size = max(need, 2 * len(self.k_parent))
+            for name in ("k_parent", "k_item", "k_tag"):
+                old = getattr(self, name)
+                grown = np.zeros(size, old.dtype)
+                grown[:self.num_keys] = old[:self.num_keys]
+                setattr(self, name, grown)
+        if len(self.table) < 2 * need:
+            size = len(self.table)
+            while size < 2 * need:
+                size *= 2
+            self.table = _rehash(self.k_parent, self.k_item, self.k_tag, self.num_keys, size)
+        keys = np.empty(len(items), np.int32)
+        self.num_keys = _intern_into(items, offsets, kinds, root_tags, self.table, self.k_parent, self.k_item,
+                                     self.k_tag, self.num_keys, keys)
+        return keys

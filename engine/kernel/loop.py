@@ -22,6 +22,7 @@ STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 
 NEW_CONTENT, EVICTED_MISS, SALT, MODEL, PARTIAL, LAST_TOKEN = 0, 1, 2, 3, 4, 5
 OK, ERR_DUPLICATE, ERR_CAPACITY = 0, 1, 2
 MAX_SALTS_CHECKED = 64
+MORE = 3
 # Counters, in engine.core.pool_state.Counters order.
 C_REQ, C_PROMPT, C_CACHED, C_STORED, C_EVICTED, C_REFUSED, C_FINISHED, C_COLLISIONS = range(8)
 
@@ -98,46 +99,66 @@ def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_cop
     return n_rows, 1
 
 
-@njit(cache=True)
-def replay_arrays(num_blocks, bs, concurrency, record,
-                  r_nprompt, r_kvout, r_salt, r_model, r_kind, r_uid, r_koff, r_nfull, keys, items,
-                  table, k_parent, k_item, k_tag, k_salt, content, n_salts, n_models, n_uids, row_cap):
-    """Replay every request; returns (status, request at fault, counters, per-request
-    results, log columns, rows used, events numbered)."""
-    n_req = r_nprompt.shape[0]
-    n_keys = k_parent.shape[0]
+def new_state(num_blocks, concurrency, n_keys, n_salts, n_models, n_uids, max_nb):
+    """The bookkeeping a replay carries from one chunk of requests to the next: the pool,
+    the hashes' holders and cached children, the running requests' slots and scalars
+    (free blocks, salts and models seen, free slots, running, next seq)."""
     N = num_blocks
     HEAD, TAIL = N, N + 1
-    # ---- pool state
-    ref = np.zeros(N, np.int32)
-    bkey = np.full(N, -1, np.int32)
     qprev = np.full(N + 2, -1, np.int32)
     qnext = np.full(N + 2, -1, np.int32)
-    for i in range(N):
-        qprev[i] = i - 1 if i > 0 else HEAD
-        qnext[i] = i + 1 if i < N - 1 else TAIL
-    qnext[HEAD] = 0 if N > 0 else TAIL
-    qprev[TAIL] = N - 1 if N > 0 else HEAD
+    qprev[:N] = np.arange(-1, N - 1, dtype=np.int32)
+    qnext[:N] = np.arange(1, N + 1, dtype=np.int32)
+    qprev[0] = HEAD
+    qnext[N - 1] = TAIL
+    qnext[HEAD] = 0
+    qprev[TAIL] = N - 1
     qprev[HEAD] = -2
     qnext[TAIL] = -2
-    n_free = N
-    hold_head = np.full(n_keys, -1, np.int32)
-    hold_tail = np.full(n_keys, -1, np.int32)
-    n_copies = np.zeros(n_keys, np.int32)
-    hnext = np.full(N, -1, np.int32)
-    hprev = np.full(N, -1, np.int32)
-    ch_head = np.full(n_keys + 1, -1, np.int32)  # index 0: children of no parent
-    ch_next = np.full(n_keys, -1, np.int32)
-    ch_prev = np.full(n_keys, -1, np.int32)
-    ev_seq = np.full(n_keys, -2, np.int64)  # -2: not evicted
-    salts_seen = np.empty(n_salts + 1, np.int32)
-    salt_seen = np.zeros(n_salts + 1, np.uint8)
-    n_seen = 0
-    models_seen = np.empty(n_models + 1, np.int32)
-    model_seen = np.zeros(n_models + 1, np.uint8)
-    n_models_seen = 0
-    running_uid = np.zeros(n_uids, np.uint8)
-    counters = np.zeros(8, np.int64)
+    K = concurrency
+    scalars = np.array([N, 0, 0, K, 0, 0], np.int64)  # free, salts seen, models seen, free slots, running, seq
+    return [np.zeros(N, np.int32), np.full(N, -1, np.int32), qprev, qnext,
+            np.full(n_keys, -1, np.int32), np.full(n_keys, -1, np.int32), np.zeros(n_keys, np.int32),
+            np.full(N, -1, np.int32), np.full(N, -1, np.int32),
+            np.full(n_keys + 1, -1, np.int32), np.full(n_keys, -1, np.int32), np.full(n_keys, -1, np.int32),
+            np.full(n_keys, -2, np.int64),
+            np.zeros(n_salts + 1, np.int32), np.zeros(n_salts + 1, np.uint8),
+            np.zeros(n_models + 1, np.int32), np.zeros(n_models + 1, np.uint8),
+            np.zeros(n_uids, np.uint8), np.zeros(8, np.int64),
+            np.zeros((K, max(max_nb, 1)), np.int32), np.zeros(K, np.int64), np.zeros(K, np.int64),
+            np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64),
+            np.arange(K - 1, -1, -1).astype(np.int64), np.zeros(K, np.int64), scalars]
+
+
+# Which state entries are indexed by key, salt, model or uid (grown as a stream finds more).
+KEYED = {4: -1, 5: -1, 6: 0, 10: -1, 11: -1, 12: -2}
+KEYED_PLUS_ONE = {9: -1}
+SALTED = (13, 14)
+MODELLED = (15, 16)
+UID = 17
+TABLES = 19
+
+
+@njit(cache=True)
+def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
+                  r_nprompt, r_kvout, r_salt, r_model, r_kind, r_uid, r_koff, r_nfull, keys, items,
+                  table, k_parent, k_item, k_tag, k_salt, content,
+                  ref, bkey, qprev, qnext, hold_head, hold_tail, n_copies, hnext, hprev, ch_head, ch_next, ch_prev,
+                  ev_seq, salts_seen, salt_seen, models_seen, model_seen, running_uid, counters,
+                  tables, s_req, s_ntab, s_ntok, s_app, s_nh, free_slots, order, scalars, row_cap):
+    """Replay requests p0.. of these arrays on the state (`new_state`, changed in place);
+    returns (status, request at fault or the first one not admitted, per-request results,
+    log columns, rows used). Unless `final`, it stops where it would admit a request past
+    the end: the caller brings the next chunk, the running requests first."""
+    n_req = r_nprompt.shape[0]
+    N = num_blocks
+    HEAD, TAIL = N, N + 1
+    n_free = scalars[0]
+    n_seen = scalars[1]
+    n_models_seen = scalars[2]
+    n_free_slots = scalars[3]
+    nrun = scalars[4]
+    seq = scalars[5]
     # ---- per-request results
     res_cached = np.zeros(n_req, np.int64)
     res_computed = np.zeros(n_req, np.int64)
@@ -145,23 +166,8 @@ def replay_arrays(num_blocks, bs, concurrency, record,
     res_first = np.zeros(n_req, np.int64)
     res_div = np.full(n_req, -1, np.int64)
     res_refused = np.zeros(n_req, np.uint8)
-    # ---- running requests, in slots; `order` keeps round-robin order
-    max_nb = 1
-    for r in range(n_req):
-        nb = _cdiv(r_nprompt[r] + r_kvout[r], bs)
-        if nb > max_nb:
-            max_nb = nb
+    max_nb = tables.shape[1]
     K = concurrency
-    tables = np.zeros((K, max_nb), np.int32)
-    s_req = np.zeros(K, np.int64)
-    s_ntab = np.zeros(K, np.int64)
-    s_ntok = np.zeros(K, np.int64)
-    s_app = np.zeros(K, np.int64)
-    s_nh = np.zeros(K, np.int64)
-    free_slots = np.arange(K - 1, -1, -1).astype(np.int64)
-    n_free_slots = K
-    order = np.zeros(K, np.int64)
-    nrun = 0
     hits = np.zeros(max_nb, np.int32)
     hashless = np.zeros(max_nb, np.int32)
     # ---- the log
@@ -174,14 +180,18 @@ def replay_arrays(num_blocks, bs, concurrency, record,
     seq = 0
     margin = K * (12 * max_nb + 16) + 16
 
-    p = 0
-    while p < n_req or nrun > 0:
+    p = p0
+    more = False
+    while p < n_req or nrun > 0 or (not final and not more):
         if record and n_rows + margin > c_kind.shape[0]:
             new_cap = max(2 * c_kind.shape[0], n_rows + 2 * margin)
             L = _grow(c_kind[:n_rows], c_tier[:n_rows], c_seq[:n_rows], c_req[:n_rows], c_block[:n_rows],
                       c_key[:n_rows], c_a[:n_rows], c_b[:n_rows], c_flag[:n_rows], new_cap)
             c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag = L
-        while p < n_req and nrun < K:
+        while nrun < K:
+            if p == n_req:
+                more = not final  # the next chunk's first request would be admitted here
+                break
             r = p
             n_prompt = r_nprompt[r]
             kv_out = r_kvout[r]
@@ -268,6 +278,8 @@ def replay_arrays(num_blocks, bs, concurrency, record,
             res_first[r] = n_hit
             res_div[r] = div if (reason == NEW_CONTENT) else -1
             if running_uid[r_uid[r]]:
+                scalars[0], scalars[1], scalars[2], scalars[3], scalars[4], scalars[5] = \
+                    n_free, n_seen, n_models_seen, n_free_slots, nrun, seq
                 return (ERR_DUPLICATE, r, counters, res_cached, res_computed, res_reason, res_first, res_div,
                         res_refused, (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag), n_rows, seq)
             # ---- allocate
@@ -418,6 +430,8 @@ def replay_arrays(num_blocks, bs, concurrency, record,
             res_cached[r] = n_hit * bs
             res_computed[r] = n_prompt - n_hit * bs
             p += 1
+        if more:
+            break
         if nrun == 0:
             continue
         # ---- decode round-robin, quiet steps in one go (as engine.core.replay)
@@ -442,6 +456,8 @@ def replay_arrays(num_blocks, bs, concurrency, record,
                 total = s_ntok[s] + n
                 num_new = _cdiv(total, bs) - s_ntab[s]
                 if num_new > n_free:
+                    scalars[0], scalars[1], scalars[2], scalars[3], scalars[4], scalars[5] = \
+                        n_free, n_seen, n_models_seen, n_free_slots, nrun, seq
                     return (ERR_CAPACITY, rq, counters, res_cached, res_computed, res_reason, res_first, res_div,
                             res_refused, (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag),
                             n_rows, seq)
@@ -595,5 +611,7 @@ def replay_arrays(num_blocks, bs, concurrency, record,
             free_slots[n_free_slots] = s
             n_free_slots += 1
         nrun = keep
-    return (OK, -1, counters, res_cached, res_computed, res_reason, res_first, res_div, res_refused,
+    scalars[0], scalars[1], scalars[2], scalars[3], scalars[4], scalars[5] = \
+        n_free, n_seen, n_models_seen, n_free_slots, nrun, seq
+    return (MORE if more else OK, p, counters, res_cached, res_computed, res_reason, res_first, res_div, res_refused,
             (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag), n_rows, seq)

@@ -24,7 +24,7 @@ from engine.core.replay import ReplayConfig
 from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
 from engine.core.trace import TraceRequest
 from engine.kernel.intern import KIND_EXTERNAL, KIND_TOKENS, intern_chains, root_tag
-from engine.kernel.loop import ERR_CAPACITY, ERR_DUPLICATE, replay_arrays
+from engine.kernel.loop import ERR_CAPACITY, ERR_DUPLICATE, new_state, replay_arrays
 
 
 KERNEL_HASHES = ("sha256", "xxh3", *VLLM_HASHES)
@@ -173,10 +173,13 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
     k_salt = np.where(k_parent < 0, ((k_tag >> 1) & 0xFFFFFFFF) - 2, -1).astype(np.int32)
     t1 = time.perf_counter()
     row_cap = max(1024, 8 * len(keys) + 16 * len(arrays.nprompt)) if record else 1
+    max_nb = int(((arrays.nprompt + arrays.kvout + bs - 1) // bs).max()) if len(arrays.nprompt) else 1
+    state = new_state(config.capacity_blocks, config.concurrency, len(k_parent), len(arrays.salts),
+                      len(arrays.models), max(arrays.num_uids, 1), max_nb)
     (status, fault, counters, cached, computed, reason, first, div, refused, cols, n_rows, n_seq) = replay_arrays(
-        config.capacity_blocks, bs, config.concurrency, record, arrays.nprompt, arrays.kvout, arrays.salt,
-        arrays.model, arrays.kind, arrays.uid, arrays.koff, arrays.nfull, keys, arrays.items, table, k_parent, k_item, k_tag,
-        k_salt, arrays.content, len(arrays.salts), len(arrays.models), max(arrays.num_uids, 1), row_cap)
+        config.capacity_blocks, bs, config.concurrency, record, 0, True, arrays.nprompt, arrays.kvout, arrays.salt,
+        arrays.model, arrays.kind, arrays.uid, arrays.koff, arrays.nfull, keys, arrays.items, table, k_parent,
+        k_item, k_tag, k_salt, arrays.content, *state, row_cap)
     t2 = time.perf_counter()
     reqs = arrays.requests
     if status == ERR_DUPLICATE:
