@@ -141,6 +141,10 @@ def test_cacheblend_demo_on_the_shipped_rag_prompts(default_model, one_torch_thr
         assert row["blend"]["same_first_token"]
         assert row["blend"]["greedy_matching_tokens"] >= row["concat"]["greedy_matching_tokens"]
         assert row["full_prefill_ttft_ms"] > 0 and row["blend"]["ttft_ms"] > 0
+    # The engine's prefix cache reuses the second prompt only up to its first moved chunk.
+    second = f["per_prompt"][1]
+    assert second["prefix_caching_cached_tokens"] < second["prefix_tokens"] + 16
+    assert r["events"]["request_started"] == 2
     assert f["blend_kl_from_full"] < f["concat_kl_from_full"]
     # Plain concatenation fails somewhere: a different first token or greedy text that parts at once.
     assert any(not row["concat"]["same_first_token"] or row["concat"]["greedy_matching_tokens"] <= 1
