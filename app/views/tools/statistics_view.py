@@ -1,0 +1,206 @@
+"""The Statistics panel: reuse-distance and block-lifetime histograms, hit rate per tenant /
+model / server, the top shared prefixes and the cache killers of the shown event log,
+optionally narrowed by a filter; every table exports as CSV.
+
+The numbers are `engine.analysis.statistics`; this view only draws them. They are
+recomputed when asked (Refresh) and when the log changes while the panel is visible,
+at most once per second, so a replay in progress never waits on it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QComboBox, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
+    QVBoxLayout, QWidget,
+)
+
+from app.ui import theme
+from app.ui.export import export_button
+from app.ui.filter_bar import FilterBar
+from app.ui.widgets import PanelView
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext, Subject
+
+MIN_INTERVAL_S = 1.0
+GROUPS = ("tenant", "model", "server")
+
+
+def _table(header: tuple[str, ...]) -> QTableWidget:
+    t = QTableWidget(0, len(header))
+    t.setHorizontalHeaderLabels(list(header))
+    t.verticalHeader().hide()
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    t.horizontalHeader().setStretchLastSection(True)
+    return t
+
+
+def _fill(table: QTableWidget, rows: list[tuple[Any, ...]]) -> None:
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row):
+            text = f"{value:.1%}" if isinstance(value, float) and table.horizontalHeaderItem(j).text() in (
+                "hit rate", "share") else str(value).replace("\n", "\u21b5")
+            item = QTableWidgetItem(text)
+            if isinstance(value, (int, float)):
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            table.setItem(i, j, item)
+
+
+class StatisticsView(PanelView):
+    """`stats` is the last `engine.analysis.statistics.Statistics` drawn (None before any)."""
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(ctx, parent)
+        self.setObjectName("statistics_view")
+        self.stats: Any = None
+        self._drawn_version = -1
+        self._last_compute = 0.0
+        self.filter_bar = FilterBar(ctx.settings, self, "tenant:bob or kind:evicted")
+        self.filter_bar.sigFilterChanged.connect(lambda _f: self.refresh())
+        self.summary = QLabel("No events yet: run a chat, open a trace or attach to a server.")
+        self.summary.setObjectName("statistics_summary")
+        self.summary.setWordWrap(True)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.p_reuse = self.plots.addPlot(title="reuse distance (blocks)")
+        self.p_life = self.plots.addPlot(title="block lifetime")
+        self.b_reuse = pg.BarGraphItem(x=[], height=[], width=0.8)
+        self.b_life = pg.BarGraphItem(x=[], height=[], width=0.8)
+        self.p_reuse.addItem(self.b_reuse)
+        self.p_life.addItem(self.b_life)
+        for p in (self.p_reuse, self.p_life):
+            p.setMouseEnabled(x=False, y=False)
+            p.showGrid(x=False, y=True, alpha=0.15)
+            p.setLabel("left", "count")
+        self.group = QComboBox()
+        self.group.addItems([f"hit rate per {g}" for g in GROUPS])
+        self.group.currentIndexChanged.connect(lambda _i: self._draw_groups())
+        self.t_groups = _table(("group", "requests", "prompt tokens", "cached tokens", "hit rate"))
+        self.t_prefixes = _table(("blocks", "tokens", "requests", "tokens saved", "text", "last hash"))
+        self.t_killers = _table(("token position", "requests", "share", "text", "examples"))
+        tables = {"reuse distance": lambda: self._csv_table("reuse_distance"),
+                  "block lifetime": lambda: self._csv_table("block_lifetime"),
+                  **{f"hit rate per {g}": (lambda g=g: self._csv_table(f"hit_rate_by_{g}")) for g in GROUPS},
+                  "shared prefixes": lambda: self._csv_table("shared_prefixes"),
+                  "cache killers": lambda: self._csv_table("cache_killers")}
+        self.export = export_button(self, plots={"histograms": lambda: self.plots}, tables=tables)
+
+        top = QHBoxLayout()
+        top.addWidget(self.filter_bar, 1)
+        top.addWidget(refresh, 0, Qt.AlignmentFlag.AlignTop)
+        top.addWidget(self.export, 0, Qt.AlignmentFlag.AlignTop)
+        grid = QGridLayout()
+        grid.addWidget(self.group, 0, 0)
+        grid.addWidget(QLabel("top shared prefixes (the longest chains most requests reuse)"), 0, 1)
+        grid.addWidget(self.t_groups, 1, 0)
+        grid.addWidget(self.t_prefixes, 1, 1)
+        grid.addWidget(QLabel("cache killers (where requests first diverge from the cache)"), 2, 0, 1, 2)
+        grid.addWidget(self.t_killers, 3, 0, 1, 2)
+        grid.setColumnStretch(0, 2)
+        grid.setColumnStretch(1, 3)
+        col = QVBoxLayout(self)
+        col.addLayout(top)
+        col.addWidget(self.summary)
+        col.addWidget(self.plots, 3)
+        col.addLayout(grid, 4)
+
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.timeout.connect(self.refresh)
+        self.state.sigChanged.connect(self._schedule)
+        self.apply_theme(theme.current_theme())
+
+    # ---- computing
+    def _schedule(self) -> None:
+        if self.isVisible() and self.state.version != self._drawn_version and not self._timer.isActive():
+            wait = max(0.0, MIN_INTERVAL_S - (time.monotonic() - self._last_compute))
+            self._timer.start(int(wait * 1000))
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        self._schedule()
+
+    def _decode(self) -> Any:
+        tok = getattr(self.ctx.runner, "tokenizer", None)
+        if tok is None:
+            return None
+        return lambda ids: tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def refresh(self) -> None:
+        from engine.analysis.statistics import compute
+
+        self._last_compute = time.monotonic()
+        self._drawn_version = self.state.version
+        events = [e.to_dict() for e in self.state.log.events]
+        flt = self.filter_bar.filter
+        kept = flt.select(events) if flt.root is not None else events
+        self.filter_bar.set_count(len(kept), len(events))
+        self.stats = compute(kept, decode=self._decode(), block_size=self.state.log.live.block_size)
+        self._draw()
+
+    # ---- drawing
+    def _csv_table(self, name: str) -> Any:
+        if self.stats is None:
+            return (("no statistics yet",), [])
+        return self.stats.tables()[name]
+
+    def _draw(self) -> None:
+        s = self.stats
+        for item, plot, hist, label in ((self.b_reuse, self.p_reuse, s.reuse_distance, "first access"),
+                                        (self.b_life, self.p_life, s.lifetime, "still cached")):
+            n = len(hist.counts)
+            item.setOpts(x=list(range(n + 1)), height=[*hist.counts, hist.num_unbounded], width=0.8)
+            ticks = [(i, f"{lo}") for i, lo in enumerate(hist.edges[:-1])] + [(n, label)]
+            plot.getAxis("bottom").setTicks([ticks])
+            plot.setXRange(-0.6, n + 0.6, padding=0)
+        self.p_life.setTitle(f"block lifetime ({s.lifetime.unit})")
+        self._draw_groups()
+        # text before the hash, and the hash short: the text is what a reader looks for
+        # Chains that share a start differ at their end: show the end of long ones.
+        _fill(self.t_prefixes, [(*r[:4], r[5] if len(r[5]) <= 90 else "\u2026" + r[5][-90:], r[4][:12])
+                                for r in self.stats.tables()["shared_prefixes"][1]])
+        _fill(self.t_killers, self.stats.tables()["cache_killers"][1])
+        reuses = len(s.reuse_distance.values)
+        evictions = len(s.lifetime.values)
+        text = (f"{s.num_events:,} events: {reuses:,} reuses of a block seen before, "
+                f"{s.reuse_distance.num_unbounded:,} first accesses; {evictions:,} blocks evicted, "
+                f"{s.lifetime.num_unbounded:,} still cached.")
+        if s.notes:
+            text += " " + " ".join(n[0].upper() + n[1:] + "." for n in s.notes)
+        self.summary.setText(text)
+
+    def _draw_groups(self) -> None:
+        if self.stats is None:
+            return
+        name = f"hit_rate_by_{GROUPS[self.group.currentIndex()]}"
+        header, rows = self.stats.tables()[name]
+        self.t_groups.setHorizontalHeaderItem(0, QTableWidgetItem(header[0]))
+        _fill(self.t_groups, rows)
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.plots.setBackground(p["panel"])
+        self.b_reuse.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
+        self.b_life.setOpts(brush=pg.mkBrush(p["evicted"]), pen=pg.mkPen(None))
+        for plot in (self.p_reuse, self.p_life):
+            plot.titleLabel.setAttr("color", p["text"])
+            plot.titleLabel.setText(plot.titleLabel.text)
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["border"])
+        self.filter_bar.message.setStyleSheet(f"color: {p['miss']};")
+
+    def show_subject(self, subject: Subject) -> None:
+        self.stats = None
+        self._drawn_version = -1
+        for t in (self.t_groups, self.t_prefixes, self.t_killers):
+            t.setRowCount(0)
