@@ -80,8 +80,8 @@ class AttachDialog(QDialog):
                                      "kv@<pod>@<model>, which names the server")
         if len(o.endpoints) > 1:
             self.servers.setPlainText(format_servers(
-                ServerEntry(s.servers[i] if i < len(s.servers) else "", e,
-                            o.replay_endpoints[i] if i < len(o.replay_endpoints) else None)
+                ServerEntry(o.servers[i] if i < len(o.servers) and o.servers[i] != e else "", e,
+                            (o.replay_endpoints[i] if i < len(o.replay_endpoints) else None) or None)
                 for i, e in enumerate(o.endpoints)))
         self.hash_scheme = QComboBox()
         self.hash_scheme.addItems(list(SERVER_HASHES))
@@ -185,20 +185,17 @@ class AttachDialog(QDialog):
         """The settings as typed (stripped); ValueError with one sentence when they cannot work.
         What the form does not show (the refill timeout) stays as it was."""
         mode = self.mode.currentText()
-        names: tuple[str, ...] = ()
         timeout = self._initial.options.refill_timeout
         topic = self.topic.text().strip()
         if mode == FLEET:
             entries = parse_servers(self.servers.toPlainText())
             if not entries:
                 raise InputError("list at least one server: name endpoint [replay], one a line")
-            replays = [e.replay_endpoint for e in entries]
-            num_replays = next((i for i, r in enumerate(replays) if r is None), len(replays))
-            if any(replays[num_replays:]):
-                raise InputError("give every server a replay endpoint, or list the servers without one last")
-            names = tuple(e.name for e in entries)
-            options = AttachOptions(tuple(e.endpoint for e in entries), tuple(replays[:num_replays]), topic,
-                                    self.ranks.value(), False, timeout)
+            replays = [e.replay_endpoint or "" for e in entries]  # "": this server has no replay socket
+            while replays and not replays[-1]:
+                replays.pop()
+            options = AttachOptions(tuple(e.endpoint for e in entries), tuple(replays), topic, self.ranks.value(),
+                                    False, timeout, servers=tuple(e.name or e.endpoint for e in entries))
         elif mode == CENTRAL:
             options = AttachOptions((self.bind_address.text().strip(),), (), topic, self.ranks.value(), True, timeout)
         else:
@@ -206,7 +203,7 @@ class AttachDialog(QDialog):
             options = AttachOptions((self.endpoint.text().strip(),), (replay,) if replay else (), topic,
                                     self.ranks.value(), self.bind.isChecked(), timeout)
         return AttachSettings(options, self.hash_scheme.currentText(), self.tokenizer.text().strip(),
-                              self.block_size.value(), names)
+                              self.block_size.value())
 
     def show_error(self, text: str) -> None:
         """`text` under the form as a sentence (the engine's messages start in lower case)."""

@@ -1,8 +1,9 @@
 """Recorded vLLM attaches (`cachescope attach --record`) opened offline in the app.
 
 A capture is a store session whose run of kind `attach` holds the converted events; it
-is replayed into the views as a remote pool (tiers, ages, lifetimes, scrubbing). The
-live attach is `app.runtime.remote`; recording is `engine.analysis.remote_capture`.
+is replayed into the views as a remote pool (tiers, ages, lifetimes, scrubbing), and its
+servers' pools are rebuilt for the fleet views (`engine.remote.fleet_view.fleet_from_events`).
+The live attach is `app.runtime.remote`; recording is `engine.analysis.remote_capture`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from app.runtime.context import AppContext, Subject, engine_info
+from app.runtime.remote import AttachSettings
 from engine.core.events import EventBus
+from engine.remote.attachment import AttachOptions
+from engine.remote.fleet_view import fleet_from_events
 
 CAPTURE_SOURCE = "vllm-attach"  # engine.analysis.remote_capture.SOURCE, without importing the store
 
@@ -60,4 +64,15 @@ def open_capture(ctx: AppContext, path: str | Path, session_id: int | None = Non
     ctx.attach_events(EventBus(), info)
     ctx.bridge.push(events)
     ctx.bridge.flush(everything=True)
+    ctx.remote.show_recorded_fleet(fleet_from_events(events), _reading_settings(session, settings))
     return len(events)
+
+
+def _reading_settings(session: Any, settings: dict[str, Any]) -> AttachSettings | None:
+    """How the capture's servers hashed their blocks, for the router's probe; None when the
+    session's settings no longer read (the fleet still shows, the probe says why not)."""
+    try:
+        return AttachSettings(AttachOptions.from_dict(settings), session.hash or "vllm-sha256",
+                              block_size=session.block_size or 16)
+    except ValueError:
+        return None

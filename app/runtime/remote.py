@@ -43,9 +43,9 @@ DEFAULT_OPTIONS = AttachOptions(("tcp://127.0.0.1:5557",), ("tcp://127.0.0.1:555
 
 @dataclass(slots=True, frozen=True)
 class AttachSettings:
-    """File > Attach's choices: `options` says where the streams are; `servers[i]` names
-    the server at `options.endpoints[i]` ("" or missing: its endpoint, or in centralized
-    mode the pod of its llm-d topic); `hash_scheme` (vLLM's --prefix-caching-hash-algo, or
+    """File > Attach's choices: `options` says where the streams are and names their servers
+    (`options.servers[i]` is the server at `options.endpoints[i]`; in centralized mode the
+    pod of each llm-d topic); `hash_scheme` (vLLM's --prefix-caching-hash-algo, or
     SGLang's page hash) and `block_size` are how the probes hash a prompt as the servers do;
     `tokenizer` is a local Hugging Face folder ("" = the default model's)."""
 
@@ -53,35 +53,15 @@ class AttachSettings:
     hash_scheme: str = "vllm-sha256"
     tokenizer: str = ""
     block_size: int = 16
-    servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.hash_scheme not in SERVER_HASHES:
             raise InputError(f"the hash scheme must be one of {', '.join(SERVER_HASHES)}, not {self.hash_scheme!r}")
         if not isinstance(self.block_size, int) or not 1 <= self.block_size <= MAX_BLOCK_SIZE:
             raise InputError(f"the block size must be from 1 to {MAX_BLOCK_SIZE} tokens, not {self.block_size}")
-        if len(self.servers) > len(self.options.endpoints):
-            raise InputError("give at most one server name per endpoint")
-        named = [n for n in self.servers if n]
+        named = list(self.options.servers)
         if len(set(named)) != len(named):
             raise InputError(f"the server name {next(n for n in named if named.count(n) > 1)!r} is given twice")
-
-    @property
-    def num_servers(self) -> int:
-        """Servers listed (a bound address counts one until its pods' topics arrive)."""
-        return len(self.options.endpoints)
-
-    def stream_names(self) -> dict[str, str]:
-        """Stream source (endpoint, with its rank when there are several) -> server name."""
-        out: dict[str, str] = {}
-        specs = self.options.streams()
-        per = self.options.data_parallel_size
-        for i, spec in enumerate(specs):
-            index = i // per
-            name = self.servers[index] if index < len(self.servers) else ""
-            if name:
-                out[spec.name] = name
-        return out
 
     @property
     def endpoint(self) -> str:
@@ -100,15 +80,14 @@ class AttachSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.options.to_dict(), "hash_scheme": self.hash_scheme, "tokenizer": self.tokenizer,
-                "block_size": self.block_size, "servers": list(self.servers)}
+                "block_size": self.block_size}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachSettings:
         """The inverse of `to_dict`; bad values raise InputError."""
         try:
             return cls(AttachOptions.from_dict(data), str(data.get("hash_scheme", "vllm-sha256")),
-                       str(data.get("tokenizer", "")), data.get("block_size", 16),
-                       tuple(str(n) for n in data.get("servers") or ()))
+                       str(data.get("tokenizer", "")), data.get("block_size", 16))
         except (TypeError, AttributeError) as exc:
             raise InputError(f"attach settings are not valid ({exc})") from None
 
@@ -215,9 +194,8 @@ class RemoteController(QObject):
         if att is not None:
             from engine.remote.fleet_view import fleet_of_attachment
 
-            names = self.last_settings.stream_names() if self.last_settings is not None else {}
             with att.lock:
-                return read(fleet_of_attachment(att, names))
+                return read(fleet_of_attachment(att))
         if self.recorded_fleet is not None:
             return read(self.recorded_fleet)
         return default
@@ -279,7 +257,7 @@ class RemoteController(QObject):
         opts = settings.options
         endpoint = ", ".join(opts.endpoints)
         ranks = f" ×{opts.data_parallel_size} ranks" if opts.data_parallel_size > 1 else ""
-        named = ", ".join(n or e for n, e in zip((*settings.servers, *[""] * len(opts.endpoints)), opts.endpoints))
+        named = ", ".join(opts.server_of(i) for i in range(len(opts.endpoints)))
         label = f"fleet of {len(opts.endpoints)}: {named}" if len(opts.endpoints) > 1 else endpoint
         if opts.bind:
             label = f"{label} (bound)"

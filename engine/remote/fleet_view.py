@@ -97,10 +97,11 @@ def server_name(pool: RemotePool, names: Mapping[str, str] | None = None) -> str
 
 def fleet_of_attachment(attachment: Any, names: Mapping[str, str] | None = None) -> Fleet:
     """The attachment's pools as a Fleet (call under `attachment.lock`): the engine's own
-    `attachment.fleet` when it keeps one, else its pools named by `server_name`."""
+    `Attachment.fleet()` (servers named by the options or by llm-d topics), else its pools
+    named by `server_name`."""
     own = getattr(attachment, "fleet", None)
-    if isinstance(own, Fleet):
-        return own
+    if callable(own) and not names:
+        return own()
     fleet = Fleet()
     for pool in attachment.pools:
         fleet.add(server_name(pool, names), pool)
@@ -352,7 +353,10 @@ def fleet_from_events(events: Iterable[Any], names: Mapping[str, str] | None = N
         key = (info.source, info.rank)
         s = streams.get(key)
         if s is None:
-            s = streams[key] = _Stream(RemotePool(info.source, info.rank))
+            # A server of several ranks names its streams "<server> rank <r>" (AttachOptions.streams).
+            suffix = f" rank {info.rank}"
+            server = info.source[:-len(suffix)] if info.source.endswith(suffix) else ""
+            s = streams[key] = _Stream(RemotePool(info.source, info.rank, server=server))
             order.append(s)
         if s.seq != info.batch_seq:
             flush(s)

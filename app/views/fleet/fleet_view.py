@@ -109,13 +109,12 @@ class FleetView(PanelView):
         self._timer.timeout.connect(self.refresh)
         self.state.sigChanged.connect(self._schedule)
         remote = ctx.remote
-        remote.sigHealth.connect(lambda _h: self._schedule())
+        remote.sigHealth.connect(self._schedule)
         remote.sigFleet.connect(self._on_fleet)
-        remote.sigAttached.connect(lambda _s: self.router.rebuild())
         self.refresh()
 
     # ------------------------------------------------------------------ updates
-    def _schedule(self) -> None:
+    def _schedule(self, *_args: object) -> None:
         if not self._timer.isActive():
             self._timer.start()
 

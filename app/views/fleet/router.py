@@ -120,8 +120,11 @@ class RouterPanel(QWidget):
         self.chat.toggled.connect(lambda _on: self._edit_timer.start())
         self.weights_edit.editingFinished.connect(self._on_weights)
         remote = ctx.remote
-        remote.sigTokenizer.connect(lambda _tok: self.rebuild())
+        remote.sigTokenizer.connect(self._on_tokenizer)
         self._show(FleetSnapshot())
+
+    def _on_tokenizer(self, _tok: Any) -> None:
+        self.rebuild()
 
     @staticmethod
     def _weights_text(w: TierWeights) -> str:
