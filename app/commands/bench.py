@@ -12,10 +12,11 @@ from app.commands._common import print_json
 from engine.core.errors import InputError
 
 NAME = "bench"
-HELP = "run a benchmark (engine, ttft, semantic, attach, gui, or all) and report ratios against its targets"
+HELP = "run a benchmark (engine, stream, ttft, semantic, attach, gui, or all) and report ratios against its targets"
 
 BENCHES = {
     "engine": "engine.bench.prefix_cache",
+    "stream": "engine.bench.stream",
     "ttft": "engine.bench.ttft",
     "semantic": "engine.bench.semantic",
     "attach": "engine.bench.attach",
