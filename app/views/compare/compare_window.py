@@ -1,0 +1,374 @@
+"""The Compare window: two runs on one aligned request axis, A in one colour and B in another.
+
+Paired metrics (A, B, B - A), the running hit rates overlaid, per-request deltas as bars
+(B reused more: up, less: down) and the two request tables side by side; picking a request
+in any of them picks it everywhere. The comparison runs on the context's worker
+(`engine.analysis.compare`); this window only draws its result.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox, QFileDialog, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox,
+    QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+from app.ui import theme
+from app.ui.colors import legend_line, swatch
+from app.ui.export import export_button
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+
+METRICS = (("requests", "requests"), ("prompt tokens", "prompt_tokens"), ("cached tokens", "cached_tokens"),
+           ("computed tokens", "computed_tokens"), ("hit rate", "hit_rate"), ("cached per request", "cached_per_request"),
+           ("stored blocks", "stored_blocks"), ("evicted blocks", "evicted_blocks"), ("refused", "refused_requests"))
+SIDE_COLUMNS = ("#", "id", "prompt", "cached", "hit rate", "miss reason")
+MAX_TABLE_ROWS = 20_000  # the tables show the first rows of a huge trace; plots and JSON keep all
+
+
+def _item(value: Any, right: bool = False, fmt: str = "") -> QTableWidgetItem:
+    """`fmt`: "%" a fraction as a percentage, "+%" a difference of fractions, "+" a signed number."""
+    if value is None:
+        text = ""
+    elif fmt in ("%", "+%"):
+        text = f"{value:{'+' if fmt == '+%' else ''}.2%}"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        sign = "+" if fmt == "+" else ""
+        text = f"{value:{sign},}" if isinstance(value, int) else f"{value:{sign},.2f}"
+    else:
+        text = str(value)
+    item = QTableWidgetItem(text)
+    if right:
+        item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+    return item
+
+
+def _table(columns: tuple[str, ...]) -> QTableWidget:
+    t = QTableWidget(0, len(columns))
+    t.setHorizontalHeaderLabels(list(columns))
+    t.verticalHeader().hide()
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+    t.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
+    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    t.horizontalHeader().setStretchLastSection(True)
+    return t
+
+
+class _Side(QWidget):
+    """One side's input: a file (or session:ID / run:ID), its block size and pool size."""
+
+    def __init__(self, name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.spec = QLineEdit()
+        self.spec.setPlaceholderText(f"{name}: a trace, conversation or session file, session:ID or run:ID")
+        browse = QPushButton("Open…")
+        browse.clicked.connect(self._browse)
+        self.block_size = QSpinBox()
+        self.block_size.setRange(1, 4096)
+        self.block_size.setValue(16)
+        self.block_size.setPrefix("block ")
+        self.capacity = QSpinBox()
+        self.capacity.setRange(0, 2_000_000_000)
+        self.capacity.setSpecialValueText("pool: all fits")
+        self.capacity.setSuffix(" tokens")
+        self.capacity.setToolTip("pool size in tokens (the same memory at any block size); 0: the whole run fits")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        label = QLabel(name)
+        label.setObjectName(f"compare_label_{name.lower()}")
+        row.addWidget(label)
+        row.addWidget(self.spec, 1)
+        row.addWidget(browse)
+        row.addWidget(self.block_size)
+        row.addWidget(self.capacity)
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a run to compare", "",
+                                              "Traces and sessions (*.jsonl *.json);;All files (*)")
+        if path:
+            self.spec.setText(path)
+
+    def options(self, hash_name: str, limit: int) -> Any:
+        from engine.analysis.compare import SideOptions
+
+        cap = self.capacity.value()
+        return SideOptions(block_size=self.block_size.value(), capacity_tokens=cap or None, hash=hash_name,
+                           limit=limit or None)
+
+
+class CompareWindow(QWidget):
+    """`sigCompared(Comparison)` after a comparison was drawn; `sigPicked(position)` after a
+    request was picked (in a table or a plot)."""
+
+    sigCompared = Signal(object)
+    sigPicked = Signal(int)
+
+    def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
+        super().__init__(parent, Qt.WindowType.Window)
+        self.ctx = ctx
+        self.setObjectName("compare_window")
+        self.setWindowTitle("Compare two runs — Cachescope")
+        self.comparison: Any = None
+        self.rows: list[dict[str, Any]] = []
+        self.picked: int | None = None
+        self.side_a, self.side_b = _Side("A"), _Side("B")
+        self.hash = QComboBox()
+        from engine.core.hashing import HASH_NAMES
+
+        self.hash.addItems(list(HASH_NAMES))
+        self.limit = QSpinBox()
+        self.limit.setRange(0, 100_000_000)
+        self.limit.setSpecialValueText("all requests")
+        self.limit.setPrefix("first ")
+        self.run_button = QPushButton("Compare")
+        self.run_button.setDefault(True)
+        self.run_button.clicked.connect(self.run_compare)
+        self.summary = QLabel("Pick two runs: the same trace at two block sizes, a prompt before and after an edit, "
+                              "two recorded runs.")
+        self.summary.setObjectName("compare_summary")
+        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        self.summary.setWordWrap(True)
+        self.metrics = _table(("metric", "A", "B", "B - A"))
+        self.metrics.setRowCount(len(METRICS))
+        self.metrics.setMinimumWidth(430)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.p_rate = self.plots.addPlot(row=0, col=0, title="running hit rate")
+        self.p_delta = self.plots.addPlot(row=1, col=0, title="cached tokens, B - A, per request")
+        self.p_delta.setXLink(self.p_rate)
+        self.p_rate.setYRange(0, 1, padding=0.02)
+        self.c_a = self.p_rate.plot(name="A")
+        self.c_b = self.p_rate.plot(name="B")
+        self.b_more = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self.b_less = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self.p_delta.addItem(self.b_more)
+        self.p_delta.addItem(self.b_less)
+        self.lines = [pg.InfiniteLine(angle=90, movable=False) for _ in range(2)]
+        for plot, line in zip((self.p_rate, self.p_delta), self.lines):
+            plot.addItem(line)
+            line.hide()
+            plot.showGrid(x=False, y=True, alpha=0.15)
+            plot.setMouseEnabled(x=True, y=False)
+            plot.scene().sigMouseClicked.connect(lambda ev, plot=plot: self._plot_clicked(plot, ev))
+        self.p_delta.setLabel("bottom", "request (aligned)")
+        self.table_a = _table(SIDE_COLUMNS)
+        self.table_b = _table(SIDE_COLUMNS)
+        for t in (self.table_a, self.table_b):
+            t.itemSelectionChanged.connect(lambda t=t: self._table_picked(t))
+        self.detail = QLabel("")
+        self.detail.setObjectName("compare_detail")
+        self.detail.setTextFormat(Qt.TextFormat.RichText)
+        self.export = export_button(self, plots={"compare plots": lambda: self.plots},
+                                    tables={"per-request deltas": self._delta_table,
+                                            "paired metrics": self._metrics_table})
+
+        opts = QHBoxLayout()
+        opts.addWidget(QLabel("hash"))
+        opts.addWidget(self.hash)
+        opts.addWidget(self.limit)
+        opts.addStretch(1)
+        opts.addWidget(self.run_button)
+        opts.addWidget(self.export)
+        upper = QSplitter(Qt.Orientation.Horizontal)
+        upper.addWidget(self.metrics)
+        upper.addWidget(self.plots)
+        upper.setStretchFactor(1, 1)
+        upper.setSizes([440, 840])
+        lower = QWidget()
+        grid = QGridLayout(lower)
+        grid.setContentsMargins(0, 0, 0, 0)
+        self.head_a, self.head_b = QLabel("A"), QLabel("B")
+        for h in (self.head_a, self.head_b):
+            h.setTextFormat(Qt.TextFormat.RichText)
+        grid.addWidget(self.head_a, 0, 0)
+        grid.addWidget(self.head_b, 0, 1)
+        grid.addWidget(self.table_a, 1, 0)
+        grid.addWidget(self.table_b, 1, 1)
+        grid.addWidget(self.detail, 2, 0, 1, 2)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(upper)
+        split.addWidget(lower)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        col = QVBoxLayout(self)
+        col.addWidget(self.side_a)
+        col.addWidget(self.side_b)
+        col.addLayout(opts)
+        col.addWidget(self.summary)
+        col.addWidget(split, 1)
+        ctx.sigThemeChanged.connect(self.apply_theme)
+        self.apply_theme(theme.current_theme())
+        self.resize(1280, 800)
+
+    # ---- running
+    def set_sides(self, a: str, b: str, block_size_a: int | None = None, block_size_b: int | None = None) -> None:
+        self.side_a.spec.setText(a)
+        self.side_b.spec.setText(b)
+        if block_size_a:
+            self.side_a.block_size.setValue(block_size_a)
+        if block_size_b:
+            self.side_b.block_size.setValue(block_size_b)
+
+    def run_compare(self) -> None:
+        from engine.core.errors import InputError
+
+        a, b = self.side_a.spec.text().strip(), self.side_b.spec.text().strip()
+        if not a or not b:
+            self.ctx.show_error("Pick both runs to compare: A and B.")
+            return
+        try:
+            oa = self.side_a.options(self.hash.currentText(), self.limit.value())
+            ob = self.side_b.options(self.hash.currentText(), self.limit.value())
+        except InputError as exc:
+            self.ctx.show_error(str(exc))
+            return
+        db = str(self.ctx.store.path) if self.ctx.store is not None and self.ctx.store.path else None
+        self.run_button.setEnabled(False)
+        self.summary.setText("Replaying both runs…")
+        self.ctx.worker.submit(_compare_job, a, b, oa, ob, db, on_done=self.show_comparison, on_error=self._failed)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.run_button.setEnabled(True)
+        self.summary.setText("The comparison failed.")
+        self.ctx.show_error(str(exc) if str(exc) else f"The comparison failed ({type(exc).__name__}).")
+
+    # ---- drawing
+    def show_comparison(self, comparison: Any) -> None:
+        from engine.analysis.compare import hit_rate_curve
+
+        self.run_button.setEnabled(True)
+        self.comparison = comparison
+        doc = comparison.to_dict()
+        self.rows = doc["requests"]
+        ta, tb, d = doc["a"]["totals"], doc["b"]["totals"], doc["delta"]
+        for i, (label, key) in enumerate(METRICS):
+            self.metrics.setItem(i, 0, _item(label))
+            pct = key == "hit_rate"
+            self.metrics.setItem(i, 1, _item(ta[key], True, "%" if pct else ""))
+            self.metrics.setItem(i, 2, _item(tb[key], True, "%" if pct else ""))
+            self.metrics.setItem(i, 3, _item(d[key], True, "+%" if pct else "+"))
+        ya, yb = hit_rate_curve(comparison.a), hit_rate_curve(comparison.b)
+        self.c_a.setData(np.arange(len(ya)), np.asarray(ya))
+        self.c_b.setData(np.arange(len(yb)), np.asarray(yb))
+        delta = np.array([r["cached_delta"] or 0 for r in self.rows], dtype=float)
+        x = np.arange(len(delta))
+        more, less = delta > 0, delta < 0
+        self.b_more.setOpts(x=x[more], height=delta[more], width=0.9)
+        self.b_less.setOpts(x=x[less], height=delta[less], width=0.9)
+        self.p_rate.setXRange(-0.5, max(len(self.rows), 1) - 0.5, padding=0.01)
+        differ = int(more.sum() + less.sum())
+        self.p_delta.setTitle(f"cached tokens, B - A, per request ({differ:,} differ)" if differ else
+                              "cached tokens, B - A, per request: no request differs")
+        self._fill_tables()
+        s = doc["summary"]
+        p = self.palette
+        ca, cb = doc["a"]["config"], doc["b"]["config"]
+        self.head_a.setText(f"{swatch(p['accent'])} <b>A</b> {doc['a']['label']} · block size {ca['block_size']} · "
+                            f"pool {ca['capacity_blocks']:,} blocks")
+        self.head_b.setText(f"{swatch(p['computed'])} <b>B</b> {doc['b']['label']} · block size {cb['block_size']} · "
+                            f"pool {cb['capacity_blocks']:,} blocks")
+        self.summary.setText(legend_line([
+            (swatch(p["accent"]), f"A hit rate <b>{ta['hit_rate']:.2%}</b>"),
+            (swatch(p["computed"]), f"B hit rate <b>{tb['hit_rate']:.2%}</b>"),
+            ("", f"B reuses {abs(d['cached_tokens']):,} tokens <b>{s['b_reuses']}</b>"),
+            (swatch(p["cached"]), f"more on {s['b_reuses_more']:,} requests"),
+            (swatch(p["miss"]), f"less on {s['b_reuses_less']:,}"),
+            ("", f"the same on {s['same']:,} (aligned by {doc['aligned_by']})")]))
+        self.pick(next((i for i, r in enumerate(self.rows) if r["cached_delta"]), 0) if self.rows else None)
+        self.sigCompared.emit(comparison)
+
+    def _fill_tables(self) -> None:
+        rows = self.rows[:MAX_TABLE_ROWS]
+        for t, side in ((self.table_a, "a"), (self.table_b, "b")):
+            t.blockSignals(True)
+            t.setRowCount(len(rows))
+            for i, r in enumerate(rows):
+                values = (r["position"], r[f"id_{side}"], r[f"prompt_tokens_{side}"], r[f"cached_tokens_{side}"],
+                          r[f"hit_rate_{side}"], r[f"miss_reason_{side}"])
+                for j, v in enumerate(values):
+                    t.setItem(i, j, _item(v, j in (0, 2, 3, 4), "%" if j == 4 else ""))
+            t.blockSignals(False)
+
+    # ---- linked selection
+    def pick(self, position: int | None) -> None:
+        """Pick the request at aligned `position` in both tables and both plots."""
+        if position is None or not self.rows:
+            return
+        position = max(0, min(int(position), len(self.rows) - 1))
+        self.picked = position
+        for line in self.lines:
+            line.setValue(position)
+            line.show()
+        for t in (self.table_a, self.table_b):
+            t.blockSignals(True)
+            if position < t.rowCount():
+                t.selectRow(position)
+                t.scrollToItem(t.item(position, 0))
+            t.blockSignals(False)
+        r = self.rows[position]
+        if r["cached_delta"] is None:
+            text = f"request {position}: only on one side"
+        else:
+            text = (f"request {position} (<b>{r['id_a']}</b> / <b>{r['id_b']}</b>): A cached "
+                    f"{r['cached_tokens_a']:,} of {r['prompt_tokens_a']:,} ({r['miss_reason_a']}), B cached "
+                    f"{r['cached_tokens_b']:,} of {r['prompt_tokens_b']:,} ({r['miss_reason_b']}): B reuses "
+                    f"{abs(r['cached_delta']):,} tokens <b>{r['b_reuses']}</b>")
+        self.detail.setText(text)
+        self.sigPicked.emit(position)
+
+    def _table_picked(self, table: QTableWidget) -> None:
+        rows = table.selectionModel().selectedRows()
+        if rows:
+            self.pick(rows[0].row())
+
+    def _plot_clicked(self, plot: Any, ev: Any) -> None:
+        if not self.rows or not plot.sceneBoundingRect().contains(ev.scenePos()):
+            return
+        x = plot.vb.mapSceneToView(ev.scenePos()).x()
+        self.pick(int(round(x)))
+
+    # ---- export
+    def _delta_table(self) -> Any:
+        if not self.rows:
+            return (("no comparison yet",), [])
+        header = tuple(self.rows[0])
+        return header, [tuple(r[k] for k in header) for r in self.rows]
+
+    def _metrics_table(self) -> Any:
+        if self.comparison is None:
+            return (("no comparison yet",), [])
+        doc = self.comparison.to_dict()
+        return (("metric", "A", "B", "B - A"),
+                [(label, doc["a"]["totals"][k], doc["b"]["totals"][k], doc["delta"][k]) for label, k in METRICS])
+
+    def apply_theme(self, name: str | None = None) -> None:
+        p = theme.palette(name)
+        self.palette = p
+        self.plots.setBackground(p["panel"])
+        # B dashed over A: where the two runs agree both stay visible
+        self.c_a.setPen(pg.mkPen(p["accent"], width=4))
+        self.c_b.setPen(pg.mkPen(p["computed"], width=2, style=Qt.PenStyle.DashLine))
+        self.b_more.setOpts(brush=pg.mkBrush(p["cached"]), pen=pg.mkPen(None))
+        self.b_less.setOpts(brush=pg.mkBrush(p["miss"]), pen=pg.mkPen(None))
+        for line in self.lines:
+            line.setPen(pg.mkPen(p["text_dim"], width=1, style=Qt.PenStyle.DashLine))
+        for plot in (self.p_rate, self.p_delta):
+            plot.titleLabel.setAttr("color", p["text"])
+            plot.titleLabel.setText(plot.titleLabel.text)
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setTextPen(p["text_dim"])
+                plot.getAxis(side).setPen(p["border"])
+        if self.comparison is not None:
+            self.show_comparison(self.comparison)
+
+
+def _compare_job(a: str, b: str, oa: Any, ob: Any, db: str | None) -> Any:
+    from engine.analysis.compare import compare
+
+    return compare(a, b, oa, ob, db)
