@@ -146,6 +146,9 @@ def test_deepcopy_against_shared_blocks(results):
     assert f["block_bytes"] == f["block_size"] * f["bytes_per_token"]
     assert f["shared_bytes_per_continuation"] < f["deepcopy_bytes_per_continuation"]
     assert f["memory_ratio"] > 1
+    # While all four run, the shared prefix's blocks are held once, by all four.
+    assert f["max_ref_count_while_running"] == f["continuations"]
+    assert f["blocks_at_max_ref_count"] == f["shared_blocks"]
     followers = [s for s in r["steps"] if s["action"].startswith("shared blocks")][1:]
     assert len(followers) == 3
     assert all(s["cached_tokens"] == f["shared_block_tokens"] for s in followers)

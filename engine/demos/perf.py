@@ -273,7 +273,16 @@ def _deepcopy(env: DemoEnv) -> dict[str, Any]:
     bs = runner.block_size
     pool = runner.kv_pool
     block_bytes = sum(pool.per_layer_bytes()) // pool.num_blocks
-    results = runner.generate_batch(prompts, max_new_tokens=DEEPCOPY_DECODE_TOKENS)
+    peak_refs: list[int] = []
+
+    def on_token(token: int, text: str) -> None:
+        # Decoding starts once every continuation is admitted: the refs each block has then.
+        if not peak_refs:
+            tables = [runner.manager.block_table(rid) for rid in runner.manager.running_request_ids]
+            held = set().union(*map(set, tables)) if tables else set()
+            peak_refs.extend(runner.manager.block(b).ref_count for b in sorted(held))
+
+    results = runner.generate_batch(prompts, max_new_tokens=DEEPCOPY_DECODE_TOKENS, on_token=on_token)
     common_blocks = set(results[0].block_ids)
     for r in results[1:]:
         common_blocks &= set(r.block_ids)
@@ -309,6 +318,8 @@ def _deepcopy(env: DemoEnv) -> dict[str, Any]:
             "prefix_prefill_ms": round(prefix_ms, 2),
             "deepcopy_total_prefix_bytes": deepcopy_held, "shared_total_prefix_bytes": engine_held,
             "memory_ratio": _ratio(deepcopy_held, engine_held),
+            "max_ref_count_while_running": max(peak_refs, default=0),
+            "blocks_at_max_ref_count": peak_refs.count(max(peak_refs, default=0)),
             "all_outputs_identical": all(r["same_output_as_deepcopy"] for r in engine_rows),
             "continuations_detail": [{"question": c["question"], "copied_bytes": c["copied_bytes"],
                                       "copy_ms": round(c["copy_ms"], 3), "own_bytes": r["own_bytes"],
