@@ -41,7 +41,7 @@ def _check_shape(result: dict, name: str) -> None:
 def test_list_names_every_demo_once():
     names = [d["name"] for d in list_demos()]
     assert names == list(DEMO_NAMES)
-    assert len(set(names)) == 12
+    assert len(set(names)) == len(names) >= 12  # other modules add demos; none twice
     assert all(d["summary"] and "\n" not in d["summary"] for d in list_demos())
 
 
