@@ -96,11 +96,15 @@ def rerotate_keys(model: Any, keys: torch.Tensor, delta: int) -> torch.Tensor:
     """
     if delta == 0:
         return keys
-    parts = _parts(model)
-    cos, sin = _cos_sin(parts, keys, torch.tensor([delta], dtype=torch.long))
-    scale = float(getattr(parts.rotary, "attention_scaling", 1.0) or 1.0)
-    cos, sin = (cos / scale).unsqueeze(1).to(keys.dtype), (sin / scale).unsqueeze(1).to(keys.dtype)
+    cos, sin = _rotation(_parts(model), keys, delta)
     return keys * cos + _rotate_half(keys) * sin
+
+
+def _rotation(parts: _Parts, like: torch.Tensor, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[1, 1, 1, head_dim]` of a rotation by `delta` positions."""
+    cos, sin = _cos_sin(parts, like, torch.tensor([delta], dtype=torch.long))
+    scale = float(getattr(parts.rotary, "attention_scaling", 1.0) or 1.0)
+    return (cos / scale).unsqueeze(1).to(like.dtype), (sin / scale).unsqueeze(1).to(like.dtype)
 
 
 # ---------------------------------------------------------------------------- chunk caches
@@ -254,14 +258,15 @@ def blend_prefill(model: Any, prefix: ChunkKV | None, chunks: Sequence[ChunkKV],
     T = len(token_ids)
     # The reused cache of the whole prompt: prefix as is, chunks moved, room for the suffix.
     keys, values = [], []
+    offsets = [P + sum(len(c) for c in chunks[:i]) for i in range(len(chunks))]
+    rotations = [_rotation(parts, c.keys[0], o - c.start) if o != c.start else None for c, o in zip(chunks, offsets)]
     for layer in range(len(parts.layers)):
         k_parts = [prefix.keys[layer]] if prefix is not None else []
         v_parts = [prefix.values[layer]] if prefix is not None else []
-        offset = P
-        for c in chunks:
-            k_parts.append(rerotate_keys(model, c.keys[layer], offset - c.start))
+        for c, rot in zip(chunks, rotations):
+            k = c.keys[layer]
+            k_parts.append(k if rot is None else k * rot[0] + _rotate_half(k) * rot[1])
             v_parts.append(c.values[layer])
-            offset += len(c)
         k, v = torch.cat(k_parts, dim=-2), torch.cat(v_parts, dim=-2)
         pad = k.new_zeros((*k.shape[:2], T - C, k.shape[-1]))
         keys.append(torch.cat([k, pad], dim=-2))
