@@ -173,14 +173,25 @@ def predict_hosted(entries: Sequence[UsageEntry], tokenizer: Any, provider: str,
         time_s = (e.time_s - t0) if e.time_s is not None else float(k)
         row = calc.bill(BillingRequest(e.id, segs, time_s))
         standin_total = len(tokens)
-        totals_by_standin.setdefault(standin_total, e.prompt_tokens)
         scale = e.prompt_tokens / max(standin_total, 1)
 
         def provider_count(n: int) -> int:
-            # a prefix that is exactly an earlier request's whole prompt has that request's own count
-            return totals_by_standin.get(n, round(n * scale)) if n else 0
+            # Anchored on the longest earlier whole prompt inside the prefix (its own prompt_tokens),
+            # the rest scaled: a continuation's prefix is the previous request's count exactly.
+            base = max((t for t in totals_by_standin if t <= n), default=0)
+            return min(totals_by_standin.get(base, 0) + round((n - base) * scale), e.prompt_tokens) if n else 0
 
-        read, write = provider_count(row["read_tokens"]), provider_count(row["read_tokens"] + row["write_tokens"])
+        if rules.mode == "implicit" and row["read_tokens"]:
+            # the step rule (a minimum, then whole steps) applies to the provider's own count of the shared prefix
+            shared = max(common_prefix_length(r.tokens, tokens) for r in rendered[:-1]) if k else 0
+            x = provider_count(shared)
+            step = rules.hit_step_tokens
+            read = 0 if x < rules.min_cacheable_tokens else \
+                rules.min_cacheable_tokens + (x - rules.min_cacheable_tokens) // step * step
+            write = read
+        else:
+            read, write = provider_count(row["read_tokens"]), provider_count(row["read_tokens"] + row["write_tokens"])
+        totals_by_standin.setdefault(standin_total, e.prompt_tokens)
         rows.append({"cached_tokens": read, "written_tokens": max(write - read, 0),
                      "stand_in_prompt_tokens": standin_total, "stand_in_cached_tokens": row["read_tokens"],
                      "notes": row["notes"],
@@ -205,6 +216,10 @@ def compare_usage(entries: Sequence[UsageEntry], tokenizer: Any, block_size: int
     """One row per request: observed, predicted, the difference in cached tokens, the cause."""
     if not entries:
         raise InputError("the log holds no requests")
+    failed = [e for e in entries if e.error is not None]
+    entries = [e for e in entries if e.error is None]
+    if not entries:
+        raise InputError(f"every request of the log failed ({failed[0].error}); there is no usage to compare")
     apis = {e.api for e in entries}
     engine_mode = apis == {"vllm"} or block_size is not None
     bs = block_size or 16
@@ -238,4 +253,6 @@ def compare_usage(entries: Sequence[UsageEntry], tokenizer: Any, block_size: int
               "matching_requests": sum(1 for r in rows if r["difference"] == 0),
               "unexpected_misses": sum(1 for r in rows if r["cause"] is not None)}
     totals["difference"] = totals["observed_cached_tokens"] - totals["predicted_cached_tokens"]
-    return {"predicted_by": how, "apis": sorted(apis), "notes": notes, "requests": rows, "totals": totals}
+    totals["failed_requests"] = len(failed)
+    return {"predicted_by": how, "apis": sorted(apis), "notes": notes, "requests": rows, "totals": totals,
+            "failed": [{"id": e.id, "error": e.error} for e in failed]}

@@ -49,6 +49,7 @@ class UsageEntry:
     output_tokens: int = 0
     output_text: str = ""
     finish_reason: str | None = None
+    error: str | None = None  # the batch says this request failed: it has no usage to compare
 
     @property
     def uncached_tokens(self) -> int:
@@ -280,19 +281,22 @@ def _batch(inputs: list[tuple[int, Any]], outputs: list[tuple[int, Any]], in_nam
         if api == "anthropic":
             r = _obj(res.get("result"), out_name, rline, "result")
             if r.get("type") != "succeeded":
-                entry.finish_reason = f"batch result {r.get('type')!r}"
+                err = r.get("error") if isinstance(r.get("error"), dict) else {}
+                inner = err.get("error") if isinstance(err.get("error"), dict) else err
+                entry.error = f"{r.get('type')}: {inner.get('message', '')}".strip().rstrip(":")
                 out.append(entry)
                 continue
             _anthropic_message(r.get("message"), entry, out_name, rline, "result.message")
         else:
             if res.get("error") is not None or not isinstance(res.get("response"), dict):
-                entry.finish_reason = "batch error"
+                err = res.get("error") if isinstance(res.get("error"), dict) else {}
+                entry.error = f"error: {err.get('message', 'no response')}"
                 out.append(entry)
                 continue
             resp = res["response"]
             status = resp.get("status_code")
             if status != 200:
-                entry.finish_reason = f"HTTP {status}"
+                entry.error = f"HTTP {status}"
                 out.append(entry)
                 continue
             _openai_response(resp.get("body"), entry, out_name, rline, "response.body")
