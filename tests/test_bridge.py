@@ -134,3 +134,48 @@ def test_a_real_replay_on_a_worker_thread_reaches_the_gui(qtbot, bridge):
     # The shared 48-token prefix (3 blocks) is cached after the first request.
     assert [e.num_cached_tokens for e in lookups] == [0] + [48] * 5
     assert result["totals"]["cached_tokens"] == 240
+
+
+def test_flush_bulk_hands_a_backlog_over_in_big_batches_in_order(qtbot, bridge):
+    bridge._timer.stop()  # only the bulk flush delivers here
+    bus = EventBus()
+    bridge.attach(bus)
+    got: list = []
+    sizes: list = []
+    bridge.sigEvents.connect(lambda batch: (got.extend(batch), sizes.append(len(batch))))
+    _emit_many(bus, 2 * MAX_BATCH + 7)
+    assert bridge.flush_bulk(MAX_BATCH + 3) == MAX_BATCH + 3
+    assert sizes == [MAX_BATCH, 3]
+    assert bridge.flush_bulk(10 * MAX_BATCH) == MAX_BATCH + 4
+    assert bridge.flush_bulk(10) == 0 and bridge.num_pending == 0
+    assert [e.seq for e in got] == list(range(2 * MAX_BATCH + 7))
+
+
+def test_a_trace_opened_in_the_app_gets_the_python_engines_events(qtbot, tmp_path):
+    """File > Open replays on the kernel: the state's log holds the reference's very events."""
+    from pathlib import Path
+
+    from app.runtime.context import make_test_context
+    from app.runtime.replays import TraceReplays
+    from app.runtime.jobs import trace_block_size, trace_capacity
+    from engine.core.trace import load_trace
+
+    trace = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
+    path = tmp_path / "slice.jsonl"
+    with trace.open("rb") as src:
+        path.write_bytes(b"".join(line for _, line in zip(range(300), src)))
+    ctx = make_test_context(tmp_path)
+    try:
+        replays = TraceReplays(ctx)
+        with qtbot.waitSignal(replays.sigShown, timeout=120_000):
+            replays.start(path, num_blocks=400)
+        expected: list = []
+        bus = EventBus()
+        bus.subscribe(expected.append)
+        bs = trace_block_size(path)
+        replay(load_trace(path, bs), ReplayConfig(block_size=bs, capacity_blocks=400, seed=0), bus)
+        strip = lambda e: {k: v for k, v in e.to_dict().items() if k != "time"}  # noqa: E731
+        assert [strip(e) for e in ctx.state.log.events] == [strip(e) for e in expected]
+        assert trace_capacity(path, bs) > 0
+    finally:
+        ctx.shutdown()

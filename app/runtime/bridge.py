@@ -105,6 +105,26 @@ class EngineBridge(QObject):
         self.engine_info = dict(info)
         self.sigEngineChanged.emit(dict(info))
 
+    def flush_bulk(self, max_events: int) -> int:
+        """Emit up to `max_events` buffered events in batches of `MAX_BATCH`, one after the
+        other. For a backlog whose producer is done (a trace the kernel replayed in one go):
+        there a repaint between small batches costs more than the events themselves."""
+        total = 0
+        while total < max_events:
+            with self._lock:
+                if not self._buffer:
+                    break
+                n = min(MAX_BATCH, max_events - total, len(self._buffer))
+                pop = self._buffer.popleft
+                batch = [pop() for _ in range(n)]
+            if any(batch[i].seq > batch[i + 1].seq for i in range(len(batch) - 1)):
+                batch.sort(key=lambda e: e.seq)
+            self.num_flushes += 1
+            self.num_events += len(batch)
+            total += len(batch)
+            self.sigEvents.emit(batch)
+        return total
+
     def flush(self, everything: bool = False) -> int:
         """Emit buffered events as one batch (all of them, in batches, with `everything`).
 

@@ -9,16 +9,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.runtime.bridge import engine_info
 from app.runtime.context import JobCancelled, Subject
-from app.runtime.jobs import error_sentence, replay_trace_job, trace_block_size, trace_capacity
+from app.runtime.jobs import error_sentence, trace_block_size, trace_capacity
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
 DEFAULT_CAPACITY = 1024  # blocks, when the trace cannot be read to size the pool
+# Once a replay is done, the events still in the bridge go to the views this many per
+# turn of the event loop: one repaint per turn, not one per frame-sized batch.
+BULK_EVENTS = 100_000
+
+
+def kernel_replay_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
+    """Worker-thread job: replay a trace on the compiled kernel where it can run it (the
+    Python engine otherwise); its events reach `bus` after the run, in seq order."""
+    from engine.core.replay import ReplayConfig, replay_with
+    from engine.core.trace import read_trace
+
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
+    result = replay_with("auto", read_trace(path, block_size), config, events=bus, source=str(path))
+    result.config["trace"] = str(path)
+    return result.to_dict()
 
 
 @dataclass(slots=True)
@@ -51,6 +66,9 @@ class TraceReplays(QObject):
         # The engine is done before the views have drawn every event: each batch the
         # bridge hands them says how far they are, and the last one ends the wait.
         ctx.bridge.sigEvents.connect(self._on_events)
+        self._bulk = QTimer(self)
+        self._bulk.setInterval(0)
+        self._bulk.timeout.connect(self._drain)
 
     def start(self, path: Path, num_blocks: int | None = None,
               on_done: Callable[[Any], None] | None = None) -> None:
@@ -74,6 +92,8 @@ class TraceReplays(QObject):
                        f"{t['evicted_blocks']:,} evictions")
             self._waiting.append(_Shown(path.name, summary, lambda: on_done(result) if on_done is not None else None))
             self._on_events()
+            if self._waiting:
+                self._bulk.start()
 
         def failed(exc: BaseException) -> None:
             self.ctx.end_job(token)
@@ -84,7 +104,11 @@ class TraceReplays(QObject):
             if on_done is not None:
                 on_done(None)
 
-        self.ctx.worker.submit(replay_trace_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
+        self.ctx.worker.submit(kernel_replay_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
+
+    def _drain(self) -> None:
+        if not self._waiting or not self.ctx.bridge.flush_bulk(BULK_EVENTS):
+            self._bulk.stop()
 
     def _on_events(self, _batch: list | None = None) -> None:
         if not self._waiting:
