@@ -27,6 +27,7 @@ from app.runtime.jobs import classify_file, error_sentence, resize_pool_job  # n
 from app.dialogs.model_load_dialog import ModelLoadMonitor
 from app.dialogs.shortcuts_dialog import ShortcutsDialog, shortcut_rows
 from app.window.files import FileOpener
+from app.views.compare.compare_window import CompareWindow
 from app.window.recent import RecentFiles
 from engine.resources import resource_path
 
@@ -175,9 +176,12 @@ class MainWindow(QMainWindow):
         m = mb.addMenu("&File")
         for act in (self.act_new, self.act_open, self.act_import):
             m.addAction(act)
+        m.addAction("Open &folder…", self.files.open_folder_dialog).setToolTip(
+            "a folder of kv-cache-tester traces, replayed as concurrent users")
         self.recent_menu = m.addMenu("Open &recent")
         self.recent_menu.aboutToShow.connect(lambda: self.recent.fill_menu(self.recent_menu, self.open_file))
         m.addAction(self.act_export)
+        m.addAction("&Compare…", lambda: self.show_compare()).setToolTip("two runs side by side on one request axis")
         m.addSeparator()
         m.addAction(self.act_attach)
         m.addAction(self.act_detach)
@@ -194,6 +198,16 @@ class MainWindow(QMainWindow):
         h.addAction(self.act_shortcuts)
         h.addAction(self.act_glossary)
         h.addAction(self.act_about)
+
+    def show_compare(self, a: str | None = None, b: str | None = None) -> CompareWindow:
+        """File > Compare...: the Compare window (one per main window), filled with `a` and `b` if given."""
+        if getattr(self, "compare_window", None) is None:
+            self.compare_window = CompareWindow(self.ctx)
+        if a and b:
+            self.compare_window.set_sides(a, b)
+        self.compare_window.show()
+        self.compare_window.raise_()
+        return self.compare_window
 
     def _build_toolbar(self) -> None:
         tb = QToolBar("Main", self)

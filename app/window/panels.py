@@ -51,10 +51,15 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Diff", "diff", "app.views.tools.diff_view:DiffView", RIGHT, "block_table", None, lazy=True),
     PanelSpec("Billing", "billing", "app.views.tools.billing_view:BillingView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Sweep", "sweep", "app.views.tools.sweep_view:SweepView", BOTTOM, "metrics", None, lazy=True),
+    PanelSpec("Traces", "traces", "app.views.tools.traces_view:TracesView", BOTTOM, "metrics", None, lazy=True),
     PanelSpec("Semantic cache", "semantic", "app.views.tools.semantic_view:SemanticView", RIGHT, "block_table", None),
     PanelSpec("vLLM probe", "remote_probe", "app.views.tools.probe_view:ProbeView", RIGHT, "block_table", None, lazy=True),
     # Many servers at once (an attach to a fleet, or a recorded one): built when first shown.
     PanelSpec("Fleet", "fleet", "app.views.fleet.fleet_view:FleetView", RIGHT, "block_table", "Ctrl+8", lazy=True),
+    PanelSpec("Statistics", "statistics", "app.views.tools.statistics_view:StatisticsView", BOTTOM, "metrics", "Ctrl+9",
+              lazy=True),
+    # Not lazy: its keys (F2, Shift+F2, Ctrl+B) step and mark from anywhere in the window.
+    PanelSpec("Bookmarks", "bookmarks", "app.views.tools.bookmarks_view:BookmarksView", RIGHT, "block_table", None),
 )
 
 SCRUB_BAR = "app.views.pool.scrub_bar:ScrubBar"
