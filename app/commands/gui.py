@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.commands._common import add_pool_size, positive_int
+from app.commands._common import add_pool_size, non_negative_int, positive_int
 from engine.core.errors import InputError
 from engine.core.validation import check_regular_file
 from engine.resources import resource_path
@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_pool_size(p, "blocks in the model's KV pool (default 256)", dest="num_blocks", flag="--num-blocks", default=256)
     p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per block (default 16)")
     p.add_argument("--theme", choices=("dark", "light"), default=None, help="colour theme (default: the last one used)")
+    p.add_argument("--event", type=non_negative_int, default=None, metavar="N",
+                   help="open FILE at event N (a deep link, as a bookmark points at it)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                   help="open the Compare window on two runs (traces, session files, session:ID, run:ID)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
         window.show()
         if args.file:
             window.open_file(args.file)
+        if args.event is not None:
+            from app.views.tools.bookmarks_view import EventLink
+
+            EventLink(ctx, args.event)
+        if args.compare:
+            window.show_compare(*args.compare).run_compare()
         return app.exec()
     finally:
         ctx.shutdown()

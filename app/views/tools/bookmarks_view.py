@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QPushButton, QSplitter,
@@ -253,3 +253,34 @@ def _describe(event: Any) -> str:
         return ""
     rid = getattr(event, "request_id", None) or getattr(event, "by_request_id", None)
     return f"{event.kind}" + (f" of {rid}" if rid else "")
+
+
+class EventLink(QObject):
+    """A deep link (`cachescope gui FILE --event N`): once the file's events have arrived and
+    the worker is idle, scrub the pool to event N, or say that the log has no such event."""
+
+    POLL_MS = 100
+
+    def __init__(self, ctx: AppContext, seq: int, timeout_s: float = 600.0) -> None:
+        super().__init__(ctx)
+        self.ctx, self.seq = ctx, int(seq)
+        self.done = False
+        self._left = int(timeout_s * 1000 / self.POLL_MS)
+        self._timer = QTimer(self)
+        self._timer.timeout.connect(self._poll)
+        self._timer.start(self.POLL_MS)
+
+    def _poll(self) -> None:
+        ctx, state = self.ctx, self.ctx.state
+        self._left -= 1
+        busy = ctx.worker.is_busy or ctx.bridge.num_pending
+        if busy and self._left > 0:
+            return
+        self._timer.stop()
+        self.done = True
+        if state.contains(self.seq):
+            state.scrub_to(self.seq)
+            return
+        span = state.seq_range
+        has = f"its events are {span[0]} to {span[1]}" if span else "it has no events"
+        ctx.show_error(f"There is no event {self.seq} to open at: {has}.")
