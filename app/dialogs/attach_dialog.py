@@ -30,7 +30,7 @@ MAX_SERVERS_FILE = 1 << 20
 
 SERVER_HINT = ("Start vLLM with <code>--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
                "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"kv-events\"}'</code>"
-               " and attach to its host here.")
+               " (SGLang takes the same flag) and attach to its host here; a fleet is one server a line.")
 
 
 class AttachDialog(QDialog):

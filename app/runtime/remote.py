@@ -65,8 +65,12 @@ class AttachSettings:
 
     @property
     def endpoint(self) -> str:
-        """The first event endpoint: how the window names the server."""
-        return self.options.endpoints[0]
+        """How the window names what it attached to: the event endpoint of one server, the
+        servers of a fleet ("fleet of 3: a, b, c")."""
+        opts = self.options
+        if len(opts.endpoints) == 1:
+            return opts.endpoints[0]
+        return f"fleet of {len(opts.endpoints)}: " + ", ".join(opts.server_of(i) for i in range(len(opts.endpoints)))
 
     def validated(self) -> AttachSettings:
         """These settings if the tokenizer folder holds a tokenizer; else InputError (one sentence)."""

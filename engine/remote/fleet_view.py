@@ -300,15 +300,20 @@ class PrefixPlace:
 
 
 def locate(fleet: Fleet, keys: Sequence[bytes]) -> list[PrefixPlace]:
-    """Per block of a prefix, per server, the tiers holding it (GPU first)."""
+    """Per block of a prefix, per server, the tiers holding it (GPU first). A block's `key`
+    is the one the servers hold it under (a vLLM digest's 8-byte tail when their events
+    carry integer hashes), so it reads as the block table writes it."""
     names = fleet.server_names
+    pools = fleet.pools()
     out = []
     for loc in fleet.locate(keys):
+        held = {p.held_key(loc.key, t) for p in pools for t in p.tiers_holding(loc.key)}
+        key = next(iter(held)) if len(held) == 1 else loc.key
         per: dict[str, list[str]] = {n: [] for n in names}
         for h in loc.holdings:
             if h.tier not in per[h.server]:
                 per[h.server].append(h.tier)
-        out.append(PrefixPlace(loc.index, loc.key,
+        out.append(PrefixPlace(loc.index, key,
                                tuple(tuple(sorted(per[n], key=tier_order)) for n in names)))
     return out
 

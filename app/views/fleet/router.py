@@ -53,6 +53,7 @@ class RouterPanel(QWidget):
         self.prompt = QPlainTextEdit()
         self.prompt.setObjectName("router_prompt")
         self.prompt.setPlaceholderText("A probe prompt: where would a KV-aware router send it?")
+        self.prompt.setMaximumHeight(120)
         self.chat = QCheckBox("chat template")
         self.chat.setChecked(True)
         self.chat.setToolTip("render the text as one user message, as the servers' chat endpoints do")
@@ -63,7 +64,8 @@ class RouterPanel(QWidget):
         self.weights_edit.setObjectName("router_weights")
         self.weights_edit.setToolTip("llm-d's tier weights: TIER=WEIGHT, comma-separated; 'other' weighs any "
                                      "tier not listed (storage, a remote pool)")
-        self.weights_edit.setMaximumWidth(260)
+        self.weights_edit.setMinimumWidth(220)
+        self.weights_edit.setMaximumWidth(320)
         open_button = QPushButton("Open prompt…")
         open_button.setToolTip("a text or messages file, or a token trace (one JSON object with \"tokens\" a line)")
         open_button.clicked.connect(self.open_dialog)
@@ -94,10 +96,10 @@ class RouterPanel(QWidget):
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
-        top_layout.addWidget(self.prompt, 1)
+        top_layout.addWidget(self.prompt)
         top_layout.addLayout(bar)
         top_layout.addWidget(self.best)
-        top_layout.addWidget(self.table, 2)
+        top_layout.addWidget(self.table, 1)
         where = QWidget()
         where_layout = QVBoxLayout(where)
         where_layout.setContentsMargins(0, 0, 0, 0)
@@ -107,8 +109,9 @@ class RouterPanel(QWidget):
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(top)
         split.addWidget(where)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([1, 1])  # half each: the scores, then where the blocks live
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
@@ -295,7 +298,7 @@ class RouterPanel(QWidget):
         self.location.show_places(self.places, snap.servers)
         held = sum(1 for pl in self.places if pl.num_servers)
         self.where_label.setText(f"Where the prompt's {len(self.places)} blocks live: {held} held somewhere in the "
-                                 "fleet (a later block can be held where an earlier one is not: it does not count)")
+                                 "fleet (a router counts a server's blocks from block 0 up to the first it lacks)")
 
     def scores(self) -> dict[str, dict[str, Any]]:
         """Per server, what the table shows as numbers (what a test reads)."""

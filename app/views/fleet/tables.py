@@ -35,6 +35,13 @@ def ago(seconds_since_epoch: float | None, now: float | None = None) -> str:
     return f"{t} ({age:,.0f} s ago)" if age >= 1 else f"{t} (now)"
 
 
+def lag_text(lag_s: float | None) -> str:
+    """A stream's lag as the status bar writes it: milliseconds below 10 s, else seconds."""
+    if lag_s is None:
+        return "—"
+    return f"{lag_s * 1000:,.0f} ms" if lag_s < 10 else f"{lag_s:,.0f} s"
+
+
 def _item(text: str, align_right: bool = False) -> QTableWidgetItem:
     it = QTableWidgetItem(text)
     it.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable)
@@ -59,7 +66,7 @@ class ServersTable(QTableWidget):
     def show_snapshot(self, snap: FleetSnapshot) -> None:
         servers = snap.servers
         tiers = list(dict.fromkeys(t.tier for s in servers for t in s.tiers))
-        self.rows = ["Ranks", "Blocks", "Hashes", *[f"{t} blocks" for t in tiers], "No token ids", "Held elsewhere too",
+        self.rows = ["Server", "Ranks", "Blocks", "Hashes", *[f"{t} blocks" for t in tiers], "No token ids", "Held elsewhere too",
                      "Tenants", "Block size", "Batches", "Refilled", "Missed", "Malformed", "Restarts", "Last seen",
                      "Lag"]
         self.setRowCount(len(self.rows))
@@ -75,6 +82,9 @@ class ServersTable(QTableWidget):
             self.setHorizontalHeaderItem(c, head)
             for r, text in enumerate(self._column(s, tiers)):
                 it = _item(text)
+                if r == 0:  # the server's colour, as every fleet view gives it
+                    it.setBackground(QBrush(server_tint(s.index, 130)))
+                    it.setFont(bold)
                 if self.rows[r] in ("Missed", "Malformed", "Restarts") and text not in ("0", ""):
                     it.setForeground(QBrush(theme.color("warn")))
                 self.setItem(r, c, it)
@@ -83,7 +93,7 @@ class ServersTable(QTableWidget):
     def _column(s: ServerRow, tiers: Sequence[str]) -> list[str]:
         h = s.health
         by_tier = {t.tier: t for t in s.tiers}
-        out = [", ".join(map(str, s.ranks)), f"{s.num_blocks:,}", f"{s.num_hashes:,}"]
+        out = [s.server, ", ".join(map(str, s.ranks)), f"{s.num_blocks:,}", f"{s.num_hashes:,}"]
         for t in tiers:
             tc = by_tier.get(t)
             if tc is None:
@@ -94,7 +104,7 @@ class ServersTable(QTableWidget):
         out += [f"{sum(t.num_without_tokens for t in s.tiers):,}", f"{s.num_shared:,}",
                 ", ".join(s.tenants) or "—", str(s.block_size or "—"),
                 f"{h.batches:,}", f"{h.refilled:,}", f"{h.missed:,}", f"{h.malformed:,}", f"{h.restarts:,}",
-                ago(h.last_seen), "—" if h.lag_s is None else f"{h.lag_s * 1000:,.0f} ms"]
+                ago(h.last_seen), lag_text(h.lag_s)]
         return out
 
     def cell(self, row: str, server: str) -> str:
@@ -206,7 +216,6 @@ class SharedTable(QTableWidget):
             self.setColumnWidth(col, width)
 
     def show_snapshot(self, snap: FleetSnapshot) -> None:
-        index = {s.server: s.index for s in snap.servers}
         self.setRowCount(len(snap.shared))
         for r, sb in enumerate(snap.shared):
             where = "  ·  ".join(f"{h.server}: r{h.rank} {h.tier} ×{h.num_copies}" for h in sb.holdings)
@@ -214,8 +223,9 @@ class SharedTable(QTableWidget):
                      _item(where)]
             items[0].setToolTip(sb.key.hex())
             items[0].setData(Qt.ItemDataRole.UserRole, sb.key)
-            first = index.get(sb.servers[0], 0) if sb.servers else 0
-            items[0].setBackground(QBrush(server_tint(first, 90)))
+            items[1].setForeground(QBrush(theme.color("warn")))
+            items[3].setToolTip("\n".join(f"{h.server}: rank {h.rank}, {h.tier}, {h.num_copies} copies"
+                                          for h in sb.holdings))
             for c, it in enumerate(items):
                 self.setItem(r, c, it)
 
