@@ -640,6 +640,9 @@ class MainWindow(QMainWindow):
         settings = self.remote.attach(settings)
         settings.save(self.ctx.settings)
         self.statusBar().showMessage(f"attached to {settings.endpoint}", 4000)
+        if (len(settings.options.endpoints) > 1 or settings.options.bind) and "fleet" in self.docks:
+            self.docks["fleet"].show()  # many servers (or pods to come): the fleet panel comes forward
+            self.docks["fleet"].raise_()
         return settings
 
     def detach_remote(self) -> None:
