@@ -184,6 +184,9 @@ def test_one_server_with_offload_tiers_ends_as_vllm_held_it():
             assert d["announced"] == 4 and d["removed"] == 0  # GPU, STORAGE chunk C, Mooncake cpu, the window
             assert d["tiers"]["GPU"]["lookahead_token_ids"] == ((7, 8),)
             assert pool.details_of(a[2])["removed"] == 1 and "STORAGE" not in pool.details_of(a[2])["tiers"]
+            assert (pool.details_of(a[0])["announced"], pool.details_of(a[0])["removed"]) == (
+                7, 2)  # GPU twice, the report, cuda:0, the CPU placeholder, STORAGE chunks A and C; removed: a GPU copy, chunk A
+
             assert pool.details_of(a[0])["tiers"]["CPU"] == {"copies": 1, "locality": "LOCAL", "no_token_ids": True}
             assert att.subscribers[0].num_other_topics == 1 and att.subscribers[0].health.malformed == 0
     finally:

@@ -32,7 +32,8 @@ class RemoteBlock:
     else the parent's hash bytes; a removed parent stays reachable only through its cached
     children."""
 
-    __slots__ = ("block_hash", "parent", "tokens", "stored_seq", "stored_time", "tenant")
+    __slots__ = ("block_hash", "parent", "tokens", "stored_seq", "stored_time", "tenant", "num_announced",
+                 "num_removed")
 
     def __init__(self, block_hash: bytes, parent: RemoteBlock | bytes | None, tokens: bytes,
                  stored_seq: int, stored_time: float, tenant: str | None) -> None:
@@ -42,6 +43,8 @@ class RemoteBlock:
         self.stored_seq = stored_seq
         self.stored_time = stored_time
         self.tenant = tenant
+        self.num_announced = 1  # stores that named this hash on this tier (copies and reports)
+        self.num_removed = 0  # removals that named it while another copy stayed
 
     @property
     def parent_hash(self) -> bytes | None:
@@ -126,7 +129,10 @@ class RemotePool:
     placeholder (an offloading connector's store with no token ids) is held like any block
     and counted by `num_without_tokens`. `hits_by_session` counts the blocks reuse reports
     re-announced, per session (None: no session id): vLLM's only hit signal on the wire.
-    `announced`/`removals` count, per hash, the stores and removals that named it.
+    Each block counts the stores and removals that named its hash on its tier
+    (`num_announced`, `num_removed`); when a hash leaves a tier its counts move to
+    `departed` (the last `max_removed` hashes), so `details_of` says how often a hash was
+    announced and removed whether it is still held or not.
 
     `tiers[tier][hash]` is the hash's RemoteBlock; `copies[(medium, hash)]` lists copies
     per group index, only for hashes that are not exactly one copy in group 0, so the
@@ -161,8 +167,9 @@ class RemotePool:
     media: dict[str, dict[str, int]] = field(default_factory=dict)  # tier -> raw medium name -> blocks announced
     hits_by_session: dict[str | None, int] = field(default_factory=dict)
     num_unknown_events: dict[str, int] = field(default_factory=dict)  # event type -> count (changes nothing)
-    announced: dict[bytes, int] = field(default_factory=dict)  # hash -> stores naming it (reports included)
-    removals: dict[bytes, int] = field(default_factory=dict)  # hash -> removals naming it
+    # hash -> [stores, removals] that named it on tiers it has left (or removals of a hash
+    # never held), for the last `max_removed` hashes
+    departed: OrderedDict[bytes, list[int]] = field(default_factory=OrderedDict)
     groups: dict[int, GroupSpec] = field(default_factory=dict)
     # (tier, hash) -> what a store said beyond the common fields (its raw medium when not
     # the tier's name, ownership, locality, lookahead tokens), only when it said any of it
@@ -247,8 +254,20 @@ class RemotePool:
             tiers[m] = {"copies": self.num_copies(key, m), **self.details.get((m, key), {})}
             if not self.tiers[m][key].tokens:
                 tiers[m]["no_token_ids"] = True
-        return {"hash": key.hex(), "tiers": tiers, "announced": self.announced.get(key, 0),
-                "removed": self.removals.get(key, 0)}
+        gone = self.departed.get(key, (0, 0))
+        held = [self.tiers[m][self.held_key(block_hash, m)] for m in tiers]
+        return {"hash": key.hex(), "tiers": tiers, "announced": gone[0] + sum(b.num_announced for b in held),
+                "removed": gone[1] + sum(b.num_removed for b in held)}
+
+    def _departed(self, h: bytes, num_announced: int, num_removed: int) -> None:
+        counts = self.departed.get(h)
+        if counts is None:
+            self.departed[h] = [num_announced, num_removed]
+            if len(self.departed) > self.max_removed:
+                self.departed.popitem(last=False)
+        else:
+            counts[0] += num_announced
+            counts[1] += num_removed
 
     def removal_of(self, block_hash: bytes) -> tuple[int | None, int] | None:
         for key in (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,):
@@ -313,9 +332,6 @@ class RemotePool:
             tier = self.tiers[medium] = {}
         group = e.group_idx or 0
         parent_hash = e.parent_block_hash
-        announced = self.announced
-        for h in hashes:
-            announced[h] = announced.get(h, 0) + 1
         # Only the engine's own GPU pool sends reuse reports; a connector's device tier
         # (LMCache's `cuda:0`) storing a held hash is another physical copy.
         if parent_hash is None and raw_medium == MEDIUM_DEFAULT and hashes[0] in tier \
@@ -323,6 +339,8 @@ class RemotePool:
                 and self._is_reuse_report(batch, index, hashes[-1], group):
             self.num_reported += len(hashes)
             self.hits_by_session[e.session_id] = self.hits_by_session.get(e.session_id, 0) + len(hashes)
+            for h in hashes:
+                tier[h].num_announced += 1
             return
         names = self.media.get(medium)
         if names is None:
@@ -368,6 +386,7 @@ class RemotePool:
                 block = keep(h, new)
                 if block is not new:  # held already: one more copy
                     self._add_copy(medium, h, 0)
+                    block.num_announced += 1
                 pop(h, None)
                 parent = block
             self.num_stored += len(hashes)
@@ -383,6 +402,7 @@ class RemotePool:
             block = tier.setdefault(h, new)
             if block is not new:
                 self._add_copy(medium, h, group)
+                block.num_announced += 1
             elif group:
                 self.copies[(medium, h)] = [0] * group + [1]
             if removed_at:
@@ -465,9 +485,6 @@ class RemotePool:
         medium = tier_of_medium(e.medium)
         tier = self.tiers.get(medium)
         group = e.group_idx
-        removals = self.removals
-        for h in e.block_hashes:
-            removals[h] = removals.get(h, 0) + 1
         if info is None and not group:
             # The fast path: one shared (event, batch) pair, the lifetime sums inline.
             removed_at, key, ts, life = self.removed_at, (None, batch.seq), batch.ts, self.lifetimes
@@ -478,15 +495,19 @@ class RemotePool:
                     held, block = self._remove_copy(tier, medium, h, group)
                     if not held:
                         self.num_unknown_removed += 1
+                        self._departed(h, 0, 1)
                         continue
                     if block is None:  # another copy still holds it
+                        tier[h].num_removed += 1
                         continue
                 else:
                     block = pop(h, None)
                     if block is None:
                         self.num_unknown_removed += 1
                         removed_at[h] = key
+                        self._departed(h, 0, 1)
                         continue
+                self._departed(h, block.num_announced, block.num_removed + 1)
                 seconds = ts - block.stored_time
                 if seconds > 0:  # LifetimeStats.add, inlined: this loop runs per removed block
                     life.total_s += seconds
@@ -512,8 +533,12 @@ class RemotePool:
                 held = block is not None
             if not held:
                 self.num_unknown_removed += 1
+                self._departed(h, 0, 1)
             elif block is not None:
                 self.lifetimes.add(batch.ts - block.stored_time)
+                self._departed(h, block.num_announced, block.num_removed + 1)
+            else:  # another copy still holds it
+                tier[h].num_removed += 1
             self.num_removed += 1
             seq = None
             if info is not None:
@@ -548,8 +573,9 @@ class RemotePool:
             tier = self.tiers.pop(m, None)
             self.num_extra_copies.pop(m, None)
             if tier:
-                for h in tier:
+                for h, block in tier.items():
                     self._remember_removal(h, seq, batch_seq)
+                    self._departed(h, block.num_announced, block.num_removed)
         if self.details:
             for key in [k for k in self.details if k[0] in tiers]:
                 del self.details[key]
