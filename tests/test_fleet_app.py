@@ -129,6 +129,21 @@ def test_three_pods_side_by_side(qtbot, win, pods):
     assert "<b>3</b> server(s)" in fleet.summary.text() and "<b>10</b> blocks" in fleet.summary.text()
 
 
+def test_health_per_server_counts_a_lost_batch_on_its_own_server(qtbot, win, pods):
+    """Pod .11's batch 0 never arrives (no replay socket to refill it): only .11 misses a
+    batch, and its removal of blocks it was never seen to store leaves it empty."""
+    attach_fleet(win, pods)
+    assert win.docks["fleet"].isVisible()  # a fleet's attach brings the panel forward
+    fleet = win.panels["fleet"]
+    lost = [m for m in recorded() if not (m[0] == PODS[0] and parse_pub(m[1])[1] == 0)]
+    publish(qtbot, win, pods, lost)
+    t = fleet.servers
+    assert [t.cell("Missed", p) for p in PODS] == ["1", "0", "0"]
+    assert [t.cell("Batches", p) for p in PODS] == ["1", "2", "1"]
+    assert [t.cell("Blocks", p) for p in PODS] == ["0", "4", "4"]
+    assert "1 batch(es) missed" in fleet.summary.text()
+
+
 def test_combined_blocks_duplicates_and_where_a_prefix_lives(qtbot, win, pods):
     attach_fleet(win, pods)
     fleet = win.panels["fleet"]
@@ -273,6 +288,11 @@ def test_the_dialog_reads_a_servers_file_and_a_bind_address(qtbot, tmp_path):
     again = AttachDialog(got)  # remembered settings come back as the list
     qtbot.addWidget(again)
     assert again.mode.currentText() == FLEET and again.servers.toPlainText().splitlines()[0].startswith("pod-a ")
+
+    binary = tmp_path / "servers.bin"
+    binary.write_bytes(b"\xff\xfe pod tcp://")
+    assert not dlg.load_servers_file(binary) and "not UTF-8 text" in dlg.error.text()
+    assert not dlg.load_servers_file(tmp_path / "missing.txt") and "cannot be read" in dlg.error.text()
 
     dlg.mode.setCurrentText(CENTRAL)
     dlg.bind_address.setText("tcp://*:5557")

@@ -158,7 +158,7 @@ class FleetView(PanelView):
         self.summary.setText(
             f"<b>{len(snap.servers)}</b> server(s){recorded} · <b>{blocks:,}</b> blocks · "
             f"<b>{len(snap.shared):,}</b> hashes held by more than one server "
-            f"({snap.num_duplicate_copies:,} copies beyond one each) · {missed:,} batches missed")
+            f"({snap.num_duplicate_copies:,} copies beyond one each) · {missed:,} batch(es) missed")
 
     def _fill_blocks(self) -> None:
         snap = self.snapshot
