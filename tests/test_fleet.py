@@ -133,3 +133,19 @@ def test_bad_arguments_are_sentences():
     with pytest.raises(ValueError, match="name"):
         fleet.add("", RemotePool("x"))
     assert fleet.route(A, 16).servers == () and fleet.shared_blocks() == []
+
+
+def test_pools_per_server_rank_tier_and_group():
+    fleet = three_pod_fleet()
+    assert [r.to_dict() for r in fleet.pool_rows()] == [
+        {"server": PODS[0], "rank": 0, "tier": "GPU", "group": 0, "blocks": 2},
+        {"server": PODS[1], "rank": 0, "tier": "GPU", "group": 0, "blocks": 2},
+        {"server": PODS[1], "rank": 0, "tier": "CPU", "group": 0, "blocks": 2},
+        {"server": PODS[2], "rank": 0, "tier": "GPU", "group": 0, "blocks": 4},
+    ]
+    p13 = fleet.pools(PODS[2])[0]  # a sliding-window group's block and a second copy of block 0
+    p13.apply(VllmBatch(1, 1.0, (VllmEvent("BlockStored", (C[3],), C[2], tuple(range(8)), 8, group_idx=1),
+                                 VllmEvent("BlockStored", (C[0],), None, tuple(range(16)), 16, medium="cuda:0")), 0))
+    assert p13.num_cached_by_group("GPU") == {0: 5, 1: 1}
+    assert [(r.tier, r.group, r.num_blocks) for r in fleet.pool_rows() if r.server == PODS[2]] == [
+        ("GPU", 0, 5), ("GPU", 1, 1)]

@@ -8,6 +8,8 @@ pool holds its tiers and KV cache groups. It answers what an operator of a fleet
     fleet.add("pod-a", pool_a0); fleet.add("pod-a", pool_a1); fleet.add("pod-b", pool_b)
     fleet.locate(keys)          # per block of a prefix: every (server, rank, tier) holding it
     fleet.shared_blocks()       # hashes held by more than one server (memory spent twice)
+    fleet.pool_rows()           # blocks per (server, rank, tier, KV cache group)
+    fleet.summaries()           # per server: ranks, blocks per tier, tenants, block size
     view = fleet.route(keys, block_size=16)             # what a KV-aware router sees
     view.best_server, [s.to_dict() for s in view.servers]
 
@@ -187,6 +189,22 @@ class ServerSummary:
                 "tiers": dict(self.tiers), "tenants": list(self.tenants), "block_size": self.block_size}
 
 
+@dataclass(slots=True, frozen=True)
+class PoolRow:
+    """One pool of the fleet: a server's rank, tier and KV cache group, with its physical
+    blocks (each copy counts)."""
+
+    server: str
+    rank: int
+    tier: str
+    group: int
+    num_blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"server": self.server, "rank": self.rank, "tier": self.tier, "group": self.group,
+                "blocks": self.num_blocks}
+
+
 @dataclass(slots=True)
 class Fleet:
     """Servers -> pools (one per data-parallel rank), in the order servers were added.
@@ -249,6 +267,16 @@ class Fleet:
                     by_key.setdefault(key, []).append(Holding(name, pool.rank, tier, copies))
         out = [SharedBlock(k, tuple(hs)) for k, hs in by_key.items() if len({h.server for h in hs}) > 1]
         out.sort(key=lambda s: (-s.num_copies, s.key))
+        return out
+
+    def pool_rows(self) -> list[PoolRow]:
+        """Blocks per (server, rank, tier, group), servers in the fleet's order, GPU first."""
+        out = []
+        for name, pools in self.servers.items():
+            for pool in pools:
+                for tier in pool.mediums():
+                    for group, n in pool.num_cached_by_group(tier).items():
+                        out.append(PoolRow(name, pool.rank, tier, group, n))
         return out
 
     def summaries(self) -> list[ServerSummary]:

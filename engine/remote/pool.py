@@ -192,6 +192,23 @@ class RemotePool:
         """Hashes a tier holds from placeholder stores (no token ids, block size 0)."""
         return sum(1 for b in self.tiers.get(tier_of_medium(medium), {}).values() if not b.tokens)
 
+    def num_cached_by_group(self, medium: str) -> dict[int, int]:
+        """Physical blocks one tier holds per KV cache group (group 0 first)."""
+        medium = tier_of_medium(medium)
+        tier = self.tiers.get(medium, {})
+        out: dict[int, int] = {}
+        num_special = 0
+        for (m, _h), counts in self.copies.items():
+            if m != medium:
+                continue
+            num_special += 1
+            for g, n in enumerate(counts):
+                if n:
+                    out[g] = out.get(g, 0) + n
+        if len(tier) > num_special:
+            out[0] = out.get(0, 0) + len(tier) - num_special
+        return dict(sorted(out.items()))
+
     def mediums(self) -> list[str]:
         """The tiers held, GPU first."""
         return sorted(self.tiers, key=tier_order)
