@@ -42,6 +42,7 @@ class BookmarksView(PanelView):
         self.list = QListWidget()
         self.list.setObjectName("bookmarks_list")
         self.list.setSpacing(3)
+        self.list.setWordWrap(True)
         self.list.currentItemChanged.connect(self._on_current)
         self.list.itemActivated.connect(lambda item: self.go_to(item.data(Qt.ItemDataRole.UserRole)))
         self.title = QLineEdit()
@@ -132,7 +133,9 @@ class BookmarksView(PanelView):
         self.list.clear()
         for i, b in enumerate(rows, 1):
             first = b.note.strip().splitlines()[0] if b.note.strip() else ""
-            item = QListWidgetItem(f"{i}. {b.label}" + (f"\n    {first[:80]}" if first else ""))
+            if len(first) > 140:
+                first = first[:140].rsplit(" ", 1)[0] + "\u2026"
+            item = QListWidgetItem(f"{i}. {b.label}" + (f"\n    {first}" if first else ""))
             item.setData(Qt.ItemDataRole.UserRole, b.id)
             self.list.addItem(item)
             if b.id == self.current_id:
