@@ -144,6 +144,40 @@ def test_health_per_server_counts_a_lost_batch_on_its_own_server(qtbot, win, pod
     assert "1 batch(es) missed" in fleet.summary.text()
 
 
+def pub_frames(path: Path, **match) -> list[list[bytes]]:
+    """The PUB messages of a recorded stream (rows matching `match`), in recorded order."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [[base64.b64decode(f) for f in r["frames"]] for r in rows
+            if r["socket"] == "pub" and all(r.get(k) == v for k, v in match.items())]
+
+
+def test_tiers_keep_their_raw_media_names_per_server(qtbot, win):
+    """A vLLM server with offload connectors (`one-server`: `cpu` from MooncakeStore,
+    `cuda:0` from LMCache, STORAGE chunks, a placeholder store) beside SGLang's rank 1 (its
+    `EXTERNAL` pool): each tier is counted once, the producers' raw names beside it."""
+    base = free_ports(2)
+    vllm, sglang = Pod("vllm-offload", base), Pod("sglang-r1", base + 1)
+    try:
+        opts = AttachOptions((vllm.endpoint, sglang.endpoint), servers=(vllm.name, sglang.name))
+        win.attach_remote(AttachSettings(opts))
+        wait_for_subscriber(vllm.sock)
+        wait_for_subscriber(sglang.sock)
+        one = pub_frames(DATA, case="one-server")
+        r1 = pub_frames(DATA.parents[1] / "sglang" / "sglang_zmq_frames.jsonl", rank=1)
+        publish(qtbot, win, {vllm.name: vllm, sglang.name: sglang},
+                [(vllm.name, f) for f in one] + [(sglang.name, f) for f in r1])
+        t = win.panels["fleet"].servers
+        assert t.cell("GPU blocks", vllm.name) == "8  (GPU, cuda:0)"
+        assert t.cell("CPU blocks", vllm.name) == "4  (CPU, cpu)"
+        assert t.cell("STORAGE blocks", vllm.name) == "4"  # chunk A's eviction keeps what chunk C holds
+        assert t.cell("No token ids", vllm.name) == "2"  # the OffloadingConnector's placeholder store
+        assert t.cell("REMOTE blocks", sglang.name) == "1  (EXTERNAL)"
+        assert t.cell("GPU blocks", sglang.name) == "0"
+    finally:
+        vllm.close()
+        sglang.close()
+
+
 def test_combined_blocks_duplicates_and_where_a_prefix_lives(qtbot, win, pods):
     attach_fleet(win, pods)
     fleet = win.panels["fleet"]
