@@ -131,7 +131,7 @@ def test_an_empty_salt_under_vllm_hash_is_refused_with_a_sentence():
 
 
 def test_replay_with_numba_gives_the_events_to_a_bus():
-    from engine.core.replay import replay_with
+    from engine.kernel.dispatch import replay_with
 
     requests = load_trace(TRACES / "demo_tokens.jsonl")
     config = ReplayConfig(block_size=16, capacity_blocks=48, concurrency=2)
@@ -144,7 +144,7 @@ def test_replay_with_numba_gives_the_events_to_a_bus():
 
 
 def test_replay_with_auto_falls_back_where_the_kernel_cannot_run():
-    from engine.core.replay import replay_with
+    from engine.kernel.dispatch import replay_with
 
     reqs = [TraceRequest(0, 1, "a", "", tuple(range(40)), (), None, 40, 0)]
     config = ReplayConfig(hash="vllm-sha256")

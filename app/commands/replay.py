@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _replay_trace(args: argparse.Namespace, events: object = None) -> dict:
-    from engine.core.replay import ReplayConfig, replay_with
+    from engine.core.replay import ReplayConfig
+    from engine.kernel.dispatch import replay_with
     from engine.core.trace import read_trace
     from engine.store.block_traces import check_block_sizes, declared_block_size
 

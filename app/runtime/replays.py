@@ -27,7 +27,8 @@ BULK_EVENTS = 100_000
 def kernel_replay_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
     """Worker-thread job: replay a trace on the compiled kernel where it can run it (the
     Python engine otherwise); its events reach `bus` after the run, in seq order."""
-    from engine.core.replay import ReplayConfig, replay_with
+    from engine.core.replay import ReplayConfig
+    from engine.kernel.dispatch import replay_with
     from engine.core.trace import read_trace
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
 from engine.core.columnar import MISS_REASONS, ColumnarLog, KeyTable, RequestTable
-from engine.core.errors import InputError, TraceError
+from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.hashing import VLLM_HASHES, BlockHasher
 from engine.core.pool_state import Counters
-from engine.core.replay import ReplayConfig
 from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
 from engine.core.trace import TraceRequest
 from engine.kernel.intern import KIND_EXTERNAL, KIND_TOKENS, intern_chains, root_tag
 from engine.kernel.loop import ERR_CAPACITY, ERR_DUPLICATE, new_state, replay_arrays
+
+if TYPE_CHECKING:
+    from engine.core.replay import ReplayConfig
 
 
 KERNEL_HASHES = ("sha256", "xxh3", *VLLM_HASHES)
@@ -185,11 +187,8 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
     if status == ERR_DUPLICATE:
         tr = reqs[fault]
         raise TraceError(source, tr.line, "id", f"request id {tr.id!r} is already running")
-    if status == ERR_CAPACITY:
-        # Not reachable with admission's reserve; the Python engine raises the exact error.
-        from engine.core.replay import replay
-        replay(reqs, config, source=source)
-        raise AssertionError("the kernel ran out of blocks where the Python engine did not")
+    if status == ERR_CAPACITY:  # admission reserves room for every running request's output
+        raise CapacityError(reqs[fault].id, 1, 0, config.capacity_blocks)
     rows = served_rows(reqs, cached, computed, reason, first, div, refused)
     c = Counters(*(int(x) for x in counters))
     from dataclasses import asdict

@@ -11,17 +11,19 @@ only totals are kept. Token traces go through `replay_kernel` (they are hashed w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from engine.core.errors import InputError
-from engine.core.replay import ReplayConfig
 from engine.kernel.intern import KIND_EXTERNAL, Interner, root_tag
 from engine.kernel.loop import (
     C_CACHED, C_EVICTED, C_PROMPT, C_STORED, ERR_CAPACITY, ERR_DUPLICATE, KEYED, KEYED_PLUS_ONE, TABLES, UID,
     new_state, replay_arrays,
 )
+
+if TYPE_CHECKING:
+    from engine.core.replay import ReplayConfig
 
 
 @dataclass(slots=True)
