@@ -14,6 +14,7 @@ from app.runtime.captures import latest_capture, open_capture
 from app.runtime.jobs import classify_file, error_sentence
 from engine.core.errors import InputError, TraceError, show_path
 from engine.core.validation import check_regular_file
+from engine.store.usage_logs import looks_like_usage_log
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
@@ -60,21 +61,31 @@ class FileOpener:
         except OSError as exc:
             self.ctx.show_error(error_sentence(exc, "The conversation could not be saved"))
 
+    def open_folder_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self.parent, "Open a folder of kv-cache-tester traces",
+                                                self.recent.last_dir())
+        if path:
+            self.open_file(path)
+
     def open_file(self, path: str | Path, on_done: Callable[[Any], None] | None = None) -> bool:
-        """Open a trace (replayed on the worker), a session database or a conversation file."""
+        """Open a trace (replayed on the worker), a kv-cache-tester trace or folder of them, a
+        usage log, a session database or a conversation file."""
         p = Path(path)
         if not p.exists():
             self.ctx.show_error(f"{show_path(p)}: no such file.")
             return False
         if p.is_dir():
-            self.ctx.show_error(f"{show_path(p)} is a folder; open a trace, conversation or session file.")
-            return False
+            return self.open_weka(p, on_done)
         try:  # a FIFO or a device: reading it would block or never end
             check_regular_file(p, "trace, conversation or session file")
         except InputError as exc:
             self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
             return False
         kind = classify_file(p)
+        if kind == "weka":
+            return self.open_weka(p, on_done)
+        if kind == "conversation" and looks_like_usage_log(p):
+            return self.open_usage(p, on_done)
         if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
             return False
         self.recent.add(p)
@@ -100,3 +111,93 @@ class FileOpener:
         if on_done is not None:
             on_done(None)
         return True
+
+    # ---------------------------------------------------------------- kv-cache-tester traces, usage logs
+    def open_weka(self, p: Path, on_done: Callable[[Any], None] | None = None) -> bool:
+        """Replay a kv-cache-tester file, or a folder of them as concurrent users, on the worker:
+        its events reach the pool views, its summary the Traces panel."""
+        from app.runtime.bridge import engine_info
+        from app.runtime.context import Subject
+        from engine.analysis.weka import unbounded_capacity
+        from engine.store.weka import load_weka, merged_requests
+
+        try:
+            traces = load_weka(p)
+        except (InputError, OSError) as exc:
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            return False
+        if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
+            return False
+        self.recent.add(p)
+        size = traces[0].block_size
+        capacity = unbounded_capacity(merged_requests(traces), size)
+        self.ctx.open_subject(Subject("trace", p.name, source=str(p)), ask=False)
+        bus = self.ctx.new_event_bus(engine_info(block_size=size, num_blocks=capacity, model=None))
+        token = self.ctx.start_job(f"replaying {p.name}", bus)
+
+        def done(summary: dict) -> None:
+            self.ctx.end_job(token)
+            view = self.panels.get("traces")
+            if view is not None:
+                view.show_weka(summary)
+                self.docks["traces"].raise_()
+            if on_done is not None:
+                on_done(summary)
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.end_job(token)
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be replayed"))
+            if on_done is not None:
+                on_done(None)
+
+        self.ctx.worker.submit(_weka_job, traces, bus, on_done=done, on_error=failed)
+        return True
+
+    def open_usage(self, p: Path, on_done: Callable[[Any], None] | None = None) -> bool:
+        """Compare a usage log's observed caching with the prediction (on the worker); the
+        Traces panel lists each request, the Billing panel plots cost per turn."""
+        def done(result: dict) -> None:
+            view = self.panels.get("traces")
+            if view is not None:
+                view.show_usage(result)
+                self.docks["traces"].raise_()
+            billing = self.panels.get("billing")
+            if billing is not None and hasattr(billing, "show_usage"):
+                billing.show_usage(result)
+            if on_done is not None:
+                on_done(result)
+
+        def failed(exc: BaseException) -> None:
+            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be read as a usage log"))
+            if on_done is not None:
+                on_done(None)
+
+        self.recent.add(p)
+        self.ctx.worker.submit(_usage_job, str(p), on_done=done, on_error=failed)
+        return True
+
+
+def _weka_job(traces: list[Any], bus: Any) -> dict:
+    """Worker thread: the kv-cache-tester summary, its unbounded replay emitting on `bus`."""
+    from engine.analysis.weka import weka_summary
+
+    return weka_summary(traces, events=bus)
+
+
+def _usage_job(path: str) -> dict:
+    """Worker thread: a usage log beside its prediction (a vLLM log on an unbounded engine of
+    16-token blocks; `cachescope usage` takes the server's own block size and pool)."""
+    from engine.analysis.usage import compare_usage
+    from engine.model.loader import load_tokenizer
+    from engine.store.usage_logs import read_usage_log
+
+    entries = read_usage_log(path)
+    meta = Path(path).with_name(Path(path).name.removesuffix(".jsonl") + ".meta.json")
+    block_size = capacity = None
+    if meta.is_file():  # a recorded log says what server it came from
+        import json
+
+        info = json.loads(meta.read_text())
+        block_size = info.get("block_size")
+        capacity = info.get("num_gpu_blocks") - 1 if isinstance(info.get("num_gpu_blocks"), int) else None
+    return compare_usage(entries, load_tokenizer(None), block_size, capacity)

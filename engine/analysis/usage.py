@@ -196,7 +196,7 @@ def predict_hosted(entries: Sequence[UsageEntry], tokenizer: Any, provider: str,
                      "stand_in_prompt_tokens": standin_total, "stand_in_cached_tokens": row["read_tokens"],
                      "notes": row["notes"],
                      "cost_usd": row["cost_usd"]})
-    return rows, rendered, notes, rules.ttl_seconds
+    return rows, rendered, notes, rules
 
 
 def _rules(provider: str, model: str | None, provider_rules: Callable[..., Any]) -> Any:
@@ -207,6 +207,11 @@ def _rules(provider: str, model: str | None, provider_rules: Callable[..., Any])
         except InputError:
             continue
     return provider_rules(candidates[0], None)
+
+
+def _weighted(rules: Any, prompt: int, read: int, write: int) -> float:
+    """Input tokens priced by the cache: uncached at 1, writes and reads at their multipliers."""
+    return round(prompt - read - write + write * rules.write_multiplier + read * rules.read_multiplier, 4)
 
 
 # ---------------------------------------------------------------------------- the comparison
@@ -231,7 +236,8 @@ def compare_usage(entries: Sequence[UsageEntry], tokenizer: Any, block_size: int
                + f", tokens of {tokenizer_name}'s own tokenizer")
     else:
         provider = "anthropic" if "anthropic" in apis else "openai"
-        preds, rendered, notes, ttl = predict_hosted(entries, tokenizer, provider, model, tokenizer_name)
+        preds, rendered, notes, rules = predict_hosted(entries, tokenizer, provider, model, tokenizer_name)
+        ttl = rules.ttl_seconds
         how = f"the billing model ({provider})"
     rows = []
     for k, (e, p) in enumerate(zip(entries, preds)):
@@ -244,6 +250,16 @@ def compare_usage(entries: Sequence[UsageEntry], tokenizer: Any, block_size: int
             if key in p:
                 predicted[key] = p[key]
         cause = _cause(rendered, k, e.cached_tokens, p.get("miss_reason"), ttl, bs if engine_mode else 1)
+        if engine_mode:  # a server's cost of a turn is its prefill: the prompt tokens it computed
+            observed["weighted_tokens"] = e.prompt_tokens - e.cached_tokens
+            predicted["weighted_tokens"] = e.prompt_tokens - p["cached_tokens"]
+        else:
+            observed["weighted_tokens"] = _weighted(rules, e.prompt_tokens, e.cached_tokens, e.written_tokens or 0)
+            predicted["weighted_tokens"] = _weighted(rules, e.prompt_tokens, p["cached_tokens"],
+                                                     p.get("written_tokens", 0) if e.written_tokens is not None else 0)
+            if rules.price_per_mtok is not None:
+                observed["cost_usd"] = round(observed["weighted_tokens"] * rules.price_per_mtok / 1e6, 8)
+                predicted["cost_usd"] = round(predicted["weighted_tokens"] * rules.price_per_mtok / 1e6, 8)
         rows.append({"id": e.id, "api": e.api, "model": e.model, "time_s": e.time_s, "observed": observed,
                      "predicted": predicted, "difference": e.cached_tokens - p["cached_tokens"], "cause": cause})
     totals = {"requests": len(rows),
@@ -254,5 +270,8 @@ def compare_usage(entries: Sequence[UsageEntry], tokenizer: Any, block_size: int
               "unexpected_misses": sum(1 for r in rows if r["cause"] is not None)}
     totals["difference"] = totals["observed_cached_tokens"] - totals["predicted_cached_tokens"]
     totals["failed_requests"] = len(failed)
+    cost_unit = ("prompt tokens computed (prefill)" if engine_mode else
+                 "USD" if rules.price_per_mtok is not None else "input tokens weighted by the cache multipliers")
     return {"predicted_by": how, "apis": sorted(apis), "notes": notes, "requests": rows, "totals": totals,
+            "cost_unit": cost_unit,
             "failed": [{"id": e.id, "error": e.error} for e in failed]}

@@ -362,3 +362,20 @@ def read_usage_log(*paths: str | Path) -> list[UsageEntry]:
     if not entries:
         raise TraceError(str(paths[0]), None, None, "the log holds no requests")
     return entries
+
+
+def looks_like_usage_log(path: str | Path) -> bool:
+    """True when the first line of `path` is a request/response pair or a batch line (what
+    File > Open asks before taking a JSONL file for a conversation). Reads one line, bounded."""
+    try:
+        with Path(path).open("rb") as fh:
+            raw = fh.readline(MAX_LINE_BYTES + 1)
+    except OSError:
+        return False
+    if not raw.strip() or len(raw) > MAX_LINE_BYTES:
+        return False
+    try:
+        first = v.loads(raw.removeprefix(b"\xef\xbb\xbf"), str(path), 1)
+    except TraceError:
+        return False
+    return _shape([(1, first)]) not in ("unknown", "anthropic-create")

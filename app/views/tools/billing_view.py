@@ -111,6 +111,9 @@ class BillingView(PanelView):
             item = pg.BarGraphItem(x=[], height=[], width=0.8, brush=theme.color(colour), pen=None, name=label)
             self.plot.addItem(item)  # `name` puts it in the legend
             self.bars[key] = item
+        # A usage log: observed and predicted cost per turn, drawn instead of the bars.
+        self.cost_lines = {key: self.plot.plot([], []) for key in ("observed", "predicted")}  # in the legend once shown
+        self.usage: dict[str, Any] | None = None
 
         self.split = split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.table)
@@ -137,6 +140,11 @@ class BillingView(PanelView):
             self.plot.getAxis(side).setPen(p["text_dim"])
         for key, colour in (("uncached", "pending"), ("write", "computed"), ("read", "cached")):
             self.bars[key].setOpts(brush=theme.color(colour, name))
+        self.cost_lines["observed"].setPen(pg.mkPen(theme.color("cached", name), width=2))
+        self.cost_lines["observed"].setSymbolBrush(theme.color("cached", name))
+        self.cost_lines["predicted"].setPen(pg.mkPen(theme.color("computed", name), width=2,
+                                                     style=Qt.PenStyle.DashLine))
+        self.cost_lines["predicted"].setSymbolBrush(theme.color("computed", name))
         self.plot.plotItem.legend.setLabelTextColor(p["text"])
 
     def _reflow(self, per_row: int) -> None:
@@ -221,7 +229,63 @@ class BillingView(PanelView):
         self._show(result)
         self.sigBillDone.emit(result)
 
+    def show_usage(self, result: dict[str, Any]) -> None:
+        """A usage log (`engine.analysis.usage.compare_usage`): observed and predicted cost per turn."""
+        self.usage = result
+        rows, t = result["requests"], result["totals"]
+        unit = result["cost_unit"]
+        usd = unit == "USD"
+
+        def cost(side: dict[str, Any]) -> float:
+            return float(side["cost_usd"] if usd else side["weighted_tokens"])
+
+        obs = np.array([cost(r["observed"]) for r in rows], dtype=float)
+        pred = np.array([cost(r["predicted"]) for r in rows], dtype=float)
+        fmt = _money if usd else (lambda v: f"{v:,.0f}")
+        self.total_label.setText(
+            f"<b>Observed vs predicted</b> ({', '.join(result['apis'])}): {fmt(float(obs.sum()))} observed, "
+            f"{fmt(float(pred.sum()))} predicted · cached tokens {t['observed_cached_tokens']:,} observed, "
+            f"{t['predicted_cached_tokens']:,} predicted · {t['matching_requests']} of {t['requests']} turns agree")
+        self.rules_label.setText(f"cost per turn in {unit}; predicted by {result['predicted_by']}")
+        self.table.setColumnCount(6)
+        self.table.setHorizontalHeaderLabels(("#", "id", "cached", "predicted", "cost", "predicted cost"))
+        self.table.setRowCount(min(len(rows), MAX_ROWS))
+        for i, r in enumerate(rows[:MAX_ROWS]):
+            values = (i, r["id"], r["observed"]["cached_tokens"], r["predicted"]["cached_tokens"], fmt(obs[i]),
+                      fmt(pred[i]))
+            for j, v in enumerate(values):
+                self.table.setItem(i, j, QTableWidgetItem(str(v)))
+        self.table.resizeColumnsToContents()
+        legend = self.plot.plotItem.legend
+        legend.clear()
+        for bar in self.bars.values():
+            bar.setOpts(x=[], height=[])
+            bar.setVisible(False)
+        for key, line in self.cost_lines.items():
+            legend.addItem(line, f"{key} cost")
+        x = np.arange(len(rows), dtype=float)
+        self.cost_lines["observed"].setData(x, obs, symbol="o", symbolSize=8)
+        self.cost_lines["predicted"].setData(x, pred, symbol="x", symbolSize=10)
+        self.plot.setLabel("bottom", "turn")
+        self.plot.setLabel("left", "cost" + ("" if usd else f" ({unit})"))
+        self.plot.setXRange(-0.6, max(len(rows) - 0.4, 0.4), padding=0)
+        self.plot.setYRange(0, float(max(obs.max(initial=0), pred.max(initial=0))) * 1.25 or 1.0, padding=0)
+
     def _show(self, result: dict[str, Any]) -> None:
+        if self.usage is not None:  # the bars' legend back in place of the cost lines'
+            legend = self.plot.plotItem.legend
+            legend.clear()
+            for key, label in (("uncached", "uncached input"), ("write", "cache write"), ("read", "cache read")):
+                legend.addItem(self.bars[key], label)
+        self.usage = None
+        for key, line in self.cost_lines.items():
+            line.setData([], [])
+        for bar in self.bars.values():
+            bar.setVisible(True)
+        self.table.setColumnCount(len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.plot.setLabel("bottom", "request")
+        self.plot.setLabel("left", "prompt tokens")
         rows, t, r = result["requests"], result["totals"], result["rules"]
         self.total_label.setText(
             f"<b>{_money(t['cost_usd'])}</b> with caching vs <b>{_money(t['cost_without_cache_usd'])}</b> without "
