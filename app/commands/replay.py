@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="hash seed so digests repeat (default 0)")
     p.add_argument("--random-seed", action="store_true", help="use a random hash root instead of --seed")
     p.add_argument("--hash", choices=HASH_NAMES, default="sha256",
-                   help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's)")
+                   help="block hash (default sha256; vllm-sha256 and vllm-sha256-cbor equal a vLLM server's, "
+                        "sglang-sha256 an SGLang server's)")
     p.add_argument("--hash-seed", default=None, metavar="SEED",
                    help="with a vllm-* hash: the server's PYTHONHASHSEED, if it was started with one")
     p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once (default 1)")
