@@ -1,0 +1,88 @@
+"""The app opens a kv-cache-tester trace, a folder of them and a usage log: the Traces panel
+shows models, sub-agents and per-request blocks held, the usage log's mismatches explained,
+and the Billing panel plots observed and predicted cost per turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.runtime.context import make_test_context
+from app.window.main_window import MainWindow
+from engine.resources import resource_path
+
+WEKA = resource_path("traces", "weka")
+USAGE = Path(__file__).resolve().parent / "data" / "usage"
+
+
+@pytest.fixture(scope="module")
+def window(qapp, tmp_path_factory):
+    ctx = make_test_context(tmp_path_factory.mktemp("weka"))
+    w = MainWindow(ctx, load_model=False)
+    w.show()
+    yield w
+    ctx.shutdown()
+    w.close()
+    w.deleteLater()
+    qapp.processEvents()
+
+
+def _open(qtbot, window, path, opener=None):
+    done: list = []
+    (opener or window.open_file)(path, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=120_000)
+    qtbot.waitUntil(lambda: window.ctx.bridge.num_pending == 0, timeout=30_000)
+    window.ctx.bridge.flush(everything=True)
+    assert done[0] is not None, window.ctx.errors
+    return done[0]
+
+
+def test_a_weka_file_shows_models_subagents_and_held_blocks(qtbot, window):
+    summary = _open(qtbot, window, WEKA / "trace_0287.json")
+    view = window.panels["traces"]
+    assert view.weka is summary
+    assert view.summary.item(0, 0).text() == "trace_0287"
+    assert (view.summary.item(0, 3).text(), view.summary.item(0, 4).text()) == ("95.5", "95.5")
+    assert view.rows.rowCount() == 40
+    streams = {view.rows.item(i, 3).text() for i in range(view.rows.rowCount())}
+    assert "trace_0287/agent_001 (sub-agent)" in streams
+    # the model filter: one row per request of that model only, both ways
+    index = view.model_filter.findData("claude-haiku-4-5-20251001")
+    with qtbot.waitSignal(view.sigFilterChanged) as sig:
+        view.model_filter.setCurrentIndex(index)
+    assert sig.args == ["claude-haiku-4-5-20251001"] and view.rows.rowCount() == 14
+    view.model_filter.setCurrentIndex(0)
+    assert view.rows.rowCount() == 40
+    # the pool views got the replay's events: the block table holds 64-token blocks
+    assert window.ctx.state.engine_info["block_size"] == 64 and len(window.ctx.state.log) > 0
+
+
+def test_a_folder_is_six_concurrent_users(qtbot, window):
+    summary = _open(qtbot, window, WEKA)
+    view = window.panels["traces"]
+    assert view.summary.rowCount() == 6 and summary["totals"]["requests"] == 641
+    assert {view.model_filter.itemData(i) for i in range(1, view.model_filter.count())} >= {
+        "claude-opus-4-6", "claude-haiku-4-5-20251001"}
+
+
+def test_a_usage_log_lists_mismatches_and_plots_cost_per_turn(qtbot, window):
+    result = _open(qtbot, window, USAGE / "vllm_chat_usage.jsonl")
+    view = window.panels["traces"]
+    assert view.usage is result and view.rows.rowCount() == 9
+    assert all(r["difference"] == 0 for r in result["requests"])  # the recorded server's block size and pool
+    assert "edited history" in view.note.text() and "changed setting" in view.note.text()
+    billing = window.panels["billing"]
+    assert billing.usage is result
+    xs, ys = billing.cost_lines["observed"].getData()
+    assert len(xs) == 9 and list(ys) == [r["observed"]["weighted_tokens"] for r in result["requests"]]
+    _, pred = billing.cost_lines["predicted"].getData()
+    assert list(pred) == list(ys)
+
+
+def test_a_broken_weka_file_is_one_dialog_sentence(qtbot, window, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"id": "x", "block_size": 64, "hash_id_scope": "global", "requests": [{"t": 0}]}')
+    window.ctx.errors.clear()
+    assert not window.open_file(bad)
+    assert len(window.ctx.errors) == 1 and "requests[0]" in window.ctx.errors[0]
