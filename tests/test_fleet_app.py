@@ -248,7 +248,7 @@ def test_the_router_picks_a_server_live_and_by_tier_weight(qtbot, win, pods, tmp
 
 def test_centralized_mode_three_pods_connect_to_one_bound_endpoint(qtbot, win):
     """llm-d's centralized mode: every pod's PUB socket connects to the address the app binds;
-    each topic `kv@<pod>@<model>` is a server of its own, in the order the pods appeared."""
+    each topic `kv@<pod>@<model>` is a server of its own, named by its pod."""
     port = free_ports(1)
     win.attach_remote(AttachSettings(AttachOptions((f"tcp://127.0.0.1:{port}",), bind=True)))
     made = [Pod(name, port, connect=True) for name in PODS]
@@ -258,7 +258,8 @@ def test_centralized_mode_three_pods_connect_to_one_bound_endpoint(qtbot, win):
         by_name = {p.name: p for p in made}
         fleet = win.panels["fleet"]
         publish(qtbot, win, by_name, recorded())
-        assert fleet.snapshot.server_names == [PODS[1], PODS[2], PODS[0]]  # as their first frames came
+        # in the order their first frames came (ZMQ queues the pods' connections fairly, so any order)
+        assert sorted(fleet.snapshot.server_names) == list(PODS)
         assert [fleet.servers.cell("Blocks", p) for p in PODS] == ["2", "4", "4"]
         assert [fleet.servers.cell("Batches", p) for p in PODS] == ["2", "2", "1"]
         assert [fleet.servers.cell("Missed", p) for p in PODS] == ["0", "0", "0"]

@@ -223,6 +223,13 @@ def _parent_key(block: RemoteBlock) -> bytes | None:
     return block.parent_hash
 
 
+def _copies(pool: RemotePool, tier: str, key: bytes) -> int:
+    """`pool.num_copies(key, tier)` for a held key and a normalized tier, without the
+    medium lookup: the snapshot asks it once per block of the fleet."""
+    counts = pool.copies.get((tier, key))
+    return 1 if counts is None else sum(counts)
+
+
 def snapshot(fleet: Fleet, health: Iterable[StreamHealth] = (), max_rows: int = DEFAULT_MAX_ROWS,
              version: int = 0) -> FleetSnapshot:
     """Read `fleet` into plain values (under the attachment's lock when live). `health`:
@@ -253,14 +260,14 @@ def snapshot(fleet: Fleet, health: Iterable[StreamHealth] = (), max_rows: int = 
                     num_blocks += 1
                     if len(blocks) < max_rows:
                         blocks.append(FleetBlock(name, index, pool.rank, tier, key, _parent_key(block),
-                                                 pool.num_copies(key, tier), block.tenant, len(block.tokens) // 4,
+                                                 _copies(pool, tier, key), block.tenant, len(block.tokens) // 4,
                                                  block.stored_seq, block.stored_time, servers_of.get(key, 1)))
         counts_ = tuple(TierCount(t, c[0], c[1], c[2], tuple(sorted(media.get(t, {}).items())))
                         for t, c in sorted(tiers.items(), key=lambda tc: tier_order(tc[0])) if c[1])
         rows.append(ServerRow(name, index, tuple(p.rank for p in pools), sum(t.num_blocks for t in counts_),
                               len(hashes), counts_, tuple(sorted(tenants)),
                               next((p.block_size for p in pools if p.block_size), None), _health_of(pools, by_source),
-                              sum(1 for h in hashes if h in servers_of)))
+                              len(hashes & servers_of.keys())))
     return FleetSnapshot(tuple(rows), tuple(blocks), num_blocks, tuple(shared), version)
 
 

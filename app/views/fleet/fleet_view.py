@@ -9,6 +9,7 @@ while the pools change, from one `FleetSnapshot` read through `ctx.remote`.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
 
 REFRESH_MS = 250  # at most this often while the pools change
+# A fleet's snapshot costs time in its number of blocks (read under the attachment's lock):
+# the next refresh waits this many times as long as the last one took, so a big fleet
+# never keeps the GUI thread (or the subscribers) busy most of the time.
+BACKOFF = 4
 ALL_SERVERS = "every server"
 
 
@@ -105,6 +110,7 @@ class FleetView(PanelView):
         layout.addWidget(self.summary)
         layout.addWidget(self.tabs, 1)
 
+        self._stale = False
         self._timer = QTimer(self, singleShot=True, interval=REFRESH_MS)
         self._timer.timeout.connect(self.refresh)
         self.state.sigChanged.connect(self._schedule)
@@ -115,8 +121,16 @@ class FleetView(PanelView):
 
     # ------------------------------------------------------------------ updates
     def _schedule(self, *_args: object) -> None:
-        if not self._timer.isActive():
+        """Redraw soon; a hidden panel only notes that it is stale and redraws when shown."""
+        if not self.isVisible():
+            self._stale = True
+        elif not self._timer.isActive():
             self._timer.start()
+
+    def showEvent(self, event: object) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._stale:
+            self.refresh()
 
     def _on_fleet(self) -> None:
         """Another fleet: forget the chosen block, hash the probe for its servers."""
@@ -134,6 +148,8 @@ class FleetView(PanelView):
         """Read the fleet once and redraw every tab from it (the block rows only when the
         Blocks tab is up: a big fleet's rows cost the most)."""
         self._timer.stop()
+        self._stale = False
+        started = time.perf_counter()
         want_rows = self.tabs.currentIndex() == 1
         snap = self.ctx.remote.fleet_snapshot(max_rows=None if want_rows else 0)
         self.snapshot = snap
@@ -144,6 +160,8 @@ class FleetView(PanelView):
         self._show_shared(snap)
         self._locate()
         self.router.refresh(snap)
+        took_ms = (time.perf_counter() - started) * 1000
+        self._timer.setInterval(max(REFRESH_MS, int(BACKOFF * took_ms)))
 
     def _show_summary(self, snap: FleetSnapshot) -> None:
         p = theme.palette()
