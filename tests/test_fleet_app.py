@@ -228,8 +228,10 @@ def test_the_router_picks_a_server_live_and_by_tier_weight(qtbot, win, pods, tmp
     assert router.scores()[PODS[1]] == {"server": PODS[1], "matched_blocks": 2, "cached_tokens": 32,
                                         "score": 2.0, "overlap_blocks": 2}
 
-    publish(qtbot, win, pods, messages[1:])  # then .13 stores C: the router follows
-    assert router.view.best_server == PODS[2]
+    for pod, frames in messages[1:]:  # then .13 stores C: the panel follows by itself (no refresh asked)
+        pods[pod].sock.send_multipart(frames)
+    qtbot.waitUntil(lambda: router.view is not None and router.view.best_server == PODS[2], timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: [router.scores()[p]["matched_blocks"] for p in PODS] == [2, 2, 4], timeout=WAIT_MS)
     assert [router.scores()[p]["matched_blocks"] for p in PODS] == [2, 2, 4]
     assert [router.scores()[p]["cached_tokens"] for p in PODS] == [32, 32, 64]
     assert router.table.item(2, 0).text() == PODS[2] and router.table.item(2, 1).text() == "4 of 4"
