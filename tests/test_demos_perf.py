@@ -73,7 +73,13 @@ def test_quantized_bytes_formula():
 
 
 def test_every_perf_demo_is_listed():
+    from engine.demos import get_demo
+
     assert set(PERF_DEMOS) <= set(DEMO_NAMES)
+    for name in PERF_DEMOS:
+        demo = get_demo(name)
+        assert 2 <= demo.explanation.count(". ") + 1 <= 5 and "\n" not in demo.summary
+        assert demo.needs == frozenset({"model"})
 
 
 # ---------------------------------------------------------------------------- 1. quantized
