@@ -116,6 +116,7 @@ class CompareWindow(QWidget):
         self.setObjectName("compare_window")
         self.setWindowTitle("Compare two runs — Cachescope")
         self.comparison: Any = None
+        self.doc: dict[str, Any] = {}
         self.rows: list[dict[str, Any]] = []
         self.picked: int | None = None
         self.side_a, self.side_b = _Side("A"), _Side("B")
@@ -244,7 +245,7 @@ class CompareWindow(QWidget):
 
         self.run_button.setEnabled(True)
         self.comparison = comparison
-        doc = comparison.to_dict()
+        doc = self.doc = comparison.to_dict()
         self.rows = doc["requests"]
         ta, tb, d = doc["a"]["totals"], doc["b"]["totals"], doc["delta"]
         for i, (label, key) in enumerate(METRICS):
@@ -266,6 +267,13 @@ class CompareWindow(QWidget):
         self.p_delta.setTitle(f"cached tokens, B - A, per request ({differ:,} differ)" if differ else
                               "cached tokens, B - A, per request: no request differs")
         self._fill_tables()
+        self._draw_labels(doc)
+        self.pick(next((i for i, r in enumerate(self.rows) if r["cached_delta"]), 0) if self.rows else None)
+        self.sigCompared.emit(comparison)
+
+    def _draw_labels(self, doc: dict[str, Any]) -> None:
+        """The headers and the summary line, whose swatches carry the theme's colours."""
+        ta, tb, d = doc["a"]["totals"], doc["b"]["totals"], doc["delta"]
         s = doc["summary"]
         p = self.palette
         ca, cb = doc["a"]["config"], doc["b"]["config"]
@@ -280,12 +288,15 @@ class CompareWindow(QWidget):
             (swatch(p["cached"]), f"more on {s['b_reuses_more']:,} requests"),
             (swatch(p["miss"]), f"less on {s['b_reuses_less']:,}"),
             ("", f"the same on {s['same']:,} (aligned by {doc['aligned_by']})")]))
-        self.pick(next((i for i, r in enumerate(self.rows) if r["cached_delta"]), 0) if self.rows else None)
-        self.sigCompared.emit(comparison)
 
     def _fill_tables(self) -> None:
         rows = self.rows[:MAX_TABLE_ROWS]
         for t, side in ((self.table_a, "a"), (self.table_b, "b")):
+            # Sized to contents once after the fill: per item, 12,000 rows cost minutes.
+            header = t.horizontalHeader()
+            header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+            header.setStretchLastSection(True)
+            t.setUpdatesEnabled(False)
             t.blockSignals(True)
             t.setRowCount(len(rows))
             for i, r in enumerate(rows):
@@ -294,6 +305,8 @@ class CompareWindow(QWidget):
                 for j, v in enumerate(values):
                     t.setItem(i, j, _item(v, j in (0, 2, 3, 4), "%" if j == 4 else ""))
             t.blockSignals(False)
+            t.resizeColumnsToContents()
+            t.setUpdatesEnabled(True)
 
     # ---- linked selection
     def pick(self, position: int | None) -> None:
@@ -365,7 +378,7 @@ class CompareWindow(QWidget):
                 plot.getAxis(side).setTextPen(p["text_dim"])
                 plot.getAxis(side).setPen(p["border"])
         if self.comparison is not None:
-            self.show_comparison(self.comparison)
+            self._draw_labels(self.doc)  # the plots restyled in place; the tables need nothing
 
 
 def _compare_job(a: str, b: str, oa: Any, ob: Any, db: str | None) -> Any:
