@@ -99,15 +99,17 @@ def test_statistics_pane_on_a_replay_and_filtered(qtbot, ctx):
     events = load_demo(ctx)
     v = StatisticsView(ctx)
     qtbot.addWidget(v)
-    v.refresh()
+    with qtbot.waitSignal(v.sigComputed, timeout=30_000):
+        v.refresh()
     from engine.analysis.statistics import compute
 
     expected = compute([e.to_dict() for e in events], block_size=16)
     assert v.stats.tables() == expected.tables()
     assert v.t_killers.rowCount() == len(expected.killers)
     assert v.t_groups.item(0, 0).text() in ("alice", "bob")
-    v.filter_bar.set_text("tenant:bob")
-    qtbot.waitUntil(lambda: v.filter_bar.count.text().endswith(f"of {len(events):,}"), timeout=3_000)
+    with qtbot.waitSignal(v.sigComputed, timeout=30_000):
+        v.filter_bar.set_text("tenant:bob")
+    assert v.filter_bar.count.text().endswith(f"of {len(events):,}")
     assert [g.group for g in v.stats.hit_rates["tenant"]] == ["bob"]
     assert v.stats.to_csv("hit_rate_by_tenant").splitlines()[1].startswith("bob,")
 

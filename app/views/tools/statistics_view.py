@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
     QVBoxLayout, QWidget,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
 
 MIN_INTERVAL_S = 1.0
+MAX_EVENTS = 500_000  # about 15 s of work on the worker; a longer log counts its last events
 GROUPS = ("tenant", "model", "server")
 
 
@@ -55,7 +56,10 @@ def _fill(table: QTableWidget, rows: list[tuple[Any, ...]]) -> None:
 
 
 class StatisticsView(PanelView):
-    """`stats` is the last `engine.analysis.statistics.Statistics` drawn (None before any)."""
+    """`stats` is the last `engine.analysis.statistics.Statistics` drawn (None before any);
+    `sigComputed(stats)` fires after each one was drawn."""
+
+    sigComputed = Signal(object)
 
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
@@ -63,6 +67,7 @@ class StatisticsView(PanelView):
         self.stats: Any = None
         self._drawn_version = -1
         self._last_compute = 0.0
+        self._busy = self._again = False
         self.filter_bar = FilterBar(ctx.settings, self, "tenant:bob or kind:evicted")
         self.filter_bar.sigFilterChanged.connect(lambda _f: self.refresh())
         self.summary = QLabel("No events yet: run a chat, open a trace or attach to a server.")
@@ -136,16 +141,33 @@ class StatisticsView(PanelView):
         return lambda ids: tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def refresh(self) -> None:
-        from engine.analysis.statistics import compute
-
+        """Recompute on the worker from the log as it is now (its last MAX_EVENTS events)."""
         self._last_compute = time.monotonic()
         self._drawn_version = self.state.version
-        events = [e.to_dict() for e in self.state.log.events]
-        flt = self.filter_bar.filter
-        kept = flt.select(events) if flt.root is not None else events
-        self.filter_bar.set_count(len(kept), len(events))
-        self.stats = compute(kept, decode=self._decode(), block_size=self.state.log.live.block_size)
+        if self._busy:
+            self._again = True
+            return
+        self._busy, self._again = True, False
+        events = self.state.log.events
+        total = len(events)
+        snapshot = list(events[-MAX_EVENTS:])  # references only: the worker builds the dicts
+        self.ctx.worker.submit(_statistics_job, snapshot, total, self.filter_bar.filter, self._decode(),
+                               self.state.log.live.block_size, on_done=self._computed, on_error=self._failed)
+
+    def _computed(self, result: tuple[Any, int, int, int]) -> None:
+        self._busy = False
+        self.stats, matched, used, total = result
+        self.filter_bar.set_count(matched, used)
         self._draw()
+        if used < total:
+            self.summary.setText(self.summary.text() + f" Only the last {used:,} of {total:,} events are counted.")
+        self.sigComputed.emit(self.stats)
+        if self._again:
+            self.refresh()
+
+    def _failed(self, exc: BaseException) -> None:
+        self._busy = False
+        self.ctx.show_error(f"The statistics could not be computed: {exc}")
 
     # ---- drawing
     def _csv_table(self, name: str) -> Any:
@@ -204,3 +226,11 @@ class StatisticsView(PanelView):
         self._drawn_version = -1
         for t in (self.t_groups, self.t_prefixes, self.t_killers):
             t.setRowCount(0)
+
+
+def _statistics_job(events: list[Any], total: int, flt: Any, decode: Any, block_size: int) -> tuple[Any, int, int, int]:
+    from engine.analysis.statistics import compute
+
+    dicts = [e.to_dict() for e in events]
+    kept = flt.select(dicts) if flt.root is not None else dicts
+    return compute(kept, decode=decode, block_size=block_size), len(kept), len(dicts), total
