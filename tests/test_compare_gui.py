@@ -174,3 +174,13 @@ def test_event_deep_link(qtbot, ctx):
     bad = EventLink(ctx, 10**6)
     qtbot.waitUntil(lambda: bad.done, timeout=5_000)
     assert ctx.errors[-1] == f"There is no event 1000000 to open at: its events are 0 to {events[-1].seq}."
+
+
+def test_gui_takes_the_deep_link_and_compare_arguments(capsys):
+    from app.cli import build_parser
+
+    args = build_parser().parse_args(["gui", "walk.cachescope.json", "--event", "12", "--compare", "a.jsonl", "b.jsonl"])
+    assert args.event == 12 and args.compare == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["gui", "x.jsonl", "--event", "-1"])
+    assert "must be at least 0" in capsys.readouterr().err
