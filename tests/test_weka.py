@@ -312,3 +312,17 @@ def test_kvcache_simulator_lines_that_disagree_are_refused(tmp_path):
     p = _kvsim(tmp_path, [0])
     r = cli("replay", str(p), "--capacity-blocks", "100")
     assert r.returncode == 2 and "line 1, field 'block_size'" in r.stderr
+
+
+def test_billing_a_weka_trace_keys_blocks_by_model_and_reads_seconds():
+    from engine.analysis.billing import bill, load_billing_requests, provider_rules
+
+    reqs, note = load_billing_requests(str(WEKA / "trace_0303.json"))
+    assert "64-token blocks" in note and len(reqs) == 6
+    # t is seconds: the last request is at 5 s, well inside the 5-minute TTL
+    assert max(r.time_s for r in reqs) == 5.0
+    out = bill(reqs, provider_rules("anthropic", "claude-opus-4-5"))
+    rows = {r["id"]: r for r in out["requests"]}
+    # Haiku's first request (same blocks as Opus's first) reads nothing: another model's cache
+    assert rows["trace_0303#1"]["read_tokens"] == 0
+    assert rows["trace_0303#5"]["read_tokens"] > 0  # Opus again, its own earlier prompt

@@ -19,7 +19,7 @@ from typing import Any, Hashable, Iterable, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
-from engine.core.sniff import is_request_trace
+from engine.core.sniff import WEKA_FORMAT, file_kind, is_request_trace
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, common_prefix_length
 from engine.analysis.conversations import load_conversation_file, messages_of
 from engine.model.chat import message_spans
@@ -429,8 +429,11 @@ def _prefix_hashes(tokens: Iterable[int]) -> array:
     return out
 
 
-def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
-    """Billing requests from `engine.core.trace.TraceRequest`s; timestamps are milliseconds.
+def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_SIZE,
+                        time_scale: float = 1000.0) -> list[BillingRequest]:
+    """Billing requests from `engine.core.trace.TraceRequest`s; timestamps are milliseconds
+    (`time_scale` 1000; a kv-cache-tester trace gives seconds: 1). A request's model, when it
+    has one, keys its blocks (a cache is keyed to its model).
 
     A trace has no message boundaries, so a token-level request is cut where an earlier
     request's prompt (or prompt plus output) ended: that is where a conversation's turns
@@ -441,14 +444,16 @@ def requests_from_trace(trace: Iterable[Any]) -> list[BillingRequest]:
     known: dict[int, set[int]] = {}
     out = []
     for tr in trace:
-        t = (tr.timestamp or 0) / 1000.0
+        t = (tr.timestamp or 0) / time_scale
+        model = getattr(tr, "model", None)
         if tr.hash_ids is not None:
             segs, left = [], tr.input_length
             for i, hid in enumerate(tr.hash_ids):
-                n = min(MOONCAKE_BLOCK_SIZE, left) if i < len(tr.hash_ids) - 1 else left
+                n = min(block_size, left) if i < len(tr.hash_ids) - 1 else left
                 if n <= 0:
                     break
-                segs.append(Segment(("mooncake", tr.tenant, i, hid), n, None, f"block {i}"))
+                key = ("mooncake", tr.tenant, i, hid) if model is None else ("mooncake", tr.tenant, model, i, hid)
+                segs.append(Segment(key, n, None, f"block {i}"))
                 left -= n
             out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True))
             continue
@@ -502,7 +507,15 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
             convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
     elif not os.path.lexists(path):
         raise InputError(f"{validation.show_path(source)}: no such file or stored session")
-    elif validation.check_regular_file(path, "trace or conversation file") and is_request_trace(path):
+    elif path.is_dir() or (validation.check_regular_file(path, "trace or conversation file")
+                           and file_kind(path) == WEKA_FORMAT):
+        from engine.store.weka import load_weka, merged_requests, to_trace_requests
+
+        traces = load_weka(path)
+        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces})
+        return (requests_from_trace(reqs, traces[0].block_size, time_scale=1.0),
+                f"kv-cache-tester token counts ({traces[0].block_size}-token blocks, keyed by model); t in seconds")
+    elif is_request_trace(path):
         from engine.core.trace import read_trace
 
         # Streamed: each line is dropped once it is billed, so the trace is not held twice.

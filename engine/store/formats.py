@@ -71,7 +71,8 @@ def load_conversations(path: str | Path, format: str | None = None,
     if fmt == "weka":
         from engine.store.weka import weka_conversation
 
-        return [weka_conversation(docs, name)]
+        title, requests, settings, line = weka_conversation(docs, name)
+        return [Conversation(title, fmt, "trace", [], requests, settings, line)]
     if fmt == "openai" and isinstance(docs[0][1], dict) and "role" in docs[0][1] and "messages" not in docs[0][1]:
         docs = [(docs[0][0], {"messages": [d for _, d in docs]})]  # a bare list of messages
     parse = {"openai": _openai, "sharegpt": _sharegpt, "anthropic": _anthropic,

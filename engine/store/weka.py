@@ -245,12 +245,10 @@ def to_trace_requests(requests: Iterable[WekaRequest], scopes: dict[str, str] | 
     return out
 
 
-def weka_conversation(docs: list[tuple[int, Any]], name: str) -> Any:
-    """A kv-cache-tester file as a trace `Conversation` for `sessions import`: its requests
-    (sub-agents' among them, in time order) with their models in the settings, since a
-    stored trace line has no model column."""
-    from engine.store.formats import Conversation
-
+def weka_conversation(docs: list[tuple[int, Any]], name: str) -> tuple[str, list[TraceRequest], dict[str, Any], int]:
+    """A kv-cache-tester file as the parts of a trace conversation for `sessions import`
+    (title, requests, settings, line): its requests (sub-agents' among them, in time order),
+    their models kept in the settings, since a stored trace line has no model column."""
     if len(docs) != 1:
         raise TraceError(name, docs[1][0], None, "a kv-cache-tester trace is one JSON document; this file holds more")
     trace = parse_weka(docs[0][1], name)
@@ -262,7 +260,7 @@ def weka_conversation(docs: list[tuple[int, Any]], name: str) -> Any:
     settings = {"block_size": trace.block_size, "source_format": FORMAT, "hash_id_scope": trace.hash_id_scope,
                 "models": models, "request_models": [models.index(r.model) for r in trace.requests],
                 "streams": sorted({r.stream for r in trace.requests})}
-    return Conversation(trace.id, FORMAT, "trace", [], requests, settings, docs[0][0])
+    return trace.id, requests, settings, docs[0][0]
 
 
 def with_models(requests: list[TraceRequest], settings: dict[str, Any]) -> list[TraceRequest]:
