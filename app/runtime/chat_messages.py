@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MISS_TEXT = {"new_content": "new content", "evicted": "evicted", "salt": "other salt",
+MISS_TEXT = {"new_content": "new content", "evicted": "evicted", "salt": "other salt", "model": "another model",
              "partial_block": "partial block", "last_token": "last token"}
 
 

@@ -23,7 +23,7 @@ SCRUB_FLASH_EVENTS = 8
 # so that opening a whole trace in one batch does not paint every eviction ever made.
 LIVE_FLASH_EVENTS = 256
 # What "next miss" and "next eviction" jump to.
-MISS_REASONS = ("new_content", "evicted", "salt")
+MISS_REASONS = ("new_content", "evicted", "salt", "model")
 EVICTION_KINDS = ("block_evicted", "cache_reset")
 
 
