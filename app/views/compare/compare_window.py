@@ -37,7 +37,7 @@ def _item(value: Any, right: bool = False, fmt: str = "") -> QTableWidgetItem:
     if value is None:
         text = ""
     elif fmt in ("%", "+%"):
-        text = f"{value:{'+' if fmt == '+%' else ''}.2%}"
+        text = f"{value:+.4%}" if fmt == "+%" else f"{value:.2%}"  # a difference is often small
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         sign = "+" if fmt == "+" else ""
         text = f"{value:{sign},}" if isinstance(value, int) else f"{value:{sign},.2f}"
@@ -260,8 +260,10 @@ class CompareWindow(QWidget):
         delta = np.array([r["cached_delta"] or 0 for r in self.rows], dtype=float)
         x = np.arange(len(delta))
         more, less = delta > 0, delta < 0
-        self.b_more.setOpts(x=x[more], height=delta[more], width=0.9)
-        self.b_less.setOpts(x=x[less], height=delta[less], width=0.9)
+        # At trace scale a request is far below a pixel: bars keep about a pixel's width.
+        width = max(0.9, len(delta) / 900)
+        self.b_more.setOpts(x=x[more], height=delta[more], width=width)
+        self.b_less.setOpts(x=x[less], height=delta[less], width=width)
         self.p_rate.setXRange(-0.5, max(len(self.rows), 1) - 0.5, padding=0.01)
         differ = int(more.sum() + less.sum())
         self.p_delta.setTitle(f"cached tokens, B - A, per request ({differ:,} differ)" if differ else
