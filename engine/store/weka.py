@@ -201,7 +201,8 @@ def weka_files(folder: str | Path) -> list[Path]:
         raise TraceError(str(folder), None, None, "is not a folder")
     files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".json" and f.is_file())
     if not files:
-        raise TraceError(str(folder), None, None, "holds no .json kv-cache-tester traces")
+        raise TraceError(str(folder), None, None, "is a folder that holds no .json kv-cache-tester traces; open a "
+                                                  "trace, conversation or session file, or a folder of such traces")
     return files
 
 
