@@ -62,7 +62,7 @@ def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, 
     return ck >= 0 and n_copies[ck] > 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
            ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key):
     """The manager's `_store`: block `bb` gets hash `key` and becomes findable; returns
