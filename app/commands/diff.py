@@ -26,8 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.analysis.diff import diff_requests, load_request
+    from engine.core.validation import check_regular_file
     from engine.model.loader import load_tokenizer
 
+    for spec in (args.a, args.b):  # a missing file, a FIFO or a device: refused before the tokenizer loads
+        if not spec.startswith("session:"):
+            check_regular_file(spec, "request file")
     tokenizer = load_tokenizer(args.model)
     a = load_request(args.a, tokenizer, args.salt_a, args.db)
     b = load_request(args.b, tokenizer, args.salt_b, args.db)
