@@ -117,10 +117,11 @@ def _commands(path: Path, db: Path, shots: Path) -> dict[str, list[str]]:
         "gui --screenshot": ["gui", str(path), "--no-model", "--screenshot", str(shots)],
         "sweep": ["sweep", str(path)],
         "billing": ["billing", str(path)],
+        "diff": ["diff", str(path), str(path)],
     }
 
 
-@pytest.mark.parametrize("command", ["replay", "sessions import", "gui --screenshot", "sweep", "billing"])
+@pytest.mark.parametrize("command", ["replay", "sessions import", "gui --screenshot", "sweep", "billing", "diff"])
 def test_a_fifo_is_refused_by_name_at_once(tmp_path, fifo, command):
     db = tmp_path / "s.db"
     line = refused(cachescope(tmp_path, *_commands(fifo, db, tmp_path / "shots")[command]), "FIFO (named pipe)")
@@ -128,7 +129,7 @@ def test_a_fifo_is_refused_by_name_at_once(tmp_path, fifo, command):
     assert no_sessions(db) and not (tmp_path / "shots").exists()
 
 
-@pytest.mark.parametrize("command", ["replay", "sessions import", "gui --screenshot", "sweep", "billing"])
+@pytest.mark.parametrize("command", ["replay", "sessions import", "gui --screenshot", "sweep", "billing", "diff"])
 def test_dev_zero_is_refused_as_a_device(tmp_path, command):
     db = tmp_path / "s.db"
     refused(cachescope(tmp_path, *_commands(Path("/dev/zero"), db, tmp_path / "shots")[command]),
