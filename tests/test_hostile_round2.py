@@ -139,8 +139,8 @@ def test_dev_zero_is_refused_as_a_device(tmp_path, command):
 
 def test_a_socket_and_a_folder_are_refused_by_kind(tmp_path, unix_socket):
     refused(cachescope(tmp_path, "replay", str(unix_socket), "--no-model", "--capacity-blocks", "8"), "a socket")
-    # (a folder is a WEKA trace set for replay and sweep; billing reads one file)
-    refused(cachescope(tmp_path, "billing", str(tmp_path)), "a directory")
+    # (a folder is a kv-cache-tester trace set for replay, sweep and billing; diff reads one file)
+    refused(cachescope(tmp_path, "diff", str(tmp_path), str(tmp_path)), "a directory")
 
 
 def test_every_reader_refuses_a_fifo_without_opening_it(fifo):
