@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.core.columnar import MISS_REASONS, ColumnarLog, KeyTable, RequestTable
 from engine.core.errors import CapacityError, InputError, TraceError
-from engine.core.hashing import VLLM_HASHES, BlockHasher
+from engine.core.hashing import SERVER_HASHES, VLLM_HASHES, BlockHasher
 from engine.core.pool_state import Counters
 from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
 from engine.core.trace import TraceRequest
@@ -36,8 +36,8 @@ def unsupported_reason(config: ReplayConfig, arrays: TraceArrays | None = None) 
     """Why the kernel cannot run `config` on this trace (None when it can)."""
     if config.hash not in KERNEL_HASHES:
         return f"the {config.hash} hash runs on the Python engine only"
-    if config.hash in VLLM_HASHES and arrays is not None and "" in arrays.salts:
-        # vLLM's recipes hash an empty salt as no salt; the chain ids keep the two apart.
+    if config.hash in SERVER_HASHES and arrays is not None and "" in arrays.salts:
+        # vLLM's and SGLang's recipes hash an empty salt as no salt; the chain ids keep the two apart.
         return f"with the {config.hash} hash, a tenant named '' runs on the Python engine only"
     return None
 
