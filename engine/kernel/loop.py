@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.core.validation import check_memory
 from engine.kernel.intern import KIND_TOKENS, find_key
 
 # Row kinds; engine.core.columnar names them.
@@ -99,11 +100,18 @@ def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_cop
     return n_rows, 1
 
 
+# Per pool block: six int32 arrays (ref count, holder, free-queue prev/next, two more)
+# and the two int32 ranges that seed the free queue while it is built.
+KERNEL_BYTES_PER_BLOCK = 32
+
+
 def new_state(num_blocks, concurrency, n_keys, n_salts, n_models, n_uids, max_nb):
     """The bookkeeping a replay carries from one chunk of requests to the next: the pool,
     the hashes' holders and cached children, the running requests' slots and scalars
-    (free blocks, salts and models seen, free slots, running, next seq)."""
+    (free blocks, salts and models seen, free slots, running, next seq). A pool larger
+    than this machine's memory is refused before anything is allocated."""
     N = num_blocks
+    check_memory(N * KERNEL_BYTES_PER_BLOCK, f"a pool of {N:,} blocks")
     HEAD, TAIL = N, N + 1
     qprev = np.full(N + 2, -1, np.int32)
     qnext = np.full(N + 2, -1, np.int32)
