@@ -127,6 +127,7 @@ def test_a_fifo_is_refused_by_name_at_once(tmp_path, fifo, command):
     line = refused(cachescope(tmp_path, *_commands(fifo, db, tmp_path / "shots")[command]), "FIFO (named pipe)")
     assert "no such file" not in line
     assert no_sessions(db) and not (tmp_path / "shots").exists()
+    assert not db.exists()  # refused before a database was made for it
 
 
 @pytest.mark.parametrize("command", ["replay", "sessions import", "gui --screenshot", "sweep", "billing", "diff"])
@@ -134,7 +135,7 @@ def test_dev_zero_is_refused_as_a_device(tmp_path, command):
     db = tmp_path / "s.db"
     refused(cachescope(tmp_path, *_commands(Path("/dev/zero"), db, tmp_path / "shots")[command]),
             "/dev/zero", "character device")
-    assert no_sessions(db)
+    assert no_sessions(db) and not db.exists()
 
 
 def test_a_socket_and_a_folder_are_refused_by_kind(tmp_path, unix_socket):

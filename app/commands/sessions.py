@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from app.commands._common import add_pool_size, non_negative_int, positive_int, print_json, seed_int
 from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
+from engine.core.validation import check_regular_file
 
 NAME = "sessions"
 HELP = "stored sessions: list, show, import, export, delete, edit a message and re-run, replay"
@@ -72,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"choose an action: {', '.join(ACTIONS)} (see `cachescope sessions --help`)")
     from engine.store.database import Store
 
+    if args.action == "import" and not os.path.isdir(args.file):
+        # Refuse a missing file, a FIFO or a device before the database is made for it.
+        check_regular_file(args.file, "file to import")
     # Reads never take the write lock, never change the file, and never create one.
     with Store(args.db, read_only=args.action in _READ_ACTIONS) as store:
         return _ACTIONS[args.action](store, args)
