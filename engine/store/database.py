@@ -222,6 +222,10 @@ class Store:
             if "schema_migrations" not in self._tables():
                 with self.atomic() as db:
                     db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied TEXT NOT NULL)")
+                    # In the same commit as the first table: another process opening the
+                    # file between this commit and the first migration's must see it as
+                    # ours (a table without our header or migrations reads as foreign).
+                    db.execute(f"PRAGMA application_id={schema.APPLICATION_ID}")
             for name, statements in schema.MIGRATIONS:
                 self.register_migration(name, lambda db, statements=statements: [db.execute(s) for s in statements])
             state = schema.read_state(conn)
