@@ -1,4 +1,9 @@
-"""The event log: every engine event in a table, filterable by kind, request and text.
+"""The event log: every engine event in a table, filterable by kind, request and text, and
+by the filter language (`kind:evicted and tier:CPU and tenant:b`) in the filter bar above.
+
+The filter bar and a timeline's range selection set the app's shared `EventFilter`
+(`app.runtime.selection`), which the block table and the timelines show too; the log keeps
+the rows that pass it and the kind/request/text boxes at once.
 
 A QTableView over a QAbstractTableModel that indexes `ctx.state.log` (no widget per row,
 details formatted only for rows shown or filtered). Selecting a row scrubs to its event;
@@ -16,7 +21,9 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
+from app.runtime.selection import EventFilter, shared_filter
 from app.ui import theme
+from app.ui.filter_bar import FilterBar
 from app.ui.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
 from engine.core.events import EVENT_TYPES, Event
 
@@ -117,9 +124,10 @@ def _describe(event: Event, state: PoolState | None) -> str:
 class EventTableModel(QAbstractTableModel):
     """Rows are positions in the log that pass the filter; grows as the log grows."""
 
-    def __init__(self, state: Any, parent: Any = None) -> None:
+    def __init__(self, state: Any, parent: Any = None, shared: EventFilter | None = None) -> None:
         super().__init__(parent)
         self.state = state
+        self.shared = shared
         self.kind = ""
         self.request = ""
         self.text = ""
@@ -148,9 +156,14 @@ class EventTableModel(QAbstractTableModel):
                 return False
         return True
 
+    def _shared_mask(self) -> Any:
+        return self.shared.match_mask() if self.shared is not None and self.shared.active else None
+
     def _scan(self) -> list[int]:
         events = self.state.log.events
-        found = [i for i in range(self._scanned, len(events)) if self._matches(i, events[i])]
+        mask = self._shared_mask()
+        found = [i for i in range(self._scanned, len(events))
+                 if (mask is None or mask[i]) and self._matches(i, events[i])]
         self._scanned = len(events)
         self.rows.extend(found)
         return found
@@ -174,7 +187,9 @@ class EventTableModel(QAbstractTableModel):
             return
         first = len(self.rows)
         before = self._scanned
-        found = [i for i in range(before, len(events)) if self._matches(i, events[i])]
+        mask = self._shared_mask()
+        found = [i for i in range(before, len(events))
+                 if (mask is None or mask[i]) and self._matches(i, events[i])]
         if found:
             self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
             self.rows.extend(found)
@@ -249,7 +264,15 @@ class EventLogView(PanelView):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
         self.setObjectName("event_log_view")
-        self.model = EventTableModel(self.state, self)
+        self.shared = shared_filter(ctx)
+        self.model = EventTableModel(self.state, self, self.shared)
+        self.filter_bar = FilterBar(ctx.settings, self, "kind:evicted and tier:CPU and tenant:b")
+        self.filter_bar.setObjectName("event_filter_bar")
+        self.filter_bar.sigFilterChanged.connect(self.shared.set_filter)
+        self.range_label = QLabel()
+        self.range_label.setObjectName("event_range")
+        self.range_label.setToolTip("a timeline's range selection (Esc on the timeline clears it)")
+        self.range_label.hide()
         self.kind_box = QComboBox()
         self.kind_box.setObjectName("event_kind_filter")
         self.kind_box.addItem("all kinds", "")
@@ -293,6 +316,10 @@ class EventLogView(PanelView):
         bar.addWidget(self.count_label)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
+        language = QHBoxLayout()
+        language.addWidget(self.filter_bar, 1)
+        language.addWidget(self.range_label)
+        layout.addLayout(language)
         layout.addLayout(bar)
         layout.addWidget(self.table, 1)
         self.detail = EventLinkLabel(self.state, "", self)
@@ -312,8 +339,9 @@ class EventLogView(PanelView):
         self.table.selectionModel().currentRowChanged.connect(self._on_row)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self.model.reset_log)
+        self.shared.sigChanged.connect(self._on_shared)
         self.model.reset_log()
-        self.refresh()
+        self._on_shared()
 
     def apply_theme(self, name: str) -> None:
         self._update_detail()  # its links carry the theme's colour
@@ -321,6 +349,19 @@ class EventLogView(PanelView):
     def show_subject(self, subject: Subject) -> None:
         # A filter typed for the last file would hide most of the next one.
         self.set_filter()
+        self.shared.clear()
+
+    def _on_shared(self) -> None:
+        """The shared filter or range changed (here, in the block table or on a timeline)."""
+        if self.filter_bar.error is None and self.filter_bar.filter.text != self.shared.filter.text:
+            self.filter_bar.edit.blockSignals(True)
+            self.filter_bar.edit.setText(self.shared.filter.text)
+            self.filter_bar.edit.blockSignals(False)
+            self.filter_bar.filter = self.shared.filter
+        rng = self.shared.range
+        self.range_label.setText("" if rng is None else f"range: events {rng[0]:,}\u2013{rng[1]:,}")
+        self.range_label.setVisible(rng is not None)
+        self._apply_filter()
 
     def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
         """Set the filter widgets (which refilter the table)."""
@@ -336,6 +377,10 @@ class EventLogView(PanelView):
 
     def _update_count(self) -> None:
         self.count_label.setText(f"{len(self.model.rows):,} of {len(self.state.log):,}")
+        if self.shared.filter.root is not None:
+            self.filter_bar.set_count(int(self.shared.match_mask().sum()), len(self.state.log))
+        else:
+            self.filter_bar.set_count(0, 0)
 
     def refresh(self) -> None:
         self.model.catch_up()

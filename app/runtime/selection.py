@@ -1,0 +1,169 @@
+"""The "current filter" every view that shows events shares: a filter of
+`engine.analysis.filter_language` and a range of event seqs picked on a timeline.
+
+`shared_filter(ctx)` gives the one `EventFilter` of an app context (made on first use).
+The filter bars of the event log and the block table set its filter, a timeline's range
+selection sets its range, and every view listens to `sigChanged` and asks it which events
+match: `match_mask()` over positions of `ctx.state.log`, `matching_seqs()`, `in_range`.
+
+Tenants and models of events that do not carry them (an eviction, an allocation) come
+from their request, learnt from the log's own request_started and block_stored events, as
+`engine.analysis.statistics` does. The mask is kept per log position and extended as the
+log grows, so a live log is matched once per event, not once per redraw. No widgets here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from PySide6.QtCore import QObject, Signal
+
+from engine.analysis.filter_language import EventContext, Filter, parse
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+    from app.runtime.state import PoolState
+
+_CHUNK = 20_000  # events turned into dicts at once while matching
+
+
+class EventFilter(QObject):
+    """The shared filter and range. `sigChanged` fires when either changes (not when the
+    log grows: views that follow the log catch up on `state.sigChanged` themselves)."""
+
+    sigChanged = Signal()
+
+    def __init__(self, state: PoolState, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.filter: Filter = parse("")
+        self.range: tuple[int, int] | None = None  # first and last event seq, both included
+        self._mask = np.zeros(0, dtype=bool)
+        self._scanned = 0
+        self._log: Any = None
+        self._context = EventContext({}, {})
+        state.sigReset.connect(self._on_reset)
+
+    # ------------------------------------------------------------------ setting
+    def set_filter(self, flt: Filter | str) -> None:
+        flt = parse(flt) if isinstance(flt, str) else flt
+        if flt.text == self.filter.text:
+            return
+        self.filter = flt
+        self._restart()
+        self.sigChanged.emit()
+
+    def set_range(self, first_seq: int | None, last_seq: int | None = None) -> None:
+        """Keep only events with seq in [first_seq, last_seq]; None clears the range."""
+        if first_seq is None or last_seq is None:
+            new = None
+        else:
+            lo, hi = sorted((int(first_seq), int(last_seq)))
+            new = (lo, hi)
+        if new == self.range:
+            return
+        self.range = new
+        self.sigChanged.emit()
+
+    def clear(self) -> None:
+        changed = self.filter.root is not None or self.range is not None
+        self.filter, self.range = parse(""), None
+        self._restart()
+        if changed:
+            self.sigChanged.emit()
+
+    @property
+    def active(self) -> bool:
+        return self.filter.root is not None or self.range is not None
+
+    def _on_reset(self) -> None:
+        # A new engine: the range belonged to the old log; the typed filter still applies.
+        self.range = None
+        self._restart()
+        self.sigChanged.emit()
+
+    def _restart(self) -> None:
+        self._mask = np.zeros(0, dtype=bool)
+        self._scanned = 0
+        self._log = None
+        self._context = EventContext({}, {})
+
+    # ------------------------------------------------------------------ matching
+    def _catch_up(self) -> None:
+        log = self.state.log
+        events = log.events
+        if log is not self._log or self._scanned > len(events):  # another log
+            self._restart()
+            self._log = log
+        n = len(events)
+        if self._scanned == n:
+            return
+        new = np.ones(n - self._scanned, dtype=bool)
+        if self.filter.root is not None:
+            ctx = self._context
+            for start in range(self._scanned, n, _CHUNK):
+                dicts = [e.to_dict() for e in events[start:min(n, start + _CHUNK)]]
+                for d in dicts:  # the chunk's own requests first, as EventContext.from_events
+                    rid = d.get("request_id")
+                    if rid is None:
+                        continue
+                    if d.get("salt") is not None:
+                        ctx.tenants.setdefault(str(rid), str(d["salt"]))
+                    if d.get("model") is not None:
+                        ctx.models.setdefault(str(rid), str(d["model"]))
+                off = start - self._scanned
+                new[off:off + len(dicts)] = [self.filter.matches(d, ctx) for d in dicts]
+        self._mask = np.concatenate([self._mask, new])
+        self._scanned = n
+
+    def filter_mask(self) -> np.ndarray:
+        """Per position of the log: does its event pass the typed filter (range ignored)."""
+        self._catch_up()
+        return self._mask
+
+    def range_mask(self) -> np.ndarray:
+        """Per position of the log: is its event inside the range (all True without one)."""
+        n = len(self.state.log.events)
+        out = np.ones(n, dtype=bool)
+        if self.range is not None:
+            lo = self.state.log.count_upto(self.range[0] - 1)
+            hi = self.state.log.count_upto(self.range[1])
+            out[:lo] = False
+            out[hi:] = False
+        return out
+
+    def match_mask(self) -> np.ndarray:
+        """Per position of the log: does its event pass the filter and lie in the range."""
+        mask = self.filter_mask()
+        return mask & self.range_mask() if self.range is not None else mask
+
+    def matching_positions(self) -> np.ndarray:
+        return np.flatnonzero(self.match_mask())
+
+    def matching_seqs(self, in_range: bool = False) -> np.ndarray:
+        """Seqs of the events the filter keeps (only those in the range with `in_range`)."""
+        mask = self.match_mask() if in_range else self.filter_mask()
+        seqs = np.asarray(self.state.log.seqs, dtype=np.int64)
+        return seqs[mask[:len(seqs)]]
+
+    def in_range(self, seq: int) -> bool:
+        return self.range is None or self.range[0] <= seq <= self.range[1]
+
+    def describe(self) -> str:
+        """'kind:evicted · events 120-480', what views print beside their counts."""
+        parts = []
+        if self.filter.root is not None:
+            parts.append(self.filter.text.strip())
+        if self.range is not None:
+            parts.append(f"events {self.range[0]:,}\u2013{self.range[1]:,}")
+        return " · ".join(parts)
+
+
+def shared_filter(ctx: AppContext) -> EventFilter:
+    """The app context's one `EventFilter`, made (and kept on the context) on first use."""
+    flt = getattr(ctx, "event_filter", None)
+    if flt is None:
+        flt = EventFilter(ctx.state, ctx)
+        ctx.event_filter = flt  # type: ignore[attr-defined]
+    return flt
