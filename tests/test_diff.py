@@ -160,3 +160,71 @@ def test_diff_stored_requests(default_tokenizer, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["first_divergent_token"] == 30 and out["cause"] == "bos_or_special_token"
     assert main(["diff", f"session:{sid}:r9", f"session:{sid}:r0", "--db", str(db)]) == 2
+
+
+# ---------------------------------------------------------------- reordered units (issue 23, tool order)
+def _tool_order_prompts(tok, swap=True, edit=None):
+    """Turn 1 and turn 2 of the tool-order demo, rendered as the demo renders them."""
+    from engine.demos.prompts import _spec, _turn_prompt
+
+    spec = _spec("tool_order")
+    tools = spec["tools"]
+    later = [tools[1], tools[0], *tools[2:]] if swap else [dict(t) for t in tools]
+    if edit is not None:
+        later = edit(json.loads(json.dumps(later)))
+    first = [{"role": "system", "content": spec["system"]}, {"role": "user", "content": spec["turns"][0]}]
+    second = first + [{"role": "assistant", "content": "The weather in May is mild."},
+                      {"role": "user", "content": spec["turns"][1]}]
+    return _turn_prompt(tok, first, tools), _turn_prompt(tok, second, later)
+
+
+def test_reordered_tools_of_the_demo(default_tokenizer):
+    tok = default_tokenizer
+    p1, p2 = _tool_order_prompts(tok)
+    r = diff_requests(tok, DiffRequest(tuple(p1)), DiffRequest(tuple(p2)), 16)
+    assert r.cause == "reordered"
+    assert r.moved == ("get_weather", "search_flights")
+    assert "get_weather, search_flights in A" in r.explanation and "search_flights, get_weather in B" in r.explanation
+    # The first divergent token is still the first token where the ids differ.
+    d = next(i for i, (x, y) in enumerate(zip(p1, p2)) if x != y)
+    assert r.first_divergent_token == d and r.matching_blocks == d // 16
+    assert r.to_dict()["moved"] == ("get_weather", "search_flights")
+
+
+def test_edited_or_added_tool_is_not_a_reorder(default_tokenizer):
+    tok = default_tokenizer
+
+    def edit_description(tools):
+        tools[0]["function"]["description"] = "Current weather only."
+        return tools
+
+    def add_tool(tools):
+        return [{"type": "function", "function": {"name": "book_hotel", "description": "Book a hotel room.",
+                                                  "parameters": {"type": "object", "properties": {}}}}] + tools
+
+    for edit in (edit_description, add_tool):
+        p1, p2 = _tool_order_prompts(tok, swap=False, edit=edit)
+        r = diff_requests(tok, DiffRequest(tuple(p1)), DiffRequest(tuple(p2)))
+        assert r.cause == "new_content" and r.moved == ()
+        assert r.explanation == "the text itself differs: new or edited content"
+
+
+def test_swapped_lines_are_reordered_and_an_edited_line_is_not(default_tokenizer):
+    rules = ["- Refunds take 5 days.", "- Shipping is free over $50.", "- Returns within 30 days."]
+    a = msgs(DOCS + "\n".join(rules))
+    b = msgs(DOCS + "\n".join([rules[0], rules[2], rules[1]]))
+    r = diff(default_tokenizer, a, b)
+    assert r.cause == "reordered" and r.moved == (rules[1], rules[2])
+    edited = msgs(DOCS + "\n".join([rules[0], "- Shipping is free over $80.", rules[2]]))
+    r = diff(default_tokenizer, a, edited)
+    assert r.cause == "new_content" and r.moved == ()
+    # A line repeated instead of moved: the units differ, so no reorder either.
+    r = diff(default_tokenizer, a, msgs(DOCS + "\n".join([rules[0], rules[2], rules[2]])))
+    assert r.cause == "new_content"
+
+
+def test_reordered_rag_chunks_name_the_moved_chunks(default_tokenizer):
+    chunks = ["Doc A: refunds take 5 days.", "Doc B: shipping is free over $50.", "Doc C: returns within 30 days."]
+    r = diff(default_tokenizer, msgs(DOCS + "\n\n".join(chunks)),
+             msgs(DOCS + "\n\n".join([chunks[1], chunks[0], chunks[2]])))
+    assert r.cause == "reordered" and r.moved == (chunks[0], chunks[1])

@@ -6,6 +6,7 @@ Loading a request (message file, raw text, trace line, stored request) lives her
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class TokenDiff:
     explanation: str
     a: dict[str, Any]
     b: dict[str, Any]
+    moved: tuple[str, ...] = ()  # "reordered": the units that changed place, in A's order
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -85,6 +87,14 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
+def _special_texts(tokenizer: Any) -> list[str]:
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for tok in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
+        if getattr(tok, "special", False):
+            texts.add(str(tok))
+    return [t for t in texts if t]
+
+
 def _covers_id(text: str, offset: int) -> str | None:
     for m in _ID_PATTERNS.finditer(text):
         if m.start() <= offset <= m.end() and m.end() > m.start():
@@ -92,14 +102,128 @@ def _covers_id(text: str, offset: int) -> str | None:
     return None
 
 
+# ---- reordered units ---------------------------------------------------------------------
+_MAX_ARRAY_STARTS = 32  # '[' positions tried before the divergence when looking for an enclosing JSON list
+_MAX_UNITS = 256  # units compared from the divergence on
+
+
+def _unit_name(item: Any, text: str) -> str:
+    """How a moved unit is named: a tool's function name, else an item's name/id/title, else its text."""
+    if isinstance(item, dict):
+        fn = item.get("function")
+        for holder in (fn if isinstance(fn, dict) else None, item):
+            if holder is not None:
+                for key in ("name", "id", "title"):
+                    if isinstance(holder.get(key), str) and holder[key]:
+                        return holder[key]
+    text = " ".join(text.split())
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_tool(item: Any) -> bool:
+    return isinstance(item, dict) and (isinstance(item.get("function"), dict) or
+                                       ("name" in item and ("parameters" in item or "input_schema" in item)))
+
+
+def _permuted_window(tokenizer: Any, ua: Sequence[str], ub: Sequence[str]) -> int:
+    """The length k of the shortest leading window where `ua[:k]` and `ub[:k]` hold the same
+    units (compared as token ids) in another order; 0 if there is none."""
+    enc: dict[str, tuple[int, ...]] = {}
+
+    def ids(u: str) -> tuple[int, ...]:
+        if u not in enc:
+            enc[u] = tuple(tokenizer.encode(u, add_special_tokens=False))
+        return enc[u]
+
+    balance: dict[tuple[int, ...], int] = {}  # units of A's window minus those of B's
+    for k in range(min(len(ua), len(ub), _MAX_UNITS)):
+        x, y = ids(ua[k]), ids(ub[k])
+        if k == 0 and x == y:
+            return 0  # the first unit is unchanged: the divergence is inside it, not a move
+        for unit, step in ((x, 1), (y, -1)):
+            balance[unit] = balance.get(unit, 0) + step
+            if not balance[unit]:
+                del balance[unit]
+        if not balance:
+            return k + 1 if k >= 1 else 0
+    return 0
+
+
+def _json_units(text_a: str, text_b: str, offset: int) -> tuple[list[Any], list[Any], list[str], list[str]] | None:
+    """The items of the innermost JSON list that holds character `offset` in both texts
+    (the prefix before `offset` is the same in both), each with its canonical text."""
+    decoder = json.JSONDecoder()
+    tried = 0
+    p = text_a.rfind("[", 0, offset)
+    while p >= 0 and tried < _MAX_ARRAY_STARTS:
+        tried += 1
+        try:
+            la, end_a = decoder.raw_decode(text_a, p)
+            lb, end_b = decoder.raw_decode(text_b, p)
+        except ValueError:
+            la = lb = None
+            end_a = end_b = -1
+        if isinstance(la, list) and isinstance(lb, list) and end_a > offset and end_b > offset:
+            dump = lambda v: json.dumps(v, ensure_ascii=False)  # noqa: E731 - keeps the parsed key order
+            return la, lb, [dump(v) for v in la], [dump(v) for v in lb]
+        p = text_a.rfind("[", 0, p)
+    return None
+
+
+def find_reorder(tokenizer: Any, text_a: str, text_b: str, offset: int) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
+    """Whether the texts diverge at character `offset` because the same units moved.
+
+    Units are the items of a JSON list holding the divergence (tool definitions rendered
+    as JSON), else the lines from the one holding it. From the divergence on, the shortest
+    window of units where A and B hold the same units, compared after tokenization, in
+    another order is a reorder. Returns (what the units are, A's moved units in A's order,
+    the same in B's order), or None."""
+    units = _json_units(text_a, text_b, offset)
+    if units is not None:
+        la, lb, ta, tb = units
+        i = 0
+        while i < min(len(ta), len(tb)) and ta[i] == tb[i]:
+            i += 1
+        k = _permuted_window(tokenizer, ta[i:], tb[i:])
+        if k:
+            window_a, window_b = la[i:i + k], lb[i:i + k]
+            moved = [j for j in range(k) if ta[i + j] != tb[i + j]]
+            kind = "tool definitions" if all(_is_tool(v) for v in window_a) else "JSON items"
+            return (kind, tuple(_unit_name(window_a[j], ta[i + j]) for j in moved),
+                    tuple(_unit_name(window_b[j], tb[i + j]) for j in moved))
+    # Lines, cut at the template's special tokens too (a message's last line ends at its end marker).
+    cut = re.compile("\n|" + "|".join(re.escape(t) for t in sorted(_special_texts(tokenizer), key=len, reverse=True))
+                     if _special_texts(tokenizer) else "\n")
+    start = max((m.end() for m in cut.finditer(text_a, 0, offset)), default=0)
+    # Empty units (adjacent separators) are no content: one more of them is an insertion, not a move.
+    lines_a = [u for u in cut.split(text_a[start:]) if u.strip()]
+    lines_b = [u for u in cut.split(text_b[start:]) if u.strip()]
+    k = _permuted_window(tokenizer, lines_a, lines_b)
+    if k:
+        moved = [j for j in range(k) if lines_a[j] != lines_b[j]]
+        return ("lines", tuple(_unit_name(None, lines_a[j]) for j in moved),
+                tuple(_unit_name(None, lines_b[j]) for j in moved))
+    return None
+
+
+def _reorder_sentence(kind: str, in_a: Sequence[str], in_b: Sequence[str], d: int) -> str:
+    order_a, order_b = ", ".join(in_a), ", ".join(in_b)
+    return (f"the same {kind} appear in another order ({order_a} in A, {order_b} in B): the content is "
+            f"unchanged, but the tokens differ from token {d} on, so every block after it misses")
+
+
 def classify(tokenizer: Any, a: DiffRequest, b: DiffRequest, d: int) -> tuple[str, str]:
     """The cause class of a divergence at token `d` and one sentence explaining it."""
+    return _classify(tokenizer, a, b, d)[:2]
+
+
+def _classify(tokenizer: Any, a: DiffRequest, b: DiffRequest, d: int) -> tuple[str, str, tuple[str, ...]]:
     ta, tb = a.token_ids, b.token_ids
     if a.salt != b.salt:
         return "tenant_salt", (f"the tenants differ ({a.salt!r} vs {b.salt!r}): the salt enters the first block's "
-                               f"hash, so no block is shared" + ("" if ta == tb else f"; the tokens also differ at {d}"))
+                               f"hash, so no block is shared" + ("" if ta == tb else f"; the tokens also differ at {d}")), ()
     if ta == tb:
-        return "identical", "the token ids are identical: every whole block is shared"
+        return "identical", "the token ids are identical: every whole block is shared", ()
     text_a, text_b = _decode(tokenizer, ta), _decode(tokenizer, tb)
     offset = len(_decode(tokenizer, ta[:d]))
     default = default_system_prompt(tokenizer)
@@ -111,28 +235,32 @@ def classify(tokenizer: Any, a: DiffRequest, b: DiffRequest, d: int) -> tuple[st
                 which = "A" if in_a else "B"
                 return "default_system_prompt", (f"the chat template inserted its default system prompt "
                                                  f"({default[:60]!r}) in {which}, which has no system message, "
-                                                 f"and the other side has one")
+                                                 f"and the other side has one"), ()
     rest_a, rest_b = text_a[offset:], text_b[offset:]
     sa, sb = _no_ws(rest_a), _no_ws(rest_b)
     n = min(len(sa), len(sb), 64)
     first_ws = (rest_a[:1].isspace() or rest_b[:1].isspace())
     if first_ws and (sa == sb or (n > 0 and sa[:n] == sb[:n])):
-        return "whitespace", "only whitespace differs here (a space, an indent or a trailing newline)"
+        return "whitespace", "only whitespace differs here (a space, an indent or a trailing newline)", ()
     ida, idb = _covers_id(text_a, offset), _covers_id(text_b, offset)
     if ida and idb and ida != idb:
-        return "timestamp_or_id", f"a timestamp or id changed ({ida!r} vs {idb!r}); everything after it misses"
+        return "timestamp_or_id", f"a timestamp or id changed ({ida!r} vs {idb!r}); everything after it misses", ()
+    moved = find_reorder(tokenizer, text_a, text_b, offset)
+    if moved is not None:
+        kind, in_a, in_b = moved
+        return "reordered", _reorder_sentence(kind, in_a, in_b, d), in_a
     # Segments start at the separator before the divergence, so the chunk holding it is whole.
     start = max((m.end() for m in _CHUNK_SPLIT.finditer(text_a[:offset])), default=0)
     ca, cb = _chunks(text_a[start:]), _chunks(text_b[start:])
     if ca and cb and ca[0] != cb[0] and ca[0] in cb[1:] and cb[0] in ca[1:]:
-        return "reordered", "the same segments (tools, documents or chunks) appear in another order"
+        return "reordered", "the same segments (tools, documents or chunks) appear in another order", ()
     sid = _special_ids(tokenizer)
     if (d < len(ta) and ta[d] in sid) or (d < len(tb) and tb[d] in sid):
-        return "bos_or_special_token", "a BOS or special token appears on one side only (a doubled BOS or a template marker)"
+        return "bos_or_special_token", "a BOS or special token appears on one side only (a doubled BOS or a template marker)", ()
     if d >= len(ta) or d >= len(tb):
         longer = "B" if d >= len(ta) else "A"
-        return "new_content", f"one request is a prefix of the other: {longer} only adds new content"
-    return "new_content", "the text itself differs: new or edited content"
+        return "new_content", f"one request is a prefix of the other: {longer} only adds new content", ()
+    return "new_content", "the text itself differs: new or edited content", ()
 
 
 def diff_requests(tokenizer: Any, a: DiffRequest, b: DiffRequest, block_size: int = 16, window: int = 8) -> TokenDiff:
@@ -145,12 +273,13 @@ def diff_requests(tokenizer: Any, a: DiffRequest, b: DiffRequest, block_size: in
     while d < n and ta[d] == tb[d]:
         d += 1
     identical = ta == tb
-    cause, why = classify(tokenizer, a, b, d)
+    cause, why, moved = _classify(tokenizer, a, b, d)
     shared = 0 if a.salt != b.salt else d
     return TokenDiff(first_divergent_token=None if identical else d, matching_tokens=d,
                      matching_blocks=shared // block_size,
                      reusable_blocks=min(shared, max(len(tb) - 1, 0)) // block_size, block_size=block_size,
-                     cause=cause, explanation=why, a=_side(tokenizer, ta, d, window), b=_side(tokenizer, tb, d, window))
+                     cause=cause, explanation=why, a=_side(tokenizer, ta, d, window), b=_side(tokenizer, tb, d, window),
+                     moved=moved)
 
 
 # ---- loading a side ---------------------------------------------------------------------
