@@ -5,14 +5,17 @@ from __future__ import annotations
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
+from app.ui.plots import TIMELINE_KEYS
+
 
 def shortcut_rows(window: QWidget) -> list[tuple[str, str]]:
-    """(action, keys) of every action under `window` with a shortcut, sorted, each once."""
+    """(action, keys) of every action under `window` with a shortcut, sorted, each once,
+    then the keys every timeline takes when it has the focus (`TIMELINE_KEYS`)."""
     rows = []
     for act in window.findChildren(QAction):
         if not act.shortcut().isEmpty():
             rows.append((act.text().replace("&", ""), act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)))
-    return sorted(set(rows))
+    return sorted(set(rows)) + list(TIMELINE_KEYS)
 
 
 class ShortcutsDialog(QDialog):

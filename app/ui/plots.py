@@ -2,22 +2,50 @@
 `PlotStack` (plots in rows over one shared x axis, rows stepping out when the dock is short).
 
 What any one view plots lives with that view; only the axes and the stack live here.
+
+Every PlotStack takes the keyboard (`TIMELINE_KEYS`, listed in Help > Keyboard shortcuts):
+W / S (or + / -) zoom the x axis in and out around its centre, A / D (or the arrows) pan
+it, Home shows everything again, R selects the range in view (a draggable band; its edges
+can be dragged), Esc clears it. A stack whose x axis is the event seq binds to the app's
+shared `EventFilter`: its range selection filters the other views to that window of
+events, and the events the shared filter keeps are marked along the bottom of each row.
 """
 
 from __future__ import annotations
 
 import math
 
+from typing import Any
+
+import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF
-from PySide6.QtGui import QFontMetrics, QResizeEvent
-from PySide6.QtWidgets import QSizePolicy
+from PySide6.QtCore import QEvent, QRectF, Qt, Signal
+from PySide6.QtGui import QFocusEvent, QFontMetrics, QKeyEvent, QResizeEvent, QShowEvent
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from app.runtime.selection import EventFilter, shared_filter
+from app.ui import theme
 
 HEADER_WIDTH = 78  # the column of row titles left of the plots
 AXIS_WIDTH = 44  # every left axis equally wide, so the linked x axes line up
 MIN_ROW_PX = 42  # a plot row shorter than this is unreadable: it steps out instead
 X_AXIS_PX = 40  # tick labels and title of the shared x axis
 QWIDGETSIZE_MAX = 16777215
+ZOOM_STEP = 0.8  # W keeps 80% of the span in view, S shows 125%
+PAN_STEP = 0.2  # A / D move the view by a fifth of its span
+MAX_MARKS = 4000  # matching events drawn as marks; more are merged per pixel column
+SEQ_LABEL = "event seq"
+
+# (action, keys) for the shortcuts dialog: what every timeline does with the keyboard.
+TIMELINE_KEYS = (
+    ("Timeline: zoom in", "W, +"),
+    ("Timeline: zoom out", "S, -"),
+    ("Timeline: pan left", "A, Left"),
+    ("Timeline: pan right", "D, Right"),
+    ("Timeline: show everything", "Home"),
+    ("Timeline: select the range in view (filters the other views)", "R"),
+    ("Timeline: clear the range selection", "Esc"),
+)
 
 
 def nice_step(raw: float) -> float:
@@ -103,12 +131,28 @@ def compact_count(v: float) -> str:
 class PlotStack(pg.GraphicsLayoutWidget):
     """Plots stacked in rows over one shared x axis, each with its title in a column of its
     own (rotated axis labels collide on short rows). Tick labels show under the last row
-    only, and when the dock is too short for every row, rows of low priority step out."""
+    only, and when the dock is too short for every row, rows of low priority step out.
 
-    def __init__(self, x_label: str, header_width: int = HEADER_WIDTH) -> None:
+    Keys zoom, pan and select a range (`TIMELINE_KEYS`); `sigRangeSelected` gives the
+    selected (first, last) x, or None when cleared. With `events_on_x` (the default when
+    the x axis is the event seq) the stack binds to its panel's shared `EventFilter` when
+    first shown (or at `bind_events`)."""
+
+    sigRangeSelected = Signal(object)
+
+    def __init__(self, x_label: str, header_width: int = HEADER_WIDTH, events_on_x: bool | None = None) -> None:
         self.rows: list[tuple[pg.LabelItem, pg.PlotItem, int]] = []
+        self.regions: list[pg.LinearRegionItem] = []  # before Qt's constructor sends events
+        self.marks: list[pg.ScatterPlotItem] = []
         super().__init__()
         self.x_label = x_label
+        self.events_on_x = x_label == SEQ_LABEL if events_on_x is None else events_on_x
+        self.selected_range: tuple[float, float] | None = None
+        self.shared: EventFilter | None = None
+        self._mark_x = np.zeros(0)
+        self._moving_region = False
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setToolTip("W/S zoom, A/D pan, Home shows all, R selects the range in view, Esc clears it")
         self.priority: list[int] = []  # row indices, the most important first
         self.shown: list[bool] = []
         layout = self.ci.layout
@@ -135,7 +179,195 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.ci.addItem(plot, row=len(self.rows), col=1)
         self.rows.append((header, plot, stretch))
         self.priority.append(len(self.rows) - 1)
+        region = pg.LinearRegionItem(orientation="vertical", movable=True)
+        region.setZValue(-5)  # under the curves
+        region.setVisible(False)
+        region.sigRegionChangeFinished.connect(self._on_region_moved)
+        plot.addItem(region, ignoreBounds=True)
+        self.regions.append(region)
+        marks = pg.ScatterPlotItem(symbol="|", size=9, pxMode=True)
+        marks.setZValue(20)
+        plot.addItem(marks, ignoreBounds=True)
+        self.marks.append(marks)
+        plot.getViewBox().sigYRangeChanged.connect(lambda *_a, i=len(self.marks) - 1: self._place_marks(i))
+        self._style_overlays()
         return header, plot
+
+    # ------------------------------------------------------------------ keyboard
+    def x_range(self) -> tuple[float, float]:
+        lo, hi = self.rows[0][1].getViewBox().viewRange()[0]
+        return float(lo), float(hi)
+
+    def set_x_range(self, lo: float, hi: float) -> None:
+        if self.rows and hi > lo:
+            self.rows[0][1].getViewBox().setXRange(lo, hi, padding=0)
+
+    def zoom(self, factor: float) -> None:
+        """Keep `factor` of the x span in view, around its centre (< 1 zooms in)."""
+        if not self.rows:
+            return
+        lo, hi = self.x_range()
+        c, half = (lo + hi) / 2, (hi - lo) * factor / 2
+        self.set_x_range(c - half, c + half)
+
+    def pan(self, fraction: float) -> None:
+        """Move the view by `fraction` of its span (negative: to the left)."""
+        if not self.rows:
+            return
+        lo, hi = self.x_range()
+        d = (hi - lo) * fraction
+        self.set_x_range(lo + d, hi + d)
+
+    def show_all(self) -> None:
+        if self.rows:
+            self.rows[0][1].getViewBox().enableAutoRange(x=True)
+
+    def keyPressEvent(self, ev: QKeyEvent | None) -> None:
+        if ev is None or not self.rows:
+            super().keyPressEvent(ev)
+            return
+        k = ev.key()
+        K = Qt.Key
+        if k in (K.Key_W, K.Key_Plus, K.Key_Equal):
+            self.zoom(ZOOM_STEP)
+        elif k in (K.Key_S, K.Key_Minus):
+            self.zoom(1 / ZOOM_STEP)
+        elif k in (K.Key_A, K.Key_Left):
+            self.pan(-PAN_STEP)
+        elif k in (K.Key_D, K.Key_Right):
+            self.pan(PAN_STEP)
+        elif k == K.Key_Home:
+            self.show_all()
+        elif k == K.Key_R:
+            self.select_range(*self.x_range())
+        elif k == K.Key_Escape and self.selected_range is not None:
+            self.select_range(None)
+        else:
+            super().keyPressEvent(ev)
+            return
+        ev.accept()
+
+    def focusInEvent(self, ev: QFocusEvent) -> None:  # the focused timeline is framed
+        super().focusInEvent(ev)
+        self._style_frame(True)
+
+    def focusOutEvent(self, ev: QFocusEvent) -> None:
+        super().focusOutEvent(ev)
+        self._style_frame(False)
+
+    def _style_frame(self, focused: bool) -> None:
+        color = theme.palette()["accent"] if focused else "transparent"
+        self.setStyleSheet(f"PlotStack {{ border: 1px solid {color}; }}")
+
+    # ------------------------------------------------------------------ range selection
+    def select_range(self, lo: float | None, hi: float | None = None) -> None:
+        """Select [lo, hi] on the x axis (None clears) and tell `sigRangeSelected`."""
+        new = None if lo is None or hi is None else (min(lo, hi), max(lo, hi))
+        self._show_range(new)
+        self.selected_range = new
+        self.sigRangeSelected.emit(new)
+
+    def _show_range(self, rng: tuple[float, float] | None) -> None:
+        self._moving_region = True
+        try:
+            for region in self.regions:
+                region.setVisible(rng is not None)
+                if rng is not None:
+                    region.setRegion(rng)
+        finally:
+            self._moving_region = False
+
+    def _on_region_moved(self, region: pg.LinearRegionItem) -> None:
+        if self._moving_region or not region.isVisible():
+            return
+        lo, hi = region.getRegion()
+        self.select_range(float(lo), float(hi))
+
+    def _style_overlays(self) -> None:
+        p = theme.palette()
+        brush = pg.mkColor(p["accent"])
+        brush.setAlpha(40)
+        for region in self.regions:
+            region.setBrush(brush)
+            for line in region.lines:
+                line.setPen(pg.mkPen(p["accent"], width=1.5))
+        for m in self.marks:
+            m.setPen(pg.mkPen(p["text"], width=1.5))
+            m.setBrush(None)
+
+    def apply_theme(self) -> None:
+        """Restyle the range band and the filter marks in the current theme."""
+        self._style_overlays()
+        self._style_frame(self.hasFocus())
+
+    def changeEvent(self, ev: QEvent) -> None:
+        # theme.apply_theme sets the application palette: restyle with it
+        super().changeEvent(ev)
+        if ev.type() == QEvent.Type.PaletteChange and hasattr(self, "_mark_x"):
+            self.apply_theme()
+
+    # ------------------------------------------------------------------ the shared filter
+    def showEvent(self, ev: QShowEvent) -> None:
+        super().showEvent(ev)
+        if self.events_on_x and self.shared is None:
+            owner: QWidget | None = self.parentWidget()
+            while owner is not None and getattr(owner, "ctx", None) is None:
+                owner = owner.parentWidget()
+            if owner is not None:
+                self.bind_events(shared_filter(owner.ctx))  # type: ignore[attr-defined]
+
+    def bind_events(self, shared: EventFilter) -> None:
+        """x is the event seq: a range selection sets `shared`'s range (whole seqs), and
+        the events its filter keeps are marked."""
+        if self.shared is shared:
+            return
+        self.shared = shared
+        self.sigRangeSelected.connect(self._range_to_shared)
+        shared.sigChanged.connect(self.update_marks)
+        shared.state.sigChanged.connect(self._catch_up_marks)
+        self.update_marks()
+
+    def _range_to_shared(self, rng: tuple[float, float] | None) -> None:
+        if self.shared is None:
+            return
+        if rng is None:
+            self.shared.set_range(None)
+        else:
+            self.shared.set_range(math.ceil(rng[0]), math.floor(rng[1]))
+
+    def _catch_up_marks(self) -> None:
+        if self.shared is not None and self.shared.filter.root is not None and self.isVisible():
+            self.update_marks()
+
+    def update_marks(self) -> None:
+        """Marks at the seqs the shared filter keeps; the band at its range."""
+        shared = self.shared
+        if shared is None:
+            return
+        x = shared.matching_seqs().astype(float) if shared.filter.root is not None else np.zeros(0)
+        if len(x) > MAX_MARKS:  # one mark per pixel column is all a screen shows
+            lo, hi = float(x[0]), float(x[-1])
+            bins = np.unique(np.floor((x - lo) / max(1e-9, hi - lo) * MAX_MARKS))
+            x = lo + bins * (hi - lo) / MAX_MARKS
+        self._mark_x = x
+        for i in range(len(self.marks)):
+            self._place_marks(i)
+        rng = shared.range
+        if rng != (None if self.selected_range is None else
+                   (math.ceil(self.selected_range[0]), math.floor(self.selected_range[1]))):
+            self.selected_range = None if rng is None else (float(rng[0]), float(rng[1]))
+            self._show_range(self.selected_range)
+
+    def _place_marks(self, i: int) -> None:
+        """The marks sit along the bottom of row `i`, whatever its y range."""
+        if i >= len(self.marks):
+            return
+        x = self._mark_x
+        if not len(x):
+            self.marks[i].setData(x=[], y=[])
+            return
+        y0, y1 = self.rows[i][1].getViewBox().viewRange()[1]
+        self.marks[i].setData(x=x, y=np.full(len(x), y0 + (y1 - y0) * 0.06))
 
     def resizeEvent(self, event: QResizeEvent | None) -> None:
         if self.rows:
