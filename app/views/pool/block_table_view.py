@@ -2,6 +2,10 @@
 
 One pyqtgraph ImageItem holds the whole grid as an RGBA array (16K blocks redraw in a few
 milliseconds); hovering shows a block's details, clicking selects its hash chain.
+
+The filter bar above the grid sets the app's shared `EventFilter` (the event log's, in the
+filter language); the blocks that the events it keeps (up to the event shown, inside a
+timeline's range selection) touched are emphasised with a mark in their cell.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
 from PySide6.QtGui import QColor, QCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
+from app.runtime.selection import shared_filter
 from app.ui import theme
+from app.ui.filter_bar import FilterBar
 from app.ui.colors import block_colors, legend_line, swatch, tier_colors
 from app.ui.export import export_button, header_row
 from app.runtime.remote import decode_tokens
@@ -143,6 +149,16 @@ class BlockTableView(PanelView):
         self.vb.addItem(self.image)
         self.outline = pg.ScatterPlotItem(symbol="s", size=1.0, pxMode=False, brush=None)
         self.vb.addItem(self.outline)
+        self.matched = pg.ScatterPlotItem(symbol="o", size=0.42, pxMode=False)
+        self.matched.setZValue(5)
+        self.vb.addItem(self.matched)
+        self.matched_blocks = np.zeros(0, dtype=np.int64)  # blocks the shared filter's events touched
+        self._matched_key: tuple[Any, ...] | None = None
+        self.shared = shared_filter(ctx)
+        self.filter_bar = FilterBar(ctx.settings, self, "kind:stored and tenant:alice")
+        self.filter_bar.setObjectName("block_filter_bar")
+        self.filter_bar.sigFilterChanged.connect(self.shared.set_filter)
+        self.shared.sigChanged.connect(self._on_shared)
         self.glw.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.glw.scene().sigMouseClicked.connect(self._on_mouse_clicked)
         self.legend = QLabel()  # rich text that wraps between entries: never wider than the dock
@@ -155,6 +171,7 @@ class BlockTableView(PanelView):
         self.export = export_button(self, plots={"Block table": lambda: self.glw},
                                     tables={"Blocks": self.blocks_table})
         layout.addLayout(header_row(self.summary, self.export))
+        layout.addWidget(self.filter_bar)
         layout.addWidget(self.glw, 1)
         layout.addWidget(self.legend)
 
@@ -172,6 +189,8 @@ class BlockTableView(PanelView):
         self._palette = theme.palette(name)
         self.glw.setBackground(self.colors["background"])
         self.outline.setPen(pg.mkPen(self.colors["selected"], width=2))
+        self.matched.setPen(pg.mkPen(self.colors["background"], width=1))
+        self.matched.setBrush(pg.mkBrush(self.colors["selected"]))
         self._build_legend()
         self._resize_grid(force=True)
         self.redraw()
@@ -296,6 +315,7 @@ class BlockTableView(PanelView):
             self.image.setRect(QRectF(0, 0, cols, rows))
             self._rect_dirty = False
         self._refresh_selection(p)
+        self._refresh_matched()
         self._update_summary(p)
 
     def _remote_cells(self, p: PoolProjection) -> tuple[np.ndarray, int]:
@@ -320,6 +340,51 @@ class BlockTableView(PanelView):
             self.outline.setData(x=ids % self.cols + 0.5, y=ids // self.cols + 0.5)
         else:
             self.outline.setData(x=[], y=[])
+
+    # ------------------------------------------------------------------ the shared filter
+    def _on_shared(self) -> None:
+        if self.filter_bar.error is None and self.filter_bar.filter.text != self.shared.filter.text:
+            self.filter_bar.edit.blockSignals(True)
+            self.filter_bar.edit.setText(self.shared.filter.text)
+            self.filter_bar.edit.blockSignals(False)
+            self.filter_bar.filter = self.shared.filter
+        self._refresh_matched()
+
+    def _refresh_matched(self) -> None:
+        """Emphasise the blocks that the events the shared filter keeps touched, up to the
+        event shown (a block id of an allocation, a store, an eviction, a ref count)."""
+        shared, log = self.shared, self.state.log
+        upto = log.count_upto(self.state.current_seq) if not self.state.is_live else len(log.events)
+        key = (shared.filter.text, shared.range, upto, len(log.events), self.blocks_per_cell, self.cols)
+        if key == self._matched_key:
+            return
+        self._matched_key = key
+        ids: set[int] = set()
+        if shared.active:
+            events = log.events
+            for i in shared.matching_positions():
+                if i >= upto:
+                    break
+                e = events[i]
+                many = getattr(e, "block_ids", None)
+                if many is not None:
+                    ids.update(b for b in many if b >= 0)
+                else:
+                    b = getattr(e, "block_id", None)
+                    if b is not None and b >= 0:
+                        ids.add(b)
+        n = self.state.projection.num_blocks
+        blocks = np.array(sorted(b for b in ids if b < n), dtype=np.int64)
+        self.matched_blocks = blocks
+        if shared.filter.root is not None or shared.range is not None:
+            self.filter_bar.count.setText(f"{len(blocks):,} of {n:,} blocks")
+        else:
+            self.filter_bar.count.setText("")
+        if len(blocks):
+            cells = np.unique(blocks // self.blocks_per_cell)
+            self.matched.setData(x=cells % self.cols + 0.5, y=cells // self.cols + 0.5)
+        else:
+            self.matched.setData(x=[], y=[])
 
     @staticmethod
     def _request_blocks(p: PoolProjection, request_id: str) -> list[int]:

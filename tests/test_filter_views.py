@@ -1,0 +1,165 @@
+"""The filter language in the pool views and the keyboard on the timelines (issue 22), on
+a real replay of the bundled demo trace: the event log keeps exactly the rows the engine's
+predicate selects, an error names its position, the block table emphasises the blocks of
+the matching events, W/A/S/D change a timeline's range and its range selection filters the
+event log, through the one shared filter of the app context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+
+from app.dialogs.shortcuts_dialog import shortcut_rows  # noqa: E402
+from app.runtime.context import make_test_context  # noqa: E402
+from app.runtime.selection import shared_filter  # noqa: E402
+from app.views.pool.block_table_view import BlockTableView  # noqa: E402
+from app.views.pool.event_log_view import EventLogView  # noqa: E402
+from app.views.pool.timeline_view import TimelineView  # noqa: E402
+from engine.analysis.filter_language import parse  # noqa: E402
+from engine.core.events import EventBus  # noqa: E402
+from engine.core.replay import ReplayConfig, replay  # noqa: E402
+from engine.core.trace import load_trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "resources" / "traces" / "demo_tokens.jsonl"
+CAPACITY = 60
+
+
+@pytest.fixture
+def ctx(qtbot, tmp_path):
+    c = make_test_context(tmp_path)
+    c.suppress_dialogs = True
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def events(ctx):
+    bus = EventBus()
+    out: list = []
+    bus.subscribe(out.append)
+    replay(load_trace(DEMO), ReplayConfig(block_size=16, capacity_blocks=CAPACITY, seed=0), bus)
+    ctx.state.set_engine({"num_blocks": CAPACITY, "block_size": 16})
+    ctx.state.apply_events(out)
+    return out
+
+
+def rows_of(view: EventLogView) -> list[int]:
+    return [view.model.event(r).seq for r in range(view.model.rowCount())]
+
+
+@pytest.mark.parametrize("text", ["kind:evicted and tier:GPU and tenant:bob", "kind:evicted", "tenant:alice",
+                                  "not tenant:alice and kind:stored", "request:q81-t1 or (kind:lookup and reason:new_content)"])
+def test_the_filter_keeps_exactly_what_the_engine_predicate_selects(qtbot, ctx, events, text):
+    view = EventLogView(ctx)
+    qtbot.addWidget(view)
+    view.filter_bar.set_text(text)
+    dicts = [e.to_dict() for e in events]
+    want = [d["seq"] for d in parse(text).select(dicts)]
+    assert want and len(want) < len(events)  # the trace has both kinds of row
+    assert rows_of(view) == want
+    assert view.filter_bar.count.text() == f"{len(want):,} of {len(events):,}"
+
+
+def test_evictions_take_their_tenant_from_the_request_that_evicted(qtbot, ctx, events):
+    view = EventLogView(ctx)
+    qtbot.addWidget(view)
+    view.filter_bar.set_text("kind:evicted and tenant:bob")
+    kept = [view.model.event(r) for r in range(view.model.rowCount())]
+    tenant = {e.request_id: e.salt for e in events if e.kind == "request_started"}
+    assert kept and all(e.kind == "block_evicted" and tenant[e.by_request_id] == "bob" for e in kept)
+    assert len(kept) == sum(1 for e in events if e.kind == "block_evicted" and tenant[e.by_request_id] == "bob")
+
+
+def test_an_error_shows_its_position_and_keeps_the_last_good_filter(qtbot, ctx, events):
+    view = EventLogView(ctx)
+    qtbot.addWidget(view)
+    view.filter_bar.set_text("kind:evicted")
+    n = view.model.rowCount()
+    view.filter_bar.edit.setText("kind:evicted and tier")
+    assert view.filter_bar.error is not None and view.filter_bar.error.position == 21
+    assert view.filter_bar.message.isVisibleTo(view) and view.filter_bar.message.text().startswith("at 22: ")
+    assert view.model.rowCount() == n
+    view.filter_bar.edit.setText("colour:red")
+    assert view.filter_bar.message.text().startswith("at 1: ")
+
+
+def test_the_block_table_shares_the_filter_and_emphasises_the_matching_blocks(qtbot, ctx, events):
+    log = EventLogView(ctx)
+    table = BlockTableView(ctx)
+    qtbot.addWidget(log)
+    qtbot.addWidget(table)
+    table.filter_bar.set_text("kind:evicted")
+    # the event log follows the filter set in the block table (one shared filter)
+    assert log.filter_bar.text == "kind:evicted" and shared_filter(ctx).filter.text == "kind:evicted"
+    assert rows_of(log) == [e.seq for e in events if e.kind == "block_evicted"]
+    evicted = sorted({e.block_id for e in events if e.kind == "block_evicted"})
+    assert table.matched_blocks.tolist() == evicted
+    assert table.filter_bar.count.text() == f"{len(evicted):,} of {CAPACITY} blocks"
+    # scrubbed back, only what was evicted up to the event shown
+    mid = events[len(events) // 2].seq
+    ctx.state.scrub_to(mid)
+    assert table.matched_blocks.tolist() == sorted({e.block_id for e in events
+                                                    if e.kind == "block_evicted" and e.seq <= mid})
+    log.filter_bar.set_text("")
+    assert table.filter_bar.text == "" and len(table.matched_blocks) == 0
+
+
+def test_saved_filters_are_shared_across_views(qtbot, ctx, events):
+    log = EventLogView(ctx)
+    table = BlockTableView(ctx)
+    qtbot.addWidget(log)
+    qtbot.addWidget(table)
+    log.filter_bar.set_text("tier:GPU and tenant:alice")
+    assert log.filter_bar.save_current()
+    assert table.filter_bar.saved_filters() == ["tier:GPU and tenant:alice"]
+
+
+def test_keys_zoom_and_pan_a_timeline_and_a_range_selection_filters_the_log(qtbot, ctx, events):
+    log = EventLogView(ctx)
+    timeline = TimelineView(ctx)
+    qtbot.addWidget(log)
+    qtbot.addWidget(timeline)
+    timeline.resize(900, 420)
+    timeline.show()
+    qtbot.waitExposed(timeline)
+    stack = timeline.glw
+    assert stack.shared is shared_filter(ctx)
+    stack.setFocus()
+    lo, hi = stack.x_range()
+    qtbot.keyClick(stack, Qt.Key.Key_W)
+    lo2, hi2 = stack.x_range()
+    assert hi2 - lo2 == pytest.approx((hi - lo) * 0.8) and (lo2 + hi2) == pytest.approx(lo + hi)
+    qtbot.keyClick(stack, Qt.Key.Key_D)
+    lo3, hi3 = stack.x_range()
+    assert lo3 == pytest.approx(lo2 + 0.2 * (hi2 - lo2)) and hi3 - lo3 == pytest.approx(hi2 - lo2)
+    qtbot.keyClick(stack, Qt.Key.Key_A)
+    qtbot.keyClick(stack, Qt.Key.Key_S)
+    assert stack.x_range()[1] - stack.x_range()[0] == pytest.approx(hi - lo)
+    # zoom to a window, select it with R: the log keeps the events of that window
+    stack.set_x_range(100.2, 250.7)
+    qtbot.keyClick(stack, Qt.Key.Key_R)
+    assert shared_filter(ctx).range == (101, 250)
+    assert rows_of(log) == [e.seq for e in events if 101 <= e.seq <= 250]
+    assert "101" in log.range_label.text() and log.range_label.isVisibleTo(log)
+    # the range and the typed filter together; the timeline marks the matches
+    log.filter_bar.set_text("kind:evicted")
+    assert rows_of(log) == [e.seq for e in events if 101 <= e.seq <= 250 and e.kind == "block_evicted"]
+    assert sorted(stack._mark_x.tolist()) == [float(e.seq) for e in events if e.kind == "block_evicted"]
+    qtbot.keyClick(stack, Qt.Key.Key_Escape)
+    assert shared_filter(ctx).range is None
+    assert rows_of(log) == [e.seq for e in events if e.kind == "block_evicted"]
+
+
+def test_the_timeline_keys_are_in_the_shortcuts_list(qtbot, ctx):
+    from PySide6.QtWidgets import QWidget
+    w = QWidget()
+    qtbot.addWidget(w)
+    rows = dict(shortcut_rows(w))
+    assert rows["Timeline: zoom in"] == "W, +" and rows["Timeline: pan left"] == "A, Left"
+    assert "R" in rows.values() and "Esc" in rows.values()
