@@ -120,6 +120,13 @@ def _unit_name(item: Any, text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _is_tool(item: Any) -> bool:
     return isinstance(item, dict) and (isinstance(item.get("function"), dict) or
                                        ("name" in item and ("parameters" in item or "input_schema" in item)))
@@ -201,8 +208,11 @@ def find_reorder(tokenizer: Any, text_a: str, text_b: str, offset: int) -> tuple
     k = _permuted_window(tokenizer, lines_a, lines_b)
     if k:
         moved = [j for j in range(k) if lines_a[j] != lines_b[j]]
-        return ("lines", tuple(_unit_name(None, lines_a[j]) for j in moved),
-                tuple(_unit_name(None, lines_b[j]) for j in moved))
+        items_a, items_b = [_json_or_none(u) for u in lines_a[:k]], [_json_or_none(u) for u in lines_b[:k]]
+        # One JSON object a line (a template's <tools> block) names each unit by its tool name.
+        kind = "tool definitions" if all(_is_tool(v) for v in items_a) else "lines"
+        return (kind, tuple(_unit_name(items_a[j], lines_a[j]) for j in moved),
+                tuple(_unit_name(items_b[j], lines_b[j]) for j in moved))
     return None
 
 
