@@ -52,6 +52,108 @@ def test_tool_order(model_env):
     a, b = f["diff_messages"]["a"], f["diff_messages"]["b"]
     assert a[0]["content"].startswith("Tools:\n") and b[0]["content"].startswith("Tools:\n")
     assert a[0]["content"] != b[0]["content"] and a[1] == b[1]
+    # The diff names the cause a reorder of the two tools, not new content.
+    assert f["diff_cause"] == f["token_diff"]["cause"] == "reordered"
+    assert f["moved_tools"] == f["tool_names"][:2]
+    # SmolLM2's template has no tool slot: the demo says it took the system-text path.
+    assert f["tools_in_template_slot"] is False and "no tool slot" in f["tools_rendered"]
+
+
+# A Qwen2.5-style template: the tools go in a <tools> block of the system turn, one JSON line each.
+TOOL_SLOT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% else %}You are helpful.{% endif %}\n\n<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\\n' }}</tools><|im_end|>{{ '\\n' }}{%- elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}<|im_end|>{{ '\\n' }}{%- endif %}"
+    "{% for message in messages %}{% if not (loop.first and message['role'] == 'system') %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tool_slot_tokenizer(default_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(default_tokenizer)
+    tok.chat_template = TOOL_SLOT_TEMPLATE
+    return tok
+
+
+def _tool_chat():
+    from engine.demos.prompts import _spec
+
+    spec = _spec("tool_order")
+    return spec["tools"], [{"role": "system", "content": spec["system"]}, {"role": "user", "content": spec["turns"][0]}]
+
+
+def test_smollm2_template_has_no_tool_slot(default_tokenizer):
+    from engine.demos.prompts import tools_rendering
+    from engine.model.chat import render_chat, template_renders_tools
+
+    tools, chat = _tool_chat()
+    assert template_renders_tools(default_tokenizer) is False
+    # It drops tools= silently, which is why the engine renders them into the system text.
+    assert render_chat(default_tokenizer, chat, tools=tools) == render_chat(default_tokenizer, chat)
+    assert "no tool slot" in tools_rendering(default_tokenizer)
+
+
+def test_a_template_with_a_tool_slot_gets_the_tools(tool_slot_tokenizer, default_tokenizer):
+    from types import SimpleNamespace
+
+    from engine.analysis.diff import DiffRequest, diff_requests
+    from engine.demos.prompts import _turn_prompt, tools_rendering
+    from engine.model.chat import render_chat, render_turns, template_renders_tools
+
+    tok = tool_slot_tokenizer
+    tools, chat = _tool_chat()
+    assert template_renders_tools(tok) is True and template_renders_tools(default_tokenizer) is False
+    turn = render_turns([SimpleNamespace(**m) for m in chat], tok, tools)[-1]
+    slot = render_chat(tok, chat, tools=tools)
+    assert list(turn.prompt_token_ids) == slot != render_chat(tok, chat)
+    text = tok.decode(slot)
+    assert "<tools>" in text and "Tools:\n" not in text and text.count('"name": "get_weather"') == 1
+    assert "tool slot" in tools_rendering(tok) and "no tool slot" not in tools_rendering(tok)
+    # The demo's own prompts take that path, and the reorder is found line by line there.
+    p1 = _turn_prompt(tok, chat, tools)
+    p2 = _turn_prompt(tok, chat, [tools[1], tools[0]])
+    r = diff_requests(tok, DiffRequest(tuple(p1)), DiffRequest(tuple(p2)))
+    assert r.cause == "reordered" and r.moved == ("get_weather", "search_flights")
+    assert r.explanation.startswith("the same tool definitions appear in another order")
+
+
+@pytest.mark.parametrize("value,ok", [("1", 1), ("4", 4), ("0", None), ("-2", None), ("two", None),
+                                      ("1.5", None), ("257", None)])
+def test_demo_threads_option(value, ok, capsys):
+    import argparse
+
+    from app.commands import demo
+
+    p = argparse.ArgumentParser()
+    demo.add_arguments(p)
+    assert p.parse_args(["tool-order"]).threads is None  # default: torch's own thread count
+    if ok is not None:
+        assert p.parse_args(["tool-order", "--threads", value]).threads == ok
+    else:
+        with pytest.raises(SystemExit) as exc:
+            main(["demo", "breakpoint-on-user-message", "--threads", value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--threads" in err
+
+
+def test_demo_threads_are_set_for_the_run_and_restored(capsys, monkeypatch):
+    import torch
+
+    import engine.demos as demos
+
+    seen = []
+    real = demos.run_demo
+    monkeypatch.setattr(demos, "run_demo", lambda name, env=None: (seen.append(torch.get_num_threads()),
+                                                                   real(name, env))[1])
+    before = torch.get_num_threads()
+    assert main(["demo", "breakpoint-on-user-message", "--json", "--threads", "2"]) == 0
+    assert seen == [2] and torch.get_num_threads() == before
+    json.loads(capsys.readouterr().out)
 
 
 def test_ab_arms_are_stable_per_request():

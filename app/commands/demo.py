@@ -7,18 +7,27 @@ import json
 import sys
 from typing import Any
 
-from app.commands._common import print_json
+from app.commands._common import _int, print_json
 from app.commands._publish import Publishing, add_publish_arguments
 from engine.core.errors import InputError
 
 NAME = "demo"
 HELP = "run a guided demo of one cache behaviour (--list shows them all)"
+MAX_THREADS = 256
+
+
+def thread_count(text: str) -> int:
+    """--threads: a whole number of torch intra-op threads, 1 to MAX_THREADS."""
+    return _int(text, 1, MAX_THREADS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", nargs="?", help="the demo to run (see --list)")
     p.add_argument("--list", action="store_true", help="list the demos, one line each")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                   help="torch intra-op threads for the model (default: torch's own, one per physical core); "
+                        "on a machine shared with other work, fewer threads than cores avoid oversubscription")
     add_publish_arguments(p)
 
 
@@ -36,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.name:
         raise InputError("name a demo to run, or pass --list to see them")
     get_demo(args.name)  # a bad name fails before any model is loaded
+    threads_before = None
+    if args.threads is not None:
+        import torch
+
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(args.threads)
     publishing = Publishing(args)
     try:
         env = None
@@ -51,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         result = run_demo(args.name, env)
     finally:
         publishing.close()
+        if threads_before is not None:
+            import torch
+
+            torch.set_num_threads(threads_before)  # a command run in-process leaves the caller's setting
     if args.json:
         print_json(result)
     else:

@@ -14,10 +14,11 @@ import json
 from types import SimpleNamespace
 from typing import Any, Sequence
 
+from engine.analysis.diff import DiffRequest, diff_requests
 from engine.core.manager import Request
 from engine.core.trace import common_prefix_length
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, token_diff
-from engine.model.chat import message_ends, render_chat, render_turns
+from engine.model.chat import message_ends, render_chat, render_turns, template_renders_tools
 
 MODEL = frozenset({"model"})
 TOKENIZER = frozenset({"tokenizer"})
@@ -44,12 +45,26 @@ def _with_tools(messages: list[dict[str, str]], tools: list[Any]) -> list[dict[s
 
 
 def _turn_prompt(tok: Any, messages: list[dict[str, str]], tools: list[Any]) -> list[int]:
-    """The prompt of the last request of `messages`, through the engine's tool rendering."""
+    """The prompt of the last request of `messages`, through the engine's tool rendering:
+    the template's own tool slot when it has one, else the tools ahead of the system text."""
     turns = render_turns([SimpleNamespace(**m) for m in messages], tok, tools)
     prompt = list(turns[-1].prompt_token_ids)
-    if prompt != render_chat(tok, _with_tools(messages, tools)):
-        raise RuntimeError("render_turns no longer puts the tools at the front of the system text")
+    if template_renders_tools(tok):
+        expected, where = render_chat(tok, messages, tools=tools), "into the template's tool slot"
+    else:
+        expected, where = render_chat(tok, _with_tools(messages, tools)), "at the front of the system text"
+    if prompt != expected:
+        raise RuntimeError(f"render_turns no longer puts the tools {where}")
     return prompt
+
+
+def tools_rendering(tok: Any) -> str:
+    """Which path the tool definitions take for this tokenizer, as one sentence."""
+    if template_renders_tools(tok):
+        return ("by the chat template's own tool slot (transformers' apply_chat_template tools=), where the "
+                "template puts them ahead of the system prompt")
+    return ("into the system text ahead of the system prompt: the chat template has no tool slot (it drops "
+            "tools= silently), so the engine puts them where hosted APIs render them, first")
 
 
 def _tool_order(env: DemoEnv) -> dict[str, Any]:
@@ -72,11 +87,14 @@ def _tool_order(env: DemoEnv) -> dict[str, Any]:
     r3 = env.generate(runner, "turn-2-same-order", p3, "turn 2 again with the tools in their first order",
                       max_new_tokens=spec["max_new_tokens"])
     diff = token_diff(tok, p1, p2, block_size=bs)
+    moved = list(diff_requests(tok, DiffRequest(tuple(p1)), DiffRequest(tuple(p2)), bs).moved)  # the tools that moved
     # Where the tool text and the system prompt end in the rendered turn.
-    system_end = message_ends(tok, _with_tools(first, tools))[0]
+    slot = template_renders_tools(tok)
+    system_end = (message_ends(tok, first, tools) if slot else message_ends(tok, _with_tools(first, tools)))[0]
     reusable = (len(p1) // bs) * bs
-    return {"tools_rendered": "into the system text ahead of the system prompt: the bundled template has no "
-                              "tool slot, so the engine puts them where hosted APIs render them, first",
+    env.step(f"token diff of turn 1 against the reordered turn 2: {diff['cause']}",
+             first_divergent_token=diff["first_divergent_token"], moved=moved)
+    return {"tools_rendered": tools_rendering(tok), "tools_in_template_slot": slot,
             "tool_names": names, "block_size": bs, "turn_1_prompt_tokens": len(p1),
             "tools_and_system_tokens": system_end, "token_diff": diff,
             "first_divergent_token": diff["first_divergent_token"], "first_divergent_block": diff["first_divergent_token"] // bs,
@@ -84,16 +102,19 @@ def _tool_order(env: DemoEnv) -> dict[str, Any]:
             "cached_tokens_reordered": r2["cached_tokens"], "cached_tokens_same_order": r3["cached_tokens"],
             "reusable_tokens_of_turn_1": reusable,
             "blocks_invalidated_by_reordering": len(p2) // bs - r2["cached_tokens"] // bs,
+            "diff_cause": diff["cause"], "moved_tools": moved,
             "diff_messages": {"a": _with_tools(first, tools), "b": _with_tools(second, swapped)}}
 
 
 TOOL_ORDER = Demo(
     "tool-order", "Reordering two tool definitions invalidates everything after them",
     "turn 2 lists the same two tools in the other order: the prompt diverges inside the tool text and every block after it misses",
-    "Tool definitions are rendered ahead of the system prompt, so they sit at the very front of every "
-    "request. A client that rebuilds its tool list from an unordered map can send the same tools in another "
+    "Tool definitions are rendered ahead of the system prompt (by the chat template's tool slot when it has "
+    "one; the bundled SmolLM2 template has none, so the engine puts them at the front of the system text, and "
+    "the findings' tools_rendered says which path ran), so they sit at the very front of every request. A client that rebuilds its tool list from an unordered map can send the same tools in another "
     "order, and the prompt then diverges inside the first tool definition. Every block after that point, the "
-    "system prompt and the whole conversation, is computed again; the token diff finds the spot, and a stable "
+    "system prompt and the whole conversation, is computed again; the token diff finds the spot and names the "
+    "cause a reorder of the same tools, not new content, and a stable "
     "order keeps all of turn one cached.",
     MODEL, _tool_order)
 

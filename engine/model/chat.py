@@ -34,14 +34,31 @@ def _apply_template(tokenizer: Any, messages: Any, **kwargs: Any) -> Any:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no reason given'})") from None
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True,
+                tools: list[Any] | None = None) -> list[int]:
     """Token ids of `messages` through the tokenizer's chat template; with
-    `add_generation_prompt` they end with the header the model's reply follows."""
+    `add_generation_prompt` they end with the header the model's reply follows. `tools`
+    (OpenAI-style definitions) go to the template's own tool slot, which a template
+    without one ignores (see `template_renders_tools`)."""
     if not messages:
         raise InputError("a chat needs at least one message")
+    extra = {"tools": list(tools)} if tools else {}
     encoded = _apply_template(tokenizer, list(messages), add_generation_prompt=add_generation_prompt,
-                              tokenize=True, return_dict=True)
+                              tokenize=True, return_dict=True, **extra)
     return list(encoded["input_ids"])
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether the chat template has a tool slot: a probe tool passed as `tools=` shows up
+    in the rendered text (SmolLM2's template has none and drops it silently)."""
+    name = "cachescope_probe_tool_⁣"
+    probe = [{"type": "function", "function": {"name": name, "description": _PROBE_SYSTEM,
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    try:
+        text = _apply_template(tokenizer, [{"role": "user", "content": _PROBE_USER}], tools=probe, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot take tools has no slot for them
+        return False
+    return isinstance(text, str) and name in text
 
 
 def default_system_prompt(tokenizer: Any) -> str:
@@ -63,12 +80,12 @@ def default_system_prompt(tokenizer: Any) -> str:
     return a[i:len(a) - j].strip()
 
 
-def message_ends(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+def message_ends(tokenizer: Any, messages: Sequence[dict[str, str]], tools: list[Any] | None = None) -> list[int]:
     """The token index where each message ends in the rendered chat (no generation prompt).
 
     Message k spans `ends[k-1]:ends[k]` (from 0 for the first); tokens the template puts
-    before the first message (a default system prompt) belong to the first span."""
-    return [len(render_chat(tokenizer, messages[:i + 1], False)) for i in range(len(messages))]
+    before the first message (a default system prompt, its tool slot) belong to the first span."""
+    return [len(render_chat(tokenizer, messages[:i + 1], False, tools)) for i in range(len(messages))]
 
 
 def request_positions(roles: Sequence[str]) -> list[int]:
@@ -100,10 +117,12 @@ class Turn:
 def render_turns(messages: Sequence[Any], tokenizer: Any, tools: list[Any] | None = None) -> list[Turn]:
     """Cut a chat into requests (see `request_positions`), each prompt rendered with the
     generation prompt; the following assistant messages are the reply. `messages` are
-    objects with `role` and `content` (stored rows, parsed messages)."""
+    objects with `role` and `content` (stored rows, parsed messages). `tools` go to the
+    template's tool slot when it has one, else ahead of the system text."""
     chat = [{"role": m.role, "content": m.content} for m in messages]
     shift = 0
-    if tools:
+    slot = tools if tools and template_renders_tools(tokenizer) else None
+    if tools and slot is None:
         # The template has no tool slot; tool definitions lead the prefix, as hosted APIs order them.
         tool_text = "Tools:\n" + json.dumps(tools, ensure_ascii=False, sort_keys=True)
         if chat and chat[0]["role"] == "system":
@@ -111,19 +130,19 @@ def render_turns(messages: Sequence[Any], tokenizer: Any, tools: list[Any] | Non
         else:
             chat.insert(0, {"role": "system", "content": tool_text})
             shift = 1
-    ends = message_ends(tokenizer, chat)
+    ends = message_ends(tokenizer, chat, slot)
     starts = [0] + ends[:-1]
     eos = getattr(tokenizer, "eos_token_id", None)
     turns: list[Turn] = []
     for p in request_positions([m.role for m in messages]):
         r = p + shift
-        prompt = render_chat(tokenizer, chat[:r + 1], True)
+        prompt = render_chat(tokenizer, chat[:r + 1], True, slot)
         q = r
         while q + 1 < len(chat) and chat[q + 1]["role"] == "assistant":
             q += 1
         output: list[int] = []
         if q > r:
-            full = render_chat(tokenizer, chat[:q + 1], False)
+            full = render_chat(tokenizer, chat[:q + 1], False, slot)
             if full[:len(prompt)] == prompt:
                 output = full[len(prompt):]
             else:
