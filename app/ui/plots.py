@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, Signal
-from PySide6.QtGui import QFocusEvent, QFontMetrics, QKeyEvent, QResizeEvent, QShowEvent
+from PySide6.QtGui import QFontMetrics, QKeyEvent, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.runtime.selection import EventFilter, shared_filter
@@ -247,18 +247,6 @@ class PlotStack(pg.GraphicsLayoutWidget):
             return
         ev.accept()
 
-    def focusInEvent(self, ev: QFocusEvent) -> None:  # the focused timeline is framed
-        super().focusInEvent(ev)
-        self._style_frame(True)
-
-    def focusOutEvent(self, ev: QFocusEvent) -> None:
-        super().focusOutEvent(ev)
-        self._style_frame(False)
-
-    def _style_frame(self, focused: bool) -> None:
-        color = theme.palette()["accent"] if focused else "transparent"
-        self.setStyleSheet(f"PlotStack {{ border: 1px solid {color}; }}")
-
     # ------------------------------------------------------------------ range selection
     def select_range(self, lo: float | None, hi: float | None = None) -> None:
         """Select [lo, hi] on the x axis (None clears) and tell `sigRangeSelected`."""
@@ -298,7 +286,6 @@ class PlotStack(pg.GraphicsLayoutWidget):
     def apply_theme(self) -> None:
         """Restyle the range band and the filter marks in the current theme."""
         self._style_overlays()
-        self._style_frame(self.hasFocus())
 
     def changeEvent(self, ev: QEvent) -> None:
         # theme.apply_theme sets the application palette: restyle with it
