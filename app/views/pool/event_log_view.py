@@ -342,6 +342,7 @@ class EventLogView(PanelView):
         self.shared.sigChanged.connect(self._on_shared)
         self.model.reset_log()
         self._on_shared()
+        self.refresh()
 
     def apply_theme(self, name: str) -> None:
         self._update_detail()  # its links carry the theme's colour
