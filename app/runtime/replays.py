@@ -1,57 +1,106 @@
-"""`TraceReplays`: replays a trace file on the worker through a fresh engine whose events
-reach the views through the bridge, and says when the views have drawn all of them.
-Nothing here draws: the window shows `sigProgress` and the sentences in its status bar.
+"""`TraceReplays`: replays a trace file on the worker and hands the views the whole result.
+
+The worker replays on the compiled kernel (the Python engine where the kernel cannot run
+the trace) and builds the event log, its projection, series and checkpoints there, off the
+GUI thread; the GUI thread then adopts that log in one step (`PoolState.adopt_log`), so the
+views redraw once for the whole trace instead of once per bridge batch, and no event passes
+the bridge. Nothing here draws: the window shows `sigProgress` and the sentences in its
+status bar.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Signal
 
 from app.runtime.bridge import engine_info
 from app.runtime.context import JobCancelled, Subject
 from app.runtime.jobs import error_sentence, trace_block_size, trace_capacity
 
 if TYPE_CHECKING:
-    from app.runtime.context import AppContext
+    from app.runtime.context import AppContext, CancelToken
+    from engine.core.projection import EventLog
 
 DEFAULT_CAPACITY = 1024  # blocks, when the trace cannot be read to size the pool
-# Once a replay is done, the events still in the bridge go to the views this many per
-# turn of the event loop: one repaint per turn, not one per frame-sized batch.
-BULK_EVENTS = 100_000
+# The worker builds the log this many events at a time, checking Cancel between chunks.
+LOG_CHUNK = 65_536
 
 
-def kernel_replay_job(path: str, bus: Any, block_size: int, capacity_blocks: int) -> dict:
+class ReplayCancelled(JobCancelled):
+    """Cancel pressed during a trace replay; `log` holds the events built so far (or None)."""
+
+    def __init__(self, log: EventLog | None) -> None:
+        super().__init__("cancelled")
+        self.log = log
+
+
+def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
+                      cancel: CancelToken | None = None) -> tuple[dict, EventLog]:
     """Worker-thread job: replay a trace on the compiled kernel where it can run it (the
-    Python engine otherwise); its events reach `bus` after the run, in seq order."""
-    from engine.core.replay import ReplayConfig
-    from engine.kernel.dispatch import replay_with
+    Python engine otherwise) and build its `EventLog` (projection, series, checkpoints);
+    returns the result dict and the log. Cancel is checked between the replay and each
+    chunk of the log: `ReplayCancelled` carries the part built."""
+    from engine.core.events import EventBus
+    from engine.core.projection import EventLog
+    from engine.core.replay import ReplayConfig, replay
     from engine.core.trace import read_trace
 
     config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    result = replay_with("auto", read_trace(path, block_size), config, events=bus, source=str(path))
+    log = EventLog(capacity_blocks, block_size)
+
+    def check() -> None:
+        if cancel is not None and cancel.cancelled:
+            raise ReplayCancelled(log if len(log) else None)
+
+    requests: Any = read_trace(path, block_size)
+    events: Any = None
+    result = None
+    try:
+        from engine.kernel.replay import prepare, replay_kernel, unsupported_reason
+    except ImportError:  # numba missing: the Python engine runs everything
+        prepare = None
+    if prepare is not None:
+        arrays = prepare(requests, block_size)
+        requests = arrays.requests
+        if unsupported_reason(config, arrays) is None:
+            run = replay_kernel(arrays, config, record=True, source=str(path))
+            result = run.result
+            assert run.log is not None
+            events = run.log.events(time=time.time())
+    if result is None:  # the Python engine, the reference
+        collected: list = []
+        bus = EventBus()
+        bus.subscribe(collected.append)
+        if cancel is not None:
+            bus.subscribe(cancel.listener)
+        try:
+            result = replay(requests, config, bus, source=str(path))
+        except JobCancelled:
+            log.extend(collected)
+            raise ReplayCancelled(log if len(log) else None) from None
+        events = iter(collected)
+    check()
+    chunk: list = []
+    for event in events:
+        chunk.append(event)
+        if len(chunk) >= LOG_CHUNK:
+            log.extend(chunk)
+            chunk = []
+            check()
+    log.extend(chunk)
     result.config["trace"] = str(path)
-    return result.to_dict()
-
-
-@dataclass(slots=True)
-class _Shown:
-    """A finished replay waiting for the views to draw the events still in the bridge."""
-
-    name: str
-    summary: str
-    then: Callable[[], None]
+    return result.to_dict(), log
 
 
 class TraceReplays(QObject):
     """Every signal is emitted in the GUI thread.
 
-    `sigProgress(text, fraction)`: a replay runs (fraction < 0) or the views are drawing
-    its events; `sigShown(summary)`: the views show the whole replay; `sigCancelled(text)`:
-    the user stopped it (the views keep the part replayed); `sigFailed(sentence)`.
+    `sigProgress(text, fraction)`: a replay runs (fraction < 0); `sigShown(summary)`: the
+    views show the whole replay; `sigCancelled(text)`: the user stopped it (the views keep
+    the part built); `sigFailed(sentence)`.
     """
 
     sigProgress = Signal(str, float)
@@ -63,13 +112,6 @@ class TraceReplays(QObject):
         super().__init__(parent)
         self.ctx = ctx
         self.last_result: dict | None = None
-        self._waiting: list[_Shown] = []
-        # The engine is done before the views have drawn every event: each batch the
-        # bridge hands them says how far they are, and the last one ends the wait.
-        ctx.bridge.sigEvents.connect(self._on_events)
-        self._bulk = QTimer(self)
-        self._bulk.setInterval(0)
-        self._bulk.timeout.connect(self._drain)
 
     def start(self, path: Path, num_blocks: int | None = None,
               on_done: Callable[[Any], None] | None = None) -> None:
@@ -82,45 +124,34 @@ class TraceReplays(QObject):
             capacity = DEFAULT_CAPACITY
         self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
         bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
+        # The replay's events reach the views as one log, not through the bridge.
+        self.ctx.bridge.detach()
         token = self.ctx.start_job(f"replaying {path.name}", bus)
         self.sigProgress.emit(f"replaying {path.name}", -1.0)
 
-        def done(result: dict) -> None:
+        def done(value: tuple[dict, EventLog]) -> None:
             self.ctx.end_job(token)
+            result, log = value
             self.last_result = result
             t = result["totals"]
-            summary = (f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
-                       f"{t['evicted_blocks']:,} evictions")
-            self._waiting.append(_Shown(path.name, summary, lambda: on_done(result) if on_done is not None else None))
-            self._on_events()
-            if self._waiting:
-                self._bulk.start()
+            self.sigProgress.emit(f"{path.name}: drawing {len(log):,} events", 1.0)
+            self.ctx.state.adopt_log(log)
+            self.sigShown.emit(f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
+                               f"{t['evicted_blocks']:,} evictions")
+            if on_done is not None:
+                on_done(result)
 
         def failed(exc: BaseException) -> None:
             self.ctx.end_job(token)
             if isinstance(exc, JobCancelled):
+                log = getattr(exc, "log", None)
+                if log is not None:
+                    self.ctx.state.adopt_log(log)
                 self.sigCancelled.emit(f"{path.name}: cancelled; the views show the part replayed")
             else:
                 self.sigFailed.emit(error_sentence(exc, f"{path.name} could not be replayed"))
             if on_done is not None:
                 on_done(None)
 
-        self.ctx.worker.submit(kernel_replay_job, str(path), bus, block_size, capacity, on_done=done, on_error=failed)
-
-    def _drain(self) -> None:
-        if not self._waiting or not self.ctx.bridge.flush_bulk(BULK_EVENTS):
-            self._bulk.stop()
-
-    def _on_events(self, _batch: list | None = None) -> None:
-        if not self._waiting:
-            return
-        pending = self.ctx.bridge.num_pending
-        if pending:
-            shown = len(self.ctx.state.log)
-            self.sigProgress.emit(f"{self._waiting[-1].name}: showing events, {shown:,} of {shown + pending:,}",
-                                  shown / max(1, shown + pending))
-            return
-        waiting, self._waiting = self._waiting, []
-        for w in waiting:
-            self.sigShown.emit(w.summary)
-            w.then()
+        self.ctx.worker.submit(kernel_replay_job, str(path), block_size, capacity, token, on_done=done,
+                               on_error=failed)

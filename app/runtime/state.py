@@ -128,6 +128,20 @@ class PoolState(QObject):
             self.version += 1
         self.sigChanged.emit()
 
+    def adopt_log(self, log: EventLog) -> None:
+        """Show `log`, a whole log built elsewhere (a trace replayed and projected on the
+        worker), in one step: views reset to it and redraw once, live at its last event.
+        The engine (`set_engine`) must already be the one that produced it."""
+        self.log = log
+        self.remote = None
+        self.timings = {}
+        self._scrubbed = None
+        self._scrub_seq = None
+        self.last_batch = (log.seqs[0], log.seqs[-1]) if log.seqs else None
+        self.version += 1
+        self.sigReset.emit()
+        self.sigChanged.emit()
+
     def record_timing(self, request_id: str, ttft_ms: float, cold_ttft_ms: float | None = None) -> None:
         """Remember a request's time to first token (and without reuse, if it was measured)."""
         self.timings[request_id] = Timing(request_id, float(ttft_ms),
