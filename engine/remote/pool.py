@@ -363,7 +363,10 @@ class RemotePool:
         if names is None:
             names = self.media[medium] = {}
         names[raw_medium] = names.get(raw_medium, 0) + len(hashes)
-        bs = e.block_size or (len(e.token_ids) // len(hashes))
+        raw = e.token_bytes
+        if not raw and e.token_ids:  # built in code rather than decoded from the wire
+            raw = array(_U32, e.token_ids).tobytes()
+        bs = e.block_size or (len(raw) // 4 // len(hashes))
         if bs and not group:  # a sliding-window group may use partial blocks: group 0 sets the size
             self.block_size = bs
         if e.group_idx is not None or e.kv_cache_spec_kind is not None:
@@ -377,9 +380,6 @@ class RemotePool:
                                       ("lookahead_token_ids", e.lookahead_token_ids)) if v is not None}
             for h in hashes:
                 self.details.setdefault((medium, h), {}).update(said)
-        raw = e.token_bytes
-        if not raw and e.token_ids:  # built in code rather than decoded from the wire
-            raw = array(_U32, e.token_ids).tobytes()
         step = 4 * bs
         parent: RemoteBlock | bytes | None = parent_hash
         tenant = e.cache_salt  # SGLang names the tenant on every store; vLLM on block 0's extra keys

@@ -32,7 +32,8 @@ from typing import Callable
 
 from engine.core.errors import InputError
 from engine.remote.fleet import server_of_topic
-from engine.remote.wire import MalformedFrame, VllmBatch, decode_batch, parse_pub, parse_replay, seq_frame
+from engine.remote.fastwire import decode_batch
+from engine.remote.wire import MalformedFrame, VllmBatch, parse_pub, parse_replay, seq_frame
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
 # vLLM numbers batches one by one from 0, one per engine step (milliseconds at least). A

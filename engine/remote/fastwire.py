@@ -1,0 +1,332 @@
+"""The fast reader of vLLM's and SGLang's KV-event batches; `engine.remote.wire` stays the reference.
+
+`decode_batch(seq, payload)` returns what `wire.decode_batch` returns for the same payload
+(the same events, hashes, counters once applied, and the same `MalformedFrame` for a bad
+one), with two differences in how it gets there:
+
+- The batch is decoded by msgspec (the library vLLM and SGLang publish with) into typed
+  Structs, a tagged union on `"type"` (vLLM 0.33's map events), with `msgspec.Raw` for
+  `block_hashes` and `token_ids`: neither becomes a Python object per element.
+- Hashes are cut from the raw msgpack bytes as fixed keys: vLLM's unsigned 64-bit
+  integers (`0xcf` + 8 bytes) and SGLang's signed ones (`0xd3` + 8 bytes) ARE the 8
+  canonical bytes (`wire.canonical_hash`: the value modulo 2**64, big-endian), and a
+  SHA-256 digest (`0xc4 0x20` + 32 bytes) is its 32. One bytes slice per hash, checked
+  for the whole array with C-speed stride compares; the pool keys its tiers by them.
+- Token ids of every store in the batch are decoded by one compiled call (numba, cached
+  on disk like `engine.kernel`) into one shared uint32 array; each event's
+  `token_bytes` is its slice of that array's bytes and its `token_ids` is empty, so no
+  Python int is made per token id (the pool keeps those bytes).
+
+Why this route and not a compiled decoder of the whole frame: msgspec already checks
+every typed field in C with vLLM's own schema, so only the two large homogeneous fields
+need custom code, and both are simple byte layouts; the rest of a batch (a few strings
+and small ints per event) costs little. Anything outside the fast path's narrow subset
+(older tagged-array events, map-encoded batches, a hash that is not 8 or 32 bytes, a
+token id written in a signed or oversized format, a string sent as bytes, any type
+mismatch) is decoded by the reference reader instead, which also words the
+`MalformedFrame`; so the fast path can never accept what the reference refuses, and a
+malformed frame is counted exactly as before.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+from numba import njit
+
+from engine.remote import wire
+from engine.remote.wire import MalformedFrame, VllmBatch, VllmEvent, _tupled, canonical_hash, encode_batch
+
+_NIL = msgspec.Raw(b"\xc0")
+
+
+class _Stored(msgspec.Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields=True):
+    block_hashes: msgspec.Raw = _NIL
+    parent_block_hash: Union[int, bytes, None] = None
+    token_ids: msgspec.Raw = _NIL
+    block_size: Union[int, None] = None
+    lora_id: Union[int, None] = None
+    medium: Union[str, None] = None
+    lora_name: Union[str, None] = None
+    extra_keys: msgspec.Raw = _NIL
+    group_idx: Union[int, None] = None
+    kv_cache_spec_kind: Union[str, None] = None
+    locality: Union[str, None] = None
+    session_id: Union[str, None] = None
+    cache_salt: Union[str, None] = None
+    ownership: Union[str, None] = None
+    lookahead_token_ids: msgspec.Raw = _NIL
+    kv_cache_spec_sliding_window: Union[int, None] = None
+
+
+class _Removed(msgspec.Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
+    block_hashes: msgspec.Raw = _NIL
+    medium: Union[str, None] = None
+    group_idx: Union[int, None] = None
+    kv_cache_spec_kind: Union[str, None] = None
+    locality: Union[str, None] = None
+    session_id: Union[str, None] = None
+    ownership: Union[str, None] = None
+
+
+class _Cleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
+    medium: Union[str, None] = None
+
+
+class _Batch(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    ts: float
+    events: list[Union[_Stored, _Removed, _Cleared]]
+    data_parallel_rank: Union[int, None] = None
+
+
+_decoder = msgspec.msgpack.Decoder(_Batch)
+
+
+class _Slow(Exception):
+    """The payload is outside the fast path's subset: the reference reader decides."""
+
+
+_TOKEN_KEY = np.frombuffer(b"token_ids", np.uint8)
+_HASH_KEY = np.frombuffer(b"block_hashes", np.uint8)
+
+
+@njit(cache=True)
+def _head(buf, p):  # pragma: no cover - compiled
+    """(bytes of the header at p, items that follow it, bytes of payload after the header);
+    items: 1 per array element, 2 per map pair; -1 bytes: not msgpack or past the end."""
+    n = len(buf)
+    if p >= n:
+        return -1, 0, 0
+    b = buf[p]
+    if b <= 0x7F or b >= 0xE0 or b == 0xC0 or b == 0xC2 or b == 0xC3:
+        return 1, 0, 0
+    if 0x80 <= b <= 0x8F:
+        return 1, 2 * (b & 0x0F), 0
+    if 0x90 <= b <= 0x9F:
+        return 1, b & 0x0F, 0
+    if 0xA0 <= b <= 0xBF:
+        return 1, 0, b & 0x1F
+    if b == 0xCC or b == 0xD0:
+        return 1, 0, 1
+    if b == 0xCD or b == 0xD1:
+        return 1, 0, 2
+    if b == 0xCE or b == 0xD2 or b == 0xCA:
+        return 1, 0, 4
+    if b == 0xCF or b == 0xD3 or b == 0xCB:
+        return 1, 0, 8
+    if 0xD4 <= b <= 0xD8:
+        return 2, 0, 1 << (b - 0xD4)
+    w = 1 << ((b - 0xC4) % 3) if 0xC4 <= b <= 0xC9 else (1 << ((b - 0xD9) % 3) if 0xD9 <= b <= 0xDB else
+                                                          (2 if b == 0xDC or b == 0xDE else 4))
+    if b == 0xC1 or p + 1 + w > n:
+        return -1, 0, 0
+    size = np.int64(0)
+    for j in range(w):
+        size = (size << 8) | buf[p + 1 + j]
+    if b == 0xDC or b == 0xDD:
+        return 1 + w, size, 0
+    if b == 0xDE or b == 0xDF:
+        return 1 + w, 2 * size, 0
+    if 0xC7 <= b <= 0xC9:
+        return 2 + w, 0, size
+    return 1 + w, 0, size
+
+
+@njit(cache=True)
+def _skip(buf, p):  # pragma: no cover - compiled
+    """The offset past the value at p, or -1."""
+    pending = 1
+    while pending:
+        h, items, size = _head(buf, p)
+        if h < 0:
+            return -1
+        p += h + size
+        pending += items - 1
+    return p if p <= len(buf) else -1
+
+
+@njit(cache=True)
+def _is_key(buf, p, h, size, key):  # pragma: no cover - compiled
+    b = buf[p]
+    if size != len(key) or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB):
+        return False
+    for j in range(size):
+        if buf[p + h + j] != key[j]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _skim(buf, token_key, hash_key):  # pragma: no cover - compiled
+    """Walk one EventBatch `[ts, [event map, ...], rank]`: every event's token ids into one
+    uint32 array and where its hashes lie. Returns (tokens, rows, ok); rows[i] = (first
+    token, token count, offset of the first hash's bytes, hash count, hash width 8 or 32,
+    or 0 when absent or nil). ok is False when anything is outside the fast subset:
+    token ids not positive fixint/uint8/16/32, hashes not all uint64/int64 or all 32-byte
+    bins, an event that is not a map, bytes that are not msgpack."""
+    empty = np.empty((0, 5), np.int64)
+    h, items, size = _head(buf, 0)  # the batch array (msgspec has checked its shape)
+    if h < 0 or size or items < 2:
+        return np.empty(0, np.uint32), empty, False
+    p = _skip(buf, h)  # the timestamp
+    if p < 0:
+        return np.empty(0, np.uint32), empty, False
+    h, m, size = _head(buf, p)
+    if h < 0 or size or not (0x90 <= buf[p] <= 0x9F or buf[p] == 0xDC or buf[p] == 0xDD):
+        return np.empty(0, np.uint32), empty, False
+    p += h
+    tokens = np.empty(len(buf), np.uint32)
+    rows = np.zeros((m, 5), np.int64)
+    k = 0
+    for i in range(m):
+        h, pairs, size = _head(buf, p)
+        if h < 0 or size or not (0x80 <= buf[p] <= 0x8F or buf[p] == 0xDE or buf[p] == 0xDF):
+            return np.empty(0, np.uint32), empty, False
+        p += h
+        for _ in range(pairs // 2):
+            h, items, size = _head(buf, p)
+            if h < 0 or p + h + size > len(buf):
+                return np.empty(0, np.uint32), empty, False
+            is_tokens = _is_key(buf, p, h, size, token_key)
+            is_hashes = not is_tokens and _is_key(buf, p, h, size, hash_key)
+            p = _skip(buf, p)
+            if p < 0:
+                return np.empty(0, np.uint32), empty, False
+            if not is_tokens and not is_hashes:
+                p = _skip(buf, p)
+                if p < 0:
+                    return np.empty(0, np.uint32), empty, False
+                continue
+            h, n, size = _head(buf, p)
+            if h < 0 or size:
+                return np.empty(0, np.uint32), empty, False
+            b = buf[p]
+            if b == 0xC0:
+                p += 1
+                continue
+            if not (0x90 <= b <= 0x9F or b == 0xDC or b == 0xDD):
+                return np.empty(0, np.uint32), empty, False
+            p += h
+            if is_tokens:
+                rows[i, 0] = k
+                rows[i, 1] = n
+                for _ in range(n):
+                    if p >= len(buf):
+                        return np.empty(0, np.uint32), empty, False
+                    b = buf[p]
+                    if b < 0x80:
+                        tokens[k] = b
+                        p += 1
+                    elif b == 0xCC and p + 2 <= len(buf):
+                        tokens[k] = buf[p + 1]
+                        p += 2
+                    elif b == 0xCD and p + 3 <= len(buf):
+                        tokens[k] = (np.uint32(buf[p + 1]) << 8) | buf[p + 2]
+                        p += 3
+                    elif b == 0xCE and p + 5 <= len(buf):
+                        tokens[k] = (np.uint32(buf[p + 1]) << 24) | (np.uint32(buf[p + 2]) << 16) \
+                            | (np.uint32(buf[p + 3]) << 8) | buf[p + 4]
+                        p += 5
+                    else:
+                        return np.empty(0, np.uint32), empty, False
+                    k += 1
+            else:
+                rows[i, 3] = n
+                if n == 0:
+                    continue
+                b = buf[p]
+                width = 8 if (b == 0xCF or b == 0xD3) else (32 if b == 0xC4 else 0)
+                if width == 0:
+                    return np.empty(0, np.uint32), empty, False
+                rows[i, 2] = p + 1 if width == 8 else p + 2
+                rows[i, 4] = width
+                for _ in range(n):
+                    if p + 1 + width > len(buf):
+                        return np.empty(0, np.uint32), empty, False
+                    b = buf[p]
+                    if width == 8 and b != 0xCF and b != 0xD3:
+                        return np.empty(0, np.uint32), empty, False
+                    if width == 32 and (b != 0xC4 or buf[p + 1] != 32 or p + 34 > len(buf)):
+                        return np.empty(0, np.uint32), empty, False
+                    p += 9 if width == 8 else 34
+    return tokens[:k], rows, True
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) the skimmer now, not on the first frame."""
+    _skim(np.frombuffer(encode_batch(0.0, [VllmEvent("BlockStored", (b"\x00" * 8,), None, (1, 200, 70000), 3)]),
+                        np.uint8), _TOKEN_KEY, _HASH_KEY)
+
+
+def _optional(raw: msgspec.Raw) -> Any:
+    """An Any-typed field (extra keys, lookahead tokens) as the reference reads it."""
+    if raw is _NIL or bytes(raw) == b"\xc0":
+        return None
+    value = msgspec.msgpack.decode(raw)
+    return _tupled(value) if isinstance(value, list) else None
+
+
+def _fast(seq: int, payload: bytes) -> VllmBatch:
+    try:
+        b = _decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        raise _Slow from None
+    ts, rank = b.ts, b.data_parallel_rank
+    if not math.isfinite(ts) or (rank is not None and rank < 0):
+        raise _Slow
+    tokens, rows, ok = _skim(np.frombuffer(payload, np.uint8), _TOKEN_KEY, _HASH_KEY)
+    if not ok or len(rows) != len(b.events):
+        raise _Slow
+    tokens = tokens.tobytes()
+    events: list[VllmEvent] = []
+    for e, (t0, nt, h0, nh, width) in zip(b.events, rows.tolist()):
+        t = type(e)
+        if nh:
+            step = width + 1 if width == 8 else width + 2
+            hashes = tuple([payload[o:o + width] for o in range(h0, h0 + step * nh, step)])
+        else:
+            hashes = ()
+        if t is _Removed:
+            events.append(VllmEvent("BlockRemoved", hashes, None, (), 0, None, e.medium, None, None, e.group_idx,
+                                    e.kv_cache_spec_kind, e.locality, e.session_id, ownership=e.ownership))
+        elif t is _Stored:
+            size = e.block_size or 0
+            if size < 0:
+                raise _Slow
+            parent = e.parent_block_hash
+            if parent is not None:
+                if type(parent) is bool:
+                    raise _Slow
+                parent = canonical_hash(parent)
+            extra = e.extra_keys
+            look = e.lookahead_token_ids
+            events.append(VllmEvent("BlockStored", hashes, parent, (), size, e.lora_id, e.medium, e.lora_name,
+                                    None if extra is _NIL else _optional(extra), e.group_idx,
+                                    e.kv_cache_spec_kind, e.locality, e.session_id, tokens[4 * t0:4 * (t0 + nt)],
+                                    e.cache_salt, e.ownership, None if look is _NIL else _optional(look),
+                                    e.kv_cache_spec_sliding_window))
+        else:
+            events.append(VllmEvent("AllBlocksCleared", medium=e.medium))
+    return VllmBatch(seq, float(ts), tuple(events), rank)
+
+
+def decode_batch(seq: int, payload: bytes) -> VllmBatch:
+    """One EventBatch, as `wire.decode_batch` gives it, without a Python object per token
+    id or per hash's integer; raises the reference's MalformedFrame on a bad payload."""
+    try:
+        return _fast(seq, payload)
+    except (_Slow, MalformedFrame, OverflowError, ValueError, TypeError, IndexError, RecursionError):
+        return wire.decode_batch(seq, payload)
+
+
+def same_tokens(event: VllmEvent) -> tuple[int, ...]:
+    """An event's token ids, whether the reference (a tuple) or this reader (bytes) decoded it."""
+    if event.token_ids or not event.token_bytes:
+        return tuple(event.token_ids)
+    return tuple(np.frombuffer(event.token_bytes, np.uint32).tolist())
+
+
+__all__ = ["decode_batch", "same_tokens", "warm_up", "MalformedFrame"]
