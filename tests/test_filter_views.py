@@ -163,3 +163,40 @@ def test_the_timeline_keys_are_in_the_shortcuts_list(qtbot, ctx):
     rows = dict(shortcut_rows(w))
     assert rows["Timeline: zoom in"] == "W, +" and rows["Timeline: pan left"] == "A, Left"
     assert "R" in rows.values() and "Esc" in rows.values()
+
+
+def test_events_read_field_by_field_filter_as_their_dicts(events):
+    # the shared filter reads events through EventFields, not to_dict(): same answers
+    from engine.analysis.filter_language import EventContext, FIELDS, field_values
+    from app.runtime.selection import EventFields
+    dicts = [e.to_dict() for e in events]
+    ctx = EventContext.from_events(dicts)
+    assert EventContext.from_events([EventFields(e) for e in events]) == ctx
+    for e, d in zip(events, dicts):
+        for name in FIELDS:
+            assert field_values(EventFields(e), name, ctx) == field_values(d, name, ctx), (e.seq, name)
+
+
+def test_a_recorded_vllm_stream_reads_the_same_field_by_field():
+    # vLLM 0.33.0's offloading connector (tiers, ranks, servers), recorded in ../shared/data
+    import base64
+    import json
+    from app.runtime.selection import EventFields
+    from engine.analysis.filter_language import FIELDS, EventContext, field_values
+    from engine.remote import RemotePool
+    from engine.remote.wire import decode_batch, parse_pub
+    frames = ROOT.parent / "shared" / "data" / "vllm" / "vllm_connector_frames.jsonl"
+    bus = EventBus()
+    got: list = []
+    bus.subscribe(got.append)
+    pool = RemotePool("tcp://10.0.0.5:5557", 0, bus)
+    for row in map(json.loads, frames.read_text().splitlines()):
+        if row["case"] == "one-server":
+            _, seq, payload = parse_pub([base64.b64decode(f) for f in row["frames"]])
+            pool.apply(decode_batch(seq, payload))
+    assert got and any(e.remote is not None for e in got)
+    dicts = [e.to_dict() for e in got]
+    ctx = EventContext.from_events(dicts)
+    for e, d in zip(got, dicts):
+        for name in FIELDS:
+            assert field_values(EventFields(e), name, ctx) == field_values(d, name, ctx), (e.seq, name)
