@@ -4,7 +4,8 @@ Workloads are real: the Mooncake conversation trace replayed through the engine 
 the events and the pool state; a remote vLLM pool of 1M blocks is built from events shaped
 as `engine.remote` converts them. Targets: redraw of 16K blocks < 16 ms, of the 1M-block
 remote pool < 16 ms (memory per tracked block reported), ingestion of 100K
-events/s with no GUI stall over 50 ms, window up in < 1.5 s (in a fresh process); and what
+events/s with no GUI stall over 50 ms, window up (first paint) in < 1.0 s from a fresh
+interpreter; and what
 the user waits for: File > Open of the Mooncake trace until every view shows the last event,
 at most 1.5x the headless `cachescope replay` of the same file, measured in the same run.
 """
@@ -29,11 +30,10 @@ REMOTE_BLOCKS = 1_000_000
 TARGET_REDRAW_MS = 16.0
 TARGET_EVENTS_PER_S = 100_000.0
 TARGET_STALL_MS = 50.0
-TARGET_WINDOW_S = 1.5
+TARGET_WINDOW_S = 1.0  # first paint (issue 20)
 
 _WINDOW_CHILD = """
 import os, sys, time
-t0 = time.perf_counter()
 from PySide6.QtWidgets import QApplication
 app = QApplication(sys.argv[:1])
 from app.runtime.context import make_test_context
@@ -41,8 +41,13 @@ from app.window.main_window import MainWindow
 ctx = make_test_context(sys.argv[1])
 w = MainWindow(ctx, load_model=False)
 w.show()
-app.processEvents()
-print(f"{time.perf_counter() - t0:.6f}", flush=True)
+while not getattr(w, "first_painted", True):  # a window without the flag: shown is painted
+    app.processEvents()
+painted = time.time()
+pg_at_paint = "pyqtgraph" in sys.modules
+while not getattr(w, "startup_done", True):
+    app.processEvents()
+print(f"{painted:.6f} {time.time():.6f} {int(pg_at_paint)}", flush=True)
 ctx.shutdown()
 w.deleteLater()
 app.processEvents()
@@ -63,6 +68,14 @@ w = MainWindow(ctx, load_model=False)
 w.resize(1280, 800)
 w.show()
 app.processEvents()
+getattr(w, "finish_startup", lambda: None)()  # the panels built after the first paint: not the open's time
+app.processEvents()
+import gc, os
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+gc.collect()
+rss0 = rss()
 done = []
 t0 = time.perf_counter()
 w.open_file(path, on_done=done.append)
@@ -74,7 +87,9 @@ for _ in range(5):  # the frame the views draw after the last batch
     app.processEvents()
 elapsed = time.perf_counter() - t0
 block_size = trace_block_size(path)
-print(json.dumps({"open_to_last_event_drawn_s": elapsed, "open_to_shown_s": t_shown, "events": len(ctx.state.log),
+gc.collect()
+grown = rss() - rss0
+print(json.dumps({"rss_growth_bytes": grown, "open_to_last_event_drawn_s": elapsed, "open_to_shown_s": t_shown, "events": len(ctx.state.log),
                   "block_size": block_size, "capacity": trace_capacity(path, block_size),
                   "ok": done[0] is not None}), flush=True)
 ctx.shutdown()
@@ -111,6 +126,9 @@ def bench_open(quick: bool) -> dict[str, Any]:
     return {"trace": path.name, "requests": 1500 if quick else 12_031, "events": app_run["events"],
             "capacity_blocks": app_run["capacity"], "app_open_to_last_event_drawn_s": round(app_run["open_to_last_event_drawn_s"], 2),
             "headless_replay_s": round(headless_s, 2),
+            # RSS growth of the app over the open (log, projection, checkpoints, series, views)
+            "bytes_per_pool_block": round(app_run["rss_growth_bytes"] / max(1, app_run["capacity"]), 1),
+            "bytes_per_event": round(app_run["rss_growth_bytes"] / max(1, app_run["events"]), 1),
             "app_over_headless": round(app_run["open_to_last_event_drawn_s"] / headless_s, 2)}
 
 
@@ -333,19 +351,28 @@ def bench_ingestion(quick: bool) -> dict[str, Any]:
 
 
 def bench_window(quick: bool) -> dict[str, Any]:
-    """Seconds from a fresh interpreter to the main window shown, without a model (median)."""
+    """Seconds from starting a fresh interpreter to the main window's first paint, without a
+    model (median: the target), and to every panel it shows at start built (they are built
+    after the first paint, one per turn of the event loop); the process's whole run, exit
+    included, beside them."""
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    times = []
+    up, built, whole, plots_early = [], [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2 if quick else 5):
-            t = time.perf_counter()
+            t, t_wall = time.perf_counter(), time.time()
             proc = subprocess.run([sys.executable, "-c", _WINDOW_CHILD, tmp], capture_output=True, text=True,
                                   cwd=ROOT, env=env, timeout=120)
             if proc.returncode != 0:
                 raise RuntimeError(f"the window did not start: {proc.stderr.strip()[-300:]}")
-            times.append((time.perf_counter() - t, float(proc.stdout.strip().splitlines()[-1])))
-    return {"runs": len(times), "median_s": round(statistics.median(t for t, _ in times), 3),
-            "median_in_process_s": round(statistics.median(s for _, s in times), 3)}
+            whole.append(time.perf_counter() - t)
+            painted, done, pg = proc.stdout.strip().splitlines()[-1].split()
+            up.append(float(painted) - t_wall)
+            built.append(float(done) - t_wall)
+            plots_early += int(pg)
+    return {"runs": len(up), "median_s": round(statistics.median(up), 3),
+            "median_all_panels_built_s": round(statistics.median(built), 3),
+            "median_process_s": round(statistics.median(whole), 3),
+            "runs_with_pyqtgraph_before_first_paint": plots_early}
 
 
 def _target(value: float, target: float, lower_is_better: bool = True) -> dict[str, Any]:

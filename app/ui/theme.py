@@ -7,6 +7,7 @@ two themes cannot drift apart. Views read colours with `color(key)` and listen t
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from PySide6.QtGui import QColor, QFont, QPalette
@@ -84,9 +85,17 @@ def apply_theme(app: QApplication, name: str) -> None:
         qp.setColor(role, QColor(p[key]))
     app.setPalette(qp)
     app.setStyleSheet(style_sheet(name))
+    if "pyqtgraph" in sys.modules:  # else `apply_plot_defaults` before the first plot is built
+        apply_plot_defaults()
+
+
+def apply_plot_defaults() -> None:
+    """pyqtgraph's defaults (background, foreground) for the current theme. `apply_theme`
+    sets them only once pyqtgraph is imported, so that the window's first paint does not
+    wait for it (half a second); whoever builds the first plot calls this first."""
     try:
         import pyqtgraph as pg
-
-        pg.setConfigOptions(background=p["panel"], foreground=p["text_dim"], antialias=True)
     except ImportError:  # pyqtgraph is a dependency; a broken install must not stop the shell
-        pass
+        return
+    p = PALETTES[current_theme()]
+    pg.setConfigOptions(background=p["panel"], foreground=p["text_dim"], antialias=True)

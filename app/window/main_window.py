@@ -9,9 +9,9 @@ replays `app.runtime.replays`, the model load `app.runtime.model_load`; panels l
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from PySide6.QtCore import QByteArray, QRect, QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFrame, QLabel, QMainWindow, QMessageBox,
                                QProgressBar, QPushButton, QScrollArea, QTabBar, QToolBar, QWidget)
@@ -27,15 +27,22 @@ from app.runtime.jobs import classify_file, error_sentence, resize_pool_job  # n
 from app.dialogs.model_load_dialog import ModelLoadMonitor
 from app.dialogs.shortcuts_dialog import ShortcutsDialog, shortcut_rows
 from app.window.files import FileOpener
-from app.views.compare.compare_window import CompareWindow
 from app.window.recent import RecentFiles
 from engine.resources import resource_path
+
+if TYPE_CHECKING:  # imported on first use: it pulls in pyqtgraph, which the first paint does not need
+    from app.views.compare.compare_window import CompareWindow
 
 ICON_DIR = resource_path("icons")
 DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
 LAYOUT_VERSION = 3
+# Panels built before the first paint, in the constructor, as before: the timelines' PlotStack
+# (app.ui.plots) restyles itself on every palette change, and one built after the theme is
+# applied recurses without end (a segfault; reproduced at b1b1f96 by building a TimelineView
+# after theme.apply_theme). Empty this once PlotStack guards that, and they wait too.
+EAGER_PANELS = frozenset({"timeline", "metrics"})
 
 
 def fit_rect(wanted: QRect, available: QRect) -> QRect:
@@ -83,6 +90,11 @@ class MainWindow(QMainWindow):
         self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
         self.panels = PanelMap(self._build_deferred_panel)
+        # The panels the window shows at once are built right after its first paint, one
+        # per turn of the event loop (any lookup before that builds its panel at once), so
+        # the window is up before pyqtgraph and the views are; see `finish_startup`.
+        self._startup: list[str] = []
+        self.first_painted = False
         self.recent = RecentFiles(ctx.settings)
         self.files = FileOpener(ctx, self, self.recent, self.panels, self.docks, self.replay_trace)
         self.replays = TraceReplays(ctx, self)
@@ -202,6 +214,9 @@ class MainWindow(QMainWindow):
     def show_compare(self, a: str | None = None, b: str | None = None) -> CompareWindow:
         """File > Compare...: the Compare window (one per main window), filled with `a` and `b` if given."""
         if getattr(self, "compare_window", None) is None:
+            from app.views.compare.compare_window import CompareWindow
+
+            theme.apply_plot_defaults()
             self.compare_window = CompareWindow(self.ctx)
         if a and b:
             self.compare_window.set_sides(a, b)
@@ -234,7 +249,8 @@ class MainWindow(QMainWindow):
             self.scrub_toolbar = bar
 
     def _build_docks(self) -> None:
-        built = [(spec, QWidget() if spec.lazy else build_panel(spec, self.ctx)) for spec in PANELS]
+        built = [(spec, build_panel(spec, self.ctx) if spec.object_name in EAGER_PANELS else QWidget())
+                 for spec in PANELS]
         docks = {spec.object_name: self._make_dock(spec, w) for spec, w in built}
         primaries = [spec for spec, _ in built if not spec.tab_with or spec.tab_with not in docks]
         first_in_area: dict[Qt.DockWidgetArea, QDockWidget] = {}
@@ -278,18 +294,49 @@ class MainWindow(QMainWindow):
             toggle.setShortcut(QKeySequence(spec.shortcut))
         self.view_menu.addAction(toggle)
         self.docks[spec.object_name] = dock
+        if spec.object_name in EAGER_PANELS:
+            self.panels.add(spec.object_name, widget)
+            return dock
+        self.panels.defer(spec)
         if spec.lazy:
-            self.panels.defer(spec)
             dock.visibilityChanged.connect(lambda visible, name=spec.object_name: visible and self.panels.get(name))
         else:
-            self.panels.add(spec.object_name, widget)
+            self._startup.append(spec.object_name)
         return dock
+
+    def event(self, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        handled = super().event(event)
+        if event.type() == QEvent.Type.UpdateRequest and not self.first_painted:
+            # The backing store has just been painted and flushed: the window is up.
+            self.first_painted = True
+            QTimer.singleShot(0, self, self._build_next_startup_panel)
+        return handled
+
+    def _build_next_startup_panel(self) -> None:
+        while self._startup and self.panels.is_built(self._startup[0]):
+            self._startup.pop(0)
+        if self._startup:
+            self.panels.get(self._startup.pop(0))
+        if self._startup:
+            QTimer.singleShot(0, self, self._build_next_startup_panel)
+
+    @property
+    def startup_done(self) -> bool:
+        """True once every panel shown at start is built (not the lazy ones)."""
+        return all(self.panels.is_built(name) for name in self._startup)
+
+    def finish_startup(self) -> None:
+        """Build at once the start-up panels not built yet (tests, screenshots, benches)."""
+        for name in list(self._startup):
+            self.panels.get(name)
+        self._startup.clear()
 
     def _build_deferred_panel(self, name: str) -> None:
         """Build a lazy panel in place of its placeholder (first shown, or first asked for)."""
         spec = self.panels.pending(name)
         if spec is None:
             return
+        theme.apply_plot_defaults()  # the first plot may be in this panel
         widget = build_panel(spec, self.ctx)
         holder = self.docks[name].widget()
         holder.setWidget(widget)  # the placeholder is deleted by the scroll area
