@@ -200,3 +200,25 @@ def test_a_recorded_vllm_stream_reads_the_same_field_by_field():
     for e, d in zip(got, dicts):
         for name in FIELDS:
             assert field_values(EventFields(e), name, ctx) == field_values(d, name, ctx), (e.seq, name)
+
+
+def test_a_long_log_is_matched_on_the_worker(qtbot, ctx, events):
+    from app.runtime.selection import EventFilter
+    view = EventLogView(ctx)
+    qtbot.addWidget(view)
+    shared = shared_filter(ctx)
+    shared.async_events = 100  # the demo replay's 512 events count as long here
+    assert shared.worker is ctx.worker
+    with qtbot.waitSignals([shared.sigChanged, shared.sigChanged], timeout=30_000):
+        view.filter_bar.set_text("kind:evicted and tenant:bob")
+        assert shared.pending and view.model.rowCount() == 0 and view.filter_bar.count.text() == "matching\u2026"
+    qtbot.waitUntil(lambda: not shared.pending, timeout=30_000)
+    want = [d["seq"] for d in parse("kind:evicted and tenant:bob").select([e.to_dict() for e in events])]
+    assert rows_of(view) == want and view.filter_bar.count.text() == f"{len(want):,} of {len(events):,}"
+    # a filter typed while the worker matches wins over the older answer
+    view.filter_bar.set_text("kind:lookup")
+    view.filter_bar.set_text("kind:stored")
+    qtbot.waitUntil(lambda: not shared.pending, timeout=30_000)
+    qtbot.wait(200)  # the older job's answer, if any, arrives and is dropped
+    assert rows_of(view) == [e.seq for e in events if e.kind == "block_stored"]
+    assert isinstance(shared, EventFilter)

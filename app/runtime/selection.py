@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from app.runtime.state import PoolState
 
 _CHUNK = 20_000  # events read at once while matching
+# A new filter on a log longer than this is matched on the worker (about 1 s per 100K
+# events on the shared machine): the window stays responsive while you type.
+ASYNC_EVENTS = 50_000
 
 
 class EventFields(Mapping[str, Any]):
@@ -68,9 +71,14 @@ class EventFilter(QObject):
 
     sigChanged = Signal()
 
-    def __init__(self, state: PoolState, parent: QObject | None = None) -> None:
+    def __init__(self, state: PoolState, parent: QObject | None = None, worker: Any = None,
+                 async_events: int = ASYNC_EVENTS) -> None:
         super().__init__(parent)
         self.state = state
+        self.worker = worker  # app.runtime.worker.ModelWorker, or None: always match here
+        self.async_events = async_events
+        self.pending = False  # a match is running on the worker; views say "matching"
+        self._job = 0
         self.filter: Filter = parse("")
         self.range: tuple[int, int] | None = None  # first and last event seq, both included
         self._mask = np.zeros(0, dtype=bool)
@@ -85,8 +93,34 @@ class EventFilter(QObject):
         if flt.text == self.filter.text:
             return
         self.filter = flt
-        self._restart()
+        self._start()
         self.sigChanged.emit()
+
+    def _start(self) -> None:
+        """Match the log afresh: here as views ask, or on the worker for a long log."""
+        self._restart()
+        flt, events = self.filter, self.state.log.events
+        if self.worker is not None and flt.root is not None and len(events) > self.async_events:
+            self._job += 1
+            self.pending = True
+            self._log = self.state.log
+            snapshot = list(events)  # references: the worker reads the frozen events
+            job = self._job
+            self.worker.submit(match_events, snapshot, flt, on_done=lambda r: self._matched(job, r),
+                               on_error=lambda exc: self._match_failed(job, exc))
+
+    def _matched(self, job: int, result: tuple[np.ndarray, EventContext]) -> None:
+        if job != self._job or self._log is not self.state.log:
+            return  # another filter was typed since, or another log came in
+        self._mask, self._context = result
+        self._scanned = len(self._mask)
+        self.pending = False
+        self.sigChanged.emit()
+
+    def _match_failed(self, job: int, exc: BaseException) -> None:
+        if job == self._job:
+            self.pending = False  # match here instead, as a small log would be
+            self.sigChanged.emit()
 
     def set_range(self, first_seq: int | None, last_seq: int | None = None) -> None:
         """Keep only events with seq in [first_seq, last_seq]; None clears the range."""
@@ -114,10 +148,12 @@ class EventFilter(QObject):
     def _on_reset(self) -> None:
         # A new engine: the range belonged to the old log; the typed filter still applies.
         self.range = None
-        self._restart()
+        self._start()
         self.sigChanged.emit()
 
     def _restart(self) -> None:
+        self._job += 1  # a match still running on the worker is for an older filter
+        self.pending = False
         self._mask = np.zeros(0, dtype=bool)
         self._scanned = 0
         self._log = None
@@ -133,26 +169,18 @@ class EventFilter(QObject):
         n = len(events)
         if self._scanned == n:
             return
-        new = np.ones(n - self._scanned, dtype=bool)
-        if self.filter.root is not None:
-            ctx = self._context
-            for start in range(self._scanned, n, _CHUNK):
-                dicts = [EventFields(e) for e in events[start:min(n, start + _CHUNK)]]
-                for d in dicts:  # the chunk's own requests first, as EventContext.from_events
-                    rid = d.get("request_id")
-                    if rid is None:
-                        continue
-                    if d.get("salt") is not None:
-                        ctx.tenants.setdefault(str(rid), str(d["salt"]))
-                    if d.get("model") is not None:
-                        ctx.models.setdefault(str(rid), str(d["model"]))
-                off = start - self._scanned
-                new[off:off + len(dicts)] = [self.filter.matches(d, ctx) for d in dicts]
+        if self.filter.root is None:
+            new = np.ones(n - self._scanned, dtype=bool)
+        else:
+            new = _match(events[self._scanned:n], self.filter, self._context)
         self._mask = np.concatenate([self._mask, new])
         self._scanned = n
 
     def filter_mask(self) -> np.ndarray:
-        """Per position of the log: does its event pass the typed filter (range ignored)."""
+        """Per position of the log: does its event pass the typed filter (range ignored).
+        While the worker matches a long log, nothing passes yet (`pending`)."""
+        if self.pending:
+            return np.zeros(len(self.state.log.events), dtype=bool)
         self._catch_up()
         return self._mask
 
@@ -194,10 +222,35 @@ class EventFilter(QObject):
         return " · ".join(parts)
 
 
+def _match(events: Any, flt: Filter, ctx: EventContext) -> np.ndarray:
+    """`flt` over `events` in order, learning their requests' tenants and models into `ctx`
+    (each chunk's own requests first, as `EventContext.from_events` sees the whole log)."""
+    n = len(events)
+    out = np.zeros(n, dtype=bool)
+    for start in range(0, n, _CHUNK):
+        fields = [EventFields(e) for e in events[start:start + _CHUNK]]
+        for d in fields:
+            rid = d.get("request_id")
+            if rid is None:
+                continue
+            if d.get("salt") is not None:
+                ctx.tenants.setdefault(str(rid), str(d["salt"]))
+            if d.get("model") is not None:
+                ctx.models.setdefault(str(rid), str(d["model"]))
+        out[start:start + len(fields)] = [flt.matches(d, ctx) for d in fields]
+    return out
+
+
+def match_events(events: Any, flt: Filter) -> tuple[np.ndarray, EventContext]:
+    """The worker's job: the mask of `flt` over `events` and the context it learnt."""
+    ctx = EventContext({}, {})
+    return _match(events, flt, ctx), ctx
+
+
 def shared_filter(ctx: AppContext) -> EventFilter:
     """The app context's one `EventFilter`, made (and kept on the context) on first use."""
     flt = getattr(ctx, "event_filter", None)
     if flt is None:
-        flt = EventFilter(ctx.state, ctx)
+        flt = EventFilter(ctx.state, ctx, getattr(ctx, "worker", None))
         ctx.event_filter = flt  # type: ignore[attr-defined]
     return flt

@@ -355,7 +355,8 @@ class BlockTableView(PanelView):
         event shown (a block id of an allocation, a store, an eviction, a ref count)."""
         shared, log = self.shared, self.state.log
         upto = log.count_upto(self.state.current_seq) if not self.state.is_live else len(log.events)
-        key = (shared.filter.text, shared.range, upto, len(log.events), self.blocks_per_cell, self.cols)
+        key = (shared.filter.text, shared.range, shared.pending, upto, len(log.events), self.blocks_per_cell,
+               self.cols)
         if key == self._matched_key:
             return
         self._matched_key = key
@@ -376,7 +377,9 @@ class BlockTableView(PanelView):
         n = self.state.projection.num_blocks
         blocks = np.array(sorted(b for b in ids if b < n), dtype=np.int64)
         self.matched_blocks = blocks
-        if shared.filter.root is not None or shared.range is not None:
+        if shared.pending:
+            self.filter_bar.count.setText("matching\u2026")
+        elif shared.filter.root is not None or shared.range is not None:
             self.filter_bar.count.setText(f"{len(blocks):,} of {n:,} blocks")
         else:
             self.filter_bar.count.setText("")

@@ -378,7 +378,9 @@ class EventLogView(PanelView):
 
     def _update_count(self) -> None:
         self.count_label.setText(f"{len(self.model.rows):,} of {len(self.state.log):,}")
-        if self.shared.filter.root is not None:
+        if self.shared.pending:
+            self.filter_bar.count.setText("matching\u2026")
+        elif self.shared.filter.root is not None:
             self.filter_bar.set_count(int(self.shared.match_mask().sum()), len(self.state.log))
         else:
             self.filter_bar.set_count(0, 0)
