@@ -19,7 +19,7 @@ BENCHES = {
     "stream": "engine.bench.stream",
     "ttft": "engine.bench.ttft",
     "semantic": "engine.bench.semantic",
-    "attach": "engine.bench.attach",
+    "attach": "app.commands._bench_attach",
     "gui": "app.commands._bench_gui",
 }
 
