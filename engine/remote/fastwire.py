@@ -259,8 +259,15 @@ def _skim(buf, token_key, hash_key):  # pragma: no cover - compiled
     return tokens[:k], rows, True
 
 
+_warm = False
+
+
 def warm_up() -> None:
     """Compile (or load from the on-disk cache) the skimmer now, not on the first frame."""
+    global _warm
+    if _warm:
+        return
+    _warm = True
     _skim(np.frombuffer(encode_batch(0.0, [VllmEvent("BlockStored", (b"\x00" * 8,), None, (1, 200, 70000), 3)]),
                         np.uint8), _TOKEN_KEY, _HASH_KEY)
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 from engine.core.errors import InputError
 from engine.remote.fleet import server_of_topic
-from engine.remote.fastwire import decode_batch
+from engine.remote.fastwire import decode_batch, warm_up
 from engine.remote.wire import MalformedFrame, VllmBatch, parse_pub, parse_replay, seq_frame
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
@@ -179,6 +179,9 @@ class VllmSubscriber:
         self.streams: dict[bytes, VllmSubscriber] = {}  # demux: topic -> its stream
         self.num_other_topics = 0  # frames whose topic only began with ours (ZMQ's prefix match)
         self._stop = threading.Event()
+        # The fast reader's compiled skim, before any socket buffers frames: about 0.6 s
+        # from the disk cache, once per process (15 s the first time on a new machine).
+        warm_up()
         self._ctx = zmq.Context.instance()
         self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
