@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDialog, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
-from app.ui.plots import TIMELINE_KEYS
+from app.ui.timeline_keys import TIMELINE_KEYS
 
 
 def shortcut_rows(window: QWidget) -> list[tuple[str, str]]:

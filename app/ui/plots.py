@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.runtime.selection import EventFilter, shared_filter
 from app.ui import theme
+from app.ui.timeline_keys import TIMELINE_KEYS  # noqa: F401 - re-exported: the keys PlotStack takes
 
 HEADER_WIDTH = 78  # the column of row titles left of the plots
 AXIS_WIDTH = 44  # every left axis equally wide, so the linked x axes line up
@@ -35,17 +36,6 @@ ZOOM_STEP = 0.8  # W keeps 80% of the span in view, S shows 125%
 PAN_STEP = 0.2  # A / D move the view by a fifth of its span
 MAX_MARKS = 4000  # matching events drawn as marks; more are merged per pixel column
 SEQ_LABEL = "event seq"
-
-# (action, keys) for the shortcuts dialog: what every timeline does with the keyboard.
-TIMELINE_KEYS = (
-    ("Timeline: zoom in", "W, +"),
-    ("Timeline: zoom out", "S, -"),
-    ("Timeline: pan left", "A, Left"),
-    ("Timeline: pan right", "D, Right"),
-    ("Timeline: show everything", "Home"),
-    ("Timeline: select the range in view (filters the other views)", "R"),
-    ("Timeline: clear the range selection", "Esc"),
-)
 
 
 def nice_step(raw: float) -> float:

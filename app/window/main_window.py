@@ -38,11 +38,9 @@ DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
 LAYOUT_VERSION = 3
-# Panels built before the first paint, in the constructor, as before: the timelines' PlotStack
-# (app.ui.plots) restyles itself on every palette change, and one built after the theme is
-# applied recurses without end (a segfault; reproduced at b1b1f96 by building a TimelineView
-# after theme.apply_theme). Empty this once PlotStack guards that, and they wait too.
-EAGER_PANELS = frozenset({"timeline", "metrics"})
+# Panels built before the first paint, in the constructor. None since PlotStack stopped
+# restyling itself on palette changes (6507006): every panel waits for the first paint.
+EAGER_PANELS: frozenset[str] = frozenset()
 
 
 def fit_rect(wanted: QRect, available: QRect) -> QRect:
