@@ -32,7 +32,6 @@ from typing import Callable
 
 from engine.core.errors import InputError
 from engine.remote.fleet import server_of_topic
-from engine.remote.fastwire import decode_batch, warm_up
 from engine.remote.wire import MalformedFrame, VllmBatch, parse_pub, parse_replay, seq_frame
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
@@ -181,7 +180,12 @@ class VllmSubscriber:
         self._stop = threading.Event()
         # The fast reader's compiled skim, before any socket buffers frames: about 0.6 s
         # from the disk cache, once per process (15 s the first time on a new machine).
-        warm_up()
+        # Imported here, not with this module, so numba loads with the first subscriber
+        # and not with the app's window.
+        from engine.remote import fastwire
+
+        fastwire.warm_up()
+        self._decode = fastwire.decode_batch
         self._ctx = zmq.Context.instance()
         self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
@@ -317,7 +321,7 @@ class VllmSubscriber:
 
     def _deliver(self, seq: int, payload: bytes, replayed: bool = False) -> bool:
         try:
-            batch = decode_batch(seq, payload)
+            batch = self._decode(seq, payload)
         except MalformedFrame as exc:
             # The sequence does not move on: a corrupt frame's number cannot be trusted.
             self._malformed(str(exc))
