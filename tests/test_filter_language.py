@@ -20,7 +20,7 @@ from engine.remote import RemotePool
 from engine.remote.wire import decode_batch, parse_pub
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMES = ROOT.parent / "shared" / "data" / "vllm" / "vllm_connector_frames.jsonl"
+FRAMES = ROOT / "tests" / "data" / "vllm_connector" / "vllm_connector_frames.jsonl"  # copied from ../shared/data/vllm
 
 
 @pytest.fixture(scope="module")

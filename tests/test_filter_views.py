@@ -178,14 +178,14 @@ def test_events_read_field_by_field_filter_as_their_dicts(events):
 
 
 def test_a_recorded_vllm_stream_reads_the_same_field_by_field():
-    # vLLM 0.33.0's offloading connector (tiers, ranks, servers), recorded in ../shared/data
+    # vLLM 0.33.0's offloading connector (tiers, ranks, servers), recorded in ../shared/data, copied to tests/data/vllm_connector
     import base64
     import json
     from app.runtime.selection import EventFields
     from engine.analysis.filter_language import FIELDS, EventContext, field_values
     from engine.remote import RemotePool
     from engine.remote.wire import decode_batch, parse_pub
-    frames = ROOT.parent / "shared" / "data" / "vllm" / "vllm_connector_frames.jsonl"
+    frames = ROOT / "tests" / "data" / "vllm_connector" / "vllm_connector_frames.jsonl"
     bus = EventBus()
     got: list = []
     bus.subscribe(got.append)
