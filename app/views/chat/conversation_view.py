@@ -55,6 +55,9 @@ class ConversationView(PanelView):
         self._build()
         self._connect_chat()
         ctx.sigRunnerChanged.connect(lambda _runner: self.refresh_strips())
+        if not ctx.subject.is_chat:  # built after a trace or demo became the subject
+            self.show_subject(ctx.subject)
+            self._rebuild_cards()
 
     def _connect_chat(self) -> None:
         chat = self.chat
