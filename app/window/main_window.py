@@ -686,6 +686,9 @@ class MainWindow(QMainWindow):
         settings.save(self.ctx.settings)
         self.statusBar().showMessage(f"attached to {settings.endpoint}", 4000)
         if (len(settings.options.endpoints) > 1 or settings.options.bind) and "fleet" in self.docks:
+            # Built before it is raised: built inside the dock's own visibilityChanged (its
+            # lazy hook), adding its tabs deadlocked in Qt's style inheritance now and then.
+            self.panels.get("fleet")
             self.docks["fleet"].show()  # many servers (or pods to come): the fleet panel comes forward
             self.docks["fleet"].raise_()
         return settings
