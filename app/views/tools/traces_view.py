@@ -121,6 +121,13 @@ class TracesView(PanelView):
             self.show_usage(self.usage)
 
     # ---------------------------------------------------------------- kv-cache-tester
+    def _clear_plot(self) -> None:
+        """Take the last table's points and legend off the plot."""
+        for item in self._scatter.values():
+            self.plot.removeItem(item)
+        self._scatter = {}
+        self.legend.clear()
+
     def show_weka(self, summary: dict[str, Any]) -> None:
         self.weka, self.usage = summary, None
         traces, t, cfg = summary["traces"], summary["totals"], summary["config"]
@@ -179,10 +186,7 @@ class TracesView(PanelView):
                 self.rows.setItem(k, j, item)
         self.rows.setUpdatesEnabled(True)
         self.rows.resizeColumnsToContents()
-        for item in self._scatter.values():
-            self.plot.removeItem(item)
-        self._scatter = {}
-        self.legend.clear()
+        self._clear_plot()
         self.legend.setColumnCount(2)
         self.legend.anchor(itemPos=(0, 1), parentPos=(0, 1), offset=(50, -40))  # bottom left, below the ~100% points
         by_model: dict[str, tuple[list[float], list[float]]] = {}
@@ -239,10 +243,7 @@ class TracesView(PanelView):
                 self.rows.setItem(i, j, item)
         self.rows.setUpdatesEnabled(True)
         self.rows.resizeColumnsToContents()
-        for item in self._scatter.values():
-            self.plot.removeItem(item)
-        self._scatter = {}
-        self.legend.clear()
+        self._clear_plot()
         self.legend.setColumnCount(1)
         self.legend.anchor(itemPos=(0, 0), parentPos=(0, 0), offset=(50, 8))  # top left: the lines start at 0
         for key, line in self._lines.items():
