@@ -364,12 +364,14 @@ class ColumnarLog:
     # ------------------------------------------------------------------ events
     def events(self, time: float = 0.0, start_row: int = 0, stop_row: int | None = None) -> Iterator[Event]:
         """The rows as the Python engine's `Event` objects (with `time` for every event)."""
-        c = {name: self.col(name) for name, _ in COLUMNS}
+        stop = self.num_rows if stop_row is None else min(stop_row, self.num_rows)
+        # only the rows asked for become Python values (a view builds one event at a time)
+        c = {name: self.col(name)[start_row:stop] for name, _ in COLUMNS}
         kind, seq, req, block = c["kind"].tolist(), c["seq"].tolist(), c["request"].tolist(), c["block"].tolist()
         key, a, b, flag = c["hash"].tolist(), c["a"].tolist(), c["b"].tolist(), c["flag"].tolist()
         reqs, keys, bs = self.requests, self.keys, self.block_size
-        n = self.num_rows if stop_row is None else stop_row
-        i = start_row
+        n = len(kind)
+        i = 0
         while i < n:
             k, s, r = kind[i], seq[i], req[i]
             j = i + 1

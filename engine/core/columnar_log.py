@@ -1,0 +1,923 @@
+"""The views' event log over a `ColumnarLog`: the part of `EventLog`'s interface they read,
+answered from the columns, never from one Python object per event.
+
+`ColumnarEventLog` wraps a finished `engine.core.columnar.ColumnarLog` (a trace replayed by
+the kernel) read-only: `events` is a lazy sequence that builds an `Event` only for the
+positions asked for, `seqs` an int64 array, `series` the timelines' per-event counts
+computed with vectorised code from the columns, and `state_at(seq)` / `live` an
+`ArrayProjection`: the pool as `engine.core.columnar.PoolArrays` with what
+`engine.core.projection.PoolProjection` offers (hashes, parents, tokens, tenants, request
+records, chains) computed per block or per request when asked for. tests/test_app_columnar.py
+holds both equal to the Python `EventLog` on real traces.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.core.columnar import (
+    ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, STARTED, STORED,
+    ColumnarLog, PoolArrays,
+)
+from engine.core.events import Event, MissInfo
+from engine.core.pool_state import BlockView, Counters, PoolSnapshot
+from engine.core.projection import BlockInfo, RequestRecord
+
+# A view asks for the same few hundred events again and again while it paints.
+_EVENT_CACHE = 4096
+_CHUNK_EVENTS = 16_384  # events built at once when a caller iterates the whole log
+# Miss reasons "next miss" jumps to (app.runtime.state.MISS_REASONS), as codes.
+_WHOLE_BLOCK_MISSES = tuple(MISS_REASONS.index(r) for r in ("new_content", "evicted", "salt", "model"))
+# Past this max ref count the timeline's series counts blocks per ref level in a loop.
+_MAX_REF_LEVELS = 64
+
+
+@dataclass(slots=True)
+class EventSeries:
+    """`engine.core.projection.PoolSeries` as numpy arrays: one sample per event."""
+
+    seq: np.ndarray
+    in_use: np.ndarray
+    cached_free: np.ndarray
+    empty: np.ndarray
+    max_ref: np.ndarray
+    evicted: np.ndarray
+    cached_tokens: np.ndarray
+    prompt_tokens: np.ndarray
+    refusal_seqs: np.ndarray
+    reset_seqs: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+class LazyEvents(Sequence[Event]):
+    """The log's events by position, each built from its rows when asked for (a few cached)."""
+
+    def __init__(self, log: ColumnarEventLog) -> None:
+        self._log = log
+        self._cache: dict[int, Event] = {}
+
+    def __len__(self) -> int:
+        return len(self._log.starts)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return list(self._log.build(start, stop))
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"event position {i} is not in a log of {n} events")
+        e = self._cache.get(i)
+        if e is None:
+            if len(self._cache) >= _EVENT_CACHE:
+                self._cache.clear()
+            e = self._cache[i] = next(self._log.build(i, i + 1))
+        return e
+
+    def __iter__(self) -> Iterator[Event]:
+        n = len(self)
+        for start in range(0, n, _CHUNK_EVENTS):
+            yield from self._log.build(start, min(n, start + _CHUNK_EVENTS))
+
+    def __reversed__(self) -> Iterator[Event]:
+        for start in range(len(self), 0, -_CHUNK_EVENTS):
+            yield from reversed(list(self._log.build(max(0, start - _CHUNK_EVENTS), start)))
+
+
+class ColumnarEventLog:
+    """A read-only event log over a `ColumnarLog` (see the module docstring)."""
+
+    columnar_log = True  # views test for this to take their array paths
+
+    def __init__(self, log: ColumnarLog, time: float = 0.0) -> None:
+        self.columnar = log
+        self.time = time
+        self.block_size = log.block_size
+        seq = log.col("seq")
+        if len(seq):
+            starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+        else:
+            starts = np.zeros(0, np.int64)
+        self.starts = starts.astype(np.int64)  # first row of each event
+        self.ends = np.append(self.starts[1:], log.num_rows).astype(np.int64)  # one past its last row
+        self.seqs = seq[self.starts].astype(np.int64)
+        self.kinds = log.col("kind")[self.starts]  # kind code per event
+        self.events = LazyEvents(self)
+        self._series: EventSeries | None = None
+        self._live: ArrayProjection | None = None
+        self._index: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ EventLog's reads
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def first_seq(self) -> int | None:
+        return int(self.seqs[0]) if len(self.seqs) else None
+
+    @property
+    def last_seq(self) -> int | None:
+        return int(self.seqs[-1]) if len(self.seqs) else None
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self.columnar._cp_rows)
+
+    def count_upto(self, seq: int | None) -> int:
+        """How many events have `event.seq <= seq` (all of them for None)."""
+        if seq is None:
+            return len(self.seqs)
+        return int(np.searchsorted(self.seqs, seq, side="right"))
+
+    def position_of(self, seq: int) -> int | None:
+        i = int(np.searchsorted(self.seqs, seq))
+        return i if i < len(self.seqs) and int(self.seqs[i]) == seq else None
+
+    def event_at_seq(self, seq: int) -> Event | None:
+        i = self.position_of(int(seq))
+        return None if i is None else self.events[i]
+
+    def extend(self, events: Any) -> None:
+        raise TypeError("a trace's columnar log is read-only; live events go to an EventLog")
+
+    append = extend
+
+    def build(self, start: int, stop: int) -> Iterator[Event]:
+        """The events at positions [start, stop), built from their rows."""
+        if stop <= start:
+            return iter(())
+        return self.columnar.events(self.time, int(self.starts[start]), int(self.ends[stop - 1]))
+
+    # ------------------------------------------------------------------ per-event masks
+    def kind_names(self) -> np.ndarray:
+        """The kind name of every event (a numpy string array)."""
+        names = np.array([""] + [KIND_NAMES.get(k, "") for k in range(1, max(KIND_NAMES) + 1)])
+        return names[self.kinds]
+
+    def miss_mask(self) -> np.ndarray:
+        """Per event: a lookup that missed a whole block it could have hit (`is_miss`)."""
+        flag = self.columnar.col("flag")[self.starts]
+        return (self.kinds == LOOKUP) & np.isin(flag, _WHOLE_BLOCK_MISSES)
+
+    def eviction_mask(self) -> np.ndarray:
+        return self.kinds == EVICTED
+
+    def find(self, mask: np.ndarray, forward: bool, here: int | None) -> int | None:
+        """The seq of the nearest event after (or before) seq `here` where `mask` holds."""
+        if not len(self.seqs):
+            return None
+        if here is None:
+            here = int(self.seqs[0]) - 1
+        if forward:
+            i = int(np.searchsorted(self.seqs, here, side="right"))
+            hits = np.flatnonzero(mask[i:])
+            return int(self.seqs[i + hits[0]]) if len(hits) else None
+        i = int(np.searchsorted(self.seqs, here, side="left"))
+        hits = np.flatnonzero(mask[:i])
+        return int(self.seqs[hits[-1]]) if len(hits) else None
+
+    def event_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The event position of each row."""
+        return np.searchsorted(self.starts, rows, side="right") - 1
+
+    def request_ids(self) -> np.ndarray:
+        """Every request occurrence's id as a numpy string array (by occurrence index)."""
+        ids = self._index.get("ids")
+        if ids is None:
+            ids = self._index["ids"] = np.array(self.columnar.requests.ids, dtype=str)
+        return ids
+
+    def request_of_events(self) -> np.ndarray:
+        """The request occurrence of each event (every event names one)."""
+        return self.columnar.col("request")[self.starts]
+
+    def touched_blocks(self, positions: np.ndarray, upto: int) -> np.ndarray:
+        """Block ids the events at `positions` (those before position `upto`) name, sorted."""
+        pos = positions[positions < upto]
+        if not len(pos):
+            return np.zeros(0, np.int64)
+        keep = np.zeros(len(self.seqs), bool)
+        keep[pos] = True
+        row_event = self._row_events()
+        block = self.columnar.col("block")
+        kind = self.columnar.col("kind")
+        m = keep[row_event] & (block >= 0) & np.isin(kind, (ALLOCATED, STORED, REF, FREED, EVICTED))
+        return np.unique(block[m]).astype(np.int64)
+
+    def _row_events(self) -> np.ndarray:
+        r = self._index.get("row_events")
+        if r is None:
+            r = np.repeat(np.arange(len(self.starts), dtype=np.int64), self.ends - self.starts)
+            self._index["row_events"] = r
+        return r
+
+    # ------------------------------------------------------------------ series
+    @property
+    def series(self) -> EventSeries:
+        if self._series is None:
+            self._series = self._compute_series()
+        return self._series
+
+    def _compute_series(self) -> EventSeries:
+        log = self.columnar
+        kind, block, a = log.col("kind"), log.col("block"), log.col("a")
+        nrows = log.num_rows
+        d_use = np.zeros(nrows, np.int64)
+        d_cf = np.zeros(nrows, np.int64)
+        d_ev = np.zeros(nrows, np.int64)
+        prev_ref, ref_at, hashed_at = self._block_state_at_rows()
+        ref_rows = np.flatnonzero(kind == REF)
+        new_ref = a[ref_rows]
+        old_ref = prev_ref[ref_rows]
+        use = (new_ref > 0).astype(np.int64) - (old_ref > 0).astype(np.int64)
+        d_use[ref_rows] = use
+        d_cf[ref_rows] = -use * hashed_at[ref_rows]
+        st = np.flatnonzero(kind == STORED)
+        d_cf[st] = ((ref_at[st] == 0) & (hashed_at[st] == 0)).astype(np.int64)
+        ev = np.flatnonzero(kind == EVICTED)
+        free_ev = (ref_at[ev] == 0) & (hashed_at[ev] == 1)
+        d_cf[ev] = -free_ev.astype(np.int64)
+        d_ev[ev] = (ref_at[ev] == 0).astype(np.int64)
+        last = self.ends - 1
+        in_use = np.cumsum(d_use)[last] if nrows else np.zeros(0, np.int64)
+        cached_free = np.cumsum(d_cf)[last] if nrows else np.zeros(0, np.int64)
+        evicted = np.cumsum(d_ev)[last] if nrows else np.zeros(0, np.int64)
+        look = kind == LOOKUP
+        sizes = log.requests.prompt_sizes()
+        d_prompt = np.zeros(nrows, np.int64)
+        d_cached = np.zeros(nrows, np.int64)
+        d_prompt[look] = sizes[log.col("request")[look]]
+        d_cached[look] = a[look] * self.block_size
+        prompt = np.cumsum(d_prompt)[last] if nrows else np.zeros(0, np.int64)
+        cached = np.cumsum(d_cached)[last] if nrows else np.zeros(0, np.int64)
+        max_ref = self._max_ref_series(ref_rows, old_ref, new_ref, last)
+        return EventSeries(self.seqs.copy(), in_use, cached_free, log.num_blocks - in_use - cached_free, max_ref,
+                           evicted, cached, prompt, self.seqs[self.kinds == REFUSED].copy(), np.zeros(0, np.int64))
+
+    def _block_state_at_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row, for the block it names: the ref count before a ref row, the ref count
+        and whether it held a hash just before the row (zeros for rows naming no block)."""
+        log = self.columnar
+        kind, block, a = log.col("kind"), log.col("block"), log.col("a")
+        nrows = log.num_rows
+        prev_ref = np.zeros(nrows, np.int64)
+        hashed_at = np.zeros(nrows, np.int64)
+        rows = np.flatnonzero(((kind == REF) | (kind == STORED) | (kind == EVICTED)) & (block >= 0))
+        if not len(rows):
+            return prev_ref, prev_ref.copy(), hashed_at
+        order = np.argsort(block[rows], kind="stable")
+        r = rows[order]  # grouped by block, in row order within a block
+        b = block[r]
+        k = kind[r]
+        m = len(r)
+        pos = np.arange(m, dtype=np.int64)
+        group_start = np.maximum.accumulate(np.where(np.concatenate(([True], b[1:] != b[:-1])), pos, 0))
+
+        def previous(is_source: np.ndarray) -> np.ndarray:
+            """Index (in r) of the latest source element before each element of its block, -1 if none."""
+            src = np.maximum.accumulate(np.where(is_source, pos, -1))
+            prev = np.concatenate(([-1], src[:-1]))
+            return np.where(prev >= group_start, prev, -1)
+
+        pr = previous(k == REF)
+        ref_before = np.where(pr >= 0, a[r[np.maximum(pr, 0)]], 0)
+        ph = previous((k == STORED) | (k == EVICTED))
+        held = np.where(ph >= 0, (k[np.maximum(ph, 0)] == STORED).astype(np.int64), 0)
+        prev_ref[r] = ref_before
+        hashed_at[r] = held
+        return prev_ref, prev_ref.copy(), hashed_at
+
+    def _max_ref_series(self, ref_rows: np.ndarray, old: np.ndarray, new: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """The largest ref count of any block after each event."""
+        n_ev = len(last)
+        top = int(new.max()) if len(new) else 0
+        if top == 0:
+            return np.zeros(n_ev, np.int64)
+        # the REF rows up to each event's last row
+        upto = np.searchsorted(ref_rows, last, side="right")
+        if top <= _MAX_REF_LEVELS:
+            out = np.zeros(n_ev, np.int64)
+            for level in range(1, top + 1):
+                count = np.cumsum((new >= level).astype(np.int64) - (old >= level).astype(np.int64))
+                at = np.where(upto > 0, count[np.maximum(upto - 1, 0)], 0)
+                out += at > 0
+            return out
+        hist = np.zeros(top + 1, np.int64)
+        per_row = np.zeros(len(ref_rows), np.int64)
+        best = 0
+        for i, (o, v) in enumerate(zip(old.tolist(), new.tolist())):
+            if o > 0:
+                hist[o] -= 1
+            if v > 0:
+                hist[v] += 1
+                best = max(best, v)
+            while best > 0 and hist[best] == 0:
+                best -= 1
+            per_row[i] = best
+        return np.where(upto > 0, per_row[np.maximum(upto - 1, 0)], 0)
+
+    # ------------------------------------------------------------------ projections
+    @property
+    def live(self) -> ArrayProjection:
+        if self._live is None:
+            self._live = ArrayProjection(self, self.columnar.state_at(None), len(self.seqs))
+        return self._live
+
+    def state_at(self, seq: int | None, base: Any = None) -> ArrayProjection:
+        """The pool after every event with seq <= `seq` (the live one for None); `base` is
+        accepted for `EventLog`'s signature (checkpoints make every target as quick)."""
+        n = self.count_upto(seq)
+        if n == len(self.seqs):
+            return self.live
+        arrays = self.columnar.state_at(int(self.seqs[n - 1]) if n else -1)
+        if n == 0:
+            arrays.seq = -1
+        return ArrayProjection(self, arrays, n)
+
+    # ------------------------------------------------------------------ indexes, built once
+    def request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request occurrence: its started, lookup and finished rows (num_rows when none)."""
+        idx = self._index.get("requests")
+        if idx is None:
+            log = self.columnar
+            kind, req = log.col("kind"), log.col("request")
+            n_req, nrows = len(log.requests), log.num_rows
+            rows = np.arange(nrows, dtype=np.int64)
+            out = []
+            for code in (STARTED, LOOKUP, FINISHED):
+                at = np.full(n_req, nrows, np.int64)
+                m = kind == code
+                at[req[m]] = rows[m]
+                out.append(at)
+            idx = self._index["requests"] = tuple(out)
+        return idx
+
+    def occurrences(self) -> dict[str, list[int]]:
+        """Request id -> its started occurrences, in start order."""
+        occ = self._index.get("occurrences")
+        if occ is None:
+            started = self.request_index()[0]
+            ids = self.columnar.requests.ids
+            occ = {}
+            order = np.argsort(started, kind="stable")
+            for r in order[started[order] < self.columnar.num_rows].tolist():
+                occ.setdefault(ids[r], []).append(r)
+            self._index["occurrences"] = occ
+        return occ
+
+    def id_codes(self) -> tuple[np.ndarray, int]:
+        """A dense code per request id (occurrences of one id share it) and how many ids."""
+        codes = self._index.get("id_codes")
+        if codes is None:
+            seen: dict[str, int] = {}
+            codes = np.fromiter((seen.setdefault(x, len(seen)) for x in self.columnar.requests.ids), np.int64,
+                                count=len(self.columnar.requests))
+            codes = self._index["id_codes"] = (codes, len(seen))
+        return codes
+
+    def ref_rows_by_block(self) -> tuple[np.ndarray, np.ndarray]:
+        """The REF rows grouped by block (row numbers, and each block's group start)."""
+        got = self._index.get("ref_by_block")
+        if got is None:
+            log = self.columnar
+            kind, block = log.col("kind"), log.col("block")
+            rows = np.flatnonzero(kind == REF)
+            rows = rows[np.argsort(block[rows], kind="stable")]
+            bounds = np.searchsorted(block[rows], np.arange(log.num_blocks + 1))
+            got = self._index["ref_by_block"] = (rows, bounds)
+        return got
+
+    def use_clock(self) -> np.ndarray:
+        """Per row: how many REF rows came before it (the manager's use clock ticks once each)."""
+        got = self._index.get("use_clock")
+        if got is None:
+            got = self._index["use_clock"] = np.cumsum(self.columnar.col("kind") == REF, dtype=np.int64)
+        return got
+
+    def request_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """All occurrences' full-block chain ids in one array, and each occurrence's start in it."""
+        got = self._index.get("request_keys")
+        if got is None:
+            reqs = self.columnar.requests
+            n_fixed = reqs._n_fixed
+            keys = np.asarray(reqs._keys[:int(reqs._koff[n_fixed])] if n_fixed else np.zeros(0, np.int32))
+            nfull = np.asarray(reqs._nfull, np.int64)
+            offsets = np.asarray(reqs._koff[:n_fixed], np.int64)
+            lists = [keys[o:o + c] for o, c in zip(offsets.tolist(), nfull.tolist())] if n_fixed else []
+            for r in range(n_fixed, len(reqs)):
+                lists.append(np.asarray(reqs.hash_keys(r), np.int32))
+            flat = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64)
+            starts = np.zeros(len(lists) + 1, np.int64)
+            starts[1:] = np.cumsum([len(x) for x in lists])
+            got = self._index["request_keys"] = (flat, starts)
+        return got
+
+
+class _FreeQueue:
+    """The free queue of a state as `PoolProjection.free` reads: ordered, sized, membership."""
+
+    def __init__(self, proj: ArrayProjection) -> None:
+        self._proj = proj
+
+    @property
+    def order(self) -> np.ndarray:
+        return self._proj.free_order()
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._proj.arrays.free_pos != FREE_ABSENT))
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order.tolist())
+
+    def __reversed__(self) -> Iterator[int]:
+        return iter(self.order[::-1].tolist())
+
+    def __contains__(self, block_id: object) -> bool:
+        pos = self._proj.arrays.free_pos
+        return isinstance(block_id, (int, np.integer)) and 0 <= block_id < len(pos) and \
+            pos[int(block_id)] != FREE_ABSENT
+
+
+class _BlockColumn(Sequence[Any]):
+    """One per-block attribute (hashes, parents, ...) computed for the blocks asked for."""
+
+    def __init__(self, proj: ArrayProjection, which: int) -> None:
+        self._proj = proj
+        self._which = which
+
+    def __len__(self) -> int:
+        return self._proj.num_blocks
+
+    def __getitem__(self, b: Any) -> Any:
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        return self._proj._attribute(int(b), self._which)
+
+
+_HASH, _PARENT, _TOKENS, _SALT, _EXTERNAL, _TENANT = range(6)
+
+
+class _Requests(Mapping[str, RequestRecord]):
+    """request id -> its latest `RequestRecord` at the state, built on demand."""
+
+    def __init__(self, proj: ArrayProjection) -> None:
+        self._proj = proj
+
+    def _occurrence(self, rid: str) -> int | None:
+        occ = self._proj.log.occurrences().get(rid)
+        if not occ:
+            return None
+        started = self._proj.log.request_index()[0]
+        n = self._proj.arrays.num_rows
+        rows = [started[r] for r in occ]
+        i = bisect.bisect_left(rows, n) - 1
+        return occ[i] if i >= 0 else None
+
+    def __getitem__(self, rid: str) -> RequestRecord:
+        r = self._occurrence(rid)
+        if r is None:
+            raise KeyError(rid)
+        return self._proj.record(r)
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self._occurrence(rid) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        ids = self._proj.log.columnar.requests.ids
+        return iter(dict.fromkeys(ids[r] for r in self._proj.started_occurrences().tolist()))
+
+    def __len__(self) -> int:
+        codes, _ = self._proj.log.id_codes()
+        return len(np.unique(codes[self._proj.started_occurrences()]))
+
+
+class ArrayProjection:
+    """The pool after some event, from `PoolArrays`, read as `PoolProjection` is; read-only.
+
+    Whole-pool arrays (`ref_counts`, `hashed`, `evicted_seq`, the free order) are numpy;
+    digests, parents, tokens and tenants are computed for the blocks asked for, request
+    records for the requests asked for.
+    """
+
+    remote_slots = None
+    vacant = None
+    slot_ranks = None
+    num_resets = 0
+
+    def __init__(self, log: ColumnarEventLog, arrays: PoolArrays, num_events: int) -> None:
+        self.log = log
+        self.arrays = arrays
+        self.block_size = log.block_size
+        self.num_blocks = log.columnar.num_blocks
+        self.num_events = num_events
+        self.seq = int(log.seqs[num_events - 1]) if num_events else -1
+        self.counters = arrays.counters
+        self.ref_counts = arrays.ref_counts
+        self.hash_keys = arrays.hash_keys
+        self.hashed = (arrays.hash_keys >= 0).view(np.uint8)
+        self.free = _FreeQueue(self)
+        self.hashes = _BlockColumn(self, _HASH)
+        self.parents = _BlockColumn(self, _PARENT)
+        self.token_ids = _BlockColumn(self, _TOKENS)
+        self.salts = _BlockColumn(self, _SALT)
+        self.external_ids = _BlockColumn(self, _EXTERNAL)
+        self.tenants = _BlockColumn(self, _TENANT)
+        self.requests = _Requests(self)
+        in_use = self.ref_counts > 0
+        self.num_in_use = int(np.count_nonzero(in_use))
+        self.num_hashed = int(np.count_nonzero(self.hash_keys >= 0))
+        self.num_cached_free = int(np.count_nonzero(~in_use & (self.hash_keys >= 0)))
+        self._cache: dict[str, Any] = {}
+
+    def copy(self) -> ArrayProjection:
+        return self  # never changed after it is built
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_empty(self) -> int:
+        return self.num_blocks - self.num_in_use - self.num_cached_free
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def max_ref_count(self) -> int:
+        return int(self.ref_counts.max()) if self.num_blocks else 0
+
+    @property
+    def ref_hist(self) -> dict[int, int]:
+        values, counts = np.unique(self.ref_counts[self.ref_counts > 0], return_counts=True)
+        return dict(zip(values.tolist(), counts.tolist()))
+
+    def category(self, block_id: int) -> int:
+        from engine.core.projection import CACHED_FREE, EMPTY, IN_USE
+        if self.ref_counts[block_id] > 0:
+            return IN_USE
+        return CACHED_FREE if self.hash_keys[block_id] >= 0 else EMPTY
+
+    # ------------------------------------------------------------------ the free queue
+    def free_order(self) -> np.ndarray:
+        got = self._cache.get("free_order")
+        if got is None:
+            got = self._cache["free_order"] = self.arrays.free_order()
+        return got
+
+    def free_ranks(self) -> dict[int, int]:
+        return {b: i for i, b in enumerate(self.free_order().tolist())}
+
+    def free_rank(self, block_id: int) -> int | None:
+        if self.arrays.free_pos[block_id] == FREE_ABSENT:
+            return None
+        order = self.free_order()
+        return int(np.flatnonzero(order == block_id)[0])
+
+    # ------------------------------------------------------------------ per-block history
+    @property
+    def evicted_seq(self) -> np.ndarray:
+        """Per block: the seq of its last eviction up to this state, -1 if none."""
+        got = self._cache.get("evicted_seq")
+        if got is None:
+            col = self.log.columnar
+            n = self.arrays.num_rows
+            kind, block, seq = col.col("kind")[:n], col.col("block")[:n], col.col("seq")[:n]
+            got = np.full(self.num_blocks, -1, np.int64)
+            m = np.flatnonzero(kind == EVICTED)
+            got[block[m]] = seq[m]  # rows are in seq order: for a repeated block the last wins
+            self._cache["evicted_seq"] = got
+        return got
+
+    @property
+    def last_eviction_seq(self) -> int:
+        got = self._cache.get("last_eviction")
+        if got is None:
+            ev = self.log._index.get("evicted_rows")
+            if ev is None:
+                ev = self.log._index["evicted_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
+            i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
+            got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
+        return got
+
+    def _last_ref_row(self, b: int) -> int | None:
+        rows, bounds = self.log.ref_rows_by_block()
+        group = rows[bounds[b]:bounds[b + 1]]
+        i = int(np.searchsorted(group, self.arrays.num_rows)) - 1
+        return int(group[i]) if i >= 0 else None
+
+    @property
+    def last_seq(self) -> _PerBlock:
+        return _PerBlock(self, "seq")
+
+    @property
+    def last_used(self) -> _PerBlock:
+        return _PerBlock(self, "clock")
+
+    # ------------------------------------------------------------------ per-block attributes
+    def _attribute(self, b: int, which: int) -> Any:
+        if not 0 <= b < self.num_blocks:
+            raise IndexError(f"block {b} is not in this pool of {self.num_blocks} blocks")
+        key = int(self.hash_keys[b])
+        if key < 0:
+            return () if which == _TOKENS else None
+        keys = self.log.columnar.keys
+        if which == _HASH:
+            return keys.digest(key)
+        if which == _TENANT:
+            return self._tenant(key)
+        parent, tokens, salt, ext = keys.attributes(key)
+        return (None, parent, tokens, salt, ext)[which]
+
+    def _tenant(self, key: int) -> str | None:
+        """As `PoolProjection`: the salt of the chain's root, inherited while each parent is held."""
+        keys = self.log.columnar.keys
+        holder = self.key_holders()
+        k = key
+        while True:
+            parent = int(keys.parent[k]) if k < len(keys.parent) else -1
+            if parent < 0:
+                return keys.attributes(k)[2]
+            if holder[parent] < 0:
+                return None
+            k = parent
+
+    def key_holders(self) -> np.ndarray:
+        """Per chain id: the block holding it in this state (the lowest id), -1 if none."""
+        got = self._cache.get("holders")
+        if got is None:
+            got = np.full(len(self.log.columnar.keys), -1, np.int64)
+            held = np.flatnonzero(self.hash_keys >= 0)
+            got[self.hash_keys[held[::-1]]] = held[::-1]  # the lowest block id wins
+            self._cache["holders"] = got
+        return got
+
+    def _key_of_digest(self, digest: bytes) -> int | None:
+        """The chain id of a digest some block of this state holds."""
+        by = self._cache.get("by_digest")
+        if by is None:
+            keys = self.log.columnar.keys
+            by = {keys.digest(k): k for k in np.unique(self.hash_keys[self.hash_keys >= 0]).tolist()}
+            self._cache["by_digest"] = by
+        return by.get(digest)
+
+    def block_of_hash(self, block_hash: bytes | None) -> int | None:
+        if block_hash is None:
+            return None
+        k = self._key_of_digest(block_hash)
+        if k is None:
+            return None
+        b = int(self.key_holders()[k])
+        return b if b >= 0 else None
+
+    @property
+    def by_hash(self) -> dict[bytes, tuple[int, ...]]:
+        got = self._cache.get("by_hash_map")
+        if got is None:
+            keys = self.log.columnar.keys
+            got = {}
+            for b in np.flatnonzero(self.hash_keys >= 0).tolist():
+                d = keys.digest(int(self.hash_keys[b]))
+                got[d] = got.get(d, ()) + (b,)
+            self._cache["by_hash_map"] = got
+        return got
+
+    def chain_of(self, block_id: int) -> list[int]:
+        """The block and its cached ancestors, root first (stops where a parent was evicted)."""
+        keys = self.log.columnar.keys
+        holder = self.key_holders()
+        chain = [block_id]
+        seen = {block_id}
+        k = int(self.hash_keys[block_id])
+        while k >= 0:
+            parent = int(keys.parent[k]) if k < len(keys.parent) else -1
+            if parent < 0:
+                break
+            h = int(holder[parent])
+            if h < 0 or h in seen:
+                break
+            chain.append(h)
+            seen.add(h)
+            k = parent
+        chain.reverse()
+        return chain
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def running(self) -> dict[str, tuple[int, ...]]:
+        got = self._cache.get("running")
+        if got is None:
+            got = self._cache["running"] = self._running()
+        return got
+
+    def _running(self) -> dict[str, tuple[int, ...]]:
+        n = self.arrays.num_rows
+        started, _, finished = self.log.request_index()
+        _, _, alloc, bounds = self.log.columnar._request_index()
+        live = np.flatnonzero((started < n) & (finished >= n))
+        live = live[np.argsort(started[live], kind="stable")]
+        block = self.log.columnar.col("block")
+        ids = self.log.columnar.requests.ids
+        out: dict[str, tuple[int, ...]] = {}
+        for r in live.tolist():
+            rows = alloc[bounds[r]:bounds[r + 1]]
+            out[ids[r]] = tuple(block[rows[rows < n]].tolist())
+        return out
+
+    def owners(self, block_id: int) -> tuple[str, ...]:
+        return tuple(rid for rid, table in self.running.items() if block_id in table)
+
+    def started_occurrences(self) -> np.ndarray:
+        """Occurrences started in this state, in start order."""
+        started = self.log.request_index()[0]
+        occ = np.flatnonzero(started < self.arrays.num_rows)
+        return occ[np.argsort(started[occ], kind="stable")]
+
+    @property
+    def order(self) -> list[str]:
+        ids = self.log.columnar.requests.ids
+        return [ids[r] for r in self.started_occurrences().tolist()]
+
+    def recent_request_ids(self, limit: int) -> list[str]:
+        """Up to `limit` distinct request ids, the latest started first."""
+        ids = self.log.columnar.requests.ids
+        out: dict[str, None] = {}
+        occ = self.started_occurrences()
+        for start in range(len(occ), 0, -1024):
+            for r in occ[max(0, start - 1024):start][::-1].tolist():
+                out.setdefault(ids[r], None)
+                if len(out) >= limit:
+                    return list(out)
+        return list(out)
+
+    @property
+    def last_request_id(self) -> str | None:
+        n = self.arrays.num_rows
+        col = self.log.columnar
+        kind = col.col("kind")
+        rows = self.log._index.get("start_lookup_rows")
+        if rows is None:
+            rows = self.log._index["start_lookup_rows"] = np.flatnonzero((kind == STARTED) | (kind == LOOKUP))
+        i = int(np.searchsorted(rows, n)) - 1
+        return col.requests.ids[int(col.col("request")[rows[i]])] if i >= 0 else None
+
+    def record(self, r: int) -> RequestRecord:
+        """Occurrence `r`'s record as `PoolProjection` keeps it at this state."""
+        col = self.log.columnar
+        reqs, keys, n = col.requests, col.keys, self.arrays.num_rows
+        started, looked, finished = self.log.request_index()
+        seq = col.col("seq")
+        rec = RequestRecord(reqs.ids[r], reqs.salt(r), reqs.num_prompt_tokens(r), int(seq[started[r]]))
+        fields: dict[str, Any] = {}
+        if looked[r] < n:
+            i = int(looked[r])
+            hits = int(col.col("a")[i])
+            fields.update(num_cached_tokens=hits * self.block_size, num_hit_blocks=hits,
+                          block_hashes=tuple(keys.digest(k) for k in reqs.hash_keys(r)),
+                          miss=_miss_of_row(col, i))
+        if finished[r] < n:
+            i = int(finished[r])
+            fields.update(finished_seq=int(seq[i]), num_tokens_with_kv=int(col.col("a")[i]),
+                          aborted=bool(col.col("flag")[i]))
+        if not fields:
+            return rec
+        import dataclasses
+        return dataclasses.replace(rec, **fields)
+
+    def looked_up(self) -> np.ndarray:
+        """The occurrences `request_records()` gives with a miss: per request id, its latest
+        occurrence, ordered by the id's first start, kept when that occurrence's lookup is done."""
+        got = self._cache.get("looked_up")
+        if got is None:
+            n = self.arrays.num_rows
+            started, looked, _ = self.log.request_index()
+            occ = self.started_occurrences()
+            codes, num_ids = self.log.id_codes()
+            c = codes[occ]
+            latest = np.full(num_ids, -1, np.int64)
+            latest[c] = occ  # occ is in start order: the latest occurrence of each id wins
+            first = np.full(num_ids, np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(first, c, started[occ])
+            ids_present = np.flatnonzero(latest >= 0)
+            ids_present = ids_present[np.argsort(first[ids_present], kind="stable")]
+            chosen = latest[ids_present]
+            got = self._cache["looked_up"] = chosen[looked[chosen] < n]
+        return got
+
+    def request_columns(self) -> tuple[Sequence[str], np.ndarray, np.ndarray]:
+        """(request ids, cached tokens, computed tokens) of the requests with a lookup, in
+        the order `request_records()` gives them: what the metrics plots draw."""
+        occ = self.looked_up()
+        col = self.log.columnar
+        _, looked, _ = self.log.request_index()
+        cached = col.col("a")[looked[occ]].astype(float) * self.block_size
+        prompt = col.requests.prompt_sizes()[occ].astype(float)
+        return _Names(col.requests.ids, occ), cached, prompt - cached
+
+    def request_records(self) -> list[RequestRecord]:
+        """Every started request in start order (the latest record for a reused id)."""
+        return [self.requests[rid] for rid in self.requests]
+
+    def requests_using(self, block_hash: bytes, limit: int) -> tuple[tuple[str, ...], int]:
+        """Up to `limit` request ids whose prompt hashed to `block_hash` (latest first), and how many."""
+        k = self._key_of_digest(block_hash)
+        if k is None:
+            return (), 0
+        flat, starts = self.log.request_keys()
+        hit_occ = np.unique(np.searchsorted(starts, np.flatnonzero(flat == k), side="right") - 1)
+        _, looked, _ = self.log.request_index()
+        occ = self.looked_up()
+        use = occ[np.isin(occ, hit_occ)]
+        ids = self.log.columnar.requests.ids
+        latest_first = [ids[r] for r in use[::-1][:limit].tolist()]
+        return tuple(latest_first), len(use)
+
+    # ------------------------------------------------------------------ one block, whole pool
+    def block_info(self, block_id: int) -> BlockInfo:
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block {block_id} is not in this pool of {self.num_blocks} blocks")
+        b = block_id
+        row = self._last_ref_row(b)
+        clock = int(self.log.use_clock()[row]) if row is not None else 0
+        last_seq = int(self.log.columnar.col("seq")[row]) if row is not None else None
+        ev = int(self.evicted_seq[b])
+        return BlockInfo(b, int(self.ref_counts[b]), self.hashes[b], self.parents[b], self.token_ids[b],
+                         self.salts[b], self.external_ids[b], self.free_rank(b), clock, tenant=self.tenants[b],
+                         last_use_seq=last_seq, evicted_seq=ev if ev >= 0 else None, owners=self.owners(b))
+
+    def snapshot(self) -> PoolSnapshot:
+        ranks = self.free_ranks()
+        views = tuple(BlockView(i, int(self.ref_counts[i]), self.hashes[i], self.parents[i], self.token_ids[i],
+                                self.salts[i], self.external_ids[i], ranks.get(i), self.last_used[i])
+                      for i in range(self.num_blocks))
+        c = self.counters
+        return PoolSnapshot(self.block_size, views, len(ranks), self.num_blocks - len(ranks), self.num_hashed,
+                            dict(self.running), Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens,
+                                                         c.num_stored_blocks, c.num_evicted_blocks,
+                                                         c.num_refused_requests, c.num_finished_requests,
+                                                         c.num_hash_collisions))
+
+
+class _PerBlock(Sequence[int]):
+    """Last use of each block (its seq, or the use clock), computed for the blocks asked for."""
+
+    def __init__(self, proj: ArrayProjection, what: str) -> None:
+        self._proj = proj
+        self._what = what
+
+    def __len__(self) -> int:
+        return self._proj.num_blocks
+
+    def __getitem__(self, b: Any) -> Any:
+        if isinstance(b, slice):
+            return [self[i] for i in range(*b.indices(len(self)))]
+        row = self._proj._last_ref_row(int(b))
+        if self._what == "seq":
+            return int(self._proj.log.columnar.col("seq")[row]) if row is not None else -1
+        return int(self._proj.log.use_clock()[row]) if row is not None else 0
+
+
+class _Names(Sequence[str]):
+    """Request ids of chosen occurrences, read one at a time (a plot's tick labels)."""
+
+    def __init__(self, ids: list[str], occ: np.ndarray) -> None:
+        self._ids = ids
+        self._occ = occ
+
+    def __len__(self) -> int:
+        return len(self._occ)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._ids[r] for r in self._occ[i].tolist()]
+        return self._ids[int(self._occ[i])]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Names):
+            return other._ids is self._ids and np.array_equal(other._occ, self._occ)
+        return isinstance(other, Sequence) and len(other) == len(self) and list(other) == list(self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _miss_of_row(col: ColumnarLog, i: int) -> MissInfo:
+    """The `MissInfo` a lookup row stands for (as `ColumnarLog.events` builds it)."""
+    reason = MISS_REASONS[int(col.col("flag")[i])]
+    extra = int(col.col("b")[i])
+    salts = col.keys.salts
+    return MissInfo(reason=reason, first_miss_block=int(col.col("block")[i]),
+                    divergence_token=extra if reason == "new_content" else None,
+                    evicted_by_seq=(None if extra < 0 else extra) if reason == "evicted" else None,
+                    other_salt=(("" if extra < 0 else salts[extra] or "") if reason == "salt" else None))
