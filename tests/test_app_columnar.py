@@ -135,4 +135,4 @@ def test_the_worker_job_returns_the_result_and_the_whole_log(slice_path):
     result, log = kernel_replay_job(str(slice_path), bs, NUM_BLOCKS)
     assert result["totals"]["requests"] == 300 and result["config"]["trace"] == str(slice_path)
     assert log.live.counters.num_requests == 300 and len(log) == len(log.seqs) == len(log.series)
-    assert log.seqs == list(range(len(log)))
+    assert list(log.seqs) == list(range(len(log)))

@@ -1,10 +1,12 @@
 """`TraceReplays`: replays a trace file on the worker and hands the views the whole result.
 
-The worker replays on the compiled kernel (the Python engine where the kernel cannot run
-the trace) and builds the event log, its projection, series and checkpoints there, off the
-GUI thread; the GUI thread then adopts that log in one step (`PoolState.adopt_log`), so the
-views redraw once for the whole trace instead of once per bridge batch, and no event passes
-the bridge. Nothing here draws: the window shows `sigProgress` and the sentences in its
+The worker replays on the compiled kernel and keeps its columnar log as it is: a
+`engine.core.columnar_log.ColumnarEventLog` (events built only for the rows a view shows,
+series and checkpoints computed from the columns), with no Python object per event. Where
+the kernel cannot run the trace, the Python engine does and its events fill an
+`engine.core.projection.EventLog`. Either is built off the GUI thread; the GUI thread then
+adopts it in one step (`PoolState.adopt_log`), so the views redraw once for the whole
+trace instead of once per bridge batch, and no event passes the bridge. Nothing here draws: the window shows `sigProgress` and the sentences in its
 status bar.
 """
 
@@ -22,6 +24,7 @@ from app.runtime.jobs import error_sentence, trace_block_size, trace_capacity
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext, CancelToken
+    from engine.core.columnar_log import ColumnarEventLog
     from engine.core.projection import EventLog
 
 DEFAULT_CAPACITY = 1024  # blocks, when the trace cannot be read to size the pool
@@ -38,11 +41,13 @@ class ReplayCancelled(JobCancelled):
 
 
 def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
-                      cancel: CancelToken | None = None) -> tuple[dict, EventLog]:
-    """Worker-thread job: replay a trace on the compiled kernel where it can run it (the
-    Python engine otherwise) and build its `EventLog` (projection, series, checkpoints);
-    returns the result dict and the log. Cancel is checked between the replay and each
-    chunk of the log: `ReplayCancelled` carries the part built."""
+                      cancel: CancelToken | None = None) -> tuple[dict, EventLog | ColumnarEventLog]:
+    """Worker-thread job: replay a trace on the compiled kernel where it can run it and
+    wrap its columnar log (series and live state computed here, off the GUI thread); the
+    Python engine otherwise, its events built into an `EventLog`. Returns the result dict
+    and the log. Cancel is checked after the replay (the kernel's log is whole or nothing)
+    and between chunks of an `EventLog`: `ReplayCancelled` carries the part built."""
+    from engine.core.columnar_log import ColumnarEventLog
     from engine.core.events import EventBus
     from engine.core.projection import EventLog
     from engine.core.replay import ReplayConfig, replay
@@ -56,8 +61,6 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
             raise ReplayCancelled(log if len(log) else None)
 
     requests: Any = read_trace(path, block_size)
-    events: Any = None
-    result = None
     try:
         from engine.kernel.replay import prepare, replay_kernel, unsupported_reason
     except ImportError:  # numba missing: the Python engine runs everything
@@ -67,24 +70,28 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
         requests = arrays.requests
         if unsupported_reason(config, arrays) is None:
             run = replay_kernel(arrays, config, record=True, source=str(path))
-            result = run.result
             assert run.log is not None
-            events = run.log.events(time=time.time())
-    if result is None:  # the Python engine, the reference
-        collected: list = []
-        bus = EventBus()
-        bus.subscribe(collected.append)
-        if cancel is not None:
-            bus.subscribe(cancel.listener)
-        try:
-            result = replay(requests, config, bus, source=str(path))
-        except JobCancelled:
-            log.extend(collected)
-            raise ReplayCancelled(log if len(log) else None) from None
-        events = iter(collected)
+            check()
+            columnar = ColumnarEventLog(run.log, time=time.time())
+            columnar.series  # noqa: B018 - computed here, on the worker, not on the first paint
+            columnar.live  # noqa: B018
+            check()
+            run.result.config["trace"] = str(path)
+            return run.result.to_dict(), columnar
+    # the Python engine, the reference
+    collected: list = []
+    bus = EventBus()
+    bus.subscribe(collected.append)
+    if cancel is not None:
+        bus.subscribe(cancel.listener)
+    try:
+        result = replay(requests, config, bus, source=str(path))
+    except JobCancelled:
+        log.extend(collected)
+        raise ReplayCancelled(log if len(log) else None) from None
     check()
     chunk: list = []
-    for event in events:
+    for event in collected:
         chunk.append(event)
         if len(chunk) >= LOG_CHUNK:
             log.extend(chunk)
@@ -129,7 +136,7 @@ class TraceReplays(QObject):
         token = self.ctx.start_job(f"replaying {path.name}", bus)
         self.sigProgress.emit(f"replaying {path.name}", -1.0)
 
-        def done(value: tuple[dict, EventLog]) -> None:
+        def done(value: tuple[dict, EventLog | ColumnarEventLog]) -> None:
             self.ctx.end_job(token)
             result, log = value
             self.last_result = result

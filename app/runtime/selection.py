@@ -9,18 +9,22 @@ match: `match_mask()` over positions of `ctx.state.log`, `matching_seqs()`, `in_
 Tenants and models of events that do not carry them (an eviction, an allocation) come
 from their request, learnt from the log's own request_started and block_stored events, as
 `engine.analysis.statistics` does. The mask is kept per log position and extended as the
-log grows, so a live log is matched once per event, not once per redraw. No widgets here.
+log grows, so a live log is matched once per event, not once per redraw. A trace's
+columnar log (`engine.core.columnar_log.ColumnarEventLog`) is matched on its columns at
+once (`columnar_mask`), with no Event built, unless the filter reads hashes. No widgets here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from engine.analysis.filter_language import EventContext, Filter, parse
+from engine.analysis.filter_language import BoolOp, Comparison, EventContext, Filter, Not, parse
+from engine.core import columnar as C
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
@@ -100,6 +104,8 @@ class EventFilter(QObject):
         """Match the log afresh: here as views ask, or on the worker for a long log."""
         self._restart()
         flt, events = self.filter, self.state.log.events
+        if columnar_mask(self.state.log, flt, probe=True) is not None:
+            return  # matched on the columns when a view asks: no worker, no Event per row
         if self.worker is not None and flt.root is not None and len(events) > self.async_events:
             self._job += 1
             self.pending = True
@@ -171,6 +177,8 @@ class EventFilter(QObject):
             return
         if self.filter.root is None:
             new = np.ones(n - self._scanned, dtype=bool)
+        elif (whole := columnar_mask(log, self.filter)) is not None:
+            new = whole[self._scanned:]
         else:
             new = _match(events[self._scanned:n], self.filter, self._context)
         self._mask = np.concatenate([self._mask, new])
@@ -239,6 +247,83 @@ def _match(events: Any, flt: Filter, ctx: EventContext) -> np.ndarray:
                 ctx.models.setdefault(str(rid), str(d["model"]))
         out[start:start + len(fields)] = [flt.matches(d, ctx) for d in fields]
     return out
+
+
+_BLOCK_KIND_CODES = (C.ALLOCATED, C.STORED, C.REF, C.FREED, C.EVICTED)
+_COLUMN_FIELDS = frozenset({"kind", "tier", "server", "rank", "tenant", "model", "request", "session", "reason",
+                            "block"})
+
+
+def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | None:
+    """Per event of a columnar log: does it pass `flt`, from the columns (as `Filter.matches`
+    over each event, held equal by tests/test_app_columnar.py); None when `log` is not
+    columnar or the filter reads a field the columns do not hold (hashes). With `probe`,
+    only whether it can: an empty array or None."""
+    if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS:
+        return None
+    if probe:
+        return np.zeros(0, bool)
+    col = log.columnar
+    kind, req = col.col("kind"), col.col("request")
+    starts = log.starts
+    n_kinds = max(C.KIND_NAMES) + 1
+    tenants = _request_tenants(col.requests)
+
+    def table_hit(leaf: Comparison, values: list[Any], number: bool) -> np.ndarray:
+        """The leaf (as a ':' match, or its own op) over a small table of values."""
+        column = np.array(values, dtype=np.int64) if number else np.array(values, dtype=str)
+        return Filter("", leaf).mask({"kind": column, leaf.field: column})
+
+    def rows_hit(leaf: Comparison) -> np.ndarray:
+        f = leaf.field
+        if f == "kind":
+            return table_hit(leaf, [C.KIND_NAMES.get(k, "") for k in range(n_kinds)], False)[kind]
+        if f == "tier":
+            return table_hit(leaf, ["gpu" if k in _BLOCK_KIND_CODES else "" for k in range(n_kinds)], False)[kind]
+        if f in ("server", "model", "session"):
+            return np.repeat(table_hit(leaf, [""], False), col.num_rows)
+        if f == "rank":
+            return np.repeat(table_hit(leaf, [-1], True), col.num_rows)
+        if f == "request":
+            return table_hit(leaf, [x.lower() for x in col.requests.ids], False)[req]
+        if f == "tenant":
+            return table_hit(leaf, tenants, False)[req]
+        if f == "reason":
+            hit = table_hit(leaf, [*C.MISS_REASONS, ""], False)
+            code = np.where(kind == C.LOOKUP, col.col("flag"), len(C.MISS_REASONS))
+            return hit[code]
+        # block: the block ids of the kinds that carry them
+        block = np.where(np.isin(kind, _BLOCK_KIND_CODES), col.col("block"), -1)
+        return Filter("", leaf).mask({"kind": block, "block": block})
+
+    def event_mask(node: Any) -> np.ndarray:
+        if isinstance(node, Not):
+            return ~event_mask(node.operand)
+        if isinstance(node, BoolOp):
+            masks = [event_mask(o) for o in node.operands]
+            out = masks[0].copy()
+            for m in masks[1:]:
+                out = out & m if node.op == "and" else out | m
+            return out
+        negate = node.op == "!="
+        leaf = dataclasses.replace(node, op=":") if negate else node
+        rows = rows_hit(leaf)
+        # an event matches when one of its values (rows) does; "!=" when none does
+        hit = np.logical_or.reduceat(rows, starts) if len(starts) else np.zeros(0, bool)
+        return ~hit if negate else hit
+
+    return event_mask(flt.root)
+
+
+def _request_tenants(requests: Any) -> list[str]:
+    """Per request occurrence: the tenant the filter gives its events (its id's first salt,
+    as `EventContext` learns it from the log), lower-cased; '' for none."""
+    first: dict[str, str] = {}
+    for r, rid in enumerate(requests.ids):
+        salt = requests.salt(r)
+        if salt is not None and rid not in first:
+            first[rid] = str(salt).lower()
+    return [first.get(rid, "") for rid in requests.ids]
 
 
 def match_events(events: Any, flt: Filter) -> tuple[np.ndarray, EventContext]:

@@ -2,6 +2,9 @@
 
 `PoolState` listens to the bridge (one batch of events per frame), applies each batch to
 an `engine.core.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
+An opened trace is adopted whole instead: an `EventLog`, or the kernel's columnar log as an
+`engine.core.columnar_log.ColumnarEventLog` (read-only; `projection` is then an
+`ArrayProjection`). Views read either through the same names.
 Event seq is the one numbering every view uses: "event 120" is `Event.seq == 120`.
 """
 
@@ -9,13 +12,16 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import Event
 from engine.core.projection import EventLog, PoolProjection
+
+if TYPE_CHECKING:
+    from engine.core.columnar_log import ArrayProjection, ColumnarEventLog
 
 # While scrubbing, blocks evicted this many events before the shown one still flash.
 SCRUB_FLASH_EVENTS = 8
@@ -106,6 +112,10 @@ class PoolState(QObject):
         """Append one batch to the log; the live projection follows it, a scrubbed one stays."""
         if not events:
             return
+        if getattr(self.log, "columnar_log", False):
+            # An opened trace's log is read-only and its bus is detached: a batch still in
+            # flight from the engine before it belongs to no log shown now.
+            return
         last = self.log.last_seq
         if last is not None and events[0].seq <= last:
             # A bus shared across engines or a re-delivered batch: keep only what is new.
@@ -128,7 +138,7 @@ class PoolState(QObject):
             self.version += 1
         self.sigChanged.emit()
 
-    def adopt_log(self, log: EventLog) -> None:
+    def adopt_log(self, log: EventLog | ColumnarEventLog) -> None:
         """Show `log`, a whole log built elsewhere (a trace replayed and projected on the
         worker), in one step: views reset to it and redraw once, live at its last event.
         The engine (`set_engine`) must already be the one that produced it."""
@@ -137,7 +147,7 @@ class PoolState(QObject):
         self.timings = {}
         self._scrubbed = None
         self._scrub_seq = None
-        self.last_batch = (log.seqs[0], log.seqs[-1]) if log.seqs else None
+        self.last_batch = (log.first_seq, log.last_seq) if len(log) else None
         self.version += 1
         self.sigReset.emit()
         self.sigChanged.emit()
@@ -171,15 +181,24 @@ class PoolState(QObject):
 
     def contains(self, seq: int | None) -> bool:
         """True if event `seq` is in the log (a link to it can scrub there)."""
-        return seq is not None and self.log.event_at_seq(int(seq)) is not None
+        if seq is None:
+            return False
+        position_of = getattr(self.log, "position_of", None)
+        if position_of is not None:  # a columnar log: no event built to answer
+            return position_of(int(seq)) is not None
+        return self.log.event_at_seq(int(seq)) is not None
 
     def find(self, predicate: Any, forward: bool, start: int | None = None) -> int | None:
         """The seq of the nearest event after (or before) `start` (default: the shown one)
         that satisfies `predicate`; None if there is none."""
         seqs, events = self.log.seqs, self.log.events
-        if not seqs:
+        if not len(seqs):
             return None
         here = self.current_seq if start is None else start
+        if getattr(self.log, "columnar_log", False) and predicate in (is_miss, is_eviction):
+            # the kind and miss-reason columns answer at once, without an Event per row
+            mask = self.log.miss_mask() if predicate is is_miss else self.log.eviction_mask()
+            return self.log.find(mask, forward, here)
         if here is None:
             here = seqs[0] - 1
         if forward:
@@ -188,7 +207,7 @@ class PoolState(QObject):
             rng = range(bisect.bisect_left(seqs, here) - 1, -1, -1)
         for i in rng:
             if predicate(events[i]):
-                return seqs[i]
+                return int(seqs[i])
         return None
 
     @property
@@ -202,15 +221,15 @@ class PoolState(QObject):
         self.sigChanged.emit()
 
     @property
-    def projection(self) -> PoolProjection:
+    def projection(self) -> PoolProjection | ArrayProjection:
         return self.log.live if self._scrubbed is None else self._scrubbed
 
     @property
     def seq_range(self) -> tuple[int, int] | None:
         """First and last seq of the log, or None while it is empty."""
-        if not self.log.seqs:
+        if not len(self.log):
             return None
-        return self.log.seqs[0], self.log.seqs[-1]
+        return self.log.first_seq, self.log.last_seq
 
     @property
     def current_seq(self) -> int | None:

@@ -52,6 +52,9 @@ class BlockDescription:
 
 def requests_using(p: PoolProjection, block_hash: bytes, limit: int = MAX_REQUESTS_LISTED) -> tuple[tuple[str, ...], int]:
     """Up to `limit` request ids whose prompt hashed to `block_hash` (latest first), and how many."""
+    columns = getattr(p, "requests_using", None)
+    if columns is not None:  # a columnar state: one search of the requests' chain ids
+        return columns(block_hash, limit)
     found: list[str] = []
     num = 0
     for rid in reversed(list(dict.fromkeys(p.order))):

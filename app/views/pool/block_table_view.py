@@ -50,10 +50,11 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     out[:] = _rgba(colors["empty"])
     if n == 0:
         return out
-    ref = np.array(p.ref_counts, dtype=np.int32)
-    hashed = np.array(p.hashed, dtype=np.uint8).view(bool)
+    ref = np.asarray(p.ref_counts, dtype=np.int32)
+    hashed = np.asarray(p.hashed, dtype=np.uint8).view(bool)
     if p.free:
-        free_ids = np.fromiter(p.free, dtype=np.int64, count=len(p.free))
+        free_order = getattr(p, "free_order", None)  # a columnar state has the queue as an array
+        free_ids = free_order() if free_order is not None else np.fromiter(p.free, dtype=np.int64, count=len(p.free))
         cached_free = free_ids[hashed[free_ids] & (ref[free_ids] == 0)]
         if len(cached_free):
             # position among cached free blocks in queue order: 0 = evicted next, darkest
@@ -64,7 +65,7 @@ def compute_colors(p: PoolProjection, colors: dict[str, QColor], flash_since_seq
     out[ref == 2] = _rgba(colors["ref2"])
     out[ref >= 3] = _rgba(colors["ref3"])
     if flash_since_seq is not None and p.last_eviction_seq >= flash_since_seq:
-        ev = np.array(p.evicted_seq, dtype=np.int64)
+        ev = np.asarray(p.evicted_seq, dtype=np.int64)
         out[(ev >= max(flash_since_seq, 0)) & (ev <= p.seq)] = _rgba(colors["evicted"])
     return out
 
@@ -361,7 +362,12 @@ class BlockTableView(PanelView):
             return
         self._matched_key = key
         ids: set[int] = set()
-        if shared.active:
+        n = self.state.projection.num_blocks
+        if shared.active and getattr(log, "columnar_log", False):
+            # the rows of the matching events, read from the block column at once
+            blocks = log.touched_blocks(shared.matching_positions(), upto)
+            blocks = blocks[blocks < n]
+        elif shared.active:
             events = log.events
             for i in shared.matching_positions():
                 if i >= upto:
@@ -374,8 +380,8 @@ class BlockTableView(PanelView):
                     b = getattr(e, "block_id", None)
                     if b is not None and b >= 0:
                         ids.add(b)
-        n = self.state.projection.num_blocks
-        blocks = np.array(sorted(b for b in ids if b < n), dtype=np.int64)
+        if not (shared.active and getattr(log, "columnar_log", False)):
+            blocks = np.array(sorted(b for b in ids if b < n), dtype=np.int64)
         self.matched_blocks = blocks
         if shared.pending:
             self.filter_bar.count.setText("matching\u2026")

@@ -12,11 +12,11 @@ the line under the table repeats the shown event's details with its "event N" as
 
 from __future__ import annotations
 
-import bisect
 import html
 import re
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QSizePolicy, QTableView, QVBoxLayout, QWidget)
@@ -122,7 +122,9 @@ def _describe(event: Event, state: PoolState | None) -> str:
 
 
 class EventTableModel(QAbstractTableModel):
-    """Rows are positions in the log that pass the filter; grows as the log grows."""
+    """Rows are positions in the log that pass the filter (an int64 array); grows as the
+    log grows. On a columnar log the kind and request boxes and the shared filter are
+    matched on its columns, and an `Event` is built only for a row the table shows."""
 
     def __init__(self, state: Any, parent: Any = None, shared: EventFilter | None = None) -> None:
         super().__init__(parent)
@@ -131,7 +133,7 @@ class EventTableModel(QAbstractTableModel):
         self.kind = ""
         self.request = ""
         self.text = ""
-        self.rows: list[int] = []
+        self.rows = np.zeros(0, np.int64)
         self._scanned = 0  # log positions already filtered
         self._details: dict[int, str] = {}
         self._t0: float | None = None
@@ -140,7 +142,7 @@ class EventTableModel(QAbstractTableModel):
     def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
         self.beginResetModel()
         self.kind, self.request, self.text = kind, request.strip(), text.strip().lower()
-        self.rows = []
+        self.rows = np.zeros(0, np.int64)
         self._scanned = 0
         self._scan()
         self.endResetModel()
@@ -159,18 +161,38 @@ class EventTableModel(QAbstractTableModel):
     def _shared_mask(self) -> Any:
         return self.shared.match_mask() if self.shared is not None and self.shared.active else None
 
-    def _scan(self) -> list[int]:
-        events = self.state.log.events
+    def _found(self, start: int, stop: int) -> np.ndarray:
+        """Positions in [start, stop) that pass the boxes and the shared filter."""
+        log = self.state.log
         mask = self._shared_mask()
-        found = [i for i in range(self._scanned, len(events))
-                 if (mask is None or mask[i]) and self._matches(i, events[i])]
-        self._scanned = len(events)
-        self.rows.extend(found)
+        if getattr(log, "columnar_log", False):
+            keep = np.ones(stop - start, bool) if mask is None else np.asarray(mask[start:stop], bool).copy()
+            if self.kind:
+                keep &= log.kind_names()[start:stop] == self.kind
+            if self.request:
+                ids = log.request_ids()
+                hit = np.char.find(ids, self.request) >= 0  # per request occurrence, then per event
+                keep &= hit[log.request_of_events()[start:stop]]
+            candidates = np.flatnonzero(keep) + start
+            if not self.text:
+                return candidates.astype(np.int64)
+            # free text reads each event's details: only the rows the columns let through
+            events = log.events
+            return np.array([i for i in candidates.tolist() if self._matches(i, events[i])], np.int64)
+        events = log.events
+        return np.array([i for i in range(start, stop)
+                         if (mask is None or mask[i]) and self._matches(i, events[i])], np.int64)
+
+    def _scan(self) -> np.ndarray:
+        n = len(self.state.log.events)
+        found = self._found(self._scanned, n)
+        self._scanned = n
+        self.rows = np.concatenate([self.rows, found]) if len(self.rows) else found
         return found
 
     def reset_log(self) -> None:
         self.beginResetModel()
-        self.rows = []
+        self.rows = np.zeros(0, np.int64)
         self._scanned = 0
         self._details = {}
         self._t0 = None
@@ -179,24 +201,21 @@ class EventTableModel(QAbstractTableModel):
 
     def catch_up(self) -> None:
         """Append rows for events added to the log since the last call."""
-        events = self.state.log.events
-        if self._scanned > len(events):  # the log was replaced
+        n = len(self.state.log.events)
+        if self._scanned > n:  # the log was replaced
             self.reset_log()
             return
-        if self._scanned == len(events):
+        if self._scanned == n:
             return
         first = len(self.rows)
-        before = self._scanned
-        mask = self._shared_mask()
-        found = [i for i in range(before, len(events))
-                 if (mask is None or mask[i]) and self._matches(i, events[i])]
-        if found:
+        found = self._found(self._scanned, n)
+        if len(found):
             self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
-            self.rows.extend(found)
-            self._scanned = len(events)
+            self.rows = np.concatenate([self.rows, found])
+            self._scanned = n
             self.endInsertRows()
         else:
-            self._scanned = len(events)
+            self._scanned = n
 
     def details(self, i: int) -> str:
         text = self._details.get(i)
@@ -208,11 +227,11 @@ class EventTableModel(QAbstractTableModel):
     def row_of_seq(self, seq: int) -> int | None:
         """The last row whose event seq is <= `seq` (the event the pool is shown after)."""
         pos = self.state.log.count_upto(seq) - 1
-        r = bisect.bisect_right(self.rows, pos) - 1
+        r = int(np.searchsorted(self.rows, pos, side="right")) - 1
         return r if r >= 0 else None
 
     def event(self, row: int) -> Event:
-        return self.state.log.events[self.rows[row]]
+        return self.state.log.events[int(self.rows[row])]
 
     # ------------------------------------------------------------------ Qt model
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
@@ -229,7 +248,7 @@ class EventTableModel(QAbstractTableModel):
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
-        i = self.rows[index.row()]
+        i = int(self.rows[index.row()])
         event = self.state.log.events[i]
         col = index.column()
         if role == Qt.ItemDataRole.DisplayRole:
@@ -404,7 +423,7 @@ class EventLogView(PanelView):
 
     def _select_current(self) -> None:
         """Model to view: the row of the event the pool is shown at (last row when live)."""
-        if not self.model.rows:
+        if not len(self.model.rows):
             return
         self._syncing = True
         try:

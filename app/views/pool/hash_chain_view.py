@@ -560,7 +560,8 @@ class HashChainView(PanelView):
                  "first_block_id", "last_block_id", "num_branches"], rows)
 
     def _fill_request_box(self, p: PoolProjection) -> None:
-        wanted = [None] + list(dict.fromkeys(reversed(p.order)))[:40]
+        recent = getattr(p, "recent_request_ids", None)  # a columnar state: no list of every id
+        wanted = [None] + (recent(40) if recent is not None else list(dict.fromkeys(reversed(p.order)))[:40])
         current = [self.request_box.itemData(i) for i in range(self.request_box.count())]
         if current == wanted:
             return

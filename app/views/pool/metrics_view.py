@@ -33,9 +33,12 @@ def request_rows(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray, 
     looked = [r for r in records if r.miss is not None]
     cached = np.array([r.num_cached_tokens for r in looked], dtype=float)
     computed = np.array([r.num_computed_tokens for r in looked], dtype=float)
+    return cached, computed, _cumulative_rate(cached, computed)
+
+
+def _cumulative_rate(cached: np.ndarray, computed: np.ndarray) -> np.ndarray:
     prompt = np.cumsum(cached + computed)
-    rate = np.divide(np.cumsum(cached), prompt, out=np.zeros_like(prompt), where=prompt > 0)
-    return cached, computed, rate
+    return np.divide(np.cumsum(cached), prompt, out=np.zeros_like(prompt), where=prompt > 0)
 
 
 class MetricsView(PanelView):
@@ -132,12 +135,17 @@ class MetricsView(PanelView):
             return
         self._drawn_version = self.state.version
         proj = self.state.projection
-        records = [r for r in proj.request_records() if r.miss is not None]
-        cached, computed, rate = request_rows(records)
+        columns = getattr(proj, "request_columns", None)
+        if columns is not None:  # a columnar state: the request rows as arrays, no record each
+            names, cached, computed = columns()
+            rate = _cumulative_rate(cached, computed)
+        else:
+            records = [r for r in proj.request_records() if r.miss is not None]
+            cached, computed, rate = request_rows(records)
+            names = [r.request_id for r in records]
         self.cached_tokens, self.computed_tokens, self.hit_rates = cached, computed, rate
-        n = len(records)
+        n = len(names)
         x = np.arange(1, n + 1, dtype=float)  # requests in start order, labelled by their ids
-        names = [r.request_id for r in records]
         for plot in (self.p_rate, self.p_tokens, self.p_ttft):
             axis = plot.getAxis("bottom")
             if axis.names != names:
@@ -153,7 +161,7 @@ class MetricsView(PanelView):
         top = float((cached + computed)[recent].max()) if n else 1.0
         self.p_tokens.setYRange(0, max(1.0, top) * 1.05, padding=0)
         self.p_rate.setXRange(max(0.5, n - MAX_BARS + 0.5), max(1.5, n + 0.5), padding=0)
-        self._draw_timings(records)
+        self._draw_timings(names)
         c = proj.counters
         p = self.palette
         self.summary.setText(legend_line([
@@ -178,9 +186,10 @@ class MetricsView(PanelView):
         return (["request", "request_id", "prompt_tokens", "cached_tokens", "computed_tokens", "hit_rate_so_far",
                  "miss_reason", "ttft_ms", "cold_ttft_ms"], rows)
 
-    def _draw_timings(self, records: list[RequestRecord]) -> None:
+    def _draw_timings(self, names: Any) -> None:
+        """TTFT bars of the requests (`names`: their ids, in the plots' order) that have one."""
         timings = self.state.timings
-        rows = [(i + 1, timings[r.request_id]) for i, r in enumerate(records) if r.request_id in timings]
+        rows = [(i + 1, timings[rid]) for i, rid in enumerate(names) if rid in timings] if timings else []
         self.ttft_hint.setVisible(not rows)
         if bool(rows) != self._has_timings:
             self._has_timings = bool(rows)

@@ -93,9 +93,9 @@ class ScrubBar(PanelView):
         if self._updating:
             return
         seqs = self.state.log.seqs
-        if not seqs:
+        if not len(seqs):
             return
-        self.state.scrub_to(seqs[min(index, len(seqs) - 1)])
+        self.state.scrub_to(int(seqs[min(index, len(seqs) - 1)]))
 
     def _on_live(self, checked: bool) -> None:
         if checked:
@@ -110,10 +110,10 @@ class ScrubBar(PanelView):
     def step(self, delta: int) -> None:
         """Move `delta` events back or forward (leaving live mode)."""
         seqs = self.state.log.seqs
-        if not seqs:
+        if not len(seqs):
             return
         index = max(0, min(len(seqs) - 1, self.state.log.count_upto(self.state.current_seq) - 1 + delta))
-        self.state.scrub_to(seqs[index])
+        self.state.scrub_to(int(seqs[index]))
 
     def jump(self, predicate: Callable[..., bool], forward: bool) -> int | None:
         """Scrub to the previous or next event matching `predicate`; its seq, or None (stays)."""
@@ -130,10 +130,10 @@ class ScrubBar(PanelView):
         if playing:
             if self.state.is_live or self.state.current_seq == self.state.log.last_seq:
                 seqs = self.state.log.seqs
-                if not seqs:
+                if not len(seqs):
                     self.play.setChecked(False)
                     return
-                self.state.scrub_to(seqs[0])  # play from the start, not from the end
+                self.state.scrub_to(int(seqs[0]))  # play from the start, not from the end
             self._carry = 0.0
             self._timer.start()
         else:

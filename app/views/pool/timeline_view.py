@@ -197,13 +197,13 @@ class TimelineView(PanelView):
 
     def _draw_series(self) -> None:
         s = self.state.log.series
-        x = np.array(s.seq, dtype=float)
-        used = np.array(s.in_use, dtype=float)
-        cached = used + np.array(s.cached_free, dtype=float)
+        x = np.asarray(s.seq, dtype=float)
+        used = np.asarray(s.in_use, dtype=float)
+        cached = used + np.asarray(s.cached_free, dtype=float)
         self.c_cached.setData(x, cached)
         self.c_used.setData(x, used)
         self.c_in_use.setData(x, used)
-        max_ref = np.array(s.max_ref, dtype=float)
+        max_ref = np.asarray(s.max_ref, dtype=float)
         self.c_ref.setData(x, max_ref)
         self.pool_size = self.state.projection.num_blocks
         held = float(cached.max()) if len(cached) else 0.0
@@ -224,7 +224,7 @@ class TimelineView(PanelView):
         reset_x = np.array(s.reset_seqs, dtype=float)
         self.resets.setData(x=reset_x, y=np.full(len(reset_x), top * 1.04))
         self.p_ref.setYRange(0, max(1.0, float(max_ref.max()) if len(max_ref) else 0.0) * 1.15, padding=0)
-        centres, counts, width = eviction_bins(np.array(s.seq), np.array(s.evicted))
+        centres, counts, width = eviction_bins(np.asarray(s.seq), np.asarray(s.evicted))
         self.eviction_counts = counts
         self.bars.setOpts(x=centres, height=counts, width=width * 0.9)
         most = float(counts.max()) if len(counts) else 0.0
@@ -261,7 +261,7 @@ class TimelineView(PanelView):
 
     def _on_click(self, ev: Any) -> None:
         """View to model: a click on a plot scrubs to the nearest event at or before it."""
-        if ev.button() != Qt.MouseButton.LeftButton or not self.state.log.seqs:
+        if ev.button() != Qt.MouseButton.LeftButton or not len(self.state.log.seqs):
             return
         for p in self.plots:
             if p.vb.sceneBoundingRect().contains(ev.scenePos()):
@@ -272,4 +272,4 @@ class TimelineView(PanelView):
     def scrub_to_x(self, x: float) -> None:
         seqs = self.state.log.seqs
         i = max(0, self.state.log.count_upto(int(np.floor(x))) - 1)
-        self.state.scrub_to(seqs[i])
+        self.state.scrub_to(int(seqs[i]))
