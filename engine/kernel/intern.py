@@ -58,60 +58,10 @@ def find_key(table, k_parent, k_item, k_tag, parent, item, tag):
 
 
 @njit(cache=True)
-def intern_chains(items, offsets, kinds, root_tags):
-    """Key ids for every block of every request, and the key table (parent, item, tag).
-
-    `items[offsets[r]:offsets[r + 1]]` are request r's block items in chain order.
-    """
-    n = items.shape[0]
-    cap = 16
-    while cap < 2 * n + 16:
-        cap *= 2
-    table = np.full(cap, -1, np.int32)
-    mask = np.uint64(cap - 1)
-    k_parent = np.empty(n, np.int32)
-    k_item = np.empty(n, np.int64)
-    k_tag = np.empty(n, np.int64)
-    keys = np.empty(n, np.int32)
-    n_keys = 0
-    for r in range(offsets.shape[0] - 1):
-        parent = -1
-        for j in range(offsets[r], offsets[r + 1]):
-            item = items[j]
-            tag = root_tags[r] if parent < 0 else kinds[r]
-            s = _slot(parent, item, tag, mask)
-            while True:
-                k = table[s]
-                if k < 0:
-                    k = n_keys
-                    table[s] = k
-                    k_parent[k] = parent
-                    k_item[k] = item
-                    k_tag[k] = tag
-                    n_keys += 1
-                    break
-                if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
-                    break
-                s = (s + np.uint64(1)) & mask
-            keys[j] = k
-            parent = k
-    return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
-
-
-@njit(cache=True)
-def _rehash(k_parent, k_item, k_tag, n_keys, size):
-    table = np.full(size, -1, np.int32)
-    mask = np.uint64(size - 1)
-    for k in range(n_keys):
-        s = _slot(k_parent[k], k_item[k], k_tag[k], mask)
-        while table[s] >= 0:
-            s = (s + np.uint64(1)) & mask
-        table[s] = k
-    return table
-
-
-@njit(cache=True)
 def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
+    """Intern every request's blocks (`intern_chains`' layout) into a table that holds
+    `n_keys` keys already and has room for all the new ones; the ids go to `keys`.
+    Returns the number of keys held now. One loop for one-shot and growing tables."""
     mask = np.uint64(table.shape[0] - 1)
     for r in range(offsets.shape[0] - 1):
         parent = -1
@@ -135,6 +85,37 @@ def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_ta
             keys[j] = k
             parent = k
     return n_keys
+
+
+@njit(cache=True)
+def intern_chains(items, offsets, kinds, root_tags):
+    """Key ids for every block of every request, and the key table (parent, item, tag).
+
+    `items[offsets[r]:offsets[r + 1]]` are request r's block items in chain order.
+    """
+    n = items.shape[0]
+    cap = 16
+    while cap < 2 * n + 16:
+        cap *= 2
+    table = np.full(cap, -1, np.int32)
+    k_parent = np.empty(n, np.int32)
+    k_item = np.empty(n, np.int64)
+    k_tag = np.empty(n, np.int64)
+    keys = np.empty(n, np.int32)
+    n_keys = _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, 0, keys)
+    return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
+
+
+@njit(cache=True)
+def _rehash(k_parent, k_item, k_tag, n_keys, size):
+    table = np.full(size, -1, np.int32)
+    mask = np.uint64(size - 1)
+    for k in range(n_keys):
+        s = _slot(k_parent[k], k_item[k], k_tag[k], mask)
+        while table[s] >= 0:
+            s = (s + np.uint64(1)) & mask
+        table[s] = k
+    return table
 
 
 class Interner:

@@ -51,6 +51,18 @@ def _grow(kind, tier, seq, req, block, key, a, b, flag, cap):
     return out
 
 
+@njit(cache=True, inline="always")
+def _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, kind, seq, r, block, key):
+    """Row `n_rows` of the log: an event of `kind` numbered `seq`, of request r, on a pool
+    block and a key (-1: none). The caller sets the row's other columns. Returns the next row."""
+    c_kind[n_rows] = kind
+    c_seq[n_rows] = seq
+    c_req[n_rows] = r
+    c_block[n_rows] = block
+    c_key[n_rows] = key
+    return n_rows + 1
+
+
 @njit(cache=True)
 def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, model):
     """Whether blocks 0..k of a request's items, chained under `salt` and `model`, end in a
@@ -91,13 +103,93 @@ def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_cop
     ev_seq[key] = -2
     counters[C_STORED] += 1
     if record:
-        c_kind[n_rows] = STORED
-        c_seq[n_rows] = seq
-        c_req[n_rows] = r
-        c_block[n_rows] = bb
-        c_key[n_rows] = key
-        n_rows += 1
+        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, STORED, seq, r, bb, key)
     return n_rows, 1
+
+
+@njit(cache=True, inline="always")
+def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt,
+                  model):
+    """The first id seen but the request's own (a salt, or a model when `by_model`) under
+    which blocks 0..k of its chain end in a cached block, trying at most MAX_SALTS_CHECKED
+    of them as the manager does; -2 when there is none (ids themselves may be -1)."""
+    checked = 0
+    for j in range(n_ids):
+        other = ids[j]
+        if other == own:
+            continue
+        checked += 1
+        if checked > MAX_SALTS_CHECKED:
+            break
+        if by_model:
+            found = _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, other)
+        else:
+            found = _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, other, model)
+        if found:
+            return other
+    return -2
+
+
+@njit(cache=True, inline="always")
+def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_parent, hold_head, hold_tail, hnext,
+              hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
+              c_req, c_block, c_key):
+    """`BlockPool.take_free_block`, `num_new` times, for request `r` in slot `s`: blocks off the
+    free queue's head into its table from position `ntab`; a block that held a hash is
+    uncached first (its holder dropped, the child forgotten when no copy is left), one
+    eviction event each. Returns (table length, rows used, next seq)."""
+    for _ in range(num_new):
+        bb = qnext[head]
+        qnext[head] = qnext[bb]
+        qprev[qnext[bb]] = head
+        qprev[bb] = -1
+        qnext[bb] = -1
+        ek = bkey[bb]
+        if ek >= 0:
+            if hprev[bb] >= 0:
+                hnext[hprev[bb]] = hnext[bb]
+            else:
+                hold_head[ek] = hnext[bb]
+            if hnext[bb] >= 0:
+                hprev[hnext[bb]] = hprev[bb]
+            else:
+                hold_tail[ek] = hprev[bb]
+            hnext[bb] = -1
+            hprev[bb] = -1
+            n_copies[ek] -= 1
+            bkey[bb] = -1
+            if n_copies[ek] == 0:
+                pi = k_parent[ek] + 1
+                if ch_prev[ek] >= 0:
+                    ch_next[ch_prev[ek]] = ch_next[ek]
+                else:
+                    ch_head[pi] = ch_next[ek]
+                if ch_next[ek] >= 0:
+                    ch_prev[ch_next[ek]] = ch_prev[ek]
+                ch_next[ek] = -1
+                ch_prev[ek] = -1
+            counters[C_EVICTED] += 1
+            if record:
+                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, EVICTED, seq, r, bb, ek)
+            ev_seq[ek] = seq if record else -1
+            seq += 1
+        ref[bb] += 1
+        tables[s, ntab] = bb
+        ntab += 1
+    return ntab, n_rows, seq
+
+
+@njit(cache=True, inline="always")
+def _record_allocated(s, first, ntab, r, n_hit, tables, ref, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key, c_a):
+    """The rows of one allocation: table entries first..ntab allocated (at `seq`, with the
+    request's hit count), then their ref counts (at seq + 1). Returns the rows used."""
+    for i in range(first, ntab):
+        c_a[n_rows] = n_hit
+        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, ALLOCATED, seq, r, tables[s, i], -1)
+    for i in range(first, ntab):
+        c_a[n_rows] = ref[tables[s, i]]
+        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, REF, seq + 1, r, tables[s, i], -1)
+    return n_rows
 
 
 # Per pool block: six int32 arrays (ref count, holder, free-queue prev/next, two more)
@@ -230,39 +322,18 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                     div = ev_seq[kk]  # the lookup event carries it; rows show None
                 else:
                     reason = NEW_CONTENT
+                    # any model seen but the request's own is checked, then any other salt
                     other = -2
-                    if n_models_seen > 0:  # any model seen but the request's own is checked
-                        checked = 0
-                        for j in range(n_models_seen):
-                            mid = models_seen[j]
-                            if mid == r_model[r]:
-                                continue
-                            checked += 1
-                            if checked > MAX_SALTS_CHECKED:
-                                break
-                            if _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, n_hit, r_kind[r],
-                                             r_salt[r], mid):
-                                reason = MODEL
-                                break
-                    if reason == NEW_CONTENT:
-                        checked = 0
-                        for j in range(n_seen):
-                            sid = salts_seen[j]
-                            if sid == r_salt[r]:
-                                continue
-                            checked += 1
-                            if checked > MAX_SALTS_CHECKED:
-                                break
-                            if _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, n_hit, r_kind[r],
-                                             sid, r_model[r]):
-                                other = sid
-                                break
-                    if reason == MODEL:
-                        pass
-                    elif other != -2:
+                    if _other_cached(models_seen, n_models_seen, r_model[r], True, table, k_parent, k_item, k_tag,
+                                     n_copies, items, k0, n_hit, r_kind[r], r_salt[r], r_model[r]) != -2:
+                        reason = MODEL
+                    else:
+                        other = _other_cached(salts_seen, n_seen, r_salt[r], False, table, k_parent, k_item, k_tag,
+                                              n_copies, items, k0, n_hit, r_kind[r], r_salt[r], r_model[r])
+                    if other != -2:
                         reason = SALT
                         div = other
-                    else:
+                    elif reason == NEW_CONTENT:
                         start = n_hit * bs
                         best = 0
                         if r_kind[r] == KIND_TOKENS:
@@ -300,14 +371,9 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             if needed > available:
                 counters[C_REFUSED] += 1
                 if record:
-                    c_kind[n_rows] = REFUSED
-                    c_seq[n_rows] = seq
-                    c_req[n_rows] = r
-                    c_block[n_rows] = -1
-                    c_key[n_rows] = -1
                     c_a[n_rows] = needed
                     c_b[n_rows] = available
-                    n_rows += 1
+                    n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, REFUSED, seq, r, -1, -1)
                 seq += 1
                 if nrun > 0:
                     break
@@ -325,21 +391,12 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                 salts_seen[n_seen] = r_salt[r]
                 n_seen += 1
             if record:
-                c_kind[n_rows] = STARTED
-                c_seq[n_rows] = seq
-                c_req[n_rows] = r
-                c_block[n_rows] = -1
-                c_key[n_rows] = -1
-                n_rows += 1
-                c_kind[n_rows] = LOOKUP
-                c_seq[n_rows] = seq + 1
-                c_req[n_rows] = r
-                c_block[n_rows] = n_hit  # the first missing block
-                c_key[n_rows] = -1
+                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, STARTED, seq, r, -1, -1)
                 c_a[n_rows] = n_hit
                 c_b[n_rows] = div
                 c_flag[n_rows] = reason
-                n_rows += 1
+                # the lookup's block column is the first missing block
+                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, LOOKUP, seq + 1, r, n_hit, -1)
             seq += 2
             s = free_slots[n_free_slots - 1]
             n_free_slots -= 1
@@ -356,68 +413,13 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                 tables[s, ntab] = bb
                 ntab += 1
             num_new = _cdiv(n_prompt, bs) - ntab
-            for _ in range(num_new):
-                bb = qnext[HEAD]
-                qnext[HEAD] = qnext[bb]
-                qprev[qnext[bb]] = HEAD
-                qprev[bb] = -1
-                qnext[bb] = -1
-                n_free -= 1
-                ek = bkey[bb]
-                if ek >= 0:
-                    # uncache: drop the holder, then forget the child if no copy is left
-                    if hprev[bb] >= 0:
-                        hnext[hprev[bb]] = hnext[bb]
-                    else:
-                        hold_head[ek] = hnext[bb]
-                    if hnext[bb] >= 0:
-                        hprev[hnext[bb]] = hprev[bb]
-                    else:
-                        hold_tail[ek] = hprev[bb]
-                    hnext[bb] = -1
-                    hprev[bb] = -1
-                    n_copies[ek] -= 1
-                    bkey[bb] = -1
-                    if n_copies[ek] == 0:
-                        pi = k_parent[ek] + 1
-                        if ch_prev[ek] >= 0:
-                            ch_next[ch_prev[ek]] = ch_next[ek]
-                        else:
-                            ch_head[pi] = ch_next[ek]
-                        if ch_next[ek] >= 0:
-                            ch_prev[ch_next[ek]] = ch_prev[ek]
-                        ch_next[ek] = -1
-                        ch_prev[ek] = -1
-                    counters[C_EVICTED] += 1
-                    if record:
-                        c_kind[n_rows] = EVICTED
-                        c_seq[n_rows] = seq
-                        c_req[n_rows] = r
-                        c_block[n_rows] = bb
-                        c_key[n_rows] = ek
-                        n_rows += 1
-                    ev_seq[ek] = seq if record else -1
-                    seq += 1
-                ref[bb] += 1
-                tables[s, ntab] = bb
-                ntab += 1
+            n_free -= num_new
+            ntab, n_rows, seq = _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, HEAD, bkey, k_parent,
+                                          hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
+                                          ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
             if record:
-                for i in range(ntab):
-                    c_kind[n_rows] = ALLOCATED
-                    c_seq[n_rows] = seq
-                    c_req[n_rows] = r
-                    c_block[n_rows] = tables[s, i]
-                    c_key[n_rows] = -1
-                    c_a[n_rows] = n_hit
-                    n_rows += 1
-                for i in range(ntab):
-                    c_kind[n_rows] = REF
-                    c_seq[n_rows] = seq + 1
-                    c_req[n_rows] = r
-                    c_block[n_rows] = tables[s, i]
-                    c_key[n_rows] = -1
-                    c_a[n_rows] = ref[tables[s, i]]
-                    n_rows += 1
+                n_rows = _record_allocated(s, 0, ntab, r, n_hit, tables, ref, seq, n_rows, c_kind, c_seq, c_req,
+                                           c_block, c_key, c_a)
             seq += 2
             running_uid[r_uid[r]] = 1
             s_req[s] = r
@@ -470,68 +472,16 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                             res_refused, (c_kind, c_tier, c_seq, c_req, c_block, c_key, c_a, c_b, c_flag),
                             n_rows, seq)
                 first_new = s_ntab[s]
-                for _ in range(num_new):
-                    bb = qnext[HEAD]
-                    qnext[HEAD] = qnext[bb]
-                    qprev[qnext[bb]] = HEAD
-                    qprev[bb] = -1
-                    qnext[bb] = -1
-                    n_free -= 1
-                    ek = bkey[bb]
-                    if ek >= 0:
-                        if hprev[bb] >= 0:
-                            hnext[hprev[bb]] = hnext[bb]
-                        else:
-                            hold_head[ek] = hnext[bb]
-                        if hnext[bb] >= 0:
-                            hprev[hnext[bb]] = hprev[bb]
-                        else:
-                            hold_tail[ek] = hprev[bb]
-                        hnext[bb] = -1
-                        hprev[bb] = -1
-                        n_copies[ek] -= 1
-                        bkey[bb] = -1
-                        if n_copies[ek] == 0:
-                            pi = k_parent[ek] + 1
-                            if ch_prev[ek] >= 0:
-                                ch_next[ch_prev[ek]] = ch_next[ek]
-                            else:
-                                ch_head[pi] = ch_next[ek]
-                            if ch_next[ek] >= 0:
-                                ch_prev[ch_next[ek]] = ch_prev[ek]
-                            ch_next[ek] = -1
-                            ch_prev[ek] = -1
-                        counters[C_EVICTED] += 1
-                        if record:
-                            c_kind[n_rows] = EVICTED
-                            c_seq[n_rows] = seq
-                            c_req[n_rows] = rq
-                            c_block[n_rows] = bb
-                            c_key[n_rows] = ek
-                            n_rows += 1
-                        ev_seq[ek] = seq if record else -1
-                        seq += 1
-                    ref[bb] += 1
-                    tables[s, s_ntab[s]] = bb
-                    s_ntab[s] += 1
+                n_free -= num_new
+                ntab, n_rows, seq = _allocate(num_new, s, first_new, rq, tables, ref, qprev, qnext, HEAD, bkey,
+                                              k_parent, hold_head, hold_tail, hnext, hprev, n_copies, ch_head,
+                                              ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
+                                              c_req, c_block, c_key)
+                s_ntab[s] = ntab
                 if num_new > 0:
                     if record:
-                        for i in range(first_new, s_ntab[s]):
-                            c_kind[n_rows] = ALLOCATED
-                            c_seq[n_rows] = seq
-                            c_req[n_rows] = rq
-                            c_block[n_rows] = tables[s, i]
-                            c_key[n_rows] = -1
-                            c_a[n_rows] = 0
-                            n_rows += 1
-                        for i in range(first_new, s_ntab[s]):
-                            c_kind[n_rows] = REF
-                            c_seq[n_rows] = seq + 1
-                            c_req[n_rows] = rq
-                            c_block[n_rows] = tables[s, i]
-                            c_key[n_rows] = -1
-                            c_a[n_rows] = ref[tables[s, i]]
-                            n_rows += 1
+                        n_rows = _record_allocated(s, first_new, ntab, rq, 0, tables, ref, seq, n_rows, c_kind,
+                                                   c_seq, c_req, c_block, c_key, c_a)
                     seq += 2
                 s_ntok[s] = total
                 s_app[s] += n
@@ -585,36 +535,21 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             counters[C_FINISHED] += 1
             if record:
                 for i in range(ntab - 1, -1, -1):
-                    c_kind[n_rows] = REF
-                    c_seq[n_rows] = seq
-                    c_req[n_rows] = rq
-                    c_block[n_rows] = tables[s, i]
-                    c_key[n_rows] = -1
                     c_a[n_rows] = ref[tables[s, i]]
-                    n_rows += 1
+                    n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, REF, seq, rq, tables[s, i], -1)
             seq += 1
             if n_freed > 0:
                 if record:
                     for i in range(ntab - 1, -1, -1):
                         bb = tables[s, i]
                         if ref[bb] == 0:
-                            c_kind[n_rows] = FREED
-                            c_seq[n_rows] = seq
-                            c_req[n_rows] = rq
-                            c_block[n_rows] = bb
-                            c_key[n_rows] = -1
                             c_flag[n_rows] = 1 if bkey[bb] >= 0 else 0
-                            n_rows += 1
+                            n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, FREED, seq, rq, bb, -1)
                 seq += 1
             if record:
-                c_kind[n_rows] = FINISHED
-                c_seq[n_rows] = seq
-                c_req[n_rows] = rq
-                c_block[n_rows] = -1
-                c_key[n_rows] = -1
                 c_a[n_rows] = s_ntok[s]
                 c_flag[n_rows] = 0
-                n_rows += 1
+                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, FINISHED, seq, rq, -1, -1)
             seq += 1
             free_slots[n_free_slots] = s
             n_free_slots += 1
