@@ -190,3 +190,84 @@ def test_a_recorded_run_compares_as_recorded(tmp_path):
     assert [x["cached_tokens_b"] for x in c["requests"]] == [0, 32, 32, 32]
     assert c["a"]["totals"]["stored_blocks"] == 3 + 3 * 0  # the events of the run: one chain of 3 blocks
     assert c["summary"]["b_reuses_less"] == 3
+
+
+# ---- cost per turn and demo sides -------------------------------------------------------
+
+def billing_costs(capsys, *argv: str) -> dict[str, float]:
+    assert main(["billing", *argv, "--json"]) == 0
+    return {str(row["id"]): row["cost_usd"] for row in json.loads(capsys.readouterr().out)["requests"]}
+
+
+def test_cost_per_turn_is_what_billing_says_on_each_side(capsys):
+    code, out, _ = cli(capsys, str(MOONCAKE), str(MOONCAKE), "--block-size-b", "64", "--requests", "40",
+                       "--cost", "anthropic", "--json")
+    doc = json.loads(out)
+    billed = billing_costs(capsys, str(MOONCAKE), "--limit", "40")
+    assert code == 0 and len(billed) == 40
+    for row in doc["requests"]:
+        assert row["cost_usd_a"] == billed[row["id_a"]] and row["cost_usd_b"] == billed[row["id_b"]]
+        assert row["cost_delta_usd"] == 0  # the hosted bill does not depend on the local block size
+    assert doc["cost"]["a"]["cost_usd"] == pytest.approx(sum(billed.values()))
+    assert doc["cost"]["cost_delta_usd"] == 0 and doc["cost"]["unknown"] == []
+
+
+def test_cost_per_turn_differs_where_the_prompts_do(tmp_path, capsys, monkeypatch, default_tokenizer):
+    import engine.model.loader as loader
+
+    monkeypatch.setattr(loader, "load_tokenizer", lambda *a, **k: default_tokenizer)
+    front, end = _timestamp_files(tmp_path)
+    code, out, _ = cli(capsys, str(front), str(end), "--cost", "anthropic", "--json")
+    doc = json.loads(out)
+    billed_a, billed_b = billing_costs(capsys, str(front)), billing_costs(capsys, str(end))
+    assert code == 0 and [r["cost_usd_a"] for r in doc["requests"]] == [billed_a[r["id_a"]] for r in doc["requests"]]
+    assert [r["cost_usd_b"] for r in doc["requests"]] == [billed_b[r["id_b"]] for r in doc["requests"]]
+    deltas = [r["cost_delta_usd"] for r in doc["requests"]]
+    assert deltas == [round(b - a, 8) for a, b in ((r["cost_usd_a"], r["cost_usd_b"]) for r in doc["requests"])]
+    assert doc["cost"]["cost_delta_usd"] == round(sum(billed_b.values()) - sum(billed_a.values()), 8)
+
+
+def test_a_demo_compares_its_two_parts_as_the_demo_reports_them(capsys):
+    name = "ab-setting-splits-cache"  # a tokenizer-only demo: two prefix caches fed the same traffic
+    assert main(["demo", name, "--json"]) == 0
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    code, out, err = cli(capsys, f"demo:{name}:one_value", f"demo:{name}:ab_test", "--json")
+    doc = json.loads(out)
+    assert code == 0 and err == ""
+    one, ab = findings["one_value"]["requests"], findings["ab_test"]["requests"]
+    rows = doc["requests"]
+    assert doc["aligned_by"] == "id" and [r["id_a"] for r in rows] == [r["request_id"] for r in one]
+    by_id = {r["request_id"]: r for r in ab}
+    for row, a in zip(rows, one):
+        b = by_id[row["id_a"]]
+        assert (row["cached_tokens_a"], row["cached_tokens_b"]) == (a["cached_tokens"], b["cached_tokens"])
+        assert row["cached_delta"] == b["cached_tokens"] - a["cached_tokens"]
+        assert row["miss_reason_a"] == a["miss_reason"]
+    assert doc["delta"]["cached_tokens"] == findings["ab_test"]["cached_tokens"] - findings["one_value"]["cached_tokens"]
+    assert round(doc["a"]["totals"]["hit_rate"], 4) == findings["hit_rate_one_value"]
+    assert round(doc["b"]["totals"]["hit_rate"], 4) == findings["hit_rate_ab_test"]
+    assert doc["delta"]["cached_tokens"] < 0 and doc["summary"]["b_reuses_more"] == 0  # splitting only loses
+    assert doc["a"]["config"]["block_size"] == 16 and doc["a"]["config"]["capacity_blocks"] == 256
+
+
+def test_a_demo_side_keeps_the_pool_of_its_own_engine():
+    from app.views.compare.demo_sides import demo_runs
+
+    name = "ab-setting-splits-cache"
+    c = compare(f"demo:{name}:one_value", f"demo:{name}:ab_test", SideOptions(), demos=demo_runs())
+    for run in (c.a, c.b):
+        assert run.log is not None and set(run.end_seqs) == {r.id for r in run.requests}
+        # every request of a side ends in that side's own engine, in the order it was served
+        assert list(run.end_seqs) == [r.id for r in run.requests]
+    last = c.b.requests[-1].id
+    pool = c.b.state_after(last)
+    assert pool.num_in_use == 0 and pool.num_cached_free == c.b.stored_blocks - c.b.evicted_blocks
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["demo:no-such-demo", str(MOONCAKE)], "no demo called 'no-such-demo'"),
+    (["demo:ab-setting-splits-cache:nope", "demo:ab-setting-splits-cache"], "has no part 'nope'"),
+])
+def test_a_bad_demo_side_is_one_line_and_exit_2(capsys, argv, words):
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and words in err and err.count("\n") == 1

@@ -11,7 +11,7 @@ from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
 NAME = "compare"
-HELP = "compare two runs (traces, conversation or session files, session:ID, run:ID) request by request"
+HELP = "compare two runs (traces, conversation or session files, session:ID, run:ID, demo:NAME) request by request"
 
 
 def fraction(text: str) -> float:
@@ -26,7 +26,9 @@ def fraction(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="the baseline: a token-level or Mooncake trace, a conversation or "
-                                          ".cachescope.json file, session:ID (replayed) or run:ID (as recorded)")
+                                          ".cachescope.json file, session:ID (replayed), run:ID (as recorded) or "
+                                          "demo:NAME[:PART] (a demo's requests, or one part such as "
+                                          "demo:timestamp-at-front:front)")
     p.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
     for side in ("", "-a", "-b"):
         which = {"": "both sides", "-a": "A only", "-b": "B only"}[side]
@@ -48,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="PATH", default=None, help="the session database for session:ID and run:ID")
     p.add_argument("--fail-if-hit-rate-drops", type=fraction, default=None, metavar="X",
                    help="exit 1 when B's hit rate is lower than A's by more than X (a fraction: 0.02 = 2 points)")
+    p.add_argument("--cost", choices=("anthropic", "openai", "openai-legacy"), default=None, metavar="PROVIDER",
+                   help="add the cost per turn: what PROVIDER's API would bill each request on A and on B "
+                        "(as 'cachescope billing' does), with B - A")
+    p.add_argument("--cost-model", metavar="NAME", default=None, help="model family for --cost (sets the price)")
     p.add_argument("--totals-only", action="store_true", help="omit the per-request rows")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -72,8 +78,25 @@ def side_options(args: argparse.Namespace, side: str):
 def run(args: argparse.Namespace) -> int:
     from engine.analysis.compare import compare
 
-    result = compare(args.a, args.b, side_options(args, "a"), side_options(args, "b"), args.db)
+    demos = None
+    if args.a.startswith("demo:") or args.b.startswith("demo:"):
+        from app.views.compare.demo_sides import demo_runs
+
+        demos = demo_runs()
+    rules = None
+    if args.cost is not None:
+        from engine.analysis.billing import provider_rules
+
+        rules = provider_rules(args.cost, args.cost_model)  # a bad model fails before the replays
+    result = compare(args.a, args.b, side_options(args, "a"), side_options(args, "b"), args.db, demos=demos)
     out = result.to_dict()
+    if rules is not None:
+        from engine.analysis.compare import cost_per_turn
+
+        cost = cost_per_turn(result, rules)
+        for row, c in zip(out["requests"], cost.pop("requests")):
+            row.update({k: c[k] for k in ("cost_usd_a", "cost_usd_b", "cost_delta_usd")})
+        out["cost"] = cost
     if args.totals_only:
         out.pop("requests")
     gate = args.fail_if_hit_rate_drops
@@ -95,13 +118,20 @@ def _print_human(r: dict) -> None:
     out = sys.stdout
     for side in ("a", "b"):
         t, c = r[side]["totals"], r[side]["config"]
-        out.write(f"{side.upper()}: {r[side]['label']}  block size {c['block_size']}  pool {c['capacity_blocks']} blocks  "
+        out.write(f"{side.upper()}: {r[side]['label']}  block size {c.get('block_size')}  "
+                  f"pool {c.get('capacity_blocks')} blocks  "
                   f"requests {t['requests']}  cached {t['cached_tokens']} of {t['prompt_tokens']}  "
                   f"hit rate {t['hit_rate']:.2%}  evicted {t['evicted_blocks']}\n")
     d, s = r["delta"], r["summary"]
     out.write(f"B - A: cached {d['cached_tokens']:+d} tokens, hit rate {d['hit_rate']:+.2%}; B reuses more on "
               f"{s['b_reuses_more']} requests, less on {s['b_reuses_less']}, the same on {s['same']} "
               f"(aligned by {r['aligned_by']})\n")
+    cost = r.get("cost")
+    if cost is not None and cost["cost_delta_usd"] is not None:
+        out.write(f"cost ({cost['provider']}, {cost['model']}): A ${cost['a']['cost_usd']:.6f}, "
+                  f"B ${cost['b']['cost_usd']:.6f}, B - A {cost['cost_delta_usd']:+.6f} USD\n")
+    elif cost is not None:
+        out.write(f"cost: not known for {' and '.join(cost['unknown'])} (a recorded run or a demo keeps no prompts to price)\n")
     rows = [x for x in r.get("requests") or [] if x["cached_delta"]]
     if rows:
         out.write(f"{'#':>5} {'id':<14} {'cached A':>9} {'cached B':>9} {'delta':>7}  B\n")

@@ -1,8 +1,9 @@
 """Comparing two runs on one aligned request axis: `cachescope compare A B` and File > Compare...
 
 A side is a trace (token-level or Mooncake), a conversation or session file, a stored
-session (`session:ID`, replayed) or a recorded run (`run:ID`: a replay, a chat, a recorded
-attach, as it was recorded). Files and sessions are replayed through a fresh engine with
+session (`session:ID`, replayed), a recorded run (`run:ID`: a replay, a chat, a recorded
+attach, as it was recorded) or a demo (`demo:NAME`, or one part of it, `demo:NAME:PART`,
+run as `cachescope demo NAME` runs it). Files and sessions are replayed through a fresh engine with
 the side's `SideOptions`; requests are paired by id when both sides have the same ids,
 else by position. Deltas are B minus A: "more" means B reused more tokens. Hit rates are
 cached over prompt tokens of every request, a refused one counted as missed, so a pool
@@ -12,18 +13,25 @@ that serves fewer requests never looks better (as `engine.analysis.sweep` counts
 from __future__ import annotations
 
 import re
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from engine.core.blocks import cdiv
 from engine.core.errors import InputError
+from engine.core.events import EventBus
+from engine.core.projection import EventLog, PoolProjection
 from engine.core.replay import ReplayConfig, replay
 from engine.core.served import ServedRequest
 from engine.core.sniff import is_request_trace
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 
 _STORED = re.compile(r"(session|run):(\d+)")
+_DEMO = re.compile(r"demo:([^:]+)(?::(.+))?")
+# A side's event log is kept (for its block table and pool timelines) up to this many
+# requests: a log holds every event as an object, about 100 MB per 1,000 Mooncake requests.
+MAX_LOGGED_REQUESTS = 5_000
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +67,20 @@ class Run:
     stored_blocks: int | None = None
     evicted_blocks: int | None = None
     token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # prompt ids by request id, when known
+    # The engine's events (kept on request, see `PreparedSide.run`) and, per request id, the
+    # seq of the event that ended it (finished or refused): the pool "after request i".
+    log: EventLog | None = None
+    end_seqs: dict[str, int] = field(default_factory=dict)
+    no_log_reason: str | None = None
+    # What a hosted API would be sent (`engine.analysis.billing` requests), when known.
+    billing: Callable[[], list[Any]] | None = None
+
+    def state_after(self, request_id: str) -> PoolProjection | None:
+        """The pool just after request `request_id` ended (None without a log or that request)."""
+        seq = self.end_seqs.get(request_id)
+        if self.log is None or seq is None:
+            return None
+        return self.log.state_at(seq)
 
     @property
     def prompt_tokens(self) -> int:
@@ -128,44 +150,97 @@ class PreparedSide:
     model: str | None = None
     recorded: Run | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    billing: Callable[[], list[Any]] | None = None
 
-    def run(self) -> Run:
+    def run(self, keep_log: bool = False) -> Run:
+        """Replay the side (a recorded side as it was). `keep_log` keeps the engine's events
+        in an `EventLog` for the block table and the pool timelines, up to
+        MAX_LOGGED_REQUESTS requests."""
         if self.recorded is not None:
             return self.recorded
         reqs, opts = self.requests, self.opts
-        config = ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), seed=opts.seed,
+        capacity = _capacity(reqs, opts)
+        config = ReplayConfig(block_size=opts.block_size, capacity_blocks=capacity, seed=opts.seed,
                               hash=opts.hash, concurrency=opts.concurrency, model=self.model)
-        result = replay(reqs, config, source=self.label)
+        bus, log, reason = None, None, None
+        if keep_log and len(reqs) > MAX_LOGGED_REQUESTS:
+            reason = (f"{len(reqs):,} requests: the pool is shown for runs of up to {MAX_LOGGED_REQUESTS:,} "
+                      f"(set 'first N requests')")
+        elif keep_log:
+            bus, log = EventBus(), new_log(capacity, opts.block_size)
+            bus.subscribe(log.append)
+        result = replay(reqs, config, bus, source=self.label)
         cfg = {**result.config, "source": self.label, "kind": self.kind, **self.extra}
         tokens = {r.id: r.tokens for r in reqs if r.tokens is not None}
         return Run(self.label, self.kind, cfg, result.requests, result.totals.stored_blocks,
-                   result.totals.evicted_blocks, tokens)
+                   result.totals.evicted_blocks, tokens, log, end_seqs(log) if log is not None else {}, reason,
+                   self.billing)
+
+
+def new_log(num_blocks: int, block_size: int) -> EventLog:
+    # Few checkpoints: a copy of a large pool costs more than replaying a stretch of events.
+    return EventLog(num_blocks, block_size, checkpoint_every=max(4096, num_blocks), max_checkpoints=8)
+
+
+def end_seqs(log: EventLog) -> dict[str, int]:
+    """Per request id, the seq of the event that ended it: finished, else refused."""
+    out: dict[str, int] = {}
+    for e in log.events:
+        if e.kind in ("request_finished", "request_refused"):
+            out[e.request_id] = e.seq
+    return out
 
 
 def prepare_requests(reqs: Sequence[TraceRequest], opts: SideOptions, label: str, kind: str,
-                     model: str | None = None) -> PreparedSide:
+                     model: str | None = None, billing: Callable[[], list[Any]] | None = None) -> PreparedSide:
+    """`billing`, when given, makes the side's hosted-API requests; by default they are made
+    from `reqs` as `cachescope billing` makes them from a trace (before any refinement)."""
     reqs = list(reqs)[:opts.limit] if opts.limit else list(reqs)
     if not reqs:
         raise InputError(f"{label}: there is no request to compare")
+    if billing is None:
+        billing = functools.partial(_billing_of_trace, tuple(reqs))
     if any(r.is_block_level for r in reqs):
         reqs = refine_block_ids(reqs, opts.block_size)
     ReplayConfig(block_size=opts.block_size, capacity_blocks=_capacity(reqs, opts), hash=opts.hash)  # checks now
-    return PreparedSide(label, kind, opts, reqs, model)
+    return PreparedSide(label, kind, opts, reqs, model, billing=billing)
+
+
+def _billing_of_trace(reqs: Sequence[TraceRequest]) -> list[Any]:
+    from engine.analysis.billing import requests_from_trace
+
+    return requests_from_trace(reqs)
+
+
+def _billing_of_source(source: str, db: str | None, limit: int | None) -> list[Any]:
+    """The requests `cachescope billing SOURCE` prices (its --limit as the side's)."""
+    from engine.analysis.billing import load_billing_requests
+
+    reqs, _ = load_billing_requests(source, db)
+    return reqs[:limit] if limit else reqs
 
 
 def prepare_side(spec: str, opts: SideOptions, db: str | None = None,
-                 tokenizer_loader: Callable[[], Any] | None = None) -> PreparedSide:
-    """One side from `spec` (a file path, session:ID or run:ID in the database `db`), read
-    and checked; replaying it is `PreparedSide.run`, so a bad B fails before A replays."""
+                 tokenizer_loader: Callable[[], Any] | None = None, demos: DemoRuns | None = None) -> PreparedSide:
+    """One side from `spec` (a file path, session:ID or run:ID in the database `db`, or
+    demo:NAME[:PART] run by `demos`), read and checked; replaying it is `PreparedSide.run`,
+    so a bad B fails before A replays."""
     m = _STORED.fullmatch(spec)
     if m:
         return _stored(m.group(1), int(m.group(2)), opts, db, tokenizer_loader)
+    m = _DEMO.fullmatch(spec)
+    if m:
+        if demos is None:
+            raise InputError(f"{spec}: demos are compared by 'cachescope compare' and the Compare window")
+        return demos.side(m.group(1), m.group(2), opts)
     path = Path(spec)
     if not path.is_file():
-        raise InputError(f"{spec}: no such file (give a trace, a conversation or session file, session:ID or run:ID)")
+        raise InputError(f"{spec}: no such file (give a trace, a conversation or session file, session:ID, run:ID "
+                         f"or demo:NAME)")
+    bills = functools.partial(_billing_of_source, spec, db, opts.limit)
     if is_request_trace(path):
         reqs = load_trace(path)  # Mooncake ids name 512-token blocks whatever block size replays them
-        return prepare_requests(reqs, opts, spec, "mooncake" if reqs[0].is_block_level else "tokens")
+        return prepare_requests(reqs, opts, spec, "mooncake" if reqs[0].is_block_level else "tokens", billing=bills)
     from engine.analysis.conversations import load_conversation_file
 
     convs = load_conversation_file(path)
@@ -176,7 +251,8 @@ def prepare_side(spec: str, opts: SideOptions, db: str | None = None,
         return prepare_requests([replace(tr, index=i) for i, tr in enumerate(reqs)], opts, spec, "session")
     from engine.analysis.sweep import conversation_trace
 
-    return prepare_requests(conversation_trace(convs, _tokenizer(tokenizer_loader)), opts, spec, "conversation")
+    return prepare_requests(conversation_trace(convs, _tokenizer(tokenizer_loader)), opts, spec, "conversation",
+                            billing=bills)
 
 
 def load_side(spec: str, opts: SideOptions, db: str | None = None,
@@ -204,7 +280,8 @@ def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
             tok = _tokenizer(tokenizer_loader) if info.kind == "chat" else None
             reqs, _ = session_requests(store, info, tok)
             side = prepare_requests(reqs, opts, f"session:{ident}", "session",
-                                    model=info.model if info.kind == "chat" else None)
+                                    model=info.model if info.kind == "chat" else None,
+                                    billing=functools.partial(_billing_of_source, f"session:{ident}", db, opts.limit))
             side.extra["session"] = ident
             return side
         runs = {r.id: r for r in store.runs()}
@@ -298,11 +375,45 @@ def compare_runs(a: Run, b: Run) -> Comparison:
 
 
 def compare(spec_a: str, spec_b: str, opts_a: SideOptions, opts_b: SideOptions | None = None,
-            db: str | None = None, tokenizer_loader: Callable[[], Any] | None = None) -> Comparison:
-    """Load, replay and pair two sides (B takes A's options unless given its own)."""
-    a = prepare_side(spec_a, opts_a, db, tokenizer_loader)
-    b = prepare_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader)
-    return compare_runs(a.run(), b.run())
+            db: str | None = None, tokenizer_loader: Callable[[], Any] | None = None,
+            demos: DemoRuns | None = None, keep_logs: bool = False) -> Comparison:
+    """Load, replay and pair two sides (B takes A's options unless given its own).
+    `demos` runs demo:NAME sides; `keep_logs` keeps each side's events (`Run.log`)."""
+    for spec in (spec_a, spec_b):
+        m = _DEMO.fullmatch(spec)
+        if m and demos is not None:
+            demos.check(m.group(1))
+    a = prepare_side(spec_a, opts_a, db, tokenizer_loader, demos)
+    b = prepare_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader, demos)
+    return compare_runs(a.run(keep_logs), b.run(keep_logs))
+
+
+def pool_curves(run: Run) -> dict[str, list[float]] | None:
+    """Per request of `run`, its pool as shares of the pool (so pools of other sizes or
+    block sizes compare): the most blocks in use while it ran (from the previous request's
+    end to its own), the cached free blocks it left, and the highest ref count while it
+    ran. None without a log."""
+    log = run.log
+    if log is None or not len(log.series):
+        return None
+    import bisect
+
+    s, n = log.series, max(1, log.live.num_blocks)
+    ends = sorted((seq, rid) for rid, seq in run.end_seqs.items())
+    peak: dict[str, tuple[int, int, int]] = {}
+    lo = 0
+    for seq, rid in ends:
+        hi = bisect.bisect_right(s.seq, seq)
+        if hi > lo:
+            peak[rid] = (max(s.in_use[lo:hi]), s.cached_free[hi - 1], max(s.max_ref[lo:hi]))
+        lo = hi
+    out: dict[str, list[float]] = {"in_use": [], "cached_free": [], "max_ref": []}
+    for r in run.requests:
+        use, free, ref = peak.get(r.id, (0, 0, 0))
+        out["in_use"].append(use / n)
+        out["cached_free"].append(free / n)
+        out["max_ref"].append(float(ref))
+    return out
 
 
 def hit_rate_curve(run: Run) -> list[float]:
@@ -313,3 +424,147 @@ def hit_rate_curve(run: Run) -> list[float]:
         cached += 0 if r.refused else r.cached_tokens
         out.append(cached / prompt if prompt else 0.0)
     return out
+
+
+# ---- cost per turn ----------------------------------------------------------------------
+
+def bill_side(run: Run, rules: Any, breakpoints: tuple[int, ...] | None = (-1,)) -> dict[str, Any] | None:
+    """`engine.analysis.billing.bill` of the side's hosted-API requests (what `cachescope
+    billing` prints for its source), or None when the side has none (a recorded run)."""
+    if run.billing is None:
+        return None
+    from engine.analysis.billing import bill
+
+    return bill(run.billing(), rules, breakpoints)
+
+
+def cost_per_turn(comparison: Comparison, rules: Any, breakpoints: tuple[int, ...] | None = (-1,)) -> dict[str, Any]:
+    """What a hosted API would bill each aligned request on A and on B under `rules`, with
+    B - A; requests are matched to the bills by id (a side's bill rows carry its ids)."""
+    bills = {side: bill_side(run, rules, breakpoints) for side, run in (("a", comparison.a), ("b", comparison.b))}
+    by_id = {side: ({str(row["id"]): row["cost_usd"] for row in b["requests"]} if b is not None else None)
+             for side, b in bills.items()}
+    rows = []
+    for i, (ra, rb) in enumerate(comparison.pairs):
+        ca = by_id["a"].get(ra.id) if by_id["a"] is not None and ra is not None else None
+        cb = by_id["b"].get(rb.id) if by_id["b"] is not None and rb is not None else None
+        rows.append({"position": i, "cost_usd_a": ca, "cost_usd_b": cb,
+                     "cost_delta_usd": round(cb - ca, 8) if ca is not None and cb is not None else None})
+    totals = {side: ({k: b["totals"][k] for k in ("cost_usd", "cost_without_cache_usd", "read_tokens", "write_tokens",
+                                                  "uncached_tokens", "savings_fraction")} if b is not None else None)
+              for side, b in bills.items()}
+    ta, tb = totals["a"], totals["b"]
+    delta = (round(tb["cost_usd"] - ta["cost_usd"], 8) if ta and tb and ta["cost_usd"] is not None
+             and tb["cost_usd"] is not None else None)
+    return {"provider": rules.provider, "model": rules.model, "price_per_mtok": rules.price_per_mtok,
+            "a": ta, "b": tb, "cost_delta_usd": delta, "requests": rows,
+            "unknown": [side.upper() for side, b in bills.items() if b is None]}
+
+
+# ---- demo sides -------------------------------------------------------------------------
+
+_ROW_KEYS = ("request_id", "prompt_tokens", "cached_tokens")
+
+
+def _is_row(x: Any) -> bool:
+    return isinstance(x, dict) and all(k in x for k in _ROW_KEYS) and isinstance(x["prompt_tokens"], int)
+
+
+def demo_parts(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The served requests of a demo result, whole ("" key) and by part: a findings entry
+    that is a list of request rows, or holds one under "requests" (the timestamp demo's
+    front and end, the A/B demo's one_value and ab_test), else the steps grouped by their
+    request id without its trailing number (retrieved-1, retrieved-2: "retrieved")."""
+    steps = [s for s in result.get("steps", []) if _is_row(s)]
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for key, value in (result.get("findings") or {}).items():
+        rows = value.get("requests") if isinstance(value, dict) else value
+        if isinstance(rows, list) and rows and all(_is_row(r) for r in rows):
+            parts[str(key)] = rows
+    if not parts:
+        for s in steps:
+            stem = re.sub(r"-\d+$", "", str(s["request_id"]))
+            parts.setdefault(stem, []).append(s)
+    whole = steps if steps else [r for rows in parts.values() for r in rows]
+    return {"": whole, **parts}
+
+
+class DemoRuns:
+    """Runs demos for compare sides, each demo once however many sides name it, and keeps
+    a log of every engine a demo builds. `run_demo(name, on_engine)` is the app's way to run
+    one (`engine.demos.run_demo` with a `DemoEnv(on_engine=...)`, which this layer below
+    the demos cannot import); it raises InputError for an unknown name."""
+
+    def __init__(self, run_demo: Callable[[str, Callable[[Any], None]], dict[str, Any]],
+                 names: Sequence[str] | None = None) -> None:
+        self._run_demo = run_demo
+        self.names = tuple(names) if names is not None else None
+        self._done: dict[str, tuple[dict[str, Any], list[tuple[Any, EventLog]]]] = {}
+
+    def check(self, name: str) -> None:
+        """Refuse an unknown demo before any demo runs (a demo can take a minute)."""
+        if self.names is not None and name not in self.names:
+            raise InputError(f"there is no demo called {name!r}; run 'cachescope demo --list' to see the "
+                             f"{len(self.names)} demos")
+
+    def result(self, name: str) -> tuple[dict[str, Any], list[tuple[Any, EventLog]]]:
+        if name not in self._done:
+            engines: list[tuple[Any, EventLog]] = []
+
+            def on_engine(engine: Any) -> None:
+                if getattr(engine, "num_blocks", 0) > 0:  # a prefix cache, not the semantic cache's bus
+                    log = new_log(engine.num_blocks, engine.block_size)
+                    engine.bus.subscribe(log.append)
+                    engines.append((engine, log))
+
+            self._done[name] = (self._run_demo(name, on_engine), engines)
+        return self._done[name]
+
+    def side(self, name: str, part: str | None, opts: SideOptions) -> PreparedSide:
+        result, engines = self.result(name)
+        parts = demo_parts(result)
+        label = f"demo:{name}" + (f":{part}" if part else "")
+        if part is not None and part not in parts:
+            known = ", ".join(p for p in parts if p) or "none"
+            raise InputError(f"the demo {name!r} has no part {part!r} (its parts: {known})")
+        rows = parts[part or ""][:opts.limit] if opts.limit else parts[part or ""]
+        if not rows:
+            raise InputError(f"{label}: the demo serves no request to compare")
+        served = [ServedRequest(i, str(r["request_id"]), r.get("salt"), r["prompt_tokens"], r["cached_tokens"],
+                                r.get("computed_tokens", r["prompt_tokens"] - r["cached_tokens"]), 0,
+                                r.get("miss_reason"), r.get("first_miss_block"), r.get("divergence_token"))
+                  for i, r in enumerate(rows)]
+        engine, log, seqs = _engine_of(engines, [r.id for r in served], part)
+        config = {"source": label, "kind": "demo", "demo": name, "part": part, "model": result.get("model"),
+                  "block_size": engine.block_size if engine is not None else None,
+                  "capacity_blocks": engine.num_blocks if engine is not None else None}
+        stored = evicted = None
+        if log is not None:
+            stored, evicted = log.live.counters.num_stored_blocks, log.live.counters.num_evicted_blocks
+        run = Run(label, "demo", config, served, stored, evicted, log=log, end_seqs=seqs,
+                  no_log_reason=None if log is not None else "the demo's engine kept no pool")
+        return PreparedSide(label, "demo", opts, recorded=run)
+
+
+def _engine_of(engines: list[tuple[Any, EventLog]], ids: list[str],
+               part: str | None) -> tuple[Any, EventLog | None, dict[str, int]]:
+    """The engine whose log served most of `ids`, with the end seq of each id. A demo may
+    name a request "PART/id" in its engine (the A/B demo runs each part on its own)."""
+    best: tuple[Any, EventLog | None, dict[str, int]] = (None, None, {})
+    best_score = (0, 0)
+    for engine, log in engines:
+        ends = end_seqs(log)
+        seqs, exact = {}, 0
+        for rid in ids:
+            for key in ((rid, f"{part}/{rid}") if part else (rid,)):
+                if key in ends:
+                    seqs[rid], exact = ends[key], exact + 1
+                    break
+        if not seqs and part is None:  # "arm/id" under any one arm
+            tails = {k.rsplit("/", 1)[-1]: v for k, v in ends.items()}
+            if len(tails) == len(ends):
+                seqs = {rid: tails[rid] for rid in ids if rid in tails}
+        score = (exact, len(seqs))
+        if score > best_score:
+            best, best_score = (engine, log, seqs), score
+    return best

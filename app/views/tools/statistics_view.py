@@ -1,10 +1,12 @@
 """The Statistics panel: reuse-distance and block-lifetime histograms, hit rate per tenant /
 model / server, the top shared prefixes and the cache killers of the shown event log,
-optionally narrowed by a filter; every table exports as CSV.
+narrowed by the app's shared filter and timeline range; every table exports as CSV.
 
-The numbers are `engine.analysis.statistics`; this view only draws them. They are
-recomputed when asked (Refresh) and when the log changes while the panel is visible,
-at most once per second, so a replay in progress never waits on it.
+The numbers are `engine.analysis.statistics` over the events the shared filter keeps
+(`app.runtime.selection.EventFilter.match_mask`: the typed filter, inside a timeline's
+range); this view only draws them. They are recomputed when asked (Refresh), when the
+filter or range changes, and when the log changes while the panel is visible, at most
+once per second, so a replay in progress never waits on it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QComboBox, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
-    QVBoxLayout, QWidget,
+    QComboBox, QGridLayout, QHBoxLayout, QLabel, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
+from app.runtime.selection import shared_filter
 from app.ui import theme
 from app.ui.export import export_button
 from app.ui.filter_bar import FilterBar
+from app.ui.tables import data_table, fill_table
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
@@ -32,27 +35,10 @@ MAX_EVENTS = 500_000  # about 15 s of work on the worker; a longer log counts it
 GROUPS = ("tenant", "model", "server")
 
 
-def _table(header: tuple[str, ...]) -> QTableWidget:
-    t = QTableWidget(0, len(header))
-    t.setHorizontalHeaderLabels(list(header))
-    t.verticalHeader().hide()
-    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-    t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
-    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    t.horizontalHeader().setStretchLastSection(True)
-    return t
-
-
 def _fill(table: QTableWidget, rows: list[tuple[Any, ...]]) -> None:
-    table.setRowCount(len(rows))
-    for i, row in enumerate(rows):
-        for j, value in enumerate(row):
-            text = f"{value:.1%}" if isinstance(value, float) and table.horizontalHeaderItem(j).text() in (
-                "hit rate", "share") else str(value).replace("\n", "\u21b5")
-            item = QTableWidgetItem(text)
-            if isinstance(value, (int, float)):
-                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-            table.setItem(i, j, item)
+    """Fractions in the "hit rate" and "share" columns as percentages, text as it is."""
+    names = [table.horizontalHeaderItem(j).text() for j in range(table.columnCount())]
+    fill_table(table, rows, ["%1" if n in ("hit rate", "share") else "" for n in names])
 
 
 class StatisticsView(PanelView):
@@ -68,8 +54,11 @@ class StatisticsView(PanelView):
         self._drawn_version = -1
         self._last_compute = 0.0
         self._busy = self._again = False
+        self.shared = shared_filter(ctx)
+        self._shared_key: tuple[Any, ...] | None = None
         self.filter_bar = FilterBar(ctx.settings, self, "tenant:bob or kind:evicted")
-        self.filter_bar.sigFilterChanged.connect(lambda _f: self.refresh())
+        self.filter_bar.sigFilterChanged.connect(self.shared.set_filter)
+        self.shared.sigChanged.connect(self._on_shared)
         self.summary = QLabel("No events yet: run a chat, open a trace or attach to a server.")
         self.summary.setObjectName("statistics_summary")
         self.summary.setWordWrap(True)
@@ -89,9 +78,9 @@ class StatisticsView(PanelView):
         self.group = QComboBox()
         self.group.addItems([f"hit rate per {g}" for g in GROUPS])
         self.group.currentIndexChanged.connect(lambda _i: self._draw_groups())
-        self.t_groups = _table(("group", "requests", "prompt tokens", "cached tokens", "hit rate"))
-        self.t_prefixes = _table(("blocks", "tokens", "requests", "tokens saved", "text", "last hash"))
-        self.t_killers = _table(("token position", "requests", "share", "text", "examples"))
+        self.t_groups = data_table(("group", "requests", "prompt tokens", "cached tokens", "hit rate"))
+        self.t_prefixes = data_table(("blocks", "tokens", "requests", "tokens saved", "text", "last hash"))
+        self.t_killers = data_table(("token position", "requests", "share", "text", "examples"))
         tables = {"reuse distance": lambda: self._csv_table("reuse_distance"),
                   "block lifetime": lambda: self._csv_table("block_lifetime"),
                   **{f"hit rate per {g}": (lambda g=g: self._csv_table(f"hit_rate_by_{g}")) for g in GROUPS},
@@ -140,27 +129,56 @@ class StatisticsView(PanelView):
             return None
         return lambda ids: tok.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
+    def _on_shared(self) -> None:
+        """The shared filter or range changed (here, in another view, or its match finished)."""
+        flt = self.shared.filter
+        if self.filter_bar.error is None and self.filter_bar.filter.text != flt.text:
+            self.filter_bar.edit.blockSignals(True)
+            self.filter_bar.edit.setText(flt.text)
+            self.filter_bar.edit.blockSignals(False)
+            self.filter_bar.filter = flt
+        key = (flt.text, self.shared.range, self.shared.pending)
+        if key == self._shared_key:
+            return
+        if self.isVisible() or self.stats is not None:
+            self.refresh()
+        else:
+            self._drawn_version = -1  # computed when the pane is shown
+
     def refresh(self) -> None:
-        """Recompute on the worker from the log as it is now (its last MAX_EVENTS events)."""
+        """Recompute on the worker from the events of the log the shared filter keeps now
+        (inside its range; the last MAX_EVENTS of them)."""
+        shared = self.shared
         self._last_compute = time.monotonic()
         self._drawn_version = self.state.version
+        self._shared_key = (shared.filter.text, shared.range, shared.pending)
+        if shared.pending:  # a long log is matched on the worker; its answer calls back here
+            self.filter_bar.count.setText("matching\u2026")
+            return
         if self._busy:
             self._again = True
             return
         self._busy, self._again = True, False
         events = self.state.log.events
         total = len(events)
-        snapshot = list(events[-MAX_EVENTS:])  # references only: the worker builds the dicts
-        self.ctx.worker.submit(_statistics_job, snapshot, total, self.filter_bar.filter, self._decode(),
+        if shared.active:
+            kept = [events[i] for i in shared.matching_positions()]
+        else:
+            kept = list(events)  # references only: the worker builds the dicts
+        matched = len(kept)
+        self.ctx.worker.submit(_statistics_job, kept[-MAX_EVENTS:], matched, total, self._decode(),
                                self.state.log.live.block_size, on_done=self._computed, on_error=self._failed)
 
-    def _computed(self, result: tuple[Any, int, int, int]) -> None:
+    def _computed(self, result: tuple[Any, int, int]) -> None:
         self._busy = False
-        self.stats, matched, used, total = result
-        self.filter_bar.set_count(matched, used)
+        self.stats, matched, total = result
+        self.filter_bar.count.setText(f"{matched:,} of {total:,}" if self.shared.active else "")
         self._draw()
-        if used < total:
-            self.summary.setText(self.summary.text() + f" Only the last {used:,} of {total:,} events are counted.")
+        what = self.shared.describe()
+        text = f"{matched:,} of {total:,} events" + (f" ({what})" if what else "") + ". "
+        if self.stats.num_events < matched:
+            text += f"Only the last {self.stats.num_events:,} of them are counted. "
+        self.summary.setText(text + self.summary.text())
         self.sigComputed.emit(self.stats)
         if self._again:
             self.refresh()
@@ -228,9 +246,7 @@ class StatisticsView(PanelView):
             t.setRowCount(0)
 
 
-def _statistics_job(events: list[Any], total: int, flt: Any, decode: Any, block_size: int) -> tuple[Any, int, int, int]:
+def _statistics_job(events: list[Any], matched: int, total: int, decode: Any, block_size: int) -> tuple[Any, int, int]:
     from engine.analysis.statistics import compute
 
-    dicts = [e.to_dict() for e in events]
-    kept = flt.select(dicts) if flt.root is not None else dicts
-    return compute(kept, decode=decode, block_size=block_size), len(kept), len(dicts), total
+    return compute([e.to_dict() for e in events], decode=decode, block_size=block_size), matched, total
