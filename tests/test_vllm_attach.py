@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from _ports import free_ports  # noqa: F401  (tests/ is on sys.path; other test files import it from here)
 from engine.core.errors import InputError
 from engine.remote import AttachOptions, Attachment, StreamHealth, total_health
 from engine.remote.pool import RemotePool
@@ -44,29 +44,6 @@ def wait_for_subscriber(xpub, timeout: float = 10.0) -> None:
             raise AssertionError("no subscriber joined")
         if xpub.recv_multipart()[0][:1] == b"\x01":
             return
-
-
-def free_ports(n: int = 1) -> int:
-    """A base port p with p .. p+n-1 all free on 127.0.0.1 (data-parallel ranks add to it)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no free ports")
 
 
 class FixtureServer:

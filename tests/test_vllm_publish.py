@@ -15,6 +15,7 @@ import msgpack
 import pytest
 import zmq
 
+from _ports import free_ports  # tests/ is on sys.path
 from engine.core.events import EventBus
 from engine.core.hashing import BlockHasher
 from engine.core.manager import PrefixCacheManager
@@ -28,11 +29,7 @@ DATA = ROOT / "tests" / "data" / "vllm"
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports()
 
 
 def wait_for(predicate, timeout: float = 20.0) -> None:
