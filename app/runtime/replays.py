@@ -20,14 +20,13 @@ from PySide6.QtCore import QObject, Signal
 
 from app.runtime.bridge import engine_info
 from app.runtime.context import JobCancelled, Subject
-from app.runtime.jobs import error_sentence, trace_block_size, trace_capacity
+from app.runtime.jobs import error_sentence, trace_block_size
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext, CancelToken
     from engine.core.columnar_log import ColumnarEventLog
     from engine.core.projection import EventLog
 
-DEFAULT_CAPACITY = 1024  # blocks, when the trace cannot be read to size the pool
 # The worker builds the log this many events at a time, checking Cancel between chunks.
 LOG_CHUNK = 65_536
 
@@ -40,25 +39,37 @@ class ReplayCancelled(JobCancelled):
         self.log = log
 
 
-def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
+def capacity_of(requests: Any, block_size: int) -> int:
+    """`app.runtime.jobs.trace_capacity` from requests already read (no second pass over
+    the file): about half of everything the trace holds, at least 64 blocks, at most 16K."""
+    num_tokens = 0
+    for r in requests:
+        if r.tokens is not None:
+            num_tokens += len(r.tokens) + len(r.output_tokens or ())
+        else:
+            num_tokens += r.input_length + r.output_length
+    return max(64, min(16384, num_tokens // block_size // 2))
+
+
+def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
                       cancel: CancelToken | None = None) -> tuple[dict, EventLog | ColumnarEventLog]:
     """Worker-thread job: replay a trace on the compiled kernel where it can run it and
     wrap its columnar log (series and live state computed here, off the GUI thread); the
     Python engine otherwise, its events built into an `EventLog`. Returns the result dict
     and the log. Cancel is checked after the replay (the kernel's log is whole or nothing)
-    and between chunks of an `EventLog`: `ReplayCancelled` carries the part built."""
+    and between chunks of an `EventLog`: `ReplayCancelled` carries the part built.
+    `capacity_blocks` None sizes the pool to the trace (`capacity_of`) once it is read."""
     from engine.core.columnar_log import ColumnarEventLog
     from engine.core.events import EventBus
     from engine.core.projection import EventLog
     from engine.core.replay import ReplayConfig, replay
     from engine.core.trace import read_trace
 
-    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    log = EventLog(capacity_blocks, block_size)
+    log: EventLog | None = None
 
     def check() -> None:
         if cancel is not None and cancel.cancelled:
-            raise ReplayCancelled(log if len(log) else None)
+            raise ReplayCancelled(log if log is not None and len(log) else None)
 
     requests: Any = read_trace(path, block_size)
     try:
@@ -68,6 +79,13 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int,
     if prepare is not None:
         arrays = prepare(requests, block_size)
         requests = arrays.requests
+    elif capacity_blocks is None:
+        requests = list(requests)  # sized before the replay starts
+    if capacity_blocks is None:
+        capacity_blocks = capacity_of(requests, block_size)
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
+    log = EventLog(capacity_blocks, block_size)
+    if prepare is not None:
         if unsupported_reason(config, arrays) is None:
             run = replay_kernel(arrays, config, record=True, source=str(path))
             assert run.log is not None
@@ -125,12 +143,10 @@ class TraceReplays(QObject):
         """Replay `path` in a pool of `num_blocks` (None: sized to the trace); `on_done(result
         dict)` once the views show it all, `on_done(None)` if it failed or was cancelled."""
         block_size = trace_block_size(path)
-        try:
-            capacity = num_blocks or trace_capacity(path, block_size)
-        except (OSError, TypeError, ValueError):
-            capacity = DEFAULT_CAPACITY
+        # None: the worker sizes the pool from the requests it reads (one pass over the file)
+        capacity = num_blocks or None
         self.ctx.open_subject(Subject("trace", path.name, source=str(path)), ask=False)
-        bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity, model=None))
+        bus = self.ctx.new_event_bus(engine_info(block_size=block_size, num_blocks=capacity or 0, model=None))
         # The replay's events reach the views as one log, not through the bridge.
         self.ctx.bridge.detach()
         token = self.ctx.start_job(f"replaying {path.name}", bus)
@@ -142,6 +158,9 @@ class TraceReplays(QObject):
             self.last_result = result
             t = result["totals"]
             self.sigProgress.emit(f"{path.name}: drawing {len(log):,} events", 1.0)
+            if capacity is None:  # the views learn the pool the worker sized
+                self.ctx.bridge.set_engine(engine_info(block_size=block_size, num_blocks=log.live.num_blocks,
+                                                       model=None))
             self.ctx.state.adopt_log(log)
             self.sigShown.emit(f"{path.name}: {t['requests']:,} requests, hit rate {t['hit_rate']:.1%}, "
                                f"{t['evicted_blocks']:,} evictions")

@@ -187,7 +187,11 @@ class HashChainView(PanelView):
         self._decoded = {}
         self._leaf_text = {}
         self.matches, self.match_index = [], -1
-        self.refresh(force=True)
+        if self.isVisible():
+            self.refresh(force=True)
+        else:  # a hidden tab lays out a whole pool's tree when it is shown, not per new log
+            self._drawn_version = -1
+            self._stale = True
 
     # ------------------------------------------------------------------ inputs
     def show_request(self, request_id: str | None) -> None:

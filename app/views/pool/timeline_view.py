@@ -1,8 +1,10 @@
 """Timelines of the pool over event seq: blocks in use / cached free / empty, max ref count,
 and evictions per step, with markers for refused requests and cache resets.
 
-Curves come from `EventLog.series` (one sample per event) and are updated in place; a
-cursor marks the event the views show, and clicking a plot scrubs there. The plot helpers
+Curves come from `EventLog.series` (one sample per event), reduced to the pixels the plot
+has (each bin's lowest and highest sample, as a peak downsampling; again for the range
+shown after a zoom), and are updated in place; a cursor marks the event the views show,
+and clicking a plot scrubs there. The plot helpers
 it shares with other views (`CountAxis`, `PlotStack`) live in `app.ui.plots`.
 """
 
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
 NUM_BINS = 120
+# Curves are drawn from at most this many bins of events across the range shown (two
+# points each): more than the pixels of a wide screen, so nothing visible is lost.
+CURVE_BINS = 2048
 # Redrawing 100K-point curves costs tens of ms: while live, at most this often.
 MIN_REDRAW_MS = 150
 
@@ -43,6 +48,31 @@ def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_
     counts = np.diff(cum[idx])
     width = (hi - lo) / bins
     return edges[:-1] + width / 2, counts.astype(float), width
+
+
+def peak_reduce(x: np.ndarray, y: np.ndarray, lo: float, hi: float, bins: int = CURVE_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """`x` (sorted), `y` as at most about 2 * `bins` points across [lo, hi]: each bin's lowest
+    and highest sample; the samples just outside the range and the series' first and last
+    ones are kept, so the curve runs on past the view's edges and ends exactly where it does."""
+    n = len(x)
+    if n <= 2 * bins + 2:
+        return x, y
+    i0 = max(0, int(np.searchsorted(x, lo, side="left")) - 1)
+    i1 = min(n, int(np.searchsorted(x, hi, side="right")) + 1)
+    m = i1 - i0
+    if m <= 2 * bins:
+        xs, ys = x[i0:i1], y[i0:i1]
+    else:
+        starts = (np.arange(bins, dtype=np.int64) * m) // bins
+        seg = y[i0:i1]
+        lows, highs = np.minimum.reduceat(seg, starts), np.maximum.reduceat(seg, starts)
+        xs = np.repeat(x[i0 + starts], 2)
+        ys = np.column_stack([lows, highs]).ravel()
+    if i0 > 0:
+        xs, ys = np.concatenate(([x[0]], xs)), np.concatenate(([y[0]], ys))
+    if xs[-1] != x[-1] or ys[-1] != y[-1]:
+        xs, ys = np.concatenate((xs, [x[-1]])), np.concatenate((ys, [y[-1]]))
+    return xs, ys
 
 
 class TimelineView(PanelView):
@@ -95,7 +125,9 @@ class TimelineView(PanelView):
         self.p_evict.addItem(self.no_evictions, ignoreBounds=True)
         for curve in (self.c_cached, self.c_used, self.c_in_use, self.c_ref):
             curve.setClipToView(True)
-            curve.setDownsampling(auto=True, method="peak")
+        self._full: tuple[np.ndarray, ...] | None = None  # x and the curves' y, every event
+        self._reduced_for: tuple[float, float] | None = None
+        self.p_blocks.vb.sigXRangeChanged.connect(self._on_x_range)
         self.cursors = [pg.InfiniteLine(angle=90, movable=False) for _ in self.plots]
         for p, line in zip(self.plots, self.cursors):
             p.addItem(line, ignoreBounds=True)
@@ -200,11 +232,9 @@ class TimelineView(PanelView):
         x = np.asarray(s.seq, dtype=float)
         used = np.asarray(s.in_use, dtype=float)
         cached = used + np.asarray(s.cached_free, dtype=float)
-        self.c_cached.setData(x, cached)
-        self.c_used.setData(x, used)
-        self.c_in_use.setData(x, used)
         max_ref = np.asarray(s.max_ref, dtype=float)
-        self.c_ref.setData(x, max_ref)
+        self._full = (x, cached, used, max_ref)
+        self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
         self.pool_size = self.state.projection.num_blocks
         held = float(cached.max()) if len(cached) else 0.0
         # 0-based counts scaled to the data; a little room on top for the markers. The pool
@@ -235,6 +265,34 @@ class TimelineView(PanelView):
         if bin_width != self.bin_width:
             self.bin_width = bin_width
             self._set_headers()
+
+    def _set_curves(self, lo: float, hi: float) -> None:
+        """The curves' data: the whole series reduced to the bins of [lo, hi]."""
+        if self._full is None:
+            return
+        x, cached, used, max_ref = self._full
+        self._reduced_for = (lo, hi)
+        xs, ys = peak_reduce(x, cached, lo, hi)
+        self.c_cached.setData(xs, ys)
+        xs, ys = peak_reduce(x, used, lo, hi)
+        self.c_used.setData(xs, ys)
+        self.c_in_use.setData(xs, ys)
+        xs, ys = peak_reduce(x, max_ref, lo, hi)
+        self.c_ref.setData(xs, ys)
+
+    def _on_x_range(self, _vb: Any, rng: Any) -> None:
+        """A zoom or pan: reduce again for the range now shown (when it is a part of the log)."""
+        if self._full is None or len(self._full[0]) <= 2 * CURVE_BINS + 2:
+            return
+        lo, hi = float(rng[0]), float(rng[1])
+        x = self._full[0]
+        lo, hi = max(lo, float(x[0])), min(hi, float(x[-1]))
+        old = self._reduced_for
+        if old is not None and abs((hi - lo) - (old[1] - old[0])) <= 0.25 * (old[1] - old[0]) \
+                and old[0] <= lo and hi <= old[1]:
+            return  # still inside what was reduced, at about the same scale
+        width = max(hi - lo, 1.0)
+        self._set_curves(lo - width / 2, hi + width / 2)  # some room to pan before the next
 
     def series_table(self) -> tuple[list[str], Any]:
         """One row per event: the counts the plots draw (for the CSV export)."""
