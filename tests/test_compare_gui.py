@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import Qt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from app.runtime.context import make_test_context  # noqa: E402
 from app.ui.filter_bar import FilterBar  # noqa: E402
@@ -184,3 +185,67 @@ def test_gui_takes_the_deep_link_and_compare_arguments(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["gui", "x.jsonl", "--event", "-1"])
     assert "must be at least 0" in capsys.readouterr().err
+
+
+def test_the_side_by_side_block_tables_are_the_main_block_tables_colours(qtbot, ctx):
+    """After the comparison, picking a request shows each side's pool just after it; the
+    main block table, scrubbed to the same event of the same replay, draws the same cells."""
+    from app.views.pool.block_table_view import BlockTableView
+
+    w = CompareWindow(ctx)
+    qtbot.addWidget(w)
+    w.set_sides(str(DEMO), str(DEMO), 16, 32)
+    w.side_a.capacity.setValue(60 * 16)  # 60 blocks of 16 against 30 of 32: the same memory
+    w.side_b.capacity.setValue(60 * 16)
+    with qtbot.waitSignal(w.sigCompared, timeout=60_000):
+        w.run_compare()
+    c = w.comparison
+    assert c.b.evicted_blocks > 0  # the small pool evicts, so the "just evicted" flash is checked too
+    table = BlockTableView(ctx)
+    qtbot.addWidget(table)
+    for side, run, bs, blocks in (("a", c.a, 16, 60), ("b", c.b, 32, 30)):
+        events: list = []
+        bus = EventBus()
+        bus.subscribe(events.append)
+        replay(load_trace(DEMO), ReplayConfig(block_size=bs, capacity_blocks=blocks, seed=0), bus)
+        ctx.state.set_engine({"num_blocks": blocks, "block_size": bs})
+        ctx.state.apply_events(events)
+        evicting = [e.by_request_id for e in events if e.kind == "block_evicted"]
+        for position in (0, next(i for i, r in enumerate(run.requests) if r.id in evicting), len(run.requests) - 1):
+            w.pick(position)
+            grid = w.pools.a if side == "a" else w.pools.b
+            rid = run.requests[position].id
+            ctx.state.scrub_to(run.end_seqs[rid])
+            table.redraw()
+            assert grid.cell_colors.shape == (blocks, 4)
+            assert np.array_equal(grid.cell_colors, table.cell_colors), (side, position)
+            # the request's blocks outlined: those that still hold its prompt's hashes
+            rec = ctx.state.projection.requests.get(rid)
+            assert set(grid.outlined) <= {b for b in map(ctx.state.projection.block_of_hash, rec.block_hashes)
+                                          if b is not None}
+
+
+def test_the_compare_window_draws_pools_and_costs_for_both_sides(qtbot, ctx):
+    w = CompareWindow(ctx)
+    qtbot.addWidget(w)
+    w.set_sides(str(MOONCAKE), str(MOONCAKE), 16, 64)
+    w.limit.setValue(30)
+    with qtbot.waitSignal(w.sigCompared, timeout=120_000):
+        w.run_compare()
+    cost = w.cost
+    assert cost["unknown"] == [] and len(cost["requests"]) == 30
+    ys = w.cost_a.getData()[1]
+    assert list(ys) == [r["cost_usd_a"] for r in cost["requests"]]
+    labels = [w.metrics.item(i, 0).text() for i in range(w.metrics.rowCount())]
+    row = labels.index("pool (tokens)")
+    ta, tb = w.totals
+    assert ta["pool_tokens"] == w.comparison.a.config["capacity_blocks"] * 16
+    assert tb["pool_tokens"] == w.comparison.b.config["capacity_blocks"] * 64
+    assert w.metrics.item(row, 1).text() == f"{ta['pool_tokens']:,}"
+    # in use peaks while a request runs; shares of each pool, so they compare across sizes
+    use_a, use_b = (np.asarray(d.getData()[1]) for d in (w.pool_a["in_use"], w.pool_b["in_use"]))
+    assert len(use_a) == 30 and 0 < use_a.max() <= 1 and 0 < use_b.max() <= 1
+    w.pick(3)
+    assert "billed A $" in w.detail.text() and w.pools.a.projection is not None
+    header, rows = w._delta_table()
+    assert "cost_delta_usd" in header and len(rows) == 30

@@ -222,3 +222,41 @@ def test_a_long_log_is_matched_on_the_worker(qtbot, ctx, events):
     qtbot.wait(200)  # the older job's answer, if any, arrives and is dropped
     assert rows_of(view) == [e.seq for e in events if e.kind == "block_stored"]
     assert isinstance(shared, EventFilter)
+
+
+@pytest.mark.parametrize("text, middle", [("tenant:bob", False), ("kind:stored or kind:lookup", True), ("", True)])
+def test_statistics_follow_the_shared_filter_and_range(qtbot, ctx, events, text, middle):
+    """The Statistics pane under the shared filter (set in another view) and a timeline's
+    range equals the statistics of the filtered trace: the events the engine's own
+    predicate selects, inside the range."""
+    from app.views.tools.statistics_view import StatisticsView
+    from engine.analysis.statistics import compute
+
+    pane = StatisticsView(ctx)
+    qtbot.addWidget(pane)
+    log = EventLogView(ctx)
+    qtbot.addWidget(log)
+    shared = shared_filter(ctx)
+    with qtbot.waitSignal(pane.sigComputed, timeout=30_000):
+        pane.show()  # shown: computed on the whole log, then again on every change of the filter
+    lo, hi = (events[len(events) // 4].seq, events[3 * len(events) // 4].seq) if middle else (None, None)
+    with qtbot.waitSignal(pane.sigComputed, timeout=30_000):
+        log.filter_bar.set_text(text)  # the event log's bar sets the shared filter
+        shared.set_range(lo, hi)
+    qtbot.waitUntil(lambda: not pane._busy, timeout=30_000)
+    dicts = [e.to_dict() for e in events]
+    kept = parse(text).select(dicts) if text else dicts
+    if middle:
+        kept = [d for d in kept if lo <= d["seq"] <= hi]
+    assert 0 < len(kept) < len(events)
+    want = compute(kept, block_size=16)
+    assert pane.stats.tables() == want.tables() and pane.stats.num_events == len(kept)
+    assert pane.summary.text().startswith(f"{len(kept):,} of {len(events):,} events")
+    if text:
+        assert pane.filter_bar.filter.text == text and pane.filter_bar.count.text() == f"{len(kept):,} of {len(events):,}"
+    # clearing both gives the whole log's statistics again
+    with qtbot.waitSignal(pane.sigComputed, timeout=30_000):
+        shared.clear()
+    qtbot.waitUntil(lambda: not pane._busy, timeout=30_000)
+    assert pane.stats.tables() == compute(dicts, block_size=16).tables()
+    assert pane.summary.text().startswith(f"{len(events):,} of {len(events):,} events")
