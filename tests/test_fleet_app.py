@@ -11,7 +11,6 @@ server, the duplicates, where a prefix lives, the router's scores and its best s
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from pathlib import Path
@@ -21,11 +20,10 @@ import zmq
 from PySide6.QtWidgets import QDialogButtonBox
 
 from app.dialogs.attach_dialog import CENTRAL, FLEET, AttachDialog
-from app.runtime.context import make_test_context
 from app.runtime.remote import AttachSettings
-from app.window.main_window import MainWindow
 from engine.remote.attachment import AttachOptions
 from engine.remote.wire import canonical_hash, decode_batch, parse_pub
+from _publishers import attach_window, recorded_frames
 from test_vllm_attach import free_ports, wait_for_subscriber
 
 DATA = Path(__file__).resolve().parent / "data" / "vllm_connector" / "vllm_connector_frames.jsonl"
@@ -38,12 +36,8 @@ WAIT_MS = 8000
 
 def recorded() -> list[tuple[str, list[bytes]]]:
     """(pod, frames) of every recorded PUB message, in the order they were recorded."""
-    out = []
-    for line in DATA.read_text().splitlines():
-        row = json.loads(line)
-        if row["case"] == "three-pods-one-endpoint":
-            frames = [base64.b64decode(f) for f in row["frames"]]
-            out.append((frames[0].decode().split("@")[1], frames))
+    out = [(frames[0].decode().split("@")[1], frames)
+           for frames in recorded_frames(DATA, case="three-pods-one-endpoint", socket="pub")]
     assert [p for p, _f in out] == [PODS[1], PODS[2], PODS[0], PODS[1], PODS[0]]
     return out
 
@@ -74,14 +68,8 @@ class Pod:
 
 @pytest.fixture
 def win(qtbot, tmp_path):
-    ctx = make_test_context(tmp_path)
-    w = MainWindow(ctx, load_model=False)
-    qtbot.addWidget(w)
-    w.resize(1280, 800)
-    w.show()
-    yield w
-    w.remote.detach()
-    ctx.shutdown()
+    with attach_window(qtbot, tmp_path) as w:
+        yield w
 
 
 @pytest.fixture
@@ -144,13 +132,6 @@ def test_health_per_server_counts_a_lost_batch_on_its_own_server(qtbot, win, pod
     assert "1 batch(es) missed" in fleet.summary.text()
 
 
-def pub_frames(path: Path, **match) -> list[list[bytes]]:
-    """The PUB messages of a recorded stream (rows matching `match`), in recorded order."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [[base64.b64decode(f) for f in r["frames"]] for r in rows
-            if r["socket"] == "pub" and all(r.get(k) == v for k, v in match.items())]
-
-
 def test_tiers_keep_their_raw_media_names_per_server(qtbot, win):
     """A vLLM server with offload connectors (`one-server`: `cpu` from MooncakeStore,
     `cuda:0` from LMCache, STORAGE chunks, a placeholder store) beside SGLang's rank 1 (its
@@ -162,8 +143,8 @@ def test_tiers_keep_their_raw_media_names_per_server(qtbot, win):
         win.attach_remote(AttachSettings(opts))
         wait_for_subscriber(vllm.sock)
         wait_for_subscriber(sglang.sock)
-        one = pub_frames(DATA, case="one-server")
-        r1 = pub_frames(DATA.parents[1] / "sglang" / "sglang_zmq_frames.jsonl", rank=1)
+        one = recorded_frames(DATA, case="one-server", socket="pub")
+        r1 = recorded_frames(DATA.parents[1] / "sglang" / "sglang_zmq_frames.jsonl", rank=1, socket="pub")
         publish(qtbot, win, {vllm.name: vllm, sglang.name: sglang},
                 [(vllm.name, f) for f in one] + [(sglang.name, f) for f in r1])
         t = win.panels["fleet"].servers

@@ -9,7 +9,6 @@ recorded end marker.
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import threading
@@ -25,6 +24,7 @@ from app.runtime.context import make_test_context
 from app.window.main_window import MainWindow
 from app.runtime.remote import AttachSettings
 from engine.remote.attachment import AttachOptions
+from _publishers import attach_window, recorded_frames
 from test_vllm_attach import free_ports  # the one loopback port finder of the vLLM tests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,7 @@ WAIT_MS = 8000
 
 
 def recorded(rank: int, kind: str) -> list[list[bytes]]:
-    rows = [json.loads(line) for line in FRAMES.read_text().splitlines() if line.strip()]
-    return [[base64.b64decode(f) for f in r["frames"]] for r in rows if r["rank"] == rank and r["socket"] == kind]
+    return recorded_frames(FRAMES, rank=rank, socket=kind)
 
 
 class RecordedServer:
@@ -91,14 +90,8 @@ class RecordedServer:
 
 @pytest.fixture
 def win(qtbot, tmp_path):
-    ctx = make_test_context(tmp_path)
-    w = MainWindow(ctx, load_model=False)
-    qtbot.addWidget(w)
-    w.resize(1280, 800)
-    w.show()
-    yield w
-    w.remote.detach()
-    ctx.shutdown()
+    with attach_window(qtbot, tmp_path) as w:
+        yield w
 
 
 @pytest.fixture
