@@ -12,6 +12,8 @@ status bar.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -90,12 +92,15 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
             run = replay_kernel(arrays, config, record=True, source=str(path))
             assert run.log is not None
             check()
+            result = run.result
             columnar = ColumnarEventLog(run.log, time=time.time())
             columnar.series  # noqa: B018 - computed here, on the worker, not on the first paint
             columnar.live  # noqa: B018
+            del arrays, requests, run
+            _release_freed_memory()
             check()
-            run.result.config["trace"] = str(path)
-            return run.result.to_dict(), columnar
+            result.config["trace"] = str(path)
+            return result.to_dict(), columnar
     # the Python engine, the reference
     collected: list = []
     bus = EventBus()
@@ -118,6 +123,17 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
     log.extend(chunk)
     result.config["trace"] = str(path)
     return result.to_dict(), log
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap pages the replay's temporaries freed back to the system (glibc keeps
+    them otherwise, and the window would hold a trace's peak for as long as it is open)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # another C library: nothing to hand back this way
+        pass
 
 
 class TraceReplays(QObject):

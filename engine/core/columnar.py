@@ -248,7 +248,7 @@ class ColumnarLog:
     def from_columns(cls, num_blocks: int, block_size: int, columns: Sequence[np.ndarray], keys: KeyTable,
                      requests: RequestTable, counters: Counters, num_seq: int) -> ColumnarLog:
         log = cls(num_blocks, block_size, keys, requests)
-        log._cols = {name: np.ascontiguousarray(col, dtype) for (name, dtype), col in zip(COLUMNS, columns)}
+        log._cols = {name: _owned(col, dtype) for (name, dtype), col in zip(COLUMNS, columns)}
         log.num_rows = len(columns[0])
         log.num_seq = num_seq
         log.final_counters = counters
@@ -550,6 +550,17 @@ class ColumnarLog:
             rows = alloc[bounds[r]:bounds[r + 1]]
             out[self.requests.ids[r]] = tuple(block[rows[rows < n]].tolist())
         return out
+
+
+def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
+    """`col` as a contiguous array of `dtype` holding only its own rows: a slice of a
+    larger buffer (the kernel grows its columns by doubling) is copied, so the log does
+    not keep the unused part alive."""
+    arr = np.ascontiguousarray(col, dtype)
+    base = arr.base
+    if base is not None and getattr(base, "nbytes", 0) > arr.nbytes:
+        arr = arr.copy()
+    return arr
 
 
 def _last_write(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:

@@ -230,73 +230,83 @@ class ColumnarEventLog:
         return self._series
 
     def _compute_series(self) -> EventSeries:
+        """Each count as `PoolProjection` keeps it, after every event: the changes are worked
+        out on the rows that make them (ref, stored, evicted) from each block's own earlier
+        rows, summed in row order and read at each event's last row."""
         log = self.columnar
         kind, block, a = log.col("kind"), log.col("block"), log.col("a")
-        nrows = log.num_rows
-        d_use = np.zeros(nrows, np.int64)
-        d_cf = np.zeros(nrows, np.int64)
-        d_ev = np.zeros(nrows, np.int64)
-        prev_ref, ref_at, hashed_at = self._block_state_at_rows()
-        ref_rows = np.flatnonzero(kind == REF)
-        new_ref = a[ref_rows]
-        old_ref = prev_ref[ref_rows]
-        use = (new_ref > 0).astype(np.int64) - (old_ref > 0).astype(np.int64)
-        d_use[ref_rows] = use
-        d_cf[ref_rows] = -use * hashed_at[ref_rows]
-        st = np.flatnonzero(kind == STORED)
-        d_cf[st] = ((ref_at[st] == 0) & (hashed_at[st] == 0)).astype(np.int64)
-        ev = np.flatnonzero(kind == EVICTED)
-        free_ev = (ref_at[ev] == 0) & (hashed_at[ev] == 1)
-        d_cf[ev] = -free_ev.astype(np.int64)
-        d_ev[ev] = (ref_at[ev] == 0).astype(np.int64)
         last = self.ends - 1
-        in_use = np.cumsum(d_use)[last] if nrows else np.zeros(0, np.int64)
-        cached_free = np.cumsum(d_cf)[last] if nrows else np.zeros(0, np.int64)
-        evicted = np.cumsum(d_ev)[last] if nrows else np.zeros(0, np.int64)
-        look = kind == LOOKUP
-        sizes = log.requests.prompt_sizes()
-        d_prompt = np.zeros(nrows, np.int64)
-        d_cached = np.zeros(nrows, np.int64)
-        d_prompt[look] = sizes[log.col("request")[look]]
-        d_cached[look] = a[look] * self.block_size
-        prompt = np.cumsum(d_prompt)[last] if nrows else np.zeros(0, np.int64)
-        cached = np.cumsum(d_cached)[last] if nrows else np.zeros(0, np.int64)
-        max_ref = self._max_ref_series(ref_rows, old_ref, new_ref, last)
-        return EventSeries(self.seqs.copy(), in_use, cached_free, log.num_blocks - in_use - cached_free, max_ref,
-                           evicted, cached, prompt, self.seqs[self.kinds == REFUSED].copy(), np.zeros(0, np.int64))
-
-    def _block_state_at_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per row, for the block it names: the ref count before a ref row, the ref count
-        and whether it held a hash just before the row (zeros for rows naming no block)."""
-        log = self.columnar
-        kind, block, a = log.col("kind"), log.col("block"), log.col("a")
-        nrows = log.num_rows
-        prev_ref = np.zeros(nrows, np.int64)
-        hashed_at = np.zeros(nrows, np.int64)
         rows = np.flatnonzero(((kind == REF) | (kind == STORED) | (kind == EVICTED)) & (block >= 0))
-        if not len(rows):
-            return prev_ref, prev_ref.copy(), hashed_at
-        order = np.argsort(block[rows], kind="stable")
-        r = rows[order]  # grouped by block, in row order within a block
-        b = block[r]
-        k = kind[r]
-        m = len(r)
+        k = kind[rows]
+        # per row: the block's ref count and whether it held a hash just before the row
+        ref_before, held = self._block_state_before(rows, k, block[rows], a[rows])
+        is_ref, is_st, is_ev = k == REF, k == STORED, k == EVICTED
+        new_ref = np.where(is_ref, a[rows], ref_before)
+        use = (new_ref > 0).astype(np.int8) - (ref_before > 0).astype(np.int8)
+        free_before = ref_before == 0
+        cf = np.where(is_ref, -use * held, 0).astype(np.int8)
+        cf[is_st] = (free_before[is_st] & (held[is_st] == 0))
+        cf[is_ev] = -(free_before[is_ev] & (held[is_ev] == 1)).astype(np.int8)
+        evicted_now = (is_ev & free_before).astype(np.int8)
+        at = np.searchsorted(rows, last, side="right") - 1  # the last such row of each event
+
+        def after_each_event(delta: np.ndarray) -> np.ndarray:
+            total = np.cumsum(delta, dtype=np.int64)
+            return np.where(at >= 0, total[np.maximum(at, 0)], 0) if len(total) else np.zeros(len(last), np.int64)
+
+        in_use = after_each_event(use)
+        cached_free = after_each_event(cf)
+        evicted = after_each_event(evicted_now)
+        look = np.flatnonzero(kind == LOOKUP)
+        at_look = np.searchsorted(look, last, side="right") - 1
+        sizes = log.requests.prompt_sizes()
+
+        def after_lookups(values: np.ndarray) -> np.ndarray:
+            total = np.cumsum(values, dtype=np.int64)
+            return np.where(at_look >= 0, total[np.maximum(at_look, 0)], 0) if len(total) else \
+                np.zeros(len(last), np.int64)
+
+        prompt = after_lookups(sizes[log.col("request")[look]])
+        cached = after_lookups(a[look] * self.block_size)
+        ref_rows = rows[is_ref]
+        max_ref = self._max_ref_series(ref_rows, ref_before[is_ref], new_ref[is_ref], last)
+        return EventSeries(self.seqs, in_use, cached_free, log.num_blocks - in_use - cached_free, max_ref,
+                           evicted, cached, prompt, self.seqs[self.kinds == REFUSED], np.zeros(0, np.int64))
+
+    @staticmethod
+    def _block_state_before(rows: np.ndarray, kind: np.ndarray, block: np.ndarray,
+                            a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each of `rows` (ref, stored and evicted rows, in row order): the ref count
+        its block had and whether it held a hash, just before the row."""
+        m = len(rows)
+        if not m:
+            return np.zeros(0, np.int64), np.zeros(0, np.int8)
+        order = np.argsort(block, kind="stable")  # grouped by block, row order kept within
+        b, k = block[order], kind[order]
         pos = np.arange(m, dtype=np.int64)
-        group_start = np.maximum.accumulate(np.where(np.concatenate(([True], b[1:] != b[:-1])), pos, 0))
+        new_group = np.empty(m, bool)
+        new_group[0] = True
+        np.not_equal(b[1:], b[:-1], out=new_group[1:])
+        group_start = np.maximum.accumulate(np.where(new_group, pos, 0))
 
         def previous(is_source: np.ndarray) -> np.ndarray:
-            """Index (in r) of the latest source element before each element of its block, -1 if none."""
+            """Index (in the grouped order) of the block's latest source row before each, -1 if none."""
             src = np.maximum.accumulate(np.where(is_source, pos, -1))
-            prev = np.concatenate(([-1], src[:-1]))
-            return np.where(prev >= group_start, prev, -1)
+            prev = np.empty(m, np.int64)
+            prev[0] = -1
+            prev[1:] = src[:-1]
+            prev[prev < group_start] = -1
+            return prev
 
         pr = previous(k == REF)
-        ref_before = np.where(pr >= 0, a[r[np.maximum(pr, 0)]], 0)
-        ph = previous((k == STORED) | (k == EVICTED))
-        held = np.where(ph >= 0, (k[np.maximum(ph, 0)] == STORED).astype(np.int64), 0)
-        prev_ref[r] = ref_before
-        hashed_at[r] = held
-        return prev_ref, prev_ref.copy(), hashed_at
+        ref_sorted = np.where(pr >= 0, a[order][np.maximum(pr, 0)], 0)
+        ph = previous(k != REF)  # stored or evicted: the last of them says whether it holds one
+        held_sorted = np.where(ph >= 0, k[np.maximum(ph, 0)] == STORED, False).astype(np.int8)
+        ref_before = np.empty(m, np.int64)
+        held = np.empty(m, np.int8)
+        ref_before[order] = ref_sorted
+        held[order] = held_sorted
+        return ref_before, held
 
     def _max_ref_series(self, ref_rows: np.ndarray, old: np.ndarray, new: np.ndarray, last: np.ndarray) -> np.ndarray:
         """The largest ref count of any block after each event."""
