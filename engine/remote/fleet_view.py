@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from engine.core.errors import InputError
 from engine.remote.fleet import Fleet, RouterView, SharedBlock, TierWeights, server_of_topic
 from engine.remote.pool import RemoteBlock, RemotePool
-from engine.remote.subscriber import StreamHealth, check_endpoint
+from engine.remote.subscriber import StreamHealth, check_endpoint, total_health
 from engine.remote.tiers import tier_order
 from engine.remote.wire import VllmBatch, VllmEvent
 
@@ -126,22 +126,6 @@ class TierCount:
 
 
 @dataclass(slots=True, frozen=True)
-class ServerHealth:
-    """A server's streams summed: batches, refilled, missed, malformed, restarts, the last
-    batch's server time (`last_seen`, seconds since the epoch) and the freshest lag."""
-
-    num_streams: int = 0
-    batches: int = 0
-    refilled: int = 0
-    missed: int = 0
-    malformed: int = 0
-    restarts: int = 0
-    last_seen: float | None = None
-    lag_s: float | None = None
-    last_error: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
 class ServerRow:
     """One server side by side with the others."""
 
@@ -153,7 +137,8 @@ class ServerRow:
     tiers: tuple[TierCount, ...]
     tenants: tuple[str, ...]
     block_size: int | None
-    health: ServerHealth
+    health: StreamHealth  # its streams summed (`total_health`; a recorded fleet: the pools' batches)
+    last_seen: float | None = None  # its last batch's server time, seconds since the epoch
     num_shared: int = 0  # hashes another server holds too
 
     def blocks_in(self, tier: str) -> int:
@@ -208,15 +193,14 @@ class FleetSnapshot:
         return self.num_blocks > len(self.blocks)
 
 
-def _health_of(pools: Sequence[RemotePool], health: Mapping[str, StreamHealth]) -> ServerHealth:
+def _health_of(name: str, pools: Sequence[RemotePool], health: Mapping[str, StreamHealth]) -> StreamHealth:
+    """The server's streams as one (`total_health`); without streams (a recorded fleet), the
+    batches its pools took."""
     streams = [health[p.source] for p in pools if p.source in health]
-    lags = [s.lag_s for s in streams if s.lag_s is not None]
-    seen = [p.last_batch_time for p in pools if p.last_batch_time is not None]
-    return ServerHealth(len(streams) or len(pools), sum(s.batches for s in streams) if streams else
-                        sum(p.num_batches for p in pools), sum(s.refilled for s in streams),
-                        sum(s.missed for s in streams), sum(s.malformed for s in streams),
-                        sum(s.restarts for s in streams), max(seen) if seen else None,
-                        min(lags) if lags else None, next((s.last_error for s in reversed(streams) if s.last_error), None))
+    total = total_health(streams, name)
+    if not streams:
+        total.batches = sum(p.num_batches for p in pools)
+    return total
 
 
 def _parent_key(block: RemoteBlock) -> bytes | None:
@@ -264,10 +248,11 @@ def snapshot(fleet: Fleet, health: Iterable[StreamHealth] = (), max_rows: int = 
                                                  block.stored_seq, block.stored_time, servers_of.get(key, 1)))
         counts_ = tuple(TierCount(t, c[0], c[1], c[2], tuple(sorted(media.get(t, {}).items())))
                         for t, c in sorted(tiers.items(), key=lambda tc: tier_order(tc[0])) if c[1])
+        seen = [p.last_batch_time for p in pools if p.last_batch_time is not None]
         rows.append(ServerRow(name, index, tuple(p.rank for p in pools), sum(t.num_blocks for t in counts_),
                               len(hashes), counts_, tuple(sorted(tenants)),
-                              next((p.block_size for p in pools if p.block_size), None), _health_of(pools, by_source),
-                              len(hashes & servers_of.keys())))
+                              next((p.block_size for p in pools if p.block_size), None),
+                              _health_of(name, pools, by_source), max(seen) if seen else None, len(hashes & servers_of.keys())))
     return FleetSnapshot(tuple(rows), tuple(blocks), num_blocks, tuple(shared), version)
 
 

@@ -104,7 +104,7 @@ class ServersTable(QTableWidget):
         out += [f"{sum(t.num_without_tokens for t in s.tiers):,}", f"{s.num_shared:,}",
                 ", ".join(s.tenants) or "—", str(s.block_size or "—"),
                 f"{h.batches:,}", f"{h.refilled:,}", f"{h.missed:,}", f"{h.malformed:,}", f"{h.restarts:,}",
-                ago(h.last_seen), lag_text(h.lag_s)]
+                ago(s.last_seen), lag_text(h.lag_s)]
         return out
 
     def cell(self, row: str, server: str) -> str:
