@@ -260,3 +260,107 @@ def test_statistics_follow_the_shared_filter_and_range(qtbot, ctx, events, text,
     qtbot.waitUntil(lambda: not pane._busy, timeout=30_000)
     assert pane.stats.tables() == compute(dicts, block_size=16).tables()
     assert pane.summary.text().startswith(f"{len(events):,} of {len(events):,} events")
+
+
+def shift_drag(qtbot, stack, plot, x0: float, x1: float) -> None:
+    """Drag across `plot` of `stack` from x0 to x1 (view coordinates) with Shift held."""
+    from PySide6.QtCore import QPointF
+
+    def at(x: float):
+        y0, y1 = plot.getViewBox().viewRange()[1]
+        scene = plot.getViewBox().mapViewToScene(QPointF(x, (y0 + y1) / 2))
+        return stack.mapFromScene(scene)
+
+    shift, left = Qt.KeyboardModifier.ShiftModifier, Qt.MouseButton.LeftButton
+    qtbot.mousePress(stack.viewport(), left, shift, at(x0))
+    qtbot.mouseMove(stack.viewport(), at((x0 + x1) / 2))
+    qtbot.mouseMove(stack.viewport(), at(x1))
+    qtbot.mouseRelease(stack.viewport(), left, shift, at(x1))
+
+
+def test_a_shift_drag_on_the_timeline_selects_a_range(qtbot, ctx, events):
+    log = EventLogView(ctx)
+    timeline = TimelineView(ctx)
+    qtbot.addWidget(log)
+    qtbot.addWidget(timeline)
+    timeline.resize(900, 420)
+    timeline.show()
+    qtbot.waitExposed(timeline)
+    stack = timeline.glw
+    plot = stack.rows[0][1]
+    before = stack.x_range()
+    shift_drag(qtbot, stack, plot, 120.0, 300.0)
+    lo, hi = shared_filter(ctx).range
+    # a pixel is a few seqs wide at this zoom: the range is where the pointer went, within one
+    px = (before[1] - before[0]) / plot.getViewBox().width()
+    assert abs(lo - 120) <= 2 * px + 1 and abs(hi - 300) <= 2 * px + 1
+    assert stack.x_range() == pytest.approx(before)  # the drag selected; it did not pan
+    assert rows_of(log) == [e.seq for e in events if lo <= e.seq <= hi]
+    # a plain drag still pans, and selects nothing new
+    qtbot.keyClick(stack, Qt.Key.Key_Escape)
+    assert shared_filter(ctx).range is None
+
+
+def remote_events(n: int = 40) -> list:
+    """`n` blocks a vLLM server stored, one every half second of server time, each event
+    as engine.remote builds it (a RemoteInfo with the batch time)."""
+    from engine.core.events import BlockStored, RemoteInfo
+
+    t0 = 1_700_000_000.0
+    out = []
+    for i in range(n):
+        info = RemoteInfo(source="tcp://pod-a:5557", batch_seq=i, batch_time=t0 + 0.5 * i)
+        out.append(BlockStored(seq=i, time=t0 + 100 + i, request_id="", block_id=-1,
+                               block_hash=i.to_bytes(8, "big"), parent_hash=None, token_ids=tuple(range(16)),
+                               salt=None, remote=info))
+    return out
+
+
+def test_a_range_on_the_remote_timeline_filters_the_other_views(qtbot, tmp_path):
+    from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+    from app.views.pool.remote_plots import RemoteTimeline
+
+    c = make_test_context(tmp_path)
+    try:
+        c.state.set_engine({"remote": True, "num_blocks": 0, "block_size": 16})
+        events = remote_events()
+        c.state.apply_events(events)
+        host = QWidget()
+        host.ctx = c  # the panel that holds the remote plots: the stack finds its context there
+        qtbot.addWidget(host)
+        remote = RemoteTimeline(c.state, host)
+        QVBoxLayout(host).addWidget(remote)
+        log = EventLogView(c)
+        qtbot.addWidget(log)
+        host.resize(900, 420)
+        host.show()
+        qtbot.waitExposed(host)
+        remote.refresh()
+        stack = remote.glw
+        shared = shared_filter(c)
+        assert stack.shared is shared
+        # R on a zoomed window of server time: the events published from 4.2 s to 9.9 s
+        stack.set_x_range(4.2, 9.9)
+        stack.setFocus()
+        qtbot.keyClick(stack, Qt.Key.Key_R)
+        want = [e.seq for e in events if 4.2 <= e.remote.batch_time - remote.start <= 9.9]
+        assert want == list(range(9, 20)) and shared.range == (9, 19)
+        assert rows_of(log) == want
+        # a Shift-drag selects the same way
+        stack.set_x_range(0.0, 20.0)
+        shift_drag(qtbot, stack, remote.p_cached, 2.0, 6.0)
+        lo, hi = shared.range
+        assert events[lo].remote.batch_time - remote.start == pytest.approx(2.0, abs=0.6)
+        assert events[hi].remote.batch_time - remote.start == pytest.approx(6.0, abs=0.6)
+        assert rows_of(log) == list(range(lo, hi + 1))
+        # a range set elsewhere (the main timeline, in seqs) shows on the server clock
+        shared.set_range(30, 35)
+        assert stack.selected_range == pytest.approx((15.0, 17.5))
+        # a window with no event keeps none
+        stack.select_range(100.0, 200.0)
+        assert shared.range == (-1, -1) and rows_of(log) == []
+        qtbot.keyClick(stack, Qt.Key.Key_Escape)
+        assert shared.range is None and len(rows_of(log)) == len(events)
+    finally:
+        c.shutdown()

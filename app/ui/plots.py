@@ -6,9 +6,12 @@ What any one view plots lives with that view; only the axes and the stack live h
 Every PlotStack takes the keyboard (`TIMELINE_KEYS`, listed in Help > Keyboard shortcuts):
 W / S (or + / -) zoom the x axis in and out around its centre, A / D (or the arrows) pan
 it, Home shows everything again, R selects the range in view (a draggable band; its edges
-can be dragged), Esc clears it. A stack whose x axis is the event seq binds to the app's
-shared `EventFilter`: its range selection filters the other views to that window of
+can be dragged), Esc clears it. The mouse selects a range too: drag across a row with
+Shift held (a plain drag still pans). A stack whose x axis is the event seq binds to the
+app's shared `EventFilter`: its range selection filters the other views to that window of
 events, and the events the shared filter keeps are marked along the bottom of each row.
+A stack over another x (the server clock of a remote pool) binds the same way through
+`map_x`, which turns its x range into event seqs and seqs into x.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QRectF, Qt, Signal
-from PySide6.QtGui import QFontMetrics, QKeyEvent, QResizeEvent, QShowEvent
+from PySide6.QtGui import QFontMetrics, QKeyEvent, QMouseEvent, QResizeEvent, QShowEvent
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.runtime.selection import EventFilter, shared_filter
@@ -141,8 +144,14 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.shared: EventFilter | None = None
         self._mark_x = np.zeros(0)
         self._moving_region = False
+        self._drag_from: float | None = None  # x where a Shift-drag began
+        # x to seqs and back, for a stack whose x is not the seq (`map_x`)
+        self._x_to_seqs: Any = None
+        self._seqs_to_x: Any = None
+        self._sent: tuple[int, int] | None = None  # the seq range a mapped selection last set
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-        self.setToolTip("W/S zoom, A/D pan, Home shows all, R selects the range in view, Esc clears it")
+        self.setToolTip("W/S zoom, A/D pan, Home shows all, R selects the range in view, Shift+drag selects "
+                        "a range, Esc clears it")
         self.priority: list[int] = []  # row indices, the most important first
         self.shown: list[bool] = []
         layout = self.ci.layout
@@ -237,6 +246,51 @@ class PlotStack(pg.GraphicsLayoutWidget):
             return
         ev.accept()
 
+    # ------------------------------------------------------------------ mouse
+    def _x_at(self, ev: QMouseEvent) -> float | None:
+        """The x under the pointer when it is over a shown row's plot, else None."""
+        pos = self.mapToScene(ev.position().toPoint())
+        for _header, plot, _stretch in self.rows:
+            vb = plot.getViewBox()
+            if plot.isVisible() and vb.sceneBoundingRect().contains(pos):
+                return float(vb.mapSceneToView(pos).x())
+        return None
+
+    def mousePressEvent(self, ev: QMouseEvent | None) -> None:
+        if (ev is not None and ev.button() == Qt.MouseButton.LeftButton
+                and ev.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            x = self._x_at(ev)
+            if x is not None:
+                self._drag_from = x
+                self.setFocus(Qt.FocusReason.MouseFocusReason)
+                self._show_range((x, x))
+                ev.accept()
+                return
+        super().mousePressEvent(ev)
+
+    def mouseMoveEvent(self, ev: QMouseEvent | None) -> None:
+        if ev is not None and self._drag_from is not None:
+            x = self._x_at(ev)
+            if x is not None:
+                self._show_range((min(self._drag_from, x), max(self._drag_from, x)))
+            ev.accept()
+            return
+        super().mouseMoveEvent(ev)
+
+    def mouseReleaseEvent(self, ev: QMouseEvent | None) -> None:
+        if ev is not None and self._drag_from is not None:
+            start, self._drag_from = self._drag_from, None
+            x = self._x_at(ev)
+            if x is None:  # released off the plots: the band as last drawn
+                x = self.regions[0].getRegion()[1] if self.regions else start
+            if x == start:  # a Shift-click, not a drag: nothing to select
+                self._show_range(self.selected_range)
+            else:
+                self.select_range(start, x)
+            ev.accept()
+            return
+        super().mouseReleaseEvent(ev)
+
     # ------------------------------------------------------------------ range selection
     def select_range(self, lo: float | None, hi: float | None = None) -> None:
         """Select [lo, hi] on the x axis (None clears) and tell `sigRangeSelected`."""
@@ -286,12 +340,18 @@ class PlotStack(pg.GraphicsLayoutWidget):
     # ------------------------------------------------------------------ the shared filter
     def showEvent(self, ev: QShowEvent) -> None:
         super().showEvent(ev)
-        if self.events_on_x and self.shared is None:
+        if (self.events_on_x or self._x_to_seqs is not None) and self.shared is None:
             owner: QWidget | None = self.parentWidget()
             while owner is not None and getattr(owner, "ctx", None) is None:
                 owner = owner.parentWidget()
             if owner is not None:
                 self.bind_events(shared_filter(owner.ctx))  # type: ignore[attr-defined]
+
+    def map_x(self, x_to_seqs: Any, seqs_to_x: Any) -> None:
+        """Bind a stack whose x is not the event seq: `x_to_seqs(lo, hi)` gives the (first,
+        last) seq of the events in [lo, hi] (None when none is), `seqs_to_x(seqs)` the x of
+        each seq of an int array. Bound to the shared filter when first shown."""
+        self._x_to_seqs, self._seqs_to_x = x_to_seqs, seqs_to_x
 
     def bind_events(self, shared: EventFilter) -> None:
         """x is the event seq: a range selection sets `shared`'s range (whole seqs), and
@@ -308,7 +368,13 @@ class PlotStack(pg.GraphicsLayoutWidget):
         if self.shared is None:
             return
         if rng is None:
+            self._sent = None
             self.shared.set_range(None)
+        elif self._x_to_seqs is not None:
+            seqs = self._x_to_seqs(rng[0], rng[1])
+            # no event in the window: a range that keeps none (seqs start at 0)
+            self._sent = (int(seqs[0]), int(seqs[1])) if seqs is not None else (-1, -1)
+            self.shared.set_range(*self._sent)
         else:
             self.shared.set_range(math.ceil(rng[0]), math.floor(rng[1]))
 
@@ -322,6 +388,8 @@ class PlotStack(pg.GraphicsLayoutWidget):
         if shared is None:
             return
         x = shared.matching_seqs().astype(float) if shared.filter.root is not None else np.zeros(0)
+        if self._seqs_to_x is not None and len(x):
+            x = np.sort(np.asarray(self._seqs_to_x(x.astype(np.int64)), dtype=float))
         if len(x) > MAX_MARKS:  # one mark per pixel column is all a screen shows
             lo, hi = float(x[0]), float(x[-1])
             bins = np.unique(np.floor((x - lo) / max(1e-9, hi - lo) * MAX_MARKS))
@@ -330,6 +398,16 @@ class PlotStack(pg.GraphicsLayoutWidget):
         for i in range(len(self.marks)):
             self._place_marks(i)
         rng = shared.range
+        if self._seqs_to_x is not None:
+            if rng != self._sent:  # set elsewhere (another timeline, or cleared): shown in this x
+                self._sent = rng
+                if rng is None or rng[1] < 0:
+                    self.selected_range = None
+                else:
+                    xs = np.asarray(self._seqs_to_x(np.asarray(rng, dtype=np.int64)), dtype=float)
+                    self.selected_range = (float(xs.min()), float(xs.max()))
+                self._show_range(self.selected_range)
+            return
         if rng != (None if self.selected_range is None else
                    (math.ceil(self.selected_range[0]), math.floor(self.selected_range[1]))):
             self.selected_range = None if rng is None else (float(rng[0]), float(rng[1]))

@@ -12,5 +12,6 @@ TIMELINE_KEYS: tuple[tuple[str, str], ...] = (
     ("Timeline: pan right", "D, Right"),
     ("Timeline: show everything", "Home"),
     ("Timeline: select the range in view (filters the other views)", "R"),
+    ("Timeline: select a range with the mouse (filters the other views)", "Shift+drag"),
     ("Timeline: clear the range selection", "Esc"),
 )

@@ -4,7 +4,9 @@ A vLLM pool has no requests and no ref counts in its events, so the timeline and
 docks show these instead while attached (or while a capture is open): cached blocks per
 tier, blocks stored and removed per second, and how long blocks lived from stored to
 removed. They read `PoolState.remote` (`engine.remote.overlay.RemoteOverlay`) only;
-`show_remote` swaps a view's own plots for them.
+`show_remote` swaps a view's own plots for them. A range selected on the timeline (R, or
+Shift+drag) is a window of server time: it filters the other views to the events published
+in it, through the shared filter, as the main timeline's range does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from app.ui import theme
 from app.ui.colors import legend_line, swatch, tier_colors
 from app.ui.plots import PlotStack
+from engine.remote.overlay import time_of
 
 # A refresh reads every stored and removed time: at most this often while events stream.
 REFRESH_MS = 200
@@ -84,6 +87,9 @@ class RemoteTimeline(_Throttled):
         self.title.setTextFormat(Qt.TextFormat.RichText)
         self.title.setWordWrap(True)
         self.glw = PlotStack("seconds since the first event (server clock)")
+        self.start = 0.0  # the server time at x = 0
+        self._times: tuple[Any, int, np.ndarray, np.ndarray] | None = None  # (log, n, seqs, times)
+        self.glw.map_x(self.seqs_in, self.x_of_seqs)
         h_cached, self.p_cached = self.glw.add(stretch=3)
         h_stored, self.p_stored = self.glw.add(stretch=2)
         h_removed, self.p_removed = self.glw.add(stretch=2)
@@ -129,6 +135,7 @@ class RemoteTimeline(_Throttled):
         t = np.frombuffer(remote.sample_times, dtype=np.float64) if remote.sample_times else np.zeros(0)
         start = float(np.floor(min(remote.stored_times[0] if remote.stored_times else np.inf,
                                    t[0] if len(t) else np.inf))) if len(t) else 0.0
+        self.start = start
         top = 1.0
         for name, code in remote.tier_names.items():
             counts = remote.sample_counts[code - 1] if code - 1 < len(remote.sample_counts) else None
@@ -164,6 +171,32 @@ class RemoteTimeline(_Throttled):
                   (swatch(self.palette["evicted"]), f"removed <b>{len(remote.removed_times):,}</b>"),
                   ("", f"resets {p.num_resets}")]
         self.title.setText(legend_line(items))
+
+
+    # ---- the x axis as event seqs, for the shared range
+    def _event_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Seqs and server times of the log's events (kept until the log grows)."""
+        log = self.state.log
+        n = len(log.seqs)
+        if self._times is None or self._times[0] is not log or self._times[1] != n:
+            seqs = np.asarray(log.seqs, dtype=np.int64)
+            times = np.fromiter((time_of(e) for e in log.events), dtype=np.float64, count=n)
+            self._times = (log, n, seqs, times)
+        return self._times[2], self._times[3]
+
+    def seqs_in(self, lo: float, hi: float) -> tuple[int, int] | None:
+        """First and last seq of the events published from `lo` to `hi` seconds after x = 0."""
+        seqs, times = self._event_times()
+        inside = np.flatnonzero((times >= self.start + lo) & (times <= self.start + hi))
+        return (int(seqs[inside[0]]), int(seqs[inside[-1]])) if len(inside) else None
+
+    def x_of_seqs(self, wanted: np.ndarray) -> np.ndarray:
+        """Seconds after x = 0 at which the events `wanted` were published."""
+        seqs, times = self._event_times()
+        if not len(seqs):
+            return np.zeros(len(wanted))
+        pos = np.clip(np.searchsorted(seqs, wanted), 0, len(seqs) - 1)
+        return times[pos] - self.start
 
 
 class RemoteMetrics(_Throttled):
