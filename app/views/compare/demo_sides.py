@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from engine.analysis.compare import DemoRuns
+from engine.analysis.compare_demo import DemoRuns
 
 
 def demo_runs(model: Any = None) -> DemoRuns:

@@ -79,11 +79,20 @@ class PoolGrid(QWidget):
                             autoLevels=False, levels=(0, 255))
         self.image.setRect(QRectF(0, 0, cols, rows))
         self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
-        self.outlined = BlockTableView._request_blocks(p, self._request) if self._request else []
+        self.outlined = BlockTableView._request_blocks(p, _engine_id(p, self._request)) if self._request else []
         ids = np.array(self.outlined, dtype=np.int64)
         self.outline.setData(x=ids % cols + 0.5, y=ids // cols + 0.5) if len(ids) else self.outline.setData(x=[], y=[])
         self.caption.setText(f"{self._head} · in use <b>{p.num_in_use:,}</b> · cached free "
                              f"<b>{p.num_cached_free:,}</b> · empty {p.num_empty:,} of {n:,} blocks × {p.block_size}")
+
+
+def _engine_id(p: Any, request_id: str) -> str:
+    """The id the engine knew `request_id` by: itself, or "PART/id" (a demo that runs each
+    part of its traffic on its own manager names its requests so)."""
+    if request_id in p.requests or request_id in p.running:
+        return request_id
+    tail = "/" + request_id
+    return next((rid for rid in p.requests if rid.endswith(tail)), request_id)
 
 
 class PoolPair(QWidget):

@@ -175,9 +175,9 @@ class StatisticsView(PanelView):
         self.filter_bar.count.setText(f"{matched:,} of {total:,}" if self.shared.active else "")
         self._draw()
         what = self.shared.describe()
-        text = f"{matched:,} of {total:,} events" + (f" ({what})" if what else "") + ". "
+        text = f"{matched:,} of {total:,} events" + (f" ({what})" if what else "") + ": "
         if self.stats.num_events < matched:
-            text += f"Only the last {self.stats.num_events:,} of them are counted. "
+            text = f"{text}the last {self.stats.num_events:,} of them counted: "
         self.summary.setText(text + self.summary.text())
         self.sigComputed.emit(self.stats)
         if self._again:
@@ -211,7 +211,7 @@ class StatisticsView(PanelView):
         _fill(self.t_killers, self.stats.tables()["cache_killers"][1])
         reuses = len(s.reuse_distance.values)
         evictions = len(s.lifetime.values)
-        text = (f"{s.num_events:,} events: {reuses:,} reuses of a block seen before, "
+        text = (f"{reuses:,} reuses of a block seen before, "
                 f"{s.reuse_distance.num_unbounded:,} first accesses; {evictions:,} blocks evicted, "
                 f"{s.lifetime.num_unbounded:,} still cached.")
         if s.notes:
