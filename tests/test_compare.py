@@ -271,3 +271,68 @@ def test_a_demo_side_keeps_the_pool_of_its_own_engine():
 def test_a_bad_demo_side_is_one_line_and_exit_2(capsys, argv, words):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and words in err and err.count("\n") == 1
+
+
+# ---- two servers of a recorded fleet attach ---------------------------------------------
+
+FLEET = ROOT / "tests" / "data" / "vllm_connector" / "vllm_connector_frames.jsonl"
+
+
+def recorded_fleet(db: Path) -> int:
+    """vLLM 0.33.0's own frames of three pods (tests/data/vllm_connector, case
+    three-pods-one-endpoint) applied as an attach applies them, one RemotePool per pod on
+    one bus, and recorded as an attach run; the run's id."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _publishers import recorded_frames
+
+    from engine.core.events import EventBus
+    from engine.remote.pool import RemotePool
+    from engine.remote.wire import decode_batch, parse_pub
+    from engine.store.database import Store
+
+    bus, events, pools = EventBus(), [], {}
+    bus.subscribe(events.append)
+    for frames in recorded_frames(FLEET, case="three-pods-one-endpoint", socket="pub"):
+        pod = frames[0].decode().split("@")[1]
+        _topic, seq, payload = parse_pub(frames)
+        pools.setdefault(pod, RemotePool(source=pod, events=bus)).apply(decode_batch(seq, payload))
+    with Store(db) as store:
+        sid = store.create_session("fleet", "trace", hash="vllm-sha256")
+        run_id = store.create_run(sid, "attach", {"endpoints": sorted(pools)})
+        store.record_events(run_id, events)
+        store.finish_run(run_id, {})
+    return run_id
+
+
+def test_two_servers_of_a_recorded_fleet_attach(tmp_path, capsys):
+    db = tmp_path / "fleet.db"
+    run = recorded_fleet(db)
+    code, out, err = cli(capsys, f"run:{run}@10.0.0.11:8000", f"run:{run}@tcp://10.0.0.13:8000", "--db", str(db),
+                         "--json")
+    doc = json.loads(out)
+    assert code == 0 and err == ""
+    # by hand, from the fixture's README: pod .11 stores A (4 blocks) and removes A's last two;
+    # pod .13 stores C, A's first two blocks and two of its own, and removes nothing
+    ta, tb = doc["a"]["totals"], doc["b"]["totals"]
+    assert (ta["stored_blocks"], ta["evicted_blocks"]) == (4, 2)
+    assert (tb["stored_blocks"], tb["evicted_blocks"]) == (4, 0)
+    assert doc["delta"]["stored_blocks"] == 0 and doc["delta"]["evicted_blocks"] == -2
+    assert doc["blocks"] == {"held_a": 2, "held_b": 4, "held_by_both": 2, "only_a": 0, "only_b": 2, "held_delta": 2}
+    assert doc["requests"] == [] and doc["a"]["config"]["server"] == "10.0.0.11:8000"
+    # pod .12 holds A's first two blocks on the GPU and again on the CPU: two hashes, four stores
+    code, out, _ = cli(capsys, f"run:{run}@10.0.0.12:8000", f"run:{run}@10.0.0.11:8000", "--db", str(db), "--json")
+    doc = json.loads(out)
+    assert doc["a"]["totals"]["stored_blocks"] == 4 and doc["blocks"]["held_a"] == 2
+    assert doc["blocks"]["held_by_both"] == 2 and doc["blocks"]["only_a"] == doc["blocks"]["only_b"] == 0
+
+
+def test_an_unknown_server_is_one_line_and_exit_2(tmp_path, capsys):
+    db = tmp_path / "fleet.db"
+    run = recorded_fleet(db)
+    code, _, err = cli(capsys, f"run:{run}@10.0.0.99:8000", f"run:{run}@10.0.0.11:8000", "--db", str(db))
+    assert code == 2 and err.count("\n") == 1
+    assert "has no server '10.0.0.99:8000' (its servers: 10.0.0.12:8000, 10.0.0.13:8000, 10.0.0.11:8000)" in err
+    code, _, err = cli(capsys, f"session:1@x", f"run:{run}@10.0.0.11:8000", "--db", str(db))
+    assert code == 2 and "run:ID@SERVER" in err and err.count("\n") == 1

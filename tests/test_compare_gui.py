@@ -249,3 +249,29 @@ def test_the_compare_window_draws_pools_and_costs_for_both_sides(qtbot, ctx):
     assert "billed A $" in w.detail.text() and w.pools.a.projection is not None
     header, rows = w._delta_table()
     assert "cost_delta_usd" in header and len(rows) == 30
+
+
+def test_two_fleet_servers_side_by_side(qtbot, ctx, tmp_path):
+    from test_compare import recorded_fleet
+
+    from engine.store.database import Store
+
+    db = tmp_path / "fleet.db"
+    run = recorded_fleet(db)
+    ctx.store = Store(db)  # the window reads run:ID from the app's session database
+    w = CompareWindow(ctx)
+    qtbot.addWidget(w)
+    w.set_sides(f"run:{run}@10.0.0.11:8000", f"run:{run}@10.0.0.13:8000")
+    with qtbot.waitSignal(w.sigCompared, timeout=60_000):
+        w.run_compare()
+    assert ctx.errors == [] and w.rows == []
+    assert w.tabs.currentWidget() is w.pools
+    # .11 ends with A's first two blocks (it removed the last two), .13 with all four of C
+    assert w.pools.a.projection.num_hashed == 2 and w.pools.b.projection.num_hashed == 4
+    assert "A <b>2</b>, B <b>4</b>, both 2" in w.detail.text()
+    w.set_sides(f"run:{run}@10.0.0.99:8000", f"run:{run}@10.0.0.13:8000")
+    with qtbot.waitSignal(ctx.worker.sigFailed, timeout=30_000):
+        w.run_compare()
+    qtbot.waitUntil(lambda: bool(ctx.errors), timeout=5_000)
+    assert "has no server '10.0.0.99:8000'" in ctx.errors[-1] and w.run_button.isEnabled()
+    ctx.store.close()

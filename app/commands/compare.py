@@ -11,7 +11,8 @@ from engine.core.errors import InputError
 from engine.core.hashing import HASH_NAMES
 
 NAME = "compare"
-HELP = "compare two runs (traces, conversation or session files, session:ID, run:ID, demo:NAME) request by request"
+HELP = ("compare two runs (traces, conversation or session files, session:ID, run:ID, run:ID@SERVER, demo:NAME) "
+        "request by request")
 
 
 def fraction(text: str) -> float:
@@ -26,7 +27,8 @@ def fraction(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="the baseline: a token-level or Mooncake trace, a conversation or "
-                                          ".cachescope.json file, session:ID (replayed), run:ID (as recorded) or "
+                                          ".cachescope.json file, session:ID (replayed), run:ID (as recorded), "
+                                          "run:ID@SERVER (one server of a recorded fleet attach) or "
                                           "demo:NAME[:PART] (a demo's requests, or one part such as "
                                           "demo:timestamp-at-front:front)")
     p.add_argument("b", metavar="B", help="the run compared with it, in any of the same forms")
@@ -126,6 +128,10 @@ def _print_human(r: dict) -> None:
     out.write(f"B - A: cached {d['cached_tokens']:+d} tokens, hit rate {d['hit_rate']:+.2%}; B reuses more on "
               f"{s['b_reuses_more']} requests, less on {s['b_reuses_less']}, the same on {s['same']} "
               f"(aligned by {r['aligned_by']})\n")
+    blocks = r.get("blocks")
+    if blocks is not None:
+        out.write(f"blocks held at the end: A {blocks['held_a']:,}, B {blocks['held_b']:,}, both "
+                  f"{blocks['held_by_both']:,}, only A {blocks['only_a']:,}, only B {blocks['only_b']:,}\n")
     cost = r.get("cost")
     if cost is not None and cost["cost_delta_usd"] is not None:
         out.write(f"cost ({cost['provider']}, {cost['model']}): A ${cost['a']['cost_usd']:.6f}, "

@@ -30,7 +30,7 @@ from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 if TYPE_CHECKING:
     from engine.analysis.compare_demo import DemoRuns
 
-_STORED = re.compile(r"(session|run):(\d+)")
+_STORED = re.compile(r"(session|run):(\d+)(?:@(.+))?")
 _DEMO = re.compile(r"demo:([^:]+)(?::(.+))?")
 # A side's event log is kept (for its block table and pool timelines) up to this many
 # requests: a log holds every event as an object, about 100 MB per 1,000 Mooncake requests.
@@ -229,6 +229,10 @@ def prepare_side(spec: str, opts: SideOptions, db: str | None = None,
     demo:NAME[:PART] run by `demos`), read and checked; replaying it is `PreparedSide.run`,
     so a bad B fails before A replays."""
     m = _STORED.fullmatch(spec)
+    if m and m.group(3) is not None:
+        if m.group(1) != "run":
+            raise InputError(f"{spec}: a server is named on a recorded attach, run:ID@SERVER")
+        return _server_side(int(m.group(2)), m.group(3), db)
     if m:
         return _stored(m.group(1), int(m.group(2)), opts, db, tokenizer_loader)
     m = _DEMO.fullmatch(spec)
@@ -304,6 +308,55 @@ def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
         return PreparedSide(label, "run", opts, recorded=run)
 
 
+def source_name(source: str) -> str:
+    """A remote event's source as a server is named: the endpoint without its scheme."""
+    return source.split("://", 1)[-1]
+
+
+def _server_side(ident: int, server: str, db: str | None) -> PreparedSide:
+    """One server of a recorded fleet attach (`run:ID@SERVER`): the events of run ID that
+    came from SERVER (its endpoint, with or without tcp://), in a log of their own. vLLM's
+    KV events name no request, so the side has blocks and no requests."""
+    from engine.store.database import Store
+
+    label = f"run:{ident}@{server}"
+    with Store(db, read_only=True) as store:
+        runs = {r.id: r for r in store.runs()}
+        if ident not in runs:
+            raise InputError(f"there is no run {ident} in the database; 'cachescope sessions list' shows the sessions")
+        info = runs[ident]
+        events = store.events(ident)
+    sources: dict[str, None] = {}
+    for e in events:
+        remote = getattr(e, "remote", None)
+        if remote is not None:
+            sources.setdefault(source_name(remote.source))
+    if not sources:
+        raise InputError(f"run {ident} is not a recorded attach (its events name no server); "
+                         f"run:ID@SERVER compares two servers of one")
+    if source_name(server) not in sources:
+        raise InputError(f"run {ident} has no server {server!r} (its servers: {', '.join(sources)})")
+    mine = [e for e in events if getattr(e, "remote", None) is not None
+            and source_name(e.remote.source) == source_name(server)]
+    block_size = next((e.remote.block_size for e in mine if e.remote.block_size), None) \
+        or (info.config or {}).get("block_size") or 16
+    log = new_log(0, block_size)
+    log.extend(mine)
+    counts = {k: sum(1 for e in mine if e.kind == k) for k in ("block_stored", "block_evicted")}
+    config = {**(info.config or {}), "run": ident, "run_kind": info.kind, "source": label, "kind": "server",
+              "server": source_name(server), "block_size": block_size, "events": len(mine)}
+    run = Run(label, "server", config, [], counts["block_stored"], counts["block_evicted"], log=log,
+              end_seqs={})
+    return PreparedSide(label, "server", SideOptions(), recorded=run)
+
+
+def held_hashes(run: Run) -> set[bytes]:
+    """The block hashes the side's pool holds at its end (empty without a log)."""
+    if run.log is None:
+        return set()
+    return {h for h in run.log.live.hashes if h is not None}
+
+
 # ---- the comparison ---------------------------------------------------------------------
 
 def _delta_word(d: float) -> str:
@@ -358,9 +411,16 @@ class Comparison:
                    "b_reuses_less": sum(1 for r in paired if r["b_reuses"] == "less"),
                    "same": sum(1 for r in paired if r["b_reuses"] == "same"),
                    "b_reuses": _delta_word(delta["cached_tokens"])}
-        return {"a": {"label": self.a.label, "config": self.a.config, "totals": ta},
-                "b": {"label": self.b.label, "config": self.b.config, "totals": tb},
-                "aligned_by": self.aligned_by, "delta": delta, "summary": summary, "requests": rows}
+        out = {"a": {"label": self.a.label, "config": self.a.config, "totals": ta},
+               "b": {"label": self.b.label, "config": self.b.config, "totals": tb},
+               "aligned_by": self.aligned_by, "delta": delta, "summary": summary, "requests": rows}
+        if "server" in (self.a.kind, self.b.kind):
+            # servers publish blocks, not requests: what each holds at the end, and in common
+            ha, hb = held_hashes(self.a), held_hashes(self.b)
+            out["blocks"] = {"held_a": len(ha), "held_b": len(hb), "held_by_both": len(ha & hb),
+                             "only_a": len(ha - hb), "only_b": len(hb - ha),
+                             "held_delta": len(hb) - len(ha)}
+        return out
 
 
 def compare_runs(a: Run, b: Run) -> Comparison:

@@ -61,7 +61,7 @@ class _Side(QWidget):
         super().__init__(parent)
         self.spec = QLineEdit()
         self.spec.setPlaceholderText(f"{name}: a trace, conversation or session file, session:ID, run:ID, "
-                                     f"or demo:NAME[:PART]")
+                                     f"run:ID@SERVER or demo:NAME[:PART]")
         browse = QPushButton("Open…")
         browse.clicked.connect(self._browse)
         self.block_size = QSpinBox()
@@ -296,7 +296,16 @@ class CompareWindow(QWidget):
                               "cached tokens, B - A: no request differs")
         self._fill_tables()
         self._draw_labels(doc)
-        self.pick(next((i for i, r in enumerate(self.rows) if r["cached_delta"]), 0) if self.rows else None)
+        if self.rows:
+            self.pick(next((i for i, r in enumerate(self.rows) if r["cached_delta"]), 0))
+        else:  # servers of a fleet: blocks, no requests to pick
+            self.pools.show_ends(comparison.a, comparison.b, (self._head("a", doc), self._head("b", doc)))
+            self.tabs.setCurrentWidget(self.pools)
+            blocks = doc.get("blocks")
+            if blocks is not None:
+                self.detail.setText(f"blocks held at the end: A <b>{blocks['held_a']:,}</b>, B <b>{blocks['held_b']:,}"
+                                    f"</b>, both {blocks['held_by_both']:,}, only A {blocks['only_a']:,}, only B "
+                                    f"{blocks['only_b']:,}")
         self.sigCompared.emit(comparison)
 
     def _draw_labels(self, doc: dict[str, Any]) -> None:

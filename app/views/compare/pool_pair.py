@@ -122,6 +122,14 @@ class PoolPair(QWidget):
         self.legend.setText(legend_line([(swatch(c[k]), t) for k, t in entries]) +
                             "&nbsp;&nbsp;·&nbsp; the pool just after the picked request; its blocks outlined")
 
+    def show_ends(self, run_a: Any, run_b: Any, heads: tuple[str, str]) -> None:
+        """Both pools as they ended (sides without requests: two servers of a fleet)."""
+        for grid, run, head in ((self.a, run_a, heads[0]), (self.b, run_b, heads[1])):
+            if run.log is None or run.log.last_seq is None:
+                grid.clear(f"· {run.no_log_reason or 'no pool kept for this run'}")
+            else:
+                grid.show_pool(run.log.live.copy(), run.log.last_seq, None, head)
+
     def show_request(self, run_a: Any, run_b: Any, row: dict[str, Any], heads: tuple[str, str]) -> None:
         for grid, run, rid, head in ((self.a, run_a, row["id_a"], heads[0]), (self.b, run_b, row["id_b"], heads[1])):
             if run.log is None:
