@@ -226,8 +226,23 @@ class ColumnarEventLog:
     @property
     def series(self) -> EventSeries:
         if self._series is None:
-            self._series = self._compute_series()
+            loop = _compiled_series_loop()
+            self._series = self._compute_series() if loop is None else self._compiled_series(loop)
         return self._series
+
+    def _compiled_series(self, loop: Any) -> EventSeries:
+        """The series from one compiled pass over the rows (`_series_loop`), where numba is
+        installed (the kernel that filled the log needs it too)."""
+        log = self.columnar
+        kind, block, a = log.col("kind"), log.col("block"), log.col("a")
+        is_ref = kind == REF
+        top = int(a[is_ref].max()) if is_ref.any() else 0
+        width = max(log.num_blocks, int(block.max()) + 1 if log.num_rows else 0)
+        out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), self.ends, width,
+                   log.num_blocks, top, self.block_size)
+        in_use, cached_free, empty, max_ref, evicted, cached, prompt = out
+        return EventSeries(self.seqs, in_use, cached_free, empty, max_ref, evicted, cached, prompt,
+                           self.seqs[self.kinds == REFUSED], np.zeros(0, np.int64))
 
     def _compute_series(self) -> EventSeries:
         """Each count as `PoolProjection` keeps it, after every event: the changes are worked
@@ -270,8 +285,11 @@ class ColumnarEventLog:
         cached = after_lookups(a[look] * self.block_size)
         ref_rows = rows[is_ref]
         max_ref = self._max_ref_series(ref_rows, ref_before[is_ref], new_ref[is_ref], last)
-        return EventSeries(self.seqs, in_use, cached_free, log.num_blocks - in_use - cached_free, max_ref,
-                           evicted, cached, prompt, self.seqs[self.kinds == REFUSED], np.zeros(0, np.int64))
+        narrow = np.int32
+        return EventSeries(self.seqs, in_use.astype(narrow), cached_free.astype(narrow),
+                           (log.num_blocks - in_use - cached_free).astype(narrow), max_ref.astype(narrow),
+                           evicted.astype(narrow), cached, prompt, self.seqs[self.kinds == REFUSED],
+                           np.zeros(0, np.int64))
 
     @staticmethod
     def _block_state_before(rows: np.ndarray, kind: np.ndarray, block: np.ndarray,
@@ -694,11 +712,20 @@ class ArrayProjection:
 
     @property
     def by_hash(self) -> dict[bytes, tuple[int, ...]]:
+        """digest -> the blocks holding it, in the order the digests were stored (as
+        `PoolProjection.by_hash`, whose order the hash chains' layout follows)."""
         got = self._cache.get("by_hash_map")
         if got is None:
             keys = self.log.columnar.keys
+            col = self.log.columnar
+            n = self.arrays.num_rows
+            stored = np.flatnonzero(col.col("kind")[:n] == STORED)
+            stored_at = np.full(self.num_blocks, -1, np.int64)
+            stored_at[col.col("block")[stored]] = stored  # the last store of each block wins
+            held = np.flatnonzero(self.hash_keys >= 0)
+            held = held[np.argsort(stored_at[held], kind="stable")]
             got = {}
-            for b in np.flatnonzero(self.hash_keys >= 0).tolist():
+            for b in held.tolist():
                 d = keys.digest(int(self.hash_keys[b]))
                 got[d] = got.get(d, ()) + (b,)
             self._cache["by_hash_map"] = got
@@ -920,6 +947,88 @@ class _Names(Sequence[str]):
         return isinstance(other, Sequence) and len(other) == len(self) and list(other) == list(self)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np.ndarray, sizes: np.ndarray,
+                 ends: np.ndarray, width: int, num_blocks: int, top: int, block_size: int) -> tuple:
+    """Every count of `EventSeries` after each event, in one pass over the rows: each row
+    applied as `PoolProjection` applies its event (compiled by numba; the numpy
+    `ColumnarEventLog._compute_series` is the same, held equal by tests)."""
+    n_ev = len(ends)
+    in_use_out = np.zeros(n_ev, np.int32)
+    free_out = np.zeros(n_ev, np.int32)
+    empty_out = np.zeros(n_ev, np.int32)
+    ref_out = np.zeros(n_ev, np.int32)
+    ev_out = np.zeros(n_ev, np.int32)
+    cached_out = np.zeros(n_ev, np.int64)
+    prompt_out = np.zeros(n_ev, np.int64)
+    ref = np.zeros(width, np.int64)
+    held = np.zeros(width, np.uint8)
+    hist = np.zeros(top + 2, np.int64)
+    in_use = cached_free = evicted = best = 0
+    cached = prompt = 0
+    i = 0
+    for e in range(n_ev):
+        while i < ends[e]:
+            k = kind[i]
+            b = block[i]
+            if k == 5 and b >= 0:  # REF
+                old = ref[b]
+                new = a[i]
+                if old > 0:
+                    hist[old] -= 1
+                if new > 0:
+                    hist[new] += 1
+                    if new > best:
+                        best = new
+                if old == 0 and new > 0:
+                    in_use += 1
+                    if held[b]:
+                        cached_free -= 1
+                elif old > 0 and new == 0:
+                    in_use -= 1
+                    if held[b]:
+                        cached_free += 1
+                ref[b] = new
+            elif k == 4 and b >= 0:  # STORED
+                if not held[b] and ref[b] == 0:
+                    cached_free += 1
+                held[b] = 1
+            elif k == 7 and b >= 0:  # EVICTED
+                if ref[b] == 0:
+                    evicted += 1
+                    if held[b]:
+                        cached_free -= 1
+                held[b] = 0
+            elif k == 2:  # LOOKUP
+                cached += a[i] * block_size
+                prompt += sizes[request[i]]
+            i += 1
+        while best > 0 and hist[best] == 0:
+            best -= 1
+        in_use_out[e] = in_use
+        free_out[e] = cached_free
+        empty_out[e] = num_blocks - in_use - cached_free
+        ref_out[e] = best
+        ev_out[e] = evicted
+        cached_out[e] = cached
+        prompt_out[e] = prompt
+    return in_use_out, free_out, empty_out, ref_out, ev_out, cached_out, prompt_out
+
+
+_COMPILED: list[Any] = []
+
+
+def _compiled_series_loop() -> Any:
+    """`_series_loop` compiled (cached on disk after the first run), or None without numba."""
+    if not _COMPILED:
+        try:
+            from numba import njit
+        except ImportError:
+            _COMPILED.append(None)
+        else:
+            _COMPILED.append(njit(cache=True, nogil=True)(_series_loop))
+    return _COMPILED[0]
 
 
 def _miss_of_row(col: ColumnarLog, i: int) -> MissInfo:

@@ -229,10 +229,11 @@ class TimelineView(PanelView):
 
     def _draw_series(self) -> None:
         s = self.state.log.series
-        x = np.asarray(s.seq, dtype=float)
-        used = np.asarray(s.in_use, dtype=float)
-        cached = used + np.asarray(s.cached_free, dtype=float)
-        max_ref = np.asarray(s.max_ref, dtype=float)
+        # integers as the log keeps them: only the reduced curves become floats
+        x = np.asarray(s.seq)
+        used = np.asarray(s.in_use)
+        cached = used + np.asarray(s.cached_free)
+        max_ref = np.asarray(s.max_ref)
         self._full = (x, cached, used, max_ref)
         self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
         self.pool_size = self.state.projection.num_blocks
@@ -273,12 +274,12 @@ class TimelineView(PanelView):
         x, cached, used, max_ref = self._full
         self._reduced_for = (lo, hi)
         xs, ys = peak_reduce(x, cached, lo, hi)
-        self.c_cached.setData(xs, ys)
-        xs, ys = peak_reduce(x, used, lo, hi)
+        self.c_cached.setData(xs.astype(float), ys.astype(float))
+        xs, ys = (a.astype(float) for a in peak_reduce(x, used, lo, hi))
         self.c_used.setData(xs, ys)
         self.c_in_use.setData(xs, ys)
         xs, ys = peak_reduce(x, max_ref, lo, hi)
-        self.c_ref.setData(xs, ys)
+        self.c_ref.setData(xs.astype(float), ys.astype(float))
 
     def _on_x_range(self, _vb: Any, rng: Any) -> None:
         """A zoom or pan: reduce again for the range now shown (when it is a part of the log)."""
