@@ -12,6 +12,8 @@ from app.runtime.context import make_test_context
 from app.demos.runner import install_demos
 from app.window.main_window import MainWindow
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.mark.parametrize("size", [(1600, 1000), (1280, 800)])
 def test_no_tab_bar_is_left_over_a_dock_and_bottom_docks_have_room(qtbot, tmp_path, size):
@@ -123,3 +125,129 @@ def test_a_window_larger_than_the_screen_is_shrunk_and_moved_onto_it():
     # a geometry remembered on a second, larger monitor to the right comes back on screen
     assert fit_rect(QRect(2000, 400, 1000, 700), laptop) == QRect(280, 100, 1000, 700)
     assert fit_rect(QRect(100, 100, 800, 600), laptop) == QRect(100, 100, 800, 600)  # fits: untouched
+
+
+# ---- panels built after a subject change ---------------------------------------------
+
+def _shown(panel) -> list[tuple[str, str, object]]:
+    """What a panel shows, widget by widget: label and edit texts, rows, choices, checks."""
+    from PySide6.QtWidgets import (QAbstractButton, QAbstractItemView, QComboBox, QLabel, QLineEdit, QPlainTextEdit,
+                                   QTextEdit, QWidget)
+
+    out: list[tuple[str, str, object]] = []
+    for w in panel.findChildren(QWidget):
+        name = f"{type(w).__name__}:{w.objectName()}"
+        if isinstance(w, (QLabel, QLineEdit)):
+            out.append((name, "text", w.text()))
+        elif isinstance(w, (QPlainTextEdit, QTextEdit)):
+            out.append((name, "text", w.toPlainText()))
+        elif isinstance(w, QAbstractItemView) and w.model() is not None:
+            out.append((name, "rows", w.model().rowCount()))
+        elif isinstance(w, QComboBox):
+            out.append((name, "current", w.currentText()))
+        elif isinstance(w, QAbstractButton) and w.isCheckable():
+            out.append((name, "checked", w.isChecked()))
+    return out
+
+
+def _open(qtbot, window, path: Path) -> None:
+    done: list = []
+    assert window.open_file(path, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=60_000)
+    qtbot.waitUntil(lambda: window.ctx.bridge.num_pending == 0, timeout=5000)
+    window.ctx.bridge.flush(everything=True)
+
+
+def _window_after(qtbot, tmp_path: Path, traces: list[Path], build_first: bool):
+    """A window that opened `traces` one after the other, its panels built before the first
+    (`build_first`) or only after the last, then every panel raised once, as a user would."""
+    from app.window.panels import PANELS
+
+    ctx = make_test_context(tmp_path / ("early" if build_first else "late"))
+    window = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(window)
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    if build_first:
+        window.finish_startup()
+        for spec in PANELS:
+            window.panels.get(spec.object_name)
+    for trace in traces:
+        _open(qtbot, window, trace)
+    if not build_first:
+        assert not any(window.panels.is_built(s.object_name) for s in PANELS if s.lazy)
+    window.finish_startup()
+    for spec in PANELS:
+        window.docks[spec.object_name].raise_()  # a lazy panel is built when first shown
+        qtbot.wait(20)
+    return window
+
+
+def test_a_panel_built_after_a_trace_opened_shows_that_trace_as_one_built_before_does(qtbot, tmp_path):
+    """Two traces opened one after the other, every lazy panel built only after the second:
+    each shows what the same panel built before the first shows, widget by widget, and the
+    ones that show the subject show the second trace (Statistics counts its log, not the
+    first's; the Conversation says it does not apply to it)."""
+    from app.window.panels import PANELS
+    from app.views.tools.statistics_view import StatisticsView
+
+    lines = (ROOT / "resources" / "traces" / "mooncake_synthetic_trace.jsonl").read_text().splitlines()
+    second = tmp_path / "mooncake_slice.jsonl"
+    second.write_text("\n".join(lines[:150]) + "\n")
+    traces = [ROOT / "resources" / "traces" / "demo_tokens.jsonl", second]
+    early = _window_after(qtbot, tmp_path, traces, build_first=True)
+    late = _window_after(qtbot, tmp_path, traces, build_first=False)
+    try:
+        for window in (early, late):
+            assert window.ctx.subject.title == "mooncake_slice.jsonl"
+            stats = window.panels["statistics"]
+            assert isinstance(stats, StatisticsView)
+            num_events = len(window.ctx.state.log.events)
+            qtbot.waitUntil(lambda s=stats, n=num_events: s.stats is not None and s.stats.num_events == n,
+                            timeout=30_000)  # the second trace's log, not the first's
+            conversation = window.panels["conversation"]
+            assert "does not apply to the trace \u201cmooncake_slice.jsonl\u201d" in conversation.placeholder.text()
+            assert conversation.title_label.text() == "mooncake_slice.jsonl"
+        qtbot.wait(300)
+        for spec in PANELS:
+            if spec.lazy:
+                assert _shown(late.panels[spec.object_name]) == _shown(early.panels[spec.object_name]), spec.title
+    finally:
+        early.ctx.shutdown()
+        late.ctx.shutdown()
+
+
+def test_a_deferred_panel_is_told_the_subject_it_missed_and_only_then(qtbot, tmp_path):
+    """PanelMap gives a panel built after a subject change the `show_subject` the panels
+    built before it heard, with the subject current when it is built; before any change,
+    nothing (a panel built at start is told nothing either)."""
+    from app.runtime.context import Subject
+    from app.ui.widgets import PanelView
+    from app.window.panels import BOTTOM, PanelMap, PanelSpec
+
+    class Probe(PanelView):
+        def __init__(self, ctx) -> None:
+            super().__init__(ctx)
+            self.told: list = []
+
+        def show_subject(self, subject) -> None:
+            self.told.append(subject)
+
+    ctx = make_test_context(tmp_path)
+    try:
+        panels = PanelMap(lambda name: panels.add(name, Probe(ctx)), ctx)
+        for name in ("at_start", "early", "late"):
+            panels.defer(PanelSpec(name, name, "unused:Probe", BOTTOM, lazy=True))
+        assert panels["at_start"].told == []  # no subject change yet: nothing to be told
+        early = panels["early"]
+        trace = Subject("trace", "a.jsonl", source="a.jsonl")
+        assert ctx.open_subject(trace, ask=False)
+        assert early.told == [trace]
+        late = panels["late"]
+        assert late.told == [trace] == early.told  # told once, as the early one was
+        qtbot.addWidget(early)
+        qtbot.addWidget(late)
+        qtbot.addWidget(panels["at_start"])
+    finally:
+        ctx.shutdown()

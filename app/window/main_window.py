@@ -87,7 +87,7 @@ class MainWindow(QMainWindow):
         self.block_size = block_size
         self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
-        self.panels = PanelMap(self._build_deferred_panel)
+        self.panels = PanelMap(self._build_deferred_panel, ctx)
         # The panels the window shows at once are built right after its first paint, one
         # per turn of the event loop (any lookup before that builds its panel at once), so
         # the window is up before pyqtgraph and the views are; see `finish_startup`.

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
+from app.ui.widgets import PanelView
+
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
@@ -67,16 +69,32 @@ SCRUB_BAR = "app.views.pool.scrub_bar:ScrubBar"
 
 class PanelMap(Mapping[str, QWidget]):
     """Panels by object_name. A lazy panel is built the first time it is looked up (or its
-    dock is shown, which looks it up); iterating names does not build anything."""
+    dock is shown, which looks it up); iterating names does not build anything.
 
-    def __init__(self, build: Callable[[str], None]) -> None:
+    Given the context, it also hears the subject changes: a deferred panel built after one
+    missed the `show_subject` the panels built before were given, so it is given it then,
+    with the subject current at that moment. A panel built before any change is told
+    nothing, as the panels built at start were not.
+    """
+
+    def __init__(self, build: Callable[[str], None], ctx: AppContext | None = None) -> None:
         self._built: dict[str, QWidget] = {}
         self._pending: dict[str, PanelSpec] = {}
         self._build = build
+        self._ctx = ctx
+        self.subject_changed = False  # a subject change was announced since the map was made
+        if ctx is not None:
+            ctx.sigSubjectChanged.connect(self._on_subject_changed)
+
+    def _on_subject_changed(self, _subject: object) -> None:
+        self.subject_changed = True
 
     def add(self, name: str, widget: QWidget) -> None:
-        self._pending.pop(name, None)
+        deferred = self._pending.pop(name, None) is not None
         self._built[name] = widget
+        if deferred and self.subject_changed and isinstance(widget, PanelView):
+            assert self._ctx is not None
+            widget.show_subject(self._ctx.subject)
 
     def defer(self, spec: PanelSpec) -> None:
         self._pending[spec.object_name] = spec
