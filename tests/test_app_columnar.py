@@ -289,7 +289,7 @@ FILTERS = ("kind:evicted", "kind:lookup and reason:new_content", "reason:evicted
 
 @pytest.mark.parametrize("name", ["tenants_c2", "evict_pool64_c1", "mooncake_conversation"])
 def test_the_shared_filter_matches_the_columns_as_the_events(tmp_path, name):
-    from app.runtime.selection import columnar_mask, match_events
+    from app.runtime.selection import EventFilter, columnar_mask, match_events
     from engine.analysis.filter_language import parse
 
     ref, col = _both(tmp_path, name)
@@ -306,6 +306,15 @@ def test_the_shared_filter_matches_the_columns_as_the_events(tmp_path, name):
     assert hits >= 8
     assert columnar_mask(col.log, parse("hash:ab")) is None  # hashes: the events are read instead
     assert columnar_mask(ref.log, parse("kind:lookup")) is None
+    # through the app's shared filter, hashes included (read from events built chunk by chunk)
+    digest = next(e.block_hash for e in ref.log.events if e.kind == "block_stored").hex()[:6]
+    for text in ("kind:evicted or block:2", f"hash:{digest}", f"hash:{digest} and kind:lookup"):
+        masks = []
+        for state in (col, ref):
+            shared = EventFilter(state)
+            shared.set_filter(text)
+            masks.append(shared.match_mask().tolist())
+        assert masks[0] == masks[1] and any(masks[1]), text
 
 
 @pytest.mark.parametrize("name", ["tenants_c2", "evict_pool64_c1", "mooncake_conversation"])

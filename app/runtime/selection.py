@@ -110,7 +110,9 @@ class EventFilter(QObject):
             self._job += 1
             self.pending = True
             self._log = self.state.log
-            snapshot = list(events)  # references: the worker reads the frozen events
+            # references: the worker reads the frozen events (a columnar log's are built
+            # there, chunk by chunk, as it reads them: it is read-only)
+            snapshot = events if getattr(self.state.log, "columnar_log", False) else list(events)
             job = self._job
             self.worker.submit(match_events, snapshot, flt, on_done=lambda r: self._matched(job, r),
                                on_error=lambda exc: self._match_failed(job, exc))

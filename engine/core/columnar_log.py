@@ -71,7 +71,7 @@ class LazyEvents(Sequence[Event]):
             start, stop, step = i.indices(len(self))
             if step != 1:
                 return [self[j] for j in range(start, stop, step)]
-            return list(self._log.build(start, stop))
+            return EventRange(self._log, start, max(start, stop))
         n = len(self)
         i = int(i)
         if i < 0:
@@ -93,6 +93,35 @@ class LazyEvents(Sequence[Event]):
     def __reversed__(self) -> Iterator[Event]:
         for start in range(len(self), 0, -_CHUNK_EVENTS):
             yield from reversed(list(self._log.build(max(0, start - _CHUNK_EVENTS), start)))
+
+
+class EventRange(Sequence[Event]):
+    """A slice of the log's events, built as it is read (on whichever thread reads it: a
+    worker matching a filter builds them there, not on the GUI thread)."""
+
+    def __init__(self, log: ColumnarEventLog, start: int, stop: int) -> None:
+        self._log, self._start, self._stop = log, start, stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self[j] for j in range(start, stop, step)]
+            return EventRange(self._log, self._start + start, self._start + max(start, stop))
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"event position {i} is not in a range of {n} events")
+        return self._log.events[self._start + i]
+
+    def __iter__(self) -> Iterator[Event]:
+        for start in range(self._start, self._stop, _CHUNK_EVENTS):
+            yield from self._log.build(start, min(self._stop, start + _CHUNK_EVENTS))
 
 
 class ColumnarEventLog:
