@@ -134,7 +134,7 @@ class CompareWindow(QWidget):
         self.summary.setWordWrap(True)
         self.metrics = data_table(("metric", "A", "B", "B - A"))
         self.metrics.setRowCount(len(METRICS))
-        self.metrics.setMinimumWidth(430)
+        self.metrics.setMinimumWidth(500)  # B - A of a million-block pool fits
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setMinimumWidth(320)  # titles never widen the window past the screen
         self.p_rate = self.plots.addPlot(row=0, col=0, title="running hit rate")
@@ -189,7 +189,7 @@ class CompareWindow(QWidget):
         upper.addWidget(self.metrics)
         upper.addWidget(self.plots)
         upper.setStretchFactor(1, 1)
-        upper.setSizes([440, 840])
+        upper.setSizes([510, 770])
         requests = QWidget()
         grid = QGridLayout(requests)
         grid.setContentsMargins(0, 0, 0, 0)
