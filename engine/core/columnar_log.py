@@ -13,7 +13,6 @@ holds both equal to the Python `EventLog` on real traces.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -420,27 +419,25 @@ class ColumnarEventLog:
             idx = self._index["requests"] = tuple(out)
         return idx
 
-    def occurrences(self) -> dict[str, list[int]]:
-        """Request id -> its started occurrences, in start order."""
-        occ = self._index.get("occurrences")
-        if occ is None:
-            started = self.request_index()[0]
-            ids = self.columnar.requests.ids
-            occ = {}
-            order = np.argsort(started, kind="stable")
-            for r in order[started[order] < self.columnar.num_rows].tolist():
-                occ.setdefault(ids[r], []).append(r)
-            self._index["occurrences"] = occ
-        return occ
+    def occurrences_of(self, rid: str) -> np.ndarray:
+        """The started occurrences of request id `rid`, in start order (one search of the ids,
+        no dict of a million ids built for it)."""
+        started = self.request_index()[0]
+        occ = np.flatnonzero(self.request_ids() == rid)
+        occ = occ[started[occ] < self.columnar.num_rows]
+        return occ[np.argsort(started[occ], kind="stable")]
 
     def id_codes(self) -> tuple[np.ndarray, int]:
         """A dense code per request id (occurrences of one id share it) and how many ids."""
         codes = self._index.get("id_codes")
         if codes is None:
-            seen: dict[str, int] = {}
-            codes = np.fromiter((seen.setdefault(x, len(seen)) for x in self.columnar.requests.ids), np.int64,
-                                count=len(self.columnar.requests))
-            codes = self._index["id_codes"] = (codes, len(seen))
+            ids = self.columnar.requests.ids
+            if len(set(ids)) == len(ids):  # the usual trace: every id once
+                codes = (np.arange(len(ids), dtype=np.int64), len(ids))
+            else:
+                _, inverse = np.unique(self.request_ids(), return_inverse=True)
+                codes = (inverse.astype(np.int64).reshape(-1), int(inverse.max()) + 1 if len(ids) else 0)
+            self._index["id_codes"] = codes
         return codes
 
     def ref_rows_by_block(self) -> tuple[np.ndarray, np.ndarray]:
@@ -535,14 +532,14 @@ class _Requests(Mapping[str, RequestRecord]):
         self._proj = proj
 
     def _occurrence(self, rid: str) -> int | None:
-        occ = self._proj.log.occurrences().get(rid)
-        if not occ:
+        if not isinstance(rid, str):
+            return None
+        occ = self._proj.log.occurrences_of(rid)
+        if not len(occ):
             return None
         started = self._proj.log.request_index()[0]
-        n = self._proj.arrays.num_rows
-        rows = [started[r] for r in occ]
-        i = bisect.bisect_left(rows, n) - 1
-        return occ[i] if i >= 0 else None
+        i = int(np.searchsorted(started[occ], self._proj.arrays.num_rows)) - 1
+        return int(occ[i]) if i >= 0 else None
 
     def __getitem__(self, rid: str) -> RequestRecord:
         r = self._occurrence(rid)

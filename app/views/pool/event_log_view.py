@@ -166,6 +166,8 @@ class EventTableModel(QAbstractTableModel):
         log = self.state.log
         mask = self._shared_mask()
         if getattr(log, "columnar_log", False):
+            if mask is None and not (self.kind or self.request or self.text):
+                return np.arange(start, stop, dtype=np.int64)  # every event: no mask to build
             keep = np.ones(stop - start, bool) if mask is None else np.asarray(mask[start:stop], bool).copy()
             if self.kind:
                 keep &= log.kind_names()[start:stop] == self.kind
