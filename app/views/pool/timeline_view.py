@@ -50,6 +50,12 @@ def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_
     return edges[:-1] + width / 2, counts.astype(float), width
 
 
+def _values(column: Any) -> np.ndarray:
+    """A series column as numpy: a columnar log's as it is; a live EventLog's typed array
+    copied (a view would export its buffer, and the log could not grow it any more)."""
+    return column if isinstance(column, np.ndarray) else np.array(column)
+
+
 def peak_reduce(x: np.ndarray, y: np.ndarray, lo: float, hi: float, bins: int = CURVE_BINS) -> tuple[np.ndarray, np.ndarray]:
     """`x` (sorted), `y` as at most about 2 * `bins` points across [lo, hi]: each bin's lowest
     and highest sample; the samples just outside the range and the series' first and last
@@ -230,10 +236,10 @@ class TimelineView(PanelView):
     def _draw_series(self) -> None:
         s = self.state.log.series
         # integers as the log keeps them: only the reduced curves become floats
-        x = np.asarray(s.seq)
-        used = np.asarray(s.in_use)
-        cached = used + np.asarray(s.cached_free)
-        max_ref = np.asarray(s.max_ref)
+        x = _values(s.seq)
+        used = _values(s.in_use)
+        cached = used + _values(s.cached_free)
+        max_ref = _values(s.max_ref)
         self._full = (x, cached, used, max_ref)
         self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
         self.pool_size = self.state.projection.num_blocks
@@ -255,7 +261,7 @@ class TimelineView(PanelView):
         reset_x = np.array(s.reset_seqs, dtype=float)
         self.resets.setData(x=reset_x, y=np.full(len(reset_x), top * 1.04))
         self.p_ref.setYRange(0, max(1.0, float(max_ref.max()) if len(max_ref) else 0.0) * 1.15, padding=0)
-        centres, counts, width = eviction_bins(np.asarray(s.seq), np.asarray(s.evicted))
+        centres, counts, width = eviction_bins(x, _values(s.evicted))
         self.eviction_counts = counts
         self.bars.setOpts(x=centres, height=counts, width=width * 0.9)
         most = float(counts.max()) if len(counts) else 0.0
