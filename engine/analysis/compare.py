@@ -16,7 +16,7 @@ import re
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from engine.core.blocks import cdiv
 from engine.core.errors import InputError
@@ -27,14 +27,19 @@ from engine.core.served import ServedRequest
 from engine.core.sniff import is_request_trace
 from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 
-if TYPE_CHECKING:
-    from engine.analysis.compare_demo import DemoRuns
-
 _STORED = re.compile(r"(session|run):(\d+)(?:@(.+))?")
 _DEMO = re.compile(r"demo:([^:]+)(?::(.+))?")
 # A side's event log is kept (for its block table and pool timelines) up to this many
 # requests: a log holds every event as an object, about 100 MB per 1,000 Mooncake requests.
 MAX_LOGGED_REQUESTS = 5_000
+
+
+class DemoRuns(Protocol):
+    """What runs demo:NAME[:PART] sides (`engine.analysis.compare_demo.DemoRuns`)."""
+
+    def check(self, name: str) -> None: ...
+
+    def side(self, name: str, part: str | None, opts: SideOptions) -> PreparedSide: ...
 
 
 @dataclass(slots=True, frozen=True)

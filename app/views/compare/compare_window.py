@@ -457,7 +457,10 @@ def _compare_job(a: str, b: str, oa: Any, ob: Any, db: str | None, model: Any = 
     """Both sides replayed (or run, for demos) with their logs kept, and the cost per turn."""
     from engine.analysis.billing import provider_rules
     from engine.analysis.compare import compare, cost_per_turn
-    from app.views.compare.demo_sides import demo_runs
+    demos = None
+    if a.startswith("demo:") or b.startswith("demo:"):  # the demos import torch: only when asked
+        from app.views.compare.demo_sides import demo_runs
 
-    comparison = compare(a, b, oa, ob, db, demos=demo_runs(model), keep_logs=True)
+        demos = demo_runs(model)
+    comparison = compare(a, b, oa, ob, db, demos=demos, keep_logs=True)
     return comparison, cost_per_turn(comparison, provider_rules(COST_PROVIDER))
