@@ -223,6 +223,20 @@ def test_the_side_by_side_block_tables_are_the_main_block_tables_colours(qtbot, 
             rec = ctx.state.projection.requests.get(rid)
             assert set(grid.outlined) <= {b for b in map(ctx.state.projection.block_of_hash, rec.block_hashes)
                                           if b is not None}
+            assert all(grid.request_of_block(b) == rid for b in grid.outlined)
+    # a click on a block of B's pool picks, in both, the request that last held it
+    from PySide6.QtCore import QPointF
+
+    w.pick(len(c.b.requests) - 1)
+    grid = w.pools.b
+    last = c.b.requests[-1].id
+    block = next(b for b in range(grid.projection.num_blocks)
+                 if grid.request_of_block(b) not in (None, last))
+    earlier = grid.request_of_block(block)
+    scene = grid.vb.mapViewToScene(QPointF(block % grid.cols + 0.5, block // grid.cols + 0.5))
+    qtbot.mouseClick(grid.glw.viewport(), Qt.MouseButton.LeftButton, pos=grid.glw.mapFromScene(scene))
+    want = next(i for i, r in enumerate(w.rows) if r["id_b"] == earlier)
+    assert w.picked == want and w.table_a.selectionModel().selectedRows()[0].row() == want
 
 
 def test_the_compare_window_draws_pools_and_costs_for_both_sides(qtbot, ctx):

@@ -82,6 +82,14 @@ class _Side(QWidget):
         row.addWidget(browse)
         row.addWidget(self.block_size)
         row.addWidget(self.capacity)
+        self.spec.textChanged.connect(self._replayed)
+
+    def _replayed(self, text: str) -> None:
+        """A recorded run or a demo keeps its own block and pool sizes: nothing to set."""
+        replayed = not text.strip().startswith(("run:", "demo:"))
+        for w in (self.block_size, self.capacity):
+            w.setEnabled(replayed)
+            w.setToolTip("" if replayed else "a recorded run or a demo is shown with its own block and pool sizes")
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open a run to compare", "",
@@ -169,6 +177,7 @@ class CompareWindow(QWidget):
         self.table_a = data_table(SIDE_COLUMNS)
         self.table_b = data_table(SIDE_COLUMNS)
         self.pools = PoolPair()
+        self.pools.sigRequestClicked.connect(self._pool_clicked)
         for t in (self.table_a, self.table_b):
             t.itemSelectionChanged.connect(lambda t=t: self._table_picked(t))
         self.detail = QLabel("")
@@ -398,6 +407,13 @@ class CompareWindow(QWidget):
         rows = table.selectionModel().selectedRows()
         if rows:
             self.pick(rows[0].row())
+
+    def _pool_clicked(self, side: str, request_id: str) -> None:
+        """A block clicked in one pool: pick the request that last held it."""
+        key = f"id_{side}"
+        position = next((i for i, r in enumerate(self.rows) if str(r[key]) == request_id), None)
+        if position is not None:
+            self.pick(position)
 
     def _plot_clicked(self, plot: Any, ev: Any) -> None:
         if not self.rows or not plot.sceneBoundingRect().contains(ev.scenePos()):

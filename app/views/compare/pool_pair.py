@@ -1,6 +1,7 @@
 """The Compare window's two pools side by side: the block table of A and of B just after
 the picked request, in the main block table's colours (its `compute_colors`, with the
-flash of a scrubbed pool), the picked request's blocks outlined in each.
+flash of a scrubbed pool), the picked request's blocks outlined in each. A click on a
+block picks the last request that held it (`sigRequestClicked(side, request id)`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.runtime.state import SCRUB_FLASH_EVENTS
@@ -20,10 +21,14 @@ from app.views.pool.block_table_view import BlockTableView, cell_pixels, compute
 
 class PoolGrid(QWidget):
     """One side's pool as a grid. `cell_colors` is the (num_blocks, 4) array drawn last;
-    `outlined` the block ids of the picked request."""
+    `outlined` the block ids of the picked request. `sigRequestClicked(request id)` after a
+    click on a block some request held."""
+
+    sigRequestClicked = Signal(str)
 
     def __init__(self, name: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.cols = 1
         self.name = name
         self.colors = block_colors()
         self.cell_colors = np.zeros((0, 4), dtype=np.uint8)
@@ -41,6 +46,7 @@ class PoolGrid(QWidget):
         self.vb.addItem(self.image)
         self.outline = pg.ScatterPlotItem(symbol="s", size=1.0, pxMode=False, brush=None)
         self.vb.addItem(self.outline)
+        self.glw.scene().sigMouseClicked.connect(self._clicked)
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(self.caption)
@@ -72,6 +78,7 @@ class PoolGrid(QWidget):
         n = p.num_blocks
         w, h = self.vb.width(), self.vb.height()
         cols, rows = grid_shape(n, w / h if w > 1 and h > 1 else 1.6)
+        self.cols = cols
         px = cell_pixels(n)
         bg = self.colors["background"]
         background = np.array([bg.red(), bg.green(), bg.blue(), 255], dtype=np.uint8)
@@ -86,6 +93,31 @@ class PoolGrid(QWidget):
                              f"<b>{p.num_cached_free:,}</b> · empty {p.num_empty:,} of {n:,} blocks × {p.block_size}")
 
 
+    def request_of_block(self, block_id: int) -> str | None:
+        """The request that last held `block_id` in the pool shown: one running with it,
+        else the latest whose prompt's chain holds its hash (the id the engine used)."""
+        p = self.projection
+        if p is None or not 0 <= block_id < p.num_blocks:
+            return None
+        owners = p.owners(block_id)
+        if owners:
+            return owners[-1]
+        h = p.hashes[block_id]
+        if h is None:
+            return None
+        return next((r.request_id for r in reversed(p.request_records()) if h in r.block_hashes), None)
+
+    def _clicked(self, ev: Any) -> None:
+        if self.projection is None or not self.vb.sceneBoundingRect().contains(ev.scenePos()):
+            return
+        pt = self.vb.mapSceneToView(ev.scenePos())
+        if pt.x() < 0 or pt.y() < 0 or int(pt.x()) >= self.cols:
+            return
+        rid = self.request_of_block(int(pt.y()) * self.cols + int(pt.x()))
+        if rid is not None:
+            self.sigRequestClicked.emit(rid)
+
+
 def _engine_id(p: Any, request_id: str) -> str:
     """The id the engine knew `request_id` by: itself, or "PART/id" (a demo that runs each
     part of its traffic on its own manager names its requests so)."""
@@ -96,11 +128,17 @@ def _engine_id(p: Any, request_id: str) -> str:
 
 
 class PoolPair(QWidget):
-    """A and B's pools side by side, with the block table's legend under them."""
+    """A and B's pools side by side, with the block table's legend under them.
+    `sigRequestClicked(side, request id)`: "a" or "b", the id as that side's rows name it."""
+
+    sigRequestClicked = Signal(str, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.a, self.b = PoolGrid("A"), PoolGrid("B")
+        # a demo part's engine names its requests "PART/id"; the rows name them "id"
+        self.a.sigRequestClicked.connect(lambda rid: self.sigRequestClicked.emit("a", rid.rsplit("/", 1)[-1]))
+        self.b.sigRequestClicked.connect(lambda rid: self.sigRequestClicked.emit("b", rid.rsplit("/", 1)[-1]))
         self.legend = QLabel()
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         self.legend.setWordWrap(True)
