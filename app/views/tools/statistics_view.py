@@ -162,11 +162,15 @@ class StatisticsView(PanelView):
         events = self.state.log.events
         total = len(events)
         if shared.active:
-            kept = [events[i] for i in shared.matching_positions()]
+            positions = shared.matching_positions()
+            matched = len(positions)
+            kept = [events[i] for i in positions[-MAX_EVENTS:]]
         else:
-            kept = list(events)  # references only: the worker builds the dicts
-        matched = len(kept)
-        self.ctx.worker.submit(_statistics_job, kept[-MAX_EVENTS:], matched, total, self._decode(),
+            matched = total
+            # references only: the worker builds the dicts (a trace's columnar log builds
+            # the events of this slice there too, as it reads them)
+            kept = events[max(0, total - MAX_EVENTS):]
+        self.ctx.worker.submit(_statistics_job, kept, matched, total, self._decode(),
                                self.state.log.live.block_size, on_done=self._computed, on_error=self._failed)
 
     def _computed(self, result: tuple[Any, int, int]) -> None:
