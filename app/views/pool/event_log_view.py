@@ -358,6 +358,9 @@ class EventLogView(PanelView):
         self.request_edit.textChanged.connect(self._apply_filter)
         self.text_edit.textChanged.connect(self._apply_filter)
         self.table.selectionModel().currentRowChanged.connect(self._on_row)
+        # Qt lays out new rows (and a resized dock) after scrollToBottom ran: follow the end
+        # whenever the scroll range grows or shrinks while live
+        self.table.verticalScrollBar().rangeChanged.connect(self._on_scroll_range)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self.model.reset_log)
         self.shared.sigChanged.connect(self._on_shared)
@@ -441,6 +444,10 @@ class EventLogView(PanelView):
                 self.table.scrollTo(index)
         finally:
             self._syncing = False
+
+    def _on_scroll_range(self, _low: int, high: int) -> None:
+        if self.state.is_live and self.follow.isChecked():
+            self.table.verticalScrollBar().setValue(high)
 
     def _on_row(self, current: QModelIndex, _previous: QModelIndex) -> None:
         if self._syncing or not current.isValid():
