@@ -336,3 +336,44 @@ def test_an_unknown_server_is_one_line_and_exit_2(tmp_path, capsys):
     assert "has no server '10.0.0.99:8000' (its servers: 10.0.0.12:8000, 10.0.0.13:8000, 10.0.0.11:8000)" in err
     code, _, err = cli(capsys, f"session:1@x", f"run:{run}@10.0.0.11:8000", "--db", str(db))
     assert code == 2 and "run:ID@SERVER" in err and err.count("\n") == 1
+
+
+@pytest.mark.model
+def test_a_model_demo_compares_front_and_end_with_the_cost_per_turn(tmp_path, capsys, default_model):
+    """The timestamp demo on the real model, its front part against its end part: the
+    cached tokens are the demo's own findings, and each side's cost per turn is what
+    `cachescope billing` bills for a token trace of the same prompts, rendered here apart
+    from the demo from its scenario file."""
+    from app.views.compare.demo_sides import demo_runs
+    from engine.analysis.billing import provider_rules
+    from engine.analysis.compare import cost_per_turn
+    from engine.model.chat import render_chat
+
+    demos = demo_runs(default_model)
+    c = compare("demo:timestamp-at-front:front", "demo:timestamp-at-front:end", SideOptions(), demos=demos)
+    findings = demos.result("timestamp-at-front")[0]["findings"]
+    doc = c.to_dict()
+    assert doc["aligned_by"] == "index"  # front-1.. against end-1..: paired by position
+    assert [r["cached_tokens_a"] for r in doc["requests"]] == findings["cached_tokens_front"]
+    assert [r["cached_tokens_b"] for r in doc["requests"]] == findings["cached_tokens_end"]
+    assert doc["delta"]["cached_tokens"] == findings["tokens_saved_by_moving"] > 0
+    spec = json.loads(SCENARIOS.read_text())["timestamp"]
+    tok = default_model.tokenizer
+    files = {}
+    for side, prefix in (("a", "front"), ("b", "end")):
+        rows = []
+        for i, (time, q) in enumerate(zip(spec["times"], spec["questions"]), 1):
+            if side == "a":
+                msgs = [{"role": "system", "content": spec["system_front"].format(time=time, date=spec["date"])},
+                        {"role": "user", "content": q}]
+            else:
+                msgs = [{"role": "system", "content": spec["system_static"]},
+                        {"role": "user", "content": q + spec["user_suffix"].format(time=time, date=spec["date"])}]
+            rows.append({"id": f"{prefix}-{i}", "tokens": render_chat(tok, msgs)})
+        files[side] = tmp_path / f"{prefix}.jsonl"
+        files[side].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cost = cost_per_turn(c, provider_rules("anthropic"))
+    for side in ("a", "b"):
+        billed = billing_costs(capsys, str(files[side]))
+        assert [r[f"cost_usd_{side}"] for r in cost["requests"]] == list(billed.values())
+    assert cost["unknown"] == [] and cost["cost_delta_usd"] == round(cost["b"]["cost_usd"] - cost["a"]["cost_usd"], 8)

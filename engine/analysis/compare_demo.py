@@ -8,6 +8,7 @@ The demos themselves live in `engine.demos`, a layer above this one: the app han
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Callable, Sequence
 
@@ -53,6 +54,7 @@ class DemoRuns:
         self._run_demo = run_demo
         self.names = tuple(names) if names is not None else None
         self._done: dict[str, tuple[dict[str, Any], list[tuple[Any, EventLog]]]] = {}
+        self._prompts: dict[str, dict[str, tuple[int, ...]]] = {}  # per demo: request id -> prompt token ids
 
     def check(self, name: str) -> None:
         """Refuse an unknown demo before any demo runs (a demo can take a minute)."""
@@ -63,12 +65,15 @@ class DemoRuns:
     def result(self, name: str) -> tuple[dict[str, Any], list[tuple[Any, EventLog]]]:
         if name not in self._done:
             engines: list[tuple[Any, EventLog]] = []
+            prompts = self._prompts.setdefault(name, {})
 
             def on_engine(engine: Any) -> None:
                 if getattr(engine, "num_blocks", 0) > 0:  # a prefix cache, not the semantic cache's bus
                     log = new_log(engine.num_blocks, engine.block_size)
                     engine.bus.subscribe(log.append)
                     engines.append((engine, log))
+                if getattr(engine, "runner", None) is not None:
+                    _record_prompts(engine.runner, prompts)
 
             self._done[name] = (self._run_demo(name, on_engine), engines)
         return self._done[name]
@@ -94,9 +99,39 @@ class DemoRuns:
         stored = evicted = None
         if log is not None:
             stored, evicted = log.live.counters.num_stored_blocks, log.live.counters.num_evicted_blocks
+        prompts = self._prompts.get(name, {})
+        billing = None
+        if all(r.id in prompts for r in served):
+            billing = functools.partial(_billing_of_prompts, tuple((r.id, r.tenant, prompts[r.id]) for r in served))
         run = Run(label, "demo", config, served, stored, evicted, log=log, end_seqs=seqs,
-                  no_log_reason=None if log is not None else "the demo's engine kept no pool")
+                  no_log_reason=None if log is not None else "the demo's engine kept no pool", billing=billing)
         return PreparedSide(label, "demo", opts, recorded=run)
+
+
+def _record_prompts(runner: Any, prompts: dict[str, tuple[int, ...]]) -> None:
+    """Keep the prompt of every request `runner` serves through its cache, by request id:
+    a demo's result reports counts, not prompts, and a hosted bill needs the prompts. The
+    runner is the demo's own, fresh for this run; its `generate` is wrapped, not changed."""
+    generate = runner.generate
+
+    @functools.wraps(generate)
+    def recording(prompt_token_ids: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        rid = kwargs.get("request_id")
+        if rid is not None and kwargs.get("use_cache", True):
+            prompts[str(rid)] = tuple(int(t) for t in prompt_token_ids)
+        return generate(prompt_token_ids, *args, **kwargs)
+
+    runner.generate = recording
+
+
+def _billing_of_prompts(requests: Sequence[tuple[str, str | None, tuple[int, ...]]]) -> list[Any]:
+    """Hosted-API requests of prompts served in order, as `cachescope billing` makes them from
+    a token-level trace of the same prompts."""
+    from engine.analysis.billing import requests_from_trace
+    from engine.core.trace import TraceRequest
+
+    return requests_from_trace([TraceRequest(i, i + 1, rid, tenant, tokens, None, None, len(tokens), 0)
+                                for i, (rid, tenant, tokens) in enumerate(requests)])
 
 
 def _engine_of(engines: list[tuple[Any, EventLog]], ids: list[str],
