@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.commands._common import positive_int, print_json, seed_int
 from engine.core.errors import InputError
-from engine.core.sniff import WEKA_FORMAT, file_kind
+from engine.core.sniff import WEKA_FORMAT, is_weka_trace, trace_format
 
 NAME = "sweep"
 HELP = "what-if sweep: hit rate of a trace or conversation file against block size and capacity"
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.analysis.sweep import load_sweep_requests, sweep
+    from engine.analysis.sweep import MemoryGuard, load_sweep_requests, sweep
     from engine.core.trace import MOONCAKE_BLOCK_SIZE
 
     if not Path(args.trace).exists():
@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         return load_tokenizer(args.model)
 
     trace_block_size = MOONCAKE_BLOCK_SIZE
-    if Path(args.trace).is_dir() or file_kind(args.trace) == WEKA_FORMAT:
+    # The file is sniffed once: each sniff parses its first line, which may be 50 MB.
+    if Path(args.trace).is_dir() or is_weka_trace(args.trace):
         from engine.store.weka import load_weka, merged_requests, to_trace_requests
 
         traces = load_weka(args.trace)
@@ -66,11 +67,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         from engine.store.block_traces import check_block_sizes, declared_block_size
 
-        declared = declared_block_size(args.trace)  # kvcache-simulator lines carry their block size
-        if declared is not None:
+        fmt = trace_format(args.trace)
+        declared = declared_block_size(args.trace) if fmt == "mooncake" else None
+        if declared is not None:  # kvcache-simulator lines carry their block size
             check_block_sizes(args.trace, declared)
             trace_block_size = declared
-        reqs, kind = load_sweep_requests(args.trace, tokenizer)
+        guard = MemoryGuard.for_sweep(args.block_sizes, args.capacity_tokens)
+        reqs, kind = load_sweep_requests(args.trace, tokenizer, args.limit, guard.add if guard is not None else None,
+                                         kind=fmt or "conversation")
     if args.limit is not None:
         reqs = reqs[:args.limit]
     result = sweep(reqs, args.block_sizes, args.capacities, block_size=args.block_size,

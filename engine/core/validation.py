@@ -284,6 +284,9 @@ def id_list(value: Any, name: str, line: int | None, field: str, hi: int) -> tup
     """A list of ids in [0, hi] (token ids, hash ids)."""
     if not isinstance(value, list):
         raise TraceError(name, line, field, f"expected a list of integers, got {_type(value)}")
+    # At C speed for a good list (8M ids in ~0.5 s, not ~3 s); a bad one is walked to name its item.
+    if value and set(map(type, value)) == {int} and min(value) >= 0 and max(value) <= hi:
+        return tuple(value)
     for i, v in enumerate(value):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TraceError(name, line, field, f"item {i} is {_describe(v)}, not an integer")
