@@ -15,7 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="conversation file (OpenAI/Anthropic JSON), token-level or Mooncake trace, or a stored session id")
     p.add_argument("--provider", choices=("anthropic", "openai", "openai-legacy"), default="anthropic",
                    help="whose rules to apply (default anthropic)")
-    p.add_argument("--model", metavar="NAME", default=None, help="model family, e.g. claude-sonnet-4-5 (sets the minimum and price)")
+    p.add_argument("--model", metavar="NAME", default=None,
+                   help="model family, e.g. claude-sonnet-4-5 (sets the minimum and price); by default a request that "
+                        "names its model is priced by that model's rules")
     p.add_argument("--breakpoints", metavar="auto|LIST", default=None,
                    help="cache breakpoints: 'auto' (the last block) or block indices such as 0,-1 (negative from the end)")
     p.add_argument("--ttl", choices=("5m", "1h"), default="5m", help="Anthropic cache lifetime (1h writes cost 2x)")
@@ -33,13 +35,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.analysis import billing
 
-    rules = billing.provider_rules(args.provider, args.model, args.ttl, args.price_per_mtok,
-                                   billing.load_rules(args.rules) if args.rules else None)
+    data = billing.load_rules(args.rules) if args.rules else None
+    rules = billing.provider_rules(args.provider, args.model, args.ttl, args.price_per_mtok, data)
     breakpoints = billing.parse_breakpoints(args.breakpoints, rules)
     reqs, counts = billing.load_billing_requests(args.source, args.db, args.turn_gap)
     if args.limit is not None:
         reqs = reqs[:args.limit]
-    result = billing.bill(reqs, rules, breakpoints)
+    # Requests that name their model (a trace's, a stored trace's) are priced by it, unless
+    # --model prices every request as one.
+    model_rules = (None if args.model is not None else
+                   billing.rules_for_models(reqs, args.provider, args.ttl, args.price_per_mtok, data,
+                                            source=args.source))
+    result = billing.bill(reqs, rules, breakpoints, model_rules)
     result["source"] = args.source
     result["token_counts"] = counts
     if args.totals_only:
@@ -58,8 +65,13 @@ def _money(v: float | None) -> str:
 def _print_human(result: dict) -> None:
     out = sys.stdout
     r, t = result["rules"], result["totals"]
-    out.write(f"{r['label']}, {r['model']} (rules checked {r['checked']}): write {r['write_multiplier']}x, "
-              f"read {r['read_multiplier']}x, minimum {r['min_cacheable_tokens']} tokens, TTL {r['ttl_seconds']:.0f} s\n")
+    for m in (result["models"].values() if "models" in result else [result]):
+        r = m["rules"]
+        out.write(f"{r['label']}, {r['model']} (rules checked {r['checked']}): write {r['write_multiplier']}x, "
+                  f"read {r['read_multiplier']}x, minimum {r['min_cacheable_tokens']} tokens, "
+                  f"TTL {r['ttl_seconds']:.0f} s" + (f", {m['totals']['requests']} requests, "
+                                                     f"cost {_money(m['totals']['cost_usd'])}" if m is not result else "")
+                  + "\n")
     out.write(f"token counts: {result['token_counts']}\n")
     rows = result.get("requests") or []
     if rows:

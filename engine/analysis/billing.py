@@ -2,7 +2,8 @@
 
 Provider rules come from resources/billing_rules.json, never from code. Requests are
 sequences of content blocks (`Segment`s), built from conversations or traces by the
-helpers at the end of this module. No Qt, no model.
+helpers at the end of this module. A request that names its model is priced by that
+model's rules (`rules_for_models`) unless one model is chosen for all. No Qt, no model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from array import array
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
@@ -48,6 +49,7 @@ class BillingRequest:
     segments: tuple[Segment, ...]
     time_s: float = 0.0
     implied_boundaries: bool = False
+    model: str | None = None  # the model the request names (a trace's), priced by its own rules
 
     @property
     def num_tokens(self) -> int:
@@ -179,12 +181,36 @@ def provider_rules(provider: str, model: str | None = None, ttl: str = "5m",
         price_per_mtok=price)
 
 
+_DATE_SUFFIX = re.compile(r"\d{8}|\d{4}-\d{2}-\d{2}")
+
+
 def _match_family(name: str, models: dict[str, Any]) -> str | None:
     if name in models:
         return name
-    # Dated ids ("claude-sonnet-4-5-20250929") belong to the longest family name they start with.
-    best = [f for f in models if name.startswith(f + "-")]
+    # A dated id ("claude-sonnet-4-5-20250929", "gpt-4o-2024-08-06") belongs to its family;
+    # "claude-opus-4-6" is a model of its own, not a date of claude-opus-4.
+    best = [f for f in models if name.startswith(f + "-") and _DATE_SUFFIX.fullmatch(name[len(f) + 1:])]
     return max(best, key=len) if best else None
+
+
+def rules_for_models(requests: Iterable[BillingRequest], provider: str, ttl: str = "5m",
+                     price_per_mtok: float | None = None, rules: dict[str, Any] | None = None,
+                     source: str = "the trace") -> dict[str, ProviderRules]:
+    """The rules of every model the requests name, by the name they give; a model the rules
+    file has no table for is one sentence naming it and the first request that names it."""
+    data = rules if rules is not None else load_rules()
+    out: dict[str, ProviderRules] = {}
+    for req in requests:
+        if req.model is None or req.model in out:
+            continue
+        try:
+            out[req.model] = provider_rules(provider, req.model, ttl, price_per_mtok, data)
+        except InputError:
+            known = ", ".join(data.get("providers", {}).get(provider, {}).get("models", {}))
+            raise InputError(f"{source}: request {req.request_id} names model {req.model!r}, which has no {provider} "
+                             f"price table (known: {known}); pass --model NAME to bill every request as one "
+                             f"model") from None
+    return out
 
 
 def parse_breakpoints(text: str | None, rules: ProviderRules) -> tuple[int, ...] | None:
@@ -229,12 +255,17 @@ class BillingCalculator:
     breakpoints: tuple[int, ...] | None = (-1,)
     entries: dict[Hashable, _Entry] = field(default_factory=dict)
     children: dict[Hashable, dict[Hashable, tuple[int, ...]]] = field(default_factory=dict)
+    model_rules: Mapping[str, ProviderRules] = field(default_factory=dict)  # by the name a request gives
+
+    def rules_of(self, req: BillingRequest) -> ProviderRules:
+        """The rules `req` is priced by: its own model's, else the chosen model's."""
+        return self.model_rules.get(req.model, self.rules) if req.model is not None else self.rules
 
     def _alive(self, key: Hashable, t: float, notes: list[str]) -> _Entry | None:
         e = self.entries.get(key)
         if e is None:
             return None
-        r = self.rules
+        r = self.rules  # lifetimes are the provider's, the same for each of its models
         idle = t - e.last_used_s
         if idle > r.ttl_seconds:
             notes.append(f"the cached prefix of {e.num_tokens} tokens from request {e.request_id} expired: "
@@ -264,7 +295,7 @@ class BillingCalculator:
 
     def _explicit(self, req: BillingRequest) -> tuple[int, int, list[int], list[str]]:
         """Anthropic-style: reads look back from each breakpoint; writes land on breakpoints."""
-        r, t, notes = self.rules, req.time_s, []
+        r, t, notes = self.rules_of(req), req.time_s, []
         segs = req.segments
         n = len(segs)
         ends = _cumsum(s.num_tokens for s in segs)
@@ -304,7 +335,7 @@ class BillingCalculator:
 
     def _implicit(self, req: BillingRequest) -> tuple[int, int, list[int], list[str]]:
         """OpenAI-style: the longest cached prefix is read; a long enough prompt is written whole."""
-        r, t, notes = self.rules, req.time_s, []
+        r, t, notes = self.rules_of(req), req.time_s, []
         segs = req.segments
         total = req.num_tokens
         matched, parent, j = 0, None, 0
@@ -341,7 +372,7 @@ class BillingCalculator:
         return cached, written, [], notes
 
     def _price(self, req: BillingRequest, read: int, write: int, bps: list[int], notes: list[str]) -> dict[str, Any]:
-        r = self.rules
+        r = self.rules_of(req)
         total = req.num_tokens
         uncached = total - read - write
         weighted = uncached + write * r.write_multiplier + read * r.read_multiplier
@@ -352,6 +383,8 @@ class BillingCalculator:
                                "cost_usd": _usd(weighted, r.price_per_mtok),
                                "cost_without_cache_usd": _usd(total, r.price_per_mtok),
                                "breakpoint_tokens": bps, "notes": notes}
+        if self.model_rules:
+            row["model"] = r.model
         return row
 
 
@@ -365,15 +398,42 @@ def usage_fields(provider: str, total: int, read: int, write: int, uncached: int
 
 
 def bill(requests: Iterable[BillingRequest], rules: ProviderRules,
-         breakpoints: tuple[int, ...] | None = (-1,)) -> dict[str, Any]:
-    """Price `requests` (sorted by time, stable) through a fresh cache; the billing JSON."""
-    calc = BillingCalculator(rules, breakpoints)
+         breakpoints: tuple[int, ...] | None = (-1,),
+         model_rules: Mapping[str, ProviderRules] | None = None) -> dict[str, Any]:
+    """Price `requests` (sorted by time, stable) through a fresh cache; the billing JSON.
+
+    With `model_rules` (`rules_for_models`), a request naming a model is priced by that
+    model's minimum, multipliers and price, and the JSON adds a subtotal per model; a
+    request naming none is priced by `rules`. Without, every request is priced by `rules`."""
+    calc = BillingCalculator(rules, breakpoints, model_rules=dict(model_rules or {}))
     ordered = sorted(enumerate(requests), key=lambda ir: (ir[1].time_s, ir[0]))
-    rows = []
+    rows, priced_by = [], []
     for index, req in ordered:
         row = calc.bill(req)
         row["index"] = index
         rows.append(row)
+        priced_by.append(calc.rules_of(req))
+    tot = _totals(rows, rules)
+    out = {"provider": rules.provider, "model": rules.model, "rules": rules.to_dict(),
+           "breakpoints": "implicit" if breakpoints is None else list(breakpoints),
+           "requests": rows, "totals": tot}
+    if model_rules:
+        groups: dict[str, tuple[ProviderRules, list[dict[str, Any]]]] = {}
+        for row, r in zip(rows, priced_by):
+            groups.setdefault(r.model, (r, []))[1].append(row)
+        out["models"] = {name: {"rules": r.to_dict(), "totals": _totals(group, r)}
+                         for name, (r, group) in sorted(groups.items())}
+        subtotals = [m["totals"] for m in out["models"].values()]
+        for key in ("cost_usd", "cost_without_cache_usd"):
+            parts = [m[key] for m in subtotals]
+            tot[key] = None if any(v is None for v in parts) else round(sum(parts), 8)
+        tot["savings_usd"] = (None if tot["cost_usd"] is None
+                              else round(tot["cost_without_cache_usd"] - tot["cost_usd"], 8))
+        out["model"] = "per request"
+    return out
+
+
+def _totals(rows: list[dict[str, Any]], rules: ProviderRules) -> dict[str, Any]:
     tot = {k: sum(row[k] for row in rows) for k in ("prompt_tokens", "read_tokens", "write_tokens", "uncached_tokens")}
     weighted = sum(row["weighted_tokens"] for row in rows)
     tot["requests"] = len(rows)
@@ -386,9 +446,7 @@ def bill(requests: Iterable[BillingRequest], rules: ProviderRules,
                           else round(tot["cost_without_cache_usd"] - tot["cost_usd"], 8))
     tot["savings_fraction"] = round(1 - weighted / tot["prompt_tokens"], 6) if tot["prompt_tokens"] else 0.0
     tot["num_notes"] = sum(len(row["notes"]) for row in rows)
-    return {"provider": rules.provider, "model": rules.model, "rules": rules.to_dict(),
-            "breakpoints": "implicit" if breakpoints is None else list(breakpoints),
-            "requests": rows, "totals": tot}
+    return tot
 
 
 def _usd(weighted_tokens: float, price: float | None) -> float | None:
@@ -455,7 +513,7 @@ def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_S
                 key = ("mooncake", tr.tenant, i, hid) if model is None else ("mooncake", tr.tenant, model, i, hid)
                 segs.append(Segment(key, n, None, f"block {i}"))
                 left -= n
-            out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True))
+            out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True, model=model))
             continue
         tokens = tr.tokens
         hashes = _prefix_hashes(chain(tokens, tr.output_tokens or ()))
@@ -466,7 +524,7 @@ def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_S
             segs.append(Segment(("tokens", tr.tenant, end, hashes[end]), end - start, tuple(tokens[start:end]),
                                 f"tokens {start}-{end}"))
             start = end
-        out.append(BillingRequest(tr.id, tuple(segs), t))
+        out.append(BillingRequest(tr.id, tuple(segs), t, model=model))
         for end in {n, len(hashes) - 1}:
             known.setdefault(end, set()).add(hashes[end])
     return out
@@ -500,8 +558,19 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
     if not path.exists() and m:
         from engine.store.database import Store
 
+        from engine.store.sessions import session_requests
+
         with Store(db, read_only=True) as store:
             info = store.get_session(int(m.group(1)))
+            if info.kind == "trace" and info.settings.get("source_format") == WEKA_FORMAT:
+                # an imported kv-cache-tester trace: its models (kept in the settings), its
+                # block size, and its times in seconds, as billing the file reads them
+                trace, _ = session_requests(store, info)
+                block_size = info.settings.get("block_size")
+                if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+                    block_size = info.block_size
+                return (requests_from_trace(trace, block_size, time_scale=1.0),
+                        f"kv-cache-tester token counts ({block_size}-token blocks, keyed by model); t in seconds")
             if info.kind == "trace":
                 return requests_from_trace(store.trace_requests(info.id)), "trace token counts"
             convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
