@@ -47,6 +47,7 @@ class PoolGrid(QWidget):
         self.outline = pg.ScatterPlotItem(symbol="s", size=1.0, pxMode=False, brush=None)
         self.vb.addItem(self.outline)
         self.glw.scene().sigMouseClicked.connect(self._clicked)
+        self.vb.sigResized.connect(self._resized)  # the grid's shape follows the room it has
         col = QVBoxLayout(self)
         col.setContentsMargins(0, 0, 0, 0)
         col.addWidget(self.caption)
@@ -59,6 +60,10 @@ class PoolGrid(QWidget):
         if self.projection is not None:
             self._draw()
 
+    def _resized(self, *_args: Any) -> None:
+        if self.projection is not None:
+            self._draw()
+
     def clear(self, why: str) -> None:
         self.projection = None
         self.cell_colors = np.zeros((0, 4), dtype=np.uint8)
@@ -68,8 +73,9 @@ class PoolGrid(QWidget):
 
     def show_pool(self, projection: Any, end_seq: int, request_id: str | None, head: str) -> None:
         """The pool `projection` (the state just after event `end_seq`), `request_id`'s blocks outlined."""
-        self.projection, self._flash, self._request, self._head = projection, end_seq - SCRUB_FLASH_EVENTS + 1, \
-            request_id, head
+        self.projection = projection
+        self._flash = end_seq - SCRUB_FLASH_EVENTS + 1  # as the main block table flashes a scrubbed pool
+        self._request, self._head = request_id, head
         self._draw()
 
     def _draw(self) -> None:
@@ -88,7 +94,10 @@ class PoolGrid(QWidget):
         self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
         self.outlined = BlockTableView._request_blocks(p, _engine_id(p, self._request)) if self._request else []
         ids = np.array(self.outlined, dtype=np.int64)
-        self.outline.setData(x=ids % cols + 0.5, y=ids // cols + 0.5) if len(ids) else self.outline.setData(x=[], y=[])
+        if len(ids):
+            self.outline.setData(x=ids % cols + 0.5, y=ids // cols + 0.5)
+        else:
+            self.outline.setData(x=[], y=[])
         self.caption.setText(f"{self._head} · in use <b>{p.num_in_use:,}</b> · cached free "
                              f"<b>{p.num_cached_free:,}</b> · empty {p.num_empty:,} of {n:,} blocks × {p.block_size}")
 
