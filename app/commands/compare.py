@@ -136,8 +136,13 @@ def _print_human(r: dict) -> None:
     if cost is not None and cost["cost_delta_usd"] is not None:
         out.write(f"cost ({cost['provider']}, {cost['model']}): A ${cost['a']['cost_usd']:.6f}, "
                   f"B ${cost['b']['cost_usd']:.6f}, B - A {cost['cost_delta_usd']:+.6f} USD\n")
-    elif cost is not None:
-        out.write(f"cost: not known for {' and '.join(cost['unknown'])} (a recorded run or a demo keeps no prompts to price)\n")
+    elif cost is not None and cost["unknown"]:
+        out.write(f"cost: not known for {' and '.join(cost['unknown'])} (a recorded run, or a demo served "
+                  f"without the model, keeps no prompts to price)\n")
+    elif cost is not None:  # the rules file names no price for this model: tokens, not dollars
+        a, b = cost["a"], cost["b"]
+        out.write(f"cost ({cost['provider']}, {cost['model']}): no price in the rules; read/written tokens "
+                  f"A {a['read_tokens']:,}/{a['write_tokens']:,}, B {b['read_tokens']:,}/{b['write_tokens']:,}\n")
     rows = [x for x in r.get("requests") or [] if x["cached_delta"]]
     if rows:
         out.write(f"{'#':>5} {'id':<14} {'cached A':>9} {'cached B':>9} {'delta':>7}  B\n")

@@ -349,8 +349,10 @@ class CompareWindow(QWidget):
             item.setData(np.arange(len(ys)), ys, connect="finite")
         if cost is None:
             self.p_cost.setTitle("cost per turn: not computed")
-        elif cost["cost_delta_usd"] is None:
+        elif cost["unknown"]:
             self.p_cost.setTitle(f"cost per turn: not known for {' and '.join(cost['unknown'])}")
+        elif cost["cost_delta_usd"] is None:
+            self.p_cost.setTitle(f"cost per turn: no price for {cost['model']} in the rules")
         else:
             self.p_cost.setTitle(f"cost per turn, USD (B - A {cost['cost_delta_usd']:+.4f})")
 
