@@ -340,4 +340,266 @@ def same_tokens(event: VllmEvent) -> tuple[int, ...]:
     return tuple(np.frombuffer(event.token_bytes, np.uint32).tolist())
 
 
-__all__ = ["decode_batch", "same_tokens", "warm_up", "MalformedFrame"]
+
+
+
+# ---- columns: a batch as arrays, for the columnar pool (engine.remote.colpool) -----------
+
+_K_TYPE = np.frombuffer(b"type", np.uint8)
+_K_PARENT = np.frombuffer(b"parent_block_hash", np.uint8)
+_K_SIZE = np.frombuffer(b"block_size", np.uint8)
+_K_MEDIUM = np.frombuffer(b"medium", np.uint8)
+_V_STORED = np.frombuffer(b"BlockStored", np.uint8)
+_V_REMOVED = np.frombuffer(b"BlockRemoved", np.uint8)
+_V_CLEARED = np.frombuffer(b"AllBlocksCleared", np.uint8)
+_V_GPU = np.frombuffer(b"GPU", np.uint8)
+_V_CPU = np.frombuffer(b"CPU", np.uint8)
+
+KIND_STORED, KIND_REMOVED, KIND_CLEARED, KIND_OTHER = 0, 1, 2, 3
+# columns of `ColumnarBatch.rows`
+R_KIND, R_TOK0, R_NTOK, R_HASH0, R_NHASH, R_WIDTH, R_MEDIUM, R_PARENT, R_SIZE, R_RARE = range(10)
+NUM_R = 10
+
+
+@njit(cache=True)
+def _str_is(buf, p, h, size, lit):  # pragma: no cover - compiled
+    if size != len(lit):
+        return False
+    for j in range(size):
+        if buf[p + h + j] != lit[j]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _int_at(buf, p):  # pragma: no cover - compiled
+    """(ok, value as uint64 bits) of the msgpack integer at p; ok False for anything else."""
+    b = buf[p]
+    n = len(buf)
+    if b <= 0x7F:
+        return True, np.uint64(b)
+    if b >= 0xE0:
+        return True, np.uint64(np.int64(b) - 256)
+    if b == 0xCC or b == 0xD0:
+        w = 1
+    elif b == 0xCD or b == 0xD1:
+        w = 2
+    elif b == 0xCE or b == 0xD2:
+        w = 4
+    elif b == 0xCF or b == 0xD3:
+        w = 8
+    else:
+        return False, np.uint64(0)
+    if p + 1 + w > n:
+        return False, np.uint64(0)
+    v = np.uint64(0)
+    for j in range(w):
+        v = (v << np.uint64(8)) | np.uint64(buf[p + 1 + j])
+    if b >= 0xD0 and w < 8 and buf[p + 1] >= 0x80:  # a negative signed integer: sign-extend
+        v = v | ~((np.uint64(1) << np.uint64(8 * w)) - np.uint64(1))
+    return True, v
+
+
+@njit(cache=True)
+def _skim_columns(buf, rows, parents):  # pragma: no cover - compiled
+    """Per event of an EventBatch that `_skim` has read (rows[:, :5] filled by it): its kind,
+    medium (0 nil, 1 "GPU", 2 "CPU", 3 another), parent (0 nil, 1 an integer in
+    `parents`, 2 anything else), block size (-1: not a plain integer of 0 or more) and
+    whether it names anything beyond the common fields (rare: decoded in Python)."""
+    h, items, size = _head(buf, 0)
+    p = _skip(buf, h)
+    h, m, size = _head(buf, p)
+    p += h
+    for i in range(m):
+        h, pairs, size = _head(buf, p)
+        p += h
+        rows[i, 6] = KIND_OTHER
+        for _ in range(pairs // 2):
+            h, items, size = _head(buf, p)
+            kp, kh, ksize = p, h, size
+            p = _skip(buf, p)
+            vh, vitems, vsize = _head(buf, p)
+            b = buf[p]
+            is_str = 0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB
+            if _str_is(buf, kp, kh, ksize, _K_TYPE):
+                if is_str and _str_is(buf, p, vh, vsize, _V_STORED):
+                    rows[i, 6] = KIND_STORED
+                elif is_str and _str_is(buf, p, vh, vsize, _V_REMOVED):
+                    rows[i, 6] = KIND_REMOVED
+                elif is_str and _str_is(buf, p, vh, vsize, _V_CLEARED):
+                    rows[i, 6] = KIND_CLEARED
+            elif _str_is(buf, kp, kh, ksize, _K_MEDIUM):
+                if b == 0xC0:
+                    rows[i, 7] = 0
+                elif is_str and _str_is(buf, p, vh, vsize, _V_GPU):
+                    rows[i, 7] = 1
+                elif is_str and _str_is(buf, p, vh, vsize, _V_CPU):
+                    rows[i, 7] = 2
+                else:
+                    rows[i, 7] = 3
+            elif _str_is(buf, kp, kh, ksize, _K_PARENT):
+                if b == 0xC0:
+                    rows[i, 8] = 0
+                else:
+                    ok, v = _int_at(buf, p)
+                    if ok:
+                        rows[i, 8] = 1
+                        parents[i] = v
+                    else:
+                        rows[i, 8] = 2
+            elif _str_is(buf, kp, kh, ksize, _K_SIZE):
+                if b == 0xC0:
+                    rows[i, 9] = 0
+                else:
+                    ok, v = _int_at(buf, p)
+                    rows[i, 9] = np.int64(v) if ok and b != 0xD3 and np.int64(v) >= 0 and v < (1 << 40) else -1
+            elif not _is_key(buf, kp, kh, ksize, _TOKEN_KEY) and not _is_key(buf, kp, kh, ksize, _HASH_KEY):
+                if b != 0xC0:
+                    rows[i, 10] = 1
+            p = _skip(buf, p)
+
+
+@njit(cache=True)
+def _hash_keys(buf, rows, keys):  # pragma: no cover - compiled
+    """The 8-byte hashes of every event (big-endian, as `canonical_hash` writes them) into
+    `keys`, in event order; 32-byte digests are left for Python."""
+    k = 0
+    for i in range(len(rows)):
+        n = rows[i, 3]
+        if rows[i, 4] == 8:
+            o = rows[i, 2]
+            for _ in range(n):
+                v = np.uint64(0)
+                for j in range(8):
+                    v = (v << np.uint64(8)) | np.uint64(buf[o + j])
+                keys[k] = v
+                k += 1
+                o += 9
+        else:
+            k += n
+
+
+class ColumnarBatch:
+    """One EventBatch as arrays (what `decode_columns` gives and `ColumnarPool.apply` takes).
+
+    `rows[i]` (int64, `R_*` columns) says event i's kind, its token ids as a range of
+    `tokens` (uint32), its hashes as a range of `keys` (uint64: an 8-byte hash's value;
+    a 32-byte digest's is filled by the pool), medium, parent (in `parents`), block size
+    and whether it is rare: anything beyond block hashes, parent, token ids, block size
+    and a GPU or CPU medium. `events[i]` is the `VllmEvent` of each rare event (and of
+    every event when the batch came from the reference reader), so nothing is decoded
+    twice; `batch()` builds the whole `VllmBatch` when someone needs it."""
+
+    __slots__ = ("seq", "ts", "data_parallel_rank", "rows", "parents", "keys", "tokens", "events", "payload")
+
+    def __init__(self, seq: int, ts: float, rank: int | None, rows: np.ndarray, parents: np.ndarray,
+                 keys: np.ndarray, tokens: np.ndarray, events: dict[int, VllmEvent], payload: bytes | None) -> None:
+        self.seq, self.ts, self.data_parallel_rank = seq, ts, rank
+        self.rows, self.parents, self.keys, self.tokens = rows, parents, keys, tokens
+        self.events, self.payload = events, payload
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def batch(self) -> VllmBatch:
+        """The same batch as `decode_batch` gives it (one VllmEvent per event)."""
+        if self.payload is None:
+            return VllmBatch(self.seq, self.ts, tuple(self.events[i] for i in range(len(self.rows))),
+                             self.data_parallel_rank)
+        return _fast(self.seq, self.payload)
+
+
+def columns_of(batch: VllmBatch) -> ColumnarBatch:
+    """A batch some reader (or code) made, as columns: every event is rare, kept whole."""
+    n = len(batch.events)
+    rows = np.zeros((n, NUM_R), np.int64)
+    rows[:, R_RARE] = 1
+    return ColumnarBatch(batch.seq, batch.ts, batch.data_parallel_rank, rows, np.zeros(n, np.uint64),
+                         np.zeros(0, np.uint64), np.zeros(0, np.uint32), dict(enumerate(batch.events)), None)
+
+
+def _columns(seq: int, payload: bytes) -> ColumnarBatch:
+    try:
+        b = _decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        raise _Slow from None
+    ts, rank = b.ts, b.data_parallel_rank
+    if not math.isfinite(ts) or (rank is not None and rank < 0):
+        raise _Slow
+    buf = np.frombuffer(payload, np.uint8)
+    tokens, skim, ok = _skim(buf, _TOKEN_KEY, _HASH_KEY)
+    if not ok or len(skim) != len(b.events):
+        raise _Slow
+    n = len(skim)
+    rows = np.zeros((n, 11), np.int64)
+    rows[:, :5] = skim
+    parents = np.zeros(n, np.uint64)
+    _skim_columns(buf, rows, parents)
+    # rows: 0 tok0, 1 ntok, 2 hash offset, 3 nhash, 4 width, 6 kind, 7 medium, 8 parent, 9 size, 10 rare
+    out = np.empty((n, NUM_R), np.int64)
+    out[:, R_KIND] = rows[:, 6]
+    out[:, R_TOK0] = rows[:, 0]
+    out[:, R_NTOK] = rows[:, 1]
+    out[:, R_NHASH] = rows[:, 3]
+    out[:, R_HASH0] = np.cumsum(rows[:, 3]) - rows[:, 3]
+    out[:, R_WIDTH] = rows[:, 4]
+    out[:, R_MEDIUM] = rows[:, 7]
+    out[:, R_PARENT] = rows[:, 8]
+    out[:, R_SIZE] = rows[:, 9]
+    stored = rows[:, 6] == KIND_STORED
+    if np.any(stored & (rows[:, 9] < 0)):
+        raise _Slow  # a negative or odd block size: the reference words it
+    out[:, R_RARE] = (rows[:, 10] | (rows[:, 7] == 3) | (rows[:, 8] == 2) | (rows[:, 4] == 32)
+                      | (rows[:, 6] == KIND_OTHER) | (rows[:, 6] == KIND_CLEARED))
+    keys = np.empty(int(rows[:, 3].sum()), np.uint64)
+    _hash_keys(buf, rows, keys)
+    events: dict[int, VllmEvent] = {}
+    rare = np.flatnonzero(out[:, R_RARE])
+    if len(rare):
+        tok_bytes = tokens.tobytes()
+        for i in rare.tolist():
+            events[i] = _event_of(b.events[i], skim[i].tolist(), payload, tok_bytes)
+    return ColumnarBatch(seq, float(ts), rank, out, parents, keys, tokens, events, payload)
+
+
+def _event_of(e: Any, row: list[int], payload: bytes, tokens: bytes) -> VllmEvent:
+    """One msgspec-decoded event as the reference's VllmEvent (what `_fast` builds)."""
+    t0, nt, h0, nh, width = row
+    t = type(e)
+    if nh:
+        step = width + 1 if width == 8 else width + 2
+        hashes = tuple([payload[o:o + width] for o in range(h0, h0 + step * nh, step)])
+    else:
+        hashes = ()
+    if t is _Removed:
+        return VllmEvent("BlockRemoved", hashes, None, (), 0, None, e.medium, None, None, e.group_idx,
+                         e.kv_cache_spec_kind, e.locality, e.session_id, ownership=e.ownership)
+    if t is _Stored:
+        size = e.block_size or 0
+        if size < 0:
+            raise _Slow
+        parent = e.parent_block_hash
+        if parent is not None:
+            if type(parent) is bool:
+                raise _Slow
+            parent = canonical_hash(parent)
+        extra = e.extra_keys
+        look = e.lookahead_token_ids
+        return VllmEvent("BlockStored", hashes, parent, (), size, e.lora_id, e.medium, e.lora_name,
+                         None if extra is _NIL else _optional(extra), e.group_idx, e.kv_cache_spec_kind,
+                         e.locality, e.session_id, tokens[4 * t0:4 * (t0 + nt)], e.cache_salt, e.ownership,
+                         None if look is _NIL else _optional(look), e.kv_cache_spec_sliding_window)
+    return VllmEvent("AllBlocksCleared", medium=e.medium)
+
+
+def decode_columns(seq: int, payload: bytes) -> ColumnarBatch:
+    """One EventBatch as columns, for `engine.remote.colpool.ColumnarPool`: no Python object
+    per event of the common kind, per token id or per hash. Outside the fast subset the
+    reference reader decodes it (every event then kept whole); a bad payload raises the
+    reference's MalformedFrame, before anything is applied."""
+    try:
+        return _columns(seq, payload)
+    except (_Slow, MalformedFrame, OverflowError, ValueError, TypeError, IndexError, RecursionError):
+        return columns_of(wire.decode_batch(seq, payload))
+
+__all__ = ["decode_batch", "decode_columns", "columns_of", "ColumnarBatch", "same_tokens", "warm_up", "MalformedFrame"]

@@ -1,0 +1,1367 @@
+"""The columnar remote pool: `RemotePool`'s model of one rank, held in arrays and applied by compiled code.
+
+`ColumnarPool` keeps exactly what `engine.remote.pool.RemotePool` (the reference, kept as
+it is) keeps, and answers the same questions with the same methods, but it holds no
+Python object per block, per hash or per token id:
+
+- One open-addressing hash table (linear probing, backward-shift deletion) maps a
+  (tier, hash) to a slot. A slot is a row of a few typed arrays: the hash, its parent's
+  hash, the tier, where its token ids start in the pool's one growing uint32 token array
+  and how many there are, the batch seq and time of its store, its tenant (an index into
+  the pool's tenant names), how often its hash was announced and removed on that tier,
+  its copies in KV cache group 0 and in all. Copies in other groups (sliding-window
+  layers, rare) sit in a numba dict keyed by (slot, group).
+- An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
+  hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
+- `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
+  insertion-ordered maps of their own: a table, value columns and a FIFO of entries.
+- `apply(batch)` takes a `fastwire.ColumnarBatch` (`fastwire.decode_columns`: the
+  frame's hashes, token ids and event fields as arrays) or a `VllmBatch`. One compiled
+  loop applies every run of common events (stores and removals with block hashes, a
+  parent, token ids, a block size and a GPU or CPU medium); an event naming anything
+  more (extra keys, a salt, a KV cache group, a session, details, another medium, a
+  clear) is handled by Python around the same compiled per-block functions.
+
+Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
+reference, from the arrays, on demand. Emitting Cachescope events per block is what the
+columnar pool does NOT do: the app reads summaries of it instead. Not thread-safe, as
+the reference. `tests/test_colpool.py` proves both give the same answers on every
+recorded fixture and on corrupted frames.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterator
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict as NumbaDict
+
+from engine.remote import fastwire
+from engine.remote.fastwire import (
+    KIND_CLEARED, KIND_REMOVED, KIND_STORED, R_HASH0, R_KIND, R_MEDIUM, R_NHASH, R_NTOK, R_PARENT, R_RARE, R_SIZE,
+    R_TOK0, ColumnarBatch,
+)
+from engine.remote.pool import GroupSpec, LifetimeStats, salt_of
+from engine.remote.tiers import CPU, GPU, REMOTE, STORAGE, tier_of_medium, tier_order
+from engine.remote.wire import MEDIUM_DEFAULT, VllmBatch, VllmEvent
+
+# ---- layout ---------------------------------------------------------------------------
+
+MAX_TIERS = 256  # tier codes, module-wide; GPU, CPU, STORAGE, REMOTE first
+MAX_GROUP = (1 << 20) - 1  # KV cache groups beyond this share its count (a server has a few)
+# slot columns
+K_KEY, K_PARENT = 0, 1                                            # uint64
+L_TOK, L_SEQ, L_ORDER = 0, 1, 2                                   # int64
+C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1; 0 = none)
+F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width code; tier + 1, 0 = free)
+W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
+# pool scalars (int64)
+S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
+    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE = range(15)
+NUM_S = 16
+# per tier (int64): present, creation order, hashes, copies beyond one per hash, blocks
+# announced under the tier's own name (media), hashes without token ids
+T_PRESENT, T_BORN, T_HASHES, T_EXTRA, T_MEDIA, T_NOTOK, T_EXTRA_BORN = range(7)
+NUM_T = 8
+# ordered maps: scalars
+O_LIVE, O_FREE, O_HEAD, O_TAIL = range(4)
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_S33 = np.uint64(33)
+_S56 = np.uint64(56)
+
+_TIER_CODES: dict[str, int] = {GPU: 0, CPU: 1, STORAGE: 2, REMOTE: 3}
+_TIER_NAMES: list[str] = [GPU, CPU, STORAGE, REMOTE]
+
+
+def tier_code(tier: str) -> int:
+    """The code of a normalized tier (GPU 0, CPU 1, STORAGE 2, REMOTE 3, others in order
+    of appearance, at most MAX_TIERS; past that, one more tier name cannot be held)."""
+    code = _TIER_CODES.get(tier)
+    if code is None:
+        if len(_TIER_NAMES) >= MAX_TIERS:
+            raise ValueError(f"more than {MAX_TIERS} tiers")
+        code = _TIER_CODES[tier] = len(_TIER_NAMES)
+        _TIER_NAMES.append(tier)
+    return code
+
+
+# ---- the compiled part ----------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def _mix(k, w, t):  # pragma: no cover - compiled
+    x = k ^ (np.uint64(w) << _S56) ^ (np.uint64(t + 1) * _GOLD)
+    x ^= x >> _S33
+    x *= _M1
+    x ^= x >> _S33
+    x *= _M2
+    x ^= x >> _S33
+    return x
+
+
+@njit(cache=True)
+def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
+    """The slot holding hash (k, w) on tier t, or -1."""
+    mask = len(tab) - 1
+    i = np.int64(_mix(k, w, t) & np.uint64(mask))
+    tt = t + 1
+    while True:
+        s = tab[i]
+        if s < 0:
+            return -1
+        if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
+            return s
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
+    mask = len(tab) - 1
+    i = np.int64(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1) & np.uint64(mask))
+    while tab[i] >= 0:
+        i = (i + 1) & mask
+    tab[i] = s
+
+
+@njit(cache=True)
+def _tab_delete(tab, K, F, s):  # pragma: no cover - compiled
+    """Take slot s out of the table (backward-shift deletion: no tombstones)."""
+    mask = len(tab) - 1
+    i = np.int64(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1) & np.uint64(mask))
+    while tab[i] != s:
+        i = (i + 1) & mask
+    tab[i] = -1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        x = tab[j]
+        if x < 0:
+            return
+        home = np.int64(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1) & np.uint64(mask))
+        if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
+            tab[i] = x
+            tab[j] = -1
+            i = j
+
+
+@njit(cache=True)
+def _rehash(tab, K, F, n):  # pragma: no cover - compiled
+    tab[:] = -1
+    for s in range(n):
+        if F[s, 1]:
+            _tab_insert(tab, K, F, s)
+
+
+# ordered maps (removed_at, departed): entries with key, width, two values and a FIFO slot
+
+@njit(cache=True)
+def _om_find(otab, OK, OW, k, w):  # pragma: no cover - compiled
+    mask = len(otab) - 1
+    i = np.int64(_mix(k, w, -1) & np.uint64(mask))
+    while True:
+        e = otab[i]
+        if e < 0:
+            return -1
+        if OK[e] == k and OW[e] == w:
+            return e
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
+    mask = len(otab) - 1
+    i = np.int64(_mix(OK[e], OW[e], -1) & np.uint64(mask))
+    while otab[i] != e:
+        i = (i + 1) & mask
+    otab[i] = -1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        x = otab[j]
+        if x < 0:
+            return
+        home = np.int64(_mix(OK[x], OW[x], -1) & np.uint64(mask))
+        if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
+            otab[i] = x
+            otab[j] = -1
+            i = j
+
+
+@njit(cache=True)
+def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
+    _om_tab_delete(otab, OK, OW, e)
+    OW[e] = 0
+    ofree[OS[O_FREE]] = e
+    OS[O_FREE] += 1
+    OS[O_LIVE] -= 1
+
+
+@njit(cache=True)
+def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - compiled
+    while OS[O_HEAD] < OS[O_TAIL]:
+        e = ofifo[OS[O_HEAD]]
+        pos = OS[O_HEAD]
+        OS[O_HEAD] += 1
+        if e >= 0 and OW[e] and OV[e, 2] == pos:
+            _om_remove(otab, OK, OW, OV, ofree, OS, e)
+            return
+
+
+@njit(cache=True)
+def _om_delete(otab, OK, OW, OV, ofree, OS, k, w):  # pragma: no cover - compiled
+    if OS[O_LIVE] == 0:
+        return
+    e = _om_find(otab, OK, OW, k, w)
+    if e >= 0:
+        _om_remove(otab, OK, OW, OV, ofree, OS, e)
+
+
+@njit(cache=True)
+def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim):  # pragma: no cover
+    """Set (or with `add`, add to) the values of (k, w); a new key goes last. With `trim`,
+    the oldest entries go while more than `maxn` are held (OrderedDict.popitem(last=False))."""
+    e = _om_find(otab, OK, OW, k, w)
+    if e >= 0:
+        if add:
+            OV[e, 0] += v0
+            OV[e, 1] += v1
+        else:
+            OV[e, 0] = v0
+            OV[e, 1] = v1
+        return
+    OS[O_FREE] -= 1
+    e = ofree[OS[O_FREE]]
+    OK[e] = k
+    OW[e] = w
+    OV[e, 0] = v0
+    OV[e, 1] = v1
+    OV[e, 2] = OS[O_TAIL]
+    ofifo[OS[O_TAIL]] = e
+    OS[O_TAIL] += 1
+    OS[O_LIVE] += 1
+    mask = len(otab) - 1
+    i = np.int64(_mix(k, w, -1) & np.uint64(mask))
+    while otab[i] >= 0:
+        i = (i + 1) & mask
+    otab[i] = e
+    if trim:
+        while OS[O_LIVE] > maxn:
+            _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
+
+
+@njit(cache=True)
+def _om_trim(otab, OK, OW, OV, ofree, ofifo, OS, maxn):  # pragma: no cover - compiled
+    while OS[O_LIVE] > maxn:
+        _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
+
+
+# the blocks
+
+
+@njit(cache=True)
+def _copies_in(C, G, s, g):  # pragma: no cover - compiled
+    if g == 0:
+        return np.int64(C[s, C_C0])
+    if C[s, C_TOT] == 1 and C[s, C_C0] == 1:
+        return np.int64(0)
+    key = np.int64(s) * (MAX_GROUP + 1) + g
+    if key in G:
+        return G[key]
+    return np.int64(0)
+
+
+@njit(cache=True)
+def _set_group(G, s, g, n):  # pragma: no cover - compiled
+    key = np.int64(s) * (MAX_GROUP + 1) + g
+    if n:
+        G[key] = n
+    elif key in G:
+        del G[key]
+
+
+@njit(cache=True)
+def _first_group(C, G, s):  # pragma: no cover - compiled
+    """The first KV cache group holding a copy of slot s (the reference's `group=None`)."""
+    if C[s, C_C0]:
+        return np.int64(0)
+    best = np.int64(-1)
+    base = np.int64(s) * (MAX_GROUP + 1)
+    for key in G.keys():
+        if base < key <= base + MAX_GROUP and G[key] > 0:
+            g = key - base
+            if best < 0 or g < best:
+                best = g
+    return best
+
+
+@njit(cache=True)
+def _free_slot(tab, K, L, C, F, T, G, free, S, TI, s):  # pragma: no cover - compiled
+    t = np.int64(F[s, F_TIER]) - 1
+    if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1) and len(G):
+        base = np.int64(s) * (MAX_GROUP + 1)
+        drop = [k for k in G.keys() if base < k <= base + MAX_GROUP]
+        for k in drop:
+            del G[k]
+    _tab_delete(tab, K, F, s)
+    TI[t, T_HASHES] -= 1
+    if C[s, C_NTOK] == 0:
+        TI[t, T_NOTOK] -= 1
+    S[S_TOKLIVE] -= C[s, C_NTOK]
+    F[s, F_TIER] = 0
+    free[S[S_FREE]] = s
+    S[S_FREE] += 1
+    S[S_LIVE] -= 1
+
+
+@njit(cache=True)
+def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+           t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
+           next_continues, seq, ts):  # pragma: no cover - compiled
+    """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
+    report (no copy added), 0 for a store, -1 when it names no hash."""
+    if nh == 0:
+        return -1
+    if TI[t, T_PRESENT] == 0:
+        TI[t, T_PRESENT] = 1
+        TI[t, T_BORN] = S[S_TIERSEQ]
+        S[S_TIERSEQ] += 1
+    if has_parent == 0 and rawgpu:
+        if _find(tab, K, F, hk[h0], hw[h0], t) >= 0:
+            every = True
+            for i in range(nh):
+                s = _find(tab, K, F, hk[h0 + i], hw[h0 + i], t)
+                if s < 0 or _copies_in(C, G, s, group) == 0:
+                    every = False
+                    break
+            if every and (S[S_REPORTED] > 0 or next_continues):
+                S[S_REPORTED] += nh
+                S[S_HITS] += nh
+                for i in range(nh):
+                    s = _find(tab, K, F, hk[h0 + i], hw[h0 + i], t)
+                    C[s, C_ANN] += 1
+                return 1
+    bs = bs_given if bs_given else nt // nh
+    if bs and group == 0:
+        S[S_BLOCK_SIZE] = bs
+    if has_parent:
+        ps = _find(tab, K, F, pk, pw, t)
+        if ps < 0:
+            num_present = 0
+            for x in range(MAX_TIERS):
+                num_present += TI[x, T_PRESENT]
+            if num_present > 1:
+                # the reference looks through its tiers in the order they were made
+                best_born = np.int64(-1)
+                for x in range(MAX_TIERS):
+                    if TI[x, T_PRESENT] and x != t:
+                        cand = _find(tab, K, F, pk, pw, x)
+                        if cand >= 0 and (best_born < 0 or TI[x, T_BORN] < best_born):
+                            ps = cand
+                            best_born = TI[x, T_BORN]
+        if ps >= 0 and tenant < 0:
+            tenant = np.int64(C[ps, C_TENANT]) - 1
+    prev_k, prev_w = pk, pw
+    has_prev = has_parent
+    for i in range(nh):
+        if len(salts) and salts[i] >= 0:
+            tenant = salts[i]
+        k = hk[h0 + i]
+        w = hw[h0 + i]
+        s = _find(tab, K, F, k, w, t)
+        if s >= 0:  # held already: one more copy
+            cur = _copies_in(C, G, s, group)
+            if group and C[s, C_TOT] == 1 and C[s, C_C0] == 1:
+                cur = 0
+            if cur:
+                S[S_RESTORED] += 1
+            if group == 0:
+                C[s, C_C0] += 1
+            else:
+                _set_group(G, s, group, cur + 1)
+            C[s, C_TOT] += 1
+            TI[t, T_EXTRA] += 1
+            if TI[t, T_EXTRA_BORN] == 0:  # the reference's num_extra_copies gets the tier now
+                TI[t, T_EXTRA_BORN] = S[S_TIERSEQ] + 1
+                S[S_TIERSEQ] += 1
+            C[s, C_ANN] += 1
+        else:
+            S[S_FREE] -= 1
+            s = free[S[S_FREE]]
+            K[s, K_KEY] = k
+            F[s, F_W] = w
+            F[s, F_TIER] = t + 1
+            if has_prev:
+                K[s, K_PARENT] = prev_k
+                F[s, F_PW] = prev_w
+            else:
+                K[s, K_PARENT] = 0
+                F[s, F_PW] = 0
+            a = i * bs
+            n_i = min(bs, nt - a) if bs > 0 else 0
+            if n_i < 0:
+                n_i = 0
+            u = S[S_TOKUSED]
+            for j in range(n_i):
+                tok[u + j] = ftok[t0 + a + j]
+            L[s, L_TOK] = u
+            C[s, C_NTOK] = n_i
+            S[S_TOKUSED] = u + n_i
+            S[S_TOKLIVE] += n_i
+            L[s, L_SEQ] = seq
+            L[s, L_ORDER] = S[S_ORDER]
+            S[S_ORDER] += 1
+            T[s] = ts
+            C[s, C_TENANT] = tenant + 1
+            C[s, C_ANN] = 1
+            C[s, C_REM] = 0
+            C[s, C_TOT] = 1
+            if group:
+                C[s, C_C0] = 0
+                _set_group(G, s, group, 1)
+            else:
+                C[s, C_C0] = 1
+            _tab_insert(tab, K, F, s)
+            S[S_LIVE] += 1
+            TI[t, T_HASHES] += 1
+            if n_i == 0:
+                TI[t, T_NOTOK] += 1
+        _om_delete(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, k, w)
+        S[S_STORED] += 1
+        prev_k, prev_w, has_prev = k, w, 1
+    return 0
+
+
+@njit(cache=True)
+def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+            dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
+            left):  # pragma: no cover - compiled
+    """One BlockRemoved (`RemotePool._removed`, not emitting). `group` -1 is None; `left[i]`
+    is set to 1 for each hash that is no longer on the tier after it."""
+    maxn = S[S_MAXREM]
+    fast = group <= 0  # the reference's fast path: removed_at trimmed once, at the end
+    present = TI[t, T_PRESENT]
+    for i in range(nh):
+        k = hk[h0 + i]
+        w = hw[h0 + i]
+        s = _find(tab, K, F, k, w, t) if present else -1
+        if s < 0:
+            S[S_UNKNOWN] += 1
+            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
+            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+            left[i] = 1
+            continue
+        last = False
+        common = C[s, C_TOT] == 1 and C[s, C_C0] == 1
+        if common:
+            if group > 0:  # one copy, in group 0: not this group's
+                S[S_UNKNOWN] += 1
+                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+                continue
+            last = True
+        else:
+            g = group if group >= 0 else _first_group(C, G, s)
+            cnt = _copies_in(C, G, s, g) if g >= 0 else 0
+            if cnt == 0:
+                S[S_UNKNOWN] += 1
+                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+                continue
+            if g == 0:
+                C[s, C_C0] -= 1
+            else:
+                _set_group(G, s, g, cnt - 1)
+            C[s, C_TOT] -= 1
+            if C[s, C_TOT] == 0:
+                last = True
+            else:
+                TI[t, T_EXTRA] -= 1
+                C[s, C_REM] += 1
+        if last:
+            seconds = ts - T[s]
+            if seconds > 0:
+                SF[0] += seconds
+                if seconds > SF[1]:
+                    SF[1] = seconds
+            S[S_LIFE_N] += 1
+            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
+                       np.int64(C[s, C_REM]) + 1, True, maxn, True)
+            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
+            _free_slot(tab, K, L, C, F, T, G, free, S, TI, s)
+            left[i] = 1
+    S[S_REMOVED] += nh
+    if fast:
+        _om_trim(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, maxn)
+
+
+@njit(cache=True)
+def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, batch_seq, n):  # pragma: no cover
+    """Every hash of tier t leaves it, in the order they were stored."""
+    tt = t + 1
+    count = 0
+    for s in range(n):
+        if F[s, F_TIER] == tt:
+            count += 1
+    slots = np.empty(count, np.int64)
+    orders = np.empty(count, np.int64)
+    j = 0
+    for s in range(n):
+        if F[s, F_TIER] == tt:
+            slots[j] = s
+            orders[j] = L[s, L_ORDER]
+            j += 1
+    maxn = S[S_MAXREM]
+    for s in slots[np.argsort(orders)]:
+        k, w = K[s, K_KEY], F[s, F_W]
+        _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, True)
+        _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
+                   np.int64(C[s, C_REM]), True, maxn, True)
+        _free_slot(tab, K, L, C, F, T, G, free, S, TI, s)
+    TI[t, T_PRESENT] = 0
+    TI[t, T_EXTRA] = 0
+    TI[t, T_EXTRA_BORN] = 0
+
+
+@njit(cache=True)
+def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+         dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
+         rawgpu, start, stop_on_remove, seq, ts, left):  # pragma: no cover - compiled
+    """Apply events start.. of one batch while they are common ones; returns the index of
+    the first event Python must handle (or the number of events)."""
+    n = len(rows)
+    nosalt = np.empty(0, np.int64)
+    for i in range(start, n):
+        if rows[i, R_RARE]:
+            return i
+        kind = rows[i, R_KIND]
+        t = tiers[i]
+        nh = rows[i, R_NHASH]
+        h0 = rows[i, R_HASH0]
+        if kind == KIND_STORED:
+            nxt = False
+            if rows[i, R_PARENT] == 0 and rawgpu[i] and nh:
+                lk, lw = keys[h0 + nh - 1], widths[h0 + nh - 1]
+                for j in range(i + 1, n):
+                    if rows[j, R_KIND] == KIND_STORED and rawgpu[j] and groups[j] == 0:
+                        nxt = rows[j, R_PARENT] != 0 and parents[j] == lk and widths_parent(rows, j) == lw
+                        break
+            r = _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+                       t, rawgpu[i], 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
+                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts)
+            if r == 0:
+                TI[t, T_MEDIA] += nh
+        elif kind == KIND_REMOVED:
+            if stop_on_remove:
+                return i
+            _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                    dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left)
+        else:
+            return i
+    return n
+
+
+@njit(cache=True, inline="always")
+def widths_parent(rows, j):  # pragma: no cover - compiled
+    """The width code of event j's parent: a common event's parent is an 8-byte hash."""
+    return np.uint8(W_U64) if rows[j, R_RARE] == 0 or rows[j, R_PARENT] == 1 else np.uint8(W_WIDE)
+
+
+@njit(cache=True)
+def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
+    u = 0
+    for s in range(n):
+        if F[s, F_TIER]:
+            a = L[s, L_TOK]
+            m = C[s, C_NTOK]
+            for j in range(m):
+                out[u + j] = tok[a + j]
+            L[s, L_TOK] = u
+            u += m
+    return u
+
+
+def _new_group_dict() -> Any:
+    return NumbaDict.empty(key_type=types.int64, value_type=types.int64)
+
+
+class _OrderedMap:
+    """An insertion-ordered map of hashes (k, w) to two int64 values, in arrays."""
+
+    __slots__ = ("tab", "k", "w", "v", "free", "fifo", "os")
+
+    def __init__(self, cap: int = 1024) -> None:
+        self.tab = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int32)  # a power of two, load <= 1/2
+        self.k = np.zeros(cap, np.uint64)
+        self.w = np.zeros(cap, np.uint8)
+        self.v = np.zeros((cap, 3), np.int64)
+        self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
+        self.fifo = np.full(2 * cap, -1, np.int32)
+        self.os = np.array([0, cap, 0, 0], np.int64)
+
+    def __len__(self) -> int:
+        return int(self.os[O_LIVE])
+
+    def reserve(self, more: int) -> None:
+        """Room for `more` new keys before the next compiled call."""
+        live, cap = int(self.os[O_LIVE]), len(self.k)
+        if live + more > cap:
+            new = max(2 * cap, live + more + 1024)
+            order = self.ordered()
+            k, w, v = self.k[order], self.w[order], self.v[order]
+            self.__init__(new)
+            n = len(order)
+            self.k[:n], self.w[:n], self.v[:n, :2] = k, w, v[:, :2]
+            self.v[:n, 2] = np.arange(n)
+            self.fifo[:n] = np.arange(n)
+            self.free = np.arange(new - 1, n - 1, -1, dtype=np.int32)
+            self.free = np.concatenate([self.free, np.zeros(n, np.int32)])
+            self.os[:] = (n, new - n, 0, n)
+            _om_rehash(self.tab, self.k, self.w, n)
+        if int(self.os[O_TAIL]) + more > len(self.fifo):
+            order = self.ordered()
+            n = len(order)
+            size = max(len(self.fifo), 2 * (n + more) + 1024)
+            self.fifo = np.full(size, -1, np.int32)
+            self.fifo[:n] = order
+            self.v[order, 2] = np.arange(n)
+            self.os[O_HEAD], self.os[O_TAIL] = 0, n
+
+    def ordered(self) -> np.ndarray:
+        """Live entries, oldest first."""
+        head, tail = int(self.os[O_HEAD]), int(self.os[O_TAIL])
+        e = self.fifo[head:tail].astype(np.int64)
+        pos = np.arange(head, tail)
+        ok = (e >= 0)
+        e, pos = e[ok], pos[ok]
+        ok = (self.w[e] > 0) & (self.v[e, 2] == pos)
+        return e[ok]
+
+    def get(self, k: int, w: int) -> tuple[int, int] | None:
+        e = _om_find(self.tab, self.k, self.w, np.uint64(k), np.uint8(w)) if len(self) else -1
+        return None if e < 0 else (int(self.v[e, 0]), int(self.v[e, 1]))
+
+
+@njit(cache=True)
+def _om_rehash(otab, OK, OW, n):  # pragma: no cover - compiled
+    otab[:] = -1
+    mask = len(otab) - 1
+    for e in range(n):
+        if OW[e]:
+            i = np.int64(_mix(OK[e], OW[e], -1) & np.uint64(mask))
+            while otab[i] >= 0:
+                i = (i + 1) & mask
+            otab[i] = e
+
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) the pool's loops now, not on the first batch."""
+    global _warm
+    if _warm:
+        return
+    _warm = True
+    fastwire.warm_up()
+    pool = ColumnarPool("warm-up")
+    from engine.remote.wire import encode_batch
+
+    p = encode_batch(1.0, [VllmEvent("BlockStored", (b"\x00" * 7 + b"\x01", b"\x00" * 7 + b"\x02"), None,
+                                     tuple(range(32)), 16),
+                           VllmEvent("BlockStored", (b"\x00" * 7 + b"\x01",), None, tuple(range(16)), 16),
+                           VllmEvent("BlockRemoved", (b"\x00" * 7 + b"\x02",)),
+                           VllmEvent("BlockStored", (b"\x00" * 7 + b"\x03",), None, tuple(range(16)), 16,
+                                     group_idx=1),
+                           VllmEvent("BlockRemoved", (b"\x00" * 7 + b"\x03",), group_idx=1),
+                           VllmEvent("AllBlocksCleared")], 0)
+    pool.apply(fastwire.decode_columns(0, p))
+
+
+# ---- reading: what the reference's objects would say ---------------------------------------
+
+class ColumnarBlock:
+    """One held hash of a `ColumnarPool`, read from its arrays when asked (the reference's
+    `RemoteBlock` fields); made on demand, never kept by the pool."""
+
+    __slots__ = ("block_hash", "parent_hash", "tokens", "stored_seq", "stored_time", "tenant", "num_announced",
+                 "num_removed")
+
+    def __init__(self, pool: ColumnarPool, s: int) -> None:
+        self.block_hash = pool._bytes(int(pool.K[s, K_KEY]), int(pool.F[s, F_W]))
+        pw = int(pool.F[s, F_PW])
+        self.parent_hash = pool._bytes(int(pool.K[s, K_PARENT]), pw) if pw else None
+        a, n = int(pool.L[s, L_TOK]), int(pool.C[s, C_NTOK])
+        self.tokens = pool.tok[a:a + n].tobytes()
+        self.stored_seq = int(pool.L[s, L_SEQ])
+        self.stored_time = float(pool.T[s])
+        ten = int(pool.C[s, C_TENANT])
+        self.tenant = pool.tenant_names[ten - 1] if ten else None
+        self.num_announced = int(pool.C[s, C_ANN])
+        self.num_removed = int(pool.C[s, C_REM])
+
+    @property
+    def parent(self) -> bytes | None:
+        return self.parent_hash
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return tuple(np.frombuffer(self.tokens, np.uint32).tolist())
+
+
+class _TierView:
+    """A tier of a `ColumnarPool` as the reference's `tiers[tier]` dict reads: hash ->
+    block, in the order the hashes were stored."""
+
+    __slots__ = ("pool", "code")
+
+    def __init__(self, pool: ColumnarPool, code: int) -> None:
+        self.pool, self.code = pool, code
+
+    def _slots(self) -> np.ndarray:
+        return self.pool._tier_slots(self.code)
+
+    def __len__(self) -> int:
+        return int(self.pool.TI[self.code, T_HASHES])
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def _slot(self, h: bytes) -> int:
+        kw = self.pool._key(h)
+        if kw is None:
+            return -1
+        p = self.pool
+        return int(_find(p.tab, p.K, p.F, np.uint64(kw[0]), np.uint8(kw[1]), self.code))
+
+    def __contains__(self, h: object) -> bool:
+        return isinstance(h, (bytes, bytearray)) and self._slot(bytes(h)) >= 0
+
+    def __getitem__(self, h: bytes) -> ColumnarBlock:
+        s = self._slot(h)
+        if s < 0:
+            raise KeyError(h)
+        return ColumnarBlock(self.pool, s)
+
+    def get(self, h: bytes, default: Any = None) -> Any:
+        s = self._slot(h)
+        return default if s < 0 else ColumnarBlock(self.pool, s)
+
+    def keys(self) -> list[bytes]:
+        p = self.pool
+        return [p._bytes(int(k), int(w)) for k, w in zip(p.K[self._slots(), K_KEY], p.F[self._slots(), F_W])]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.keys())
+
+    def values(self) -> list[ColumnarBlock]:
+        return [ColumnarBlock(self.pool, int(s)) for s in self._slots()]
+
+    def items(self) -> list[tuple[bytes, ColumnarBlock]]:
+        return [(b.block_hash, b) for b in self.values()]
+
+
+class _CopiesView:
+    """`RemotePool.copies` read from the arrays: (tier, hash) -> copies per KV cache group,
+    only for hashes that are not exactly one copy in group 0."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: ColumnarPool) -> None:
+        self.pool = pool
+
+    def _counts(self, s: int) -> list[int] | None:
+        p = self.pool
+        c0, tot = int(p.C[s, C_C0]), int(p.C[s, C_TOT])
+        if tot == 1 and c0 == 1:
+            return None
+        counts = [c0]
+        base = s * (MAX_GROUP + 1)
+        for key, n in p.G.items():
+            if base < key <= base + MAX_GROUP and n:
+                g = key - base
+                counts.extend([0] * (g + 1 - len(counts)))
+                counts[g] = int(n)
+        return counts
+
+    def get(self, key: tuple[str, bytes], default: Any = None) -> Any:
+        tier, h = key
+        code = _TIER_CODES.get(tier)
+        if code is None:
+            return default
+        s = _TierView(self.pool, code)._slot(h)
+        if s < 0:
+            return default
+        counts = self._counts(s)
+        return default if counts is None else counts
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and self.get(key) is not None  # type: ignore[arg-type]
+
+    def items(self) -> list[tuple[tuple[str, bytes], list[int]]]:
+        p = self.pool
+        n = len(p.T)
+        live = p.F[:n, F_TIER] > 0
+        odd = np.flatnonzero(live & ~((p.C[:n, C_TOT] == 1) & (p.C[:n, C_C0] == 1)))
+        odd = odd[np.argsort(p.L[odd, L_ORDER], kind="stable")]
+        out = []
+        for s in odd.tolist():
+            tier = _TIER_NAMES[int(p.F[s, F_TIER]) - 1]
+            out.append(((tier, p._bytes(int(p.K[s, K_KEY]), int(p.F[s, F_W]))), self._counts(s) or []))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+
+# ---- the pool -------------------------------------------------------------------------
+
+class ColumnarPool:
+    """One rank of one server (`RemotePool`'s model and reading API) in arrays; see the
+    module docstring. `events` is accepted for the same constructor, never emitted to."""
+
+    def __init__(self, source: str, rank: int = 0, events: Any = None, max_removed: int = 200_000,
+                 server: str = "", capacity: int = 1024) -> None:
+        self.source, self.rank, self.events, self.server = source, rank, events, server
+        self.max_removed = max_removed
+        self.num_batches = 0
+        self.num_cleared = 0
+        self.last_batch_seq: int | None = None
+        self.last_batch_time: float | None = None
+        self.tenants: set[str] = set()
+        self.tenant_names: list[str] = []
+        self._tenant_ids: dict[str, int] = {}
+        self.media: dict[str, dict[str, int]] = {}
+        self.hits_by_session: dict[str | None, int] = {}
+        self.num_unknown_events: dict[str, int] = {}
+        self.groups: dict[int, GroupSpec] = {}
+        self.details: dict[tuple[str, bytes], dict[str, Any]] = {}
+        self._wide: dict[bytes, int] = {}
+        self._wide_bytes: list[bytes] = []
+        self._media_synced = np.zeros(MAX_TIERS, np.int64)
+        self._hits_synced = 0
+        self.S = np.zeros(NUM_S, np.int64)
+        self.S[S_MAXREM] = max_removed
+        self.SF = np.zeros(2, np.float64)
+        self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
+        self.G = _new_group_dict()
+        self._alloc(capacity)
+        self.tok = np.zeros(max(capacity * 16, 1024), np.uint32)
+        self.removed = _OrderedMap()
+        self.departed_map = _OrderedMap()
+        self._cache: dict[Any, Any] = {}
+        self._revision = 0
+        self._batch_blocks = 0
+
+    def _alloc(self, cap: int) -> None:
+        self.K = np.zeros((cap, 2), np.uint64)
+        self.L = np.zeros((cap, 3), np.int64)
+        self.C = np.zeros((cap, 6), np.uint32)
+        self.F = np.zeros((cap, 3), np.uint8)
+        self.T = np.zeros(cap, np.float64)
+        self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
+        self.S[S_FREE] = cap
+        self.tab = np.full(self._table_size(cap), -1, np.int32)
+
+    @staticmethod
+    def _table_size(cap: int) -> int:
+        return 1 << max(10, int(2 * cap - 1).bit_length())
+
+    # ---- room before a compiled call ---------------------------------------------------
+
+    def _reserve(self, blocks: int, tokens: int) -> None:
+        live = int(self.S[S_LIVE])
+        cap = len(self.T)
+        if live + blocks > cap:
+            new = max(2 * cap, live + blocks + 1024)
+            n = cap
+            for name in ("K", "L", "C", "F", "T"):
+                old = getattr(self, name)
+                arr = np.zeros((new,) + old.shape[1:], old.dtype)
+                arr[:n] = old
+                setattr(self, name, arr)
+            nfree = int(self.S[S_FREE])
+            self.free = np.concatenate([np.arange(new - 1, n - 1, -1, dtype=np.int32), self.free[:nfree],
+                                        np.zeros(n - nfree, np.int32)])
+            self.S[S_FREE] = nfree + new - n
+            self.tab = np.full(self._table_size(new), -1, np.int32)
+            _rehash(self.tab, self.K, self.F, n)
+        used = int(self.S[S_TOKUSED])
+        if used + tokens > len(self.tok):
+            live_tok = int(self.S[S_TOKLIVE])
+            size = max(2 * (live_tok + tokens), 1024)
+            if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
+                size = len(self.tok)  # mostly garbage: compact in place of growing
+            out = np.zeros(size, np.uint32)
+            self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.T), out)
+            self.tok = out
+        self.removed.reserve(blocks)
+        self.departed_map.reserve(blocks)
+
+    # ---- keys --------------------------------------------------------------------------
+
+    def _key(self, h: bytes) -> tuple[int, int] | None:
+        """(k, w) of a canonical hash; None for a digest this pool never saw."""
+        if len(h) == 8:
+            return int.from_bytes(h, "big"), W_U64
+        k = self._wide.get(h)
+        return None if k is None else (k, W_WIDE)
+
+    def _key_new(self, h: bytes) -> tuple[int, int]:
+        if len(h) == 8:
+            return int.from_bytes(h, "big"), W_U64
+        k = self._wide.get(h)
+        if k is None:
+            k = self._wide[h] = len(self._wide_bytes)
+            self._wide_bytes.append(h)
+        return k, W_WIDE
+
+    def _bytes(self, k: int, w: int) -> bytes:
+        return k.to_bytes(8, "big") if w == W_U64 else self._wide_bytes[k]
+
+    def _tenant_id(self, name: str | None) -> int:
+        if name is None:
+            return -1
+        i = self._tenant_ids.get(name)
+        if i is None:
+            i = self._tenant_ids[name] = len(self.tenant_names)
+            self.tenant_names.append(name)
+        return i
+
+    # ---- applying ----------------------------------------------------------------------
+
+    def apply(self, batch: ColumnarBatch | VllmBatch) -> list:
+        """Apply one batch in sequence order (a `fastwire.ColumnarBatch`, or any VllmBatch);
+        returns [] (the columnar pool emits no Cachescope events)."""
+        cols = batch if isinstance(batch, ColumnarBatch) else fastwire.columns_of(batch)
+        self.num_batches += 1
+        self.last_batch_seq = cols.seq
+        self.last_batch_time = cols.ts
+        self._revision += 1
+        self._cache.clear()
+        n = len(cols.rows)
+        if not n:
+            return []
+        keys = cols.keys
+        widths = np.full(len(keys), W_U64, np.uint8)
+        tiers = np.zeros(n, np.int64)
+        tiers[cols.rows[:, R_MEDIUM] == 2] = 1
+        groups = np.zeros(n, np.int64)
+        rawgpu = (cols.rows[:, R_MEDIUM] <= 1).astype(np.uint8)
+        parents = cols.parents
+        rare = cols.events
+        if rare:  # fill the columns of the events Python decodes
+            keys = self._rare_columns(cols, keys, widths, tiers, groups, rawgpu)
+            widths = self._widths
+            parents = self._parents
+        rows = cols.rows
+        nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
+        self._reserve(nblocks, len(cols.tokens))
+        left = np.zeros(max(1, int(rows[:, R_NHASH].max())), np.uint8)
+        i = 0
+        while i < n:
+            i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+                     self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
+                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left)
+            self._sync()
+            if i < n:
+                self._apply_rare(cols, i, rare.get(i), keys, widths, tiers, groups, rawgpu, parents, left)
+                i += 1
+        if self.S[S_LIVE] == 0:
+            self.S[S_TOKUSED] = 0
+        return []
+
+    def _ra(self) -> tuple:
+        m = self.removed
+        return m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os
+
+    def _dp(self) -> tuple:
+        m = self.departed_map
+        return m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os
+
+    def _rare_columns(self, cols: ColumnarBatch, keys: np.ndarray, widths: np.ndarray, tiers: np.ndarray,
+                      groups: np.ndarray, rawgpu: np.ndarray) -> np.ndarray:
+        """Keys, widths, tiers, groups and parents of the events kept whole (rare ones)."""
+        rows = cols.rows
+        counts = rows[:, R_NHASH].copy()
+        for i, e in cols.events.items():
+            counts[i] = len(e.block_hashes)
+        total = int(counts.sum())
+        starts = np.cumsum(counts) - counts
+        if total != len(keys) or np.any(starts != rows[:, R_HASH0]):
+            new_keys = np.zeros(total, np.uint64)
+            new_w = np.full(total, W_U64, np.uint8)
+            for i in range(len(rows)):
+                if i not in cols.events and counts[i]:
+                    a = rows[i, R_HASH0]
+                    new_keys[starts[i]:starts[i] + counts[i]] = keys[a:a + counts[i]]
+            rows = cols.rows = rows.copy()
+            rows[:, R_HASH0] = starts
+            rows[:, R_NHASH] = counts
+            keys, widths = new_keys, new_w
+        parents = cols.parents.copy()
+        pws = np.zeros(len(rows), np.uint8)
+        for i, e in cols.events.items():
+            a = int(starts[i])
+            for j, h in enumerate(e.block_hashes):
+                k, w = self._key_new(h)
+                keys[a + j] = k
+                widths[a + j] = w
+            kind = KIND_STORED if e.kind == "BlockStored" else KIND_REMOVED if e.kind == "BlockRemoved" else \
+                KIND_CLEARED if e.kind == "AllBlocksCleared" else 3
+            rows[i, R_KIND] = kind
+            tiers[i] = tier_code(tier_of_medium(e.medium))
+            groups[i] = min(max(e.group_idx or 0, 0), MAX_GROUP)
+            rawgpu[i] = (e.medium or MEDIUM_DEFAULT) == MEDIUM_DEFAULT
+            if e.parent_block_hash is not None:
+                k, w = self._key_new(e.parent_block_hash)
+                parents[i] = k
+                pws[i] = w
+                rows[i, R_PARENT] = 1 if w == W_U64 else 2
+            else:
+                rows[i, R_PARENT] = 0
+        self._widths, self._parents, self._pws = widths, parents, pws
+        return keys
+
+    def _sync(self) -> None:
+        """Counts the compiled loop keeps (media of the common raw names, hits without a
+        session) into the dicts, in the order they came."""
+        for code, raw in ((0, GPU), (1, CPU)):
+            delta = int(self.TI[code, T_MEDIA] - self._media_synced[code])
+            if delta:
+                names = self.media.setdefault(_TIER_NAMES[code], {})
+                names[raw] = names.get(raw, 0) + delta
+                self._media_synced[code] = self.TI[code, T_MEDIA]
+        delta = int(self.S[S_HITS]) - self._hits_synced
+        if delta:
+            self.hits_by_session[None] = self.hits_by_session.get(None, 0) + delta
+            self._hits_synced = int(self.S[S_HITS])
+
+    def _apply_rare(self, cols: ColumnarBatch, i: int, e: VllmEvent | None, keys: np.ndarray, widths: np.ndarray,
+                    tiers: np.ndarray, groups: np.ndarray, rawgpu: np.ndarray, parents: np.ndarray,
+                    left: np.ndarray) -> None:
+        rows = cols.rows
+        kind = int(rows[i, R_KIND])
+        t = int(tiers[i])
+        h0, nh = int(rows[i, R_HASH0]), int(rows[i, R_NHASH])
+        if e is None:  # a common event the loop stopped at (a removal while details are kept)
+            medium_name = _TIER_NAMES[t]
+            group_idx = None
+        else:
+            medium_name = tier_of_medium(e.medium)
+            group_idx = e.group_idx
+        if kind == KIND_STORED:
+            self._rare_store(cols, i, e, keys, widths, tiers, groups, rawgpu, parents)
+        elif kind == KIND_REMOVED:
+            left[:max(nh, 1)] = 0
+            g = -1 if group_idx is None else min(max(group_idx, -1), MAX_GROUP)
+            if g < 0 and group_idx is not None:
+                g = 0
+            _remove(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.S, self.SF, self.TI,
+                    *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left)
+            if self.details:
+                for j in np.flatnonzero(left[:nh]).tolist():
+                    self.details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
+        elif kind == KIND_CLEARED:
+            self._clear(e.medium if e is not None else None)
+        else:  # a type a newer server added: counted, never fatal
+            self.num_unknown_events[e.kind] = self.num_unknown_events.get(e.kind, 0) + 1
+
+    def _rare_store(self, cols: ColumnarBatch, i: int, e: VllmEvent, keys: np.ndarray, widths: np.ndarray,
+                    tiers: np.ndarray, groups: np.ndarray, rawgpu: np.ndarray, parents: np.ndarray) -> None:
+        rows = cols.rows
+        nh = len(e.block_hashes)
+        if not nh:
+            return
+        h0 = int(rows[i, R_HASH0])
+        t = int(tiers[i])
+        group = int(groups[i])
+        raw_medium = e.medium or MEDIUM_DEFAULT
+        medium = tier_of_medium(raw_medium)
+        nxt = False
+        if e.parent_block_hash is None and raw_medium == MEDIUM_DEFAULT:
+            last = e.block_hashes[-1]
+            for j in range(i + 1, len(rows)):
+                if rows[j, R_KIND] == KIND_STORED and rawgpu[j] and groups[j] == group:
+                    later = cols.events.get(j)
+                    if later is not None:
+                        nxt = later.parent_block_hash == last
+                    else:
+                        nxt = rows[j, R_PARENT] == 1 and len(last) == 8 and int(parents[j]) == int.from_bytes(last, "big")
+                    break
+        raw = e.token_bytes
+        if not raw and e.token_ids:
+            raw = np.asarray(e.token_ids, np.uint32).tobytes()
+        ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
+        self._reserve(nh, len(ftok))
+        salts = np.full(nh, -1, np.int64)
+        salt_names: list[str] = []
+        extra = e.extra_keys
+        if extra is not None:
+            for j in range(min(nh, len(extra))):
+                if extra[j] is not None:
+                    salt = salt_of(extra[j], e.lora_name)
+                    if salt is not None:
+                        salts[j] = self._tenant_id(salt)
+                        salt_names.append(salt)
+        tenant = self._tenant_id(e.cache_salt)
+        pk, pw = (self._key_new(e.parent_block_hash) if e.parent_block_hash is not None else (0, 0))
+        r = _store(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+                   self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
+                   self.removed.os, t, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0, np.uint64(pk),
+                   np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts)
+        if r == 1:
+            self.S[S_HITS] -= nh  # the loop counts hits without a session; this one names its own
+            self.hits_by_session[e.session_id] = self.hits_by_session.get(e.session_id, 0) + nh
+            return
+        names = self.media.setdefault(medium, {})
+        names[raw_medium] = names.get(raw_medium, 0) + nh
+        bs = e.block_size or (len(raw) // 4 // nh)
+        if e.group_idx is not None or e.kv_cache_spec_kind is not None:
+            spec = GroupSpec(e.group_idx or 0, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window, bs or None)
+            if self.groups.get(e.group_idx or 0) != spec:
+                self.groups[e.group_idx or 0] = spec
+        if e.ownership is not None or e.locality is not None or e.lookahead_token_ids is not None \
+                or raw_medium != medium:
+            said = {k: v for k, v in (("medium", raw_medium if raw_medium != medium else None),
+                                      ("ownership", e.ownership), ("locality", e.locality),
+                                      ("lookahead_token_ids", e.lookahead_token_ids)) if v is not None}
+            for h in e.block_hashes:
+                self.details.setdefault((medium, h), {}).update(said)
+        if e.cache_salt is not None:
+            self.tenants.add(e.cache_salt)
+        self.tenants.update(salt_names)
+
+    def _clear(self, medium: str | None) -> None:
+        tiers = [tier_of_medium(medium)] if medium is not None else list(self._tier_order())
+        batch_seq = self.last_batch_seq or -1
+        for m in tiers:
+            code = _TIER_CODES.get(m)
+            if code is None or not self.TI[code, T_PRESENT]:
+                continue
+            # room for what the clear adds and for what the rest of the batch may add
+            more = int(self.TI[code, T_HASHES]) + self._batch_blocks
+            self.removed.reserve(more)
+            self.departed_map.reserve(more)
+            _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.S, self.TI,
+                        *self._ra(), *self._dp(), code, batch_seq, len(self.T))
+        if self.details:
+            for key in [k for k in self.details if k[0] in tiers]:
+                del self.details[key]
+        self.num_cleared += 1
+
+    def reset(self, batch_seq: int = -1, batch_time: float = 0.0) -> list:
+        """Forget every block (the server restarted)."""
+        self._revision += 1
+        self._cache.clear()
+        self._clear(None)
+        return []
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def _tier_order(self) -> list[str]:
+        """Tiers held, in the order they were made (the reference's dict order)."""
+        codes = np.flatnonzero(self.TI[:, T_PRESENT])
+        codes = codes[np.argsort(self.TI[codes, T_BORN], kind="stable")]
+        return [_TIER_NAMES[c] for c in codes.tolist()]
+
+    def _tier_slots(self, code: int) -> np.ndarray:
+        key = ("slots", code)
+        hit = self._cache.get(key)
+        if hit is None:
+            n = len(self.T)
+            slots = np.flatnonzero(self.F[:n, F_TIER] == code + 1)
+            hit = self._cache[key] = slots[np.argsort(self.L[slots, L_ORDER], kind="stable")]
+        return hit
+
+    @property
+    def tiers(self) -> dict[str, _TierView]:
+        return {m: _TierView(self, _TIER_CODES[m]) for m in self._tier_order()}
+
+    @property
+    def copies(self) -> _CopiesView:
+        return _CopiesView(self)
+
+    @property
+    def num_extra_copies(self) -> dict[str, int]:
+        codes = np.flatnonzero(self.TI[:, T_EXTRA_BORN])
+        codes = codes[np.argsort(self.TI[codes, T_EXTRA_BORN], kind="stable")]
+        return {_TIER_NAMES[c]: int(self.TI[c, T_EXTRA]) for c in codes.tolist()}
+
+    @property
+    def block_size(self) -> int | None:
+        return int(self.S[S_BLOCK_SIZE]) or None
+
+    @property
+    def num_stored(self) -> int:
+        return int(self.S[S_STORED])
+
+    @property
+    def num_removed(self) -> int:
+        return int(self.S[S_REMOVED])
+
+    @property
+    def num_unknown_removed(self) -> int:
+        return int(self.S[S_UNKNOWN])
+
+    @property
+    def num_restored(self) -> int:
+        return int(self.S[S_RESTORED])
+
+    @property
+    def num_reported(self) -> int:
+        return int(self.S[S_REPORTED])
+
+    @property
+    def lifetimes(self) -> LifetimeStats:
+        return LifetimeStats(int(self.S[S_LIFE_N]), float(self.SF[0]), float(self.SF[1]))
+
+    @property
+    def removed_at(self) -> OrderedDict[bytes, tuple[int | None, int]]:
+        """hash -> (None, vLLM batch seq) for the last `max_removed` hashes that left a tier, oldest first."""
+        m = self.removed
+        e = m.ordered()
+        return OrderedDict((self._bytes(int(k), int(w)), (None, int(v))) for k, w, v in
+                           zip(m.k[e], m.w[e], m.v[e, 0]))
+
+    @property
+    def departed(self) -> OrderedDict[bytes, list[int]]:
+        m = self.departed_map
+        e = m.ordered()
+        return OrderedDict((self._bytes(int(k), int(w)), [int(a), int(r)]) for k, w, a, r in
+                           zip(m.k[e], m.w[e], m.v[e, 0], m.v[e, 1]))
+
+    @property
+    def num_cached(self) -> int:
+        return int(self.TI[:, T_HASHES].sum() + self.TI[:, T_EXTRA].sum())
+
+    def num_cached_in(self, medium: str) -> int:
+        code = _TIER_CODES.get(tier_of_medium(medium))
+        return 0 if code is None else int(self.TI[code, T_HASHES] + self.TI[code, T_EXTRA])
+
+    def num_without_tokens(self, medium: str) -> int:
+        code = _TIER_CODES.get(tier_of_medium(medium))
+        return 0 if code is None else int(self.TI[code, T_NOTOK])
+
+    def num_cached_by_group(self, medium: str) -> dict[int, int]:
+        code = _TIER_CODES.get(tier_of_medium(medium))
+        if code is None or not self.TI[code, T_HASHES]:
+            return {}
+        slots = self._tier_slots(code)
+        c0 = self.C[slots, C_C0].astype(np.int64)
+        tot = self.C[slots, C_TOT].astype(np.int64)
+        out: dict[int, int] = {}
+        if int(c0.sum()):
+            out[0] = int(c0.sum())
+        if np.any(tot != c0):
+            view = _CopiesView(self)
+            for s in slots[tot != c0].tolist():
+                for g, n in enumerate(view._counts(s) or ()):
+                    if g and n:
+                        out[g] = out.get(g, 0) + n
+        return dict(sorted(out.items()))
+
+    def mediums(self) -> list[str]:
+        return sorted(self._tier_order(), key=tier_order)
+
+    def _slot_of(self, block_hash: bytes, code: int) -> int:
+        kw = self._key(block_hash)
+        if kw is None:
+            return -1
+        return int(_find(self.tab, self.K, self.F, np.uint64(kw[0]), np.uint8(kw[1]), code))
+
+    def num_copies(self, block_hash: bytes, medium: str = MEDIUM_DEFAULT, group: int | None = None) -> int:
+        code = _TIER_CODES.get(tier_of_medium(medium))
+        s = -1 if code is None else self._slot_of(block_hash, code)
+        if s < 0:
+            return 0
+        if group is None:
+            return int(self.C[s, C_TOT])
+        counts = _CopiesView(self)._counts(s)
+        if counts is None:
+            return 1 if not group else 0
+        return counts[group] if group < len(counts) else 0
+
+    def cached_hashes(self) -> set[bytes]:
+        out: set[bytes] = set()
+        n = len(self.T)
+        live = np.flatnonzero(self.F[:n, F_TIER] > 0)
+        for k, w in zip(self.K[live, K_KEY].tolist(), self.F[live, F_W].tolist()):
+            out.add(self._bytes(k, w))
+        return out
+
+    def find(self, block_hash: bytes) -> tuple[str, ColumnarBlock] | None:
+        for key in (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,):
+            for medium in self._tier_order():
+                s = self._slot_of(key, _TIER_CODES[medium])
+                if s >= 0:
+                    return medium, ColumnarBlock(self, s)
+        return None
+
+    def tiers_holding(self, block_hash: bytes) -> list[str]:
+        keys = (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,)
+        return [m for m in self.mediums() if any(self._slot_of(k, _TIER_CODES[m]) >= 0 for k in keys)]
+
+    def held_key(self, block_hash: bytes, medium: str) -> bytes:
+        code = _TIER_CODES.get(medium)
+        if code is None:
+            return block_hash
+        if self._slot_of(block_hash, code) < 0 and len(block_hash) > 8 and self._slot_of(block_hash[-8:], code) >= 0:
+            return block_hash[-8:]
+        return block_hash
+
+    def held(self) -> Iterator[tuple[str, bytes, int]]:
+        for medium in self.mediums():
+            slots = self._tier_slots(_TIER_CODES[medium])
+            for k, w, n in zip(self.K[slots, K_KEY].tolist(), self.F[slots, F_W].tolist(),
+                               self.C[slots, C_TOT].tolist()):
+                yield medium, self._bytes(k, w), n
+
+    def details_of(self, block_hash: bytes) -> dict[str, Any]:
+        key = block_hash
+        tiers: dict[str, dict[str, Any]] = {}
+        held = []
+        for m in self.tiers_holding(block_hash):
+            key = self.held_key(block_hash, m)
+            s = self._slot_of(key, _TIER_CODES[m])
+            tiers[m] = {"copies": self.num_copies(key, m), **self.details.get((m, key), {})}
+            if not self.C[s, C_NTOK]:
+                tiers[m]["no_token_ids"] = True
+            held.append(s)
+        kw = self._key(key)
+        gone = self.departed_map.get(*kw) if kw is not None else None
+        gone = gone or (0, 0)
+        return {"hash": key.hex(), "tiers": tiers,
+                "announced": gone[0] + sum(int(self.C[s, C_ANN]) for s in held),
+                "removed": gone[1] + sum(int(self.C[s, C_REM]) for s in held)}
+
+    def removal_of(self, block_hash: bytes) -> tuple[int | None, int] | None:
+        for key in (block_hash, block_hash[-8:]) if len(block_hash) > 8 else (block_hash,):
+            kw = self._key(key)
+            hit = self.removed.get(*kw) if kw is not None else None
+            if hit is not None:
+                return None, hit[0]
+        return None
+
+    def blocks(self) -> Iterator[tuple[str, ColumnarBlock]]:
+        for medium, tier in self.tiers.items():
+            for block in tier.values():
+                yield medium, block
+
+    # ---- memory ------------------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array the pool holds (capacity, not only what is used)."""
+        arrays = [self.K, self.L, self.C, self.F, self.T, self.free, self.tab, self.tok, self.S, self.SF, self.TI]
+        for m in (self.removed, self.departed_map):
+            arrays += [m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os]
+        return sum(a.nbytes for a in arrays)
+
+
+__all__ = ["ColumnarPool", "ColumnarBlock", "tier_code", "warm_up"]

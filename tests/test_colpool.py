@@ -1,0 +1,216 @@
+"""engine.remote.colpool (the columnar pool, compiled) against engine.remote.pool (the
+reference, Python): on every recorded fixture, on hostile and corrupted frames, with
+restarts and short removal memories, both pools answer every question the same way."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.remote import fastwire, wire
+from engine.remote.colpool import ColumnarPool
+from engine.remote.fleet import Fleet, fleet_of
+from engine.remote.pool import RemotePool
+from engine.remote.wire import MalformedFrame, VllmEvent, encode_batch
+from tests.test_fastwire import FIXTURES, HOSTILE
+
+
+def state(pool: Any) -> dict[str, Any]:
+    """Everything the rest of Cachescope reads of a pool, as plain values."""
+    tiers = {m: [(h, b.parent_hash, b.tokens, b.stored_seq, b.stored_time, b.tenant, b.num_announced, b.num_removed)
+                 for h, b in t.items()] for m, t in pool.tiers.items()}
+    hashes = set(pool.cached_hashes()) | set(pool.departed) | set(pool.removed_at)
+    probes = sorted(hashes) + [b"\x00" * 8, b"\x07" * 32]
+    life = pool.lifetimes
+    return {
+        "tiers": tiers, "tier_lengths": {m: len(t) for m, t in pool.tiers.items()},
+        "mediums": pool.mediums(), "num_cached": pool.num_cached,
+        "num_cached_in": {m: pool.num_cached_in(m) for m in ("GPU", "cpu", "CPU_PINNED", "STORAGE", "DISK", "x")},
+        "by_group": {m: pool.num_cached_by_group(m) for m in pool.mediums()},
+        "without_tokens": {m: pool.num_without_tokens(m) for m in pool.mediums()},
+        "copies": sorted(pool.copies.items()), "extra": dict(pool.num_extra_copies),
+        "held": list(pool.held()), "media": pool.media, "hits": pool.hits_by_session,
+        "unknown_events": pool.num_unknown_events, "groups": pool.groups, "details": pool.details,
+        "tenants": pool.tenants, "block_size": pool.block_size,
+        "counters": (pool.num_batches, pool.num_stored, pool.num_removed, pool.num_cleared,
+                     pool.num_unknown_removed, pool.num_restored, pool.num_reported, pool.last_batch_seq,
+                     pool.last_batch_time),
+        "lifetimes": (life.num, life.total_s, life.max_s),
+        "removed_at": [(h, v[1]) for h, v in pool.removed_at.items()],
+        "departed": [(h, tuple(v)) for h, v in pool.departed.items()],
+        "find": [(lambda hit: None if hit is None else (hit[0], hit[1].block_hash, hit[1].parent_hash,
+                                                        hit[1].token_ids, hit[1].tenant))(pool.find(h))
+                 for h in probes],
+        "tiers_holding": [pool.tiers_holding(h) for h in probes],
+        "num_copies": [(pool.num_copies(h, m), pool.num_copies(h, m, 0), pool.num_copies(h, m, 1))
+                       for h in probes for m in ("GPU", "CPU", "STORAGE")],
+        "details_of": [pool.details_of(h) for h in probes],
+        "removal_of": [None if (r := pool.removal_of(h)) is None else r[1] for h in probes],
+        "blocks": [(m, b.block_hash) for m, b in pool.blocks()],
+    }
+
+
+def _run(frames: list[tuple[int, bytes]], columnar: bool, max_removed: int = 200_000,
+         reset_every: int = 0, via_reference: bool = False) -> tuple[dict[str, Any], int]:
+    pool = ColumnarPool("t", max_removed=max_removed) if columnar else RemotePool("t", max_removed=max_removed)
+    malformed = 0
+    for i, (seq, payload) in enumerate(frames):
+        if reset_every and i and i % reset_every == 0:
+            pool.reset(seq)
+        try:
+            if columnar and not via_reference:
+                batch = fastwire.decode_columns(seq, payload)
+            else:
+                batch = (wire.decode_batch if via_reference else fastwire.decode_batch)(seq, payload)
+        except MalformedFrame:
+            malformed += 1
+            continue
+        pool.apply(batch)
+    return state(pool), malformed
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_fixture_gives_the_reference_pool(name):
+    frames = FIXTURES[name]
+    ref = _run(frames, False)
+    assert _run(frames, True) == ref
+    assert _run(frames, True, via_reference=True) == ref
+    assert ref[0]["counters"][0] == len(frames)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_short_memories_and_restarts_give_the_reference_pool(name):
+    frames = FIXTURES[name]
+    for max_removed, reset_every in ((3, 0), (0, 0), (50, 7)):
+        assert _run(frames, True, max_removed, reset_every) == _run(frames, False, max_removed, reset_every)
+
+
+def test_the_comparison_can_fail():
+    frames = FIXTURES["vllm_copies/vllm_copies_events.jsonl"]
+    assert _run(frames, True) != _run(frames[:-1], False)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_frames_give_the_reference_pool(name):
+    payload = HOSTILE[name]
+    frames = [(0, encode_batch(1.0, [VllmEvent("BlockStored", (b"\x00" * 7 + b"\x4d",), None, tuple(range(16)), 16)])),
+              (1, payload)]
+    assert _run(frames, True) == _run(frames, False)
+
+
+def test_corrupted_fixture_frames_give_the_reference_pool():
+    """Bytes flipped, cut and inserted at random in real frames, applied in sequence."""
+    rng = random.Random(21)
+    names = ("vllm_connector/vllm_connector_frames.jsonl", "sglang/sglang_zmq_frames.jsonl",
+             "vllm_copies/vllm_copies_events.jsonl", "vllm_copies/vllm_connector_one_server.jsonl")
+    for name in names:
+        frames = []
+        for seq, p in FIXTURES[name] * 3:
+            p = bytearray(p)
+            if rng.random() < 0.3:
+                at = rng.randrange(len(p))
+                how = rng.randrange(3)
+                if how == 0:
+                    p[at] = rng.randrange(256)
+                elif how == 1:
+                    del p[at:]
+                else:
+                    p[at:at] = bytes([rng.randrange(256)])
+            frames.append((seq, bytes(p)))
+        col, ref = _run(frames, True, 40), _run(frames, False, 40)
+        assert col == ref
+        assert ref[1] > 0  # some frames were malformed
+
+
+def _synthetic(num_batches: int, seed: int) -> list[tuple[int, bytes]]:
+    """Stores, copies, removals of held and unknown hashes, groups, tenants, tiers and clears."""
+    rng = random.Random(seed)
+    held: list[int] = []
+    frames = []
+    for seq in range(num_batches):
+        events = []
+        for _ in range(rng.randint(1, 6)):
+            r = rng.random()
+            if r < 0.5 or not held:
+                k = rng.randint(1, 5)
+                hashes = [rng.choice(held) if held and rng.random() < 0.2 else rng.randrange(1, 1 << 64)
+                          for _ in range(k)]
+                parent = rng.choice(held) if held and rng.random() < 0.6 else None
+                medium = rng.choice(["GPU", "GPU", "GPU", "CPU", None, "cpu", "STORAGE"])
+                group = rng.choice([None, None, None, 0, 1, 2])
+                extra = None
+                if rng.random() < 0.2:
+                    extra = tuple(("salt-%d" % rng.randrange(3),) if rng.random() < 0.5 else None for _ in hashes)
+                salt = f"tenant-{rng.randrange(3)}" if rng.random() < 0.1 else None
+                events.append(VllmEvent("BlockStored", tuple(h.to_bytes(8, "big") for h in hashes),
+                                        parent.to_bytes(8, "big") if parent is not None else None,
+                                        tuple(rng.randrange(50_000) for _ in range(16 * k)) if rng.random() < 0.9
+                                        else (), 16 if rng.random() < 0.9 else 0, medium=medium,
+                                        extra_keys=extra, group_idx=group, cache_salt=salt,
+                                        session_id=rng.choice([None, "s1"])))
+                held.extend(hashes)
+            elif r < 0.93:
+                k = rng.randint(1, 4)
+                victims = [held.pop(rng.randrange(len(held))) if rng.random() < 0.9 else rng.randrange(1 << 64)
+                           for _ in range(min(k, len(held)))]
+                events.append(VllmEvent("BlockRemoved", tuple(h.to_bytes(8, "big") for h in victims),
+                                        medium=rng.choice(["GPU", "GPU", "CPU", None]),
+                                        group_idx=rng.choice([None, None, 0, 1])))
+            else:
+                events.append(VllmEvent("AllBlocksCleared", medium=rng.choice([None, "CPU", "GPU"])))
+        frames.append((seq, encode_batch(1_796_000_000.0 + seq * 0.5, events, 0)))
+    return frames
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_synthetic_streams_give_the_reference_pool(seed):
+    frames = _synthetic(300, seed)
+    assert _run(frames, True) == _run(frames, False)
+    assert _run(frames, True, 30, 97) == _run(frames, False, 30, 97)
+
+
+def test_the_fleet_reads_the_columnar_pools_as_the_reference_ones():
+    a, b = _synthetic(200, 7), _synthetic(200, 8)
+    fleets = []
+    for cls in (RemotePool, ColumnarPool):
+        pools = []
+        for name, frames in (("pod-a", a), ("pod-b", b), ("pod-b", a[:120])):
+            pool = cls(name, rank=len(pools), server=name)
+            for seq, p in frames:
+                pool.apply(fastwire.decode_columns(seq, p) if cls is ColumnarPool else fastwire.decode_batch(seq, p))
+            pools.append(pool)
+        fleets.append(fleet_of(pools))
+    ref, col = fleets
+    assert isinstance(ref, Fleet)
+    keys = [k for _m, k, _n in list(ref.pools()[2].held())[:40]]
+    for f in (ref, col):
+        assert f.summaries()
+    assert [s.to_dict() for s in col.summaries()] == [s.to_dict() for s in ref.summaries()]
+    assert [r.to_dict() for r in col.pool_rows()] == [r.to_dict() for r in ref.pool_rows()]
+    assert [s.to_dict() for s in col.shared_blocks()] == [s.to_dict() for s in ref.shared_blocks()]
+    assert [loc.to_dict() for loc in col.locate(keys)] == [loc.to_dict() for loc in ref.locate(keys)]
+    assert col.route(keys, 16).to_dict() == ref.route(keys, 16).to_dict()
+
+
+def test_no_python_object_per_block():
+    """The pool's blocks live in numpy arrays: a million-block stream adds no Python objects."""
+    import gc
+
+    from engine.bench.attach import recorded_stream
+
+    payloads, _, _ = recorded_stream(4_000, gpu_blocks=100_000, seed=2)
+    warm = ColumnarPool("warm")  # every compiled path (growth, rehash) loaded once
+    for seq, p in enumerate(payloads):
+        warm.apply(fastwire.decode_columns(seq, p))
+    pool = ColumnarPool("t")
+    gc.collect()
+    before = len(gc.get_objects())
+    for seq, p in enumerate(payloads):
+        pool.apply(fastwire.decode_columns(seq, p))
+    gc.collect()
+    assert pool.num_cached > 15_000
+    assert len(gc.get_objects()) - before < 300  # a few per array grown, none per block
+    assert isinstance(pool.K, np.ndarray)
