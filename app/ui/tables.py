@@ -2,7 +2,7 @@
 
 `data_table(columns)` makes one (rows selected whole, one at a time, not editable) and
 `fill_table(table, rows, formats)` fills it in one pass: numbers right-aligned, each
-column formatted by its code, the columns sized to their contents once after the fill.
+column formatted by its code, the columns as wide as their contents and headers.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem
 # "%1" the same with one decimal, "+%" a difference of fractions, "+" a signed number,
 # "text" as it is (line breaks shown as a return glyph), "usd" dollars with six decimals.
 FORMATS = ("", "%", "%1", "+%", "+", "text", "usd", "+usd")
+AUTO_FIT_ROWS = 2_000
 
 
 def data_table(columns: Sequence[str]) -> QTableWidget:
@@ -61,8 +62,9 @@ def cell(value: Any, fmt: str = "") -> QTableWidgetItem:
 
 def fill_table(table: QTableWidget, rows: Sequence[Sequence[Any]], formats: Sequence[str] = ()) -> None:
     """Replace the table's rows; `formats[j]` formats column j ("" where not given). Signals
-    are held during the fill and the columns sized once after it: sizing per item, 12,000
-    rows cost minutes."""
+    are held during the fill. Up to AUTO_FIT_ROWS rows the columns fit their contents and
+    headers by themselves (again after a theme change); a longer table is sized once after
+    the fill: fitting per item, 12,000 rows cost minutes."""
     header = table.horizontalHeader()
     header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
     header.setStretchLastSection(True)
@@ -75,5 +77,10 @@ def fill_table(table: QTableWidget, rows: Sequence[Sequence[Any]], formats: Sequ
                 table.setItem(i, j, cell(value, formats[j] if j < len(formats) else ""))
     finally:
         table.blockSignals(blocked)
-        table.resizeColumnsToContents()
+        if len(rows) <= AUTO_FIT_ROWS:
+            header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        else:
+            table.resizeColumnsToContents()  # the cells' widths; a header wider than them is kept whole
+            for j in range(table.columnCount()):
+                table.setColumnWidth(j, max(table.columnWidth(j), header.sectionSizeHint(j)))
         table.setUpdatesEnabled(True)
