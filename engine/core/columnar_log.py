@@ -427,6 +427,16 @@ class ColumnarEventLog:
         occ = occ[started[occ] < self.columnar.num_rows]
         return occ[np.argsort(started[occ], kind="stable")]
 
+    def start_order(self) -> tuple[np.ndarray, np.ndarray]:
+        """The started occurrences in start order, and their started rows (sorted)."""
+        got = self._index.get("start_order")
+        if got is None:
+            started = self.request_index()[0]
+            order = np.argsort(started, kind="stable")
+            order = order[started[order] < self.columnar.num_rows]
+            got = self._index["start_order"] = (order, started[order])
+        return got
+
     def id_codes(self) -> tuple[np.ndarray, int]:
         """A dense code per request id (occurrences of one id share it) and how many ids."""
         codes = self._index.get("id_codes")
@@ -647,21 +657,24 @@ class ArrayProjection:
         got = self._cache.get("evicted_seq")
         if got is None:
             col = self.log.columnar
-            n = self.arrays.num_rows
-            kind, block, seq = col.col("kind")[:n], col.col("block")[:n], col.col("seq")[:n]
+            ev = self._evicted_rows()
+            ev = ev[:int(np.searchsorted(ev, self.arrays.num_rows))]
             got = np.full(self.num_blocks, -1, np.int64)
-            m = np.flatnonzero(kind == EVICTED)
-            got[block[m]] = seq[m]  # rows are in seq order: for a repeated block the last wins
+            got[col.col("block")[ev]] = col.col("seq")[ev]  # rows in seq order: a block's last wins
             self._cache["evicted_seq"] = got
         return got
+
+    def _evicted_rows(self) -> np.ndarray:
+        ev = self.log._index.get("evicted_rows")
+        if ev is None:
+            ev = self.log._index["evicted_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
+        return ev
 
     @property
     def last_eviction_seq(self) -> int:
         got = self._cache.get("last_eviction")
         if got is None:
-            ev = self.log._index.get("evicted_rows")
-            if ev is None:
-                ev = self.log._index["evicted_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
+            ev = self._evicted_rows()
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
             got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
         return got
@@ -803,10 +816,9 @@ class ArrayProjection:
         return tuple(rid for rid, table in self.running.items() if block_id in table)
 
     def started_occurrences(self) -> np.ndarray:
-        """Occurrences started in this state, in start order."""
-        started = self.log.request_index()[0]
-        occ = np.flatnonzero(started < self.arrays.num_rows)
-        return occ[np.argsort(started[occ], kind="stable")]
+        """Occurrences started in this state, in start order (a prefix of the log's order)."""
+        order, starts = self.log.start_order()
+        return order[:int(np.searchsorted(starts, self.arrays.num_rows))]
 
     @property
     def order(self) -> list[str]:
@@ -868,6 +880,9 @@ class ArrayProjection:
             started, looked, _ = self.log.request_index()
             occ = self.started_occurrences()
             codes, num_ids = self.log.id_codes()
+            if num_ids == len(codes):  # every id once: each occurrence is its id's latest
+                got = self._cache["looked_up"] = occ[looked[occ] < n]
+                return got
             c = codes[occ]
             latest = np.full(num_ids, -1, np.int64)
             latest[c] = occ  # occ is in start order: the latest occurrence of each id wins
