@@ -217,12 +217,15 @@ def test_duplicate_running_ids_name_the_file(tmp_path, capsys):
 def test_sizes_beyond_this_machines_memory_are_refused_before_allocation(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(validation, "available_memory", lambda: 8 * 2**30)  # the same answer on any machine
     trace = str(ROOT / "resources" / "traces" / "demo_tokens.jsonl")
-    # The Python engine's blocks are objects (128 bytes each); the kernel's are arrays (32 bytes).
-    assert "needs 35.8 GiB" in error(capsys, "replay", trace, "--no-model", "--kernel", "python",
+    # The Python engine's blocks are objects (160 bytes each, 153 measured); the kernel's are
+    # arrays (32 bytes, 24 measured).
+    assert "needs 44.7 GiB" in error(capsys, "replay", trace, "--no-model", "--kernel", "python",
                                      "--capacity-blocks", "300000000")
     assert "a pool of 300,000,000 blocks needs 8.9 GiB" in error(capsys, "replay", trace, "--no-model",
                                                                  "--capacity-blocks", "300000000")
-    assert "needs 35.8 GiB" in error(capsys, "sweep", trace, "--capacities", "16,300000000")
+    # a sweep's point also counts what it stores: the demo trace's 168 blocks add little
+    assert "a pool of 300,000,000 blocks, up to 168 of them stored) needs 44.7 GiB" in error(
+        capsys, "sweep", trace, "--capacities", "16,300000000")
     doc = json.loads(SESSION.read_text())
     doc["session"]["capacity_blocks"] = 10**12
     path = write(tmp_path, "big.cachescope.json", json.dumps(doc))

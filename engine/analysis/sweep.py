@@ -36,7 +36,7 @@ DEFAULT_CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 # evicted map: 120-140 B. While it runs, the largest request holds its hashes, its lookup and its
 # block table: 50 B a block on a miss, up to 260 B when it hits. (Before: the pool's check
 # counted 128 B a block and nothing stored, a sixth of what a stored block costs.)
-POOL_BYTES_PER_BLOCK = 160
+POOL_BYTES_PER_BLOCK = validation.BYTES_PER_BOOKKEEPING_BLOCK  # the pool's own check: 160
 STORED_BYTES_PER_BLOCK = 800
 STORED_BYTES_PER_TOKEN = 8
 EVICTED_BYTES_PER_BLOCK = 200

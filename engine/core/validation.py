@@ -357,8 +357,11 @@ def check_memory(num_bytes: int, what: str) -> None:
                          f"{human_bytes(available)} available; choose a smaller size")
 
 
-# Measured: a `Block` (slots, ten fields) plus its list slot is about 120 bytes in CPython 3.11.
-BYTES_PER_BOOKKEEPING_BLOCK = 128
+# Measured (VmHWM of `replay --kernel python --capacity-blocks N`, N = 2M to 8M, CPython 3.11):
+# 153 bytes a block: the `Block` (slots, ten fields), its list slot and its free-queue links.
+# (128 was the `Block` and its slot alone.) A block that stores a hash costs more: see
+# engine.analysis.sweep, whose estimate counts what a replay stores.
+BYTES_PER_BOOKKEEPING_BLOCK = 160
 
 
 def check_block_pool(num_blocks: int, what: str = "a pool") -> None:
