@@ -94,8 +94,7 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
             check()
             result = run.result
             columnar = ColumnarEventLog(run.log, time=time.time())
-            columnar.series  # noqa: B018 - computed here, on the worker, not on the first paint
-            columnar.live  # noqa: B018
+            columnar.warm()  # series, live state, indexes: here, on the worker, not on the first paint
             del arrays, requests, run
             _release_freed_memory()
             check()

@@ -195,11 +195,17 @@ class ColumnarEventLog:
 
     def miss_mask(self) -> np.ndarray:
         """Per event: a lookup that missed a whole block it could have hit (`is_miss`)."""
-        flag = self.columnar.col("flag")[self.starts]
-        return (self.kinds == LOOKUP) & np.isin(flag, _WHOLE_BLOCK_MISSES)
+        got = self._index.get("miss_mask")
+        if got is None:
+            flag = self.columnar.col("flag")[self.starts]
+            got = self._index["miss_mask"] = (self.kinds == LOOKUP) & np.isin(flag, _WHOLE_BLOCK_MISSES)
+        return got
 
     def eviction_mask(self) -> np.ndarray:
-        return self.kinds == EVICTED
+        got = self._index.get("eviction_mask")
+        if got is None:
+            got = self._index["eviction_mask"] = self.kinds == EVICTED
+        return got
 
     def find(self, mask: np.ndarray, forward: bool, here: int | None) -> int | None:
         """The seq of the nearest event after (or before) seq `here` where `mask` holds."""
@@ -400,6 +406,20 @@ class ColumnarEventLog:
         if n == 0:
             arrays.seq = -1
         return ArrayProjection(self, arrays, n)
+
+    def warm(self) -> None:
+        """Build what the views read first (the series, the live state, the request and
+        eviction indexes, the find masks) now: on the worker that made the log, so the GUI
+        thread and the first scrub find them ready."""
+        self.series  # noqa: B018
+        live = self.live
+        self.start_order()
+        self.id_codes()
+        self.miss_mask()
+        self.eviction_mask()
+        self.columnar._request_index()
+        live.looked_up()
+        live.last_eviction_seq  # noqa: B018
 
     # ------------------------------------------------------------------ indexes, built once
     def request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
