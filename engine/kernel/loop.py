@@ -131,6 +131,17 @@ def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_c
 
 
 @njit(cache=True, inline="always")
+def _link_after(p, x, qprev, qnext):
+    """Put block `x` into the free queue right after `p` (the head sentinel, or the block
+    before the tail sentinel)."""
+    nxt = qnext[p]
+    qprev[x] = p
+    qnext[x] = nxt
+    qprev[nxt] = x
+    qnext[p] = x
+
+
+@njit(cache=True, inline="always")
 def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_parent, hold_head, hold_tail, hnext,
               hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
               c_req, c_block, c_key):
@@ -146,6 +157,8 @@ def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_pare
         qnext[bb] = -1
         ek = bkey[bb]
         if ek >= 0:
+            # The two unlinks (the hash's holders, the parent's children) stay written out: one
+            # inlined helper for both made this loop about a quarter slower (A/B, 30 runs).
             if hprev[bb] >= 0:
                 hnext[hprev[bb]] = hnext[bb]
             else:
@@ -513,24 +526,15 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                     hashless[n_hashless] = bb
                     n_hashless += 1
             for i in range(n_hashless - 1, -1, -1):  # prepend_n: hashless[0] ends at the head
-                bb = hashless[i]
-                first = qnext[HEAD]
-                qprev[bb] = HEAD
-                qnext[bb] = first
-                qprev[first] = bb
-                qnext[HEAD] = bb
+                _link_after(HEAD, hashless[i], qprev, qnext)
                 n_free += 1
             n_freed = 0
             for i in range(ntab - 1, -1, -1):
                 bb = tables[s, i]
                 if ref[bb] == 0:
                     n_freed += 1
-                    if bkey[bb] >= 0:
-                        last = qprev[TAIL]
-                        qnext[last] = bb
-                        qprev[bb] = last
-                        qnext[bb] = TAIL
-                        qprev[TAIL] = bb
+                    if bkey[bb] >= 0:  # cached: to the tail, evicted last
+                        _link_after(qprev[TAIL], bb, qprev, qnext)
                         n_free += 1
             counters[C_FINISHED] += 1
             if record:
