@@ -274,6 +274,27 @@ def test_token_ids_cost_a_list_slot_each_not_an_object(tmp_path):
     assert run.peak_mib < 270, f"peak RSS {run.peak_mib:.0f} MiB"
 
 
+# Issue 24's sweep case: at block size 1 a 33M-token trace needs one stored block per token
+# (~1 KB each: see engine.analysis.sweep), far past the cap. Refused while the trace is read,
+# after its first 58 MB line, naming the memory (measured 16 s at load 6; before: 66 s under
+# the cap, and out of memory without one, the pool check counting 128 B a block).
+def test_sweep_of_a_33m_token_trace_at_block_size_1_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "t33m.jsonl"
+    with open(path, "wb") as fh:
+        for i in range(4):
+            fh.write(b'{"id": "t%d", "tokens": [' % i + b"12345, " * (8_250_000 - 1) + b"%d]}\n" % i)
+    line = refused(cachescope(tmp_path, "sweep", str(path)), "block size 1", "needs at least", "GiB of memory",
+                   peak_mib=600)
+    assert "choose a larger smallest block size" in line
+
+
+def test_sweep_of_a_trace_that_fits_still_runs_under_the_cap(tmp_path):
+    path = _token_lines(tmp_path / "fits.jsonl", 8, 50_000)  # 400,000 tokens, ~0.4 GiB at block size 1
+    run = cachescope(tmp_path, "sweep", str(path), "--json")
+    assert run.returncode == 0, run.stderr
+    assert run.peak_mib < 1024, f"peak RSS {run.peak_mib:.0f} MiB"
+
+
 # Issue 24's last case, and issue 20's "the app opens a 1M-request trace": `gui --screenshot`
 # of 10^6 one-token requests (7M rows, 6M events) goes through the kernel's columnar log, no
 # Python object per event, and draws every panel under the 4 GiB address-space cap. Measured
