@@ -529,9 +529,23 @@ class VllmSubscriber:
             return None  # `handle` counts it when it gets there
 
     def _reconnect(self) -> None:
+        """The connection dropped: read every frame the socket still holds, then connect again.
+
+        Never `zmq_disconnect` a SUB that holds queued frames: libzmq (4.1 to 4.3.5; open as
+        zeromq/libzmq#2163) terminates the pipe under them, and reading the next multipart
+        message then aborts the process in fq.cpp (`!_more`). That is what a publisher
+        closing under a subscriber that was behind used to do: the monitor saw the
+        disconnect, we disconnected with its last batches queued, and the next
+        `recv_multipart` aborted (or, when it did not, batches were lost and came out of
+        order). The dropped pipe gets no more frames, so once it is drained nothing is
+        left for the disconnect to cut; a frame of a connection libzmq made again in the
+        meantime is the one case left, as rare as a server coming back within the drain."""
         self.num_reconnects += 1
-        self._sub.disconnect(self.endpoint)
-        self._sub.connect(self.endpoint)
+        sub = self._sub
+        while not self._stop.is_set() and sub.poll(0):
+            self.handle(sub.recv_multipart())
+        sub.disconnect(self.endpoint)
+        sub.connect(self.endpoint)
         self._notice("reconnected", f"{self.endpoint}: the connection dropped (the server went away, or a frame "
                                     f"was over {self.max_frame_bytes} bytes); connecting again")
 
@@ -572,6 +586,7 @@ class VllmSubscriber:
                 if self._monitor is not None and self._monitor in ready:
                     self._monitor.recv_multipart()
                     self._reconnect()
+                    continue
                 if sub in ready:
                     self.handle(sub.recv_multipart())
             except Exception as exc:  # noqa: BLE001 - a callback failed; report it and keep reading
