@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any, Callable
 
 from engine.core.events import EventBus
-from engine.remote import fastwire
+from engine.remote import colpool, fastwire
 from engine.remote.pool import RemotePool
 from engine.remote.wire import VllmEvent, decode_batch, encode_batch
 
@@ -105,13 +105,15 @@ class BridgeLike:
         return n
 
 
-def memory_per_block(num_blocks: int, decode: Any = fastwire.decode_batch) -> dict[str, Any]:
-    """Traced bytes of a pool holding `num_blocks` GPU blocks (tokens and hashes included)."""
+def memory_per_block(num_blocks: int, decode: Any = fastwire.decode_batch, pool_class: Any = RemotePool
+                     ) -> dict[str, Any]:
+    """Traced bytes of a pool holding `num_blocks` GPU blocks (tokens and hashes included;
+    for the columnar pool, every array at its capacity)."""
     payloads, _, _ = recorded_stream(num_blocks // 4, gpu_blocks=num_blocks * 4, seed=1)  # no evictions
     gc.collect()
     tracemalloc.start()
     try:
-        pool = RemotePool("bench", max_removed=0)
+        pool = pool_class("bench", max_removed=0)
         for seq, p in enumerate(payloads):
             pool.apply(decode(seq, p))
         gc.collect()
@@ -249,19 +251,37 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
         bus.subscribe(sink)
         listened = RemotePool("bench", events=bus)
         out[f"{name}_app_path"] = _rate(payloads, made, lambda seq, p: (listened.apply(decode(seq, p)), sink.drain()))
+    # The columnar pool (engine.remote.colpool, compiled), fed by fastwire's columns: decoding
+    # and applying together, then each alone (the frames decoded beforehand).
+    colpool.warm_up()
+    cpool = colpool.ColumnarPool("bench")
+    r = out["columnar_into_pool"] = _rate(payloads, made,
+                                          lambda seq, p: cpool.apply(fastwire.decode_columns(seq, p)))
+    r["block_operations_per_s_cpu"] = round(num_ops / max(r["cpu_s"], 1e-9))
+    r["cached_blocks"] = cpool.num_cached
+    out["columns_decode_only"] = _rate(payloads, made, fastwire.decode_columns)
+    decoded = [fastwire.decode_columns(seq, p) for seq, p in enumerate(payloads)]
+    apool = colpool.ColumnarPool("bench")
+    out["columnar_apply_only"] = _rate(list(range(len(decoded))), made, lambda seq, _i: apool.apply(decoded[seq]))
+    del decoded
     out["memory"] = memory_per_block(100_000 if quick else 1_000_000)
+    out["columnar_memory"] = memory_per_block(100_000 if quick else 1_000_000, fastwire.decode_columns,
+                                              colpool.ColumnarPool)
     out["fleet"] = fleet_streams(seconds=2.0 if quick else 5.0, event_loop=event_loop)
     ceiling = out["msgpack_unpack_only"]["events_per_s_cpu"]
-    pool_rate = out["fast_into_pool"]["events_per_s_cpu"]
+    pool_rate = out["columnar_into_pool"]["events_per_s_cpu"]
     app_rate = out["fast_app_path"]["events_per_s_cpu"]
-    per_block = out["memory"]["bytes_per_block"]
+    per_block = out["columnar_memory"]["bytes_per_block"]
     fleet = out["fleet"]
     out["ratios"] = {
         "fast_decode_vs_msgpack_unpack_only": round(out["fast_decode_only"]["events_per_s_cpu"] / ceiling, 3),
         "reference_decode_vs_msgpack_unpack_only": round(out["reference_decode_only"]["events_per_s_cpu"] / ceiling, 3),
         "fast_vs_reference_decode": round(out["fast_decode_only"]["events_per_s_cpu"]
                                           / out["reference_decode_only"]["events_per_s_cpu"], 3),
-        "fast_vs_reference_into_pool": round(pool_rate / out["reference_into_pool"]["events_per_s_cpu"], 3),
+        "fast_vs_reference_into_pool": round(out["fast_into_pool"]["events_per_s_cpu"]
+                                             / out["reference_into_pool"]["events_per_s_cpu"], 3),
+        "columnar_vs_fast_into_pool": round(pool_rate / out["fast_into_pool"]["events_per_s_cpu"], 3),
+        "columnar_vs_reference_bytes_per_block": round(per_block / out["memory"]["bytes_per_block"], 3),
         "pool_vs_msgpack_unpack_only": round(pool_rate / ceiling, 3),
         "pool_vs_target": round(pool_rate / TARGET_POOL_EVENTS_PER_S, 3),
         "app_path_vs_target": round(app_rate / TARGET_APP_EVENTS_PER_S, 3),
@@ -271,7 +291,9 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
     }
     out["note"] = ("events are vLLM events (a BlockStored carries 1-8 blocks of 16 tokens); rates use CPU time "
                    "because the machine may be shared; the wall figures are beside them. memory is the engine's "
-                   "remote pool (the app's own pool state is bench gui's)")
+                   "remote pool (the app's own pool state is bench gui's). The targets read the columnar pool "
+                   "(engine.remote.colpool) into the pool and for memory; the app's path and the fleet still run "
+                   "the reference pool emitting one event per block (the Attachment has not moved yet)")
     out["targets"] = {
         "events_per_s_into_pool": {"value": pool_rate, "target": TARGET_POOL_EVENTS_PER_S,
                                    "met": pool_rate >= TARGET_POOL_EVENTS_PER_S},
