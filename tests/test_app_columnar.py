@@ -388,3 +388,20 @@ def test_the_timeline_reduction_keeps_each_bins_extremes_and_the_last_sample():
     assert xs[1] == 39_999 and body.max() == part.max() and body.min() == part.min()
     short = np.arange(10.0)
     assert peak_reduce(short, short, 0, 9)[0] is short
+
+
+def test_a_live_engine_after_an_opened_trace_gets_an_event_log_again(tmp_path):
+    from engine.core.projection import EventLog
+
+    ref, col = _both(tmp_path, "demo_tokens")
+    n = len(col.log)
+    stale = ref.log.events[:3]
+    col.apply_events(stale)  # a batch in flight from the engine before the trace: no log shown takes it
+    assert len(col.log) == n and getattr(col.log, "columnar_log", False)
+    with pytest.raises(TypeError, match="read-only"):
+        col.log.extend(stale)
+    col.set_engine({"block_size": 16, "num_blocks": 40})  # the chat's engine takes over
+    assert isinstance(col.log, EventLog) and len(col.log) == 0
+    col.apply_events(ref.log.events)
+    assert [_strip(e) for e in col.log.events] == [_strip(e) for e in ref.log.events]
+    assert _blocks(col.projection) == _blocks(ref.projection)
