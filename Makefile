@@ -25,8 +25,10 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/cachescope
 
+# One worker per core (at most 4); a test file stays on one worker, so its module fixtures
+# are built once. The ZMQ tests take loopback ports from a range per worker (tests/_ports.py).
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations 25
 
 bench: $(STAMP)
 	$(VENV)/bin/cachescope bench all
