@@ -74,6 +74,8 @@ _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _S33 = np.uint64(33)
 _S56 = np.uint64(56)
 
+_EMPTY_U8 = np.zeros(0, np.uint8)
+_EMPTY_I64 = np.zeros(0, np.int64)
 _TIER_CODES: dict[str, int] = {GPU: 0, CPU: 1, STORAGE: 2, REMOTE: 3}
 _TIER_NAMES: list[str] = [GPU, CPU, STORAGE, REMOTE]
 
@@ -533,23 +535,30 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
     the first event Python must handle (or the number of events)."""
     n = len(rows)
     nosalt = np.empty(0, np.int64)
+    if len(widths) == 0:  # every hash of the batch is an 8-byte one
+        widths = np.full(len(keys), W_U64, np.uint8)
     for i in range(start, n):
         if rows[i, R_RARE]:
             return i
         kind = rows[i, R_KIND]
-        t = tiers[i]
+        t = 1 if rows[i, R_MEDIUM] == 2 else 0  # a common event names GPU, CPU or no medium
         nh = rows[i, R_NHASH]
         h0 = rows[i, R_HASH0]
         if kind == KIND_STORED:
             nxt = False
-            if rows[i, R_PARENT] == 0 and rawgpu[i] and nh:
+            rg = rows[i, R_MEDIUM] <= 1
+            if rows[i, R_PARENT] == 0 and rg and nh:
                 lk, lw = keys[h0 + nh - 1], widths[h0 + nh - 1]
                 for j in range(i + 1, n):
-                    if rows[j, R_KIND] == KIND_STORED and rawgpu[j] and groups[j] == 0:
+                    if rows[j, R_RARE]:
+                        rgj, gj = rawgpu[j], groups[j]
+                    else:
+                        rgj, gj = rows[j, R_MEDIUM] <= 1, 0
+                    if rows[j, R_KIND] == KIND_STORED and rgj and gj == 0:
                         nxt = rows[j, R_PARENT] != 0 and parents[j] == lk and widths_parent(rows, j) == lw
                         break
             r = _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
-                       t, rawgpu[i], 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
+                       t, rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
                        rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts)
             if r == 0:
                 TI[t, T_MEDIA] += nh
@@ -857,6 +866,7 @@ class ColumnarPool:
         self._cache: dict[Any, Any] = {}
         self._revision = 0
         self._batch_blocks = 0
+        self._left = np.zeros(64, np.uint8)  # per hash of a removal: it left its tier
 
     def _alloc(self, cap: int) -> None:
         self.K = np.zeros((cap, 2), np.uint64)
@@ -948,21 +958,26 @@ class ColumnarPool:
         if not n:
             return []
         keys = cols.keys
-        widths = np.full(len(keys), W_U64, np.uint8)
-        tiers = np.zeros(n, np.int64)
-        tiers[cols.rows[:, R_MEDIUM] == 2] = 1
-        groups = np.zeros(n, np.int64)
-        rawgpu = (cols.rows[:, R_MEDIUM] <= 1).astype(np.uint8)
         parents = cols.parents
         rare = cols.events
         if rare:  # fill the columns of the events Python decodes
+            widths = np.full(len(keys), W_U64, np.uint8)
+            tiers = np.zeros(n, np.int64)
+            tiers[cols.rows[:, R_MEDIUM] == 2] = 1
+            groups = np.zeros(n, np.int64)
+            rawgpu = (cols.rows[:, R_MEDIUM] <= 1).astype(np.uint8)
             keys = self._rare_columns(cols, keys, widths, tiers, groups, rawgpu)
             widths = self._widths
             parents = self._parents
+        else:
+            widths, tiers, groups, rawgpu = _EMPTY_U8, _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
         self._reserve(nblocks, len(cols.tokens))
-        left = np.zeros(max(1, int(rows[:, R_NHASH].max())), np.uint8)
+        most = int(rows[:, R_NHASH].max())
+        if len(self._left) < most:
+            self._left = np.zeros(2 * most, np.uint8)
+        left = self._left
         i = 0
         while i < n:
             i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
@@ -1047,12 +1062,15 @@ class ColumnarPool:
                     left: np.ndarray) -> None:
         rows = cols.rows
         kind = int(rows[i, R_KIND])
-        t = int(tiers[i])
         h0, nh = int(rows[i, R_HASH0]), int(rows[i, R_NHASH])
         if e is None:  # a common event the loop stopped at (a removal while details are kept)
+            t = 1 if rows[i, R_MEDIUM] == 2 else 0
+            if len(widths) < len(keys):
+                widths = np.full(len(keys), W_U64, np.uint8)
             medium_name = _TIER_NAMES[t]
             group_idx = None
         else:
+            t = int(tiers[i])
             medium_name = tier_of_medium(e.medium)
             group_idx = e.group_idx
         if kind == KIND_STORED:

@@ -479,6 +479,40 @@ def _hash_keys(buf, rows, keys):  # pragma: no cover - compiled
             k += n
 
 
+@njit(cache=True)
+def _arrange(buf, skim):  # pragma: no cover - compiled
+    """`_skim`'s rows with `_skim_columns`' fields as `ColumnarBatch` rows, the parents and
+    the 8-byte hash keys, in one pass; ok False for a store whose block size is not a
+    plain integer of 0 or more."""
+    n = len(skim)
+    rows = np.zeros((n, 11), np.int64)
+    rows[:, :5] = skim
+    parents = np.zeros(n, np.uint64)
+    _skim_columns(buf, rows, parents)
+    out = np.empty((n, NUM_R), np.int64)
+    total = 0
+    ok = True
+    for i in range(n):
+        out[i, R_KIND] = rows[i, 6]
+        out[i, R_TOK0] = rows[i, 0]
+        out[i, R_NTOK] = rows[i, 1]
+        out[i, R_NHASH] = rows[i, 3]
+        out[i, R_HASH0] = total
+        total += rows[i, 3]
+        out[i, R_WIDTH] = rows[i, 4]
+        out[i, R_MEDIUM] = rows[i, 7]
+        out[i, R_PARENT] = rows[i, 8]
+        out[i, R_SIZE] = rows[i, 9]
+        if rows[i, 6] == KIND_STORED and rows[i, 9] < 0:
+            ok = False
+        rare = rows[i, 10] != 0 or rows[i, 7] == 3 or rows[i, 8] == 2 or rows[i, 4] == 32 \
+            or rows[i, 6] == KIND_OTHER or rows[i, 6] == KIND_CLEARED
+        out[i, R_RARE] = 1 if rare else 0
+    keys = np.empty(total, np.uint64)
+    _hash_keys(buf, rows, keys)
+    return out, parents, keys, ok
+
+
 class ColumnarBatch:
     """One EventBatch as arrays (what `decode_columns` gives and `ColumnarPool.apply` takes).
 
@@ -530,29 +564,9 @@ def _columns(seq: int, payload: bytes) -> ColumnarBatch:
     tokens, skim, ok = _skim(buf, _TOKEN_KEY, _HASH_KEY)
     if not ok or len(skim) != len(b.events):
         raise _Slow
-    n = len(skim)
-    rows = np.zeros((n, 11), np.int64)
-    rows[:, :5] = skim
-    parents = np.zeros(n, np.uint64)
-    _skim_columns(buf, rows, parents)
-    # rows: 0 tok0, 1 ntok, 2 hash offset, 3 nhash, 4 width, 6 kind, 7 medium, 8 parent, 9 size, 10 rare
-    out = np.empty((n, NUM_R), np.int64)
-    out[:, R_KIND] = rows[:, 6]
-    out[:, R_TOK0] = rows[:, 0]
-    out[:, R_NTOK] = rows[:, 1]
-    out[:, R_NHASH] = rows[:, 3]
-    out[:, R_HASH0] = np.cumsum(rows[:, 3]) - rows[:, 3]
-    out[:, R_WIDTH] = rows[:, 4]
-    out[:, R_MEDIUM] = rows[:, 7]
-    out[:, R_PARENT] = rows[:, 8]
-    out[:, R_SIZE] = rows[:, 9]
-    stored = rows[:, 6] == KIND_STORED
-    if np.any(stored & (rows[:, 9] < 0)):
+    out, parents, keys, ok = _arrange(buf, skim)
+    if not ok:
         raise _Slow  # a negative or odd block size: the reference words it
-    out[:, R_RARE] = (rows[:, 10] | (rows[:, 7] == 3) | (rows[:, 8] == 2) | (rows[:, 4] == 32)
-                      | (rows[:, 6] == KIND_OTHER) | (rows[:, 6] == KIND_CLEARED))
-    keys = np.empty(int(rows[:, 3].sum()), np.uint64)
-    _hash_keys(buf, rows, keys)
     events: dict[int, VllmEvent] = {}
     rare = np.flatnonzero(out[:, R_RARE])
     if len(rare):
