@@ -409,7 +409,7 @@ class ColumnarEventLog:
 
     def warm(self) -> None:
         """Build what the views read first (the series, the live state, the request and
-        eviction indexes, the find masks) now: on the worker that made the log, so the GUI
+        eviction indexes, the find masks, the cached blocks' digests) now: on the worker that made the log, so the GUI
         thread and the first scrub find them ready."""
         self.series  # noqa: B018
         live = self.live
@@ -420,6 +420,7 @@ class ColumnarEventLog:
         self.columnar._request_index()
         live.looked_up()
         live.last_eviction_seq  # noqa: B018
+        live.by_hash  # noqa: B018 - the digests of every cached block, for the hash chains
 
     # ------------------------------------------------------------------ indexes, built once
     def request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
