@@ -214,3 +214,13 @@ def test_no_python_object_per_block():
     assert pool.num_cached > 15_000
     assert len(gc.get_objects()) - before < 300  # a few per array grown, none per block
     assert isinstance(pool.K, np.ndarray)
+
+
+def test_the_columnar_pool_holds_a_block_in_fewer_bytes_than_the_reference():
+    """Traced memory (bench attach's measure, every array at its capacity), not a speed."""
+    from engine.bench.attach import memory_per_block
+
+    ref = memory_per_block(20_000)
+    col = memory_per_block(20_000, fastwire.decode_columns, ColumnarPool)
+    assert col["blocks"] == ref["blocks"] >= 20_000
+    assert 64 < col["bytes_per_block"] < ref["bytes_per_block"]  # 16 token ids are 64 bytes alone
