@@ -224,3 +224,29 @@ def test_the_columnar_pool_holds_a_block_in_fewer_bytes_than_the_reference():
     col = memory_per_block(20_000, fastwire.decode_columns, ColumnarPool)
     assert col["blocks"] == ref["blocks"] >= 20_000
     assert 64 < col["bytes_per_block"] < ref["bytes_per_block"]  # 16 token ids are 64 bytes alone
+
+
+def test_an_attachment_with_columnar_pools_holds_what_the_reference_holds():
+    """Through real ZMQ sockets (a late join refilled from the replay socket, then live
+    frames): `AttachOptions(columnar=True)` gives pools equal to the reference's."""
+    from test_vllm_attach import FixtureServer, attach, wait_for
+
+    results = []
+    for columnar in (False, True):
+        server = FixtureServer()
+        att, got = attach(server, server.replay_endpoint, columnar=columnar)
+        try:
+            server.wait_joined()
+            for frames in server.pub_frames[:3]:
+                server.send(frames)
+            wait_for(lambda: len(got.batches) == 4)
+            with att.lock:
+                assert isinstance(att.pools[0], ColumnarPool) == columnar
+                results.append(state(att.pools[0]))
+                summaries = [{**s.to_dict(), "server": ""} for s in att.fleet().summaries()]  # ports differ
+            results.append(summaries)
+        finally:
+            att.stop()
+            server.close()
+    assert results[2:] == results[:2]
+    assert results[0]["tenants"] == {"tenant-a"} and results[0]["num_cached"] > 0

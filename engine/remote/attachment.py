@@ -49,6 +49,11 @@ class AttachOptions:
     max_removed: int = 200_000
     servers: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
+    # Pools in arrays (`engine.remote.colpool.ColumnarPool`, fed by `fastwire.decode_columns`)
+    # instead of the reference `RemotePool`: the same counts, tiers and fleet answers, but no
+    # Cachescope event per block on `Attachment.events`. A choice of the caller, not a
+    # remembered setting (not in to_dict).
+    columnar: bool = False
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -170,14 +175,15 @@ class Attachment:
             return self
         try:
             for spec in self.options.streams():
-                pool = RemotePool(spec.name, spec.rank, self.events, self.options.max_removed, server=spec.server)
+                pool = self._pool_class()(spec.name, spec.rank, self.events, self.options.max_removed,
+                                          server=spec.server)
                 sub = VllmSubscriber(
                     spec.endpoint, self._batch_handler(pool), replay_endpoint=spec.replay_endpoint,
                     topic=self.options.topic, bind=self.options.bind, rank=spec.rank, source=spec.name,
                     on_restart=self._restart_handler(pool), on_notice=self._notice_handler(pool),
                     on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
                     max_frame_bytes=self.options.max_frame_bytes,
-                    demux=self._demux_handler(spec) if self.options.bind else None)
+                    demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder())
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -191,6 +197,21 @@ class Attachment:
     def stop(self) -> None:
         for sub in self.subscribers:
             sub.stop()
+
+    def _pool_class(self) -> Any:
+        if self.options.columnar:
+            from engine.remote.colpool import ColumnarPool, warm_up
+
+            warm_up()  # compiled (or loaded from numba's cache) before any socket buffers frames
+            return ColumnarPool
+        return RemotePool
+
+    def _decoder(self) -> Callable[[int, bytes], Any] | None:
+        if self.options.columnar:
+            from engine.remote.fastwire import decode_columns
+
+            return decode_columns
+        return None
 
     def __enter__(self) -> Attachment:
         return self.start()
@@ -233,13 +254,13 @@ class Attachment:
                 return None
             name = f"{pod} rank {spec.rank}" if many else pod
             with self.lock:
-                pool = RemotePool(name, spec.rank, self.events, self.options.max_removed, server=pod)
+                pool = self._pool_class()(name, spec.rank, self.events, self.options.max_removed, server=pod)
                 sub = VllmSubscriber(
                     spec.endpoint, self._batch_handler(pool), topic=topic.decode("utf-8", "replace"), bind=True,
                     rank=spec.rank, source=name, on_restart=self._restart_handler(pool),
                     on_notice=self._notice_handler(pool), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
-                    socket=False)
+                    socket=False, decode=self._decoder())
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)

@@ -147,7 +147,8 @@ class VllmSubscriber:
                  on_health: Callable[[StreamHealth], None] | None = None,
                  refill_timeout: float = 2.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  clock: Callable[[], float] = time.time,
-                 demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True) -> None:
+                 demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True,
+                 decode: Callable[[int, bytes], object] | None = None) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -185,7 +186,9 @@ class VllmSubscriber:
         from engine.remote import fastwire
 
         fastwire.warm_up()
-        self._decode = fastwire.decode_batch
+        # `decode(seq, payload)` makes what `on_batch` gets: a VllmBatch by default, or
+        # `fastwire.decode_columns`' ColumnarBatch for a columnar pool
+        self._decode = decode or fastwire.decode_batch
         self._ctx = zmq.Context.instance()
         self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
