@@ -13,6 +13,7 @@ holds both equal to the Python `EventLog` on real traces.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from engine.core.columnar import (
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
-from engine.core.projection import BlockInfo, RequestRecord
+from engine.core.projection import CACHED_FREE, EMPTY, IN_USE, BlockInfo, RequestRecord
 
 # A view asks for the same few hundred events again and again while it paints.
 _EVENT_CACHE = 4096
@@ -650,7 +651,6 @@ class ArrayProjection:
         return dict(zip(values.tolist(), counts.tolist()))
 
     def category(self, block_id: int) -> int:
-        from engine.core.projection import CACHED_FREE, EMPTY, IN_USE
         if self.ref_counts[block_id] > 0:
             return IN_USE
         return CACHED_FREE if self.hash_keys[block_id] >= 0 else EMPTY
@@ -887,10 +887,7 @@ class ArrayProjection:
             i = int(finished[r])
             fields.update(finished_seq=int(seq[i]), num_tokens_with_kv=int(col.col("a")[i]),
                           aborted=bool(col.col("flag")[i]))
-        if not fields:
-            return rec
-        import dataclasses
-        return dataclasses.replace(rec, **fields)
+        return dataclasses.replace(rec, **fields) if fields else rec
 
     def looked_up(self) -> np.ndarray:
         """The occurrences `request_records()` gives with a miss: per request id, its latest
