@@ -218,6 +218,23 @@ def test_read_bytes_never_reads_past_the_limit_plus_one(tmp_path):
     assert fh.asked == [11]
 
 
+def test_read_bytes_of_a_small_file_does_not_allocate_the_limit():
+    """`fh.read(n)` allocates n bytes before reading: a 5-byte file under the 1 GiB limit
+    must not cost 1 GiB (the app's billing view hit MemoryError under the 4 GiB cap)."""
+    class Short:
+        def __init__(self):
+            self.asked, self.left = [], b"hello"
+
+        def read(self, n):
+            self.asked.append(n)
+            out, self.left = self.left[:n], self.left[n:]
+            return out
+
+    fh = Short()
+    assert validation.read_limited(fh, "f", "file", validation.MAX_FILE_BYTES) == b"hello"
+    assert max(fh.asked) <= validation.READ_CHUNK
+
+
 def test_iter_lines_reads_a_long_line_no_further_than_its_limit(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"ab\n" + b"x" * 100 + b"\ncd")

@@ -188,16 +188,27 @@ def open_input(path: str | Path, what: str = "file", max_bytes: int | None = MAX
         raise
 
 
+READ_CHUNK = 8 << 20  # bytes per read of a whole file
+
+
 def read_limited(fh: BinaryIO, name: str, what: str, max_bytes: int) -> bytes:
     """All of `fh`, reading at most `max_bytes` + 1 bytes (a file may grow after its size
-    was checked, or report a size it does not have)."""
+    was checked, or report a size it does not have).
+
+    Read in chunks: `fh.read(n)` allocates n bytes before it reads any, so one read of the
+    limit would cost the whole limit in memory for a file of a few bytes."""
+    data = bytearray()
     try:
-        data = fh.read(max_bytes + 1)
+        while len(data) <= max_bytes:
+            chunk = fh.read(min(READ_CHUNK, max_bytes + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
     except OSError as exc:
         raise TraceError(name, None, None, f"cannot be read ({exc.strerror})") from None
     if len(data) > max_bytes:
         raise TraceError(name, None, None, f"the {what} is more than {max_bytes:,} bytes; at most {max_bytes:,} are read")
-    return data
+    return bytes(data)
 
 
 def read_bytes(path: str | Path, what: str = "file", max_bytes: int = MAX_FILE_BYTES) -> bytes:
