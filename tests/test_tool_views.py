@@ -1,17 +1,25 @@
-"""Diff, Billing and Sweeps panels offscreen: model to view and view to model, on real data."""
+"""Diff, Billing and Sweeps panels offscreen: model to view and view to model, on real data;
+Billing and Sweep follow the subject (an opened trace is billed as `cachescope billing` bills
+it and offered to sweep as `cachescope sweep` sweeps it; another subject clears them)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.runtime.context import make_test_context  # noqa: E402
-from app.views.tools.billing_view import BillingView  # noqa: E402
+from app.cli import main  # noqa: E402
+from app.runtime.context import Subject, make_test_context  # noqa: E402
+from app.views.tools.billing_view import BillingView, saving_words  # noqa: E402
 from app.views.tools.diff_view import DiffView  # noqa: E402
 from app.views.tools.sweep_view import SweepView  # noqa: E402
+from engine.resources import resource_path  # noqa: E402
+
+WEKA = resource_path("traces", "weka")
+USAGE = Path(__file__).resolve().parent / "data" / "usage"
 
 TIMEOUT = 60_000  # the first job may load the tokenizer
 
@@ -140,3 +148,182 @@ def test_sweep_view_rejects_bad_list(qtbot, ctx, tmp_path):
     view.block_sizes.setText("1,zero")
     view.run_sweep()
     assert ctx.errors and "block sizes" in ctx.errors[-1]
+
+
+# ---- Billing and Sweep follow the subject ------------------------------------------------------
+
+def _cli_json(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _as_json(result: dict) -> dict:
+    return json.loads(json.dumps(result))
+
+
+def _worker_idle(qtbot, ctx) -> None:
+    """Wait until every job submitted so far has run (the worker runs them in order)."""
+    done: list = []
+    ctx.worker.submit(lambda: None, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=TIMEOUT)
+
+
+def test_saving_words():
+    assert saving_words(0.125) == "saves <b>12.5%</b>"
+    assert saving_words(0.0) == "saves <b>0.0%</b>"
+    assert saving_words(-0.25) == "costs <b>25.0%</b> more"
+
+
+def test_billing_says_when_caching_costs_more(qtbot, ctx, tmp_path):
+    # two prompts that share nothing: each pays Anthropic's 1.25x write and reads nothing
+    path = tmp_path / "apart.jsonl"
+    path.write_text(json.dumps({"tokens": list(range(1, 1501)), "timestamp": 0}) + "\n"
+                    + json.dumps({"tokens": list(range(5001, 6501)), "timestamp": 1000}) + "\n")
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
+        view.set_source(str(path))
+    assert sig.args[0]["totals"]["savings_fraction"] == pytest.approx(-0.25)
+    text = view.total_label.text()
+    assert "costs <b>25.0%</b> more" in text and "saves" not in text
+
+
+def _tick_values(axis, lo: float, hi: float, size: float) -> list[float]:
+    return [v for _, values in axis.tickValues(lo, hi, size) for v in values]
+
+
+def test_billing_request_and_turn_axes_tick_whole_numbers(qtbot, ctx, hand_trace):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.resize(900, 500)
+    view.show()
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT):
+        view.set_source(str(hand_trace))
+    axis = view.plot.getAxis("bottom")
+    lo, hi = view.plot.viewRange()[0]
+    assert (lo, hi) == pytest.approx((-0.6, 1.6))  # two requests: pyqtgraph's own axis ticked 0.5 steps here
+    for size in (120, 400, 1200):
+        values = _tick_values(axis, lo, hi, size)
+        assert values and all(v == int(v) for v in values), values
+    assert axis.tickStrings([0.0, 1.0], 1.0, 1.0) == ["0", "1"]
+
+
+def test_billing_and_sweep_follow_an_opened_trace(qtbot, ctx, capsys):
+    source = str(WEKA / "trace_0303.json")  # two models: each request is priced by its own
+    billing, sweep = BillingView(ctx), SweepView(ctx)
+    for view in (billing, sweep):
+        qtbot.addWidget(view)
+        view.resize(1000, 600)
+        view.show()
+    with qtbot.waitSignal(billing.sigBillDone, timeout=TIMEOUT) as sig:
+        ctx.open_subject(Subject("trace", "trace_0303.json", source=source))
+    bill = sig.args[0]
+    assert billing.source.text() == source and billing.model.currentData() is None
+    assert _as_json(bill) == _cli_json(capsys, "billing", source)
+    assert set(bill["models"]) == {"claude-opus-4-5-20251101", "claude-haiku-4-5-20251001"}
+    assert billing.table.rowCount() == bill["totals"]["requests"]
+    assert "per request" in billing.rules_label.text()
+    # the sweep is offered, not run: a sweep replays the trace once per point
+    assert sweep.trace.text() == source and sweep.result is None and sweep.run_button.isEnabled()
+    assert "trace_0303.json" in sweep.status.text() and "Run sweep" in sweep.status.text()
+    with qtbot.waitSignal(sweep.sigSweepDone, timeout=TIMEOUT) as sig:
+        sweep.run_button.click()
+    # the CLI's steps: a kv-cache-tester file at its own 64-token blocks, not Mooncake's 512
+    assert _as_json(sig.args[0]) == _cli_json(capsys, "sweep", source)
+    assert sig.args[0]["block_size"] == 64 and sig.args[0]["kind"] == "weka"
+    # another subject clears both
+    ctx.open_subject(Subject("demo", "Some demo", source="tenant-salt"))
+    assert billing.result is None and billing.table.rowCount() == 0 and billing.source.text() == ""
+    assert len(billing.bars["read"].opts["height"]) == 0
+    assert "Some demo" in billing.total_label.text()
+    assert sweep.result is None and sweep.trace.text() == "" and sweep.curve_cap.getData()[0] is None
+    assert "Some demo" in sweep.status.text()
+    assert ctx.errors == []
+
+
+def test_a_bill_or_sweep_of_the_last_subject_is_dropped(qtbot, ctx, hand_trace):
+    billing, sweep = BillingView(ctx), SweepView(ctx)
+    for view in (billing, sweep):
+        qtbot.addWidget(view)
+    billing.set_source(str(hand_trace))  # on the worker
+    sweep.set_trace(str(hand_trace))
+    sweep.run_sweep()
+    ctx.open_subject(Subject("session", "New session"))  # before either job is back
+    _worker_idle(qtbot, ctx)
+    qtbot.wait(50)
+    assert billing.result is None and billing.table.rowCount() == 0
+    assert sweep.result is None and sweep.run_button.isEnabled()
+
+
+def test_a_hidden_billing_panel_bills_the_trace_when_shown(qtbot, ctx, hand_trace):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    ctx.open_subject(Subject("trace", hand_trace.name, source=str(hand_trace)))
+    _worker_idle(qtbot, ctx)
+    assert view.result is None  # nothing queued ahead of the replay while nobody looks
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
+        view.show()
+    assert sig.args[0]["source"] == str(hand_trace)
+
+
+def test_an_unpriced_model_in_a_followed_trace_is_said_in_the_panel(qtbot, ctx):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    source = str(WEKA / "trace_0104.json")  # claude-opus-4-6: no price table
+    ctx.open_subject(Subject("trace", "trace_0104.json", source=source))
+    qtbot.waitUntil(lambda: "No bill" in view.total_label.text(), timeout=TIMEOUT)
+    assert "claude-opus-4-6" in view.total_label.text() and "pick a model above" in view.total_label.text()
+    assert ctx.errors == []  # the panel followed the subject: no dialog
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
+        view.model.setCurrentText("claude-opus-4-5")  # the user picks one: every request billed as it
+    assert sig.args[0]["model"] == "claude-opus-4-5"
+
+
+def test_billing_follows_a_usage_logs_provider(qtbot, ctx, hand_trace):
+    from app.window.files import _usage_job
+
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    assert view.provider.currentText() == "anthropic"
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT):
+        view.set_source(str(hand_trace))  # a bill first: its bars' y0 once broke the usage log's empty bars
+    result = _usage_job(str(USAGE / "openai_chat_pairs.jsonl"))
+    assert result["apis"] == ["openai"]
+    view.show_usage(result)
+    assert view.provider.currentText() == "openai" and view.usage is result
+    assert view.model.currentData() is None  # the log names gpt-4o and gpt-4o-mini: priced per request
+    assert view.source.text() == ""  # a usage log is not a source to re-bill
+    assert view.result is None and view.table.rowCount() == len(result["requests"])
+    assert len(view.bars["read"].opts["height"]) == 0 and len(view.cost_lines["observed"].getData()[0]) == 4
+    view.provider.setCurrentText("openai-legacy")  # still the user's to change
+    assert view.provider.currentText() == "openai-legacy" and ctx.errors == []
+
+
+@pytest.mark.model  # the 70B demo reads the bundled model's shape
+def test_a_demo_then_another_demo_clears_the_bill(qtbot, window):
+    from app.demos.runner import install_demos
+
+    runner = install_demos(window)
+    billing = window.panels["billing"]
+    with qtbot.waitSignal(runner.sigFinished, timeout=300_000):
+        assert runner.run("breakpoint-on-user-message")  # the tokenizer only
+    qtbot.waitUntil(lambda: billing.result is not None, timeout=TIMEOUT)
+    first = billing.result
+    assert first["totals"]["read_tokens"] == 0 and first["totals"]["savings_fraction"] < 0
+    assert "costs <b>25.0%</b> more" in billing.total_label.text()
+    with qtbot.waitSignal(runner.sigStarted, timeout=TIMEOUT):
+        assert runner.run("kv-memory-70b-128k")  # a demo with no bill
+    # cleared as soon as the next demo is the subject, not left beside it
+    assert billing.result is None and billing.table.rowCount() == 0 and billing.source.text() == ""
+    assert len(billing.bars["write"].opts["height"]) == 0
+    with qtbot.waitSignal(runner.sigFinished, timeout=300_000):
+        pass
+    assert billing.result is None and "No bill for the demo" in billing.total_label.text()
+    # the billing demo again: its bill is back
+    with qtbot.waitSignal(runner.sigFinished, timeout=300_000):
+        assert runner.run("breakpoint-on-user-message")
+    qtbot.waitUntil(lambda: billing.result is not None, timeout=TIMEOUT)
+    assert billing.result["totals"] == first["totals"]
+    assert window.ctx.errors == []

@@ -86,3 +86,56 @@ def test_a_broken_weka_file_is_one_dialog_sentence(qtbot, window, tmp_path):
     window.ctx.errors.clear()
     assert not window.open_file(bad)
     assert len(window.ctx.errors) == 1 and "requests[0]" in window.ctx.errors[0]
+
+
+def test_the_traces_legend_stays_inside_the_plot(qtbot, window):
+    _open(qtbot, window, WEKA)  # six traces, five models
+    view = window.panels["traces"]
+    window.docks["traces"].show()
+    window.docks["traces"].raise_()
+    for width in (560, 900, 1400):
+        view.resize(width, 700)
+        qtbot.wait(50)
+        vb = view.plot.plotItem.vb
+        legend = view.legend
+        assert len(legend.items) == 5
+        right = legend.mapRectToScene(legend.boundingRect()).right()
+        assert right <= vb.sceneBoundingRect().right() + 0.5, (width, legend.columnCount)
+
+
+def test_an_opened_trace_is_what_billing_and_sweep_show(qtbot, window, capsys):
+    import json
+
+    from app.cli import main
+
+    def cli(*argv):
+        capsys.readouterr()
+        assert main([*argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    window.ctx.errors.clear()
+    path = str(WEKA / "trace_0287.json")
+    _open(qtbot, window, path)  # File > Open
+    billing, sweep = window.panels["billing"], window.panels["sweep"]
+    window.docks["billing"].show()
+    window.docks["billing"].raise_()
+    qtbot.waitUntil(lambda: billing.result is not None and billing.result["source"] == path, timeout=120_000)
+    assert json.loads(json.dumps(billing.result)) == cli("billing", path)
+    assert "Open a" not in billing.total_label.text()
+    window.docks["sweep"].show()
+    window.docks["sweep"].raise_()
+    assert sweep.trace.text() == path and "trace_0287.json" in sweep.status.text()
+    with qtbot.waitSignal(sweep.sigSweepDone, timeout=120_000) as sig:
+        sweep.run_button.click()
+    assert json.loads(json.dumps(sig.args[0])) == cli("sweep", path)
+    # a token trace next: the Traces panel drops the kv-cache-tester summary and says why
+    tokens = str(resource_path("traces", "demo_tokens.jsonl"))
+    _open(qtbot, window, tokens)
+    traces = window.panels["traces"]
+    assert traces.weka is None and traces.rows.rowCount() == 0 and not traces.legend.items
+    assert "not a kv-cache-tester trace" in traces.heading.text()
+    assert sweep.result is None and sweep.trace.text() == tokens
+    window.docks["billing"].raise_()
+    qtbot.waitUntil(lambda: billing.result is not None and billing.result["source"] == tokens, timeout=120_000)
+    assert json.loads(json.dumps(billing.result)) == cli("billing", tokens)
+    assert window.ctx.errors == []

@@ -1,13 +1,18 @@
 """The Sweeps panel: hit rate against block size and against pool capacity, for any trace,
 with refused requests plotted as their own series.
 
-Each sweep runs on the context's worker (`engine.analysis.sweep`); the plots only draw its points.
+It follows the current subject: with a trace open, its path is the trace to sweep and the
+panel offers to run it (a sweep replays the trace once per point, so it starts on a click,
+not on every File > Open); another subject clears the last sweep. Each sweep runs on the
+context's worker (`sweep_file`, the steps of `cachescope sweep FILE`); the plots only draw
+its points.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -23,7 +28,9 @@ from app.ui.plots import CountAxis
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
-    from app.runtime.context import AppContext
+    from app.runtime.context import AppContext, Subject
+
+INTRO = "Open a trace and run a sweep."
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -39,6 +46,47 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 NARROW_PX = 760  # below this width the two plots stack instead of sitting side by side
+
+
+def sweep_file(path: str, block_sizes: list[int], capacities: list[int], block_size: int = 16,
+               limit: int | None = None, tokenizer_loader: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """The sweep JSON of a trace file or folder, by the steps `cachescope sweep FILE` takes
+    (app/commands/sweep.py, with its defaults: seed 0, the pool the whole trace, a cache keyed
+    by model): a kv-cache-tester file or folder at its own block size, a kvcache-simulator
+    line's declared block size, the memory guard while a token trace is read. Worker thread."""
+    from engine.analysis.sweep import MemoryGuard, load_sweep_requests, sweep
+    from engine.core.errors import InputError
+    from engine.core.sniff import WEKA_FORMAT, is_weka_trace, trace_format
+    from engine.core.trace import MOONCAKE_BLOCK_SIZE
+
+    if not Path(path).exists():
+        raise InputError(f"{path}: no such file")
+    trace_block_size = MOONCAKE_BLOCK_SIZE
+    if Path(path).is_dir() or is_weka_trace(path):
+        from engine.store.weka import load_weka, merged_requests, to_trace_requests
+
+        traces = load_weka(path)
+        trace_block_size, kind = traces[0].block_size, WEKA_FORMAT
+        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
+                                 keyed_by_model=True)
+    else:
+        from engine.store.block_traces import check_block_sizes, declared_block_size
+
+        fmt = trace_format(path)
+        declared = declared_block_size(path) if fmt == "mooncake" else None
+        if declared is not None:
+            check_block_sizes(path, declared)
+            trace_block_size = declared
+        guard = MemoryGuard.for_sweep(block_sizes, None)
+        reqs, kind = load_sweep_requests(path, tokenizer_loader, limit, guard.add if guard is not None else None,
+                                         kind=fmt or "conversation")
+    if limit:
+        reqs = reqs[:limit]
+    result = sweep(reqs, block_sizes, capacities, block_size=block_size, trace=str(path),
+                   trace_block_size=trace_block_size)
+    result["keyed_by_model"] = True
+    result["kind"] = kind
+    return result
 
 
 class SweepView(PanelView):
@@ -57,6 +105,8 @@ class SweepView(PanelView):
 
         self.tokenizer = tokenizer
         self.result: dict[str, Any] | None = None
+        # Bumped when the subject changes: a sweep still on the worker for the last one is dropped.
+        self._generation = 0
         self.setObjectName("sweep_view")
 
         self.trace = QLineEdit()
@@ -92,7 +142,7 @@ class SweepView(PanelView):
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
         grid.addWidget(self.run_button, 0, 4, 2, 1)
-        self.status = QLabel("Open a trace and run a sweep.")
+        self.status = QLabel(INTRO)
         self.status.setObjectName("sweep_status")
         self.status.setWordWrap(True)
         self.status.setTextFormat(Qt.TextFormat.RichText)
@@ -171,6 +221,33 @@ class SweepView(PanelView):
     # ---------------------------------------------------------------- model -> view
     def set_trace(self, path: str) -> None:
         self.trace.setText(str(path))
+
+    def show_subject(self, subject: Subject) -> None:
+        """Forget the last sweep; an opened trace becomes the trace to sweep, offered, not run."""
+        self._generation += 1
+        self.run_button.setEnabled(True)
+        self.clear()
+        if subject.kind == "trace" and subject.source:
+            self.set_trace(subject.source)
+            self.status.setText(f"The trace <b>\u201c{subject.title}\u201d</b> is open: <b>Run sweep</b> replays it "
+                                f"once per block size and capacity below (on the worker; the window stays usable).")
+            return
+        self.set_trace("")
+        self.status.setText(f"{subject.describe()[0].upper()}{subject.describe()[1:]} is not a trace to sweep. "
+                            f"{INTRO}")
+
+    def clear(self) -> None:
+        """No sweep: empty curves, plain titles, the block-size note."""
+        self.result = None
+        for curve in (self.curve_bs, self.curve_cap, self.curve_served, self.curve_refused):
+            curve.setData([], [])
+        for plot, title in ((self.plot_bs, "hit rate vs block size"), (self.plot_cap, "hit rate vs capacity")):
+            plot.getAxis("bottom").setTicks(None)
+            plot.setYRange(0, 105, padding=0)
+            plot.setTitle(title, color=self.palette["text"], size="10pt")
+        self.plot_bs.setVisible(True)
+        self._show_bs_note("run a sweep to see the hit rate against block size")
+        self.status.setText(INTRO)
 
     def _show_bs_note(self, text: str) -> None:
         self.bs_note.setText(text)
@@ -256,13 +333,13 @@ class SweepView(PanelView):
             self.ctx.show_error(str(exc))
             return
         self.run_button.setEnabled(False)
-        self.status.setText("running…")
+        self.status.setText(f"sweeping {Path(path).name}… (on the worker: the window stays usable)")
+        generation = self._generation
         self.ctx.worker.submit(self._job, path, sizes, caps, self.block_size.value(), self.limit.value(),
-                               on_done=self._done, on_error=self._failed)
+                               on_done=lambda result: self._done(result, generation),
+                               on_error=lambda exc: self._failed(exc, generation))
 
     def _job(self, path: str, sizes: list[int], caps: list[int], block_size: int, limit: int) -> dict[str, Any]:
-        from engine.analysis.sweep import load_sweep_requests, sweep
-
         def tokenizer() -> Any:
             if self.tokenizer is None:
                 from engine.model.loader import load_tokenizer
@@ -270,16 +347,17 @@ class SweepView(PanelView):
                 self.tokenizer = load_tokenizer(self.ctx.model_name)
             return self.tokenizer
 
-        reqs, kind = load_sweep_requests(path, tokenizer)
-        result = sweep(reqs[:limit] if limit else reqs, sizes, caps, block_size=block_size, trace=path)
-        result["kind"] = kind
-        return result
+        return sweep_file(path, sizes, caps, block_size, limit or None, tokenizer)
 
-    def _done(self, result: dict[str, Any]) -> None:
+    def _done(self, result: dict[str, Any], generation: int | None = None) -> None:
+        if generation is not None and generation != self._generation:
+            return  # swept for a subject that is no longer open
         self.run_button.setEnabled(True)
         self.show_result(result)
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, generation: int | None = None) -> None:
+        if generation is not None and generation != self._generation:
+            return
         self.run_button.setEnabled(True)
         self.status.setText("the sweep failed")
         self.ctx.show_error(str(exc))

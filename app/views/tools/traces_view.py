@@ -6,10 +6,12 @@ the blocks the engine held and its hit rate, and one row per request (stream, su
 model, blocks held) with a filter and a colour per model. For usage logs: per request the
 observed and predicted cached tokens, the difference, and each unexpected miss explained.
 The numbers are `engine.analysis.weka` and `engine.analysis.usage`; nothing is computed here.
+Another subject (a demo, a session, a token trace) clears what the last one showed.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +27,10 @@ from app.ui.export import export_button, model_table
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
-    from app.runtime.context import AppContext
+    from app.runtime.context import AppContext, Subject
+
+INTRO = "Open a kv-cache-tester trace, a folder of them, or a usage log."
+LEGEND_MARGIN_PX = 8  # the legend keeps this far inside the plot's right edge
 
 TRACE_COLUMNS = ("trace", "requests", "sub-agent", "Same-Model%", "Cumulative%", "held%", "hit rate%", "models")
 WEKA_COLUMNS = ("#", "t (s)", "model", "stream", "prompt blocks", "held", "hit%", "reason")
@@ -55,7 +60,7 @@ class TracesView(PanelView):
         super().__init__(ctx, parent)
         self.weka: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
-        self.heading = QLabel("Open a kv-cache-tester trace, a folder of them, or a usage log.")
+        self.heading = QLabel(INTRO)
         self.heading.setWordWrap(True)
         self.heading.setTextFormat(Qt.TextFormat.RichText)
         self.heading.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -73,6 +78,9 @@ class TracesView(PanelView):
         self.plot.setLabel("bottom", "request")
         self.plot.setLabel("left", "blocks held %")
         self.legend = self.plot.addLegend(offset=(10, -10), colCount=3)  # bottom left, below the ~100% points
+        self._legend_columns = 1
+        # The legend is as wide as its labels: re-fit its columns whenever the plot's room changes.
+        self.plot.plotItem.vb.sigResized.connect(self._fit_legend)
         self._scatter: dict[str, pg.ScatterPlotItem] = {}
         # Created once; a usage log shows them, a kv-cache-tester trace empties them.
         self._lines = {k: self.plot.plot([], []) for k in ("observed", "predicted")}
@@ -119,6 +127,48 @@ class TracesView(PanelView):
             self.show_weka(self.weka)
         elif self.usage is not None:
             self.show_usage(self.usage)
+
+    def show_subject(self, subject: Subject) -> None:
+        """Forget the last trace or log; a kv-cache-tester trace opened now fills the panel
+        when its replay is done (`show_weka`)."""
+        self.weka, self.usage = None, None
+        self._clear_plot()
+        for line in self._lines.values():
+            line.setData([], [])
+        self.summary.setRowCount(0)
+        self.summary.show()
+        self.rows.setRowCount(0)
+        self.model_filter.blockSignals(True)
+        self.model_filter.clear()
+        self.model_filter.addItem("every model", "")
+        self.model_filter.blockSignals(False)
+        self.note.setText("")
+        source = subject.source or ""
+        if subject.kind == "trace" and (source.endswith(".json") or Path(source).is_dir()):
+            self.heading.setText(f"Replaying <b>\u201c{subject.title}\u201d</b>: its kv-cache-tester summary "
+                                 f"appears here when the replay is done.")
+        elif subject.kind == "trace":
+            self.heading.setText(f"<b>\u201c{subject.title}\u201d</b> is not a kv-cache-tester trace: its bill is "
+                                 f"in the Billing panel, its hit rate against block size and capacity in Sweep. {INTRO}")
+        else:
+            self.heading.setText(INTRO)
+
+    def _fit_legend(self, *_: Any) -> None:
+        """As many columns as fit inside the plot (one when even two would be cut at the
+        right edge), the legend kept on the plot's left, clear of the axis."""
+        if not self.legend.items:
+            return
+        room = self.plot.plotItem.vb.width() - 2 * LEGEND_MARGIN_PX
+        widths = [sample.boundingRect().width() + label.boundingRect().width() + 12
+                  for sample, label in self.legend.items]
+        columns = 1
+        for n in range(self._legend_columns, 0, -1):
+            rows = [widths[i::n] for i in range(n)]  # pyqtgraph fills row by row: column c holds items c, c+n, ...
+            if sum(max(col, default=0) for col in rows) <= room:
+                columns = n
+                break
+        if columns != self.legend.columnCount:
+            self.legend.setColumnCount(columns)
 
     # ---------------------------------------------------------------- kv-cache-tester
     def _clear_plot(self) -> None:
@@ -187,8 +237,12 @@ class TracesView(PanelView):
         self.rows.setUpdatesEnabled(True)
         self.rows.resizeColumnsToContents()
         self._clear_plot()
+        self._legend_columns = 2
         self.legend.setColumnCount(2)
-        self.legend.anchor(itemPos=(0, 1), parentPos=(0, 1), offset=(50, -40))  # bottom left, below the ~100% points
+        # bottom left of the view box (not of the plot item: its offset then counts from the
+        # view's own corner, so the axis width cannot push it past the right edge)
+        self.legend.setParentItem(self.plot.plotItem.vb)
+        self.legend.anchor(itemPos=(0, 1), parentPos=(0, 1), offset=(LEGEND_MARGIN_PX, -LEGEND_MARGIN_PX))
         by_model: dict[str, tuple[list[float], list[float]]] = {}
         for i, r in rows:
             xs, ys = by_model.setdefault(r["model"], ([], []))
@@ -202,6 +256,7 @@ class TracesView(PanelView):
             self._scatter[m] = item
         self.plot.setYRange(0, 105, padding=0)
         self.plot.enableAutoRange(axis="x")
+        self._fit_legend()
 
     def _filter_changed(self, _: int) -> None:
         if self.weka is not None:
@@ -244,8 +299,10 @@ class TracesView(PanelView):
         self.rows.setUpdatesEnabled(True)
         self.rows.resizeColumnsToContents()
         self._clear_plot()
+        self._legend_columns = 1
         self.legend.setColumnCount(1)
-        self.legend.anchor(itemPos=(0, 0), parentPos=(0, 0), offset=(50, 8))  # top left: the lines start at 0
+        self.legend.setParentItem(self.plot.plotItem.vb)
+        self.legend.anchor(itemPos=(0, 0), parentPos=(0, 0), offset=(LEGEND_MARGIN_PX, LEGEND_MARGIN_PX))  # top left
         for key, line in self._lines.items():
             self.legend.addItem(line, self._line_labels[key])
         x = np.arange(len(rows), dtype=float)
