@@ -185,8 +185,9 @@ def python_loop(attachment: Any, bus: EventBus, seconds: float) -> dict[str, Any
 
 
 def fleet_streams(num_streams: int = FLEET_STREAMS, rate: float = FLEET_EVENTS_PER_S, seconds: float = 10.0,
-                  event_loop: EventLoop | None = None) -> dict[str, Any]:
-    """`num_streams` loopback publishers at `rate` vLLM events/s each for `seconds` into one Attachment."""
+                  event_loop: EventLoop | None = None, columnar: bool = False) -> dict[str, Any]:
+    """`num_streams` loopback publishers at `rate` vLLM events/s each for `seconds` into one
+    Attachment (`columnar`: into columnar pools, which emit no event per block)."""
     from engine.remote.attachment import Attachment, AttachOptions
 
     payloads, made, _ = recorded_stream(int(rate * seconds), gpu_blocks=30_000, seed=3)
@@ -201,7 +202,7 @@ def fleet_streams(num_streams: int = FLEET_STREAMS, rate: float = FLEET_EVENTS_P
         bound = dict(ports.get(timeout=60) for _ in range(num_streams))
         endpoints = tuple(f"tcp://127.0.0.1:{bound[i]}" for i in range(num_streams))
         bus = EventBus()
-        att = Attachment(AttachOptions(endpoints), events=bus).start()
+        att = Attachment(AttachOptions(endpoints, columnar=columnar), events=bus).start()
         time.sleep(1.0)  # ZMQ's slow joiner: every SUB connected before the first batch
         go.set()
         loop = (event_loop or python_loop)(att, bus, seconds + 2.0)
@@ -220,7 +221,8 @@ def fleet_streams(num_streams: int = FLEET_STREAMS, rate: float = FLEET_EVENTS_P
             child.terminate()
     received = sum(h.batches for h in health)
     missed = sum(h.missed for h in health)
-    return {"streams": num_streams, "events_per_s_each": rate, "seconds": seconds, "batches_sent": num_sent,
+    return {"streams": num_streams, "pools": "columnar" if columnar else "reference, emitting per block",
+            "events_per_s_each": rate, "seconds": seconds, "batches_sent": num_sent,
             "batches_received": received, "missed_batches": missed,
             "malformed": sum(h.malformed for h in health), "events_sent": made * num_streams,
             "seconds_behind_after_the_last_send": behind_s,
@@ -268,6 +270,7 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
     out["columnar_memory"] = memory_per_block(100_000 if quick else 1_000_000, fastwire.decode_columns,
                                               colpool.ColumnarPool)
     out["fleet"] = fleet_streams(seconds=2.0 if quick else 5.0, event_loop=event_loop)
+    out["fleet_columnar"] = fleet_streams(seconds=2.0 if quick else 5.0, event_loop=event_loop, columnar=True)
     ceiling = out["msgpack_unpack_only"]["events_per_s_cpu"]
     pool_rate = out["columnar_into_pool"]["events_per_s_cpu"]
     app_rate = out["fast_app_path"]["events_per_s_cpu"]
@@ -308,6 +311,16 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
                                  "met": fleet["seconds_behind_after_the_last_send"] <= 1.0},
         "fleet_longest_stall_ms": {"value": fleet["longest_stall_ms"], "target": TARGET_STALL_MS,
                                    "met": fleet["longest_stall_ms"] < TARGET_STALL_MS},
+        "fleet_columnar_missed_batches": {"value": out["fleet_columnar"]["missed_batches"], "target": 0,
+                                          "met": out["fleet_columnar"]["missed_batches"] == 0
+                                          and out["fleet_columnar"]["batches_received"]
+                                          == out["fleet_columnar"]["batches_sent"]},
+        "fleet_columnar_seconds_behind": {"value": out["fleet_columnar"]["seconds_behind_after_the_last_send"],
+                                          "target": 1.0,
+                                          "met": out["fleet_columnar"]["seconds_behind_after_the_last_send"] <= 1.0},
+        "fleet_columnar_longest_stall_ms": {"value": out["fleet_columnar"]["longest_stall_ms"],
+                                            "target": TARGET_STALL_MS,
+                                            "met": out["fleet_columnar"]["longest_stall_ms"] < TARGET_STALL_MS},
     }
     return out
 

@@ -887,8 +887,8 @@ class ColumnarPool:
     def _reserve(self, blocks: int, tokens: int) -> None:
         live = int(self.S[S_LIVE])
         cap = len(self.T)
-        if live + blocks > cap:
-            new = max(2 * cap, live + blocks + 1024)
+        if live + blocks > cap:  # half again as many slots: at most a third of them idle
+            new = max(cap + cap // 2, live + blocks + 1024)
             n = cap
             for name in ("K", "L", "C", "F", "T"):
                 old = getattr(self, name)
@@ -904,7 +904,7 @@ class ColumnarPool:
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
-            size = max(2 * (live_tok + tokens), 1024)
+            size = max((3 * (live_tok + tokens)) // 2, 1024)
             if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
                 size = len(self.tok)  # mostly garbage: compact in place of growing
             out = np.zeros(size, np.uint32)
