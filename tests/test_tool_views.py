@@ -297,7 +297,12 @@ def test_billing_follows_a_usage_logs_provider(qtbot, ctx, hand_trace):
     assert view.source.text() == ""  # a usage log is not a source to re-bill
     assert view.result is None and view.table.rowCount() == len(result["requests"])
     assert len(view.bars["read"].opts["height"]) == 0 and len(view.cost_lines["observed"].getData()[0]) == 4
-    view.provider.setCurrentText("openai-legacy")  # still the user's to change
+    # the next subject gets the user's provider back: the log's was the log's
+    ctx.open_subject(Subject("trace", hand_trace.name, source=str(hand_trace)))
+    assert (view.provider.currentText(), view.model.currentData()) == ("anthropic", None)
+    view.show_usage(result)
+    view.provider.setCurrentText("openai-legacy")  # still the user's to change, and then kept
+    ctx.open_subject(Subject("session", "New session"))
     assert view.provider.currentText() == "openai-legacy" and ctx.errors == []
 
 
@@ -327,3 +332,22 @@ def test_a_demo_then_another_demo_clears_the_bill(qtbot, window):
     qtbot.waitUntil(lambda: billing.result is not None, timeout=TIMEOUT)
     assert billing.result["totals"] == first["totals"]
     assert window.ctx.errors == []
+
+
+def test_a_long_sweep_of_the_last_subject_stops_at_its_next_point(qtbot, ctx):
+    # 12,031 requests: each capacity point replays the whole trace on the worker
+    source = str(resource_path("traces", "mooncake_conversation_trace.jsonl"))
+    view = SweepView(ctx)
+    qtbot.addWidget(view)
+    ctx.open_subject(Subject("trace", "mooncake_conversation_trace.jsonl", source=source))
+    view.capacities.setText("64,128,256,512,1024,2048,4096")
+    progress: list[tuple[int, int]] = []
+    view._sigProgress.connect(lambda _g, done, total: progress.append((done, total)))
+    with qtbot.waitSignal(view._sigProgress, timeout=300_000):
+        view.run_button.click()
+    assert "1 of 7 points" in view.status.text()
+    ctx.open_subject(Subject("session", "New session"))
+    _worker_idle(qtbot, ctx)  # the worker is free again once the point in flight is done
+    qtbot.wait(50)
+    assert progress and max(done for done, _ in progress) < 7
+    assert view.result is None and view.run_button.isEnabled() and ctx.errors == []

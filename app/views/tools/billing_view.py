@@ -67,6 +67,9 @@ class BillingView(PanelView):
         # Bumped when the subject changes: a bill still on the worker for the last one is dropped.
         self._generation = 0
         self._follow: str | None = None  # the opened trace to bill once the panel is shown
+        # (provider, model) the user had before a usage log set the log's, and what it set:
+        # the next subject gets the user's back unless the user changed them meanwhile
+        self._before_usage: tuple[tuple[str, str], tuple[str, str]] | None = None
 
         self.source = QLineEdit()
         self.source.setPlaceholderText("conversation file, token-level or Mooncake trace, or a session id")
@@ -128,6 +131,7 @@ class BillingView(PanelView):
 
         # Requests and turns are whole numbers: the bottom axis ticks only integers.
         self.plot = pg.PlotWidget(axisItems={"bottom": CountAxis("bottom")})
+        self.plot.getAxis("left").enableAutoSIPrefix(False)  # dollars as dollars, not "x0.001"
         self.plot.setLabel("bottom", "request")
         self.plot.setLabel("left", "prompt tokens")
         self.plot.addLegend(offset=(10, 2), colCount=3)
@@ -175,6 +179,8 @@ class BillingView(PanelView):
                                                      style=Qt.PenStyle.DashLine))
         self.cost_lines["predicted"].setSymbolBrush(theme.color("computed", name))
         self.plot.plotItem.legend.setLabelTextColor(p["text"])
+        for _, label in self.plot.plotItem.legend.items:  # the colour takes at the next setText
+            label.setText(label.text)
 
     def _reflow(self, per_row: int) -> None:
         if per_row == self._per_row:
@@ -215,6 +221,7 @@ class BillingView(PanelView):
         self._requests = None
         self._follow = None
         self._clear()
+        self._restore_provider()
         if subject.kind == "trace" and subject.source:
             self.source.setText(subject.source)
             self._follow = subject.source
@@ -391,10 +398,36 @@ class BillingView(PanelView):
         self._top = float(max(obs.max(initial=0), pred.max(initial=0))) or 1.0
         self._fit_y()
 
+    def _boxes(self) -> tuple[str, str]:
+        return self.provider.currentText(), self.model.currentText()
+
+    def _set_boxes(self, provider: str, model: str) -> None:
+        for box in (self.provider, self.model):
+            box.blockSignals(True)
+        try:
+            self.provider.setCurrentText(provider)
+            self._fill_models()
+            self.model.blockSignals(True)
+            self.model.setCurrentText(model)
+        finally:
+            for box in (self.provider, self.model):
+                box.blockSignals(False)
+
+    def _restore_provider(self) -> None:
+        """The user's provider and model again, as they were before a usage log set its own."""
+        if self._before_usage is None:
+            return
+        before, set_by_log = self._before_usage
+        self._before_usage = None
+        if self._boxes() == set_by_log:  # the user did not change them while the log was shown
+            self._set_boxes(*before)
+
     def _follow_usage_provider(self, result: dict[str, Any]) -> None:
+        self._restore_provider()
         providers = {USAGE_PROVIDERS[a] for a in result.get("apis", ()) if a in USAGE_PROVIDERS}
         if len(providers) != 1:
             return  # a server's log, or a mix: the boxes stay as the user left them
+        before = self._boxes()
         provider = providers.pop()
         models = self.rules_data["providers"][provider]["models"]
         named = [r.get("model") for r in result.get("requests", ()) if r.get("model")]
@@ -409,6 +442,7 @@ class BillingView(PanelView):
         finally:
             for box in (self.provider, self.model):
                 box.blockSignals(False)
+        self._before_usage = (before, self._boxes())
 
     def _show(self, result: dict[str, Any]) -> None:
         if self.usage is not None:  # the bars' legend back in place of the cost lines'

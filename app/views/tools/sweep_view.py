@@ -49,7 +49,8 @@ NARROW_PX = 760  # below this width the two plots stack instead of sitting side 
 
 
 def sweep_file(path: str, block_sizes: list[int], capacities: list[int], block_size: int = 16,
-               limit: int | None = None, tokenizer_loader: Callable[[], Any] | None = None) -> dict[str, Any]:
+               limit: int | None = None, tokenizer_loader: Callable[[], Any] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """The sweep JSON of a trace file or folder, by the steps `cachescope sweep FILE` takes
     (app/commands/sweep.py, with its defaults: seed 0, the pool the whole trace, a cache keyed
     by model): a kv-cache-tester file or folder at its own block size, a kvcache-simulator
@@ -83,7 +84,7 @@ def sweep_file(path: str, block_sizes: list[int], capacities: list[int], block_s
     if limit:
         reqs = reqs[:limit]
     result = sweep(reqs, block_sizes, capacities, block_size=block_size, trace=str(path),
-                   trace_block_size=trace_block_size)
+                   trace_block_size=trace_block_size, progress=progress)
     result["keyed_by_model"] = True
     result["kind"] = kind
     return result
@@ -98,6 +99,7 @@ class SweepView(PanelView):
     """
 
     sigSweepDone = Signal(dict)
+    _sigProgress = Signal(int, int, int)  # generation, points done, points: worker -> GUI thread
 
     def __init__(self, ctx: AppContext, tokenizer: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
@@ -107,6 +109,7 @@ class SweepView(PanelView):
         self.result: dict[str, Any] | None = None
         # Bumped when the subject changes: a sweep still on the worker for the last one is dropped.
         self._generation = 0
+        self._sigProgress.connect(self._progress, Qt.ConnectionType.QueuedConnection)
         self.setObjectName("sweep_view")
 
         self.trace = QLineEdit()
@@ -174,6 +177,10 @@ class SweepView(PanelView):
             plot.setYRange(0, 105, padding=0)
             plot.setMouseEnabled(x=False, y=False)
             plot.showGrid(x=True, y=True, alpha=0.2)
+        # the data's top (in %) of each plot; the y range adds the legend's room above it
+        self._ytop = {self.plot_bs: 100.0, self.plot_cap: 100.0}
+        for plot in (self.plot_bs, self.plot_cap):
+            plot.plotItem.vb.sigResized.connect(lambda *_, plot=plot: self._fit_y(plot))
         self.plots_box = QBoxLayout(QBoxLayout.Direction.LeftToRight)
         self.plots_box.addWidget(self.plot_bs)
         self.plots_box.addWidget(self.plot_cap)
@@ -189,6 +196,8 @@ class SweepView(PanelView):
         layout.addWidget(self.status)
         layout.addLayout(self.plots_box, 1)
         self.apply_theme()
+        for plot in (self.plot_bs, self.plot_cap):
+            self._fit_y(plot)
         self._show_bs_note("run a sweep to see the hit rate against block size")
 
     def apply_theme(self, name: str | None = None) -> None:
@@ -209,9 +218,24 @@ class SweepView(PanelView):
             curve.setSymbolBrush(pg.mkBrush(p[key]))
             curve.setSymbolPen(pg.mkPen(p[key]))
         self.legend.setLabelTextColor(p["text"])
+        for _, label in self.legend.items:  # the colour takes at the next setText
+            label.setText(label.text)
         self.bs_note.setColor(p["text_dim"])
         if self.result is not None:
             self._set_titles(self.result)
+
+    def _fit_y(self, plot: pg.PlotWidget) -> None:
+        """The y range: the data's top plus the legend's height in the plot's own pixels (a
+        capped 105% drew the legend over a 100% refusal), ticked at round percentages up to
+        the top, never past 100."""
+        top, vb = self._ytop[plot], plot.plotItem.vb
+        legend = plot.plotItem.legend
+        room = legend.boundingRect().height() + 10 if legend is not None and legend.items else 8.0
+        share = min(0.5, room / vb.height()) if vb.height() > 0 else 0.3
+        plot.setYRange(0, top / (1.0 - share), padding=0)
+        step = next(s for s in (1, 2, 5, 10, 20, 25) if top / s <= 8)
+        ticks = [(v, f"{v:g}") for v in (i * step for i in range(int(top // step) + 1))]
+        plot.getAxis("left").setTicks([ticks])
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         narrow = event.size().width() < NARROW_PX
@@ -243,7 +267,8 @@ class SweepView(PanelView):
             curve.setData([], [])
         for plot, title in ((self.plot_bs, "hit rate vs block size"), (self.plot_cap, "hit rate vs capacity")):
             plot.getAxis("bottom").setTicks(None)
-            plot.setYRange(0, 105, padding=0)
+            self._ytop[plot] = 100.0
+            self._fit_y(plot)
             plot.setTitle(title, color=self.palette["text"], size="10pt")
         self.plot_bs.setVisible(True)
         self._show_bs_note("run a sweep to see the hit rate against block size")
@@ -279,7 +304,8 @@ class SweepView(PanelView):
         for plot, values in ((self.plot_bs, [100 * p["hit_rate"] for p in bs]),
                              (self.plot_cap, [100 * max(p["hit_rate"], p.get("served_hit_rate", 0.0),
                                                         p["refused_requests"] / num) for p in cap])):
-            plot.setYRange(0, min(105.0, max(5.0, 1.45 * max(values, default=0.0))), padding=0)
+            self._ytop[plot] = min(100.0, max(5.0, 1.1 * max(values, default=0.0)))
+            self._fit_y(plot)
         for plot, points, key in ((self.plot_bs, bs, "block_size"), (self.plot_cap, cap, "capacity_blocks")):
             ticks = [(math.log2(p[key]), f"{p[key]:,}") for p in points]
             plot.getAxis("bottom").setTicks([ticks] if ticks else None)
@@ -297,8 +323,9 @@ class SweepView(PanelView):
         self.plot_bs.setVisible(bool(bs))
         self._set_titles(result)
         refused = sum(p["refused_requests"] for p in cap)
-        text = (f"{result['requests']:,} requests ({result['kind']}), {result['total_tokens']:,} tokens · "
-                f"block-size series in a pool of {result['capacity_tokens']:,} tokens")
+        text = f"{result['requests']:,} requests ({result['kind']}), {result['total_tokens']:,} tokens"
+        if bs:  # a block-level trace has no block-size series to describe
+            text += f" · block-size series in a pool of {result['capacity_tokens']:,} tokens"
         if refused:
             worst = max(cap, key=lambda p: p["refused_requests"])
             text += (f" · refused requests count as missed: {worst['refused_requests']:,} of {num:,} "
@@ -335,11 +362,19 @@ class SweepView(PanelView):
         self.run_button.setEnabled(False)
         self.status.setText(f"sweeping {Path(path).name}… (on the worker: the window stays usable)")
         generation = self._generation
-        self.ctx.worker.submit(self._job, path, sizes, caps, self.block_size.value(), self.limit.value(),
+        self.ctx.worker.submit(self._job, path, sizes, caps, self.block_size.value(), self.limit.value(), generation,
                                on_done=lambda result: self._done(result, generation),
                                on_error=lambda exc: self._failed(exc, generation))
 
-    def _job(self, path: str, sizes: list[int], caps: list[int], block_size: int, limit: int) -> dict[str, Any]:
+    def _job(self, path: str, sizes: list[int], caps: list[int], block_size: int, limit: int,
+             generation: int = -1) -> dict[str, Any]:
+        from app.runtime.context import JobCancelled
+
+        def progress(done: int, total: int) -> None:  # worker thread, after each point
+            if generation >= 0 and generation != self._generation:
+                raise JobCancelled("another subject was opened")  # frees the worker for it
+            self._sigProgress.emit(generation, done, total)
+
         def tokenizer() -> Any:
             if self.tokenizer is None:
                 from engine.model.loader import load_tokenizer
@@ -347,7 +382,12 @@ class SweepView(PanelView):
                 self.tokenizer = load_tokenizer(self.ctx.model_name)
             return self.tokenizer
 
-        return sweep_file(path, sizes, caps, block_size, limit or None, tokenizer)
+        return sweep_file(path, sizes, caps, block_size, limit or None, tokenizer, progress)
+
+    def _progress(self, generation: int, done: int, total: int) -> None:
+        if generation == self._generation and not self.run_button.isEnabled():
+            self.status.setText(f"sweeping {Path(self.trace.text()).name}: {done} of {total} points replayed "
+                                f"(on the worker: the window stays usable)")
 
     def _done(self, result: dict[str, Any], generation: int | None = None) -> None:
         if generation is not None and generation != self._generation:
@@ -357,7 +397,7 @@ class SweepView(PanelView):
 
     def _failed(self, exc: BaseException, generation: int | None = None) -> None:
         if generation is not None and generation != self._generation:
-            return
+            return  # a cancelled sweep of the last subject among them
         self.run_button.setEnabled(True)
         self.status.setText("the sweep failed")
         self.ctx.show_error(str(exc))

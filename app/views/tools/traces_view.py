@@ -121,6 +121,8 @@ class TracesView(PanelView):
             self.plot.getAxis(side).setTextPen(p["text_dim"])
             self.plot.getAxis(side).setPen(p["text_dim"])
         self.plot.plotItem.legend.setLabelTextColor(p["text"])
+        for _, label in self.plot.plotItem.legend.items:  # the colour takes at the next setText
+            label.setText(label.text)
         self._lines["observed"].setPen(pg.mkPen(theme.color("cached", name), width=2))
         self._lines["predicted"].setPen(pg.mkPen(theme.color("computed", name), width=2, style=Qt.PenStyle.DashLine))
         if self.weka is not None:
