@@ -331,6 +331,11 @@ def test_a_demo_then_another_demo_clears_the_bill(qtbot, window):
         assert runner.run("breakpoint-on-user-message")
     qtbot.waitUntil(lambda: billing.result is not None, timeout=TIMEOUT)
     assert billing.result["totals"] == first["totals"]
+    # a trace next: the demo's breakpoints and model were the demo's, the panel's own are back
+    window.ctx.open_subject(Subject("trace", "demo_tokens.jsonl",
+                                    source=str(resource_path("traces", "demo_tokens.jsonl"))))
+    assert (billing.provider.currentText(), billing.model.currentData(), billing.breakpoints.text()) == (
+        "anthropic", None, "auto")
     assert window.ctx.errors == []
 
 

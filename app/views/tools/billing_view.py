@@ -69,7 +69,10 @@ class BillingView(PanelView):
         self._follow: str | None = None  # the opened trace to bill once the panel is shown
         # (provider, model) the user had before a usage log set the log's, and what it set:
         # the next subject gets the user's back unless the user changed them meanwhile
-        self._before_usage: tuple[tuple[str, str], tuple[str, str]] | None = None
+        self._before_usage: tuple[tuple[str, str, str], tuple[str, str, str]] | None = None
+        # (provider, model, breakpoints) before the first of a run of demos: a demo sets its own
+        # (the breakpoint demo's "-1"), and the next subject that is not a demo gets these back
+        self._before_demo: tuple[str, str, str] | None = None
 
         self.source = QLineEdit()
         self.source.setPlaceholderText("conversation file, token-level or Mooncake trace, or a session id")
@@ -222,6 +225,12 @@ class BillingView(PanelView):
         self._follow = None
         self._clear()
         self._restore_provider()
+        if subject.kind == "demo":
+            if self._before_demo is None:
+                self._before_demo = self._boxes()
+        elif self._before_demo is not None:
+            self._set_boxes(*self._before_demo)
+            self._before_demo = None
         if subject.kind == "trace" and subject.source:
             self.source.setText(subject.source)
             self._follow = subject.source
@@ -398,10 +407,11 @@ class BillingView(PanelView):
         self._top = float(max(obs.max(initial=0), pred.max(initial=0))) or 1.0
         self._fit_y()
 
-    def _boxes(self) -> tuple[str, str]:
-        return self.provider.currentText(), self.model.currentText()
+    def _boxes(self) -> tuple[str, str, str]:
+        return self.provider.currentText(), self.model.currentText(), self.breakpoints.text()
 
-    def _set_boxes(self, provider: str, model: str) -> None:
+    def _set_boxes(self, provider: str, model: str, breakpoints: str) -> None:
+        """Set the boxes without billing (the caller bills, or the next source will)."""
         for box in (self.provider, self.model):
             box.blockSignals(True)
         try:
@@ -409,6 +419,7 @@ class BillingView(PanelView):
             self._fill_models()
             self.model.blockSignals(True)
             self.model.setCurrentText(model)
+            self.breakpoints.setText(breakpoints)
         finally:
             for box in (self.provider, self.model):
                 box.blockSignals(False)
