@@ -65,3 +65,119 @@ def test_measured_bytes_of_the_default_model_equal_the_formula(default_model):
     assert m["per_layer_bytes"] == r["per_layer_bytes"] and m["total_bytes"] == r["total_bytes"]
     assert r["total_bytes"] == 2 * 30 * 3 * 64 * 4 * 2048
     assert m["dynamic_cache_bytes_per_token"] == r["bytes_per_token"]
+
+
+# ---------------------------------------------------------------------------- the panel
+def _open(qtbot, window, path):
+    done: list = []
+    window.ctx.answer_replace = True
+    assert window.open_file(path, on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=300_000)
+    window.ctx.bridge.flush(everything=True)
+    assert done[0] is not None
+    return done[0]
+
+
+def _trace_tokens(path) -> int:
+    """Tokens of the pool File > Open sizes for `path` (blocks from the trace, times its block size)."""
+    from app.runtime.jobs import trace_block_size
+    from app.runtime.replays import capacity_of
+    from engine.core.trace import load_trace
+
+    bs = trace_block_size(path)
+    return capacity_of(load_trace(path, bs), bs) * bs
+
+
+def test_the_panel_follows_every_opened_trace(qtbot, window):
+    """Built before two traces are opened, the panel's what-if counts the second one's pool
+    (it kept the first one's 1,888 tokens), and says so in the figure it prints."""
+    from engine.resources import resource_path
+
+    ctx = window.ctx
+    ctx.suppress_dialogs = True
+    kv = window.panels["kv_memory"]  # built now, before any trace
+    traces = resource_path("traces")
+    first, second = traces / "demo_tokens.jsonl", traces / "mooncake_synthetic_trace.jsonl"
+    _open(qtbot, window, first)
+    assert kv.tokens_box.value() == _trace_tokens(first) == 1_888
+    # the user's own count stands over a redraw (a theme change) ...
+    kv.tokens_box.setValue(5_000)
+    window.apply_theme("light", save=False)
+    assert kv.tokens_box.value() == 5_000
+    # ... until the next engine: the second trace's pool, whatever was typed
+    _open(qtbot, window, second)
+    tokens = _trace_tokens(second)
+    assert tokens != 1_888 and kv.tokens_box.value() == tokens
+    assert ctx.state.engine_info["num_blocks"] * ctx.state.engine_info["block_size"] == tokens
+    kv.preset_box.setCurrentIndex(kv.preset_box.findData("llama-3.1-8b"))
+    kv.dtype_box.setCurrentText("bfloat16")
+    assert kv.what_if_bytes == kv_memory_report(PRESETS["llama-3.1-8b"], tokens, "bf16")["total_bytes"]
+    assert f"{tokens:,}" in kv.what_if.text()
+    # a trace has no model pool: no bars, whatever runner may stay loaded behind it
+    assert kv.plot.isHidden() and "No model pool" in kv.totals.text()
+    assert ctx.errors == []
+
+
+def test_the_panel_follows_an_adopted_log_the_engine_did_not_size(qtbot, tmp_path):
+    """A trace cancelled before the worker sized its pool: the engine says 0 blocks, the
+    adopted log holds the pool, and the what-if counts that."""
+    from app.runtime.context import make_test_context
+    from app.runtime.replays import kernel_replay_job
+    from app.views.pool.kv_memory_view import KvMemoryView
+    from engine.resources import resource_path
+
+    ctx = make_test_context(tmp_path)
+    try:
+        view = KvMemoryView(ctx)
+        qtbot.addWidget(view)
+        _, log = kernel_replay_job(str(resource_path("traces") / "demo_tokens.jsonl"), 16, 37)
+        ctx.state.set_engine({"num_blocks": 0, "block_size": 16})
+        assert view.tokens_box.value() == 1  # nothing to follow yet
+        ctx.state.adopt_log(log)
+        assert view.tokens_box.value() == 37 * 16
+    finally:
+        ctx.shutdown()
+
+
+def test_the_bar_plot_fits_the_dock_beside_a_long_text(qtbot, window):
+    """The text column scrolls by itself: the panel is never taller than its dock, so the
+    plot's x axis stays in view (with the quantized findings the plot ran off the bottom)."""
+    from app.runtime.context import engine_info
+    from engine.model.kv_memory import kv_bytes
+
+    ctx = window.ctx
+    per_layer = [kv_bytes(1, 3, 64, 4, 16 * 64)] * 30
+    ctx.new_event_bus(engine_info(block_size=16, num_blocks=64, model="SmolLM2-135M-Instruct", num_layers=30,
+                                  num_kv_heads=3, head_dim=64, dtype="float32", per_layer_bytes=per_layer))
+    kv = window.panels["kv_memory"]
+    row = {"context": "long", "tokens_with_kv": 264, "fp32_bytes": 2 * 30 * 3 * 64 * 4 * 264,
+           "bf16_bytes": 2 * 30 * 3 * 64 * 2 * 264, "quantized_bytes": 685_440, "capacity_vs_bf16": 1.75,
+           "fp32_ttft_ms": 596.0, "quantized_ttft_ms": 578.0, "fp32_decode_ms_per_token": 155.0,
+           "quantized_decode_ms_per_token": 191.0, "decode_logit_max_abs_diff": 3.37}
+    kv.show_quantized({"nbits": 4, "group_size": 64, "backend": "optimum-quanto", "unpack": "torch",
+                       "contexts": [dict(row, context="short", tokens_with_kv=52), row],
+                       "refusal": {"group_size": 48, "engine_refusal": "a quantization group of 48 values does "
+                                   "not divide the head dimension 64"}})
+    window.show()
+    qtbot.waitExposed(window)
+    dock = window.docks["kv_memory"]
+    dock.raise_()
+    for size in ((1600, 1000), (1280, 800)):
+        window.resize(*size)
+        qtbot.wait(50)
+        holder = dock.widget()
+        assert kv.height() <= holder.viewport().height()  # no scrolling of the whole panel
+        bottom = kv.plot.mapTo(kv, kv.plot.rect().bottomLeft()).y()
+        assert kv.plot.isVisible() and bottom < kv.height()
+        assert kv.text_area.geometry().bottom() < kv.height()
+        assert kv.text_area.verticalScrollBar().maximum() > 0  # the text scrolls instead
+    # a tall dock stacks them: the text takes what its lines need, the plot the rest, both inside
+    from app.views.pool.kv_memory_view import KvMemoryView
+
+    tall = KvMemoryView(ctx)
+    qtbot.addWidget(tall)
+    tall.show()
+    tall.resize(796, 526)
+    qtbot.waitUntil(lambda: tall.text_area.geometry().top() > tall.plot.geometry().bottom())
+    assert tall.text_area.geometry().bottom() < tall.height() and tall.plot.height() > 200
+    assert tall.text_area.verticalScrollBar().maximum() == 0  # the short text fits whole

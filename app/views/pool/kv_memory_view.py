@@ -1,8 +1,11 @@
 """Per-layer KV memory: measured bytes per layer as bars, totals, the formula with the
 numbers filled in, and what-ifs for another dtype or model preset.
 
-Measured sizes come from `sigEngineChanged`'s `per_layer_bytes` (or the runner's pool);
-presets and reports from `engine.model.kv_memory` when it is available.
+Measured sizes come from `sigEngineChanged`'s `per_layer_bytes` (or the pool of the runner
+whose events the views show); presets and reports from `engine.model.kv_memory`. The what-if
+token count follows the engine: every new engine or adopted trace log (`PoolState.sigReset`)
+sets it to that pool's capacity in tokens; the user's own count stands until the next one.
+The text column scrolls by itself, so the bar plot always fits the dock it is in.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QBoxLayout, QComboBox, QHBoxLayout, QLabel, QSizePolicy, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QBoxLayout, QComboBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QSpinBox,
+                               QVBoxLayout, QWidget)
 
 from app.ui import theme
 from app.ui.export import export_button, header_row
@@ -25,6 +29,8 @@ from app.ui.widgets import PanelView
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
+QWIDGETSIZE_MAX = 16777215
+TEXT_MIN_PX = 60  # the text column is never shorter; it scrolls instead
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
 
@@ -127,17 +133,35 @@ class KvMemoryView(PanelView):
         self.quantized_findings: dict[str, Any] | None = None
         text.addWidget(self.quantized)
         text.addStretch(1)
+        # The text scrolls in a column of its own: a long text (the quantized findings) must
+        # not make the panel taller than its dock, or the dock's scroll area would scroll the
+        # whole panel and cut the bar plot off at the bottom.
+        self.text_body = QWidget()
+        self.text_body.setObjectName("kv_text")
+        self.text_body.setLayout(text)
+        text.setContentsMargins(0, 0, 0, 0)
+        self.text_area = QScrollArea()
+        self.text_area.setObjectName("kv_text_area")
+        self.text_area.setWidgetResizable(True)
+        self.text_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.text_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.text_area.setWidget(self.text_body)
+        self.text_area.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+        self.text_area.setMinimumSize(200, TEXT_MIN_PX)
         # Side by side in a wide, short dock (the default); stacked when the dock is tall.
         self.box = QBoxLayout(QBoxLayout.Direction.LeftToRight, self)
         self.box.setContentsMargins(6, 6, 6, 6)
         self.box.setSpacing(10)
         self.box.addWidget(self.plot, 5)
-        self.box.addLayout(text, 4)
+        self.box.addWidget(self.text_area, 4)
 
         for box in (self.dtype_box, self.preset_box):
             box.currentIndexChanged.connect(self.update_what_if)
         self.tokens_box.valueChanged.connect(self.update_what_if)
-        self.state.sigReset.connect(self.refresh)
+        # The capacity (tokens) the what-if count was last set to from an engine; None: the
+        # next engine's capacity sets it.
+        self.followed_capacity: int | None = None
+        self.state.sigReset.connect(self._on_reset)
         self.state.sigReset.connect(self.clear_quantized)
         self.state.sigChanged.connect(self._on_changed)
         self._in_use_shown = -1
@@ -146,7 +170,36 @@ class KvMemoryView(PanelView):
     def resizeEvent(self, event: QResizeEvent) -> None:
         wide = event.size().width() >= 1.6 * event.size().height()
         self.box.setDirection(QBoxLayout.Direction.LeftToRight if wide else QBoxLayout.Direction.TopToBottom)
+        self._fit_text(event.size().width(), event.size().height(), wide)
         super().resizeEvent(event)
+
+    def _fit_text(self, width: int, height: int, wide: bool) -> None:
+        """Side by side the text column is as tall as the panel; stacked it takes the height
+        its wrapped text needs, at most what leaves the plot its minimum, and the plot the rest."""
+        area = self.text_area
+        if wide or not self.plot.isVisibleTo(self):
+            area.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+            area.setMinimumHeight(TEXT_MIN_PX)
+            area.setMaximumHeight(QWIDGETSIZE_MAX)
+            self.box.setStretchFactor(self.plot, 5)
+            self.box.setStretchFactor(area, 4)
+            return
+        margins = self.box.contentsMargins()
+        inner = max(1, width - margins.left() - margins.right())
+        body = self.text_body.layout()
+        need = body.totalHeightForWidth(inner) if body is not None and body.hasHeightForWidth() else \
+            self.text_body.sizeHint().height()
+        room = height - margins.top() - margins.bottom() - self.box.spacing() - self.plot.minimumHeight()
+        # Fixed, not Ignored: an ignored height beside the plot's ignored one is laid out past the bottom
+        area.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        area.setFixedHeight(max(TEXT_MIN_PX, min(need, room)))
+        self.box.setStretchFactor(self.plot, 1)
+        self.box.setStretchFactor(area, 0)
+
+    def _on_reset(self) -> None:
+        """A new engine or an adopted log: the what-if count follows its pool again."""
+        self.followed_capacity = None
+        self.refresh()
 
     def apply_theme(self, name: str | None = None) -> None:
         p = theme.palette(name)
@@ -165,11 +218,24 @@ class KvMemoryView(PanelView):
     def _info(self) -> dict[str, Any]:
         info = dict(self.state.engine_info)
         if not info.get("per_layer_bytes"):
+            # The runner's pool only while its events are the ones shown: a trace opened
+            # after a chat has no model pool, whatever runner stays loaded behind it.
             runner = self.ctx.runner
             pool = getattr(runner, "kv_pool", None)
-            if pool is not None:
+            manager = getattr(runner, "manager", None)
+            if pool is not None and (manager is None or self.ctx.bridge.bus is getattr(manager, "events", None)):
                 info["per_layer_bytes"] = list(pool.per_layer_bytes())
         return info
+
+    def capacity_tokens(self) -> int:
+        """Tokens the shown pool holds: the engine's blocks × block size, or the adopted
+        log's pool when the engine did not say (a trace cancelled before it was sized)."""
+        info = self.state.engine_info
+        blocks, size = int(info.get("num_blocks") or 0), int(info.get("block_size") or 0)
+        if not blocks:
+            p = self.state.projection
+            blocks, size = int(getattr(p, "num_blocks", 0) or 0), int(getattr(p, "block_size", 0) or size)
+        return blocks * size
 
     def _on_changed(self) -> None:
         # only the "in use now" line depends on events; redo it when the count moves
@@ -185,14 +251,21 @@ class KvMemoryView(PanelView):
         self.plot.setYRange(0, max(float(heights.max()) if len(heights) else 0.0, 1e-3) * 1.08, padding=0)
         self.plot.setXRange(-0.6, max(len(heights), 1) - 0.4, padding=0)
         self.plot.setVisible(bool(self.per_layer))  # no model pool: empty axes would only waste room
-        capacity = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
-        if capacity and self.tokens_box.value() == 1:
+        capacity = self.capacity_tokens()
+        if capacity and capacity != self.followed_capacity:
+            self.followed_capacity = capacity
             self.tokens_box.setValue(min(capacity, self.tokens_box.maximum()))
         dtype = info.get("dtype")
         if dtype in BYTES_PER_VALUE:
             self.dtype_box.setCurrentText(dtype)
         self._update_totals()
         self.update_what_if()
+        self._refit()
+
+    def _refit(self) -> None:
+        """Lay the text out again for the current size (the plot shown or hidden, text changed)."""
+        w, h = self.width(), self.height()
+        self._fit_text(w, h, w >= 1.6 * h)
 
     def _update_totals(self) -> None:
         info = self._info()
@@ -272,8 +345,10 @@ class KvMemoryView(PanelView):
             f"{findings.get('backend')}, unpacking in {str(findings.get('unpack', 'torch')).split(' (')[0]}"
             f"{rows}{refused}")
         self.quantized.show()
+        self._refit()
 
     def clear_quantized(self) -> None:
         """Forget the quantized cache shown: a new engine's pool is not what it measured."""
         self.quantized_findings = None
         self.quantized.hide()
+        self._refit()
