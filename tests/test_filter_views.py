@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("pytestqt")
@@ -364,3 +365,92 @@ def test_a_range_on_the_remote_timeline_filters_the_other_views(qtbot, tmp_path)
         assert shared.range is None and len(rows_of(log)) == len(events)
     finally:
         c.shutdown()
+
+
+def _own_span(events: list, ids: set[str]) -> tuple[int, int]:
+    """First and last seq of the events these requests emitted themselves."""
+    own = [e.seq for e in events if getattr(e, "request_id", None) in ids]
+    return min(own), max(own)
+
+
+def _metrics(qtbot, ctx):
+    from app.views.pool.metrics_view import MetricsView
+
+    log = EventLogView(ctx)
+    metrics = MetricsView(ctx)
+    qtbot.addWidget(log)
+    qtbot.addWidget(metrics)
+    metrics.resize(900, 420)
+    metrics.show()
+    qtbot.waitExposed(metrics)
+    return log, metrics
+
+
+def test_a_range_on_the_metrics_timeline_selects_the_events_of_those_requests(qtbot, ctx, events):
+    log, metrics = _metrics(qtbot, ctx)
+    stack, shared = metrics.glw, shared_filter(ctx)
+    assert stack.shared is shared
+    # the x axis is the request, in start order (the requests' own started events)
+    names = metrics.p_rate.getAxis("bottom").names
+    assert list(names) == [e.request_id for e in events if e.kind == "request_started"]
+    # R on requests 5 to 9: the log keeps every event from the 5th's start to the 9th's finish
+    stack.set_x_range(4.6, 9.4)
+    stack.setFocus()
+    qtbot.keyClick(stack, Qt.Key.Key_R)
+    lo, hi = _own_span(events, set(names[4:9]))
+    assert shared.range == (lo, hi)
+    rows = rows_of(log)
+    assert rows == [e.seq for e in events if lo <= e.seq <= hi]
+    by_seq = {e.seq: e for e in events}
+    assert (by_seq[rows[0]].kind, by_seq[rows[0]].request_id) == ("request_started", names[4])
+    assert (by_seq[rows[-1]].kind, by_seq[rows[-1]].request_id) == ("request_finished", names[8])
+    # one request at a time: every row is one of theirs, or an eviction one of them made
+    assert {getattr(by_seq[s], "request_id", None) or by_seq[s].by_request_id for s in rows} == set(names[4:9])
+    # a Shift-drag over requests 12 to 14 selects theirs
+    stack.set_x_range(0.5, 24.5)
+    shift_drag(qtbot, stack, metrics.p_tokens, 11.7, 14.2)
+    assert shared.range == _own_span(events, set(names[11:14]))
+    # the log's range with a typed filter: the evictions those requests made, marked in their slots
+    log.filter_bar.set_text("kind:evicted")
+    lo, hi = shared.range
+    evicted = [e for e in events if e.kind == "block_evicted"]
+    assert rows_of(log) == [e.seq for e in evicted if lo <= e.seq <= hi]
+    slots = np.floor(np.sort(stack._mark_x) + 0.5).astype(int)
+    assert slots.tolist() == [names.index(e.by_request_id) + 1 for e in evicted]
+    log.filter_bar.set_text("")
+    # a range set elsewhere (the main timeline, in seqs) shows on the request axis: from the
+    # start of request 5 to the finish of request 7 is the slots of 5, 6 and 7
+    lo, hi = _own_span(events, set(names[4:7]))
+    shared.set_range(lo, hi)
+    first, last = stack.selected_range
+    assert first == pytest.approx(4.5) and 7.0 < last < 7.5
+    # a window with no request keeps none; Esc clears
+    stack.select_range(30.0, 40.0)
+    assert shared.range == (-1, -1) and rows_of(log) == []
+    qtbot.keyClick(stack, Qt.Key.Key_Escape)
+    assert shared.range is None and len(rows_of(log)) == len(events)
+
+
+def test_a_range_on_the_metrics_timeline_of_an_opened_trace(qtbot, ctx, events):
+    """The same on the columnar log File > Open adopts: its request rows give the seqs."""
+    from app.runtime.replays import kernel_replay_job
+    from engine.core.columnar_log import ColumnarEventLog
+
+    _, columnar = kernel_replay_job(str(DEMO), 16, CAPACITY)
+    assert isinstance(columnar, ColumnarEventLog)
+    ctx.state.set_engine({"num_blocks": CAPACITY, "block_size": 16})
+    ctx.state.adopt_log(columnar)
+    log, metrics = _metrics(qtbot, ctx)
+    stack, shared = metrics.glw, shared_filter(ctx)
+    names = list(metrics.p_rate.getAxis("bottom").names)
+    assert names == [e.request_id for e in events if e.kind == "request_started"]
+    stack.select_range(2.8, 6.1)
+    lo, hi = _own_span(events, set(names[2:6]))  # the Python engine's events: the same seqs
+    assert shared.range == (lo, hi)
+    assert rows_of(log) == [e.seq for e in events if lo <= e.seq <= hi]
+    # scrubbed back into request 4, the range still reaches request 6's finish in the log
+    ctx.state.scrub_to(_own_span(events, {names[3]})[0] + 2)
+    assert len(metrics.cached_tokens) == 4
+    stack.select_range(None)
+    stack.select_range(2.8, 4.2)
+    assert shared.range == _own_span(events, set(names[2:4]))

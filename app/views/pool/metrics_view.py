@@ -3,10 +3,18 @@
 Hit rate and token counts come from the projection's request records (so they follow
 scrubbing); times to first token come from `PoolState.record_timing`, called by whoever
 ran the request (the conversation view), with the cold time when it was measured.
+
+The x axis is the request, and a range selected on it (R, or Shift+drag) selects the
+events of those requests: from the first one's start to the last one's finish (or the end
+of the log while it runs), through the shared filter, as the main timeline's range does. A
+range set elsewhere shows on the request axis: an event at x = i - 0.5 + f, where request i
+started and f is how far the event is towards the next request's start.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,6 +64,10 @@ class MetricsView(PanelView):
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
         self.glw = PlotStack("request (in start order)", header_width=92)  # ticks name request ids
+        # (state version, starts, ends): each plotted request's first and last event seq
+        self._spans: tuple[int, Any, np.ndarray, np.ndarray] | None = None
+        self._finishes: tuple[Any, int, dict[str, list[int]]] | None = None  # (log, n, id -> finish seqs)
+        self.glw.map_x(self.seqs_of_requests, self.x_of_seqs)
         h_rate, self.p_rate = self.glw.add(stretch=2)
         h_tokens, self.p_tokens = self.glw.add(stretch=3)
         h_ttft, self.p_ttft = self.glw.add(stretch=3)
@@ -178,6 +190,75 @@ class MetricsView(PanelView):
             ("", f"stored {c.num_stored_blocks:,} blocks"),
             ("", f"evicted {c.num_evicted_blocks:,}"),
             ("", f"refused {c.num_refused_requests:,}")]))
+
+    # ------------------------------------------------------------------ the x axis as event seqs
+    def request_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """First and last event seq of each request the plots show, in their order: its
+        started event, and its finished event anywhere in the log (a scrubbed state shows a
+        request whose finish comes later), or the log's last event while it has none."""
+        state = self.state
+        if self._spans is not None and self._spans[0] == state.version and self._spans[1] is state.log:
+            return self._spans[2], self._spans[3]
+        log, proj = state.log, state.projection
+        last = -1 if log.last_seq is None else int(log.last_seq)
+        if getattr(log, "columnar_log", False):
+            # the request index's rows, no record per request (a trace of a million)
+            occ = proj.looked_up()
+            started, _, finished = log.request_index()
+            seq, num_rows = log.columnar.col("seq"), log.columnar.num_rows
+            starts = seq[started[occ]].astype(np.int64)
+            done = finished[occ]
+            ends = np.where(done < num_rows, seq[np.minimum(done, max(0, num_rows - 1))], last).astype(np.int64)
+        else:
+            records = [r for r in proj.request_records() if r.miss is not None]
+            finishes = self._finish_seqs()
+            starts = np.fromiter((r.started_seq for r in records), dtype=np.int64, count=len(records))
+            ends = np.empty(len(records), dtype=np.int64)
+            for i, r in enumerate(records):
+                after = finishes.get(r.request_id, ())
+                at = bisect.bisect_left(after, r.started_seq)
+                ends[i] = after[at] if at < len(after) else last
+        self._spans = (state.version, log, starts, ends)
+        return starts, ends
+
+    def _finish_seqs(self) -> dict[str, list[int]]:
+        """The seqs of each request id's finished events in a Python event log (built once
+        per length of the log; a reused id finishes more than once)."""
+        log = self.state.log
+        if self._finishes is None or self._finishes[0] is not log or self._finishes[1] != len(log):
+            out: dict[str, list[int]] = {}
+            for e in log.events:
+                if e.kind == "request_finished":
+                    out.setdefault(e.request_id, []).append(int(e.seq))
+            self._finishes = (log, len(log), out)
+        return self._finishes[2]
+
+    def seqs_of_requests(self, lo: float, hi: float) -> tuple[int, int] | None:
+        """The (first, last) event seq of the requests whose x (1, 2, ...) is in [lo, hi]:
+        the first one's start to the latest finish among them; None if no request is."""
+        starts, ends = self.request_spans()
+        first, last = max(1, math.ceil(lo)), min(len(starts), math.floor(hi))
+        if first > last:
+            return None
+        return int(starts[first - 1:last].min()), int(ends[first - 1:last].max())
+
+    def x_of_seqs(self, seqs: np.ndarray) -> np.ndarray:
+        """The x of each event seq: in the slot of the request started last before it, from
+        i - 0.5 at that request's start towards i + 0.5 at the next one's (or the log's end)."""
+        starts, _ = self.request_spans()
+        seqs = np.asarray(seqs, dtype=np.int64)
+        n = len(starts)
+        if not n:
+            return np.zeros(len(seqs))
+        begin = np.maximum.accumulate(starts)  # a reused id keeps its first place: not sorted
+        last = self.state.log.last_seq
+        nxt = np.append(begin[1:], max(int(begin[-1]), -1 if last is None else int(last)) + 1)
+        i = np.searchsorted(begin, seqs, side="right") - 1
+        before = i < 0  # an event before the first request: the left edge of the first slot
+        i = np.clip(i, 0, n - 1)
+        width = np.maximum(nxt[i] - begin[i], 1)
+        frac = np.clip((seqs - begin[i]) / width, 0.0, 1.0)
+        return np.where(before, 0.5, i + 0.5 + frac)
 
     def requests_table(self) -> tuple[list[str], list[list[Any]]]:
         """One row per request with a lookup, as the plots number them (for the CSV export)."""
