@@ -435,6 +435,9 @@ class BillingView(PanelView):
 
     def _follow_usage_provider(self, result: dict[str, Any]) -> None:
         self._restore_provider()
+        if self._before_demo is not None:  # the log replaces the demo's bill: its settings go too
+            self._set_boxes(*self._before_demo)
+            self._before_demo = None
         providers = {USAGE_PROVIDERS[a] for a in result.get("apis", ()) if a in USAGE_PROVIDERS}
         if len(providers) != 1:
             return  # a server's log, or a mix: the boxes stay as the user left them
