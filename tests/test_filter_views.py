@@ -424,6 +424,10 @@ def test_a_range_on_the_metrics_timeline_selects_the_events_of_those_requests(qt
     shared.set_range(lo, hi)
     first, last = stack.selected_range
     assert first == pytest.approx(4.5) and 7.0 < last < 7.5
+    # a redraw of the same requests (a theme change) keeps the zoom the range is seen in
+    stack.set_x_range(3.5, 8.5)
+    metrics.apply_theme("light")
+    assert stack.x_range() == pytest.approx((3.5, 8.5)) and stack.selected_range == (first, last)
     # a window with no request keeps none; Esc clears
     stack.select_range(30.0, 40.0)
     assert shared.range == (-1, -1) and rows_of(log) == []

@@ -88,14 +88,20 @@ def _trace_tokens(path) -> int:
     return capacity_of(load_trace(path, bs), bs) * bs
 
 
-def test_the_panel_follows_every_opened_trace(qtbot, window):
+def test_the_panel_follows_every_opened_trace(qtbot, window, tiny_model):
     """Built before two traces are opened, the panel's what-if counts the second one's pool
     (it kept the first one's 1,888 tokens), and says so in the figure it prints."""
+    from engine.core.events import EventBus
+    from engine.model.runner import ModelRunner
     from engine.resources import resource_path
 
     ctx = window.ctx
     ctx.suppress_dialogs = True
-    kv = window.panels["kv_memory"]  # built now, before any trace
+    runner = ModelRunner(tiny_model, num_blocks=64, block_size=4, seed=0, events=EventBus())
+    ctx.set_runner(runner)
+    kv = window.panels["kv_memory"]  # built now, on the model's pool, before any trace
+    assert not kv.plot.isHidden() and kv.per_layer == list(runner.kv_pool.per_layer_bytes())
+    assert kv.tokens_box.value() == 64 * 4
     traces = resource_path("traces")
     first, second = traces / "demo_tokens.jsonl", traces / "mooncake_synthetic_trace.jsonl"
     _open(qtbot, window, first)
@@ -113,7 +119,8 @@ def test_the_panel_follows_every_opened_trace(qtbot, window):
     kv.dtype_box.setCurrentText("bfloat16")
     assert kv.what_if_bytes == kv_memory_report(PRESETS["llama-3.1-8b"], tokens, "bf16")["total_bytes"]
     assert f"{tokens:,}" in kv.what_if.text()
-    # a trace has no model pool: no bars, whatever runner may stay loaded behind it
+    # a trace has no model pool: no bars, though the model's runner stays loaded behind it
+    assert ctx.runner is runner
     assert kv.plot.isHidden() and "No model pool" in kv.totals.text()
     assert ctx.errors == []
 

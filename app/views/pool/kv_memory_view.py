@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 QWIDGETSIZE_MAX = 16777215
 TEXT_MIN_PX = 60  # the text column is never shorter; it scrolls instead
+TEXT_MAX_SHARE = 0.55  # stacked, the text takes at most this share of the height
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
 
 
@@ -175,7 +176,7 @@ class KvMemoryView(PanelView):
 
     def _fit_text(self, width: int, height: int, wide: bool) -> None:
         """Side by side the text column is as tall as the panel; stacked it takes the height
-        its wrapped text needs, at most what leaves the plot its minimum, and the plot the rest."""
+        its wrapped text needs, at most `TEXT_MAX_SHARE` of the panel, and the plot the rest."""
         area = self.text_area
         if wide or not self.plot.isVisibleTo(self):
             area.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
@@ -189,7 +190,9 @@ class KvMemoryView(PanelView):
         body = self.text_body.layout()
         need = body.totalHeightForWidth(inner) if body is not None and body.hasHeightForWidth() else \
             self.text_body.sizeHint().height()
-        room = height - margins.top() - margins.bottom() - self.box.spacing() - self.plot.minimumHeight()
+        inside = height - margins.top() - margins.bottom() - self.box.spacing()
+        # a long text scrolls rather than squeeze the plot to its minimum
+        room = min(inside - self.plot.minimumHeight(), int(inside * TEXT_MAX_SHARE))
         # Fixed, not Ignored: an ignored height beside the plot's ignored one is laid out past the bottom
         area.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         area.setFixedHeight(max(TEXT_MIN_PX, min(need, room)))

@@ -64,7 +64,7 @@ class MetricsView(PanelView):
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)  # the summary doubles as the legend: it wraps, never widens the dock
         self.glw = PlotStack("request (in start order)", header_width=92)  # ticks name request ids
-        # (state version, starts, ends): each plotted request's first and last event seq
+        # (state version, log, starts, ends): each plotted request's first and last event seq
         self._spans: tuple[int, Any, np.ndarray, np.ndarray] | None = None
         self._finishes: tuple[Any, int, dict[str, list[int]]] | None = None  # (log, n, id -> finish seqs)
         self.glw.map_x(self.seqs_of_requests, self.x_of_seqs)
@@ -94,6 +94,7 @@ class MetricsView(PanelView):
         self.p_ttft.addItem(self.ttft_hint, ignoreBounds=True)
         self.p_ttft.vb.sigXRangeChanged.connect(self._place_hint)
         self._has_timings = False
+        self._framed = -1  # the number of requests the x range was last set for
         self._fit_rows()
 
         layout = QVBoxLayout(self)
@@ -106,8 +107,13 @@ class MetricsView(PanelView):
         self.remote_view = RemoteMetrics(self.state)
         self.remote_view.hide()
         layout.addWidget(self.remote_view, 1)
+        self.state.sigReset.connect(self._reframe)
         self.state.sigChanged.connect(self.refresh)
         self.apply_theme()
+
+    def _reframe(self) -> None:
+        """A new engine or log: its latest requests come into view at the next draw."""
+        self._framed = -1
 
     def apply_theme(self, name: str | None = None) -> None:
         self.remote_view.apply_theme(name)
@@ -178,7 +184,11 @@ class MetricsView(PanelView):
         self.b_computed.setOpts(x=x[recent], y0=cached[recent], height=computed[recent], width=0.8)
         top = float((cached + computed)[recent].max()) if n else 1.0
         self.p_tokens.setYRange(0, max(1.0, top) * 1.05, padding=0)
-        self.p_rate.setXRange(max(0.5, n - MAX_BARS + 0.5), max(1.5, n + 0.5), padding=0)
+        if n != self._framed:
+            # new requests (or a scrub) bring the latest into view; a redraw of the same
+            # requests (a theme change) keeps the user's zoom and the range shown in it
+            self._framed = n
+            self.p_rate.setXRange(max(0.5, n - MAX_BARS + 0.5), max(1.5, n + 0.5), padding=0)
         self._draw_timings(names)
         c = proj.counters
         p = self.palette
