@@ -356,3 +356,22 @@ def test_a_long_sweep_of_the_last_subject_stops_at_its_next_point(qtbot, ctx):
     qtbot.wait(50)
     assert progress and max(done for done, _ in progress) < 7
     assert view.result is None and view.run_button.isEnabled() and ctx.errors == []
+
+
+def test_an_opened_trace_past_the_auto_bill_limit_is_not_billed_by_itself(qtbot, ctx, tmp_path, monkeypatch):
+    """A trace of more requests than the panel bills when it opens is said in the panel,
+    not loaded (a million requests' bill rows cost gigabytes); Recompute still bills it."""
+    from app.views.tools import billing_view
+
+    monkeypatch.setattr(billing_view, "AUTO_BILL_MAX_REQUESTS", 5)
+    path = tmp_path / "six.jsonl"
+    path.write_text("".join(f'{{"id": "r{i}", "tokens": [{i}, 1, 2]}}\n' for i in range(6)))
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    ctx.open_subject(Subject("trace", path.name, source=str(path)))
+    qtbot.waitUntil(lambda: "No bill" in view.total_label.text(), timeout=TIMEOUT)
+    assert "more than the 5 requests" in view.total_label.text() and view.result is None
+    with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
+        view.recompute()
+    assert sig.args[0]["totals"]["requests"] == 6

@@ -207,6 +207,10 @@ def screenshot(app, window, folder: Path, file: Path) -> int:
         dock.show()
         dock.raise_()
         app.processEvents()
+        # A panel built or shown now may compute on the worker (Statistics, Billing,
+        # Sweep): grab what it shows once that is done, not its "computing" state, and
+        # leave no job running when the window closes.
+        wait_idle(app, window)
         widget = dock.widget()
         if widget.width() < 200 or widget.height() < 150:
             widget.resize(max(widget.width(), 640), max(widget.height(), 400))

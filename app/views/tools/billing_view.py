@@ -9,6 +9,7 @@ the context's worker; the numbers are `engine.analysis.billing`.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui import theme
+from engine.core.errors import InputError
 from app.ui.export import export_button, model_table
 from app.ui.plots import CountAxis
 from app.ui.widgets import PanelView
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 
 COLUMNS = ("#", "id", "prompt", "read", "write", "uncached", "cost", "without cache", "notes")
 MAX_ROWS = 2000  # the table shows the first rows; totals and bars cover every request
+# A trace the panel bills by itself (the one just opened) is billed only up to this many
+# requests: a bill keeps a row per request, and a million rows cost gigabytes. A larger
+# one is billed when the user asks (Recompute), as `cachescope billing FILE` does.
+AUTO_BILL_MAX_REQUESTS = 200_000
 
 
 INTRO = "Open a conversation or trace to see its bill."
@@ -332,7 +338,8 @@ class BillingView(PanelView):
         cached = self._requests if self._requests and self._requests[0] == source else None
         db = getattr(self.ctx.store, "path", None)
         generation = self._generation
-        self.ctx.worker.submit(_bill_job, source, cached, self.settings(), None if db is None else str(db),
+        limit = AUTO_BILL_MAX_REQUESTS if quiet else None
+        self.ctx.worker.submit(_bill_job, source, cached, self.settings(), None if db is None else str(db), limit,
                                on_done=lambda out: self._done(out, generation),
                                on_error=lambda exc: self._failed(exc, generation, quiet))
 
@@ -521,14 +528,39 @@ class BillingView(PanelView):
         self.plot.setYRange(0, (self._top or 1.0) / (1.0 - share) * 1.03, padding=0)
 
 
+def _count_lines(source: str, stop: int) -> int:
+    """Lines in the file `source` (0 for what is not a readable file), counted in chunks
+    until more than `stop` are seen: a cheap bound on a JSONL trace's requests."""
+    n = 0
+    if not os.path.isfile(source):  # a FIFO or device is never opened here
+        return 0
+    try:
+        with open(source, "rb") as fh:
+            while n <= stop:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                n += chunk.count(b"\n")
+    except OSError:
+        return 0
+    return n
+
+
 def _bill_job(source: str, cached: tuple[str, list[Any], str] | None, settings: dict[str, Any],
-              db: str | None) -> tuple[tuple[str, list[Any], str], dict[str, Any]]:
-    """Worker thread: load (once per source) and bill."""
+              db: str | None, limit: int | None = None) -> tuple[tuple[str, list[Any], str], dict[str, Any]]:
+    """Worker thread: load (once per source) and bill; a source of more than `limit`
+    requests is refused in one sentence (the panel shows it) before it is billed."""
     from engine.analysis import billing
 
     if cached is None:
+        if limit is not None and _count_lines(source, limit) > limit:  # a JSONL trace: one request a line
+            raise InputError(f"the trace has more than the {limit:,} requests billed when it opens; "
+                             f"press Recompute to bill them all")
         reqs, note = billing.load_billing_requests(source, db)
         cached = (source, reqs, note)
+    if limit is not None and len(cached[1]) > limit:
+        raise InputError(f"{len(cached[1]):,} requests are more than the {limit:,} billed when a trace opens; "
+                         f"press Recompute to bill them all")
     rules = billing.provider_rules(settings["provider"], settings["model"], settings["ttl"], settings["price"])
     # As `cachescope billing` without --model: a request naming its model is priced by it.
     model_rules = (None if settings["model"] is not None else
