@@ -95,10 +95,17 @@ def test_model_prices_every_request_as_one_model(capsys):
     assert first_two[0]["cost_usd"] == pytest.approx(12343 * 1.25 * 3e-6)
 
 
+def unpriced_copy(tmp_path: Path) -> str:
+    """trace_0104 with its model renamed to one the rules file has no table for."""
+    path = tmp_path / "trace_0104_unpriced.json"
+    path.write_text((WEKA / "trace_0104.json").read_text().replace("claude-opus-4-6", "claude-opus-4-9"))
+    return str(path)
+
+
 @pytest.mark.parametrize("stored", [False, True], ids=["file", "session"])
 def test_a_model_without_a_price_table_is_one_sentence(tmp_path, capsys, stored):
-    # claude-opus-4-6 has no table in the rules file (it is not a dated claude-opus-4)
-    source = str(WEKA / "trace_0104.json")
+    # claude-opus-4-9 has no table in the rules file (it is not a dated claude-opus-4)
+    source = unpriced_copy(tmp_path)
     argv = [source]
     if stored:
         db = tmp_path / "s.db"
@@ -108,7 +115,7 @@ def test_a_model_without_a_price_table_is_one_sentence(tmp_path, capsys, stored)
     assert main(["billing", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert "names model 'claude-opus-4-6', which has no anthropic price table" in err[0]
+    assert "names model 'claude-opus-4-9', which has no anthropic price table" in err[0]
     assert "--model" in err[0]
 
 
@@ -116,7 +123,8 @@ def test_dated_ids_belong_to_their_family_and_nothing_else():
     models = billing.load_rules()["providers"]["anthropic"]["models"]
     assert billing._match_family("claude-sonnet-4-5-20250929", models) == "claude-sonnet-4-5"
     assert billing._match_family("claude-sonnet-4-20250514", models) == "claude-sonnet-4"
-    assert billing._match_family("claude-opus-4-6", models) is None
+    assert billing._match_family("claude-opus-4-9", models) is None
+    assert billing._match_family("claude-opus-4-6", models) == "claude-opus-4-6"
     legacy = billing.load_rules()["providers"]["openai-legacy"]["models"]
     assert billing._match_family("gpt-4o-mini-2024-07-18", legacy) == "gpt-4o-mini"
     assert billing._match_family("gpt-5-mini", legacy) == "gpt-5-mini"
@@ -130,3 +138,14 @@ def test_requests_without_a_model_bill_as_before():
     rules = billing.provider_rules("anthropic")
     assert billing.rules_for_models(reqs, "anthropic") == {}
     assert billing.bill(reqs, rules, (-1,), {}) == billing.bill(reqs, rules, (-1,))
+
+
+def test_opus_4_6_sessions_are_billed_at_its_price(capsys):
+    # trace_0104 is a real Claude Code session on claude-opus-4-6 ($5 / MTok input, 4,096
+    # tokens the smallest cacheable prefix, as Opus 4.5: DESIGN.md section 6)
+    out = _billing_json(capsys, str(WEKA / "trace_0104.json"))
+    assert set(out["models"]) == {"claude-opus-4-6"}
+    first = min(out["requests"], key=lambda r: r["index"])
+    assert first["write_tokens"] > 4096
+    assert first["cost_usd"] == pytest.approx(first["write_tokens"] * 1.25 * 5e-6
+                                              + first.get("uncached_tokens", 0) * 5e-6, rel=1e-6)

@@ -267,14 +267,16 @@ def test_a_hidden_billing_panel_bills_the_trace_when_shown(qtbot, ctx, hand_trac
     assert sig.args[0]["source"] == str(hand_trace)
 
 
-def test_an_unpriced_model_in_a_followed_trace_is_said_in_the_panel(qtbot, ctx):
+def test_an_unpriced_model_in_a_followed_trace_is_said_in_the_panel(qtbot, ctx, tmp_path):
     view = BillingView(ctx)
     qtbot.addWidget(view)
     view.show()
-    source = str(WEKA / "trace_0104.json")  # claude-opus-4-6: no price table
+    path = tmp_path / "trace_0104_unpriced.json"  # claude-opus-4-9: no price table
+    path.write_text((WEKA / "trace_0104.json").read_text().replace("claude-opus-4-6", "claude-opus-4-9"))
+    source = str(path)
     ctx.open_subject(Subject("trace", "trace_0104.json", source=source))
     qtbot.waitUntil(lambda: "No bill" in view.total_label.text(), timeout=TIMEOUT)
-    assert "claude-opus-4-6" in view.total_label.text() and "pick a model above" in view.total_label.text()
+    assert "claude-opus-4-9" in view.total_label.text() and "pick a model above" in view.total_label.text()
     assert ctx.errors == []  # the panel followed the subject: no dialog
     with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
         view.model.setCurrentText("claude-opus-4-5")  # the user picks one: every request billed as it
