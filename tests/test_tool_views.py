@@ -362,7 +362,7 @@ def test_a_long_sweep_of_the_last_subject_stops_at_its_next_point(qtbot, ctx):
 
 def test_an_opened_trace_past_the_auto_bill_limit_is_not_billed_by_itself(qtbot, ctx, tmp_path, monkeypatch):
     """A trace of more requests than the panel bills when it opens is said in the panel,
-    not loaded (a million requests' bill rows cost gigabytes); Recompute still bills it."""
+    not loaded (a million requests' bill rows cost gigabytes); Enter in the source field still bills it."""
     from app.views.tools import billing_view
 
     monkeypatch.setattr(billing_view, "AUTO_BILL_MAX_REQUESTS", 5)

@@ -34,7 +34,7 @@ COLUMNS = ("#", "id", "prompt", "read", "write", "uncached", "cost", "without ca
 MAX_ROWS = 2000  # the table shows the first rows; totals and bars cover every request
 # A trace the panel bills by itself (the one just opened) is billed only up to this many
 # requests: a bill keeps a row per request, and a million rows cost gigabytes. A larger
-# one is billed when the user asks (Recompute), as `cachescope billing FILE` does.
+# one is billed when the user asks (Enter in the source field), as `cachescope billing FILE` does.
 AUTO_BILL_MAX_REQUESTS = 200_000
 
 
@@ -555,12 +555,12 @@ def _bill_job(source: str, cached: tuple[str, list[Any], str] | None, settings: 
     if cached is None:
         if limit is not None and _count_lines(source, limit) > limit:  # a JSONL trace: one request a line
             raise InputError(f"the trace has more than the {limit:,} requests billed when it opens; "
-                             f"press Recompute to bill them all")
+                             f"press Enter in the source field to bill them all")
         reqs, note = billing.load_billing_requests(source, db)
         cached = (source, reqs, note)
     if limit is not None and len(cached[1]) > limit:
         raise InputError(f"{len(cached[1]):,} requests are more than the {limit:,} billed when a trace opens; "
-                         f"press Recompute to bill them all")
+                         f"press Enter in the source field to bill them all")
     rules = billing.provider_rules(settings["provider"], settings["model"], settings["ttl"], settings["price"])
     # As `cachescope billing` without --model: a request naming its model is priced by it.
     model_rules = (None if settings["model"] is not None else
