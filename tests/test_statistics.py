@@ -118,3 +118,95 @@ def test_without_prompts_or_decoder_the_tables_show_ids():
 def test_prompts_are_read_back_from_the_stored_blocks():
     s = compute(events_of(SHARED, 64), decode=decode)
     assert [(k.position, k.text) for k in s.killers] == [(0, "abcd"), (4, decode([20, 21, 22, 23]))]
+
+
+# ---- the columnar path: the same statistics from an opened trace's columns -------------
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from engine.analysis.filter_language import parse  # noqa: E402
+from engine.analysis.statistics_columnar import compute_columnar  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def columnar_of(reqs: list[TraceRequest], block_size: int, capacity: int):
+    """The kernel's columnar log of `reqs`, as an opened trace has it."""
+    from engine.core.columnar_log import ColumnarEventLog
+    from engine.kernel.replay import prepare, replay_kernel
+
+    run = replay_kernel(prepare(reqs, block_size), ReplayConfig(block_size=block_size, capacity_blocks=capacity,
+                                                                 seed=0), record=True)
+    return ColumnarEventLog(run.log)
+
+
+def same(got, want) -> None:
+    assert got.tables() == want.tables()
+    assert sorted(got.reuse_distance.values.tolist()) == sorted(want.reuse_distance.values)
+    assert sorted(got.lifetime.values.tolist()) == sorted(want.lifetime.values)
+    assert got.lifetime.unit == want.lifetime.unit and got.num_events == want.num_events
+    assert got.notes == want.notes
+
+
+@pytest.mark.parametrize("reqs, capacity", [(SHARED, 64), (EVICTING, 2)], ids=["shared", "evicting"])
+def test_the_columnar_path_gives_the_hand_computed_values(reqs, capacity):
+    log = columnar_of(reqs, 4, capacity)
+    got = compute_columnar(log, prompts=prompts(reqs), decode=decode)
+    same(got, compute(events_of(reqs, capacity), prompts(reqs), decode))
+    if reqs is EVICTING:
+        assert sorted(got.lifetime.values.tolist()) == [1, 1, 1, 1, 2] and got.lifetime.num_unbounded == 2
+        assert sorted(got.reuse_distance.values.tolist()) == [1, 3, 4] and got.reuse_distance.num_unbounded == 5
+        assert {g.group: g.prompt_tokens for g in got.hit_rates["tenant"]} == {"a": 24, "b": 8}
+        assert got.killers[0].examples == ("r0", "r2")
+    else:
+        assert [(p.num_blocks, p.num_requests, p.tokens_saved, p.text) for p in got.shared_prefixes] == \
+            [(2, 2, 16, "abcdefgh"), (1, 3, 12, "abcd")]
+        # without prompts, the killers' text is read back from the stored blocks here too
+        assert [(k.position, k.text) for k in compute_columnar(log, decode=decode).killers] == \
+            [(0, "abcd"), (4, decode([20, 21, 22, 23]))]
+
+
+TRACES = {  # file, pool size (small enough that each evicts), requests read (None: all)
+    "mooncake": ("resources/traces/mooncake_conversation_trace.jsonl", 400, 300),
+    "demo_tokens": ("resources/traces/demo_tokens.jsonl", 60, None),
+    "twin_evict": ("tests/data/vllm_twin/evict_pool64_c4.trace.jsonl", 64, None),
+    "twin_tenants": ("tests/data/vllm_twin/tenants_c2.trace.jsonl", 64, None),
+    "twin_retries": ("tests/data/vllm_twin/chat_retries_c4.trace.jsonl", 64, None),
+}
+
+
+@pytest.mark.parametrize("name", list(TRACES))
+@pytest.mark.parametrize("text, middle", [("", False), ("", True), ("kind:stored or kind:lookup", False),
+                                          ("not kind:started", True), ("kind:evicted or kind:lookup", False)])
+def test_the_columnar_path_equals_compute_on_real_traces(name, text, middle):
+    """Every table, histogram value and count of `compute_columnar` over a mask equals
+    `compute` over the dicts of the events the mask keeps (the filter language's own
+    predicate, inside a range of the middle half)."""
+    from app.runtime.jobs import trace_block_size
+    from engine.core.trace import read_trace
+
+    rel, capacity, limit = TRACES[name]
+    path = ROOT / rel
+    bs = trace_block_size(path)
+    reqs = list(read_trace(path, bs))[:limit]
+    log = columnar_of(reqs, bs, capacity)
+    dicts = [e.to_dict() for e in log.events]
+    keep = np.ones(len(dicts), bool)
+    if text:
+        chosen = {d["seq"] for d in parse(text).select(dicts)}
+        keep &= np.array([d["seq"] in chosen for d in dicts])
+    if middle:
+        keep[:len(dicts) // 4] = False
+        keep[3 * len(dicts) // 4:] = False
+    assert 0 < keep.sum() <= len(dicts)
+    kept = [d for d, k in zip(dicts, keep) if k]
+    dec = (lambda ids: "<" + ",".join(map(str, ids)) + ">")
+    want = compute(kept, decode=dec, block_size=bs)
+    got = compute_columnar(log, None if keep.all() else keep, decode=dec, block_size=bs)
+    same(got, want)
+    if not text and not middle:  # the tables these traces exercise are not empty
+        assert want.reuse_distance.values and want.shared_prefixes
+        if name in ("mooncake", "twin_evict", "demo_tokens"):
+            assert want.lifetime.values

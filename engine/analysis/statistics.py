@@ -4,7 +4,9 @@ tenant / model / server, the top shared prefixes and the "cache killers".
 Everything is computed from event dicts (`Event.to_dict()`, the store's rows), so a live
 pool, a replay and a recorded attach give the same tables. Each table is (header, rows)
 and `to_csv` writes it. Token text needs the prompts' ids and a decode function; without
-them the tables show ids. No Qt here.
+them the tables show ids. No Qt here. An opened trace's columnar log has the same
+statistics from its columns (`engine.analysis.statistics_columnar.compute_columnar`);
+this pass over dicts is the reference for it and what a live log uses.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Histogram:
     edges: tuple[int, ...]  # bin i is [edges[i], edges[i + 1])
     counts: tuple[int, ...]
     num_unbounded: int
-    values: tuple[float, ...] = ()
+    values: Sequence[float] = ()  # a tuple here; a numpy array from statistics_columnar
 
     @classmethod
     def of(cls, values: Sequence[float], unit: str, num_unbounded: int) -> Histogram:
