@@ -458,3 +458,51 @@ def test_a_range_on_the_metrics_timeline_of_an_opened_trace(qtbot, ctx, events):
     stack.select_range(None)
     stack.select_range(2.8, 4.2)
     assert shared.range == _own_span(events, set(names[2:4]))
+
+
+MOONCAKE = ROOT / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+@pytest.mark.parametrize("text, middle", [("", False), ("kind:evicted or kind:lookup", True)])
+def test_statistics_of_an_opened_trace_count_its_whole_columnar_log(qtbot, ctx, tmp_path, monkeypatch, text,
+                                                                     middle):
+    """An opened trace's log is columnar: the pane counts every event of it (no "last N",
+    though a live log's limit is set far below the log's size here) from the columns, under
+    the shared filter and range, and equals `compute` over the dicts of the events kept."""
+    from app.runtime.replays import TraceReplays
+    from app.views.tools import statistics_view
+    from app.views.tools.statistics_view import StatisticsView
+
+    monkeypatch.setattr(statistics_view, "MAX_EVENTS", 1000)
+    from engine.analysis.statistics import compute
+
+    path = tmp_path / "mooncake_300.jsonl"
+    with MOONCAKE.open("rb") as src:
+        path.write_bytes(b"".join(line for _, line in zip(range(300), src)))
+    replays = TraceReplays(ctx)
+    with qtbot.waitSignal(replays.sigShown, timeout=120_000):
+        replays.start(path, num_blocks=400)
+    log = ctx.state.log
+    assert getattr(log, "columnar_log", False)
+    pane = StatisticsView(ctx)
+    qtbot.addWidget(pane)
+    shared = shared_filter(ctx)
+    with qtbot.waitSignal(pane.sigComputed, timeout=60_000):
+        pane.show()
+    qtbot.waitUntil(lambda: not pane._busy, timeout=60_000)
+    dicts = [e.to_dict() for e in log.events]
+    lo, hi = (dicts[len(dicts) // 4]["seq"], dicts[3 * len(dicts) // 4]["seq"]) if middle else (None, None)
+    if text or middle:
+        with qtbot.waitSignal(pane.sigComputed, timeout=60_000):
+            shared.set_filter(text)
+            shared.set_range(lo, hi)
+        qtbot.waitUntil(lambda: not pane._busy and not shared.pending, timeout=60_000)
+    kept = parse(text).select(dicts) if text else dicts
+    if middle:
+        kept = [d for d in kept if lo <= d["seq"] <= hi]
+    assert 0 < len(kept) <= len(dicts)
+    want = compute(kept, block_size=log.block_size)
+    assert pane.stats.tables() == want.tables() and pane.stats.num_events == len(kept)
+    assert pane.summary.text().startswith(f"{len(kept):,} of {len(dicts):,} events")
+    assert "counted" not in pane.summary.text()
+    assert want.shared_prefixes and want.reuse_distance.values

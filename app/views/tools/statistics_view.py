@@ -4,7 +4,9 @@ narrowed by the app's shared filter and timeline range; every table exports as C
 
 The numbers are `engine.analysis.statistics` over the events the shared filter keeps
 (`app.runtime.selection.EventFilter.match_mask`: the typed filter, inside a timeline's
-range); this view only draws them. They are recomputed when asked (Refresh), when the
+range); this view only draws them. An opened trace's columnar log is counted whole, from
+its columns (`engine.analysis.statistics_columnar`, the mask as a row mask); a live log's
+last MAX_EVENTS events go through `compute`, the reference. They are recomputed when asked (Refresh), when the
 filter or range changes, and when the log changes while the panel is visible, at most
 once per second, so a replay in progress never waits on it.
 """
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
 
 MIN_INTERVAL_S = 1.0
-MAX_EVENTS = 500_000  # about 15 s of work on the worker; a longer log counts its last events
+MAX_EVENTS = 500_000  # a live log's: about 15 s of work on the worker; a longer one counts its last events
 GROUPS = ("tenant", "model", "server")
 
 
@@ -147,7 +149,8 @@ class StatisticsView(PanelView):
 
     def refresh(self) -> None:
         """Recompute on the worker from the events of the log the shared filter keeps now
-        (inside its range; the last MAX_EVENTS of them)."""
+        (inside its range): all of them from an opened trace's columnar log, the last
+        MAX_EVENTS of a live log."""
         shared = self.shared
         self._last_compute = time.monotonic()
         self._drawn_version = self.state.version
@@ -159,7 +162,14 @@ class StatisticsView(PanelView):
             self._again = True
             return
         self._busy, self._again = True, False
-        events = self.state.log.events
+        log = self.state.log
+        if getattr(log, "columnar_log", False):  # an opened trace: the whole log, from its columns
+            keep = shared.match_mask().copy() if shared.active else None
+            matched = len(log) if keep is None else int(keep[:len(log)].sum())
+            self.ctx.worker.submit(_columnar_statistics_job, log, keep, matched, len(log), self._decode(),
+                                   log.live.block_size, on_done=self._computed, on_error=self._failed)
+            return
+        events = log.events
         total = len(events)
         if shared.active:
             positions = shared.matching_positions()
@@ -167,8 +177,7 @@ class StatisticsView(PanelView):
             kept = [events[i] for i in positions[-MAX_EVENTS:]]
         else:
             matched = total
-            # references only: the worker builds the dicts (a trace's columnar log builds
-            # the events of this slice there too, as it reads them)
+            # references only: the worker builds the dicts
             kept = events[max(0, total - MAX_EVENTS):]
         self.ctx.worker.submit(_statistics_job, kept, matched, total, self._decode(),
                                self.state.log.live.block_size, on_done=self._computed, on_error=self._failed)
@@ -254,3 +263,10 @@ def _statistics_job(events: list[Any], matched: int, total: int, decode: Any, bl
     from engine.analysis.statistics import compute
 
     return compute([e.to_dict() for e in events], decode=decode, block_size=block_size), matched, total
+
+
+def _columnar_statistics_job(log: Any, keep: Any, matched: int, total: int, decode: Any,
+                             block_size: int) -> tuple[Any, int, int]:
+    from engine.analysis.statistics_columnar import compute_columnar
+
+    return compute_columnar(log, keep, decode=decode, block_size=block_size), matched, total
