@@ -141,9 +141,9 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     has_requests = bool(is_start.any())
 
     # token ids of the stored blocks the kept events carry (a hash-id trace's are empty)
-    store_keys = np.unique(key[is_store])
+    store_keys = np.flatnonzero(np.bincount(key[is_store])) if is_store.any() else np.zeros(0, np.int64)
     tokens_of: dict[int, tuple[int, ...]] = {}
-    for k in store_keys.tolist():
+    for k in store_keys[_may_carry_tokens(keys, store_keys)].tolist():
         t = keys.attributes(k)[1]
         if t:
             tokens_of[k] = t
@@ -181,9 +181,12 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
         occ = np.full(len(s_rows), -1, np.int64)
         occ[has] = req[srt_row[lat[has]]]
         # is the stored key among that occurrence's lookup keys?
-        pair_l = np.unique(req[look_at][look_owner] * num_keys + look_keys) if len(look_keys) else np.zeros(0, np.int64)
         named = np.zeros(len(s_rows), bool)
-        named[has] = np.isin(occ[has] * num_keys + key[s_rows[has]], pair_l)
+        if len(look_keys):
+            pairs = np.sort(req[look_at][look_owner] * num_keys + look_keys)
+            probe = occ[has] * num_keys + key[s_rows[has]]
+            at = np.minimum(np.searchsorted(pairs, probe), len(pairs) - 1)
+            named[has] = pairs[at] == probe
         where = np.searchsorted(store_at, s_rows)
         first_access[where] = ~named
     acc_row = np.concatenate([look_at[look_owner], store_at[first_access]])
@@ -208,11 +211,16 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     prompt = prompt_sizes[look_req]
     cached = a[look_at].astype(np.int64) * bs
     look_code = codes[look_req]
-    tenant_of = np.array(["(none)" if tenant.get(c) in (None, "") else tenant[c] for c in look_code.tolist()]
-                         if len(look_code) else [], dtype=object)
-    rates = {"tenant": _group_rates(tenant_of, prompt, cached),
-             "model": _group_rates(np.full(len(look_at), "(none)", object), prompt, cached),
-             "server": _group_rates(np.full(len(look_at), "local", object), prompt, cached)}
+    names = sorted(set(tenant.values()))
+    code_name = np.full(int(codes.max()) + 1 if len(codes) else 1, -1, np.int64)
+    if tenant:
+        code_name[np.fromiter(tenant, np.int64, len(tenant))] = [names.index(v) for v in tenant.values()]
+    labels = [("(none)" if v == "" else v) for v in names] + ["(none)"]
+    tenant_of = code_name[look_code]  # -1, no salt: the last label
+    one = np.zeros(len(look_at), np.int64)
+    rates = {"tenant": _group_rates(labels, tenant_of, prompt, cached),
+             "model": _group_rates(["(none)"], one, prompt, cached),
+             "server": _group_rates(["local"], one, prompt, cached)}
 
     # shared prefixes: per chain node, the kept lookups whose hits reach it
     num_hit = a[look_at].astype(np.int64)
@@ -255,6 +263,12 @@ def _tenants(req: np.ndarray, key: np.ndarray, is_start: np.ndarray, reqs: Any, 
     if not len(req):
         return out
     code = codes[req]
+    sid = _salt_ids(req, key, is_start, reqs, keys)
+    if sid is not None:  # the kernel's tables: salt ids as arrays, -1 for none
+        has = sid >= 0
+        c, first = np.unique(code[has], return_index=True)
+        salts = keys.salts
+        return {int(k): str(salts[v]) for k, v in zip(c.tolist(), sid[has][first].tolist())}
     _, first = np.unique(code, return_index=True)
     # a code's first row gives its salt unless that is None; then look further (rare)
     pending = set()
@@ -277,19 +291,55 @@ def _tenants(req: np.ndarray, key: np.ndarray, is_start: np.ndarray, reqs: Any, 
     return out
 
 
+def _salt_ids(req: np.ndarray, key: np.ndarray, is_start: np.ndarray, reqs: Any, keys: Any) -> np.ndarray | None:
+    """Per row, the salt id (into `keys.salts`) a started event (its request's) or a stored
+    one (its root block's) carries, -1 for none; None when a table has live entries, whose
+    salts are read one by one."""
+    if len(reqs) != reqs._n_fixed or keys._live or reqs._salts != keys.salts:
+        return None
+    out = np.full(len(req), -1, np.int64)
+    r = req[is_start]
+    out[is_start] = np.asarray(reqs._salt_ids, np.int64)[r]
+    st = ~is_start
+    k = key[st]
+    root = np.asarray(keys.parent, np.int64)[k] < 0
+    sid = np.where(root, ((np.asarray(keys.tag, np.int64)[k] >> 1) & 0xFFFFFFFF) - 2, -1)
+    out[st] = sid
+    return out
+
+
+def _may_carry_tokens(keys: Any, ids: np.ndarray) -> np.ndarray:
+    """Per chain id: False where it surely carries no token ids (a kernel id of a hash-id
+    block, its tag even), so a hash-id trace reads no attributes."""
+    out = np.ones(len(ids), bool)
+    fixed = ids < len(keys.parent)
+    live = np.fromiter(keys._live, np.int64, len(keys._live)) if keys._live else np.zeros(0, np.int64)
+    tag = np.asarray(keys.tag, np.int64)
+    out[fixed] = (tag[ids[fixed]] % 2 == 1) | np.isin(ids[fixed], live)
+    return out
+
+
 def _salt_of_row(started: bool, r: int, k: int, reqs: Any, keys: Any) -> str | None:
     return reqs.salt(r) if started else keys.attributes(k)[2]
 
 
-def _group_rates(group: np.ndarray, prompt: np.ndarray, cached: np.ndarray) -> list[GroupRate]:
+def _group_rates(labels: Sequence[str], group: np.ndarray, prompt: np.ndarray, cached: np.ndarray) -> list[GroupRate]:
+    """Per label (a group is an index into `labels`; several may share one): lookups,
+    prompt and cached tokens."""
     if not len(group):
         return []
-    names, inv = np.unique(group.astype(str), return_inverse=True)
-    inv = inv.reshape(-1)
-    n = np.bincount(inv, minlength=len(names))
-    p = np.bincount(inv, weights=prompt, minlength=len(names))
-    c = np.bincount(inv, weights=cached, minlength=len(names))
-    out = [GroupRate(str(names[i]), int(n[i]), int(p[i]), int(c[i])) for i in range(len(names))]
+    idx = np.asarray(group, np.int64) % len(labels)
+    n = np.bincount(idx, minlength=len(labels))
+    p = np.bincount(idx, weights=prompt, minlength=len(labels))
+    c = np.bincount(idx, weights=cached, minlength=len(labels))
+    acc: dict[str, list[int]] = {}
+    for i, name in enumerate(labels):
+        if n[i]:
+            g = acc.setdefault(name, [0, 0, 0])
+            g[0] += int(n[i])
+            g[1] += int(p[i])
+            g[2] += int(c[i])
+    out = [GroupRate(k, *v) for k, v in acc.items()]
     return sorted(out, key=lambda r: (-r.prompt_tokens, r.group))
 
 
