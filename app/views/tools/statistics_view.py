@@ -43,6 +43,12 @@ def _fill(table: QTableWidget, rows: list[tuple[Any, ...]]) -> None:
     fill_table(table, rows, ["%1" if n in ("hit rate", "share") else "" for n in names])
 
 
+def _edge_label(v: int) -> str:
+    if v >= 1 << 20:
+        return f"{v >> 20}M"
+    return f"{v >> 10}k" if v >= 1024 else str(v)
+
+
 class StatisticsView(PanelView):
     """`stats` is the last `engine.analysis.statistics.Statistics` drawn (None before any);
     `sigComputed(stats)` fires after each one was drawn."""
@@ -208,14 +214,19 @@ class StatisticsView(PanelView):
 
     def _draw(self) -> None:
         s = self.stats
-        for item, plot, hist, label in ((self.b_reuse, self.p_reuse, s.reuse_distance, "first access"),
-                                        (self.b_life, self.p_life, s.lifetime, "still cached")):
+        for item, plot, hist in ((self.b_reuse, self.p_reuse, s.reuse_distance),
+                                 (self.b_life, self.p_life, s.lifetime)):
             n = len(hist.counts)
             item.setOpts(x=list(range(n + 1)), height=[*hist.counts, hist.num_unbounded], width=0.8)
-            ticks = [(i, f"{lo}") for i, lo in enumerate(hist.edges[:-1])] + [(n, label)]
+            # edges are powers of two: 1024 and up as 1k, 2k, ... (k = 1024), every other
+            # one when there are many, so a whole trace's two dozen bins stay legible
+            step = 2 if n > 12 else 1
+            ticks = [(i, _edge_label(lo)) for i, lo in enumerate(hist.edges[:-1]) if i % step == 0]
+            ticks.append((n, "\u221e"))  # the unbounded bar, named in the title: wide text would not fit
             plot.getAxis("bottom").setTicks([ticks])
             plot.setXRange(-0.6, n + 0.6, padding=0)
-        self.p_life.setTitle(f"block lifetime ({s.lifetime.unit})")
+        self.p_reuse.setTitle("reuse distance (blocks; \u221e: first access)")
+        self.p_life.setTitle(f"block lifetime ({s.lifetime.unit}; \u221e: still cached)")
         self._draw_groups()
         # text before the hash, and the hash short: the text is what a reader looks for
         # Chains that share a start differ at their end: show the end of long ones.
