@@ -377,3 +377,90 @@ def test_a_model_demo_compares_front_and_end_with_the_cost_per_turn(tmp_path, ca
         billed = billing_costs(capsys, str(files[side]))
         assert [r[f"cost_usd_{side}"] for r in cost["requests"]] == list(billed.values())
     assert cost["unknown"] == [] and cost["cost_delta_usd"] == round(cost["b"]["cost_usd"] - cost["a"]["cost_usd"], 8)
+
+
+# ---- the kernel route: the same JSON as the Python engine's, the pool at any size --------
+
+TWIN = ROOT / "tests" / "data" / "vllm_twin"
+TRACES = ROOT / "resources" / "traces"
+
+
+def both_routes(path: Path, oa: SideOptions, ob: SideOptions):
+    python = compare(str(path), str(path), oa, ob, keep_logs=True, kernel="python")
+    numba = compare(str(path), str(path), oa, ob, keep_logs=True, kernel="numba")
+    return python, numba
+
+
+def assert_same_result(python, numba) -> None:
+    from engine.analysis.compare import pool_curves
+
+    assert json.dumps(numba.to_dict(), sort_keys=True) == json.dumps(python.to_dict(), sort_keys=True)
+    for p, k in ((python.a, numba.a), (python.b, numba.b)):
+        assert getattr(k.log, "columnar_log", False) and not getattr(p.log, "columnar_log", False)
+        assert list(k.end_seqs.items()) == list(p.end_seqs.items())
+        assert pool_curves(k) == pool_curves(p)
+        for r in (p.requests[0], p.requests[len(p.requests) // 2], p.requests[-1]):
+            sp, sk = p.state_after(r.id), k.state_after(r.id)
+            assert (sk.num_in_use, sk.num_cached_free, sk.max_ref_count) == \
+                (sp.num_in_use, sp.num_cached_free, sp.max_ref_count)
+
+
+@pytest.mark.parametrize("trace, a, b", [
+    # block size 16 against 64, the whole run held, then a pool that evicts
+    ("mooncake_conversation_trace.jsonl", dict(block_size=16), dict(block_size=64)),
+    ("mooncake_conversation_trace.jsonl", dict(block_size=16, capacity_tokens=60_000),
+     dict(block_size=64, capacity_tokens=60_000)),
+    ("mooncake_synthetic_trace.jsonl", dict(block_size=32, capacity_blocks=400, concurrency=4),
+     dict(block_size=128, capacity_blocks=100, concurrency=4)),
+    ("demo_tokens.jsonl", dict(block_size=16, capacity_blocks=24, hash="xxh3"), dict(block_size=4)),
+])
+def test_the_kernel_gives_the_python_engines_json_on_the_bundled_traces(trace, a, b):
+    opts_a, opts_b = SideOptions(**a, limit=600), SideOptions(**b, limit=600)
+    assert_same_result(*both_routes(TRACES / trace, opts_a, opts_b))
+
+
+@pytest.mark.parametrize("trace", sorted(p.name for p in TWIN.glob("*.trace.jsonl")))
+@pytest.mark.parametrize("hash_name", ["sha256", "vllm-sha256"])
+def test_the_kernel_gives_the_python_engines_json_on_the_vllm_twin_traces(trace, hash_name):
+    recorded = json.loads((TWIN / trace.replace(".trace.jsonl", ".vllm.json")).read_text())
+    concurrency = int(trace.split("_c")[-1].split(".")[0])
+    blocks = recorded["config"].get("num_gpu_blocks")
+    a = SideOptions(block_size=16, capacity_blocks=blocks - 1 if blocks else None, hash=hash_name,
+                    concurrency=concurrency)
+    b = SideOptions(block_size=8, capacity_blocks=12, hash=hash_name, concurrency=concurrency)
+    assert_same_result(*both_routes(TWIN / trace, a, b))
+
+
+def test_the_kernel_keeps_the_pool_past_the_python_engines_limit(monkeypatch):
+    import engine.analysis.compare as cmp
+
+    monkeypatch.setattr(cmp, "MAX_LOGGED_REQUESTS", 50)
+    opts = SideOptions(block_size=16, limit=120)
+    python = compare(str(MOONCAKE), str(MOONCAKE), opts, keep_logs=True, kernel="python")
+    assert python.a.log is None and "up to 50 on the Python engine" in python.a.no_log_reason
+    auto = compare(str(MOONCAKE), str(MOONCAKE), opts, keep_logs=True)
+    assert auto.a.log is not None and auto.a.no_log_reason is None
+    assert set(auto.a.end_seqs) == {r.id for r in auto.a.requests}
+    last = auto.a.requests[-1].id
+    assert auto.a.state_after(last).num_cached_free == auto.a.stored_blocks - auto.a.evicted_blocks
+    assert json.dumps(auto.to_dict()) == json.dumps(python.to_dict())
+
+
+def test_a_hash_the_kernel_cannot_run_replays_on_the_python_engine(capsys):
+    opts = SideOptions(block_size=16, hash="sglang-sha256", limit=40)
+    auto = compare(str(MOONCAKE), str(MOONCAKE), opts, keep_logs=True)
+    assert auto.a.log is not None and not getattr(auto.a.log, "columnar_log", False)
+    code, out, err = cli(capsys, str(MOONCAKE), str(MOONCAKE), "--hash", "sglang-sha256", "--requests", "40",
+                         "--kernel", "numba", "--json")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "Python engine only" in err
+
+
+def test_the_cli_prints_the_same_json_on_either_kernel(capsys):
+    argv = [str(MOONCAKE), str(MOONCAKE), "--block-size-a", "16", "--block-size-b", "64", "--requests", "500",
+            "--capacity-tokens", "200000", "--json"]
+    outs = []
+    for kernel in ("python", "auto"):
+        code, out, err = cli(capsys, *argv, "--kernel", kernel)
+        assert code == 0 and err == ""
+        outs.append(out)
+    assert outs[0] == outs[1] and json.loads(outs[0])["summary"]["paired"] == 500

@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight (default 1)")
     p.add_argument("--requests", type=positive_int, default=None, metavar="N", help="only the first N requests of each side")
     p.add_argument("--db", metavar="PATH", default=None, help="the session database for session:ID and run:ID")
+    p.add_argument("--kernel", choices=("auto", "numba", "python"), default="auto",
+                   help="the bookkeeping that replays each side: the compiled kernel where it can run it (auto, "
+                        "the default), always it (numba), or the Python engine, the reference (python); "
+                        "the result is the same")
     p.add_argument("--fail-if-hit-rate-drops", type=fraction, default=None, metavar="X",
                    help="exit 1 when B's hit rate is lower than A's by more than X (a fraction: 0.02 = 2 points)")
     p.add_argument("--cost", choices=("anthropic", "openai", "openai-legacy"), default=None, metavar="PROVIDER",
@@ -90,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         from engine.analysis.billing import provider_rules
 
         rules = provider_rules(args.cost, args.cost_model)  # a bad model fails before the replays
-    result = compare(args.a, args.b, side_options(args, "a"), side_options(args, "b"), args.db, demos=demos)
+    result = compare(args.a, args.b, side_options(args, "a"), side_options(args, "b"), args.db, demos=demos,
+                     kernel=args.kernel)
     out = result.to_dict()
     if rules is not None:
         from engine.analysis.compare import cost_per_turn

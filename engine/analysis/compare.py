@@ -29,9 +29,11 @@ from engine.core.trace import MOONCAKE_BLOCK_SIZE, TraceRequest, load_trace
 
 _STORED = re.compile(r"(session|run):(\d+)(?:@(.+))?")
 _DEMO = re.compile(r"demo:([^:]+)(?::(.+))?")
-# A side's event log is kept (for its block table and pool timelines) up to this many
-# requests: a log holds every event as an object, about 100 MB per 1,000 Mooncake requests.
+# On the Python engine, a side's event log is kept (for its block table and pool timelines)
+# up to this many requests: that log holds every event as an object, about 100 MB per 1,000
+# Mooncake requests. The kernel's columnar log is kept at any size.
 MAX_LOGGED_REQUESTS = 5_000
+KERNELS = ("auto", "numba", "python")
 
 
 class DemoRuns(Protocol):
@@ -160,29 +162,68 @@ class PreparedSide:
     extra: dict[str, Any] = field(default_factory=dict)
     billing: Callable[[], list[Any]] | None = None
 
-    def run(self, keep_log: bool = False) -> Run:
-        """Replay the side (a recorded side as it was). `keep_log` keeps the engine's events
-        in an `EventLog` for the block table and the pool timelines, up to
-        MAX_LOGGED_REQUESTS requests."""
+    def run(self, keep_log: bool = False, kernel: str = "auto") -> Run:
+        """Replay the side (a recorded side as it was). `kernel` "auto" replays on the
+        compiled kernel where it can run the side (as File > Open does,
+        `app.runtime.replays.kernel_replay_job`) and on the Python engine, the reference,
+        otherwise; "python" and "numba" force one (numba on a side it cannot run is an
+        `InputError` naming why). The result is the same either way (tests/test_compare.py
+        holds the two routes' JSON equal). `keep_log` keeps the engine's events for the block
+        table and the pool timelines: the kernel's columnar log
+        (`engine.core.columnar_log.ColumnarEventLog`) at any size, the Python engine's
+        `EventLog` up to MAX_LOGGED_REQUESTS requests."""
         if self.recorded is not None:
             return self.recorded
+        if kernel not in KERNELS:
+            raise InputError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
         reqs, opts = self.requests, self.opts
         capacity = _capacity(reqs, opts)
         config = ReplayConfig(block_size=opts.block_size, capacity_blocks=capacity, seed=opts.seed,
                               hash=opts.hash, concurrency=opts.concurrency, model=self.model)
-        bus, log, reason = None, None, None
-        if keep_log and len(reqs) > MAX_LOGGED_REQUESTS:
-            reason = (f"{len(reqs):,} requests: the pool is shown for runs of up to {MAX_LOGGED_REQUESTS:,} "
-                      f"(set 'first N requests')")
-        elif keep_log:
-            bus, log = EventBus(), new_log(capacity, opts.block_size)
-            bus.subscribe(log.append)
-        result = replay(reqs, config, bus, source=self.label)
+        got = self._kernel_run(config, keep_log) if kernel != "python" else None
+        if got is None and kernel == "numba":
+            raise InputError(f"{self.label}: {self._kernel_unavailable(config)}")
+        if got is not None:
+            result, log = got
+            reason = None
+        else:
+            bus, log, reason = None, None, None
+            if keep_log and len(reqs) > MAX_LOGGED_REQUESTS:
+                reason = (f"{len(reqs):,} requests: the pool is shown for runs of up to {MAX_LOGGED_REQUESTS:,} "
+                          f"on the Python engine (set 'first N requests')")
+            elif keep_log:
+                bus, log = EventBus(), new_log(capacity, opts.block_size)
+                bus.subscribe(log.append)
+            result = replay(reqs, config, bus, source=self.label)
         cfg = {**result.config, "source": self.label, "kind": self.kind, **self.extra}
         tokens = {r.id: r.tokens for r in reqs if r.tokens is not None}
         return Run(self.label, self.kind, cfg, result.requests, result.totals.stored_blocks,
                    result.totals.evicted_blocks, tokens, log, end_seqs(log) if log is not None else {}, reason,
                    self.billing)
+
+    def _kernel_run(self, config: ReplayConfig, keep_log: bool) -> tuple[Any, Any] | None:
+        """The side replayed on the kernel: its result and (with `keep_log`) its columnar log;
+        None where the kernel cannot run it (numba missing, or `unsupported_reason`)."""
+        try:
+            from engine.kernel.replay import prepare, replay_kernel, unsupported_reason
+        except ImportError:
+            return None
+        arrays = prepare(self.requests, config.block_size)
+        if unsupported_reason(config, arrays) is not None:
+            return None
+        run = replay_kernel(arrays, config, record=keep_log, source=self.label)
+        if not keep_log or run.log is None:
+            return run.result, None
+        from engine.core.columnar_log import ColumnarEventLog
+
+        return run.result, ColumnarEventLog(run.log)
+
+    def _kernel_unavailable(self, config: ReplayConfig) -> str:
+        try:
+            from engine.kernel.replay import prepare, unsupported_reason
+        except ImportError as exc:
+            return f"the numba kernel is not available ({exc})"
+        return unsupported_reason(config, prepare(self.requests, config.block_size)) or "the kernel cannot run it"
 
 
 def new_log(num_blocks: int, block_size: int) -> EventLog:
@@ -190,9 +231,20 @@ def new_log(num_blocks: int, block_size: int) -> EventLog:
     return EventLog(num_blocks, block_size, checkpoint_every=max(4096, num_blocks), max_checkpoints=8)
 
 
-def end_seqs(log: EventLog) -> dict[str, int]:
-    """Per request id, the seq of the event that ended it: finished, else refused."""
+def end_seqs(log: Any) -> dict[str, int]:
+    """Per request id, the seq of the event that ended it: finished, else refused (the last
+    such event of an id that ran more than once). A columnar log is read from its columns."""
     out: dict[str, int] = {}
+    if getattr(log, "columnar_log", False):
+        import numpy as np
+
+        from engine.core.columnar import FINISHED, REFUSED
+
+        at = np.flatnonzero((log.kinds == FINISHED) | (log.kinds == REFUSED))
+        ids = log.request_ids()[log.request_of_events()[at]]
+        for rid, seq in zip(ids.tolist(), log.seqs[at].tolist()):
+            out[rid] = seq
+        return out
     for e in log.events:
         if e.kind in ("request_finished", "request_refused"):
             out[e.request_id] = e.seq
@@ -444,16 +496,19 @@ def compare_runs(a: Run, b: Run) -> Comparison:
 
 def compare(spec_a: str, spec_b: str, opts_a: SideOptions, opts_b: SideOptions | None = None,
             db: str | None = None, tokenizer_loader: Callable[[], Any] | None = None,
-            demos: DemoRuns | None = None, keep_logs: bool = False) -> Comparison:
+            demos: DemoRuns | None = None, keep_logs: bool = False, kernel: str = "auto") -> Comparison:
     """Load, replay and pair two sides (B takes A's options unless given its own).
-    `demos` runs demo:NAME sides; `keep_logs` keeps each side's events (`Run.log`)."""
+    `demos` runs demo:NAME sides; `keep_logs` keeps each side's events (`Run.log`);
+    `kernel` chooses the bookkeeping (`PreparedSide.run`)."""
+    if kernel not in KERNELS:
+        raise InputError(f"unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
     for spec in (spec_a, spec_b):
         m = _DEMO.fullmatch(spec)
         if m and demos is not None:
             demos.check(m.group(1))
     a = prepare_side(spec_a, opts_a, db, tokenizer_loader, demos)
     b = prepare_side(spec_b, opts_b if opts_b is not None else opts_a, db, tokenizer_loader, demos)
-    return compare_runs(a.run(keep_logs), b.run(keep_logs))
+    return compare_runs(a.run(keep_logs, kernel), b.run(keep_logs, kernel))
 
 
 def pool_curves(run: Run) -> dict[str, list[float]] | None:
@@ -464,16 +519,18 @@ def pool_curves(run: Run) -> dict[str, list[float]] | None:
     log = run.log
     if log is None or not len(log.series):
         return None
-    import bisect
+    import numpy as np
 
     s, n = log.series, max(1, log.live.num_blocks)
-    ends = sorted((seq, rid) for rid, seq in run.end_seqs.items())
+    seq = np.asarray(s.seq, np.int64)
+    in_use, cached_free, max_ref = (np.asarray(x, np.int64) for x in (s.in_use, s.cached_free, s.max_ref))
+    ends = sorted((seq_, rid) for rid, seq_ in run.end_seqs.items())
+    his = np.searchsorted(seq, np.array([e for e, _ in ends], np.int64), side="right").tolist()
     peak: dict[str, tuple[int, int, int]] = {}
     lo = 0
-    for seq, rid in ends:
-        hi = bisect.bisect_right(s.seq, seq)
+    for (_, rid), hi in zip(ends, his):
         if hi > lo:
-            peak[rid] = (max(s.in_use[lo:hi]), s.cached_free[hi - 1], max(s.max_ref[lo:hi]))
+            peak[rid] = (int(in_use[lo:hi].max()), int(cached_free[hi - 1]), int(max_ref[lo:hi].max()))
         lo = hi
     out: dict[str, list[float]] = {"in_use": [], "cached_free": [], "max_ref": []}
     for r in run.requests:

@@ -481,4 +481,8 @@ def _compare_job(a: str, b: str, oa: Any, ob: Any, db: str | None, model: Any = 
 
         demos = demo_runs(model)
     comparison = compare(a, b, oa, ob, db, demos=demos, keep_logs=True)
+    for run in (comparison.a, comparison.b):
+        warm = getattr(run.log, "warm", None)
+        if warm is not None:
+            warm()  # a kernel side's columnar log: its series, pool and indexes here, not on the first paint
     return comparison, cost_per_turn(comparison, provider_rules(COST_PROVIDER))
