@@ -210,3 +210,30 @@ def test_the_columnar_path_equals_compute_on_real_traces(name, text, middle):
         assert want.reuse_distance.values and want.shared_prefixes
         if name in ("mooncake", "twin_evict", "demo_tokens"):
             assert want.lifetime.values
+
+
+@pytest.mark.parametrize("name", ["demo_tokens", "twin_tenants", "twin_retries"])
+def test_the_columnar_path_equals_compute_on_a_live_appended_log(name):
+    """A columnar log filled by `append_events` (a live source's route: digests and salts
+    per event, not the kernel's tables) gives `compute`'s statistics too, whole and under a
+    mask of about half the events."""
+    from app.runtime.jobs import trace_block_size
+    from engine.core.columnar import ColumnarLog
+    from engine.core.columnar_log import ColumnarEventLog
+    from engine.core.trace import read_trace
+
+    rel, capacity, _ = TRACES[name]
+    bs = trace_block_size(ROOT / rel)
+    events: list = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    replay(list(read_trace(ROOT / rel, bs)), ReplayConfig(block_size=bs, capacity_blocks=capacity, seed=0), bus)
+    col = ColumnarLog(capacity, bs)
+    col.append_events(events)
+    log = ColumnarEventLog(col)
+    dicts = [e.to_dict() for e in events]
+    dec = (lambda ids: "<" + ",".join(map(str, ids)) + ">")
+    keep = np.random.default_rng(1).random(len(dicts)) < 0.6
+    same(compute_columnar(log, decode=dec, block_size=bs), compute(dicts, decode=dec, block_size=bs))
+    same(compute_columnar(log, keep, decode=dec, block_size=bs),
+         compute([d for d, k in zip(dicts, keep) if k], decode=dec, block_size=bs))
