@@ -1,18 +1,10 @@
-"""`engine.analysis.statistics.compute` over a columnar log, with arrays instead of events.
-
-An opened trace's log is an `engine.core.columnar_log.ColumnarEventLog`: columns of rows
-(`engine.core.columnar`), no Python object per event. `compute_columnar(log, keep)` gives
-exactly the `Statistics` that `compute` gives for the event dicts of the events where the
-per-event mask `keep` holds (the shared filter's mask with its range, or every event), so
-the Statistics pane counts the whole log of a 7M-event trace in seconds; `compute` stays
-the reference for a live `EventLog`, and tests/test_statistics.py holds the two equal on
-real traces, filtered and not. The two loops that are sequential by nature (LRU stack
-distances with a Fenwick tree, and pairing each eviction with its hash's oldest store) are
-compiled with numba, as the replay kernel's are; the rest is numpy.
-
-What a columnar log's events carry decides a few columns: no event has a server or a
-model (every lookup counts under "local" and "(none)"), and a request's tenant is the
-first salt its kept started or stored events carry, as `EventContext.from_events` learns it.
+"""`engine.analysis.statistics.compute` over a columnar log: the same `Statistics` for the
+events a per-event mask keeps (the shared filter with its range), from the columns, so the
+Statistics pane counts the whole log of a 7M-event trace in seconds; `compute` stays the
+reference (and what a live `EventLog` uses), held equal by tests/test_statistics.py. The
+two sequential loops (LRU stack distances, each eviction paired with its hash's oldest
+store) are compiled with numba as the replay kernel's are; the rest is numpy. A columnar
+log's events carry no server or model: every lookup counts under "local" and "(none)".
 """
 
 from __future__ import annotations
@@ -70,7 +62,8 @@ def _stack_distances(accesses: np.ndarray, num_keys: int) -> tuple[np.ndarray, i
 
 
 @njit(cache=True)
-def _lifetimes(keys: np.ndarray, is_store: np.ndarray, when: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
+def _lifetimes(keys: np.ndarray, is_store: np.ndarray,
+               when: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled
     """Rows grouped by key (in log order within a key): each eviction ends the oldest
     store of its key still open, when there is one. Returns (lifetimes in the order their
     evictions come in the grouped rows, stores still open at the end)."""
