@@ -225,6 +225,10 @@ class StatisticsView(PanelView):
             ticks.append((n, "\u221e"))  # the unbounded bar, named in the title: wide text would not fit
             plot.getAxis("bottom").setTicks([ticks])
             plot.setXRange(-0.6, n + 0.6, padding=0)
+            if any(hist.counts) or hist.num_unbounded:
+                plot.enableAutoRange(axis="y")
+            else:  # nothing to count (no full block): an empty axis from 0, not one around it
+                plot.setYRange(0, 1, padding=0)
         self.p_reuse.setTitle("reuse distance (blocks; \u221e: first access)")
         self.p_life.setTitle(f"block lifetime ({s.lifetime.unit}; \u221e: still cached)")
         self._draw_groups()
