@@ -97,6 +97,19 @@ def no_sessions(db: Path) -> bool:
         conn.close()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernel():
+    """The replay kernel's first use in a fresh clone compiles it with numba (about 17 s on
+    an idle machine, over a minute under load) and caches it on disk: do that once here, so
+    the 60 s the cases below allow time the command, not the compiler."""
+    from engine.core.replay import ReplayConfig
+    from engine.core.trace import load_trace
+    from engine.kernel import replay_kernel
+
+    for record in (False, True):  # replay, and the app's open (it keeps the log)
+        replay_kernel(load_trace(DEMO_TRACE), ReplayConfig(block_size=16, capacity_blocks=100), record=record)
+
+
 # ---------------------------------------------------------------------------- what is opened
 @pytest.fixture
 def fifo(tmp_path):
