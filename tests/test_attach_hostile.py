@@ -67,6 +67,9 @@ def test_a_replay_reply_numbered_2_to_the_62_does_not_turn_the_stream_off():
     att, seqs = attach(server, refill_timeout=10.0)
     try:
         server.wait_joined()
+        # The late-join replay is answered (forged, batch 0, end) before the live stream
+        # starts: the order is fixed, not a race between the two sockets.
+        wait_for(lambda: counters(att)[2] == 1 and seqs[:1] == [0])
         for frames in server.pub_frames:
             server.send(frames)
         wait_for(lambda: att.health()[0].last_seq == 4)
