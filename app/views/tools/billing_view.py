@@ -417,16 +417,19 @@ class BillingView(PanelView):
     def _boxes(self) -> tuple[str, str, str]:
         return self.provider.currentText(), self.model.currentText(), self.breakpoints.text()
 
-    def _set_boxes(self, provider: str, model: str, breakpoints: str) -> None:
-        """Set the boxes without billing (the caller bills, or the next source will)."""
+    def _set_boxes(self, provider: str, model: str | None, breakpoints: str | None = None) -> None:
+        """Set the boxes without billing (the caller bills, or the next source will); a
+        None model or breakpoints keeps what the provider's model list and the box hold."""
         for box in (self.provider, self.model):
             box.blockSignals(True)
         try:
             self.provider.setCurrentText(provider)
             self._fill_models()
             self.model.blockSignals(True)
-            self.model.setCurrentText(model)
-            self.breakpoints.setText(breakpoints)
+            if model is not None:
+                self.model.setCurrentText(model)  # not editable: a name not listed is ignored
+            if breakpoints is not None:
+                self.breakpoints.setText(breakpoints)
         finally:
             for box in (self.provider, self.model):
                 box.blockSignals(False)
@@ -452,17 +455,7 @@ class BillingView(PanelView):
         provider = providers.pop()
         models = self.rules_data["providers"][provider]["models"]
         named = [r.get("model") for r in result.get("requests", ()) if r.get("model")]
-        for box in (self.provider, self.model):
-            box.blockSignals(True)
-        try:
-            self.provider.setCurrentText(provider)
-            self._fill_models()
-            self.model.blockSignals(True)
-            if len(set(named)) == 1 and self.model.findText(named[0]) >= 0 and named[0] in models:
-                self.model.setCurrentText(named[0])
-        finally:
-            for box in (self.provider, self.model):
-                box.blockSignals(False)
+        self._set_boxes(provider, named[0] if len(set(named)) == 1 and named[0] in models else None)
         self._before_usage = (before, self._boxes())
 
     def _show(self, result: dict[str, Any]) -> None:
