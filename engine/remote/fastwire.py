@@ -292,35 +292,7 @@ def _fast(seq: int, payload: bytes) -> VllmBatch:
     if not ok or len(rows) != len(b.events):
         raise _Slow
     tokens = tokens.tobytes()
-    events: list[VllmEvent] = []
-    for e, (t0, nt, h0, nh, width) in zip(b.events, rows.tolist()):
-        t = type(e)
-        if nh:
-            step = width + 1 if width == 8 else width + 2
-            hashes = tuple([payload[o:o + width] for o in range(h0, h0 + step * nh, step)])
-        else:
-            hashes = ()
-        if t is _Removed:
-            events.append(VllmEvent("BlockRemoved", hashes, None, (), 0, None, e.medium, None, None, e.group_idx,
-                                    e.kv_cache_spec_kind, e.locality, e.session_id, ownership=e.ownership))
-        elif t is _Stored:
-            size = e.block_size or 0
-            if size < 0:
-                raise _Slow
-            parent = e.parent_block_hash
-            if parent is not None:
-                if type(parent) is bool:
-                    raise _Slow
-                parent = canonical_hash(parent)
-            extra = e.extra_keys
-            look = e.lookahead_token_ids
-            events.append(VllmEvent("BlockStored", hashes, parent, (), size, e.lora_id, e.medium, e.lora_name,
-                                    None if extra is _NIL else _optional(extra), e.group_idx,
-                                    e.kv_cache_spec_kind, e.locality, e.session_id, tokens[4 * t0:4 * (t0 + nt)],
-                                    e.cache_salt, e.ownership, None if look is _NIL else _optional(look),
-                                    e.kv_cache_spec_sliding_window))
-        else:
-            events.append(VllmEvent("AllBlocksCleared", medium=e.medium))
+    events = [_event_of(e, row, payload, tokens) for e, row in zip(b.events, rows.tolist())]
     return VllmBatch(seq, float(ts), tuple(events), rank)
 
 
@@ -577,7 +549,7 @@ def _columns(seq: int, payload: bytes) -> ColumnarBatch:
 
 
 def _event_of(e: Any, row: list[int], payload: bytes, tokens: bytes) -> VllmEvent:
-    """One msgspec-decoded event as the reference's VllmEvent (what `_fast` builds)."""
+    """One msgspec-decoded event as the reference's VllmEvent (`_fast` builds every event of a batch with it)."""
     t0, nt, h0, nh, width = row
     t = type(e)
     if nh:
