@@ -106,3 +106,53 @@ def test_conversation_file_is_tokenised(default_tokenizer, tmp_path):
     assert kind == "conversation" and len(reqs) == 2
     with pytest.raises(InputError):
         sweep([], capacities=[4])
+
+
+def _cli_sweep(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    assert main(["sweep", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sweep_file_is_what_the_command_prints(shared_prefix_trace, capsys):
+    """engine.analysis.sweep.sweep_file is the command's whole sweep (and the Sweep panel's):
+    a token trace with every option, a kv-cache-tester file keyed by model and shared, a
+    Mooncake slice at its 512-token blocks."""
+    from engine.analysis.sweep import sweep_file
+    from engine.resources import resource_path
+
+    weka = str(resource_path("traces", "weka", "trace_0303.json"))
+    t = str(shared_prefix_trace)
+    cases = [
+        ((t,), {}, ()),
+        ((t, [1, 16], [4, 64]), dict(block_size=8, capacity_tokens=48, limit=1, seed=7),
+         ("--block-sizes", "1,16", "--capacities", "4,64", "--block-size", "8", "--capacity-tokens", "48",
+          "--limit", "1", "--seed", "7")),
+        ((weka, [64], [64, 4096]), {}, ("--block-sizes", "64", "--capacities", "64,4096")),
+        ((weka, [64], [64, 4096]), dict(keyed_by_model=False),
+         ("--block-sizes", "64", "--capacities", "64,4096", "--shared-across-models")),
+        ((MOONCAKE, [16], [8, 64]), dict(limit=300), ("--block-sizes", "16", "--capacities", "8,64", "--limit", "300")),
+    ]
+    for args, kwargs, argv in cases:
+        got = json.loads(json.dumps(sweep_file(*args, **kwargs)))
+        assert got == _cli_sweep(capsys, args[0], *argv), argv
+    assert sweep_file(weka, [64], [64], keyed_by_model=False)["keyed_by_model"] is False
+    moon = sweep_file(MOONCAKE, [16], [8], limit=50)
+    assert (moon["kind"], moon["block_size"], moon["requests"]) == ("mooncake", 512, 50)
+    with pytest.raises(InputError, match="no such file"):
+        sweep_file(t + ".missing")
+
+
+def test_sweep_file_reports_each_point_and_stops_when_told(shared_prefix_trace):
+    from engine.analysis.sweep import sweep_file
+
+    seen: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append((done, total))
+        if done == 2:
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        sweep_file(str(shared_prefix_trace), [1, 16], [4, 64], progress=progress)
+    assert seen == [(1, 4), (2, 4)]

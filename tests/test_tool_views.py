@@ -141,6 +141,34 @@ def test_sweep_view_both_directions(qtbot, ctx, tmp_path):
     assert "fixed" in view.plot_bs.plotItem.titleLabel.text
 
 
+def test_the_sweep_panel_runs_the_engines_sweep_file(qtbot, ctx, tmp_path, monkeypatch, capsys):
+    """The panel's sweep is engine.analysis.sweep.sweep_file (the command's), not a copy of its steps."""
+    from engine.analysis import sweep as engine_sweep
+
+    path = tmp_path / "t.jsonl"
+    a = list(range(1000, 1100))
+    path.write_text(json.dumps({"tokens": a}) + "\n" + json.dumps({"tokens": a[:70] + list(range(9, 39))}) + "\n")
+    calls: list[tuple] = []
+    real = engine_sweep.sweep_file
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_sweep, "sweep_file", spy)
+    view = SweepView(ctx)
+    qtbot.addWidget(view)
+    view.set_trace(str(path))
+    view.block_sizes.setText("1,16")
+    view.capacities.setText("4,64")
+    view.limit.setValue(1)
+    with qtbot.waitSignal(view.sigSweepDone, timeout=TIMEOUT) as sig:
+        view.run_button.click()
+    assert len(calls) == 1 and calls[0][0][:3] == (str(path), [1, 16], [4, 64]) and calls[0][1]["limit"] == 1
+    assert _as_json(sig.args[0]) == _cli_json(capsys, "sweep", str(path), "--block-sizes", "1,16",
+                                              "--capacities", "4,64", "--limit", "1")
+
+
 def test_sweep_view_rejects_bad_list(qtbot, ctx, tmp_path):
     view = SweepView(ctx)
     qtbot.addWidget(view)

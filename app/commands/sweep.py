@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from app.commands._common import positive_int, print_json, seed_int
-from engine.core.errors import InputError
-from engine.core.sniff import WEKA_FORMAT, is_weka_trace, trace_format
 
 NAME = "sweep"
 HELP = "what-if sweep: hit rate of a trace or conversation file against block size and capacity"
@@ -44,44 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.analysis.sweep import MemoryGuard, load_sweep_requests, sweep
-    from engine.core.trace import MOONCAKE_BLOCK_SIZE
-
-    if not Path(args.trace).exists():
-        raise InputError(f"{args.trace}: no such file")
+    from engine.analysis.sweep import sweep_file
 
     def tokenizer():
         from engine.model.loader import load_tokenizer
 
         return load_tokenizer(args.model)
 
-    trace_block_size = MOONCAKE_BLOCK_SIZE
-    # The file is sniffed once: each sniff parses its first line, which may be 50 MB.
-    if Path(args.trace).is_dir() or is_weka_trace(args.trace):
-        from engine.store.weka import load_weka, merged_requests, to_trace_requests
-
-        traces = load_weka(args.trace)
-        trace_block_size, kind = traces[0].block_size, WEKA_FORMAT
-        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
-                                 keyed_by_model=not args.shared_across_models)
-    else:
-        from engine.store.block_traces import check_block_sizes, declared_block_size
-
-        fmt = trace_format(args.trace)
-        declared = declared_block_size(args.trace) if fmt == "mooncake" else None
-        if declared is not None:  # kvcache-simulator lines carry their block size
-            check_block_sizes(args.trace, declared)
-            trace_block_size = declared
-        guard = MemoryGuard.for_sweep(args.block_sizes, args.capacity_tokens)
-        reqs, kind = load_sweep_requests(args.trace, tokenizer, args.limit, guard.add if guard is not None else None,
-                                         kind=fmt or "conversation")
-    if args.limit is not None:
-        reqs = reqs[:args.limit]
-    result = sweep(reqs, args.block_sizes, args.capacities, block_size=args.block_size,
-                   capacity_tokens=args.capacity_tokens, seed=args.seed, trace=str(args.trace),
-                   trace_block_size=trace_block_size)
-    result["keyed_by_model"] = not args.shared_across_models
-    result["kind"] = kind
+    result = sweep_file(args.trace, args.block_sizes, args.capacities, block_size=args.block_size,
+                        capacity_tokens=args.capacity_tokens, limit=args.limit, seed=args.seed,
+                        keyed_by_model=not args.shared_across_models, tokenizer_loader=tokenizer)
     if args.json:
         print_json(result)
     else:

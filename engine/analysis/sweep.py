@@ -4,9 +4,10 @@ Each point is a fresh no-model replay (`engine.core.replay`). A request the pool
 to hold is refused; a sweep counts its prompt tokens as missed (a refused request reuses
 nothing), so a smaller pool never looks better by serving fewer requests. Before any point runs, the
 memory of every point is estimated from the blocks it could store (`point_memory`), so a
-sweep that cannot fit is refused in one sentence instead of running out of memory. Also
-here: turning conversation files into token-level requests (one per user turn) so a chat
-can be swept like a trace.
+sweep that cannot fit is refused in one sentence instead of running out of memory.
+`sweep_file` is the whole sweep of a file, as `cachescope sweep FILE` and the app's Sweep
+panel run it. Also here: turning conversation files into token-level requests (one per
+user turn) so a chat can be swept like a trace.
 """
 
 from __future__ import annotations
@@ -308,3 +309,51 @@ def sweep(requests: Sequence[TraceRequest], block_sizes: Sequence[int] = DEFAULT
             **({"models": models} if models else {}),
             "total_tokens": total_tokens, "block_size": block_size, "capacity_tokens": budget,
             "notes": notes, "points": points}
+
+
+def sweep_file(path: str | Path, block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+               capacities: Sequence[int] = DEFAULT_CAPACITIES, block_size: int = 16,
+               capacity_tokens: int | None = None, limit: int | None = None, seed: int = 0,
+               keyed_by_model: bool = True, tokenizer_loader: Callable[[], Any] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The sweep JSON of a trace or conversation file, or a folder of kv-cache-tester traces:
+    what `cachescope sweep FILE --json` prints, and what the app's Sweep panel draws.
+
+    The file is sniffed once (each sniff parses its first line, which may be 50 MB). A
+    kv-cache-tester file or folder is swept at its own block size, its users' requests
+    merged in time order, the cache keyed by model unless `keyed_by_model` is False (the
+    what-if of one cache for every model). A kvcache-simulator line's declared block size
+    fixes a block-level trace's, every line checked against it. A token trace is read
+    under a `MemoryGuard`, so a sweep that cannot fit is refused while it is read. Only the
+    first `limit` requests are used. A conversation file is tokenised by
+    `tokenizer_loader()` (default: the bundled model's tokenizer). `progress(done, total)`
+    is called after each point, on the caller's thread; an exception it raises stops the
+    sweep there (a panel's cancel)."""
+    if not Path(path).exists():
+        raise InputError(f"{path}: no such file")
+    trace_block_size = MOONCAKE_BLOCK_SIZE
+    if Path(path).is_dir() or is_weka_trace(path):
+        from engine.store.weka import load_weka, merged_requests, to_trace_requests
+
+        traces = load_weka(path)
+        trace_block_size, kind = traces[0].block_size, WEKA_FORMAT
+        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
+                                 keyed_by_model=keyed_by_model)
+    else:
+        from engine.store.block_traces import check_block_sizes, declared_block_size
+
+        fmt = trace_format(path)
+        declared = declared_block_size(path) if fmt == "mooncake" else None
+        if declared is not None:  # kvcache-simulator lines carry their block size
+            check_block_sizes(path, declared)
+            trace_block_size = declared
+        guard = MemoryGuard.for_sweep(block_sizes, capacity_tokens)
+        reqs, kind = load_sweep_requests(path, tokenizer_loader, limit, guard.add if guard is not None else None,
+                                         kind=fmt or "conversation")
+    if limit is not None:
+        reqs = reqs[:limit]
+    result = sweep(reqs, block_sizes, capacities, block_size=block_size, capacity_tokens=capacity_tokens,
+                   seed=seed, trace=str(path), progress=progress, trace_block_size=trace_block_size)
+    result["keyed_by_model"] = keyed_by_model
+    result["kind"] = kind
+    return result

@@ -4,15 +4,15 @@ with refused requests plotted as their own series.
 It follows the current subject: with a trace open, its path is the trace to sweep and the
 panel offers to run it (a sweep replays the trace once per point, so it starts on a click,
 not on every File > Open); another subject clears the last sweep. Each sweep runs on the
-context's worker (`sweep_file`, the steps of `cachescope sweep FILE`); the plots only draw
-its points.
+context's worker (`engine.analysis.sweep.sweep_file`, what `cachescope sweep FILE` runs);
+the plots only draw its points.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -46,48 +46,6 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 NARROW_PX = 760  # below this width the two plots stack instead of sitting side by side
-
-
-def sweep_file(path: str, block_sizes: list[int], capacities: list[int], block_size: int = 16,
-               limit: int | None = None, tokenizer_loader: Callable[[], Any] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """The sweep JSON of a trace file or folder, by the steps `cachescope sweep FILE` takes
-    (app/commands/sweep.py, with its defaults: seed 0, the pool the whole trace, a cache keyed
-    by model): a kv-cache-tester file or folder at its own block size, a kvcache-simulator
-    line's declared block size, the memory guard while a token trace is read. Worker thread."""
-    from engine.analysis.sweep import MemoryGuard, load_sweep_requests, sweep
-    from engine.core.errors import InputError
-    from engine.core.sniff import WEKA_FORMAT, is_weka_trace, trace_format
-    from engine.core.trace import MOONCAKE_BLOCK_SIZE
-
-    if not Path(path).exists():
-        raise InputError(f"{path}: no such file")
-    trace_block_size = MOONCAKE_BLOCK_SIZE
-    if Path(path).is_dir() or is_weka_trace(path):
-        from engine.store.weka import load_weka, merged_requests, to_trace_requests
-
-        traces = load_weka(path)
-        trace_block_size, kind = traces[0].block_size, WEKA_FORMAT
-        reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces},
-                                 keyed_by_model=True)
-    else:
-        from engine.store.block_traces import check_block_sizes, declared_block_size
-
-        fmt = trace_format(path)
-        declared = declared_block_size(path) if fmt == "mooncake" else None
-        if declared is not None:
-            check_block_sizes(path, declared)
-            trace_block_size = declared
-        guard = MemoryGuard.for_sweep(block_sizes, None)
-        reqs, kind = load_sweep_requests(path, tokenizer_loader, limit, guard.add if guard is not None else None,
-                                         kind=fmt or "conversation")
-    if limit:
-        reqs = reqs[:limit]
-    result = sweep(reqs, block_sizes, capacities, block_size=block_size, trace=str(path),
-                   trace_block_size=trace_block_size, progress=progress)
-    result["keyed_by_model"] = True
-    result["kind"] = kind
-    return result
 
 
 class SweepView(PanelView):
@@ -382,7 +340,10 @@ class SweepView(PanelView):
                 self.tokenizer = load_tokenizer(self.ctx.model_name)
             return self.tokenizer
 
-        return sweep_file(path, sizes, caps, block_size, limit or None, tokenizer, progress)
+        from engine.analysis.sweep import sweep_file
+
+        return sweep_file(path, sizes, caps, block_size, limit=limit or None, tokenizer_loader=tokenizer,
+                          progress=progress)
 
     def _progress(self, generation: int, done: int, total: int) -> None:
         if generation == self._generation and not self.run_button.isEnabled():
