@@ -132,7 +132,10 @@ class VllmSubscriber:
     Callbacks run on that thread: `on_batch(batch)` for each batch in sequence order,
     `on_restart(seq)` before the first batch of a restarted server (the caller starts a
     fresh pool), `on_notice(kind, message)` for refills, misses and malformed frames, and
-    `on_health(health)` after each of these with a copy of the counters.
+    `on_health(health)` after each of these with a copy of the counters, and `on_idle()`
+    once the frames queued on its sockets are all handled, before it blocks waiting for
+    more (and once more when it stops): a consumer that holds batches to apply many at
+    once applies them there, so nothing it holds waits for the next frame.
     `refill_timeout` is the longest silence (no frame) of the replay socket in one answer.
 
     `demux(topic)` (bind mode, llm-d's centralized mode) makes the stream of a topic of the
@@ -148,7 +151,8 @@ class VllmSubscriber:
                  refill_timeout: float = 2.0, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  clock: Callable[[], float] = time.time,
                  demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True,
-                 decode: Callable[[int, bytes], object] | None = None) -> None:
+                 decode: Callable[[int, bytes], object] | None = None,
+                 on_idle: Callable[[], None] | None = None) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -165,6 +169,8 @@ class VllmSubscriber:
         self.on_restart = on_restart
         self.on_notice = on_notice
         self.on_health = on_health
+        self.on_idle = on_idle
+        self._busy = False  # a batch was delivered since `on_idle` was last called
         self.refill_timeout = refill_timeout
         self.max_frame_bytes = max_frame_bytes
         self.clock = clock
@@ -330,6 +336,7 @@ class VllmSubscriber:
             self._malformed(str(exc))
             return False
         self.on_batch(batch)
+        self._busy = True
         h = self.health
         h.batches += 1
         if replayed:
@@ -462,6 +469,12 @@ class VllmSubscriber:
             answer.complete = True
             return True
         seq, payload = reply
+        # Checked before the live frame's number ends the answer: one forged reply far past
+        # it must not end the answer there and leave the batches after it unread.
+        if seq > self._reply_bound(answer, upto):
+            self._malformed(f"replayed sequence {seq} is past anything the stream could have sent "
+                            f"(asked from {answer.asked})")
+            return False
         if upto is not None and seq >= upto:
             answer.complete = True
             return True  # the live stream has these
@@ -470,12 +483,6 @@ class VllmSubscriber:
             return False
         if seq < answer.next_seq or seq in answer.pending:
             return False  # already delivered or held (vLLM's answer only goes forward)
-        bound = MAX_FIRST_SEQ if self.health.last_seq is None and answer.asked == 0 else \
-            answer.next_seq + self._max_jump()
-        if seq > bound:
-            self._malformed(f"replayed sequence {seq} is past anything the stream could have sent "
-                            f"(asked from {answer.asked})")
-            return False
         if seq > answer.next_seq:
             # Held until the answer ends or fills the gap: vLLM answers in order, so what it
             # skips it no longer has, but a batch an answer sends late is still delivered.
@@ -488,6 +495,16 @@ class VllmSubscriber:
         self._deliver_replayed(answer, seq, payload)
         self._drain(answer)
         return False
+
+    def _reply_bound(self, answer: _Answer, upto: int | None) -> int:
+        """The highest number a replay answer can honestly send: what the stream could have
+        numbered since the batch the answer is at, or (a first join from 0, nothing known
+        yet) `MAX_FIRST_SEQ`; and never far past the live frame `upto`, when one is known."""
+        bound = MAX_FIRST_SEQ if self.health.last_seq is None and answer.asked == 0 else \
+            answer.next_seq + self._max_jump()
+        if upto is not None:
+            bound = min(bound, upto + self._max_jump())
+        return bound
 
     def _deliver_replayed(self, answer: _Answer, seq: int, payload: bytes) -> None:
         if self._deliver(seq, payload, replayed=True):
@@ -585,7 +602,10 @@ class VllmSubscriber:
                 if self._held:  # live frames read while the join was being fetched
                     self.handle(self._held.popleft())
                     continue
-                ready = dict(poller.poll(100))
+                ready = dict(poller.poll(0))
+                if not ready:
+                    self._idle()
+                    ready = dict(poller.poll(100))
                 if self._monitor is not None and self._monitor in ready:
                     self._monitor.recv_multipart()
                     self._reconnect()
@@ -594,9 +614,26 @@ class VllmSubscriber:
                     self.handle(sub.recv_multipart())
             except Exception as exc:  # noqa: BLE001 - a callback failed; report it and keep reading
                 if isinstance(exc, zmq.ContextTerminated):
-                    return
-                self.health.last_error = f"{type(exc).__name__}: {exc}"
-                self._notice("error", f"{self.endpoint}: {self.health.last_error}")
+                    break
+                self._error(exc)
+        try:
+            self._idle()  # stopping: what the consumer holds is applied, not dropped
+        except Exception as exc:  # noqa: BLE001
+            self._error(exc)
+
+    def _idle(self) -> None:
+        """Nothing queued: tell the consumer of each stream that got batches since the last
+        time (this one's, and each stream this socket feeds)."""
+        for stream in list(self.streams.values()):
+            stream._idle()
+        if self._busy:
+            self._busy = False
+            if self.on_idle is not None:
+                self.on_idle()
+
+    def _error(self, exc: BaseException) -> None:
+        self.health.last_error = f"{type(exc).__name__}: {exc}"
+        self._notice("error", f"{self.endpoint}: {self.health.last_error}")
 
 
 @dataclass(slots=True)
