@@ -25,22 +25,18 @@ class LiveFirstReplay(ScriptedReplay):
 
     def __init__(self, script: list[list[bytes]] | None = None, delay: float = 0.6) -> None:
         self.delay = delay
-        self.live_sent = False
         super().__init__(script)
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self.router.poll(50):
-                continue
-            client, _empty, _start = self.router.recv_multipart()
-            self.num_replay_requests += 1
-            if not self.live_sent:
-                self.live_sent = True
-                for frames in self.pub_frames:
-                    self.send(frames)
-                time.sleep(self.delay)  # the subscriber polls its SUB socket every 0.1 s meanwhile
-            for frames in self.script if self.script is not None else self.replay_frames:
-                self.router.send_multipart([client, *frames])
+        # The first request waits, unread, until the live frames are out and the subscriber
+        # has had time to read the first (it polls its SUB socket every 0.1 s meanwhile);
+        # then the scripted server answers it, and every request after it, at once.
+        while not self._stop.is_set() and not self.router.poll(50):
+            pass
+        for frames in self.pub_frames:
+            self.send(frames)
+        time.sleep(self.delay)
+        super()._serve()
 
 
 def test_a_forged_reply_past_the_held_live_frame_does_not_end_the_join():
@@ -81,9 +77,17 @@ def test_without_a_forged_reply_the_same_order_keeps_every_batch():
         server.close()
 
 
-def _socketless(delivered: list[int]) -> VllmSubscriber:
+def _rules() -> tuple[VllmSubscriber, list[int], bytes]:
+    """A socket-less subscriber whose replay rules are driven by hand, what it delivered,
+    and the payload of the recorded batch 0."""
+    server = ScriptedReplay()
+    try:
+        payload0 = server.replay_frames[0][3]
+    finally:
+        server.close()
+    delivered: list[int] = []
     sub = VllmSubscriber("tcp://127.0.0.1:1", lambda batch: delivered.append(batch.seq), socket=False)
-    return sub
+    return sub, delivered, payload0
 
 
 def _reply(seq: int, payload: bytes) -> list[bytes]:
@@ -91,13 +95,7 @@ def _reply(seq: int, payload: bytes) -> list[bytes]:
 
 
 def test_the_rules_a_reply_far_past_the_live_frame_is_malformed_not_the_end():
-    server = ScriptedReplay()
-    try:
-        payload0 = server.replay_frames[0][3]
-    finally:
-        server.close()
-    delivered: list[int] = []
-    sub = _socketless(delivered)
+    sub, delivered, payload0 = _rules()
     answer = _Answer(0)
     # the live stream holds batch 1: replies from 1 on are the live stream's
     assert sub._take_reply(_reply(2 ** 62, payload0), answer, upto=1) is False
@@ -112,13 +110,7 @@ def test_the_rules_a_reply_far_past_the_live_frame_is_malformed_not_the_end():
 
 
 def test_the_rules_a_huge_first_reply_with_no_live_frame_is_malformed():
-    server = ScriptedReplay()
-    try:
-        payload0 = server.replay_frames[0][3]
-    finally:
-        server.close()
-    delivered: list[int] = []
-    sub = _socketless(delivered)
+    sub, delivered, payload0 = _rules()
     answer = _Answer(0)
     assert sub._take_reply(_reply(2 ** 62, payload0), answer, upto=None) is False
     assert sub.health.malformed == 1 and not answer.complete and delivered == []
