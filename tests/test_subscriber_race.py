@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 
-from engine.remote import AttachOptions, Attachment
 from engine.remote.subscriber import VllmSubscriber, _Answer
-from tests.test_attach_hostile import ScriptedReplay, counters
+from tests.test_attach_hostile import ScriptedReplay, attach, counters
 from tests.test_vllm_attach import wait_for
 
 
@@ -44,12 +43,8 @@ def test_a_forged_reply_past_the_held_live_frame_does_not_end_the_join():
     topic, _, payload = server.replay_frames[1][1:]
     forged = [b"", topic, (2 ** 62).to_bytes(8, "big"), payload]
     server.script = [forged, *server.replay_frames[:1], server.replay_frames[-1]]  # forged, batch 0, end
-    seqs: list[int] = []
-    att = Attachment(AttachOptions((server.endpoint,), (server.replay_endpoint,), topic="kv-events",
-                                   refill_timeout=10.0),
-                     on_batch=lambda pool, batch, events: seqs.append(batch.seq))
+    att, seqs = attach(server, refill_timeout=10.0)
     try:
-        att.start()
         server.wait_joined()
         wait_for(lambda: att.health()[0].last_seq == 4)
         # batch 0 from the answer, 1-4 live; the forged reply is one malformed frame
@@ -63,12 +58,8 @@ def test_a_forged_reply_past_the_held_live_frame_does_not_end_the_join():
 
 def test_without_a_forged_reply_the_same_order_keeps_every_batch():
     server = LiveFirstReplay()  # the recorded answer: batches 0-4 and the end marker
-    seqs: list[int] = []
-    att = Attachment(AttachOptions((server.endpoint,), (server.replay_endpoint,), topic="kv-events",
-                                   refill_timeout=10.0),
-                     on_batch=lambda pool, batch, events: seqs.append(batch.seq))
+    att, seqs = attach(server, refill_timeout=10.0)
     try:
-        att.start()
         server.wait_joined()
         wait_for(lambda: att.health()[0].last_seq == 4)
         assert seqs == [0, 1, 2, 3, 4] and counters(att) == (5, 0, 0, 0, 4)
