@@ -91,6 +91,10 @@ class RemoteTimeline(_Throttled):
         self._times: tuple[Any, int, np.ndarray, np.ndarray] | None = None  # (log, n, seqs, times)
         self.glw.map_x(self.seqs_in, self.x_of_seqs)
         h_cached, self.p_cached = self.glw.add(stretch=3)
+        # another attach (or engine) starts its clock again: a zoom into the last hides it
+        reset = getattr(state, "sigReset", None)
+        if reset is not None:
+            reset.connect(self.glw.show_all)
         h_stored, self.p_stored = self.glw.add(stretch=2)
         h_removed, self.p_removed = self.glw.add(stretch=2)
         self.headers = [h_cached, h_stored, h_removed]

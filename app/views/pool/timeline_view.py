@@ -206,6 +206,9 @@ class TimelineView(PanelView):
             header.setText(text, color=dim, size="9pt")
 
     def _on_reset(self) -> None:
+        # A new engine numbers its events from the start again: a zoom or pan into the
+        # last log would leave the new one outside the view.
+        self.glw.show_all()
         self._drawn = (-1, -1)
         self.refresh(force=True)
 
