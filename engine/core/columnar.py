@@ -14,7 +14,14 @@ Row layout per kind (unlisted columns are -1 or 0):
   a=hit blocks | stored: request, block, hash | ref: request, block, a=ref count | freed:
   request, block, flag=1 when it went to the tail (it has a hash) | evicted: request,
   block, hash | refused: request, a=needed, b=available | finished: request,
-  a=tokens with KV, flag=aborted.
+  a=tokens with KV, flag=aborted | cache reset (live sources): one row per block that
+  held a hash, block, hash, a=blocks cleared (a single row with block -1 when none did) |
+  other (live sources: an event the pool does not read, such as a semantic lookup): the
+  event itself is kept beside the columns. A live source's empty block list (an
+  allocation, ref change or free naming no block) is one row with block -1.
+
+A live pool may grow (a replay without a capacity names blocks as it goes): a block
+that appears joins the free queue's tail, as `PoolProjection._grow` puts it there.
 """
 
 from __future__ import annotations
@@ -26,20 +33,24 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from engine.core.events import (
-    BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, Event, LookupDone, MissInfo, RefCountsChanged,
+    BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone, MissInfo, RefCountsChanged,
     RequestFinished, RequestRefused, RequestStarted,
 )
 from engine.core.pool_state import Counters
 
 STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
+RESET, OTHER = 10, 11  # rows only live sources append
 KIND_NAMES = {STARTED: "request_started", LOOKUP: "lookup", ALLOCATED: "blocks_allocated",
               STORED: "block_stored", REF: "ref_counts_changed", FREED: "blocks_freed",
-              EVICTED: "block_evicted", REFUSED: "request_refused", FINISHED: "request_finished"}
+              EVICTED: "block_evicted", REFUSED: "request_refused", FINISHED: "request_finished",
+              RESET: "cache_reset", OTHER: "event"}
 MISS_REASONS = ("new_content", "evicted", "salt", "model", "partial_block", "last_token")  # the manager's
 _MISS_CODE = {name: i for i, name in enumerate(MISS_REASONS)}
 COLUMNS = (("kind", np.uint8), ("tier", np.uint8), ("seq", np.int64), ("request", np.int32),
            ("block", np.int32), ("hash", np.int32), ("a", np.int64), ("b", np.int64), ("flag", np.uint8))
 _EXT_MASK = (1 << 64) - 1
+_COLUMN_KINDS = frozenset({RequestStarted, RequestRefused, LookupDone, BlocksAllocated, RefCountsChanged, BlockStored,
+                           BlocksFreed, BlockEvicted, RequestFinished})
 
 
 class KeyTable:
@@ -65,6 +76,7 @@ class KeyTable:
         # live ids: digest -> id, and their stored attributes
         self._by_digest: dict[bytes, int] = {}
         self._live: dict[int, tuple[bytes | None, tuple[int, ...], str | None, int | None]] = {}
+        self._live_parent: dict[int, int] = {}  # live id -> its parent's id (none: a root)
 
     @classmethod
     def empty(cls) -> KeyTable:
@@ -73,6 +85,12 @@ class KeyTable:
 
     def __len__(self) -> int:
         return len(self._digests)
+
+    def parent_of(self, key: int) -> int:
+        """The parent chain id of `key`, -1 for a root (or a live id stored without one)."""
+        if key < len(self.parent):
+            return int(self.parent[key])
+        return self._live_parent.get(key, -1)
 
     def is_root(self, key: int) -> bool:
         return key < len(self.parent) and int(self.parent[key]) < 0
@@ -136,6 +154,8 @@ class KeyTable:
             self._by_digest[digest] = k
         if attributes is not None:
             self._live[k] = attributes
+            if attributes[0] is not None and k >= len(self.parent):
+                self._live_parent[k] = self.key_of(attributes[0])
         return k
 
 
@@ -152,6 +172,7 @@ class RequestTable:
         self._keys, self._koff, self._nfull = keys, koff, nfull
         self._n_fixed = len(ids)
         self._live: list[tuple[str | None, int, tuple[int, ...]]] = []
+        self._live_sizes = np.zeros(0, np.int64)  # num_prompt_tokens of the live ones, grown by doubling
 
     @classmethod
     def empty(cls) -> RequestTable:
@@ -181,16 +202,22 @@ class RequestTable:
     def add(self, request_id: str, salt: str | None, num_prompt_tokens: int) -> int:
         self.ids.append(request_id)
         self._live.append((salt, num_prompt_tokens, ()))
+        i = len(self._live) - 1
+        if i >= len(self._live_sizes):
+            self._live_sizes = np.concatenate([self._live_sizes, np.zeros(max(1024, i), np.int64)])
+        self._live_sizes[i] = num_prompt_tokens
         return len(self.ids) - 1
 
     def set_live(self, r: int, salt: str | None, num_prompt_tokens: int, keys: tuple[int, ...]) -> None:
         self._live[r - self._n_fixed] = (salt, num_prompt_tokens, keys)
+        self._live_sizes[r - self._n_fixed] = num_prompt_tokens
 
     def prompt_sizes(self) -> np.ndarray:
         """num_prompt_tokens of every request, as an array."""
-        live = np.array([x[1] for x in self._live], np.int64)
-        return np.concatenate([np.asarray(self._nprompt, np.int64), live]) if len(live) else \
-            np.asarray(self._nprompt, np.int64)
+        fixed = np.asarray(self._nprompt, np.int64)
+        if not self._live:
+            return fixed
+        return np.concatenate([fixed, self._live_sizes[:len(self._live)]])
 
 
 @dataclass(slots=True)
@@ -219,6 +246,9 @@ class PoolArrays:
 
 
 FREE_ABSENT = np.iinfo(np.int64).max
+# A block freed to the tail at row r gets place TAIL_BASE + 2r (one grown at row r: 2r - 1),
+# above every initial place (0..num_blocks-1): places follow the order of the rows.
+TAIL_BASE = 1 << 40
 CHECKPOINT_BYTES = 512 << 20  # all of a log's pool snapshots together
 
 
@@ -238,11 +268,20 @@ class ColumnarLog:
         self.checkpoint_rows = checkpoint_rows
         self._cp_rows: list[int] = []
         self._cp_states: list[PoolArrays] = []
-        self._cp_tail = 0  # tail-append and head-prepend counts at the last checkpoint's end
+        # head prepends of the free queue before some rows (row -> count), so that moving
+        # a state on from a row does not count them over from the first row again
+        self._head_marks: dict[int, int] = {0: 0}
         # live appends: the current hash of each block and request id -> its latest row
         self._live_keys: np.ndarray | None = None
         self._live_request: dict[str, int] = {}
         self._req_index: tuple | None = None
+        self._others: dict[int, Event] = {}  # seq -> a live event the columns do not describe
+        self._no_request = -1  # the occurrence "" that cache resets and other events name
+        # a live pool that grew: the first row that saw each block (-1: there from the start)
+        # and the free-queue place it joined at; blocks appear in id order
+        self.initial_blocks = num_blocks
+        self._born_row = np.full(num_blocks, -1, np.int64)
+        self._born_place = np.full(num_blocks, FREE_ABSENT, np.int64)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -292,15 +331,61 @@ class ColumnarLog:
         c["flag"][i] = flag
         self.num_rows += 1
 
+    def _grow(self, top: int) -> None:
+        """Blocks up to `top` exist from the next row on (each joins the free queue's tail)."""
+        n = self.num_blocks
+        if top < n:
+            return
+        m = top + 1 - n
+        self._born_row = np.concatenate([self._born_row, np.full(m, self.num_rows, np.int64)])
+        self._born_place = np.concatenate([self._born_place, np.full(m, TAIL_BASE + 2 * self.num_rows - 1, np.int64)])
+        if self._live_keys is not None:
+            self._live_keys = np.concatenate([self._live_keys, np.full(m, -1, np.int32)])
+        self.num_blocks = top + 1
+
+    def blocks_at(self, rows: int) -> int:
+        """How many blocks the pool has after `rows` rows (a live pool may have grown)."""
+        if self.num_blocks == self.initial_blocks:
+            return self.num_blocks
+        return int(np.searchsorted(self._born_row, rows, side="left"))
+
+    def no_request(self) -> int:
+        """The occurrence that rows naming no request (cache resets, other events) carry."""
+        if self._no_request < 0:
+            self._no_request = self.requests.add("", None, 0)
+        return self._no_request
+
     def append_events(self, events: Iterable[Event]) -> None:
-        """Append a live source's events (the local engine's kinds), in seq order."""
+        """Append a live source's events (the local engine's kinds, cache resets and, kept
+        whole, events the pool does not read), in seq order."""
         if self._live_keys is None:
             self._live_keys = np.full(self.num_blocks, -1, np.int32)
-        cur = self._live_keys
         reqs = self.requests
         for e in events:
             t = type(e)
             s = e.seq
+            cur = self._live_keys
+            ids = getattr(e, "block_ids", None)
+            top = max(ids, default=-1) if ids is not None else getattr(e, "block_id", -1)
+            if top is not None and top >= self.num_blocks and t is not BlocksFreed:
+                self._grow(top)
+                cur = self._live_keys
+            if t is CacheReset:
+                held = np.flatnonzero(cur >= 0)
+                r = self.no_request()
+                if not len(held):
+                    self._row(RESET, s, r, a=e.num_blocks_cleared)
+                self._reserve(len(held))
+                for blk in held.tolist():
+                    self._row(RESET, s, r, blk, int(cur[blk]), a=e.num_blocks_cleared)
+                cur[held] = -1
+                self.num_seq = s + 1
+                continue
+            if t not in _COLUMN_KINDS:
+                self._others[s] = e
+                self._row(OTHER, s, self.no_request())
+                self.num_seq = s + 1
+                continue
             if t is RequestStarted or t is RequestRefused:
                 r = reqs.add(e.request_id, getattr(e, "salt", None), getattr(e, "num_prompt_tokens", 0))
                 self._live_request[e.request_id] = r
@@ -326,17 +411,25 @@ class ColumnarLog:
                 self._reserve(len(e.block_ids))
                 for blk in e.block_ids:
                     self._row(ALLOCATED, s, r, blk, a=e.num_hit_blocks)
+                if not e.block_ids:
+                    self._row(ALLOCATED, s, r, a=e.num_hit_blocks)
             elif t is RefCountsChanged:
                 self._reserve(len(e.block_ids))
                 for blk, ref in zip(e.block_ids, e.ref_counts):
                     self._row(REF, s, r, blk, a=ref)
+                if not e.block_ids:
+                    self._row(REF, s, r)
             elif t is BlockStored:
                 k = self.keys.key_of(e.block_hash, (e.parent_hash, tuple(e.token_ids), e.salt, e.external_id))
                 cur[e.block_id] = k
                 self._row(STORED, s, r, e.block_id, k)
             elif t is BlocksFreed:
                 for blk in e.block_ids:
-                    self._row(FREED, s, r, blk, flag=1 if cur[blk] >= 0 else 0)
+                    # a block the pool does not have is skipped when freed, as PoolProjection does
+                    self._row(FREED, s, r, blk if 0 <= blk < self.num_blocks else -1,
+                              flag=1 if 0 <= blk < self.num_blocks and cur[blk] >= 0 else 0)
+                if not e.block_ids:
+                    self._row(FREED, s, r)
             elif t is BlockEvicted:
                 k = self.keys.key_of(e.block_hash)
                 cur[e.block_id] = -1
@@ -379,6 +472,13 @@ class ColumnarLog:
             while j < n and seq[j] == s:
                 j += 1
             rid = reqs.ids[r]
+            if block[i] < 0 and k in (ALLOCATED, REF, FREED):  # a live event naming no block
+                yield (BlocksAllocated(seq=s, time=time, request_id=rid, block_ids=(), num_hit_blocks=a[i])
+                       if k == ALLOCATED else RefCountsChanged(seq=s, time=time, request_id=rid, block_ids=(),
+                                                               ref_counts=()) if k == REF else
+                       BlocksFreed(seq=s, time=time, request_id=rid, block_ids=()))
+                i = j
+                continue
             if k == STARTED:
                 yield RequestStarted(seq=s, time=time, request_id=rid, num_prompt_tokens=reqs.num_prompt_tokens(r),
                                      salt=reqs.salt(r))
@@ -415,6 +515,10 @@ class ColumnarLog:
             elif k == FINISHED:
                 yield RequestFinished(seq=s, time=time, request_id=rid, num_tokens_with_kv=a[i],
                                       aborted=bool(flag[i]))
+            elif k == RESET:
+                yield CacheReset(seq=s, time=time, num_blocks_cleared=a[i])
+            elif k == OTHER:
+                yield self._others[s]
             i = j
 
     def rows_upto(self, seq: int | None) -> int:
@@ -425,7 +529,7 @@ class ColumnarLog:
 
     # ------------------------------------------------------------------ projection
     def initial_state(self) -> PoolArrays:
-        n = self.num_blocks
+        n = self.initial_blocks
         return PoolArrays(-1, 0, np.zeros(n, np.int32), np.full(n, -1, np.int32), np.arange(n, dtype=np.int64),
                           Counters())
 
@@ -448,6 +552,7 @@ class ColumnarLog:
             pos += every
             self._cp_rows.append(pos)
             self._cp_states.append(state)
+            self._head_marks[pos] = self._head_count(pos)
 
     def state_at(self, seq: int | None) -> PoolArrays:
         """The pool after every event with seq <= `seq` (after the last event for None)."""
@@ -462,18 +567,31 @@ class ColumnarLog:
             out.seq = seq
         return out
 
-    def _tail_count(self, stop: int) -> tuple[int, int]:
-        """Tail appends and head prepends of the free queue in rows [0, stop)."""
-        kind, flag = self.col("kind")[:stop], self.col("flag")[:stop]
-        freed = kind == FREED
-        tails = int(np.count_nonzero(freed & (flag == 1)))
-        return tails, int(np.count_nonzero(freed)) - tails
+    def _head_count(self, stop: int) -> int:
+        """Head prepends of the free queue in rows [0, stop), counted on from the nearest
+        row counted before (a checkpoint's, the live state's)."""
+        marks = self._head_marks
+        got = marks.get(stop)
+        if got is not None:
+            return got
+        start = max((r for r in marks if r <= stop), default=0)
+        kind, flag, block = (self.col(name)[start:stop] for name in ("kind", "flag", "block"))
+        return marks.get(start, 0) + int(np.count_nonzero((kind == FREED) & (flag == 0) & (block >= 0)))
+
+    def _grown_to(self, state: PoolArrays, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of `state`'s arrays with the blocks a live pool gained by row `stop`."""
+        n = self.blocks_at(stop)
+        have = len(state.ref_counts)
+        if n <= have:
+            return state.ref_counts.copy(), state.hash_keys.copy(), state.free_pos.copy()
+        m = n - have
+        return (np.concatenate([state.ref_counts, np.zeros(m, np.int32)]),
+                np.concatenate([state.hash_keys, np.full(m, -1, np.int32)]),
+                np.concatenate([state.free_pos, self._born_place[have:n]]))
 
     def _advance(self, state: PoolArrays, start: int, stop: int) -> PoolArrays:
         """`state` (after row `start`) moved on to after row `stop`; vectorised, a new value."""
-        ref = state.ref_counts.copy()
-        hk = state.hash_keys.copy()
-        pos = state.free_pos.copy()
+        ref, hk, pos = self._grown_to(state, stop)
         c = state.counters
         counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks,
                             c.num_evicted_blocks, c.num_refused_requests, c.num_finished_requests,
@@ -484,21 +602,21 @@ class ColumnarLog:
         block = self.col("block")[start:stop]
         a = self.col("a")[start:stop]
         seqs = self.col("seq")[start:stop]
+        named = block >= 0  # a live event naming no block has one row with block -1
         # ref counts: the last ref row of each block wins
-        m = kind == REF
+        m = (kind == REF) & named
         _last_write(ref, block[m], a[m])
-        # hashes: stored sets, evicted clears; the last of either wins
-        m = (kind == STORED) | (kind == EVICTED)
+        # hashes: stored sets, evicted (or a cache reset) clears; the last of any wins
+        m = ((kind == STORED) | (kind == EVICTED) | (kind == RESET)) & named
         _last_write(hk, block[m], np.where(kind[m] == STORED, self.col("hash")[start:stop][m], -1))
         # free queue places: a block leaves when a request takes it (ref > 0) and joins
         # at the tail (cached, LRU order) or the head (hashless, reused first) when freed
-        tails0, heads0 = self._tail_count(start)
-        n = self.num_blocks
-        freed = kind == FREED
+        heads0 = self._head_count(start)
+        freed = (kind == FREED) & named
         is_tail = freed & (self.col("flag")[start:stop] == 1)
         is_head = freed & ~is_tail
         place = np.full(stop - start, FREE_ABSENT, np.int64)
-        place[is_tail] = n + tails0 + np.arange(np.count_nonzero(is_tail), dtype=np.int64)
+        place[is_tail] = TAIL_BASE + 2 * (start + np.flatnonzero(is_tail).astype(np.int64))
         if is_head.any():
             hs = seqs[is_head]
             g = heads0 + np.arange(len(hs), dtype=np.int64)  # global index among head rows
@@ -507,7 +625,7 @@ class ColumnarLog:
             m_ = np.repeat(counts, counts)
             # prepend_n puts the event's first block at the head: it gets the lowest place
             place[is_head] = -(2 * g0 + m_ - g)
-        taken = (kind == REF) & (a > 0)
+        taken = (kind == REF) & (a > 0) & named
         m = taken | freed
         _last_write(pos, block[m], place[m])
         # counters: cumulative, from the rows themselves
@@ -537,7 +655,7 @@ class ColumnarLog:
         finish = np.full(n_req, self.num_rows, np.int64)
         m = kind == FINISHED
         finish[req[m]] = rows[m]
-        alloc = np.flatnonzero(kind == ALLOCATED)
+        alloc = np.flatnonzero((kind == ALLOCATED) & (self.col("block") >= 0))
         alloc = alloc[np.argsort(req[alloc], kind="stable")]
         bounds = np.searchsorted(req[alloc], np.arange(n_req + 1))
         value = (start, finish, alloc, bounds)

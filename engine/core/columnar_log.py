@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, STARTED, STORED,
-    ColumnarLog, PoolArrays,
+    ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, RESET, STARTED,
+    STORED, ColumnarLog, PoolArrays,
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
@@ -205,7 +205,7 @@ class ColumnarEventLog:
     def eviction_mask(self) -> np.ndarray:
         got = self._index.get("eviction_mask")
         if got is None:
-            got = self._index["eviction_mask"] = self.kinds == EVICTED
+            got = self._index["eviction_mask"] = (self.kinds == EVICTED) | (self.kinds == RESET)
         return got
 
     def find(self, mask: np.ndarray, forward: bool, here: int | None) -> int | None:
@@ -273,11 +273,13 @@ class ColumnarEventLog:
         is_ref = kind == REF
         top = int(a[is_ref].max()) if is_ref.any() else 0
         width = max(log.num_blocks, int(block.max()) + 1 if log.num_rows else 0)
-        out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), self.ends, width,
-                   log.num_blocks, top, self.block_size)
+        nblocks = np.full(len(self.ends), log.num_blocks, np.int64)
+        out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), self.ends, 0, nblocks,
+                   np.zeros(width, np.int64), np.zeros(width, np.uint8), np.zeros(top + 2, np.int64),
+                   np.zeros(6, np.int64), self.block_size)
         in_use, cached_free, empty, max_ref, evicted, cached, prompt = out
         return EventSeries(self.seqs, in_use, cached_free, empty, max_ref, evicted, cached, prompt,
-                           self.seqs[self.kinds == REFUSED], np.zeros(0, np.int64))
+                           self.seqs[self.kinds == REFUSED], self.seqs[self.kinds == RESET])
 
     def _compute_series(self) -> EventSeries:
         """Each count as `PoolProjection` keeps it, after every event: the changes are worked
@@ -324,7 +326,7 @@ class ColumnarEventLog:
         return EventSeries(self.seqs, in_use.astype(narrow), cached_free.astype(narrow),
                            (log.num_blocks - in_use - cached_free).astype(narrow), max_ref.astype(narrow),
                            evicted.astype(narrow), cached, prompt, self.seqs[self.kinds == REFUSED],
-                           np.zeros(0, np.int64))
+                           self.seqs[self.kinds == RESET])
 
     @staticmethod
     def _block_state_before(rows: np.ndarray, kind: np.ndarray, block: np.ndarray,
@@ -602,13 +604,12 @@ class ArrayProjection:
     remote_slots = None
     vacant = None
     slot_ranks = None
-    num_resets = 0
 
     def __init__(self, log: ColumnarEventLog, arrays: PoolArrays, num_events: int) -> None:
         self.log = log
         self.arrays = arrays
         self.block_size = log.block_size
-        self.num_blocks = log.columnar.num_blocks
+        self.num_blocks = len(arrays.ref_counts)  # a live pool may have grown since
         self.num_events = num_events
         self.seq = int(log.seqs[num_events - 1]) if num_events else -1
         self.counters = arrays.counters
@@ -671,6 +672,11 @@ class ArrayProjection:
         order = self.free_order()
         return int(np.flatnonzero(order == block_id)[0])
 
+    @property
+    def num_resets(self) -> int:
+        """Cache resets up to this state."""
+        return int(np.count_nonzero(self.log.kinds[:self.num_events] == RESET))
+
     # ------------------------------------------------------------------ per-block history
     @property
     def evicted_seq(self) -> np.ndarray:
@@ -688,14 +694,18 @@ class ArrayProjection:
     def _evicted_rows(self) -> np.ndarray:
         ev = self.log._index.get("evicted_rows")
         if ev is None:
-            ev = self.log._index["evicted_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
+            kind, block = self.log.columnar.col("kind"), self.log.columnar.col("block")
+            ev = np.flatnonzero((kind == EVICTED) | ((kind == RESET) & (block >= 0)))
+            self.log._index["evicted_rows"] = ev
         return ev
 
     @property
     def last_eviction_seq(self) -> int:
         got = self._cache.get("last_eviction")
         if got is None:
-            ev = self._evicted_rows()
+            ev = self.log._index.get("eviction_rows")  # evictions only: a reset is not one
+            if ev is None:
+                ev = self.log._index["eviction_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
             got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
         return got
@@ -735,7 +745,7 @@ class ArrayProjection:
         holder = self.key_holders()
         k = key
         while True:
-            parent = int(keys.parent[k]) if k < len(keys.parent) else -1
+            parent = keys.parent_of(k)
             if parent < 0:
                 return keys.attributes(k)[2]
             if holder[parent] < 0:
@@ -799,7 +809,7 @@ class ArrayProjection:
         seen = {block_id}
         k = int(self.hash_keys[block_id])
         while k >= 0:
-            parent = int(keys.parent[k]) if k < len(keys.parent) else -1
+            parent = keys.parent_of(k)
             if parent < 0:
                 break
             h = int(holder[parent])
@@ -1009,10 +1019,15 @@ class _Names(Sequence[str]):
 
 
 def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np.ndarray, sizes: np.ndarray,
-                 ends: np.ndarray, width: int, num_blocks: int, top: int, block_size: int) -> tuple:
-    """Every count of `EventSeries` after each event, in one pass over the rows: each row
-    applied as `PoolProjection` applies its event (compiled by numba; the numpy
-    `ColumnarEventLog._compute_series` is the same, held equal by tests)."""
+                 ends: np.ndarray, start_row: int, nblocks: np.ndarray, ref: np.ndarray, held: np.ndarray,
+                 hist: np.ndarray, acc: np.ndarray, block_size: int) -> tuple:
+    """Every count of `EventSeries` after each event, in one pass over rows `start_row` up
+    to `ends[-1]`: each row applied as `PoolProjection` applies its event (compiled by
+    numba; the numpy `ColumnarEventLog._compute_series` is the same, held equal by tests).
+    It resumes: `ref`, `held` (per block), `hist` (blocks per ref count) and `acc` (in use,
+    cached free, evicted, top ref, cached tokens, prompt tokens) carry the state after the
+    rows before `start_row`, and hold it after the last row when it returns; `nblocks` is
+    the pool's size after each event."""
     n_ev = len(ends)
     in_use_out = np.zeros(n_ev, np.int32)
     free_out = np.zeros(n_ev, np.int32)
@@ -1021,12 +1036,8 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
     ev_out = np.zeros(n_ev, np.int32)
     cached_out = np.zeros(n_ev, np.int64)
     prompt_out = np.zeros(n_ev, np.int64)
-    ref = np.zeros(width, np.int64)
-    held = np.zeros(width, np.uint8)
-    hist = np.zeros(top + 2, np.int64)
-    in_use = cached_free = evicted = best = 0
-    cached = prompt = 0
-    i = 0
+    in_use, cached_free, evicted, best, cached, prompt = acc[0], acc[1], acc[2], acc[3], acc[4], acc[5]
+    i = start_row
     for e in range(n_ev):
         while i < ends[e]:
             k = kind[i]
@@ -1059,6 +1070,10 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
                     if held[b]:
                         cached_free -= 1
                 held[b] = 0
+            elif k == 10 and b >= 0:  # RESET: the hash goes, no eviction counted
+                if held[b] and ref[b] == 0:
+                    cached_free -= 1
+                held[b] = 0
             elif k == 2:  # LOOKUP
                 cached += a[i] * block_size
                 prompt += sizes[request[i]]
@@ -1067,11 +1082,12 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
             best -= 1
         in_use_out[e] = in_use
         free_out[e] = cached_free
-        empty_out[e] = num_blocks - in_use - cached_free
+        empty_out[e] = nblocks[e] - in_use - cached_free
         ref_out[e] = best
         ev_out[e] = evicted
         cached_out[e] = cached
         prompt_out[e] = prompt
+    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5] = in_use, cached_free, evicted, best, cached, prompt
     return in_use_out, free_out, empty_out, ref_out, ev_out, cached_out, prompt_out
 
 

@@ -1,0 +1,240 @@
+"""The columnar event log of a live source (the local model, a demo, a streamed replay).
+
+`LiveColumnarLog` is a `engine.core.columnar_log.ColumnarEventLog` that grows: `extend`
+appends a batch of `Event`s as rows (`ColumnarLog.append_events`) and moves on from the
+previous batch, never from the first event: the timelines' series by a compiled pass over
+the new rows only (the counts carried between batches), the live pool by applying the new
+rows to the previous live `PoolArrays`, and the checkpoints within the same 512 MiB budget
+(every other one dropped and the interval doubled, as `EventLog` does). Each event's time
+is kept, so the events it builds equal the ones appended. tests/test_live_log.py holds it
+equal to `engine.core.projection.EventLog`, the reference, at many scrub points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from engine.core.columnar import CHECKPOINT_BYTES, OTHER, REF, REFUSED, RESET, ColumnarLog
+from engine.core.columnar_log import (
+    ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
+)
+from engine.core.events import Event
+
+# Rows between checkpoints at first; doubled whenever more than the budget allows pile up.
+FIRST_CHECKPOINT_ROWS = 16_384
+
+
+class _Growing:
+    """A numpy array appended to in batches (capacity doubled), read as a view."""
+
+    __slots__ = ("_buf", "n")
+
+    def __init__(self, dtype: Any) -> None:
+        self._buf = np.zeros(1024, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.n + len(values)
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), self._buf.dtype)
+            grown[:self.n] = self._buf[:self.n]
+            self._buf = grown
+        self._buf[self.n:need] = values
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._buf[:self.n]
+
+
+_SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32), ("max_ref", np.int32),
+           ("evicted", np.int32), ("cached_tokens", np.int64), ("prompt_tokens", np.int64))
+
+
+class LiveColumnarLog(ColumnarEventLog):
+    """A columnar event log that live batches are appended to (see the module docstring).
+
+    Like `EventLog`, it is written by one thread (the GUI thread, one batch per frame) and
+    read by the views there; `snapshot()` gives a worker a read-only log of what is in it now.
+    """
+
+    live_log = True
+
+    def __init__(self, num_blocks: int = 0, block_size: int = 16, checkpoint_rows: int | None = None) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"a pool cannot have {num_blocks} blocks")
+        if block_size < 1:
+            raise ValueError(f"block size must be at least 1, not {block_size}")
+        col = ColumnarLog(num_blocks, block_size)
+        self.columnar = col
+        self.time = 0.0
+        self.block_size = block_size
+        self._starts, self._ends = _Growing(np.int64), _Growing(np.int64)
+        self._seqs, self._kinds, self._times = _Growing(np.int64), _Growing(np.uint8), _Growing(np.float64)
+        self._columns = {name: _Growing(dtype) for name, dtype in _SERIES}
+        self._refusals, self._resets = _Growing(np.int64), _Growing(np.int64)
+        self.events = LazyEvents(self)
+        self._index: dict[str, Any] = {}
+        self._live: ArrayProjection | None = None
+        self._live_arrays = col.initial_state()
+        # the series pass's state between batches: per block ref count and hash held,
+        # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt)
+        self._ref = np.zeros(max(1, num_blocks), np.int64)
+        self._held = np.zeros(max(1, num_blocks), np.uint8)
+        self._hist = np.zeros(2, np.int64)
+        self._acc = np.zeros(6, np.int64)
+        col.checkpoint_rows = checkpoint_rows or max(FIRST_CHECKPOINT_ROWS, num_blocks)
+        col._cp_rows = [0]
+        col._cp_states = [self._live_arrays]
+
+    # ------------------------------------------------------------------ what the base class reads
+    @property
+    def starts(self) -> np.ndarray:  # type: ignore[override]
+        return self._starts.view
+
+    @property
+    def ends(self) -> np.ndarray:  # type: ignore[override]
+        return self._ends.view
+
+    @property
+    def seqs(self) -> np.ndarray:  # type: ignore[override]
+        return self._seqs.view
+
+    @property
+    def kinds(self) -> np.ndarray:  # type: ignore[override]
+        return self._kinds.view
+
+    @property
+    def series(self) -> EventSeries:  # type: ignore[override]
+        c = self._columns
+        return EventSeries(self.seqs, *(c[name].view for name, _ in _SERIES), self._refusals.view, self._resets.view)
+
+    @property
+    def live(self) -> ArrayProjection:  # type: ignore[override]
+        if self._live is None:
+            self._live = ArrayProjection(self, self._live_arrays, len(self._seqs.view))
+        return self._live
+
+    def build(self, start: int, stop: int) -> Iterator[Event]:
+        """The events at positions [start, stop), each with the time it arrived with."""
+        if stop <= start:
+            return
+        times = self._times.view[start:stop].tolist()
+        events = self.columnar.events(0.0, int(self.starts[start]), int(self.ends[stop - 1]))
+        for e, t in zip(events, times):
+            yield e if e.time == t else dataclasses.replace(e, time=t)
+
+    def kind_names(self) -> np.ndarray:
+        names = super().kind_names()
+        other = np.flatnonzero(self.kinds == OTHER)
+        if len(other):
+            names = names.astype(object)
+            others = self.columnar._others
+            for i in other.tolist():
+                names[i] = others[int(self.seqs[i])].kind
+            names = names.astype(str)
+        return names
+
+    def warm(self) -> None:  # a live log is built as it goes
+        pass
+
+    # ------------------------------------------------------------------ appending
+    def append(self, event: Event) -> None:  # type: ignore[override]
+        self.extend((event,))
+
+    def extend(self, events: Iterable[Event]) -> None:  # type: ignore[override]
+        """Append a batch in seq order: rows, series, live pool and checkpoints move on."""
+        events = events if isinstance(events, list) else list(events)
+        if not events:
+            return
+        seqs = np.fromiter((e.seq for e in events), np.int64, len(events))
+        last = self.last_seq
+        bad = np.flatnonzero(np.diff(seqs) <= 0)
+        if len(bad) or (last is not None and seqs[0] <= last):
+            at, before = (int(seqs[bad[0] + 1]), int(seqs[bad[0]])) if len(bad) else (int(seqs[0]), last)
+            raise ValueError(f"event seq {at} arrived after seq {before}; events must be in order")
+        times = np.fromiter((e.time for e in events), np.float64, len(events))
+        col = self.columnar
+        r0 = col.num_rows
+        col.append_events(events)
+        r1 = col.num_rows
+        row_seq = col.col("seq")[r0:r1]
+        starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
+        ends = np.append(starts[1:], r1)
+        kinds = col.col("kind")[starts]
+        self._starts.extend(starts)
+        self._ends.extend(ends)
+        self._seqs.extend(seqs)
+        self._kinds.extend(kinds)
+        self._times.extend(times)
+        self._refusals.extend(seqs[kinds == REFUSED])
+        self._resets.extend(seqs[kinds == RESET])
+        self._series_on(r0, ends)
+        self._live_arrays = col._advance(self._live_arrays, r0, r1)
+        col._head_marks[r1] = col._head_count(r1)
+        if r0 and r0 not in col._cp_rows:
+            col._head_marks.pop(r0, None)
+        self._checkpoint_on()
+        self._live = None
+        self._index.clear()
+
+    def _series_on(self, r0: int, ends: np.ndarray) -> None:
+        """The series after each new event, from the counts after the previous batch."""
+        col = self.columnar
+        width = col.num_blocks
+        if width > len(self._ref):
+            grow = max(width, 2 * len(self._ref)) - len(self._ref)
+            self._ref = np.concatenate([self._ref, np.zeros(grow, np.int64)])
+            self._held = np.concatenate([self._held, np.zeros(grow, np.uint8)])
+        kind, a = col.col("kind"), col.col("a")
+        new = kind[r0:] == REF
+        top = int(a[r0:][new].max()) if new.any() else 0
+        if top + 2 > len(self._hist):
+            self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
+        if col.num_blocks == col.initial_blocks:
+            nblocks = np.full(len(ends), col.num_blocks, np.int64)
+        else:
+            nblocks = np.searchsorted(col._born_row, ends, side="left").astype(np.int64)
+        loop = _compiled_series_loop() or _series_loop
+        out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, nblocks,
+                   self._ref, self._held, self._hist, self._acc, self.block_size)
+        for (name, _), values in zip(_SERIES, out):
+            self._columns[name].extend(values)
+
+    def _checkpoint_on(self) -> None:
+        """A snapshot every `checkpoint_rows` rows; past the budget, every other one goes."""
+        col = self.columnar
+        rows, states = col._cp_rows, col._cp_states
+        while rows[-1] + col.checkpoint_rows <= col.num_rows:
+            pos = rows[-1] + col.checkpoint_rows
+            states.append(col._advance(states[-1], rows[-1], pos))
+            col._head_marks[pos] = col._head_count(pos)
+            rows.append(pos)
+            most = max(2, min(64, CHECKPOINT_BYTES // (16 * max(1, col.num_blocks))))
+            if len(rows) > most:
+                col._cp_rows, col._cp_states = rows[::2], states[::2]
+                rows, states = col._cp_rows, col._cp_states
+                col.checkpoint_rows *= 2
+                keep = set(rows) | {col.num_rows}
+                col._head_marks = {r: v for r, v in col._head_marks.items() if r in keep or r == 0}
+
+    # ------------------------------------------------------------------ a frozen copy for a worker
+    def snapshot(self) -> ColumnarEventLog:
+        """A read-only log of the events in this one now (the columns shared, not copied):
+        what a worker reads while batches keep arriving here."""
+        col = self.columnar
+        frozen = ColumnarLog.__new__(ColumnarLog)
+        frozen.__dict__.update(col.__dict__)
+        frozen._cols = dict(col._cols)
+        frozen._cp_rows, frozen._cp_states = list(col._cp_rows), list(col._cp_states)
+        frozen._head_marks = dict(col._head_marks)
+        frozen._req_index = None
+        frozen.final_counters = self._live_arrays.counters
+        out = ColumnarEventLog(frozen, self.time)
+        out._series = self.series
+        out._live = ArrayProjection(out, self._live_arrays, len(self.seqs))
+        return out
