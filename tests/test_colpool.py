@@ -54,11 +54,18 @@ def state(pool: Any) -> dict[str, Any]:
 
 
 def _run(frames: list[tuple[int, bytes]], columnar: bool, max_removed: int = 200_000,
-         reset_every: int = 0, via_reference: bool = False) -> tuple[dict[str, Any], int]:
+         reset_every: int = 0, via_reference: bool = False, many: int = 0) -> tuple[dict[str, Any], int]:
+    """Apply `frames` to a fresh pool; with `many`, the columnar pool takes runs of up to
+    `many` decoded frames at once (`apply_many`, a run cut at every reset), as an
+    attachment applies what it held."""
     pool = ColumnarPool("t", max_removed=max_removed) if columnar else RemotePool("t", max_removed=max_removed)
     malformed = 0
+    held: list[Any] = []
+    rng = random.Random(many)
     for i, (seq, payload) in enumerate(frames):
         if reset_every and i and i % reset_every == 0:
+            pool.apply_many(held) if held else None
+            held = []
             pool.reset(seq)
         try:
             if columnar and not via_reference:
@@ -68,7 +75,15 @@ def _run(frames: list[tuple[int, bytes]], columnar: bool, max_removed: int = 200
         except MalformedFrame:
             malformed += 1
             continue
-        pool.apply(batch)
+        if many:
+            held.append(batch)
+            if len(held) >= rng.randint(1, many):
+                pool.apply_many(held)
+                held = []
+        else:
+            pool.apply(batch)
+    if held:
+        pool.apply_many(held)
     return state(pool), malformed
 
 
@@ -86,6 +101,42 @@ def test_short_memories_and_restarts_give_the_reference_pool(name):
     frames = FIXTURES[name]
     for max_removed, reset_every in ((3, 0), (0, 0), (50, 7)):
         assert _run(frames, True, max_removed, reset_every) == _run(frames, False, max_removed, reset_every)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_many_frames_at_once_give_the_pool_of_one_at_a_time(name):
+    """`apply_many` (runs of common frames in one compiled call) against `apply` per frame
+    and against the reference, with restarts and short removal memories."""
+    frames = FIXTURES[name]
+    for max_removed, reset_every in ((200_000, 0), (3, 0), (50, 7)):
+        one = _run(frames, True, max_removed, reset_every)
+        assert _run(frames, True, max_removed, reset_every, many=64) == one
+        assert one == _run(frames, False, max_removed, reset_every)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_synthetic_frames_at_once_give_the_reference_pool(seed):
+    frames = _synthetic(300, seed)
+    ref = _run(frames, False)
+    assert _run(frames, True, many=16) == ref
+    assert _run(frames, True, 30, 97, many=64) == _run(frames, False, 30, 97)
+
+
+def test_many_bench_frames_at_once_give_the_pool_of_one_at_a_time():
+    """The common case `bench attach` times (GPU and CPU stores, evictions), where every
+    frame is common and whole runs go to the compiled loop."""
+    from engine.bench.attach import recorded_stream
+
+    payloads, _, _ = recorded_stream(3_000, gpu_blocks=400, seed=5)
+    frames = list(enumerate(payloads))
+    batches = [fastwire.decode_columns(seq, p) for seq, p in frames]
+    assert all(not b.events for b in batches)
+    ref = _run(frames, False, 500)
+    assert _run(frames, True, 500, many=64) == ref
+    assert _run(frames, True, 500, many=1) == ref
+    whole = ColumnarPool("t", max_removed=500)
+    whole.apply_many(batches)
+    assert state(whole) == ref[0]
 
 
 def test_the_comparison_can_fail():

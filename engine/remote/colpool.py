@@ -59,7 +59,7 @@ F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
-    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE = range(15)
+    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST = range(16)
 NUM_S = 16
 # per tier (int64): present, creation order, hashes, copies beyond one per hash, blocks
 # announced under the tier's own name (media), hashes without token ids
@@ -530,10 +530,10 @@ def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra
 @njit(cache=True)
 def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
-         rawgpu, start, stop_on_remove, seq, ts, left):  # pragma: no cover - compiled
-    """Apply events start.. of one batch while they are common ones; returns the index of
-    the first event Python must handle (or the number of events)."""
-    n = len(rows)
+         rawgpu, start, stop_on_remove, seq, ts, left, n):  # pragma: no cover - compiled
+    """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
+    concatenated) while they are common ones; returns the index of the first event
+    Python must handle (or n)."""
     nosalt = np.empty(0, np.int64)
     if len(widths) == 0:  # every hash of the batch is an 8-byte one
         widths = np.full(len(keys), W_U64, np.uint8)
@@ -561,6 +561,8 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
                        t, rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
                        rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts)
             if r == 0:
+                if TI[t, T_MEDIA] == 0 and S[S_MEDIA_FIRST] < 0:
+                    S[S_MEDIA_FIRST] = t  # which raw name the dicts meet first (synced after a run)
                 TI[t, T_MEDIA] += nh
         elif kind == KIND_REMOVED:
             if stop_on_remove:
@@ -570,6 +572,26 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
         else:
             return i
     return n
+
+
+@njit(cache=True)
+def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, ftok, bounds, seqs, tss,
+                left):  # pragma: no cover - compiled
+    """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
+    with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
+    each (rows, hashes and token ids of all frames concatenated)."""
+    widths = np.full(len(keys), W_U64, np.uint8)
+    empty_u8 = np.empty(0, np.uint8)
+    empty_i64 = np.empty(0, np.int64)
+    for f in range(len(seqs)):
+        lo, hi = bounds[f], bounds[f + 1]
+        if hi > lo:
+            _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
+                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi)
+            if S[S_LIVE] == 0:
+                S[S_TOKUSED] = 0
 
 
 @njit(cache=True, inline="always")
@@ -856,6 +878,7 @@ class ColumnarPool:
         self._hits_synced = 0
         self.S = np.zeros(NUM_S, np.int64)
         self.S[S_MAXREM] = max_removed
+        self.S[S_MEDIA_FIRST] = -1
         self.SF = np.zeros(2, np.float64)
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
@@ -982,7 +1005,7 @@ class ColumnarPool:
         while i < n:
             i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
                      self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
-                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left)
+                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n)
             self._sync()
             if i < n:
                 self._apply_rare(cols, i, rare.get(i), keys, widths, tiers, groups, rawgpu, parents, left)
@@ -990,6 +1013,60 @@ class ColumnarPool:
         if self.S[S_LIVE] == 0:
             self.S[S_TOKUSED] = 0
         return []
+
+    def apply_many(self, batches: list[ColumnarBatch | VllmBatch]) -> list:
+        """Apply batches in sequence order, as `apply` applies each one, but every run of
+        batches made only of common events (no event kept whole) in one compiled call;
+        the pool after it is the pool after applying them one by one. Returns []."""
+        run: list[ColumnarBatch] = []
+        for batch in batches:
+            if isinstance(batch, ColumnarBatch) and not batch.events:
+                run.append(batch)
+                continue
+            if run:
+                self._apply_run(run)
+                run = []
+            self.apply(batch)
+        if run:
+            self._apply_run(run)
+        return []
+
+    def _apply_run(self, run: list[ColumnarBatch]) -> None:
+        if self.details or len(run) == 1:  # removals must drop details: one by one
+            for batch in run:
+                self.apply(batch)
+            return
+        nrows = [len(b.rows) for b in run]
+        bounds = np.zeros(len(run) + 1, np.int64)
+        np.cumsum(nrows, out=bounds[1:])
+        last = run[-1]
+        self.num_batches += len(run)
+        self.last_batch_seq = last.seq
+        self.last_batch_time = last.ts
+        self._revision += 1
+        self._cache.clear()
+        if not bounds[-1]:
+            return
+        full = [b for b in run if len(b.rows)]
+        rows = np.concatenate([b.rows for b in full])
+        keys = np.concatenate([b.keys for b in full])
+        tokens = np.concatenate([b.tokens for b in full])
+        parents = np.concatenate([b.parents for b in full])
+        nk = np.array([len(b.keys) for b in full], np.int64)
+        nt = np.array([len(b.tokens) for b in full], np.int64)
+        per = np.array([len(b.rows) for b in full], np.int64)
+        rows[:, R_TOK0] += np.repeat(np.cumsum(nt) - nt, per)
+        rows[:, R_HASH0] += np.repeat(np.cumsum(nk) - nk, per)
+        nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
+        self._reserve(nblocks, len(tokens))
+        most = int(rows[:, R_NHASH].max())
+        if len(self._left) < most:
+            self._left = np.zeros(2 * most, np.uint8)
+        seqs = np.array([b.seq for b in run], np.int64)
+        tss = np.array([b.ts for b in run], np.float64)
+        _run_frames(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, tokens, bounds, seqs, tss, self._left)
+        self._sync()
 
     def _ra(self) -> tuple:
         m = self.removed
@@ -1046,7 +1123,9 @@ class ColumnarPool:
     def _sync(self) -> None:
         """Counts the compiled loop keeps (media of the common raw names, hits without a
         session) into the dicts, in the order they came."""
-        for code, raw in ((0, GPU), (1, CPU)):
+        first = int(self.S[S_MEDIA_FIRST])
+        self.S[S_MEDIA_FIRST] = -1
+        for code, raw in ((1, CPU), (0, GPU)) if first == 1 else ((0, GPU), (1, CPU)):
             delta = int(self.TI[code, T_MEDIA] - self._media_synced[code])
             if delta:
                 names = self.media.setdefault(_TIER_NAMES[code], {})
