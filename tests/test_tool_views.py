@@ -86,8 +86,8 @@ def test_billing_view_both_directions(qtbot, ctx, hand_trace, tmp_path):
         view.set_source(str(hand_trace))
     result = sig.args[0]
     assert [r["read_tokens"] for r in result["requests"]] == [0, 1500]
-    assert view.table.rowCount() == 2
-    assert view.table.item(1, 3).text() == "1500"  # the read column
+    assert view.table_model.rowCount() == 2
+    assert view.table_model.index(1, 3).data() == "1500"  # the read column
     assert "$0.0" in view.total_label.text() and "saves" in view.total_label.text()
     heights = view.bars["read"].opts["height"]
     assert list(heights) == [0, 1500]
@@ -106,7 +106,7 @@ def test_billing_view_both_directions(qtbot, ctx, hand_trace, tmp_path):
         view.model.setCurrentText("claude-haiku-4-5")
     rows = sig.args[0]["requests"]
     assert all(r["read_tokens"] == 0 and r["write_tokens"] == 0 for r in rows)
-    assert "below the 4096-token minimum" in view.table.item(0, 8).text()
+    assert "below the 4096-token minimum" in view.table_model.index(0, 8).data()
 
 
 def test_billing_view_reports_bad_source(qtbot, ctx, tmp_path):
@@ -250,7 +250,7 @@ def test_billing_and_sweep_follow_an_opened_trace(qtbot, ctx, capsys):
     assert billing.source.text() == source and billing.model.currentData() is None
     assert _as_json(bill) == _cli_json(capsys, "billing", source)
     assert set(bill["models"]) == {"claude-opus-4-5-20251101", "claude-haiku-4-5-20251001"}
-    assert billing.table.rowCount() == bill["totals"]["requests"]
+    assert billing.table_model.rowCount() == bill["totals"]["requests"]
     assert "per request" in billing.rules_label.text()
     # the sweep is offered, not run: a sweep replays the trace once per point
     assert sweep.trace.text() == source and sweep.result is None and sweep.run_button.isEnabled()
@@ -262,7 +262,7 @@ def test_billing_and_sweep_follow_an_opened_trace(qtbot, ctx, capsys):
     assert sig.args[0]["block_size"] == 64 and sig.args[0]["kind"] == "weka"
     # another subject clears both
     ctx.open_subject(Subject("demo", "Some demo", source="tenant-salt"))
-    assert billing.result is None and billing.table.rowCount() == 0 and billing.source.text() == ""
+    assert billing.result is None and billing.table_model.rowCount() == 0 and billing.source.text() == ""
     assert len(billing.bars["read"].opts["height"]) == 0
     assert "Some demo" in billing.total_label.text()
     assert sweep.result is None and sweep.trace.text() == "" and sweep.curve_cap.getData()[0] is None
@@ -280,7 +280,7 @@ def test_a_bill_or_sweep_of_the_last_subject_is_dropped(qtbot, ctx, hand_trace):
     ctx.open_subject(Subject("session", "New session"))  # before either job is back
     _worker_idle(qtbot, ctx)
     qtbot.wait(50)
-    assert billing.result is None and billing.table.rowCount() == 0
+    assert billing.result is None and billing.table_model.rowCount() == 0
     assert sweep.result is None and sweep.run_button.isEnabled()
 
 
@@ -325,7 +325,7 @@ def test_billing_follows_a_usage_logs_provider(qtbot, ctx, hand_trace):
     assert view.provider.currentText() == "openai" and view.usage is result
     assert view.model.currentData() is None  # the log names gpt-4o and gpt-4o-mini: priced per request
     assert view.source.text() == ""  # a usage log is not a source to re-bill
-    assert view.result is None and view.table.rowCount() == len(result["requests"])
+    assert view.result is None and view.table_model.rowCount() == len(result["requests"])
     assert len(view.bars["read"].opts["height"]) == 0 and len(view.cost_lines["observed"].getData()[0]) == 4
     # the next subject gets the user's provider back: the log's was the log's
     ctx.open_subject(Subject("trace", hand_trace.name, source=str(hand_trace)))
@@ -351,7 +351,7 @@ def test_a_demo_then_another_demo_clears_the_bill(qtbot, window):
     with qtbot.waitSignal(runner.sigStarted, timeout=TIMEOUT):
         assert runner.run("kv-memory-70b-128k")  # a demo with no bill
     # cleared as soon as the next demo is the subject, not left beside it
-    assert billing.result is None and billing.table.rowCount() == 0 and billing.source.text() == ""
+    assert billing.result is None and billing.table_model.rowCount() == 0 and billing.source.text() == ""
     assert len(billing.bars["write"].opts["height"]) == 0
     with qtbot.waitSignal(runner.sigFinished, timeout=300_000):
         pass

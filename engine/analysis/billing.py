@@ -16,7 +16,7 @@ from array import array
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from engine.core import validation
 from engine.core.errors import InputError, TraceError
@@ -397,14 +397,27 @@ def usage_fields(provider: str, total: int, read: int, write: int, uncached: int
     return {"prompt_tokens": total, "prompt_tokens_details": {"cached_tokens": read}}
 
 
+# A long bill reports its progress (and may be stopped) once per this many requests.
+PROGRESS_EVERY = 256
+Progress = Callable[[int, int], None]  # (requests done, requests in all; 0 while still reading)
+
+
+def _report(progress: Progress | None, done: int, total: int) -> None:
+    if progress is not None and done % PROGRESS_EVERY == 0:
+        progress(done, total)
+
+
 def bill(requests: Iterable[BillingRequest], rules: ProviderRules,
          breakpoints: tuple[int, ...] | None = (-1,),
-         model_rules: Mapping[str, ProviderRules] | None = None) -> dict[str, Any]:
+         model_rules: Mapping[str, ProviderRules] | None = None,
+         progress: Progress | None = None) -> dict[str, Any]:
     """Price `requests` (sorted by time, stable) through a fresh cache; the billing JSON.
 
     With `model_rules` (`rules_for_models`), a request naming a model is priced by that
     model's minimum, multipliers and price, and the JSON adds a subtotal per model; a
-    request naming none is priced by `rules`. Without, every request is priced by `rules`."""
+    request naming none is priced by `rules`. Without, every request is priced by `rules`.
+    `progress(done, total)` is called every `PROGRESS_EVERY` requests billed, on the
+    caller's thread; an exception it raises stops the bill there (a panel's Cancel)."""
     calc = BillingCalculator(rules, breakpoints, model_rules=dict(model_rules or {}))
     ordered = sorted(enumerate(requests), key=lambda ir: (ir[1].time_s, ir[0]))
     rows, priced_by = [], []
@@ -413,6 +426,7 @@ def bill(requests: Iterable[BillingRequest], rules: ProviderRules,
         row["index"] = index
         rows.append(row)
         priced_by.append(calc.rules_of(req))
+        _report(progress, len(rows), len(ordered))
     tot = _totals(rows, rules)
     out = {"provider": rules.provider, "model": rules.model, "rules": rules.to_dict(),
            "breakpoints": "implicit" if breakpoints is None else list(breakpoints),
@@ -488,7 +502,7 @@ def _prefix_hashes(tokens: Iterable[int]) -> array:
 
 
 def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_SIZE,
-                        time_scale: float = 1000.0) -> list[BillingRequest]:
+                        time_scale: float = 1000.0, progress: Progress | None = None) -> list[BillingRequest]:
     """Billing requests from `engine.core.trace.TraceRequest`s; timestamps are milliseconds
     (`time_scale` 1000; a kv-cache-tester trace gives seconds: 1). A request's model, when it
     has one, keys its blocks (a cache is keyed to its model).
@@ -497,7 +511,8 @@ def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_S
     request's prompt (or prompt plus output) ended: that is where a conversation's turns
     meet. A Mooncake request is cut into its 512-token hash blocks; its partial last block
     has its own id, so a later turn can only be matched on whole blocks (an underestimate
-    of at most 511 tokens per read).
+    of at most 511 tokens per read). `progress(read, 0)` as in `bill`, every
+    `PROGRESS_EVERY` requests read.
     """
     known: dict[int, set[int]] = {}
     out = []
@@ -514,6 +529,7 @@ def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_S
                 segs.append(Segment(key, n, None, f"block {i}"))
                 left -= n
             out.append(BillingRequest(tr.id, tuple(segs), t, implied_boundaries=True, model=model))
+            _report(progress, len(out), 0)
             continue
         tokens = tr.tokens
         hashes = _prefix_hashes(chain(tokens, tr.output_tokens or ()))
@@ -527,6 +543,7 @@ def requests_from_trace(trace: Iterable[Any], block_size: int = MOONCAKE_BLOCK_S
         out.append(BillingRequest(tr.id, tuple(segs), t, model=model))
         for end in {n, len(hashes) - 1}:
             known.setdefault(end, set()).add(hashes[end])
+        _report(progress, len(out), 0)
     return out
 
 
@@ -551,8 +568,10 @@ def requests_from_conversations(conversations: Iterable[Any], tokenizer: Any,
 
 
 def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float = 0.0,
-                          model: str | None = None) -> tuple[list[BillingRequest], str]:
-    """Requests of a file or a stored session id ("7" or "session:7"), and where counts come from."""
+                          model: str | None = None,
+                          progress: Progress | None = None) -> tuple[list[BillingRequest], str]:
+    """Requests of a file or a stored session id ("7" or "session:7"), and where counts come
+    from. A trace's `progress` is `requests_from_trace`'s (a conversation is tokenised whole)."""
     path = Path(source)
     m = re.fullmatch(r"(?:session:)?(\d+)", source)
     if not path.exists() and m:
@@ -569,10 +588,10 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
                 block_size = info.settings.get("block_size")
                 if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
                     block_size = info.block_size
-                return (requests_from_trace(trace, block_size, time_scale=1.0),
+                return (requests_from_trace(trace, block_size, time_scale=1.0, progress=progress),
                         f"kv-cache-tester token counts ({block_size}-token blocks, keyed by model); t in seconds")
             if info.kind == "trace":
-                return requests_from_trace(store.trace_requests(info.id)), "trace token counts"
+                return requests_from_trace(store.trace_requests(info.id), progress=progress), "trace token counts"
             convs = [[{"role": r.role, "content": r.content} for r in store.messages(info.id)]]
     elif not os.path.lexists(path):
         raise InputError(f"{validation.show_path(source)}: no such file or stored session")
@@ -582,13 +601,14 @@ def load_billing_requests(source: str, db: str | None = None, turn_gap_s: float 
 
         traces = load_weka(path)
         reqs = to_trace_requests(merged_requests(traces), {t.id: t.hash_id_scope for t in traces})
-        return (requests_from_trace(reqs, traces[0].block_size, time_scale=1.0),
+        return (requests_from_trace(reqs, traces[0].block_size, time_scale=1.0, progress=progress),
                 f"kv-cache-tester token counts ({traces[0].block_size}-token blocks, keyed by model); t in seconds")
     elif is_request_trace(path):
         from engine.core.trace import read_trace
 
         # Streamed: each line is dropped once it is billed, so the trace is not held twice.
-        return requests_from_trace(read_trace(path)), "trace token counts; timestamps read as milliseconds"
+        return (requests_from_trace(read_trace(path), progress=progress),
+                "trace token counts; timestamps read as milliseconds")
     else:
         convs = load_conversation_file(path)
     from engine.model.loader import load_tokenizer
