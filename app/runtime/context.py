@@ -27,7 +27,7 @@ ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
 
 
-SUBJECT_KINDS = ("session", "trace", "demo", "server")
+SUBJECT_KINDS = ("session", "trace", "demo", "server", "usage")
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,7 +35,8 @@ class Subject:
     """What every view shows right now.
 
     `kind` is "session" (a live or opened chat session), "trace" (a replayed token or block
-    trace), "demo" (a guided demo in its own engine) or "server" (an attached vLLM pool);
+    trace), "demo" (a guided demo in its own engine), "server" (an attached vLLM pool) or
+    "usage" (an API usage log, compared with what the engine predicts);
     `title` names it in the window title and the views that do not apply to it;
     `unsaved` marks work that is lost if another subject replaces it (a chat with no store).
     """
@@ -54,7 +55,8 @@ class Subject:
         return self.kind == "session"
 
     def describe(self) -> str:
-        word = {"session": "the session", "trace": "the trace", "demo": "the demo", "server": "the server"}[self.kind]
+        word = {"session": "the session", "trace": "the trace", "demo": "the demo", "server": "the server",
+                "usage": "the usage log"}[self.kind]
         return f"{word} \u201c{self.title}\u201d"
 
 

@@ -35,7 +35,8 @@ PLACEHOLDER = ("Ask the model something. Every message shows which of its tokens
                "edit an earlier message to see what it invalidates.")
 NOT_CHAT = {"trace": "a trace holds token ids, not messages",
             "demo": "the demo's requests and what they show are in the Demo guide",
-            "server": "an attached server sends cache events, not messages"}
+            "server": "an attached server sends cache events, not messages",
+            "usage": "a usage log holds an API's recorded requests and cached tokens, shown in Traces and Billing"}
 
 
 class ConversationView(PanelView):
