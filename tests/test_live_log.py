@@ -226,3 +226,56 @@ def test_a_snapshot_for_a_worker_stays_as_it_was():
     ref.extend(events[:200])
     assert [e.to_dict() | {"time": 0} for e in frozen.events] == [e.to_dict() | {"time": 0} for e in ref.events]
     _check_projection(frozen.live, ref.live, "snapshot")
+
+
+# ---------------------------------------------------------------------------- an attached server
+# vLLM names hashes, not blocks: each stored copy takes a slot of its own, a removal frees
+# the oldest copy in its rank, tier and group, a rank's clear only its own slots.
+
+def _remote_events(frames: list[tuple[int, bytes]], num_ranks: int = 1, reset_every: int = 0) -> list:
+    from engine.remote import fastwire
+    from engine.remote.pool import RemotePool
+    from engine.remote.wire import MalformedFrame
+
+    events: list = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    pools = [RemotePool(f"tcp://10.0.0.5:{5557 + r}", r, bus) for r in range(num_ranks)]
+    for i, (seq, payload) in enumerate(frames):
+        pool = pools[i % num_ranks]
+        if reset_every and i and i % reset_every == 0:
+            pool.reset(seq)
+        try:
+            pool.apply(fastwire.decode_batch(seq, payload))
+        except MalformedFrame:
+            continue
+    return events
+
+
+def _remote_fixtures() -> dict[str, list]:
+    from tests.test_fastwire import FIXTURES
+
+    return FIXTURES
+
+
+@pytest.mark.parametrize("name", sorted(_remote_fixtures()))
+def test_a_recorded_server_on_the_live_log_equals_the_reference(name):
+    events = _remote_events(_remote_fixtures()[name])
+    if not events:
+        pytest.skip("the fixture's frames carry no block event")
+    col, ref = _feed(events, 0, 16, [1, 13, 200], every_batch=False, checkpoint_rows=64)
+    _check_scrubbing(col, ref)
+    assert _strip_times(col.events) == _strip_times(ref.events)
+
+
+@pytest.mark.parametrize("num_ranks, reset_every", [(1, 7), (2, 5), (3, 0)])
+def test_ranks_copies_and_clears_of_a_synthetic_stream_equal_the_reference(num_ranks, reset_every):
+    from tests.test_colpool import _synthetic
+
+    events = _remote_events(_synthetic(160, num_ranks), num_ranks, reset_every)
+    kinds = {e.kind for e in events}
+    assert {"block_stored", "block_evicted", "cache_reset"} <= kinds
+    col, ref = _feed(events, 0, 16, [3, 1, 40], checkpoint_rows=32)
+    assert ref.live.num_blocks > 50
+    _check_scrubbing(col, ref)
+    assert _strip_times(col.events) == _strip_times(ref.events)

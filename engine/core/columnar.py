@@ -36,6 +36,7 @@ from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone, MissInfo, RefCountsChanged,
     RequestFinished, RequestRefused, RequestStarted,
 )
+from engine.core.live_slots import RemoteSlots
 from engine.core.pool_state import Counters
 
 STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
@@ -280,8 +281,12 @@ class ColumnarLog:
         # a live pool that grew: the first row that saw each block (-1: there from the start)
         # and the free-queue place it joined at; blocks appear in id order
         self.initial_blocks = num_blocks
-        self._born_row = np.full(num_blocks, -1, np.int64)
+        self._born_row = np.full(num_blocks, -1, np.int64)  # capacity may exceed num_blocks
         self._born_place = np.full(num_blocks, FREE_ABSENT, np.int64)
+        self._slots: RemoteSlots | None = None  # a remote pool's slots, from its first remote event
+        # a remote pool's stores, by ordinal (a stored row's `a`): parent, tokens, salt, external
+        # id and tenant as each store gave them (copies of one hash may carry different ones)
+        self.store_attributes: list[tuple] | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -332,22 +337,102 @@ class ColumnarLog:
         self.num_rows += 1
 
     def _grow(self, top: int) -> None:
-        """Blocks up to `top` exist from the next row on (each joins the free queue's tail)."""
+        """Blocks up to `top` exist from the next row on (each joins the free queue's tail);
+        the per-block arrays grow by half again when full (a remote pool grows by one)."""
         n = self.num_blocks
         if top < n:
             return
-        m = top + 1 - n
-        self._born_row = np.concatenate([self._born_row, np.full(m, self.num_rows, np.int64)])
-        self._born_place = np.concatenate([self._born_place, np.full(m, TAIL_BASE + 2 * self.num_rows - 1, np.int64)])
-        if self._live_keys is not None:
-            self._live_keys = np.concatenate([self._live_keys, np.full(m, -1, np.int32)])
+        if top >= len(self._born_row):
+            cap = max(top + 1, len(self._born_row) * 3 // 2, 1024)
+            extra = cap - len(self._born_row)
+            self._born_row = np.concatenate([self._born_row, np.zeros(extra, np.int64)])
+            self._born_place = np.concatenate([self._born_place, np.zeros(extra, np.int64)])
+            if self._live_keys is not None:
+                self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
+        self._born_row[n:top + 1] = self.num_rows
+        self._born_place[n:top + 1] = TAIL_BASE + 2 * self.num_rows - 1
         self.num_blocks = top + 1
+        if self._slots is not None:
+            self._slots.grow(self.num_blocks)
 
-    def blocks_at(self, rows: int) -> int:
+    def blocks_at(self, rows: int | np.ndarray) -> Any:
         """How many blocks the pool has after `rows` rows (a live pool may have grown)."""
         if self.num_blocks == self.initial_blocks:
-            return self.num_blocks
-        return int(np.searchsorted(self._born_row, rows, side="left"))
+            return self.num_blocks if np.ndim(rows) == 0 else np.full(np.shape(rows), self.num_blocks, np.int64)
+        got = np.searchsorted(self._born_row[:self.num_blocks], rows, side="left")
+        return int(got) if np.ndim(rows) == 0 else got.astype(np.int64)
+
+    def remote_info(self, number: int) -> Any:
+        """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
+        return self._slots.infos[number - 1] if number > 0 and self._slots is not None else None
+
+    @property
+    def has_remote_rows(self) -> bool:
+        return self._slots is not None and bool(self._slots.infos)
+
+    def _remote_slots(self) -> RemoteSlots:
+        if self._slots is None:
+            cur = self._live_keys
+            vacant = [b for b in range(self.num_blocks - 1, -1, -1) if cur[b] < 0]
+            self._slots = RemoteSlots(vacant)
+            self._slots.grow(self.num_blocks)
+        return self._slots
+
+    def _append_remote_store(self, e: BlockStored, r: int) -> None:
+        slots = self._remote_slots()
+        b = slots.take(self._live_keys, self.num_blocks)
+        if b >= self.num_blocks:
+            self._grow(b)
+        cur = self._live_keys
+        if cur[b] >= 0:
+            slots.uncached(b, self.keys.digest(int(cur[b])))
+        k = self.keys.key_of(e.block_hash)
+        # the tenant as PoolProjection sets it when the block is stored: its salt at a root
+        # or under a parent no slot holds, else the parent's holder's tenant
+        holders = slots.holders.get(e.parent_hash) if e.parent_hash is not None else None
+        tenant = e.salt if not holders else slots.tenants[holders[0]]
+        if self.store_attributes is None:
+            self.store_attributes = []
+        self.store_attributes.append((e.parent_hash, tuple(e.token_ids), e.salt, e.external_id, tenant))
+        cur[b] = k
+        slots.stored(b, e.block_hash, e.remote, tenant)
+        # flag 1: a store into a free slot moves it to the free queue's tail, as PoolProjection does
+        self._row(STORED, e.seq, r, b, k, a=len(self.store_attributes) - 1, b=slots.info_id(e.remote), flag=1)
+
+    def _append_remote_removal(self, e: BlockEvicted, r: int) -> None:
+        slots = self._remote_slots()
+        cur = self._live_keys
+        b = e.block_id
+        if b is None or not 0 <= b < self.num_blocks or cur[b] < 0 or self.keys.digest(int(cur[b])) != e.block_hash:
+            b = slots.copy_of(e)
+        k = self.keys.key_of(e.block_hash)
+        if b is None:  # a hash no slot holds: an event, and nothing changes
+            self._row(EVICTED, e.seq, r, -1, k, b=slots.info_id(e.remote))
+            return
+        slots.uncached(b, e.block_hash)
+        cur[b] = -1
+        self._row(EVICTED, e.seq, r, b, k, b=slots.info_id(e.remote))
+
+    def _append_reset(self, e: CacheReset) -> None:
+        cur = self._live_keys
+        held = np.flatnonzero(cur[:self.num_blocks] >= 0).tolist()
+        info = 0
+        slots = self._slots
+        if slots is not None or e.remote is not None:
+            slots = self._remote_slots()
+            held, whole = slots.cleared_by(e.remote, held)
+            for blk in held:
+                slots.uncached(blk, self.keys.digest(int(cur[blk])))
+            if whole:
+                slots.holders.clear()
+            info = slots.info_id(e.remote) if e.remote is not None else 0
+        r = self.no_request()
+        if not held:
+            self._row(RESET, e.seq, r, a=e.num_blocks_cleared, b=info)
+        self._reserve(len(held))
+        for blk in held:
+            self._row(RESET, e.seq, r, blk, int(cur[blk]), a=e.num_blocks_cleared, b=info)
+        cur[held] = -1
 
     def no_request(self) -> int:
         """The occurrence that rows naming no request (cache resets, other events) carry."""
@@ -371,14 +456,7 @@ class ColumnarLog:
                 self._grow(top)
                 cur = self._live_keys
             if t is CacheReset:
-                held = np.flatnonzero(cur >= 0)
-                r = self.no_request()
-                if not len(held):
-                    self._row(RESET, s, r, a=e.num_blocks_cleared)
-                self._reserve(len(held))
-                for blk in held.tolist():
-                    self._row(RESET, s, r, blk, int(cur[blk]), a=e.num_blocks_cleared)
-                cur[held] = -1
+                self._append_reset(e)
                 self.num_seq = s + 1
                 continue
             if t not in _COLUMN_KINDS:
@@ -395,6 +473,13 @@ class ColumnarLog:
                     self._row(REFUSED, s, r, a=e.num_blocks_needed, b=e.num_blocks_available)
                 continue
             r = self._request_row(e)
+            if (t is BlockStored or t is BlockEvicted) and e.remote is not None:
+                if t is BlockStored:
+                    self._append_remote_store(e, r)
+                else:
+                    self._append_remote_removal(e, r)
+                self.num_seq = s + 1
+                continue
             if t is LookupDone:
                 keys = tuple(self.keys.key_of(h) for h in e.block_hashes)
                 reqs.set_live(r, reqs.salt(r), e.num_prompt_tokens, keys)
@@ -501,14 +586,18 @@ class ColumnarLog:
                 yield RefCountsChanged(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]),
                                        ref_counts=tuple(a[i:j]))
             elif k == STORED:
-                parent, tokens, salt, ext = keys.attributes(key[i])
-                yield BlockStored(seq=s, time=time, request_id=rid, block_id=block[i], block_hash=keys.digest(key[i]),
-                                  parent_hash=parent, token_ids=tokens, salt=salt, external_id=ext)
+                info = self.remote_info(b[i])
+                parent, tokens, salt, ext = keys.attributes(key[i]) if info is None else \
+                    self.store_attributes[a[i]][:4]
+                yield BlockStored(seq=s, time=time, request_id=rid, block_id=block[i] if info is None else -1,
+                                  block_hash=keys.digest(key[i]), parent_hash=parent, token_ids=tokens, salt=salt,
+                                  external_id=ext, remote=info)
             elif k == FREED:
                 yield BlocksFreed(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]))
             elif k == EVICTED:
-                yield BlockEvicted(seq=s, time=time, block_id=block[i], block_hash=keys.digest(key[i]),
-                                   by_request_id=rid)
+                info = self.remote_info(b[i])
+                yield BlockEvicted(seq=s, time=time, block_id=block[i] if info is None else -1,
+                                   block_hash=keys.digest(key[i]), by_request_id=rid, remote=info)
             elif k == REFUSED:
                 yield RequestRefused(seq=s, time=time, request_id=rid, num_blocks_needed=a[i],
                                      num_blocks_available=b[i])
@@ -516,7 +605,7 @@ class ColumnarLog:
                 yield RequestFinished(seq=s, time=time, request_id=rid, num_tokens_with_kv=a[i],
                                       aborted=bool(flag[i]))
             elif k == RESET:
-                yield CacheReset(seq=s, time=time, num_blocks_cleared=a[i])
+                yield CacheReset(seq=s, time=time, num_blocks_cleared=a[i], remote=self.remote_info(b[i]))
             elif k == OTHER:
                 yield self._others[s]
             i = j
@@ -612,8 +701,9 @@ class ColumnarLog:
         # free queue places: a block leaves when a request takes it (ref > 0) and joins
         # at the tail (cached, LRU order) or the head (hashless, reused first) when freed
         heads0 = self._head_count(start)
+        flag = self.col("flag")[start:stop]
         freed = (kind == FREED) & named
-        is_tail = freed & (self.col("flag")[start:stop] == 1)
+        is_tail = (freed | (kind == STORED)) & named & (flag == 1)  # a remote store moves its slot there too
         is_head = freed & ~is_tail
         place = np.full(stop - start, FREE_ABSENT, np.int64)
         place[is_tail] = TAIL_BASE + 2 * (start + np.flatnonzero(is_tail).astype(np.int64))
@@ -626,7 +716,7 @@ class ColumnarLog:
             # prepend_n puts the event's first block at the head: it gets the lowest place
             place[is_head] = -(2 * g0 + m_ - g)
         taken = (kind == REF) & (a > 0) & named
-        m = taken | freed
+        m = taken | freed | is_tail
         _last_write(pos, block[m], place[m])
         # counters: cumulative, from the rows themselves
         look = kind == LOOKUP
@@ -635,7 +725,7 @@ class ColumnarLog:
         counters.num_prompt_tokens += int(sizes[self.col("request")[start:stop][look]].sum()) if look.any() else 0
         counters.num_cached_tokens += int(a[look].sum()) * self.block_size
         counters.num_stored_blocks += int(np.count_nonzero(kind == STORED))
-        counters.num_evicted_blocks += int(np.count_nonzero(kind == EVICTED))
+        counters.num_evicted_blocks += int(np.count_nonzero((kind == EVICTED) & named))
         counters.num_refused_requests += int(np.count_nonzero(kind == REFUSED))
         counters.num_finished_requests += int(np.count_nonzero(kind == FINISHED))
         return PoolArrays(int(seqs[-1]), stop, ref, hk, pos, counters)

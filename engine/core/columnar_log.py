@@ -576,10 +576,14 @@ class _Requests(Mapping[str, RequestRecord]):
         return int(occ[i]) if i >= 0 else None
 
     def __getitem__(self, rid: str) -> RequestRecord:
-        r = self._occurrence(rid)
-        if r is None:
-            raise KeyError(rid)
-        return self._proj.record(r)
+        made = self._proj._cache.setdefault("records", {})
+        got = made.get(rid)
+        if got is None:
+            r = self._occurrence(rid)
+            if r is None:
+                raise KeyError(rid)
+            got = made[rid] = self._proj.record(r)  # the same object each time, as a dict's value
+        return got
 
     def __contains__(self, rid: object) -> bool:
         return isinstance(rid, str) and self._occurrence(rid) is not None
@@ -695,7 +699,7 @@ class ArrayProjection:
         ev = self.log._index.get("evicted_rows")
         if ev is None:
             kind, block = self.log.columnar.col("kind"), self.log.columnar.col("block")
-            ev = np.flatnonzero((kind == EVICTED) | ((kind == RESET) & (block >= 0)))
+            ev = np.flatnonzero(((kind == EVICTED) | (kind == RESET)) & (block >= 0))
             self.log._index["evicted_rows"] = ev
         return ev
 
@@ -705,7 +709,9 @@ class ArrayProjection:
         if got is None:
             ev = self.log._index.get("eviction_rows")  # evictions only: a reset is not one
             if ev is None:
-                ev = self.log._index["eviction_rows"] = np.flatnonzero(self.log.columnar.col("kind") == EVICTED)
+                col = self.log.columnar
+                ev = np.flatnonzero((col.col("kind") == EVICTED) & (col.col("block") >= 0))
+                self.log._index["eviction_rows"] = ev
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
             got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
         return got
@@ -734,6 +740,10 @@ class ArrayProjection:
         keys = self.log.columnar.keys
         if which == _HASH:
             return keys.digest(key)
+        stores = self.log.columnar.store_attributes
+        if stores is not None:  # a remote pool: what the slot's own store said
+            row = self._store_row(b)
+            return stores[int(self.log.columnar.col("a")[row])][(0, 0, 1, 2, 3, 4)[which]]
         if which == _TENANT:
             return self._tenant(key)
         parent, tokens, salt, ext = keys.attributes(key)
@@ -751,6 +761,19 @@ class ArrayProjection:
             if holder[parent] < 0:
                 return None
             k = parent
+
+    def _store_row(self, b: int) -> int:
+        """The row of the store block `b` holds at this state."""
+        got = self.log._index.get("stored_by_block")
+        if got is None:
+            col = self.log.columnar
+            rows = np.flatnonzero(col.col("kind") == STORED)
+            rows = rows[np.argsort(col.col("block")[rows], kind="stable")]
+            bounds = np.searchsorted(col.col("block")[rows], np.arange(col.num_blocks + 1))
+            got = self.log._index["stored_by_block"] = (rows, bounds)
+        rows, bounds = got
+        group = rows[bounds[b]:bounds[b + 1]]
+        return int(group[int(np.searchsorted(group, self.arrays.num_rows)) - 1])
 
     def key_holders(self) -> np.ndarray:
         """Per chain id: the block holding it in this state (the lowest id), -1 if none."""
@@ -774,6 +797,9 @@ class ArrayProjection:
     def block_of_hash(self, block_hash: bytes | None) -> int | None:
         if block_hash is None:
             return None
+        if self.log.columnar.store_attributes is not None:  # copies: the oldest store, as PoolProjection
+            holders = self.by_hash.get(block_hash)
+            return holders[0] if holders else None
         k = self._key_of_digest(block_hash)
         if k is None:
             return None
@@ -803,6 +829,18 @@ class ArrayProjection:
 
     def chain_of(self, block_id: int) -> list[int]:
         """The block and its cached ancestors, root first (stops where a parent was evicted)."""
+        if self.log.columnar.store_attributes is not None:  # copies: each slot's own parent
+            chain, seen = [block_id], {block_id}
+            parent = self.parents[block_id]
+            while parent is not None:
+                holder = self.block_of_hash(parent)
+                if holder is None or holder in seen:
+                    break
+                chain.append(holder)
+                seen.add(holder)
+                parent = self.parents[holder]
+            chain.reverse()
+            return chain
         keys = self.log.columnar.keys
         holder = self.key_holders()
         chain = [block_id]

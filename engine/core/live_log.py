@@ -195,10 +195,7 @@ class LiveColumnarLog(ColumnarEventLog):
         top = int(a[r0:][new].max()) if new.any() else 0
         if top + 2 > len(self._hist):
             self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
-        if col.num_blocks == col.initial_blocks:
-            nblocks = np.full(len(ends), col.num_blocks, np.int64)
-        else:
-            nblocks = np.searchsorted(col._born_row, ends, side="left").astype(np.int64)
+        nblocks = col.blocks_at(ends)
         loop = _compiled_series_loop() or _series_loop
         out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, nblocks,
                    self._ref, self._held, self._hist, self._acc, self.block_size)
