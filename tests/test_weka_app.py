@@ -139,3 +139,45 @@ def test_an_opened_trace_is_what_billing_and_sweep_show(qtbot, window, capsys):
     qtbot.waitUntil(lambda: billing.result is not None and billing.result["source"] == tokens, timeout=120_000)
     assert json.loads(json.dumps(billing.result)) == cli("billing", tokens)
     assert window.ctx.errors == []
+
+
+def test_a_usage_log_becomes_the_subject(qtbot, window):
+    """An opened usage log is the window's subject, as a trace is: the title, the panels
+    that follow the subject (Traces, Billing, Sweep), and an empty pool, not the last trace's."""
+    from app.runtime.context import Subject
+
+    ctx = window.ctx
+    _open(qtbot, window, WEKA / "trace_0303.json")
+    assert len(ctx.state.log) > 0
+    log = USAGE / "openai_chat_pairs.jsonl"
+    subjects: list = []
+    ctx.sigSubjectChanged.connect(subjects.append)
+    try:
+        result = _open(qtbot, window, log)
+    finally:
+        ctx.sigSubjectChanged.disconnect(subjects.append)
+    assert [(s.kind, s.title, s.source) for s in subjects] == [("usage", log.name, str(log))]
+    assert ctx.subject == subjects[0] and window.windowTitle().startswith(log.name)
+    assert ctx.state.engine_info["num_blocks"] == 0 and len(ctx.state.log) == 0  # the trace's pool is gone
+    traces, billing, sweep = window.panels["traces"], window.panels["billing"], window.panels["sweep"]
+    assert traces.usage is result and billing.usage is result and billing.source.text() == ""
+    assert "usage log \u201copenai_chat_pairs.jsonl\u201d is not a trace to sweep" in sweep.status.text()
+    assert sweep.trace.text() == ""
+    assert str(log) in window.recent_files()
+    # the log's comparison is dropped when another subject was opened before it was done
+    done: list = []
+    window.open_file(log, on_done=done.append)
+    assert "Reading the usage log" in traces.heading.text()
+    ctx.open_subject(Subject("session", "New session"))
+    qtbot.waitUntil(lambda: bool(done), timeout=120_000)
+    assert done == [None] and traces.usage is None and billing.usage is None
+    assert ctx.subject.kind == "session" and ctx.errors == []
+    # unsaved work the user keeps: the log is not opened
+    ctx.mark_unsaved(True)
+    ctx.answer_replace = False
+    try:
+        assert not window.open_file(log)
+        assert ctx.subject.kind == "session"
+    finally:
+        ctx.answer_replace = None
+        ctx.mark_unsaved(False)

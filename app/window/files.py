@@ -154,9 +154,26 @@ class FileOpener:
         return True
 
     def open_usage(self, p: Path, on_done: Callable[[Any], None] | None = None) -> bool:
-        """Compare a usage log's observed caching with the prediction (on the worker); the
-        Traces panel lists each request, the Billing panel plots cost per turn."""
+        """Make a usage log the subject (the window's title, every panel that follows the
+        subject) and compare its observed caching with the prediction on the worker; the
+        Traces panel lists each request, the Billing panel plots cost per turn. The pool
+        views show an empty pool: the log has no engine of the app's to draw."""
+        from app.runtime.bridge import engine_info
+        from app.runtime.context import Subject
+        from engine.core.events import EventBus
+
+        if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
+            return False
+        self.recent.add(p)
+        subject = Subject("usage", p.name, source=str(p))
+        self.ctx.open_subject(subject, ask=False)
+        self.ctx.attach_events(EventBus(), engine_info(block_size=16, num_blocks=0, model=None))
+
         def done(result: dict) -> None:
+            if self.ctx.subject is not subject:  # another subject was opened meanwhile: it is shown
+                if on_done is not None:
+                    on_done(None)
+                return
             view = self.panels.get("traces")
             if view is not None:
                 view.show_usage(result)
@@ -172,7 +189,6 @@ class FileOpener:
             if on_done is not None:
                 on_done(None)
 
-        self.recent.add(p)
         self.ctx.worker.submit(_usage_job, str(p), on_done=done, on_error=failed)
         return True
 

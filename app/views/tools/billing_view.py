@@ -287,7 +287,9 @@ class BillingView(PanelView):
         self.source.setText("")
         what = {"demo": "No bill for the demo \u201c{t}\u201d (a billing demo bills its requests here when it is done).",
                 "server": "The attached server \u201c{t}\u201d is not billed here.",
-                "session": "The session \u201c{t}\u201d is not billed yet: give its session id as the source."}
+                "session": "The session \u201c{t}\u201d is not billed yet: give its session id as the source.",
+                "usage": "The usage log \u201c{t}\u201d: its observed and predicted cost per turn are drawn here once "
+                         "it is compared with the engine's prediction."}
         self.total_label.setText(what.get(subject.kind, "{t}").format(t=subject.title) + " " + INTRO)
 
     def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override

@@ -149,6 +149,9 @@ class TracesView(PanelView):
         if subject.kind == "trace" and (source.endswith(".json") or Path(source).is_dir()):
             self.heading.setText(f"Replaying <b>\u201c{subject.title}\u201d</b>: its kv-cache-tester summary "
                                  f"appears here when the replay is done.")
+        elif subject.kind == "usage":
+            self.heading.setText(f"Reading the usage log <b>\u201c{subject.title}\u201d</b>: each request, its cached "
+                                 f"tokens observed beside the engine's prediction, appears here once it is compared.")
         elif subject.kind == "trace":
             self.heading.setText(f"<b>\u201c{subject.title}\u201d</b> is not a kv-cache-tester trace: its bill is "
                                  f"in the Billing panel, its hit rate against block size and capacity in Sweep. {INTRO}")
