@@ -121,7 +121,8 @@ def test_the_panel_follows_every_opened_trace(qtbot, window, tiny_model):
     assert f"{tokens:,}" in kv.what_if.text()
     # a trace has no model pool: no bars, though the model's runner stays loaded behind it
     assert ctx.runner is runner
-    assert kv.plot.isHidden() and "No model pool" in kv.totals.text()
+    assert kv.plot.isHidden() and "replayed without a model" in kv.totals.text()
+    assert "File > New session" in kv.totals.text()
     assert ctx.errors == []
 
 
@@ -188,3 +189,57 @@ def test_the_bar_plot_fits_the_dock_beside_a_long_text(qtbot, window):
     qtbot.waitUntil(lambda: tall.text_area.geometry().top() > tall.plot.geometry().bottom())
     assert tall.text_area.geometry().bottom() < tall.height() and tall.plot.height() > 200
     assert tall.text_area.verticalScrollBar().maximum() == 0  # the short text fits whole
+
+
+@pytest.fixture
+def kv_alone(qtbot, tmp_path):
+    """A KV memory panel on a fresh context of its own: no model, no window."""
+    from app.runtime.context import make_test_context
+    from app.views.pool.kv_memory_view import KvMemoryView
+
+    ctx = make_test_context(tmp_path)
+    view = KvMemoryView(ctx)
+    qtbot.addWidget(view)
+    yield view, ctx
+    ctx.shutdown()
+
+
+def test_each_state_without_a_pool_says_what_to_do(kv_alone):
+    """No measured pool: why, and what the user can do, in each real state."""
+    from types import SimpleNamespace
+
+    from app.runtime.context import Subject
+
+    view, ctx = kv_alone
+    text = view.totals.text
+    assert "No model loaded yet" in text() and "Engine > Load model" in text() and "what-if" in text()
+    assert view.plot.isHidden()
+    ctx.model_error = "The model could not be loaded: OSError: no such file (model.safetensors)."
+    view.show()  # the panel looks again when it is shown
+    assert "no such file (model.safetensors). Load it again with Engine > Load model" in text()
+    ctx.model_error = None
+    ctx.set_runner(SimpleNamespace(), activate=False)  # loaded, not run in this session yet
+    assert text().startswith("The model is loaded: send a message")
+    for subject, words in ((Subject("trace", "t.jsonl"), "The trace \u201ct.jsonl\u201d is replayed without a model"),
+                           (Subject("demo", "Some demo"), "The demo \u201cSome demo\u201d runs without the model"),
+                           (Subject("server", "vLLM tcp://h:5557"),
+                            "The server \u201cvLLM tcp://h:5557\u201d keeps its KV tensors on its own GPUs"),
+                           (Subject("usage", "log.jsonl"), "The usage log \u201clog.jsonl\u201d records an API's")):
+        ctx.open_subject(subject)
+        assert text().startswith(words) and "File > New session" in text(), text()
+        assert "No model pool yet" not in text()
+    ctx.open_subject(Subject("trace", "<b>x</b>.jsonl"))  # the label is rich text: a name is shown as it is
+    assert "\u201c&lt;b&gt;x&lt;/b&gt;.jsonl\u201d" in text()
+
+
+def test_a_measured_pool_replaces_the_sentence(kv_alone):
+    from app.runtime.bridge import engine_info
+    from app.runtime.context import Subject
+    from engine.model.kv_memory import kv_bytes
+
+    view, ctx = kv_alone
+    ctx.open_subject(Subject("session", "New session"))
+    per_layer = [kv_bytes(1, 3, 64, 4, 16 * 64)] * 30
+    ctx.new_event_bus(engine_info(block_size=16, num_blocks=64, model="SmolLM2-135M-Instruct", num_layers=30,
+                                  num_kv_heads=3, head_dim=64, dtype="float32", per_layer_bytes=per_layer))
+    assert "\u2713 equals" in view.totals.text() and not view.plot.isHidden()

@@ -1,19 +1,25 @@
 """Diff, Billing and Sweeps panels offscreen: model to view and view to model, on real data;
 Billing and Sweep follow the subject (an opened trace is billed as `cachescope billing` bills
-it and offered to sweep as `cachescope sweep` sweeps it; another subject clears them)."""
+it and offered to sweep as `cachescope sweep` sweeps it; another subject clears them); a
+bill of a whole trace shows every row and stops at Cancel (the panel's or the window's)."""
 
 from __future__ import annotations
 
+import csv
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pytestqt")
 
+from PySide6.QtCore import Qt  # noqa: E402
+
 from app.cli import main  # noqa: E402
+from app.ui.export import export_table, model_table  # noqa: E402
 from app.runtime.context import Subject, make_test_context  # noqa: E402
-from app.views.tools.billing_view import BillingView, saving_words  # noqa: E402
+from app.views.tools.billing_view import COLUMNS, BillingView, saving_words  # noqa: E402
 from app.views.tools.diff_view import DiffView  # noqa: E402
 from app.views.tools.sweep_view import SweepView  # noqa: E402
 from engine.resources import resource_path  # noqa: E402
@@ -405,3 +411,109 @@ def test_an_opened_trace_past_the_auto_bill_limit_is_not_billed_by_itself(qtbot,
     with qtbot.waitSignal(view.sigBillDone, timeout=TIMEOUT) as sig:
         view.recompute()
     assert sig.args[0]["totals"]["requests"] == 6
+
+
+# ---- a bill of a whole trace: every row, and Cancel -----------------------------------------
+
+MOONCAKE = str(resource_path("traces", "mooncake_conversation_trace.jsonl"))
+LONG = 120_000  # the 12,031-request trace is read and billed on a loaded machine
+
+
+def _three_requests(tmp_path) -> str:
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "tokens": [1, 2, 3, i + 10]}) + "\n" for i in range(3)))
+    return str(path)
+
+
+def test_every_row_of_a_whole_trace_bill_is_in_the_table_and_its_export(qtbot, ctx, tmp_path):
+
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.resize(1280, 800)
+    view.show()
+    with qtbot.waitSignal(view.sigBillDone, timeout=LONG) as sig:
+        view.set_source(MOONCAKE)
+    rows = sig.args[0]["requests"]
+    assert len(rows) == 12_031 and view.table_model.rowCount() == len(rows)  # the table showed 2,000 before
+    m = view.table_model
+    last = rows[-1]
+    assert [m.index(len(rows) - 1, c).data() for c in range(len(COLUMNS))] == [
+        str(last["index"]), str(last["id"]), str(last["prompt_tokens"]), str(last["read_tokens"]),
+        str(last["write_tokens"]), str(last["uncached_tokens"]), f"${last['cost_usd']:.6f}",
+        f"${last['cost_without_cache_usd']:.6f}", "; ".join(last["notes"])]
+    noted = next(i for i, r in enumerate(rows) if r["notes"])
+    assert m.index(noted, len(COLUMNS) - 1).data(Qt.ItemDataRole.ToolTipRole) == "\n".join(rows[noted]["notes"])
+    assert m.index(noted, 0).data(Qt.ItemDataRole.ToolTipRole) is None
+    out = export_table(model_table(m), tmp_path / "bill.csv")
+    with out.open(newline="") as fh:
+        table = list(csv.reader(fh))
+    assert table[0] == list(COLUMNS) and len(table) == 1 + len(rows)
+    assert [int(r[3]) for r in table[1:]] == [r["read_tokens"] for r in rows]
+    assert not view.cancel_button.isVisible() and ctx.errors == []
+
+
+def _cancel_at_first_progress(qtbot, view, cancel) -> list[tuple[int, int]]:
+    progress: list[tuple[int, int]] = []
+
+    def seen(_run, done: int, total: int) -> None:
+        progress.append((done, total))
+        if len(progress) == 1:
+            cancel()
+
+    view._sigProgress.connect(seen)
+    view.set_source(MOONCAKE)
+    assert view.cancel_button.isVisibleTo(view) and view.is_billing
+    qtbot.waitUntil(lambda: not view.is_billing, timeout=LONG)
+    return progress
+
+
+def test_the_panels_cancel_stops_a_bill_mid_way(qtbot, ctx):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    done: list = []
+    view.sigBillDone.connect(done.append)
+    progress = _cancel_at_first_progress(qtbot, view, lambda: view.cancel_button.click())
+    _worker_idle(qtbot, ctx)
+    assert progress and max(d for d, _ in progress) < 12_031  # stopped while reading, not at the end
+    assert done == [] and view.result is None and not view.cancel_button.isVisibleTo(view)
+    assert "Bill cancelled" in view.total_label.text() and ctx.errors == []
+    with qtbot.waitSignal(view.sigBillDone, timeout=LONG) as sig:  # Enter bills it again, whole
+        view.source.returnPressed.emit()
+    assert sig.args[0]["totals"]["requests"] == 12_031
+
+
+def test_the_windows_cancel_stops_a_running_bill(qtbot, ctx):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    names: list[str] = []
+    ctx.sigJobChanged.connect(names.append)
+    progress = _cancel_at_first_progress(qtbot, view, lambda: (names.append(ctx.job_name), ctx.cancel_job()))
+    _worker_idle(qtbot, ctx)
+    assert names[0] == "billing mooncake_conversation_trace.jsonl" and names[-1] == "" and ctx.job is None
+    assert max(d for d, _ in progress) < 12_031 and view.result is None
+    assert "Bill cancelled" in view.total_label.text() and ctx.errors == []
+
+
+def test_another_subject_stops_the_running_bill(qtbot, ctx):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    view.show()
+    progress = _cancel_at_first_progress(qtbot, view, lambda: ctx.open_subject(Subject("session", "New session")))
+    _worker_idle(qtbot, ctx)
+    assert max(d for d, _ in progress) < 12_031
+    assert view.result is None and view.table_model.rowCount() == 0 and "New session" in view.total_label.text()
+    assert ctx.errors == [] and ctx.job is None
+
+
+def test_a_queued_bill_cancelled_before_it_starts_never_runs(qtbot, ctx, tmp_path):
+    view = BillingView(ctx)
+    qtbot.addWidget(view)
+    gate = threading.Event()
+    ctx.worker.submit(gate.wait, 30)  # the worker is busy: the bill waits in the queue
+    view.set_source(_three_requests(tmp_path))
+    assert view.cancel()
+    gate.set()
+    qtbot.waitUntil(lambda: not view.is_billing, timeout=LONG)
+    assert view.result is None and "Bill cancelled" in view.total_label.text() and not view.cancel()

@@ -10,12 +10,13 @@ The text column scrolls by itself, so the bar plot always fits the dock it is in
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtGui import QResizeEvent, QShowEvent
 from PySide6.QtWidgets import (QBoxLayout, QComboBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QSpinBox,
                                QVBoxLayout, QWidget)
 
@@ -27,12 +28,41 @@ from engine.model.kv_memory import PRESETS, kv_bytes
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
-    from app.runtime.context import AppContext
+    from app.runtime.context import AppContext, Subject
 
 QWIDGETSIZE_MAX = 16777215
 TEXT_MIN_PX = 60  # the text column is never shorter; it scrolls instead
 TEXT_MAX_SHARE = 0.55  # stacked, the text takes at most this share of the height
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "bfloat16": 2, "float8": 1, "int8": 1}
+
+
+# Why a subject that is not a chat has no KV tensors to measure, by its kind.
+NO_TENSORS = {
+    "trace": "{s} is replayed without a model: its pool holds blocks, not KV tensors",
+    "demo": "{s} runs without the model: its pool holds blocks, not KV tensors",
+    "server": "{s} keeps its KV tensors on its own GPUs: only its block events reach this window",
+    "usage": "{s} records an API's requests and cached tokens: it has no KV pool here",
+}
+WHAT_IF_NOTE = "The what-if below works without one."
+
+
+def no_pool_text(ctx: AppContext) -> str:
+    """What the panel says when it has no measured KV pool, and what the user can do: the
+    subject has no tensors (a trace, a demo without the model, a server, a usage log), the
+    model failed to load, no model is loaded, or the loaded model has not run here yet."""
+    subject = ctx.subject
+    if subject.kind in NO_TENSORS:
+        what = NO_TENSORS[subject.kind].format(s=html.escape(subject.describe()))
+        return (f"{what[0].upper()}{what[1:]}. Start a chat (File > New session) and send a message to see the "
+                f"local model's per-layer KV memory. {WHAT_IF_NOTE}")
+    if ctx.runner is None and ctx.model_error:
+        return (f"No model, so no KV memory to measure: {html.escape(ctx.model_error.rstrip('.'))}. Load it again with "
+                f"Engine > Load model (Ctrl+L). {WHAT_IF_NOTE}")
+    if ctx.runner is None:
+        return ("No model loaded yet: load one (Engine > Load model, Ctrl+L) and its KV pool's bytes per layer "
+                f"appear here, measured from its tensors; send a message to fill the pool. {WHAT_IF_NOTE}")
+    return (f"The model is loaded: send a message in this session to see its per-layer KV memory (the views show "
+            f"its pool once it runs). {WHAT_IF_NOTE}")
 
 
 def _presets() -> dict[str, Any]:
@@ -165,8 +195,21 @@ class KvMemoryView(PanelView):
         self.state.sigReset.connect(self._on_reset)
         self.state.sigReset.connect(self.clear_quantized)
         self.state.sigChanged.connect(self._on_changed)
+        ctx.sigRunnerChanged.connect(lambda _runner: self._retext())
         self._in_use_shown = -1
         self.apply_theme()
+
+    def show_subject(self, subject: Subject) -> None:
+        """The text says what the new subject has to measure (its engine, if any, resets the bars)."""
+        self._retext()
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self._retext()  # a model that failed to load meanwhile is said
+
+    def _retext(self) -> None:
+        self._update_totals()
+        self._refit()
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         wide = event.size().width() >= 1.6 * event.size().height()
@@ -279,8 +322,7 @@ class KvMemoryView(PanelView):
         bpv = BYTES_PER_VALUE.get(str(dtype), 4)
         tokens = int(info.get("num_blocks") or 0) * int(info.get("block_size") or 0)
         if not self.per_layer or not layers:
-            self.totals.setText("No model pool yet: per-layer KV memory is measured from the model runner's "
-                                "tensors once a model is loaded. The what-if below works without one.")
+            self.totals.setText(no_pool_text(self.ctx))
             return
         measured = sum(self.per_layer)
         expected = kv_bytes(layers, heads, dim, bpv, tokens)
