@@ -54,6 +54,28 @@ app.processEvents()
 """
 
 
+# The anchor of window up: an empty QMainWindow from a fresh interpreter, first paint by the
+# same sign MainWindow uses (the backing store painted and flushed: UpdateRequest handled).
+_BARE_CHILD = """
+import sys, time
+from PySide6.QtCore import QEvent
+from PySide6.QtWidgets import QApplication, QMainWindow
+app = QApplication(sys.argv[:1])
+class Bare(QMainWindow):
+    first_painted = False
+    def event(self, event):
+        handled = super().event(event)
+        if event.type() == QEvent.Type.UpdateRequest:
+            self.first_painted = True
+        return handled
+w = Bare()
+w.show()
+while not w.first_painted:
+    app.processEvents()
+print(f"{time.time():.6f}", flush=True)
+"""
+
+
 _OPEN_CHILD = """
 import json, sys, time
 from PySide6.QtWidgets import QApplication
@@ -75,6 +97,7 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 gc.collect()
+numba_before = "numba" in sys.modules
 rss0 = rss()
 done = []
 t0 = time.perf_counter()
@@ -89,13 +112,75 @@ elapsed = time.perf_counter() - t0
 block_size = trace_block_size(path)
 gc.collect()
 grown = rss() - rss0
-print(json.dumps({"rss_growth_bytes": grown, "open_to_last_event_drawn_s": elapsed, "open_to_shown_s": t_shown, "events": len(ctx.state.log),
-                  "block_size": block_size, "capacity": trace_capacity(path, block_size),
-                  "ok": done[0] is not None}), flush=True)
+log = ctx.state.log
+columnar = getattr(log, "columnar", None)  # the kernel's log; None when the Python engine ran
+print(json.dumps({"rss_growth_bytes": grown, "open_to_last_event_drawn_s": elapsed, "open_to_shown_s": t_shown,
+                  "events": len(log), "block_size": block_size, "capacity": trace_capacity(path, block_size),
+                  "distinct_blocks": len(columnar.keys) if columnar is not None else None,
+                  "rows": columnar.num_rows if columnar is not None else None,
+                  "rows_bytes": columnar.nbytes() if columnar is not None else None,
+                  "numba_loaded_before": numba_before, "ok": done[0] is not None}), flush=True)
 ctx.shutdown()
 w.deleteLater()
 app.processEvents()
 """
+
+
+# The fixed part of the open's memory: what importing numba and loading the kernel's and
+# the columnar log's compiled functions (from numba's disk cache) adds to a process once.
+_NUMBA_CHILD = """
+import gc, os, sys
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+from PySide6.QtCore import QObject
+import app.runtime.replays
+gc.collect()
+r0 = rss()
+from engine.core.columnar_log import ColumnarEventLog
+from engine.core.replay import ReplayConfig
+from engine.core.trace import TraceRequest
+from engine.kernel.replay import replay_kernel
+tiny = [TraceRequest(0, 1, "a", None, None, None, (1, 2), 1024, 2), TraceRequest(1, 2, "b", None, None, None, (1, 3), 1024, 2)]
+log = ColumnarEventLog(replay_kernel(tiny, ReplayConfig(block_size=512, capacity_blocks=64), record=True).log, time=0.0)
+log.warm()
+del log
+gc.collect()
+print(rss() - r0, flush=True)
+"""
+
+
+def _numba_fixed_bytes(env: dict[str, str]) -> int:
+    proc = subprocess.run([sys.executable, "-c", _NUMBA_CHILD], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the kernel did not load: {proc.stderr.strip()[-300:]}")
+    return int(proc.stdout.split()[-1])
+
+
+# `cachescope ARGS` in a fresh process that reports its own peak RSS when done: VmHWM
+# (this process image's high-water mark; getrusage's ru_maxrss would count the parent's
+# pages the child had before its exec).
+_HEADLESS_CHILD = """
+import sys
+from app.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+sys.stderr.write(f"\\nVmHWM_kB {hwm}\\n")
+sys.exit(code)
+"""
+
+
+def _headless(args: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """`cachescope ARGS` to its end: (seconds, its peak RSS in bytes)."""
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _HEADLESS_CHILD, *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=3600)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"the headless replay failed: {proc.stderr.strip()[-300:]}")
+    return seconds, int(proc.stderr.split("VmHWM_kB")[-1].split()[0]) * 1024
 
 
 def bench_open(quick: bool) -> dict[str, Any]:
@@ -116,20 +201,35 @@ def bench_open(quick: bool) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(f"the window did not open the trace: {proc.stderr.strip()[-300:]}")
         app_run = json.loads(proc.stdout.strip().splitlines()[-1])
-        t = time.perf_counter()
-        head = subprocess.run([sys.executable, "-m", "app", "replay", str(path), "--no-model", "--block-size",
-                               str(app_run["block_size"]), "--capacity-blocks", str(app_run["capacity"]), "--json",
-                               "--totals-only"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600)
-        headless_s = time.perf_counter() - t
-        if head.returncode != 0:
-            raise RuntimeError(f"the headless replay failed: {head.stderr.strip()[-300:]}")
-    return {"trace": path.name, "requests": 1500 if quick else 12_031, "events": app_run["events"],
-            "capacity_blocks": app_run["capacity"], "app_open_to_last_event_drawn_s": round(app_run["open_to_last_event_drawn_s"], 2),
-            "headless_replay_s": round(headless_s, 2),
-            # RSS growth of the app over the open (log, projection, checkpoints, series, views)
-            "bytes_per_pool_block": round(app_run["rss_growth_bytes"] / max(1, app_run["capacity"]), 1),
-            "bytes_per_event": round(app_run["rss_growth_bytes"] / max(1, app_run["events"]), 1),
-            "app_over_headless": round(app_run["open_to_last_event_drawn_s"] / headless_s, 2)}
+        headless_s, headless_peak = _headless(
+            ["replay", str(path), "--no-model", "--block-size", str(app_run["block_size"]),
+             "--capacity-blocks", str(app_run["capacity"]), "--json", "--totals-only"], env)
+    numba_fixed = 0 if app_run["numba_loaded_before"] else _numba_fixed_bytes(env)
+    grown = app_run["rss_growth_bytes"]
+    trace_grown = max(0, grown - numba_fixed)
+    distinct = app_run["distinct_blocks"] or 0
+    out = {"trace": path.name, "requests": 1500 if quick else 12_031, "events": app_run["events"],
+           "capacity_blocks": app_run["capacity"],
+           "app_open_to_last_event_drawn_s": round(app_run["open_to_last_event_drawn_s"], 2),
+           "headless_replay_s": round(headless_s, 2),
+           "app_over_headless": round(app_run["open_to_last_event_drawn_s"] / headless_s, 2),
+           # RSS growth of the app over the open (log, projection, checkpoints, series, views),
+           # numba's first load included (it happens at the first open)
+           "rss_growth_mb": round(grown / 1e6, 1),
+           "bytes_per_pool_block": round(grown / max(1, app_run["capacity"]), 1),
+           "bytes_per_event": round(grown / max(1, app_run["events"]), 1),
+           # the same growth without numba's fixed load, measured in its own process beside it
+           "numba_fixed_mb": round(numba_fixed / 1e6, 1),
+           "trace_rss_growth_mb": round(trace_grown / 1e6, 1),
+           "trace_bytes_per_event": round(trace_grown / max(1, app_run["events"]), 1),
+           "headless_peak_rss_mb": round(headless_peak / 1e6, 1)}
+    if distinct:
+        # a tracked block of an opened trace: one distinct block (chain) of the trace; a
+        # block reference (a hash id in a request) is not one, nor is a pool block
+        out.update(distinct_blocks=distinct, log_rows=app_run["rows"],
+                   log_row_bytes_per_distinct_block=round(app_run["rows_bytes"] / distinct, 1),
+                   bytes_per_distinct_block=round(trace_grown / distinct, 1))
+    return out
 
 
 def _app() -> Any:
@@ -325,6 +425,12 @@ def bench_ingestion(quick: bool) -> dict[str, Any]:
         probe.timeout.connect(lambda: ticks.append(time.perf_counter()))
         probe.start()
         _wait(app, lambda: len(ticks) >= 3, 5)
+        # The anchor: the same probe's longest gap over half a second with nothing ingesting
+        # (what the machine's other load alone costs the GUI thread).
+        ticks.clear()
+        idle_end = time.perf_counter() + 0.5
+        _wait(app, lambda: time.perf_counter() >= idle_end, 5)
+        idle_gaps = [(b - a) * 1000 for a, b in zip(ticks, ticks[1:])]
 
         def produce() -> None:
             for e in events:
@@ -343,6 +449,7 @@ def bench_ingestion(quick: bool) -> dict[str, Any]:
         return {"num_events": len(events), "seconds": round(elapsed, 4),
                 "events_per_s": round(len(events) / elapsed, 1), "num_batches": ctx.bridge.num_flushes,
                 "max_gui_gap_ms": round(max(gaps) if gaps else 0.0, 2),
+                "idle_max_gui_gap_ms": round(max(idle_gaps) if idle_gaps else 0.0, 2),
                 "p99_gui_gap_ms": round(sorted(gaps)[int(len(gaps) * 0.99) - 1] if gaps else 0.0, 2)}
     finally:
         gc.unfreeze()
@@ -354,11 +461,18 @@ def bench_window(quick: bool) -> dict[str, Any]:
     """Seconds from starting a fresh interpreter to the main window's first paint, without a
     model (median: the target), and to every panel it shows at start built (they are built
     after the first paint, one per turn of the event loop); the process's whole run, exit
-    included, beside them."""
+    included, beside them. The anchor, each run beside it: an empty Qt main window's first
+    paint from a fresh interpreter (Python, PySide6 and the offscreen platform alone)."""
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    up, built, whole, plots_early = [], [], [], 0
+    up, built, whole, bare, plots_early = [], [], [], [], 0
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(2 if quick else 5):
+            t_wall = time.time()
+            proc = subprocess.run([sys.executable, "-c", _BARE_CHILD], capture_output=True, text=True,
+                                  cwd=ROOT, env=env, timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"an empty Qt window did not start: {proc.stderr.strip()[-300:]}")
+            bare.append(float(proc.stdout.strip().splitlines()[-1]) - t_wall)
             t, t_wall = time.perf_counter(), time.time()
             proc = subprocess.run([sys.executable, "-c", _WINDOW_CHILD, tmp], capture_output=True, text=True,
                                   cwd=ROOT, env=env, timeout=120)
@@ -372,6 +486,7 @@ def bench_window(quick: bool) -> dict[str, Any]:
     return {"runs": len(up), "median_s": round(statistics.median(up), 3),
             "median_all_panels_built_s": round(statistics.median(built), 3),
             "median_process_s": round(statistics.median(whole), 3),
+            "median_bare_qt_s": round(statistics.median(bare), 3),
             "runs_with_pyqtgraph_before_first_paint": plots_early}
 
 

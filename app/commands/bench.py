@@ -9,6 +9,7 @@ import sys
 import time
 
 from app.commands._common import print_json
+from engine.bench.summary import summarize
 from engine.core.errors import InputError
 
 NAME = "bench"
@@ -31,21 +32,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = list(BENCHES) if args.name == "all" else [args.name]
+    """One bench, or all of them in turn. `all` adds a top-level `targets` table: every
+    target of issue 20 with its value, the anchor measured beside it and the ratio
+    (`engine.bench.summary`); a bench that fails there gives its error and the others run."""
+    everything = args.name == "all"
+    names = list(BENCHES) if everything else [args.name]
     results: dict[str, dict] = {}
+    failed = []
     for name in names:
         try:
             mod = importlib.import_module(BENCHES[name])
         except ImportError as exc:
-            raise InputError(f"benchmark {name!r} is not available: {exc}") from None
+            if not everything:
+                raise InputError(f"benchmark {name!r} is not available: {exc}") from None
+            mod = None
+            error = f"not available: {exc}"
         t0 = time.perf_counter()
-        results[name] = mod.run_bench(quick=args.quick)
+        if mod is not None:
+            try:
+                results[name] = mod.run_bench(quick=args.quick)
+            except Exception as exc:  # noqa: BLE001 - `all` reports it and runs the next bench
+                if not everything:
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+        if name not in results:
+            results[name] = {"error": error}
+            failed.append(name)
+            sys.stderr.write(f"cachescope bench: {name} failed ({error}); the other benches still run\n")
         results[name]["wall_s"] = round(time.perf_counter() - t0, 2)
         if not args.json:
             _print_human(name, results[name])
-    if args.json:
-        print_json(results if len(names) > 1 else results[names[0]])
-    return 0
+    if everything:
+        table = summarize(results)
+        if args.json:
+            print_json({"targets": table, "quick": args.quick, **results})
+        else:
+            _print_table(table)
+    elif args.json:
+        print_json(results[names[0]])
+    return 1 if failed else 0
 
 
 def _print_human(name: str, result: dict) -> None:
@@ -58,3 +83,16 @@ def _print_human(name: str, result: dict) -> None:
     for tname, t in result.get("targets", {}).items():
         mark = "met" if t.get("met") else "NOT met"
         out.write(f"  target {tname}: {t.get('value')} (want {t.get('target')}) {mark}\n")
+
+
+def _print_table(table: dict[str, dict]) -> None:
+    out = sys.stdout
+    out.write("== targets (issue 20): value | anchor beside it | ratio | target\n")
+    for name, row in table.items():
+        if row["value"] is None:
+            out.write(f"  {name}: not measured ({row['missing']})\n")
+            continue
+        mark = "met" if row["met"] else "NOT met"
+        ratio = "" if row["ratio"] is None else f"{row['ratio']}x"
+        out.write(f"  {name}: {row['value']} {row['unit']} | {row['anchor']} ({row['anchor_what']}) | {ratio} | "
+                  f"want {row['target']}: {mark}\n")

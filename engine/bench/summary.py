@@ -1,0 +1,234 @@
+"""The targets of issue 20 from one `cachescope bench all` run, in one table.
+
+Every bench returns its own figures; `summarize` reads them back (it measures nothing)
+and gives, per target, what is timed, the target, the measured value, the anchor measured
+beside it in the same run (the other side of the ratio: the headless replay, the Python
+engine, msgpack's own unpack, the reference pool, a bare Qt window), the ratio of the two
+and whether the target is met. A bench that did not run or failed gives its rows with
+`value` None, `met` False and the reason in `missing`, so the table always has every row.
+
+Each row: `bench`, `what`, `unit`, `value`, `target` (a sentence: "<= 1.5x the anchor",
+">= 1,000,000"), `anchor` (a number, or None when the bench has nothing beside it),
+`anchor_what`, `ratio` (value / anchor) and `met`; some carry more figures (`extra`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Results = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    bench: str
+    what: str
+    unit: str
+    target: str
+    anchor_what: str
+    # results -> (value, anchor, met, extra); a KeyError means the bench gave no such figure
+    read: Callable[[Results], tuple[Any, Any, bool, dict[str, Any]]]
+
+
+def _dig(results: Results, *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            raise KeyError(".".join(path))
+        node = node[key]
+    return node
+
+
+def _open_trace(r: Results):
+    o = _dig(r, "gui", "open_trace")
+    ratio = o["app_open_to_last_event_drawn_s"] / o["headless_replay_s"]
+    return (o["app_open_to_last_event_drawn_s"], o["headless_replay_s"], ratio <= 1.5,
+            {"events": o["events"], "requests": o["requests"]})
+
+
+def _kernel(r: Results):
+    k = _dig(r, "engine", "kernel")
+    return (k["kernel_blocks_per_s"], k["python_blocks_per_s"], k["kernel_blocks_per_s"] >= 5_000_000,
+            {"kernel_s": k["kernel_s"], "python_s": k["python_s"], "lookup_blocks": k["lookup_blocks"],
+             "identical_results": k["identical_results"]})
+
+
+def _kernel_loop(r: Results):
+    k = _dig(r, "engine", "kernel")
+    return (k["kernel_loop_blocks_per_s"], k["python_blocks_per_s"], k["kernel_loop_blocks_per_s"] >= 5_000_000,
+            {"kernel_loop_s": k["kernel_loop_s"], "identical_results": k["identical_results"]})
+
+
+def _kernel_first_use(r: Results):
+    k = _dig(r, "engine", "kernel")
+    first = k["compile_s"] + k["kernel_s"]
+    return (round(first, 3), k["python_s"], first < k["python_s"],
+            {"compile_s": k["compile_s"], "cached_first_call_s": k["cached_first_call_s"],
+             "kernel_s": k["kernel_s"]})
+
+
+def _scrub(r: Results):
+    s = _dig(r, "engine", "scrub")
+    return (s["scrub_worst_ms"], round(s["record_and_checkpoint_s"] * 1000, 1), s["scrub_worst_ms"] < 100,
+            {"events": s["events"], "scrub_median_ms": s["scrub_median_ms"], "checkpoints": s["checkpoints"]})
+
+
+def _msgpack(r: Results) -> float:
+    return _dig(r, "attach", "msgpack_unpack_only", "events_per_s_cpu")
+
+
+def _into_pool(r: Results):
+    t = _dig(r, "attach", "targets", "events_per_s_into_pool")
+    return t["value"], _msgpack(r), t["value"] >= 1_000_000, {}
+
+
+def _app_path(r: Results):
+    t = _dig(r, "attach", "targets", "events_per_s_app_path")
+    return t["value"], _msgpack(r), t["value"] >= 500_000, {}
+
+
+def _pool_bytes(r: Results):
+    t = _dig(r, "attach", "targets", "bytes_per_block")
+    ref = _dig(r, "attach", "memory")
+    return t["value"], ref["bytes_per_block"], t["value"] <= 100, {"blocks": ref["blocks"]}
+
+
+def _app_remote_bytes(r: Results):
+    g = _dig(r, "gui", "remote_redraw")
+    anchor = _dig(r, "attach", "targets", "bytes_per_block")["value"]
+    return g["bytes_per_block"], anchor, g["bytes_per_block"] <= 100, {"blocks": g["num_blocks"]}
+
+
+def _opened_trace_bytes(r: Results):
+    o = _dig(r, "gui", "open_trace")
+    value = o["bytes_per_distinct_block"]
+    extra = {k: o[k] for k in ("distinct_blocks", "events", "trace_bytes_per_event", "bytes_per_event",
+                               "bytes_per_pool_block", "rss_growth_mb", "numba_fixed_mb", "trace_rss_growth_mb",
+                               "headless_peak_rss_mb") if k in o}
+    return value, o["log_row_bytes_per_distinct_block"], value <= 100, extra
+
+
+def _fleet(key: str, reference_key: str, ok: Callable[[Any, dict], bool]):
+    def read(r: Results):
+        a = _dig(r, "attach")
+        fleet = a["fleet_columnar"] if "fleet_columnar" in a else a["fleet"]
+        ref = a["fleet"] if "fleet_columnar" in a else None
+        return (fleet[key], None if ref is None else ref[reference_key], ok(fleet[key], fleet),
+                {"pools": fleet["pools"], "streams": fleet["streams"], "events_per_s_each": fleet["events_per_s_each"],
+                 "batches_sent": fleet["batches_sent"], "batches_received": fleet["batches_received"]})
+    return read
+
+
+def _window(r: Results):
+    w = _dig(r, "gui", "window")
+    return (w["median_s"], w.get("median_bare_qt_s"), w["median_s"] < 1.0,
+            {"median_all_panels_built_s": w["median_all_panels_built_s"], "runs": w["runs"]})
+
+
+def _ingest_stall(r: Results):
+    g = _dig(r, "gui", "ingestion")
+    return (g["max_gui_gap_ms"], g.get("idle_max_gui_gap_ms"), g["max_gui_gap_ms"] < 50,
+            {"events": g["num_events"], "events_per_s": g["events_per_s"]})
+
+
+def _stream(r: Results):
+    s = _dig(r, "stream")
+    growth = s["targets"]["bounded_memory_mb_growth_after_settling"]["value"]
+    blocks_met = s["lookup_blocks"] >= 214_000_000
+    return (growth, s["peak_rss_mb_settled"], growth < 50 and blocks_met,
+            {"lookup_blocks": s["lookup_blocks"], "copies": s["copies"], "settled_at_copy": s["settled_at_copy"],
+             "blocks_per_s": s["blocks_per_s"],
+             "peak_rss_mb_end": s["peak_rss_mb_end"], "blocks_target_met": blocks_met})
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("open_trace_app_vs_headless", "gui",
+           "File > Open of the Mooncake conversation trace in a real offscreen 1280x800 window until every view has "
+           "drawn the last event", "s", "<= 1.5x the anchor",
+           "headless `cachescope replay` of the same file, same pool", _open_trace),
+    Target("kernel_lookups_per_s", "engine",
+           "replay kernel on the parsed Mooncake trace: array preparation, interning and the compiled loop",
+           "block lookups/s", ">= 5,000,000", "the Python engine on the same parsed trace", _kernel),
+    Target("kernel_loop_lookups_per_s", "engine",
+           "the kernel's compiled bookkeeping loop alone (the issue's 'bookkeeping itself')",
+           "block lookups/s", ">= 5,000,000", "the Python engine on the same parsed trace", _kernel_loop),
+    Target("kernel_first_use_s", "engine",
+           "first use of the kernel: compile in a fresh process with an empty numba cache, plus the replay",
+           "s", "< 1x the anchor (the compile pays for itself on the first replay)",
+           "the Python engine's replay of the same trace", _kernel_first_use),
+    Target("scrub_worst_ms", "engine",
+           "scrubbing a columnar kernel log of about 1M events (the Mooncake trace three times over) to random "
+           "events, forward and back: the worst of 43", "ms", "< 100",
+           "recording that log (a replay from event 0)", _scrub),
+    Target("events_per_s_into_pool", "attach",
+           "recorded vLLM frames decoded into the engine's remote pool (what `bench attach` reports as its target)",
+           "vLLM events/s (CPU time)", ">= 1,000,000", "msgpack's own unpack of the same frames", _into_pool),
+    Target("events_per_s_app_path", "attach",
+           "the same frames through the app's path: the pool emitting Cachescope events to the bridge",
+           "vLLM events/s (CPU time)", ">= 500,000", "msgpack's own unpack of the same frames", _app_path),
+    Target("bytes_per_block_remote_pool", "attach",
+           "memory per tracked block in the engine's remote pool, token ids included (tracemalloc)",
+           "bytes", "<= 100", "the reference pool (`engine.remote.pool.RemotePool`) holding the same stream",
+           _pool_bytes),
+    Target("bytes_per_block_app_remote_pool", "gui",
+           "RSS growth per tracked block of a 1,000,000-block remote vLLM pool in the app (projection, log, "
+           "checkpoints, tier overlay)", "bytes", "<= 100", "the engine's remote pool (bench attach, same run)",
+           _app_remote_bytes),
+    Target("bytes_per_block_app_opened_trace", "gui",
+           "RSS growth of the app opening the Mooncake trace, numba's fixed load (measured apart) taken out, per "
+           "distinct block of the trace (the log, its checkpoints, series and views)", "bytes", "<= 100",
+           "the log's event rows alone, per distinct block", _opened_trace_bytes),
+    Target("fleet_missed_batches", "attach",
+           "64 loopback ZMQ streams at 2,500 vLLM events/s each into one Attachment, the app's bridge on a Qt "
+           "event loop: batches missed", "batches", "0", "the reference pools, same streams, same run",
+           _fleet("missed_batches", "missed_batches",
+                  lambda v, f: v == 0 and f["batches_received"] == f["batches_sent"])),
+    Target("fleet_seconds_behind", "attach",
+           "the same 64 streams: seconds the consumer was still behind after the last send", "s", "<= 1",
+           "the reference pools, same streams, same run",
+           _fleet("seconds_behind_after_the_last_send", "seconds_behind_after_the_last_send",
+                  lambda v, f: v <= 1.0)),
+    Target("fleet_longest_stall_ms", "attach",
+           "the same 64 streams: the longest stall of the Qt event loop", "ms", "< 50",
+           "the reference pools, same streams, same run",
+           _fleet("longest_stall_ms", "longest_stall_ms", lambda v, f: v < 50)),
+    Target("ingestion_longest_stall_ms", "gui",
+           "the longest GUI stall while a thread pushes the Mooncake replay's events through the bridge",
+           "ms", "< 50", "the same probe timer's longest gap with nothing ingesting", _ingest_stall),
+    Target("window_up_s", "gui",
+           "a fresh interpreter to the main window's first paint, no model (median)", "s", "< 1.0",
+           "a fresh interpreter to the first paint of an empty Qt main window", _window),
+    Target("stream_214m_blocks_memory_growth_mb", "stream",
+           "the six WEKA files replayed over and over through the streamed kernel (about 214M block lookups): "
+           "peak RSS growth from the 10th copy to the last", "MB", "< 50, with >= 214M lookups",
+           "peak RSS at the 10th copy (the 5th in a quick run)", _stream),
+)
+
+
+def summarize(results: Results) -> dict[str, dict[str, Any]]:
+    """One row per target of `TARGETS`, read from `results` (bench name -> its output)."""
+    table: dict[str, dict[str, Any]] = {}
+    for t in TARGETS:
+        row: dict[str, Any] = {"bench": t.bench, "what": t.what, "unit": t.unit, "target": t.target,
+                               "anchor_what": t.anchor_what}
+        bench = results.get(t.bench)
+        try:
+            if bench is None:
+                raise KeyError(f"bench {t.bench} did not run")
+            if "error" in bench:
+                raise KeyError(f"bench {t.bench} failed: {bench['error']}")
+            value, anchor, met, extra = t.read(results)
+        except (KeyError, TypeError, ZeroDivisionError) as exc:
+            why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            row.update(value=None, anchor=None, ratio=None, met=False, missing=str(why))
+        else:
+            ratio = None
+            if isinstance(value, (int, float)) and isinstance(anchor, (int, float)) and anchor:
+                ratio = round(value / anchor, 3)
+            row.update(value=value, anchor=anchor, ratio=ratio, met=bool(met))
+            if extra:
+                row["extra"] = extra
+        table[t.name] = row
+    return table
