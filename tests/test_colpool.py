@@ -301,3 +301,145 @@ def test_an_attachment_with_columnar_pools_holds_what_the_reference_holds():
             server.close()
     assert results[2:] == results[:2]
     assert results[0]["tenants"] == {"tenant-a"} and results[0]["num_cached"] > 0
+
+
+# ---- the journal (ColumnarPool(journal=True)) against the reference's emitted events ------
+
+def _reference_events(frames: list[tuple[int, bytes]], max_removed: int, reset_every: int) -> tuple[list, Any]:
+    from engine.core.events import BlockEvicted, BlockStored, CacheReset, EventBus
+
+    bus = EventBus()
+    bus.subscribe(lambda event: None)  # someone listens: the reference emits
+    pool = RemotePool("t", events=bus, max_removed=max_removed)
+    out: list[tuple] = []
+    for i, (seq, payload) in enumerate(frames):
+        events = []
+        if reset_every and i and i % reset_every == 0:
+            events += pool.reset(seq)
+        try:
+            batch = fastwire.decode_batch(seq, payload)
+        except MalformedFrame:
+            batch = None
+        if batch is not None:
+            events += pool.apply(batch)
+        for e in events:
+            if isinstance(e, BlockStored):
+                out.append(("stored", e.remote.medium, e.block_hash, e.parent_hash, tuple(e.token_ids), e.salt,
+                            e.remote.batch_seq))
+            elif isinstance(e, BlockEvicted):
+                out.append(("removed", e.remote.medium, e.block_hash, e.remote.batch_seq))
+            elif isinstance(e, CacheReset):
+                out.append(("cleared", e.num_blocks_cleared, e.remote.batch_seq))
+            else:
+                raise AssertionError(e)
+    return out, pool
+
+
+def _journal_events(frames: list[tuple[int, bytes]], max_removed: int, reset_every: int, many: int,
+                    take_every: int = 0) -> tuple[list, ColumnarPool]:
+    from engine.remote.colpool import OP_CLEARED, OP_REMOVED, OP_STORED
+
+    pool = ColumnarPool("t", max_removed=max_removed, journal=True)
+    parts = []
+    held: list[Any] = []
+    for i, (seq, payload) in enumerate(frames):
+        if reset_every and i and i % reset_every == 0:
+            pool.apply_many(held)
+            held = []
+            pool.reset(seq)
+        try:
+            held.append(fastwire.decode_columns(seq, payload))
+        except MalformedFrame:
+            pass
+        if len(held) >= max(many, 1):
+            pool.apply_many(held)
+            held = []
+        if take_every and i % take_every == 0:
+            parts.append(pool.take_journal())
+    pool.apply_many(held)
+    parts.append(pool.take_journal())
+    out: list[tuple] = []
+    stores: list[tuple] = []
+    for j in parts:
+        names = j.tier_names
+        for r in range(len(j)):
+            op, tier, seq = int(j.op[r]), int(j.tier[r]), int(j.seq[r])
+            h = pool.hash_of(j.key[r], j.width[r]) if op != OP_CLEARED else None
+            if op == OP_STORED:
+                o = int(j.store[r])
+                assert o == len(stores)  # store rows are numbered in order
+                pw = int(j.parent_width[o])
+                parent = pool.hash_of(j.parent[o], pw) if pw else None
+                ten = int(j.tenant[o])
+                row = ("stored", names[tier], h, parent, tuple(j.token_ids(o).tolist()),
+                       pool.tenant_names[ten - 1] if ten else None, seq)
+                stores.append(row)
+                out.append(row)
+            elif op == OP_REMOVED:
+                o = int(j.store[r])
+                if o >= 0:  # the store that made the slot it took: same hash, same tier
+                    assert stores[o][1:3] == (names[tier], h)
+                out.append(("removed", names[tier], h, seq))
+            else:
+                assert op == OP_CLEARED
+                out.append(("cleared", int(j.store[r]), seq))
+    return out, pool
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_the_journal_says_what_the_reference_emits(name):
+    """Every fixture: the same blocks, parents, token ids, tenants, tiers and order as the
+    reference's BlockStored / BlockEvicted / CacheReset, frame by frame or many at once,
+    and the journalling pool is still the reference's pool."""
+    frames = FIXTURES[name]
+    for max_removed, reset_every in ((200_000, 0), (5, 4)):
+        ref_events, _ = _reference_events(frames, max_removed, reset_every)
+        assert ref_events
+        # (an emitting reference dates a clear's removals by the batch, a quiet one by the
+        # last batch before it: the journalling pool is the quiet reference's pool)
+        quiet = _run(frames, False, max_removed, reset_every)[0]
+        for many in (1, 64):
+            got, pool = _journal_events(frames, max_removed, reset_every, many, take_every=3)
+            assert got == ref_events
+            assert state(pool) == quiet
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_journal_of_synthetic_streams_says_what_the_reference_emits(seed):
+    """Copies, groups, salts, unknown removals and clears; the pool's token array grows
+    under the rows already taken (earlier views must still read their tokens)."""
+    frames = _synthetic(250, seed)
+    ref_events, _ = _reference_events(frames, 30, 61)
+    assert any(e[0] == "cleared" for e in ref_events) and any(e[0] == "removed" for e in ref_events)
+    got, pool = _journal_events(frames, 30, 61, 16, take_every=5)
+    assert got == ref_events
+    assert state(pool) == _run(frames, False, 30, 61)[0]
+
+
+def test_the_journal_keeps_a_removed_blocks_hash_and_tokens_after_its_slot_is_reused():
+    from engine.remote.colpool import OP_REMOVED, OP_STORED
+
+    h = [bytes(7) + bytes([i]) for i in range(4)]
+    frames = [(0, encode_batch(1.0, [VllmEvent("BlockStored", (h[0],), None, tuple(range(16)), 16)])),
+              (1, encode_batch(2.0, [VllmEvent("BlockRemoved", (h[0],))])),
+              (2, encode_batch(3.0, [VllmEvent("BlockStored", (h[1],), None, tuple(range(100, 116)), 16)]))]
+    pool = ColumnarPool("t", journal=True)
+    for seq, p in frames:
+        pool.apply(fastwire.decode_columns(seq, p))
+    j = pool.take_journal()
+    assert j.op.tolist() == [OP_STORED, OP_REMOVED, OP_STORED]
+    assert j.slot[0] == j.slot[1] == j.slot[2]  # the slot was reused
+    assert pool.hash_of(j.key[1], j.width[1]) == h[0] and j.store[1] == 0
+    assert j.token_ids(0).tolist() == list(range(16))
+    assert j.token_ids(1).tolist() == list(range(100, 116))
+    assert len(pool.take_journal()) == 0
+    assert len(pool.journal_since(1)) == 2
+    with pytest.raises(ValueError):
+        ColumnarPool("t").take_journal()
+
+
+def test_the_journal_comparison_can_fail():
+    frames = FIXTURES["vllm_copies/vllm_copies_events.jsonl"]
+    ref_events, _ = _reference_events(frames, 200_000, 0)
+    got, _ = _journal_events(frames[:-1], 200_000, 0, 1)
+    assert got != ref_events

@@ -22,9 +22,36 @@ Python object per block, per hash or per token id:
   more (extra keys, a salt, a KV cache group, a session, details, another medium, a
   clear) is handled by Python around the same compiled per-block functions.
 
+- `apply_many(batches)` applies batches in order as `apply` does each, but every run of
+  batches made only of common events in one compiled call (`_run_frames`): what an
+  attachment holds between two idle moments of its stream costs one call, not one per
+  frame.
+
 Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
 reference, from the arrays, on demand. Emitting Cachescope events per block is what the
-columnar pool does NOT do: the app reads summaries of it instead. Not thread-safe, as
+columnar pool does NOT do; the journal says the same in arrays instead.
+
+The journal (`ColumnarPool(..., journal=True)`): the compiled loop appends one row per
+block operation, in the order the reference emits its events: a stored block (each block
+of a BlockStored that is not vLLM's reuse report, a copy of a held hash too: the
+reference's `BlockStored`), a removed hash (each hash a BlockRemoved names, held or not:
+its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
+`CacheReset`). `take_journal()` gives the rows added since the last call, and
+`journal_since(row)` those from a row on, as a `JournalRows` of numpy views:
+
+    j = pool.take_journal()
+    j.op, j.tier, j.slot, j.seq      # OP_STORED / OP_REMOVED / OP_CLEARED, tier code, slot, vLLM batch
+    j.key, j.width                   # the hash: pool.hash_of(j.key[r], j.width[r]) -> bytes
+    j.store                          # a store's row in the per-store arrays below (kept for good);
+                                     # a removal's: the store that made the slot it took (-1: none);
+                                     # a clear's: how many copies it cleared
+    j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
+    j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
+
+A store row keeps its hash, parent hash, token ids and tenant after its slot is freed and
+reused, so a view scrubbed back still shows a removed block. With the journal on, the
+pool's token array only grows (a journalled pool's token ids are its log's: each stored
+once); a tier code names `j.tier_names[code]`, -1 a clear of every tier. Not thread-safe, as
 the reference. `tests/test_colpool.py` proves both give the same answers on every
 recorded fixture and on corrupted frames.
 """
@@ -59,8 +86,14 @@ F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
-    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST = range(16)
-NUM_S = 16
+    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES = range(19)
+NUM_S = 20
+# the journal (`ColumnarPool(journal=True)`): rows (int64) and, per stored block, its store row
+J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
+NUM_J = 7
+JS_PARENT, JS_PWIDTH, JS_TOK0, JS_NTOK, JS_TENANT = range(5)
+NUM_JS = 5
+OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2
 # per tier (int64): present, creation order, hashes, copies beyond one per hash, blocks
 # announced under the tier's own name (media), hashes without token ids
 T_PRESENT, T_BORN, T_HASHES, T_EXTRA, T_MEDIA, T_NOTOK, T_EXTRA_BORN = range(7)
@@ -320,11 +353,41 @@ def _free_slot(tab, K, L, C, F, T, G, free, S, TI, s):  # pragma: no cover - com
 
 
 @njit(cache=True)
+def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compiled
+    r = S[S_JROWS]
+    J[r, J_OP] = op
+    J[r, J_TIER] = t
+    J[r, J_SLOT] = s
+    J[r, J_SEQ] = seq
+    J[r, J_STORE] = store
+    J[r, J_KEY] = np.int64(k)  # the uint64's bits (read back through a uint64 view)
+    J[r, J_WIDTH] = w
+    S[S_JROWS] = r + 1
+
+
+@njit(cache=True)
+def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tenant):  # pragma: no cover
+    o = S[S_JSTORES]
+    _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
+    if has_prev:
+        JS[o, JS_PARENT] = np.int64(pk)
+        JS[o, JS_PWIDTH] = pw
+    else:
+        JS[o, JS_PARENT] = 0
+        JS[o, JS_PWIDTH] = 0
+    JS[o, JS_TOK0] = tok0
+    JS[o, JS_NTOK] = ntok
+    JS[o, JS_TENANT] = tenant + 1
+    S[S_JSTORES] = o + 1
+
+
+@njit(cache=True)
 def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
            t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
-           next_continues, seq, ts):  # pragma: no cover - compiled
+           next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
-    report (no copy added), 0 for a store, -1 when it names no hash."""
+    report (no copy added), 0 for a store, -1 when it names no hash. With the journal on,
+    one row per block stored (a copy of a held hash too, its token ids kept for it)."""
     if nh == 0:
         return -1
     if TI[t, T_PRESENT] == 0:
@@ -390,6 +453,16 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
                 TI[t, T_EXTRA_BORN] = S[S_TIERSEQ] + 1
                 S[S_TIERSEQ] += 1
             C[s, C_ANN] += 1
+            if S[S_JON]:  # the journal keeps this copy's own token ids (the slot keeps the first's)
+                a = i * bs
+                n_i = min(bs, nt - a) if bs > 0 else 0
+                if n_i < 0:
+                    n_i = 0
+                u = S[S_TOKUSED]
+                for j in range(n_i):
+                    tok[u + j] = ftok[t0 + a + j]
+                S[S_TOKUSED] = u + n_i
+                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
         else:
             S[S_FREE] -= 1
             s = free[S[S_FREE]]
@@ -431,6 +504,9 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
             TI[t, T_HASHES] += 1
             if n_i == 0:
                 TI[t, T_NOTOK] += 1
+            if S[S_JON]:
+                SO[s] = S[S_JSTORES]
+                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
         _om_delete(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, k, w)
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
@@ -440,9 +516,10 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
 @njit(cache=True)
 def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
             dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
-            left):  # pragma: no cover - compiled
+            left, J, SO):  # pragma: no cover - compiled
     """One BlockRemoved (`RemotePool._removed`, not emitting). `group` -1 is None; `left[i]`
-    is set to 1 for each hash that is no longer on the tier after it."""
+    is set to 1 for each hash that is no longer on the tier after it. With the journal
+    on, one row per hash named (held or not: the reference emits a BlockEvicted for each)."""
     maxn = S[S_MAXREM]
     fast = group <= 0  # the reference's fast path: removed_at trimmed once, at the end
     present = TI[t, T_PRESENT]
@@ -450,6 +527,8 @@ def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra
         k = hk[h0 + i]
         w = hw[h0 + i]
         s = _find(tab, K, F, k, w, t) if present else -1
+        if S[S_JON]:
+            _journal_row(J, S, OP_REMOVED, t, s, batch_seq, SO[s] if s >= 0 else -1, k, w)
         if s < 0:
             S[S_UNKNOWN] += 1
             _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
@@ -530,7 +609,7 @@ def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra
 @njit(cache=True)
 def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
-         rawgpu, start, stop_on_remove, seq, ts, left, n):  # pragma: no cover - compiled
+         rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
     Python must handle (or n)."""
@@ -559,7 +638,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
                         break
             r = _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
                        t, rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
-                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts)
+                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO)
             if r == 0:
                 if TI[t, T_MEDIA] == 0 and S[S_MEDIA_FIRST] < 0:
                     S[S_MEDIA_FIRST] = t  # which raw name the dicts meet first (synced after a run)
@@ -568,7 +647,8 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
             if stop_on_remove:
                 return i
             _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                    dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left)
+                    dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left,
+                    J, SO)
         else:
             return i
     return n
@@ -577,7 +657,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
 @njit(cache=True)
 def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, ftok, bounds, seqs, tss,
-                left):  # pragma: no cover - compiled
+                left, J, JS, SO):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
     each (rows, hashes and token ids of all frames concatenated)."""
@@ -589,8 +669,8 @@ def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w,
         if hi > lo:
             _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                  dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
-                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi)
-            if S[S_LIVE] == 0:
+                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO)
+            if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
 
 
@@ -850,6 +930,46 @@ class _CopiesView:
         return len(self) > 0
 
 
+# ---- the journal ----------------------------------------------------------------------
+
+class JournalRows:
+    """Rows `start..stop-1` of a `ColumnarPool`'s journal, as numpy views (see the module
+    docstring): per row `op` (OP_STORED, OP_REMOVED, OP_CLEARED), `tier` (a tier code,
+    `tier_names[code]`; -1 for a clear of every tier), `slot` (-1: no slot held it),
+    `seq` (the vLLM batch), `store` (a stored block's row of the per-store arrays; for a
+    removal the store row of the block it took, -1 when none; for a clear the number of
+    copies it cleared), `key`/`width` (the hash, `pool.hash_of(key, width)`). The
+    per-store arrays, whole (indexed by `store`): `parent`/`parent_width` (width 0: no
+    parent), `token_start`/`token_count` into `tokens`, `tenant` (index + 1 into
+    `pool.tenant_names`, 0: none)."""
+
+    __slots__ = ("pool", "start", "stop", "op", "tier", "slot", "seq", "store", "key", "width", "parent",
+                 "parent_width", "token_start", "token_count", "tenant", "tokens")
+
+    def __init__(self, pool: ColumnarPool, start: int) -> None:
+        self.pool, self.start, self.stop = pool, start, int(pool.S[S_JROWS])
+        J = pool.J[start:self.stop]
+        self.op, self.tier, self.slot, self.seq = J[:, J_OP], J[:, J_TIER], J[:, J_SLOT], J[:, J_SEQ]
+        self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
+        self.key = J[:, J_KEY].view(np.uint64)
+        JS = pool.JS[:int(pool.S[S_JSTORES])]
+        self.parent, self.parent_width = JS[:, JS_PARENT].view(np.uint64), JS[:, JS_PWIDTH]
+        self.token_start, self.token_count, self.tenant = JS[:, JS_TOK0], JS[:, JS_NTOK], JS[:, JS_TENANT]
+        self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def tier_names(self) -> list[str]:
+        return list(_TIER_NAMES)
+
+    def token_ids(self, store: int) -> np.ndarray:
+        """The token ids of stored block `store` (a view of the pool's token array)."""
+        a = int(self.token_start[store])
+        return self.tokens[a:a + int(self.token_count[store])]
+
+
 # ---- the pool -------------------------------------------------------------------------
 
 class ColumnarPool:
@@ -857,8 +977,9 @@ class ColumnarPool:
     module docstring. `events` is accepted for the same constructor, never emitted to."""
 
     def __init__(self, source: str, rank: int = 0, events: Any = None, max_removed: int = 200_000,
-                 server: str = "", capacity: int = 1024) -> None:
+                 server: str = "", capacity: int = 1024, journal: bool = False) -> None:
         self.source, self.rank, self.events, self.server = source, rank, events, server
+        self.journal = bool(journal)
         self.max_removed = max_removed
         self.num_batches = 0
         self.num_cleared = 0
@@ -879,6 +1000,10 @@ class ColumnarPool:
         self.S = np.zeros(NUM_S, np.int64)
         self.S[S_MAXREM] = max_removed
         self.S[S_MEDIA_FIRST] = -1
+        self.S[S_JON] = 1 if journal else 0
+        self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
+        self.JS = np.zeros((1024 if journal else 0, NUM_JS), np.int64)
+        self._journal_taken = 0
         self.SF = np.zeros(2, np.float64)
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
@@ -900,6 +1025,7 @@ class ColumnarPool:
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
         self.S[S_FREE] = cap
         self.tab = np.full(self._table_size(cap), -1, np.int32)
+        self.SO = np.zeros(cap if self.journal else 0, np.int64)  # journal: a slot's store row
 
     @staticmethod
     def _table_size(cap: int) -> int:
@@ -913,7 +1039,7 @@ class ColumnarPool:
         if live + blocks > cap:  # half again as many slots: at most a third of them idle
             new = max(cap + cap // 2, live + blocks + 1024)
             n = cap
-            for name in ("K", "L", "C", "F", "T"):
+            for name in ("K", "L", "C", "F", "T") + (("SO",) if self.journal else ()):
                 old = getattr(self, name)
                 arr = np.zeros((new,) + old.shape[1:], old.dtype)
                 arr[:n] = old
@@ -928,13 +1054,33 @@ class ColumnarPool:
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
             size = max((3 * (live_tok + tokens)) // 2, 1024)
-            if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
-                size = len(self.tok)  # mostly garbage: compact in place of growing
-            out = np.zeros(size, np.uint32)
-            self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.T), out)
+            if self.journal:  # the journal's rows point into the token array: it only grows
+                out = np.zeros(max(2 * len(self.tok), used + tokens + 1024), self.tok.dtype)
+                out[:used] = self.tok[:used]
+            else:
+                if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
+                    size = len(self.tok)  # mostly garbage: compact in place of growing
+                out = np.zeros(size, np.uint32)
+                self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.T), out)
             self.tok = out
         self.removed.reserve(blocks)
         self.departed_map.reserve(blocks)
+        if self.journal:
+            self._journal_reserve(blocks, blocks)
+
+    def _journal_reserve(self, rows: int, stores: int) -> None:
+        r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
+        if r + rows > len(self.J):
+            J = np.zeros((max(2 * len(self.J), r + rows + 1024), NUM_J), np.int64)
+            J[:r] = self.J[:r]
+            self.J = J
+        if o + stores > len(self.JS):
+            JS = np.zeros((max(2 * len(self.JS), o + stores + 1024), NUM_JS), np.int64)
+            JS[:o] = self.JS[:o]
+            self.JS = JS
+
+    def _jn(self) -> tuple:
+        return self.J, self.JS, self.SO
 
     # ---- keys --------------------------------------------------------------------------
 
@@ -1005,12 +1151,12 @@ class ColumnarPool:
         while i < n:
             i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
                      self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
-                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n)
+                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n, *self._jn())
             self._sync()
             if i < n:
                 self._apply_rare(cols, i, rare.get(i), keys, widths, tiers, groups, rawgpu, parents, left)
                 i += 1
-        if self.S[S_LIVE] == 0:
+        if self.S[S_LIVE] == 0 and not self.journal:
             self.S[S_TOKUSED] = 0
         return []
 
@@ -1065,7 +1211,8 @@ class ColumnarPool:
         seqs = np.array([b.seq for b in run], np.int64)
         tss = np.array([b.ts for b in run], np.float64)
         _run_frames(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
-                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, tokens, bounds, seqs, tss, self._left)
+                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, tokens, bounds, seqs, tss, self._left,
+                    *self._jn())
         self._sync()
 
     def _ra(self) -> tuple:
@@ -1160,12 +1307,12 @@ class ColumnarPool:
             if g < 0 and group_idx is not None:
                 g = 0
             _remove(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.S, self.SF, self.TI,
-                    *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left)
+                    *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
             if self.details:
                 for j in np.flatnonzero(left[:nh]).tolist():
                     self.details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
         elif kind == KIND_CLEARED:
-            self._clear(e.medium if e is not None else None)
+            self._clear(e.medium if e is not None else None, cols.seq)
         else:  # a type a newer server added: counted, never fatal
             self.num_unknown_events[e.kind] = self.num_unknown_events.get(e.kind, 0) + 1
 
@@ -1211,7 +1358,8 @@ class ColumnarPool:
         r = _store(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
                    self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
                    self.removed.os, t, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0, np.uint64(pk),
-                   np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts)
+                   np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
+                   *self._jn())
         if r == 1:
             self.S[S_HITS] -= nh  # the loop counts hits without a session; this one names its own
             self.hits_by_session[e.session_id] = self.hits_by_session.get(e.session_id, 0) + nh
@@ -1234,9 +1382,14 @@ class ColumnarPool:
             self.tenants.add(e.cache_salt)
         self.tenants.update(salt_names)
 
-    def _clear(self, medium: str | None) -> None:
+    def _clear(self, medium: str | None, seq: int | None = None) -> None:
         tiers = [tier_of_medium(medium)] if medium is not None else list(self._tier_order())
         batch_seq = self.last_batch_seq or -1
+        if self.journal:  # one row, as the reference emits one CacheReset: the copies it clears
+            self._journal_reserve(1 + self._batch_blocks, 0)  # and room for the rest of the batch's rows
+            num = sum(self.num_cached_in(m) for m in tiers)
+            _journal_row(self.J, self.S, OP_CLEARED, tier_code(tiers[0]) if medium is not None else -1, -1,
+                         batch_seq if seq is None else seq, num, np.uint64(0), 0)
         for m in tiers:
             code = _TIER_CODES.get(m)
             if code is None or not self.TI[code, T_PRESENT]:
@@ -1256,8 +1409,26 @@ class ColumnarPool:
         """Forget every block (the server restarted)."""
         self._revision += 1
         self._cache.clear()
-        self._clear(None)
+        self._clear(None, batch_seq)
         return []
+
+    # ---- the journal -------------------------------------------------------------------
+
+    def take_journal(self) -> JournalRows:
+        """The journal's rows added since the last call (all of them the first time)."""
+        rows = self.journal_since(self._journal_taken)
+        self._journal_taken = rows.stop
+        return rows
+
+    def journal_since(self, row: int) -> JournalRows:
+        """The journal's rows from `row` on (numpy views; they stay valid as it grows)."""
+        if not self.journal:
+            raise ValueError("this pool keeps no journal (make it with journal=True)")
+        return JournalRows(self, max(0, min(int(row), int(self.S[S_JROWS]))))
+
+    def hash_of(self, key: int, width: int) -> bytes:
+        """The hash a (key, width) pair of the journal stands for (an 8-byte value or a digest)."""
+        return self._bytes(int(key), int(width))
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -1455,10 +1626,12 @@ class ColumnarPool:
     @property
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
-        arrays = [self.K, self.L, self.C, self.F, self.T, self.free, self.tab, self.tok, self.S, self.SF, self.TI]
+        arrays = [self.K, self.L, self.C, self.F, self.T, self.free, self.tab, self.tok, self.S, self.SF, self.TI,
+                  self.J, self.JS, self.SO]
         for m in (self.removed, self.departed_map):
             arrays += [m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os]
         return sum(a.nbytes for a in arrays)
 
 
-__all__ = ["ColumnarPool", "ColumnarBlock", "tier_code", "warm_up"]
+__all__ = ["ColumnarPool", "ColumnarBlock", "JournalRows", "tier_code", "warm_up", "OP_STORED", "OP_REMOVED",
+           "OP_CLEARED"]
