@@ -40,7 +40,7 @@ def _reference_state(path: Path) -> PoolState:
     bus = EventBus()
     bus.subscribe(events.append)
     replay(load_trace(path, bs), ReplayConfig(block_size=bs, capacity_blocks=NUM_BLOCKS, seed=0), bus)
-    state = PoolState()
+    state = PoolState(columnar=False)
     state.set_engine({"block_size": bs, "num_blocks": NUM_BLOCKS})
     for i in range(0, len(events), 1000):
         state.apply_events(events[i:i + 1000])
@@ -173,7 +173,7 @@ def _both(tmp_path: Path, name: str) -> tuple[PoolState, PoolState]:
     bus = EventBus()
     bus.subscribe(events.append)
     replay(load_trace(path, bs), ReplayConfig(block_size=bs, capacity_blocks=blocks, seed=0), bus)
-    ref = PoolState()
+    ref = PoolState(columnar=False)
     ref.set_engine({"block_size": bs, "num_blocks": blocks})
     for i in range(0, len(events), 1000):
         ref.apply_events(events[i:i + 1000])
@@ -391,7 +391,7 @@ def test_the_timeline_reduction_keeps_each_bins_extremes_and_the_last_sample():
 
 
 def test_a_live_engine_after_an_opened_trace_gets_an_event_log_again(tmp_path):
-    from engine.core.projection import EventLog
+    from engine.core.live_log import LiveColumnarLog
 
     ref, col = _both(tmp_path, "demo_tokens")
     n = len(col.log)
@@ -401,7 +401,7 @@ def test_a_live_engine_after_an_opened_trace_gets_an_event_log_again(tmp_path):
     with pytest.raises(TypeError, match="read-only"):
         col.log.extend(stale)
     col.set_engine({"block_size": 16, "num_blocks": 40})  # the chat's engine takes over
-    assert isinstance(col.log, EventLog) and len(col.log) == 0
+    assert isinstance(col.log, LiveColumnarLog) and len(col.log) == 0  # a live log, appended to
     col.apply_events(ref.log.events)
     assert [_strip(e) for e in col.log.events] == [_strip(e) for e in ref.log.events]
     assert _blocks(col.projection) == _blocks(ref.projection)

@@ -261,7 +261,8 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | No
     over each event, held equal by tests/test_app_columnar.py); None when `log` is not
     columnar or the filter reads a field the columns do not hold (hashes). With `probe`,
     only whether it can: an empty array or None."""
-    if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS:
+    if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS \
+            or not getattr(log, "columns_answer_filters", True):
         return None
     if probe:
         return np.zeros(0, bool)

@@ -1,10 +1,13 @@
 """The pool state every engine view reads: the event log, the live or scrubbed projection.
 
-`PoolState` listens to the bridge (one batch of events per frame), applies each batch to
-an `engine.core.projection.EventLog`, and tells views once per batch or scrub (`sigChanged`).
+`PoolState` listens to the bridge (one batch of events per frame), appends each batch to
+its columnar log (`engine.core.live_log.LiveColumnarLog`), and tells views once per batch
+or scrub (`sigChanged`); an attached vLLM server's tiers, ranks and ages follow in a
+`RemoteOverlay`.
 An opened trace is adopted whole instead: an `EventLog`, or the kernel's columnar log as an
-`engine.core.columnar_log.ColumnarEventLog` (read-only; `projection` is then an
-`ArrayProjection`). Views read either through the same names.
+`engine.core.columnar_log.ColumnarEventLog` (read-only). `projection` is an
+`ArrayProjection` on a columnar log, a `PoolProjection` on an `EventLog`; views read
+either through the same names.
 Event seq is the one numbering every view uses: "event 120" is `Event.seq == 120`.
 """
 
@@ -18,6 +21,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import Event
+from engine.core.live_log import LiveColumnarLog
 from engine.core.projection import EventLog, PoolProjection
 
 if TYPE_CHECKING:
@@ -59,19 +63,21 @@ class Timing:
 class PoolState(QObject):
     """The projection views draw: live (following new events) or scrubbed to event N.
 
-    `projection` is the live `PoolProjection` or a rebuilt past one; views must treat it as
+    `projection` is the live projection or a rebuilt past one; views must treat it as
     read-only. `sigReset` fires when a new engine replaces the old (views clear caches);
-    `sigChanged` after each applied batch, scrub or timing.
+    `sigChanged` after each applied batch, scrub or timing. With `columnar=False` a live
+    source goes to the Python `EventLog` instead (the reference the tests hold it to).
     """
 
     sigChanged = Signal()
     sigReset = Signal()
 
-    def __init__(self, bridge: Any = None, parent: QObject | None = None) -> None:
+    def __init__(self, bridge: Any = None, parent: QObject | None = None, columnar: bool = True) -> None:
         super().__init__(parent)
         self.bridge = bridge
+        self.columnar = columnar
         self.engine_info: dict[str, Any] = {}
-        self.log = EventLog(0, 16)
+        self.log: EventLog | ColumnarEventLog = LiveColumnarLog(0, 16) if columnar else EventLog(0, 16)
         self.timings: dict[str, Timing] = {}
         self.version = 0  # bumps whenever `projection` changes
         self.last_batch: tuple[int, int] | None = None  # first and last seq of the last batch
@@ -94,11 +100,13 @@ class PoolState(QObject):
 
     def reset(self, num_blocks: int, block_size: int) -> None:
         if self.engine_info.get("remote"):
-            self.log = EventLog(num_blocks, block_size, checkpoint_every=REMOTE_CHECKPOINT_EVENTS,
-                                max_checkpoints=REMOTE_CHECKPOINTS)
+            self.log = LiveColumnarLog(num_blocks, block_size, checkpoint_rows=REMOTE_CHECKPOINT_EVENTS,
+                                       max_checkpoints=REMOTE_CHECKPOINTS) if self.columnar else \
+                EventLog(num_blocks, block_size, checkpoint_every=REMOTE_CHECKPOINT_EVENTS,
+                         max_checkpoints=REMOTE_CHECKPOINTS)
             self.remote = RemoteOverlay()
         else:
-            self.log = EventLog(num_blocks, block_size)
+            self.log = LiveColumnarLog(num_blocks, block_size) if self.columnar else EventLog(num_blocks, block_size)
             self.remote = None
         self.timings = {}
         self.last_batch = None
@@ -112,7 +120,7 @@ class PoolState(QObject):
         """Append one batch to the log; the live projection follows it, a scrubbed one stays."""
         if not events:
             return
-        if getattr(self.log, "columnar_log", False):
+        if getattr(self.log, "columnar_log", False) and not getattr(self.log, "live_log", False):
             # An opened trace's log is read-only and its bus is detached: a batch still in
             # flight from the engine before it belongs to no log shown now.
             return
@@ -122,7 +130,11 @@ class PoolState(QObject):
             events = [e for e in events if e.seq > last]
             if not events:
                 return
-        if self.remote is not None:
+        if self.remote is not None and getattr(self.log, "live_log", False):
+            first_row = self.log.columnar.num_rows
+            self.log.extend(events)
+            self.remote.observe(events, self.log.live, self.log.blocks_of_rows(first_row))
+        elif self.remote is not None:
             self.remote.before(events, self.log.live)
             self.log.extend(events)
             self.remote.observe(events, self.log.live)

@@ -128,6 +128,7 @@ class ColumnarEventLog:
     """A read-only event log over a `ColumnarLog` (see the module docstring)."""
 
     columnar_log = True  # views test for this to take their array paths
+    columns_answer_filters = True  # app.runtime.selection may match a filter on the columns
 
     def __init__(self, log: ColumnarLog, time: float = 0.0) -> None:
         self.columnar = log

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.columnar import CHECKPOINT_BYTES, OTHER, REF, REFUSED, RESET, ColumnarLog
+from engine.core.columnar import CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
 )
@@ -64,7 +64,8 @@ class LiveColumnarLog(ColumnarEventLog):
 
     live_log = True
 
-    def __init__(self, num_blocks: int = 0, block_size: int = 16, checkpoint_rows: int | None = None) -> None:
+    def __init__(self, num_blocks: int = 0, block_size: int = 16, checkpoint_rows: int | None = None,
+                 max_checkpoints: int = 64) -> None:
         if num_blocks < 0:
             raise ValueError(f"a pool cannot have {num_blocks} blocks")
         if block_size < 1:
@@ -88,6 +89,8 @@ class LiveColumnarLog(ColumnarEventLog):
         self._hist = np.zeros(2, np.int64)
         self._acc = np.zeros(6, np.int64)
         col.checkpoint_rows = checkpoint_rows or max(FIRST_CHECKPOINT_ROWS, num_blocks)
+        self.max_checkpoints = max(2, max_checkpoints)
+        self.columns_answer_filters = True  # until a row the filter's columns do not describe
         col._cp_rows = [0]
         col._cp_states = [self._live_arrays]
 
@@ -142,6 +145,13 @@ class LiveColumnarLog(ColumnarEventLog):
     def warm(self) -> None:  # a live log is built as it goes
         pass
 
+    def blocks_of_rows(self, start: int) -> list[int]:
+        """The slot of every stored and removed row from row `start` on (-1: none), in row
+        order: one per `BlockStored` and `BlockEvicted` (what `RemoteOverlay` follows)."""
+        col = self.columnar
+        kind = col.col("kind")[start:]
+        return col.col("block")[start:][(kind == STORED) | (kind == EVICTED)].tolist()
+
     # ------------------------------------------------------------------ appending
     def append(self, event: Event) -> None:  # type: ignore[override]
         self.extend((event,))
@@ -173,6 +183,10 @@ class LiveColumnarLog(ColumnarEventLog):
         self._times.extend(times)
         self._refusals.extend(seqs[kinds == REFUSED])
         self._resets.extend(seqs[kinds == RESET])
+        if self.columns_answer_filters and (col.has_remote_rows or int(kinds.max()) >= RESET):
+            # tiers, ranks and servers of a remote pool, resets and other engines' events
+            # are matched on the events (app.runtime.selection), not on these columns
+            self.columns_answer_filters = False
         self._series_on(r0, ends)
         self._live_arrays = col._advance(self._live_arrays, r0, r1)
         col._head_marks[r1] = col._head_count(r1)
@@ -211,7 +225,7 @@ class LiveColumnarLog(ColumnarEventLog):
             states.append(col._advance(states[-1], rows[-1], pos))
             col._head_marks[pos] = col._head_count(pos)
             rows.append(pos)
-            most = max(2, min(64, CHECKPOINT_BYTES // (16 * max(1, col.num_blocks))))
+            most = max(2, min(self.max_checkpoints, CHECKPOINT_BYTES // (16 * max(1, col.num_blocks))))
             if len(rows) > most:
                 col._cp_rows, col._cp_states = rows[::2], states[::2]
                 rows, states = col._cp_rows, col._cp_states

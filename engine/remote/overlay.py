@@ -1,7 +1,8 @@
 """What a remote vLLM pool adds to the projection: the tier, rank and store time of each slot.
 
-`PoolProjection` places each remote copy of a block (vLLM names hashes, never block ids)
-in a slot of its own; `RemoteOverlay` keeps, per slot, what the views need beyond that in
+`PoolProjection` (or the app's live columnar log, `engine.core.live_log`) places each
+remote copy of a block (vLLM names hashes, never block ids) in a slot of its own;
+`RemoteOverlay` keeps, per slot, what the views need beyond that in
 numpy arrays (so a million-block pool colours in a few milliseconds), plus the per-second
 rates and block lifetimes of the timelines and metrics. Qt-free; `app.runtime.state.PoolState`
 feeds it.
@@ -13,7 +14,7 @@ import math
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -132,12 +133,16 @@ class RemoteOverlay:
         frees in this batch (a hash can have several copies, so its hash does not say)."""
         projection.remote_slots = []
 
-    def observe(self, events: Iterable[Event], projection: PoolProjection) -> None:
-        """Record a batch the projection has just applied (call `before` first)."""
+    def observe(self, events: Iterable[Event], projection: PoolProjection | Any,
+                slots: list[int] | None = None) -> None:
+        """Record a batch the projection has just applied: call `before` first, or give
+        `slots`, the slot each BlockStored and BlockEvicted took or freed (-1: none), as a
+        columnar log's rows name them (`LiveColumnarLog.blocks_of_rows`)."""
         self.revision += 1
         self._grow(projection.num_blocks)
-        slots = projection.remote_slots or []
-        projection.remote_slots = None
+        if slots is None:
+            slots = projection.remote_slots or []
+            projection.remote_slots = None
         tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
         removed, touched = self._removed, self._touched
         add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append

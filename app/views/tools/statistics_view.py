@@ -169,7 +169,9 @@ class StatisticsView(PanelView):
             return
         self._busy, self._again = True, False
         log = self.state.log
-        if getattr(log, "columnar_log", False):  # an opened trace: the whole log, from its columns
+        if getattr(log, "columnar_log", False) and not getattr(log, "live_log", False):
+            # an opened trace: the whole log, from its columns (a live log, appended to while
+            # a worker would read it, counts its last MAX_EVENTS events below, as before)
             keep = shared.match_mask().copy() if shared.active else None
             matched = len(log) if keep is None else int(keep[:len(log)].sum())
             self.ctx.worker.submit(_columnar_statistics_job, log, keep, matched, len(log), self._decode(),
