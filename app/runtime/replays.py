@@ -58,7 +58,7 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
     """Worker-thread job: replay a trace on the compiled kernel where it can run it and
     wrap its columnar log (series and live state computed here, off the GUI thread); the
     Python engine otherwise, its events built into an `EventLog`. Returns the result dict
-    and the log. Cancel is checked after the replay (the kernel's log is whole or nothing)
+    (settings and totals; the per-request rows are the log's, not repeated) and the log. Cancel is checked after the replay (the kernel's log is whole or nothing)
     and between chunks of an `EventLog`: `ReplayCancelled` carries the part built.
     `capacity_blocks` None sizes the pool to the trace (`capacity_of`) once it is read."""
     from engine.core.columnar_log import ColumnarEventLog
@@ -78,28 +78,37 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
         from engine.kernel.replay import prepare, replay_kernel, unsupported_reason
     except ImportError:  # numba missing: the Python engine runs everything
         prepare = None
-    if prepare is not None:
-        arrays = prepare(requests, block_size)
+    if prepare is not None and unsupported_reason(ReplayConfig(block_size=block_size, capacity_blocks=1)) is None:
+        # Each request's ids go into the arrays as it is read and the request is kept
+        # without them: the parsed trace's id tuples never all live at once.
+        arrays = prepare(requests, block_size, keep_content=False)
         requests = arrays.requests
-    elif capacity_blocks is None:
-        requests = list(requests)  # sized before the replay starts
-    if capacity_blocks is None:
-        capacity_blocks = capacity_of(requests, block_size)
-    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
-    log = EventLog(capacity_blocks, block_size)
-    if prepare is not None:
+        _release_freed_memory()
+        if capacity_blocks is None:
+            capacity_blocks = capacity_of(requests, block_size)
+        config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
         if unsupported_reason(config, arrays) is None:
             run = replay_kernel(arrays, config, record=True, source=str(path))
             assert run.log is not None
             check()
-            result = run.result
-            columnar = ColumnarEventLog(run.log, time=time.time())
+            # The views read the log; the result is the settings and totals (its per-request
+            # rows, a dict each, would be the largest thing kept for a 1M-request trace).
+            result = run.result.to_dict(with_requests=False)
+            recorded = run.log
+            del arrays, requests, run  # before the series and indexes are built in their place
+            _release_freed_memory()
+            columnar = ColumnarEventLog(recorded, time=time.time())
             columnar.warm()  # series, live state, indexes: here, on the worker, not on the first paint
-            del arrays, requests, run
             _release_freed_memory()
             check()
-            result.config["trace"] = str(path)
-            return result.to_dict(), columnar
+            result["config"]["trace"] = str(path)
+            return result, columnar
+        requests = read_trace(path, block_size)  # the Python engine needs the ids the arrays took
+    requests = list(requests)
+    if capacity_blocks is None:
+        capacity_blocks = capacity_of(requests, block_size)
+    config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
+    log = EventLog(capacity_blocks, block_size)
     # the Python engine, the reference
     collected: list = []
     bus = EventBus()
@@ -121,7 +130,7 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
             check()
     log.extend(chunk)
     result.config["trace"] = str(path)
-    return result.to_dict(), log
+    return result.to_dict(with_requests=False), log
 
 
 def _release_freed_memory() -> None:

@@ -11,12 +11,13 @@ reference; `tests/test_kernel.py` holds the two equal.
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-from engine.core.columnar import MISS_REASONS, ColumnarLog, KeyTable, RequestTable
+from engine.core.columnar import COLUMNS, MISS_REASONS, ColumnarLog, KeyTable, RequestTable
 from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.hashing import SERVER_HASHES, VLLM_HASHES, BlockHasher
 from engine.core.pool_state import Counters
@@ -69,55 +70,60 @@ class TraceArrays:
         return int(self.nfull.sum())
 
 
-def prepare(requests: Iterable[TraceRequest], block_size: int) -> TraceArrays:
+def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: bool = True) -> TraceArrays:
+    """The trace as the kernel reads it, one request at a time from `requests`.
+
+    With `keep_content=False`, `TraceArrays.requests` keeps each request without its token
+    ids or hash ids (both None: `slim`), which the arrays now hold: a trace read lazily
+    (`read_trace`) then never has all its Python id tuples alive at once (a token id is 36
+    bytes as a Python int in a tuple, 4 in the arrays). Such arrays replay on the kernel
+    only; `engine.core.replay.replay` needs the ids."""
     t0 = time.perf_counter()
-    reqs = list(requests)
-    n = len(reqs)
     bs = block_size
-    nprompt = np.empty(n, np.int64)
-    kvout = np.empty(n, np.int64)
-    salt = np.empty(n, np.int32)
-    model = np.empty(n, np.int32)
+    reqs: list[TraceRequest] = []
+    nprompt, kvout, counts = array("q"), array("q"), array("q")
+    salt, model, uid, nfull = array("i"), array("i"), array("i"), array("i")
+    kind = array("B")
     model_ids: dict[str | None, int] = {None: -1}
-    kind = np.empty(n, np.uint8)
-    uid = np.empty(n, np.int32)
-    nfull = np.empty(n, np.int32)
-    counts = np.empty(n, np.int64)
     salt_ids: dict[str | None, int] = {None: -1}
     uids: dict[str, int] = {}
     ext_parts: list[np.ndarray] = []
     token_parts: list[np.ndarray] = []
-    part_kind: list[int] = []
-    for i, tr in enumerate(reqs):
-        nprompt[i] = tr.input_length
+    for tr in requests:
+        nprompt.append(tr.input_length)
         kv = max(tr.output_length - 1, 0)
-        kvout[i] = kv
+        kvout.append(kv)
         s = salt_ids.get(tr.tenant)
         if s is None:
             s = salt_ids[tr.tenant] = len(salt_ids) - 1
-        salt[i] = s
+        salt.append(s)
         m = model_ids.get(tr.model)
         if m is None:
             m = model_ids[tr.model] = len(model_ids) - 1
-        model[i] = m
+        model.append(m)
         u = uids.get(tr.id)
         if u is None:
             u = uids[tr.id] = len(uids)
-        uid[i] = u
-        nfull[i] = tr.input_length // bs
+        uid.append(u)
+        full = tr.input_length // bs
+        nfull.append(full)
         if tr.tokens is not None:
-            kind[i] = KIND_TOKENS
+            kind.append(KIND_TOKENS)
             seq = tr.tokens + (tr.output_tokens or ())[:kv]
             nb = len(seq) // bs
             token_parts.append(np.asarray(seq[:nb * bs], np.uint32))
-            counts[i] = nb
-            part_kind.append(KIND_TOKENS)
+            counts.append(nb)
         else:
-            kind[i] = KIND_EXTERNAL
-            ids = (tr.hash_ids or ())[:nfull[i]]
+            kind.append(KIND_EXTERNAL)
+            ids = (tr.hash_ids or ())[:full]
             ext_parts.append(np.asarray(ids, np.uint64).view(np.int64))
-            counts[i] = len(ids)
-            part_kind.append(KIND_EXTERNAL)
+            counts.append(len(ids))
+        reqs.append(tr if keep_content else slim(tr))
+    n = len(reqs)
+    nprompt, kvout, counts = (np.frombuffer(a, np.int64).copy() for a in (nprompt, kvout, counts))
+    salt, model, uid, nfull = (np.frombuffer(a, np.int32).copy() for a in (salt, model, uid, nfull))
+    kind = np.frombuffer(kind, np.uint8).copy()
+    part_kind = kind.tolist()
     koff = np.zeros(n + 1, np.int64)
     np.cumsum(counts, out=koff[1:])
     items = np.empty(int(koff[-1]), np.int64)
@@ -146,6 +152,12 @@ def prepare(requests: Iterable[TraceRequest], block_size: int) -> TraceArrays:
     models = [name for name, mid in sorted(model_ids.items(), key=lambda x: x[1]) if mid >= 0]
     return TraceArrays(reqs, nprompt, kvout, salt, model, kind, uid, koff, nfull, items, content, salts, models,
                        len(uids), time.perf_counter() - t0)
+
+
+def slim(tr: TraceRequest) -> TraceRequest:
+    """`tr` without its token ids and hash ids: what a replay's rows and errors read."""
+    return TraceRequest(tr.index, tr.line, tr.id, tr.tenant, None, None, None, tr.input_length, tr.output_length,
+                        tr.timestamp, tr.model)
 
 
 @dataclass(slots=True)
@@ -200,9 +212,22 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
         key_table = KeyTable(k_parent, k_item, k_tag, arrays.content, arrays.salts, hasher, bs, arrays.models)
         req_table = RequestTable([tr.id for tr in reqs], arrays.salts, arrays.salt, arrays.nprompt, keys,
                                  arrays.koff, arrays.nfull)
-        log = ColumnarLog.from_columns(config.capacity_blocks, bs, [col[:n_rows] for col in cols], key_table,
+        columns: list[np.ndarray | None] = list(cols)
+        del cols
+        log = ColumnarLog.from_columns(config.capacity_blocks, bs, _own_rows(columns, int(n_rows)), key_table,
                                        req_table, c, int(n_seq))
     return KernelReplay(result, log, arrays.num_blocks, arrays.prepare_s, t1 - t0, t2 - t1)
+
+
+def _own_rows(columns: list[np.ndarray | None], n_rows: int) -> list[np.ndarray]:
+    """The kernel's record columns cut to their `n_rows` rows, each copied and its grown
+    buffer dropped before the next is copied (`columns` is emptied): at most one column's
+    buffer stands beside the log's rows, not all nine (a 7M-row log's are 0.6 GB)."""
+    out = []
+    for i, (_, dtype) in enumerate(COLUMNS):
+        out.append(np.array(columns[i][:n_rows], dtype=dtype))
+        columns[i] = None
+    return out
 
 
 def served_rows(reqs: Sequence[TraceRequest], cached, computed, reason, first, div,
