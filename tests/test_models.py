@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -84,6 +85,13 @@ def test_missing_paths_and_uncached_hub_ids(private_cache):
         load_model("cachescope-tests/no-such-model")
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the 540 MB of weights, without writing them again
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 @pytest.mark.slow
 @pytest.mark.model
 def test_a_damaged_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
@@ -97,6 +105,55 @@ def test_a_damaged_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
     (folder / "model").mkdir()
     shutil.copy(real / "model" / "config.json", folder / "model" / "config.json")
     (folder / "model" / "model.safetensors").write_bytes(b"\x00" * 1000)  # as after a crash or a bad disk
+    tokenizer_before = (folder / "tokenizer").stat().st_ino
     loaded = load_model(str(gguf))
     assert loaded.num_layers == 30
     assert (folder / "model" / "model.safetensors").stat().st_size > 100_000_000
+    # only the part that failed to load is converted again: the tokenizer folder is the same one
+    assert (folder / "tokenizer").stat().st_ino == tokenizer_before
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_a_damaged_tokenizer_in_the_cache_is_redone_and_the_weights_kept(tmp_path, monkeypatch):
+    real = _converted_dir(default_gguf_path())
+    monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "smol.gguf"
+    shutil.copy(default_gguf_path(), gguf)
+    folder = _converted_dir(gguf)
+    shutil.copytree(real / "model", folder / "model", copy_function=_link_or_copy)
+    shutil.copytree(real / "tokenizer", folder / "tokenizer")
+    (folder / "tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": ')  # cut short
+    weights_before = (folder / "model").stat().st_ino
+    loaded = load_model(str(gguf))
+    assert loaded.num_layers == 30
+    text = "Cachescope shows what the KV cache holds."
+    assert loaded.tokenizer(text)["input_ids"] == load_tokenizer()(text)["input_ids"]
+    assert json.loads((folder / "tokenizer" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+    assert (folder / "model").stat().st_ino == weights_before
+
+
+def test_a_conversion_under_way_elsewhere_is_waited_for_and_cancellable(private_cache):
+    """Another process converting the same GGUF holds its lock: this load waits (saying so
+    through progress, where Cancel can stop it) instead of converting it a second time."""
+    import fcntl
+
+    from engine.model import loader
+
+    gguf = private_cache / "smol.gguf"
+    shutil.copy(default_gguf_path(), gguf)
+    folder = _converted_dir(gguf)
+    folder.parent.mkdir(parents=True)
+    steps = []
+
+    def progress(text: str, fraction: float) -> None:
+        steps.append(text)
+        if len(steps) == 3:
+            raise loader.LoadCancelled("cancelled")
+
+    with open(folder.parent / f"{folder.name}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(loader.LoadCancelled):
+            load_model(str(gguf), progress=progress)
+    assert steps == [f"waiting for another cachescope to convert {gguf.name}"] * 3
+    assert not folder.exists(), "nothing was converted while the other process held the lock"

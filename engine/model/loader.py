@@ -11,9 +11,11 @@ import os
 import shutil
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from engine.core.errors import InputError
 
@@ -116,16 +118,17 @@ def _check_gguf(path: Path) -> None:
         raise InputError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
     if magic != b"GGUF":
         raise InputError(f"{path}: not a GGUF model file (it does not start with the GGUF signature)")
-    from gguf import GGUFReader
+    from engine.model.gguf_check import GGUFDamaged, read_table
 
     try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # the reader raises ValueError/IndexError/struct.error on damage
-        raise InputError(f"{path}: the GGUF file is truncated or corrupt ({_short(exc)})") from None
-    if not reader.tensors:
+        table = read_table(path)
+    except GGUFDamaged as exc:
+        raise InputError(f"{path}: the GGUF file is truncated or corrupt ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the model file ({exc.strerror or exc})") from None
+    if not table.num_tensors:
         raise InputError(f"{path}: the GGUF file holds no tensors")
-    last = max(reader.tensors, key=lambda t: int(t.data_offset) + int(t.n_bytes))
-    if int(last.data_offset) + int(last.n_bytes) > path.stat().st_size:
+    if table.data_end > path.stat().st_size:
         raise InputError(f"{path}: the GGUF file is truncated (its tensors run past the end of the file)")
 
 
@@ -161,29 +164,70 @@ def _save_and_publish(save: Callable[[str], Any], final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextmanager
+def _conversion_lock(path: Path, progress: Progress, fraction: float) -> Iterator[None]:
+    """Hold the conversion lock of `path` (a file beside its cache folder), so a second
+    process or thread that starts at the same moment waits for the first one's conversion
+    instead of doing it again. The wait goes through `progress`, so Cancel still stops it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): both convert, and _publish keeps the first
+        yield
+        return
+    folder = _converted_dir(path)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "a") as fh:  # closing it releases the lock
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                progress(f"waiting for another cachescope to convert {path.name}", fraction)
+                time.sleep(0.2)
+        yield
+
+
+def _tokenizer_ready(folder: Path) -> bool:
+    return (folder / "tokenizer_config.json").is_file()
+
+
+def _weights_ready(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
 def _gguf_tokenizer_dir(path: Path, progress: Progress) -> Path:
     """The GGUF's tokenizer saved as a Hugging Face tokenizer (reading it from GGUF takes ~10 s)."""
     final = _converted_dir(path) / "tokenizer"
-    if (final / "tokenizer_config.json").is_file():
+    if _tokenizer_ready(final):
         return final
     _check_gguf(path)
-    from transformers import AutoTokenizer
+    with _conversion_lock(path, progress, 0.02):
+        if _tokenizer_ready(final):  # converted by another process while this one waited
+            return final
+        from transformers import AutoTokenizer
 
-    progress(f"reading the tokenizer of {path.name} (once)", 0.02)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as exc:
-        raise InputError(f"{path}: cannot read the tokenizer from this GGUF file ({_short(exc)})") from None
-    _save_and_publish(tokenizer.save_pretrained, final)
+        progress(f"reading the tokenizer of {path.name} (once)", 0.02)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as exc:
+            raise InputError(f"{path}: cannot read the tokenizer from this GGUF file ({_short(exc)})") from None
+        _save_and_publish(tokenizer.save_pretrained, final)
     return final
 
 
 def _gguf_model_dir(path: Path, progress: Progress) -> Path:
     """De-quantise the GGUF to float32 safetensors once; later calls return the cached folder."""
     final = _converted_dir(path) / "model"
-    if (final / "config.json").is_file() and any(final.glob("*.safetensors")):
+    if _weights_ready(final):
         return final
     _check_gguf(path)
+    with _conversion_lock(path, progress, 0.05):
+        if not _weights_ready(final):  # else converted by another process while this one waited
+            _convert_weights(path, final, progress)
+    return final
+
+
+def _convert_weights(path: Path, final: Path, progress: Progress) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -198,7 +242,22 @@ def _gguf_model_dir(path: Path, progress: Progress) -> Path:
         del model.config.quantization_config
     progress("saving safetensors", 0.75)
     _save_and_publish(model.save_pretrained, final)
-    return final
+
+
+def _discard_damaged(path: Path, folder: Path, seen: tuple[int, int] | None, progress: Progress) -> None:
+    """Remove the converted `folder` that failed to load, unless another process has
+    replaced it meanwhile (then that one's conversion is the one to load)."""
+    with _conversion_lock(path, progress, 0.05):
+        if _identity(folder) == seen:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    try:
+        st = folder.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def load_tokenizer(model: str | os.PathLike | None = None) -> Any:
@@ -290,8 +349,12 @@ def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> Lo
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading converted weights takes about a second; no bar
+    loading = tokenizer_location
+    seen = _identity(Path(loading))
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_location)
+        loading = weights_location
+        seen = _identity(Path(loading))
         net = AutoModelForCausalLM.from_pretrained(weights_location, dtype=torch.float32)
     except InputError:
         raise
@@ -299,8 +362,9 @@ def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> Lo
         if source.kind == "hub":
             raise InputError(_hub_message(source, exc)) from None
         if source.kind == "gguf" and not _retried:
-            # A damaged conversion in the cache is ours to redo, not the user's problem.
-            shutil.rmtree(_converted_dir(Path(source.location)), ignore_errors=True)
+            # A damaged conversion in the cache is ours to redo, not the user's problem: the
+            # part that failed to load (tokenizer or weights) is converted again.
+            _discard_damaged(Path(source.location), Path(loading), seen, progress)
             return _load(source, progress, _retried=True)
         raise InputError(f"{source.location}: cannot load this model ({_short(exc)})") from None
     net.eval()
