@@ -443,3 +443,47 @@ def test_the_journal_comparison_can_fail():
     ref_events, _ = _reference_events(frames, 200_000, 0)
     got, _ = _journal_events(frames[:-1], 200_000, 0, 1)
     assert got != ref_events
+
+
+def test_a_columnar_attachment_holds_frames_and_applies_them_many_at_once():
+    """Nobody listening per batch: a columnar stream holds what arrives and applies runs
+    of it at once (at idle, or every HOLD_FRAMES); through a real ZMQ socket, 400 frames
+    published as fast as they go give the pool of applying them one by one."""
+    import zmq
+    from test_vllm_attach import free_ports, wait_for, wait_for_subscriber
+
+    from engine.bench.attach import recorded_stream
+    from engine.remote import AttachOptions, Attachment
+    from engine.remote.attachment import HOLD_FRAMES
+
+    payloads, _, _ = recorded_stream(4_000, gpu_blocks=600, seed=9)
+    payloads = payloads[:400]
+    one = ColumnarPool("t")
+    for seq, p in enumerate(payloads):
+        one.apply(fastwire.decode_columns(seq, p))
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    port = free_ports()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    att = Attachment(AttachOptions((f"tcp://127.0.0.1:{port}",), columnar=True, max_removed=200_000))
+    runs: list[int] = []
+    try:
+        att.start()
+        pool = att.pools[0]
+        real = pool.apply_many
+        pool.apply_many = lambda batches: (runs.append(len(batches)), real(batches))[1]
+        wait_for_subscriber(pub)
+        for seq, p in enumerate(payloads):
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), p])
+        wait_for(lambda: att.pools[0].num_batches == len(payloads), timeout=30)
+        with att.lock:
+            got = state(att.pools[0])
+            health = att.health()[0]
+    finally:
+        att.stop()
+        pub.close(linger=0)
+    assert health.batches == len(payloads) and health.missed == 0
+    assert sum(runs) == len(payloads) and max(runs) <= HOLD_FRAMES
+    assert max(runs) > 1  # frames were applied many at once
+    assert got == state(one)

@@ -7,12 +7,22 @@ health and notices through plain callbacks. A bound endpoint (llm-d's centralize
 gets one more stream and pool per topic `kv@<pod>@<model>` as pods appear. `fleet()` is
 every server's pools as an `engine.remote.fleet.Fleet`. The app wraps it in Qt signals;
 the CLI prints. No Qt.
+
+Columnar pools (`AttachOptions(columnar=True)`) with nobody listening per batch
+(`on_batch` None) hold each stream's decoded batches and apply them many at once
+(`ColumnarPool.apply_many`: one compiled call per run): when the stream has no frame
+queued any more (the subscriber's `on_idle`), when HOLD_FRAMES batches or HOLD_BYTES of
+frames are held or the oldest has waited HOLD_SECONDS, and always before a restart or a
+notice of that stream is handled, so the pool sees every batch in order and a notice
+finds the pool as it was when the notice came. A reader under `lock` may thus see a
+stream's last few batches (at most those bounds) not applied yet while frames keep coming.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +36,38 @@ from engine.remote.subscriber import (
 from engine.remote.wire import VllmBatch
 
 MAX_DATA_PARALLEL = 1024
+HOLD_FRAMES = 64  # batches a columnar stream holds at most before applying them
+HOLD_BYTES = 4 << 20  # frame bytes held at most
+HOLD_SECONDS = 0.002  # the longest a held batch waits while frames keep coming
+
+
+class _Held:
+    """The decoded batches of one columnar stream not applied yet; touched only on the
+    thread of that stream's subscriber (a demuxed stream's: its socket's), applied under
+    the attachment's lock."""
+
+    __slots__ = ("pool", "lock", "batches", "nbytes", "since")
+
+    def __init__(self, pool: Any, lock: threading.RLock) -> None:
+        self.pool, self.lock = pool, lock
+        self.batches: list[Any] = []
+        self.nbytes = 0
+        self.since = 0.0
+
+    def add(self, batch: Any) -> None:
+        if not self.batches:
+            self.since = time.monotonic()
+        self.batches.append(batch)
+        self.nbytes += len(batch.payload or b"")
+        if len(self.batches) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES \
+                or time.monotonic() - self.since >= HOLD_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batches:
+            batches, self.batches, self.nbytes = self.batches, [], 0
+            with self.lock:
+                self.pool.apply_many(batches)
 
 
 @dataclass(slots=True, frozen=True)
@@ -177,13 +219,15 @@ class Attachment:
             for spec in self.options.streams():
                 pool = self._pool_class()(spec.name, spec.rank, self.events, self.options.max_removed,
                                           server=spec.server)
+                held = self._held_of(pool)
                 sub = VllmSubscriber(
-                    spec.endpoint, self._batch_handler(pool), replay_endpoint=spec.replay_endpoint,
+                    spec.endpoint, self._batch_handler(pool, held), replay_endpoint=spec.replay_endpoint,
                     topic=self.options.topic, bind=self.options.bind, rank=spec.rank, source=spec.name,
-                    on_restart=self._restart_handler(pool), on_notice=self._notice_handler(pool),
+                    on_restart=self._restart_handler(pool, held), on_notice=self._notice_handler(pool, held),
                     on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
                     max_frame_bytes=self.options.max_frame_bytes,
-                    demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder())
+                    demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder(),
+                    on_idle=held.flush if held is not None else None)
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -236,7 +280,15 @@ class Attachment:
 
     # ---- callbacks from subscriber threads ---------------------------------------------
 
-    def _batch_handler(self, pool: RemotePool) -> Callable[[VllmBatch], None]:
+    def _held_of(self, pool: Any) -> _Held | None:
+        """Where a columnar stream holds its batches, or None: applied one by one (the
+        reference pools, or someone listens per batch)."""
+        return _Held(pool, self.lock) if self.options.columnar and self.on_batch is None else None
+
+    def _batch_handler(self, pool: RemotePool, held: _Held | None = None) -> Callable[[VllmBatch], None]:
+        if held is not None:
+            return held.add
+
         def on_batch(batch: VllmBatch) -> None:
             with self.lock:
                 events = pool.apply(batch)
@@ -255,12 +307,13 @@ class Attachment:
             name = f"{pod} rank {spec.rank}" if many else pod
             with self.lock:
                 pool = self._pool_class()(name, spec.rank, self.events, self.options.max_removed, server=pod)
+                held = self._held_of(pool)
                 sub = VllmSubscriber(
-                    spec.endpoint, self._batch_handler(pool), topic=topic.decode("utf-8", "replace"), bind=True,
-                    rank=spec.rank, source=name, on_restart=self._restart_handler(pool),
-                    on_notice=self._notice_handler(pool), on_health=self._health_handler(),
+                    spec.endpoint, self._batch_handler(pool, held), topic=topic.decode("utf-8", "replace"),
+                    bind=True, rank=spec.rank, source=name, on_restart=self._restart_handler(pool, held),
+                    on_notice=self._notice_handler(pool, held), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
-                    socket=False, decode=self._decoder())
+                    socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None)
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)
@@ -269,16 +322,20 @@ class Attachment:
             return sub
         return make
 
-    def _restart_handler(self, pool: RemotePool) -> Callable[[int], None]:
+    def _restart_handler(self, pool: RemotePool, held: _Held | None = None) -> Callable[[int], None]:
         def on_restart(seq: int) -> None:
+            if held is not None:
+                held.flush()  # the batches before the restart, then the reset
             with self.lock:
                 events = pool.reset(seq)
                 if self.on_batch is not None and events:
                     self.on_batch(pool, VllmBatch(seq, 0.0, ()), events)
         return on_restart
 
-    def _notice_handler(self, pool: RemotePool) -> Callable[[str, str], None]:
+    def _notice_handler(self, pool: RemotePool, held: _Held | None = None) -> Callable[[str, str], None]:
         def on_notice(kind: str, message: str) -> None:
+            if held is not None:
+                held.flush()  # a notice finds the pool with every batch before it
             if self.on_notice is not None:
                 with self.lock:
                     self.on_notice(pool, kind, message)
