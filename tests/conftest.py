@@ -10,6 +10,14 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 # ---------------------------------------------------------------- the `model` marker
@@ -37,6 +45,8 @@ def pytest_configure(config):
 
     loader._load = counting(loader._load)
     semantic_cache.Embedder.__init__ = counting(semantic_cache.Embedder.__init__)
+    if _is_xdist_controller(config):
+        _start_numba_warmup(config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,6 +67,68 @@ def pytest_runtest_teardown(item, nextitem):
     if loaded and item.get_closest_marker("model") is None:
         raise AssertionError(f"{item.nodeid} loads a model but has no @pytest.mark.model: "
                              "-m 'not model' would not be model-free")
+
+
+# ---------------------------------------------------------------- numba, compiled once a run
+# Under pytest-xdist the controller compiles the engine's numba functions into numba's disk
+# cache (tests/_warmup.py, in one subprocess) while the workers start and collect, and each
+# worker waits for it before its first test: a fresh clone compiles them once, not once per
+# worker at the same moment. A warm cache makes it a 2-second load.
+_WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the file the warm-up writes when it ends
+_WARMUP_WAIT_S = 600.0
+_WARMUP_KEY = pytest.StashKey[tuple]()  # controller: (process, done file, folder)
+
+
+def _is_xdist_controller(config) -> bool:
+    return (not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+            and bool(getattr(config.option, "tx", None)) and not config.getoption("collectonly"))
+
+
+def _start_numba_warmup(config) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="cachescope-warmup-"))
+    done = folder / "done"
+    with open(folder / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_warmup.py")), str(done)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(config.rootpath))
+
+    def reap() -> None:  # a crash writes no file itself: say so, so no worker waits in vain
+        code = proc.wait()
+        if not done.exists():
+            done.write_text(f"failed: exit status {code}\n")
+
+    threading.Thread(target=reap, name="numba-warmup-reaper", daemon=True).start()
+    os.environ[_WARMUP_ENV] = str(done)  # the workers are spawned after configure: they inherit it
+    config.stash[_WARMUP_KEY] = (proc, done, folder)
+
+
+def pytest_collection_finish(session):
+    done = os.environ.get(_WARMUP_ENV)
+    if done is None or not hasattr(session.config, "workerinput"):
+        return
+    deadline = time.monotonic() + _WARMUP_WAIT_S
+    while not Path(done).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    started = config.stash.get(_WARMUP_KEY, None)
+    if started is not None:
+        status = started[1].read_text().strip() if started[1].exists() else "still running"
+        terminalreporter.write_line(f"numba cache warm-up (tests/_warmup.py): {status.splitlines()[0]}")
+        if not status.startswith("ok"):
+            terminalreporter.write_line((started[2] / "log").read_text()[-3000:])
+
+
+def pytest_unconfigure(config):
+    started = config.stash.get(_WARMUP_KEY, None)
+    if started is None:
+        return
+    proc, _done, folder = started
+    if proc.poll() is None:  # an interrupted run: the warm-up is ours to stop
+        proc.terminate()
+        proc.wait(timeout=30)
+    os.environ.pop(_WARMUP_ENV, None)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- shared model fixtures
