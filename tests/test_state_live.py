@@ -156,3 +156,14 @@ def test_a_recorded_server_through_the_state():
     col, ref = _pair({"block_size": 16, "num_blocks": 0, "remote": True, "model": "vLLM test"})
     _play(col, ref, events, 50)
     assert np.array_equal(col.remote.codes(col.projection), ref.remote.codes(ref.projection))
+
+
+def test_the_app_path_measurement_runs_both_logs_on_the_same_stream():
+    from app.runtime.live_path import app_path_rate
+
+    ref = app_path_rate(3_000, columnar=False, gpu_blocks=500, frames_per_tick=16)
+    col = app_path_rate(3_000, columnar=True, gpu_blocks=500, frames_per_tick=16)
+    assert (ref["log"], col["log"]) == ("EventLog", "LiveColumnarLog")
+    assert col["vllm_events"] == ref["vllm_events"] >= 3_000
+    assert col["cachescope_events"] == ref["cachescope_events"] > col["vllm_events"]  # one per block
+    assert col["slots"] == ref["slots"] > 0

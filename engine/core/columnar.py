@@ -393,7 +393,8 @@ class ColumnarLog:
         tenant = e.salt if not holders else slots.tenants[holders[0]]
         if self.store_attributes is None:
             self.store_attributes = []
-        self.store_attributes.append((e.parent_hash, tuple(e.token_ids), e.salt, e.external_id, tenant))
+        tokens = e.token_ids if type(e.token_ids) is tuple else tuple(e.token_ids)
+        self.store_attributes.append((e.parent_hash, tokens, e.salt, e.external_id, tenant))
         cur[b] = k
         slots.stored(b, e.block_hash, e.remote, tenant)
         # flag 1: a store into a free slot moves it to the free queue's tail, as PoolProjection does

@@ -19,7 +19,7 @@ class RemoteSlots:
     rank and (tier, KV cache group) place of each slot, and the events' `RemoteInfo`s
     (each distinct one kept once; rows name it by number)."""
 
-    __slots__ = ("vacant", "holders", "ranks", "places", "tenants", "place_names", "infos", "_info_ids")
+    __slots__ = ("vacant", "holders", "ranks", "places", "tenants", "place_names", "infos", "_info_ids", "_last")
 
     def __init__(self, vacant: list[int]) -> None:
         self.vacant = vacant  # slots a store may take, newest last (checked when taken)
@@ -30,13 +30,19 @@ class RemoteSlots:
         self.place_names: list[tuple[str, int]] = []
         self.infos: list[RemoteInfo] = []
         self._info_ids: dict[RemoteInfo, int] = {}
+        # the last info and place asked for: a batch's events share one RemoteInfo object
+        self._last: list[Any] = [None, 0, None, 0]
 
     def info_id(self, info: RemoteInfo) -> int:
         """1 + the number of `info` (0 stands for no info: a local event)."""
+        last = self._last
+        if info is last[0]:
+            return last[1]
         got = self._info_ids.get(info)
         if got is None:
             self.infos.append(info)
             got = self._info_ids[info] = len(self.infos)
+        last[0], last[1] = info, got
         return got
 
     def grow(self, num_blocks: int) -> None:
@@ -57,14 +63,19 @@ class RemoteSlots:
 
     def place_of(self, medium: str, group: int | None) -> int:
         key = (medium, group or 0)
+        last = self._last
+        if key == last[2]:
+            return last[3]
         names = self.place_names
         try:
-            return names.index(key) + 1  # a handful of (tier, group) pairs at most
+            code = names.index(key) + 1  # a handful of (tier, group) pairs at most
         except ValueError:
             if len(names) >= 255:
                 return 0
             names.append(key)
-            return len(names)
+            code = len(names)
+        last[2], last[3] = key, code
+        return code
 
     def stored(self, b: int, digest: bytes, info: RemoteInfo, tenant: str | None) -> None:
         self.holders[digest] = self.holders.get(digest, ()) + (b,)
