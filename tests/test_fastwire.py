@@ -236,3 +236,94 @@ def test_corrupted_fixture_frames_end_as_the_reference_ends_them():
         assert _outcome(fastwire.decode_batch, i, bytes(p)) == ref
         num_malformed += isinstance(ref, tuple)
     assert 100 < num_malformed < 3000  # both kinds were exercised
+
+
+# ---- the one-pass reader of common frames (fastwire.common_columns) ----------------------
+
+def _same_columns(seq: int, payload: bytes) -> bool | None:
+    """None: the one pass declined the frame; True: it gave exactly `_columns`' columns
+    (and `_columns` took the frame itself, with no event kept whole); anything else fails."""
+    got = fastwire.common_columns(seq, payload)
+    if got is None:
+        return None
+    ref = fastwire._columns(seq, payload)  # raises _Slow if it would not take the frame
+    assert not ref.events and not got.events
+    assert (got.seq, got.ts, got.data_parallel_rank) == (ref.seq, ref.ts, ref.data_parallel_rank)
+    assert got.rows.tolist() == ref.rows.tolist()
+    assert got.parents.tolist() == ref.parents.tolist()
+    assert got.keys.tolist() == ref.keys.tolist()
+    assert got.tokens.tolist() == ref.tokens.tolist()
+    return True
+
+
+def _bench_frames(n: int = 3_000) -> list[bytes]:
+    from engine.bench.attach import recorded_stream
+
+    return recorded_stream(n, gpu_blocks=500, seed=4)[0]
+
+
+def test_the_one_pass_reads_common_frames_as_the_columns_reader_does():
+    """Every fixture frame it takes, and bench attach's whole stream (which it must take:
+    vLLM's usual frame), give `_columns`' columns; what it declines still decodes as before."""
+    taken = declined = 0
+    for name, frames in FIXTURES.items():
+        for seq, p in frames:
+            if _same_columns(seq, p) is None:
+                declined += 1
+            else:
+                taken += 1
+    bench = _bench_frames()
+    assert all(_same_columns(seq, p) for seq, p in enumerate(bench))
+    assert taken > 0 and declined > 0  # both outcomes are exercised on real frames
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_one_pass_takes_no_hostile_frame_it_should_not(name):
+    payload = HOSTILE[name]
+    if _same_columns(1, payload):
+        wire.decode_batch(1, payload)  # what it takes the reference takes too
+
+
+def test_the_one_pass_declines_what_it_does_not_know():
+    good = _bench_frames(50)[3]
+    assert _same_columns(0, good)
+    obj = msgpack.unpackb(good)
+    variants = {
+        "trailing byte": good + b"\x00",
+        "cut": good[:-1],
+        "unknown field": msgpack.packb([obj[0], [{**obj[1][0], "new_field": None}], 0]),
+        "a salt": msgpack.packb([obj[0], [{**obj[1][0], "cache_salt": "t"}], 0]),
+        "another medium": msgpack.packb([obj[0], [{**obj[1][0], "medium": "cpu"}], 0]),
+        "a clear": msgpack.packb([obj[0], [{"type": "AllBlocksCleared", "medium": None}], 0]),
+        "token ids on a removal": msgpack.packb([obj[0], [{"type": "BlockRemoved", "block_hashes": [2 ** 63],
+                                                           "token_ids": [1]}], 0]),
+        "small hash": msgpack.packb([obj[0], [{**obj[1][0], "block_hashes": [5]}], 0]),
+        "negative block size": msgpack.packb([obj[0], [{**obj[1][0], "block_size": -1}], 0]),
+        "integer timestamp": msgpack.packb([1, obj[1], 0]),
+        "no type": msgpack.packb([obj[0], [{k: v for k, v in obj[1][0].items() if k != "type"}], 0]),
+        "negative rank": msgpack.packb([obj[0], obj[1], -1]),
+        "four items": msgpack.packb([obj[0], obj[1], 0, 0]),
+    }
+    for name, payload in variants.items():
+        assert fastwire.common_columns(0, payload) is None, name
+    # and a map event with its fields in another order is still common
+    shuffled = msgpack.packb([obj[0], [dict(reversed(list(e.items()))) for e in obj[1]], obj[2]])
+    assert _same_columns(0, shuffled)
+
+
+def test_corrupted_frames_are_taken_only_as_the_columns_reader_takes_them():
+    rng = random.Random(23)
+    frames = _bench_frames(400) + [p for _, p in FIXTURES["vllm_copies/vllm_copies_events.jsonl"]]
+    taken = 0
+    for i in range(3000):
+        p = bytearray(rng.choice(frames))
+        at = rng.randrange(len(p))
+        how = rng.randrange(3)
+        if how == 0:
+            p[at] = rng.randrange(256)
+        elif how == 1:
+            del p[at:]
+        else:
+            p[at:at] = bytes([rng.randrange(256)])
+        taken += bool(_same_columns(i, bytes(p)))
+    assert taken > 100  # flips inside token ids and hashes keep a frame common

@@ -524,6 +524,241 @@ def columns_of(batch: VllmBatch) -> ColumnarBatch:
                          np.zeros(0, np.uint64), np.zeros(0, np.uint32), dict(enumerate(batch.events)), None)
 
 
+# One compiled pass for a frame of common events only: what `_columns` gives it, without
+# msgspec. It accepts a narrower subset than msgspec's typed decode (every field that
+# `_Stored`/`_Removed` declare, each at most once; no other key; the type tag a
+# BlockStored or BlockRemoved; ts a finite float64; a rank nil or a positive integer below
+# 2**32; hashes all uint64/int64; token ids unsigned below 2**32; a parent nil or an
+# integer; a block size nil or an integer from 0 below 2**40; a medium nil, "GPU" or
+# "CPU"; every other field nil; nothing after the batch). Anything else, valid or not,
+# goes to `_columns` and the reference as before, so it can never accept what they refuse,
+# and it gives the same columns for what it takes (tests/test_fastwire.py).
+
+_FIELDS = ("type",) + tuple(f for f in _Stored.__struct_fields__ if f in ("block_hashes", "parent_block_hash",
+                                                                            "token_ids", "block_size", "medium")) \
+    + tuple(f for f in _Stored.__struct_fields__ if f not in ("block_hashes", "parent_block_hash", "token_ids",
+                                                               "block_size", "medium"))
+assert _FIELDS[1:6] == ("block_hashes", "parent_block_hash", "token_ids", "block_size", "medium")
+assert set(_Removed.__struct_fields__) <= set(_FIELDS)
+_FIELD_BYTES = np.frombuffer(b"".join(f.encode() for f in _FIELDS), np.uint8)
+_FIELD_OFF = np.cumsum([0] + [len(f) for f in _FIELDS]).astype(np.int64)
+_STORED_OK = sum(1 << i for i, f in enumerate(_FIELDS) if f == "type" or f in _Stored.__struct_fields__)
+_REMOVED_OK = sum(1 << i for i, f in enumerate(_FIELDS) if f == "type" or f in _Removed.__struct_fields__)
+
+
+@njit(cache=True)
+def _field_id(buf, p, h, size, fb, fo):  # pragma: no cover - compiled
+    for f in range(len(fo) - 1):
+        a = fo[f]
+        if fo[f + 1] - a == size:
+            same = True
+            for j in range(size):
+                if buf[p + h + j] != fb[a + j]:
+                    same = False
+                    break
+            if same:
+                return f
+    return -1
+
+
+@njit(cache=True)
+def _array_head(buf, p):  # pragma: no cover - compiled
+    """(header bytes, items) of the msgpack array at p, or (-1, 0)."""
+    n = len(buf)
+    if p >= n:
+        return -1, 0
+    b = buf[p]
+    if 0x90 <= b <= 0x9F:
+        return 1, b & 0x0F
+    if b == 0xDC and p + 3 <= n:
+        return 3, (np.int64(buf[p + 1]) << 8) | buf[p + 2]
+    if b == 0xDD and p + 5 <= n:
+        return 5, (np.int64(buf[p + 1]) << 24) | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 8) \
+            | buf[p + 4]
+    return -1, 0
+
+
+@njit(cache=True)
+def _common_frame(buf, fb, fo, stored_ok, removed_ok):  # pragma: no cover - compiled
+    """(ok, ts, rank or -1, rows, parents, keys, tokens) of an EventBatch of common events;
+    ok False (and nothing else meaningful) for anything outside the subset above."""
+    n = len(buf)
+    no_rows = np.empty((0, NUM_R), np.int64)
+    no_u64 = np.empty(0, np.uint64)
+    no_tok = np.empty(0, np.uint32)
+    if n < 11 or not (buf[0] == 0x92 or buf[0] == 0x93) or buf[1] != 0xCB:
+        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+    has_rank = buf[0] == 0x93
+    raw = np.empty(8, np.uint8)
+    for j in range(8):
+        raw[j] = buf[9 - j]
+    ts = raw.view(np.float64)[0]
+    if not np.isfinite(ts):
+        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+    p = 10
+    h, m = _array_head(buf, p)
+    if h < 0:
+        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+    p += h
+    rows = np.zeros((m, NUM_R), np.int64)
+    parents = np.zeros(m, np.uint64)
+    keys = np.empty(n // 9 + 1, np.uint64)
+    tokens = np.empty(n, np.uint32)
+    nk = 0
+    ntok = 0
+    for i in range(m):
+        if p >= n:
+            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        b = buf[p]
+        if 0x80 <= b <= 0x8F:
+            pairs = np.int64(b & 0x0F)
+            p += 1
+        elif b == 0xDE and p + 3 <= n:
+            pairs = (np.int64(buf[p + 1]) << 8) | buf[p + 2]
+            p += 3
+        elif b == 0xDF and p + 5 <= n:
+            pairs = (np.int64(buf[p + 1]) << 24) | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 8) \
+                | buf[p + 4]
+            p += 5
+        else:
+            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        seen = np.int64(0)
+        kind = -1
+        rows[i, R_HASH0] = nk
+        for _ in range(pairs):
+            if p >= n:
+                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            b = buf[p]
+            h, items, size = _head(buf, p)
+            if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
+                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            f = _field_id(buf, p, h, size, fb, fo)
+            if f < 0 or (seen >> f) & 1:
+                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            seen |= np.int64(1) << f
+            p += h + size
+            if p >= n:
+                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            b = buf[p]
+            if f == 0 or f == 5:  # type, medium: one of a few literal strings
+                if f == 5 and b == 0xC0:
+                    p += 1
+                    continue
+                h, items, size = _head(buf, p)
+                if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                if f == 0 and _str_is(buf, p, h, size, _V_STORED):
+                    kind = KIND_STORED
+                elif f == 0 and _str_is(buf, p, h, size, _V_REMOVED):
+                    kind = KIND_REMOVED
+                elif f == 5 and _str_is(buf, p, h, size, _V_GPU):
+                    rows[i, R_MEDIUM] = 1
+                elif f == 5 and _str_is(buf, p, h, size, _V_CPU):
+                    rows[i, R_MEDIUM] = 2
+                else:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                p += h + size
+            elif f == 1:  # block_hashes: 8-byte integers
+                h, c = _array_head(buf, p)
+                if h < 0 or p + h + 9 * c > n:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                p += h
+                rows[i, R_NHASH] = c
+                rows[i, R_WIDTH] = 8 if c else 0
+                for _ in range(c):
+                    b = buf[p]
+                    if b != 0xCF and b != 0xD3:
+                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    v = np.uint64(0)
+                    for j in range(1, 9):
+                        v = (v << np.uint64(8)) | np.uint64(buf[p + j])
+                    keys[nk] = v
+                    nk += 1
+                    p += 9
+            elif f == 3:  # token_ids
+                if b == 0xC0:
+                    p += 1
+                    continue
+                h, c = _array_head(buf, p)
+                if h < 0:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                p += h
+                rows[i, R_TOK0] = ntok
+                rows[i, R_NTOK] = c
+                for _ in range(c):
+                    if p >= n:
+                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    b = buf[p]
+                    if b < 0x80:
+                        tokens[ntok] = b
+                        p += 1
+                    elif b == 0xCC and p + 2 <= n:
+                        tokens[ntok] = buf[p + 1]
+                        p += 2
+                    elif b == 0xCD and p + 3 <= n:
+                        tokens[ntok] = (np.uint32(buf[p + 1]) << 8) | buf[p + 2]
+                        p += 3
+                    elif b == 0xCE and p + 5 <= n:
+                        tokens[ntok] = (np.uint32(buf[p + 1]) << 24) | (np.uint32(buf[p + 2]) << 16) \
+                            | (np.uint32(buf[p + 3]) << 8) | buf[p + 4]
+                        p += 5
+                    else:
+                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    ntok += 1
+            elif f == 2 or f == 4:  # parent_block_hash, block_size: nil or an integer
+                if b == 0xC0:
+                    p += 1
+                    continue
+                ok, v = _int_at(buf, p)
+                if not ok:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                if f == 2:
+                    rows[i, R_PARENT] = 1
+                    parents[i] = v
+                else:
+                    if b == 0xD3 or np.int64(v) < 0 or v >= (1 << 40):
+                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    rows[i, R_SIZE] = np.int64(v)
+                h, items, size = _head(buf, p)
+                p += h + size
+            else:  # any other field: nil, or the event is not a common one
+                if b != 0xC0:
+                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                p += 1
+        if kind < 0 or (seen & ~(stored_ok if kind == KIND_STORED else removed_ok)) != 0:
+            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        rows[i, R_KIND] = kind
+    rank = np.int64(-1)
+    if has_rank:
+        if p >= n:
+            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        b = buf[p]
+        if b == 0xC0:
+            p += 1
+        elif b < 0x80 or b == 0xCC or b == 0xCD or b == 0xCE:
+            ok, v = _int_at(buf, p)
+            if not ok:
+                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            rank = np.int64(v)
+            h, items, size = _head(buf, p)
+            p += h + size
+        else:
+            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+    if p != n:
+        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+    return True, ts, rank, rows, parents, keys[:nk], tokens[:ntok]
+
+
+def common_columns(seq: int, payload: bytes) -> ColumnarBatch | None:
+    """The columns of a frame of common events by one compiled pass, or None when the frame
+    is anything else (then `decode_columns` reads it as before)."""
+    ok, ts, rank, rows, parents, keys, tokens = _common_frame(np.frombuffer(payload, np.uint8), _FIELD_BYTES,
+                                                              _FIELD_OFF, _STORED_OK, _REMOVED_OK)
+    if not ok:
+        return None
+    return ColumnarBatch(seq, float(ts), None if rank < 0 else int(rank), rows, parents, keys, tokens, {}, payload)
+
+
 def _columns(seq: int, payload: bytes) -> ColumnarBatch:
     try:
         b = _decoder.decode(payload)
@@ -582,7 +817,11 @@ def decode_columns(seq: int, payload: bytes) -> ColumnarBatch:
     """One EventBatch as columns, for `engine.remote.colpool.ColumnarPool`: no Python object
     per event of the common kind, per token id or per hash. Outside the fast subset the
     reference reader decodes it (every event then kept whole); a bad payload raises the
-    reference's MalformedFrame, before anything is applied."""
+    reference's MalformedFrame, before anything is applied. A frame of common events only
+    (vLLM's usual one) is read by one compiled pass (`common_columns`)."""
+    fast = common_columns(seq, payload)
+    if fast is not None:
+        return fast
     try:
         return _columns(seq, payload)
     except (_Slow, MalformedFrame, OverflowError, ValueError, TypeError, IndexError, RecursionError):
