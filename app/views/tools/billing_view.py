@@ -446,7 +446,8 @@ class BillingView(PanelView):
             if not current:
                 return  # stopped for a newer bill or another subject: nobody waits for it
             if isinstance(exc, JobCancelled):  # the user's Cancel
-                self.total_label.setText("Bill cancelled. Press Enter in the source field to bill it again.")
+                shown = " The table and bars below are the last whole bill's." if self.result is not None else ""
+                self.total_label.setText(f"Bill cancelled.{shown} Press Enter in the source field to bill it again.")
                 return
         if generation != self._generation:
             return
