@@ -49,7 +49,7 @@ def test_attach(qtbot, tmp_path, columnar):
     from test_vllm_attach import free_ports
     ctx, w = _window(qtbot, tmp_path)
     ctx.state.columnar = columnar
-    out = OUT if columnar else Path("/tmp/b_runs/ref")
+    out = OUT if columnar else tmp_path / "reference"  # the Python EventLog, to compare by eye
     out.mkdir(exist_ok=True)
     port, replay = free_ports(1), free_ports(1)
     server = RecordedServer(0, port, replay)
