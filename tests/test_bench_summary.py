@@ -21,8 +21,9 @@ RECORDED = Path(__file__).parent / "data" / "bench" / "quick_2026-12-01.json"
 # The issue's "Done means" list, as rows of the table (issue 20, this session's brief).
 ISSUE_20_ROWS = {
     "open_trace_app_vs_headless", "kernel_lookups_per_s", "kernel_loop_lookups_per_s", "kernel_first_use_s",
-    "scrub_worst_ms", "events_per_s_into_pool", "events_per_s_app_path", "bytes_per_block_remote_pool",
-    "bytes_per_block_app_remote_pool", "bytes_per_block_app_opened_trace", "fleet_missed_batches",
+    "scrub_worst_ms", "events_per_s_into_pool", "events_per_s_app_path", "events_per_s_app_path_to_pool_state",
+    "bytes_per_block_remote_pool", "bytes_per_block_app_remote_pool", "bytes_per_block_app_opened_trace",
+    "fleet_missed_batches",
     "fleet_seconds_behind", "fleet_longest_stall_ms", "ingestion_longest_stall_ms", "window_up_s",
     "stream_214m_blocks_memory_growth_mb",
 }
@@ -58,6 +59,7 @@ def test_the_rows_are_the_benches_own_figures(recorded):
     assert table["kernel_first_use_s"]["extra"]["compile_s"] == engine["kernel"]["compile_s"]
     assert table["events_per_s_into_pool"]["anchor"] == attach["msgpack_unpack_only"]["events_per_s_cpu"]
     assert table["events_per_s_app_path"]["value"] == attach["targets"]["events_per_s_app_path"]["value"]
+    assert table["events_per_s_app_path_to_pool_state"]["value"] == gui["app_path"]["events_per_s_cpu"]
     assert table["bytes_per_block_app_remote_pool"]["anchor"] == attach["targets"]["bytes_per_block"]["value"]
     assert table["fleet_longest_stall_ms"]["anchor"] == attach["fleet"]["longest_stall_ms"]
     assert table["window_up_s"]["anchor"] == gui["window"]["median_bare_qt_s"]

@@ -495,7 +495,17 @@ def _target(value: float, target: float, lower_is_better: bool = True) -> dict[s
     return {"value": value, "target": target, "met": met}
 
 
+def bench_app_path(quick: bool) -> dict[str, Any]:
+    """An attached server's whole path through the app (`app.runtime.live_path`): recorded
+    vLLM frames decoded, the remote pool's events handed over, and each GUI tick's batch
+    applied to the window's `PoolState` (its live columnar log), in CPU time."""
+    from app.runtime.live_path import app_path_rate
+
+    return app_path_rate(5_000 if quick else 100_000, columnar=True)
+
+
 def run_bench(quick: bool = False) -> dict[str, Any]:
+    app_path = bench_app_path(quick)
     redraw = bench_redraw(quick)
     remote = bench_remote_redraw(quick)
     ingest = bench_ingestion(quick)
@@ -503,6 +513,7 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     opened = bench_open(quick)
     return {
         "open_trace": opened,
+        "app_path": app_path,
         "quick": quick,
         "redraw": redraw,
         "remote_redraw": remote,
