@@ -50,6 +50,8 @@ _MISS_CODE = {name: i for i, name in enumerate(MISS_REASONS)}
 COLUMNS = (("kind", np.uint8), ("tier", np.uint8), ("seq", np.int64), ("request", np.int32),
            ("block", np.int32), ("hash", np.int32), ("a", np.int64), ("b", np.int64), ("flag", np.uint8))
 _EXT_MASK = (1 << 64) - 1
+_ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
+_GROWING_KINDS = frozenset({BlocksAllocated, RefCountsChanged, BlockStored})
 _COLUMN_KINDS = frozenset({RequestStarted, RequestRefused, LookupDone, BlocksAllocated, RefCountsChanged, BlockStored,
                            BlocksFreed, BlockEvicted, RequestFinished})
 
@@ -277,6 +279,7 @@ class ColumnarLog:
         self._live_request: dict[str, int] = {}
         self._req_index: tuple | None = None
         self._others: dict[int, Event] = {}  # seq -> a live event the columns do not describe
+        self._pending: list[tuple[int, ...]] = []  # rows appended, not yet written (`_flush`)
         self._no_request = -1  # the occurrence "" that cache resets and other events name
         # a live pool that grew: the first row that saw each block (-1: there from the start)
         # and the free-queue place it joined at; blocks appear in id order
@@ -310,31 +313,29 @@ class ColumnarLog:
     def nbytes(self) -> int:
         return sum(a[:self.num_rows].nbytes for a in self._cols.values())
 
-    def _reserve(self, n: int) -> None:
-        need = self.num_rows + n
-        cap = len(self._cols["kind"])
-        if need <= cap:
-            return
-        new_cap = max(need, 2 * cap)
-        for name, arr in self._cols.items():
-            grown = np.zeros(new_cap, arr.dtype)
-            grown[:self.num_rows] = arr[:self.num_rows]
-            self._cols[name] = grown
-
     def _row(self, kind: int, seq: int, request: int, block: int = -1, key: int = -1, a: int = 0, b: int = 0,
              flag: int = 0) -> None:
-        self._reserve(1)
-        i = self.num_rows
-        c = self._cols
-        c["kind"][i] = kind
-        c["seq"][i] = seq
-        c["request"][i] = request
-        c["block"][i] = block
-        c["hash"][i] = key
-        c["a"][i] = a
-        c["b"][i] = b
-        c["flag"][i] = flag
+        # a row is a tuple until `_flush` writes a batch of them into the columns at once
+        self._pending.append((kind, seq, request, block, key, a, b, flag))
         self.num_rows += 1
+
+    def _flush(self) -> None:
+        """Write the rows `_row` queued into the columns (one numpy assignment per column)."""
+        rows = self._pending
+        if not rows:
+            return
+        stop = self.num_rows
+        start = stop - len(rows)
+        if stop > len(self._cols["kind"]):
+            new_cap = max(stop, 2 * len(self._cols["kind"]))
+            for name, arr in self._cols.items():
+                grown = np.zeros(new_cap, arr.dtype)
+                grown[:start] = arr[:start]
+                self._cols[name] = grown
+        table = np.array(rows, np.int64)
+        for j, (name, _) in enumerate(_ROW_ORDER):
+            self._cols[name][start:stop] = table[:, j]
+        rows.clear()
 
     def _grow(self, top: int) -> None:
         """Blocks up to `top` exist from the next row on (each joins the free queue's tail);
@@ -430,7 +431,6 @@ class ColumnarLog:
         r = self.no_request()
         if not held:
             self._row(RESET, e.seq, r, a=e.num_blocks_cleared, b=info)
-        self._reserve(len(held))
         for blk in held:
             self._row(RESET, e.seq, r, blk, int(cur[blk]), a=e.num_blocks_cleared, b=info)
         cur[held] = -1
@@ -444,18 +444,23 @@ class ColumnarLog:
     def append_events(self, events: Iterable[Event]) -> None:
         """Append a live source's events (the local engine's kinds, cache resets and, kept
         whole, events the pool does not read), in seq order."""
+        try:
+            self._append_all(events)
+        finally:  # the rows made before a bad event are kept whole, as its earlier events are
+            self._flush()
+
+    def _append_all(self, events: Iterable[Event]) -> None:
         if self._live_keys is None:
             self._live_keys = np.full(self.num_blocks, -1, np.int32)
         reqs = self.requests
         for e in events:
             t = type(e)
             s = e.seq
+            if t in _GROWING_KINDS:  # a block past the pool's end: it grows, as PoolProjection does
+                top = max(e.block_ids, default=-1) if t is not BlockStored else e.block_id
+                if top is not None and top >= self.num_blocks:
+                    self._grow(top)
             cur = self._live_keys
-            ids = getattr(e, "block_ids", None)
-            top = max(ids, default=-1) if ids is not None else getattr(e, "block_id", -1)
-            if top is not None and top >= self.num_blocks and t is not BlocksFreed:
-                self._grow(top)
-                cur = self._live_keys
             if t is CacheReset:
                 self._append_reset(e)
                 self.num_seq = s + 1
@@ -494,13 +499,11 @@ class ColumnarLog:
                     b = -1 if m.divergence_token is None else m.divergence_token
                 self._row(LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code)
             elif t is BlocksAllocated:
-                self._reserve(len(e.block_ids))
                 for blk in e.block_ids:
                     self._row(ALLOCATED, s, r, blk, a=e.num_hit_blocks)
                 if not e.block_ids:
                     self._row(ALLOCATED, s, r, a=e.num_hit_blocks)
             elif t is RefCountsChanged:
-                self._reserve(len(e.block_ids))
                 for blk, ref in zip(e.block_ids, e.ref_counts):
                     self._row(REF, s, r, blk, a=ref)
                 if not e.block_ids:
@@ -525,7 +528,7 @@ class ColumnarLog:
             else:
                 raise ValueError(f"the columnar log does not hold {e.kind} events")
             self.num_seq = s + 1
-        self.num_seq = max(self.num_seq, int(self._cols["seq"][self.num_rows - 1]) + 1 if self.num_rows else 0)
+        self.num_seq = max(self.num_seq, self._pending[-1][1] + 1 if self._pending else self.num_seq)
 
     def _request_row(self, e: Event) -> int:
         rid = getattr(e, "request_id", None) or getattr(e, "by_request_id", None)
