@@ -274,7 +274,8 @@ def test_the_columnar_pool_holds_a_block_in_fewer_bytes_than_the_reference():
     ref = memory_per_block(20_000)
     col = memory_per_block(20_000, fastwire.decode_columns, ColumnarPool)
     assert col["blocks"] == ref["blocks"] >= 20_000
-    assert 64 < col["bytes_per_block"] < ref["bytes_per_block"]  # 16 token ids are 64 bytes alone
+    # 16 token ids below 2**16 are 32 bytes alone (uint16), the hash and its parent's 16
+    assert 48 < col["bytes_per_block"] < ref["bytes_per_block"]
 
 
 def test_an_attachment_with_columnar_pools_holds_what_the_reference_holds():
@@ -487,3 +488,31 @@ def test_a_columnar_attachment_holds_frames_and_applies_them_many_at_once():
     assert sum(runs) == len(payloads) and max(runs) <= HOLD_FRAMES
     assert max(runs) > 1  # frames were applied many at once
     assert got == state(one)
+
+
+def test_token_ids_are_held_narrow_until_one_needs_32_bits():
+    """uint16 while every id is below 2**16 (SmolLM2's vocabulary), widened once on the first
+    larger id (Llama 3's): every block reads back its ids, equal to the reference's, and the
+    journal's earlier rows still read theirs."""
+    def store(i: int, tokens: list[int], parent: int | None = None) -> VllmEvent:
+        return VllmEvent("BlockStored", (((1 << 63) + i).to_bytes(8, "big"),),
+                         None if parent is None else ((1 << 63) + parent).to_bytes(8, "big"), tuple(tokens), 16)
+
+    small = list(range(49_136, 49_152))
+    frames = [(0, encode_batch(1.0, [store(0, small), store(1, [65_535] * 16, 0)])),
+              (1, encode_batch(2.0, [store(2, list(range(128_240, 128_256)), 1)])),
+              (2, encode_batch(3.0, [VllmEvent("BlockRemoved", (((1 << 63) + 1).to_bytes(8, "big"),)),
+                                     store(3, [2 ** 32 - 1] * 16, 2)]))]
+    for many in (0, 64):
+        pool = ColumnarPool("t", journal=True)
+        batches = [fastwire.decode_columns(s, p) for s, p in frames]
+        pool.apply(batches[0]) if not many else pool.apply_many(batches[:1])
+        assert pool.tok.dtype == np.uint16
+        before = pool.take_journal()
+        pool.apply_many(batches[1:]) if many else [pool.apply(b) for b in batches[1:]]
+        assert pool.tok.dtype == np.uint32
+        assert before.token_ids(0).tolist() == small and before.token_ids(1).tolist() == [65_535] * 16
+        assert pool.take_journal().token_ids(3).tolist() == [2 ** 32 - 1] * 16
+        assert state(pool) == _run(frames, False)[0]
+    # the widening happens once, from the first id that needs it, on every path
+    assert _run(frames, True) == _run(frames, False) == _run(frames, True, via_reference=True)

@@ -6,7 +6,9 @@ Python object per block, per hash or per token id:
 
 - One open-addressing hash table (linear probing, backward-shift deletion) maps a
   (tier, hash) to a slot. A slot is a row of a few typed arrays: the hash, its parent's
-  hash, the tier, where its token ids start in the pool's one growing uint32 token array
+  hash, the tier, where its token ids start in the pool's one growing token array (uint16
+  while every id seen is below 2**16, as SmolLM2's 49,152 are; widened once to uint32 on
+  the first larger one, such as Llama 3's 128,256; read back as uint32 either way)
   and how many there are, the batch seq and time of its store, its tenant (an index into
   the pool's tenant names), how often its hash was announced and removed on that tier,
   its copies in KV cache group 0 and in all. Copies in other groups (sliding-window
@@ -86,7 +88,8 @@ F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
-    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES = range(19)
+    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES, \
+    S_NTIERS = range(20)
 NUM_S = 20
 # the journal (`ColumnarPool(journal=True)`): rows (int64) and, per stored block, its store row
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
@@ -105,6 +108,7 @@ _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _S33 = np.uint64(33)
+_S32 = np.uint64(32)
 _S56 = np.uint64(56)
 
 _EMPTY_U8 = np.zeros(0, np.uint8)
@@ -138,11 +142,18 @@ def _mix(k, w, t):  # pragma: no cover - compiled
     return x
 
 
+@njit(cache=True, inline="always")
+def _home(x, size):  # pragma: no cover - compiled
+    """A table position from a mixed hash: its high 32 bits scaled to the table's size
+    (any size, not only a power of two, so the table can sit at a load near 0.7)."""
+    return np.int64(((x >> _S32) * np.uint64(size)) >> _S32)
+
+
 @njit(cache=True)
 def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, or -1."""
-    mask = len(tab) - 1
-    i = np.int64(_mix(k, w, t) & np.uint64(mask))
+    size = len(tab)
+    i = _home(_mix(k, w, t), size)
     tt = t + 1
     while True:
         s = tab[i]
@@ -150,33 +161,41 @@ def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
             return -1
         if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
             return s
-        i = (i + 1) & mask
+        i += 1
+        if i == size:
+            i = 0
 
 
 @njit(cache=True)
 def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
-    mask = len(tab) - 1
-    i = np.int64(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1) & np.uint64(mask))
+    size = len(tab)
+    i = _home(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1), size)
     while tab[i] >= 0:
-        i = (i + 1) & mask
+        i += 1
+        if i == size:
+            i = 0
     tab[i] = s
 
 
 @njit(cache=True)
 def _tab_delete(tab, K, F, s):  # pragma: no cover - compiled
     """Take slot s out of the table (backward-shift deletion: no tombstones)."""
-    mask = len(tab) - 1
-    i = np.int64(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1) & np.uint64(mask))
+    size = len(tab)
+    i = _home(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1), size)
     while tab[i] != s:
-        i = (i + 1) & mask
+        i += 1
+        if i == size:
+            i = 0
     tab[i] = -1
     j = i
     while True:
-        j = (j + 1) & mask
+        j += 1
+        if j == size:
+            j = 0
         x = tab[j]
         if x < 0:
             return
-        home = np.int64(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1) & np.uint64(mask))
+        home = _home(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1), size)
         if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
             tab[i] = x
             tab[j] = -1
@@ -392,6 +411,8 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
         return -1
     if TI[t, T_PRESENT] == 0:
         TI[t, T_PRESENT] = 1
+        if t + 1 > S[S_NTIERS]:
+            S[S_NTIERS] = t + 1  # the tiers this pool ever held are codes below it
         TI[t, T_BORN] = S[S_TIERSEQ]
         S[S_TIERSEQ] += 1
     if has_parent == 0 and rawgpu:
@@ -416,12 +437,12 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
         ps = _find(tab, K, F, pk, pw, t)
         if ps < 0:
             num_present = 0
-            for x in range(MAX_TIERS):
+            for x in range(S[S_NTIERS]):
                 num_present += TI[x, T_PRESENT]
             if num_present > 1:
                 # the reference looks through its tiers in the order they were made
                 best_born = np.int64(-1)
-                for x in range(MAX_TIERS):
+                for x in range(S[S_NTIERS]):
                     if TI[x, T_PRESENT] and x != t:
                         cand = _find(tab, K, F, pk, pw, x)
                         if cand >= 0 and (best_born < 0 or TI[x, T_BORN] < best_born):
@@ -805,7 +826,7 @@ class ColumnarBlock:
         pw = int(pool.F[s, F_PW])
         self.parent_hash = pool._bytes(int(pool.K[s, K_PARENT]), pw) if pw else None
         a, n = int(pool.L[s, L_TOK]), int(pool.C[s, C_NTOK])
-        self.tokens = pool.tok[a:a + n].tobytes()
+        self.tokens = pool.tok[a:a + n].astype(np.uint32).tobytes()  # uint32 bytes, as the reference's
         self.stored_seq = int(pool.L[s, L_SEQ])
         self.stored_time = float(pool.T[s])
         ten = int(pool.C[s, C_TENANT])
@@ -1008,7 +1029,7 @@ class ColumnarPool:
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
         self._alloc(capacity)
-        self.tok = np.zeros(max(capacity * 16, 1024), np.uint32)
+        self.tok = np.zeros(max(capacity * 16, 1024), np.uint16)  # widened to uint32 on the first id >= 2**16
         self.removed = _OrderedMap()
         self.departed_map = _OrderedMap()
         self._cache: dict[Any, Any] = {}
@@ -1029,15 +1050,21 @@ class ColumnarPool:
 
     @staticmethod
     def _table_size(cap: int) -> int:
-        return 1 << max(10, int(2 * cap - 1).bit_length())
+        """Entries of the (tier, hash) table for `cap` slots: a load of at most 0.7 when
+        every slot is used (linear probing stays short there), 4 bytes each."""
+        return max(1024, (10 * cap) // 7 + 1)
 
     # ---- room before a compiled call ---------------------------------------------------
 
-    def _reserve(self, blocks: int, tokens: int) -> None:
+    def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None) -> None:
+        """Room for `blocks` more blocks and `tokens` more token ids (`ids`: the ones that
+        come, which widen the token array once to uint32 when one is 2**16 or more)."""
+        if ids is not None and len(ids) and self.tok.dtype == np.uint16 and int(ids.max()) > 0xFFFF:
+            self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
         cap = len(self.T)
-        if live + blocks > cap:  # half again as many slots: at most a third of them idle
-            new = max(cap + cap // 2, live + blocks + 1024)
+        if live + blocks > cap:  # a quarter again as many slots: at most a fifth of them idle
+            new = max(cap + cap // 4, live + blocks + 1024)
             n = cap
             for name in ("K", "L", "C", "F", "T") + (("SO",) if self.journal else ()):
                 old = getattr(self, name)
@@ -1053,14 +1080,14 @@ class ColumnarPool:
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
-            size = max((3 * (live_tok + tokens)) // 2, 1024)
+            size = max((5 * (live_tok + tokens)) // 4, 1024)
             if self.journal:  # the journal's rows point into the token array: it only grows
                 out = np.zeros(max(2 * len(self.tok), used + tokens + 1024), self.tok.dtype)
                 out[:used] = self.tok[:used]
             else:
                 if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
                     size = len(self.tok)  # mostly garbage: compact in place of growing
-                out = np.zeros(size, np.uint32)
+                out = np.zeros(size, self.tok.dtype)
                 self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.T), out)
             self.tok = out
         self.removed.reserve(blocks)
@@ -1142,7 +1169,7 @@ class ColumnarPool:
             widths, tiers, groups, rawgpu = _EMPTY_U8, _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(cols.tokens))
+        self._reserve(nblocks, len(cols.tokens), cols.tokens)
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
@@ -1204,7 +1231,7 @@ class ColumnarPool:
         rows[:, R_TOK0] += np.repeat(np.cumsum(nt) - nt, per)
         rows[:, R_HASH0] += np.repeat(np.cumsum(nk) - nk, per)
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(tokens))
+        self._reserve(nblocks, len(tokens), tokens)
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
@@ -1342,7 +1369,7 @@ class ColumnarPool:
         if not raw and e.token_ids:
             raw = np.asarray(e.token_ids, np.uint32).tobytes()
         ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
-        self._reserve(nh, len(ftok))
+        self._reserve(nh, len(ftok), ftok)
         salts = np.full(nh, -1, np.int64)
         salt_names: list[str] = []
         extra = e.extra_keys
