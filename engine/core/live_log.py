@@ -168,9 +168,14 @@ class LiveColumnarLog(ColumnarEventLog):
             at, before = (int(seqs[bad[0] + 1]), int(seqs[bad[0]])) if len(bad) else (int(seqs[0]), last)
             raise ValueError(f"event seq {at} arrived after seq {before}; events must be in order")
         times = np.fromiter((e.time for e in events), np.float64, len(events))
+        r0 = self.columnar.num_rows
+        self.columnar.append_events(events)
+        self.rows_appended(r0, seqs, times)
+
+    def rows_appended(self, r0: int, seqs: np.ndarray, times: np.ndarray) -> None:
+        """Rows from `r0` on were written to the columns (one event per seq of `seqs`):
+        the events' index, the series, the live pool and the checkpoints move on."""
         col = self.columnar
-        r0 = col.num_rows
-        col.append_events(events)
         r1 = col.num_rows
         row_seq = col.col("seq")[r0:r1]
         starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
