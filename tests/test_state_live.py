@@ -167,3 +167,12 @@ def test_the_app_path_measurement_runs_both_logs_on_the_same_stream():
     assert col["vllm_events"] == ref["vllm_events"] >= 3_000
     assert col["cachescope_events"] == ref["cachescope_events"] > col["vllm_events"]  # one per block
     assert col["slots"] == ref["slots"] > 0
+
+
+def test_the_journal_path_measurement_gives_the_reference_pool():
+    from app.runtime.live_path import app_path_rate, journal_path_rate
+
+    ref = app_path_rate(3_000, columnar=True, gpu_blocks=500, frames_per_tick=16)
+    journal = journal_path_rate(3_000, gpu_blocks=500, frames_per_tick=16)
+    assert journal["vllm_events"] == ref["vllm_events"]
+    assert journal["cachescope_events"] == ref["cachescope_events"] and journal["slots"] == ref["slots"] > 0

@@ -1,0 +1,308 @@
+"""A columnar pool's journal as rows of the app's live columnar log, without an Event per block.
+
+`engine.remote.colpool.ColumnarPool(journal=True)` writes one journal row per block
+operation (stored, removed, cleared) in the order the reference `RemotePool` emits its
+`BlockStored`/`BlockEvicted`/`CacheReset`. `append_journal` turns the rows taken since the
+last GUI tick into rows of a `LiveColumnarLog` with numpy: one event per journal row, the
+pool's slot as the block (ranks interleaved: slot * ranks + rank), a hash id whose digest
+`JournalKeys` reads from the pool (`hash_of`) and, per store, parent, token ids and tenant
+read from the pool's per-store arrays only when a view asks (`JournalStores`). The slots are
+the columnar pool's, not `PoolProjection`'s: tests/test_live_journal.py holds what does not
+depend on slot numbers (events, counts, series, the held blocks) equal to the reference.
+The journal is duck-typed (`JournalRows`): engine.core imports nothing of engine.remote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from engine.core.columnar import _ROW_ORDER, EVICTED, RESET, STORED, TAIL_BASE, KeyTable
+from engine.core.events import RemoteInfo
+
+OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
+
+
+class _Grow:
+    __slots__ = ("buf", "n")
+
+    def __init__(self, dtype: Any) -> None:
+        self.buf = np.zeros(1024, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> np.ndarray:
+        """Append; the indexes the values got."""
+        need = self.n + len(values)
+        if need > len(self.buf):
+            grown = np.zeros(max(need, 2 * len(self.buf)), self.buf.dtype)
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n:need] = values
+        start, self.n = self.n, need
+        return np.arange(start, need, dtype=np.int64)
+
+
+class JournalKeys(KeyTable):
+    """Hash ids of a journal-fed log: one per stored or removed journal row, its digest the
+    pool's `hash_of(key, width)` (computed when asked for, not kept)."""
+
+    def __init__(self) -> None:
+        z = np.zeros(0, np.int64)
+        super().__init__(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
+        self.pools: list[Any] = []
+        self._key, self._width, self._pool = _Grow(np.uint64), _Grow(np.int64), _Grow(np.int16)
+
+    def __len__(self) -> int:
+        return self._key.n
+
+    def add(self, pool: int, keys: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        self._pool.extend(np.full(len(keys), pool, np.int16))
+        self._width.extend(widths)
+        return self._key.extend(keys)
+
+    def digest(self, key: int) -> bytes:
+        return self.pools[int(self._pool.buf[key])].hash_of(int(self._key.buf[key]), int(self._width.buf[key]))
+
+    def parent_of(self, key: int) -> int:
+        return -1  # each store's parent is in JournalStores
+
+    def attributes(self, key: int) -> tuple:
+        return None, (), None, None
+
+    def key_of(self, digest: bytes, attributes: tuple | None = None) -> int:
+        raise TypeError("a journal-fed log takes journal rows (append_journal), not events")
+
+
+class JournalStores(Sequence[tuple]):
+    """Per store of the log (a stored row's `a`): (parent digest, token ids, salt, external
+    id, tenant) read from its pool's per-store arrays when asked for."""
+
+    def __init__(self, keys: JournalKeys) -> None:
+        self._keys = keys
+        self._pool, self._local = _Grow(np.int16), _Grow(np.int64)
+        self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
+        self.placer = _Placer()
+        self.tenants = _Grow(np.int64)  # per store: its tenant code as PoolProjection sets it
+
+    def __len__(self) -> int:
+        return self._pool.n
+
+    def add(self, pool: int, local: np.ndarray) -> np.ndarray:
+        self._pool.extend(np.full(len(local), pool, np.int16))
+        return self._local.extend(local)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        p, s = int(self._pool.buf[i]), int(self._local.buf[i])
+        j = self.journals[p]
+        pool = self._keys.pools[p]
+        width = int(j.parent_width[s])
+        parent = pool.hash_of(int(j.parent[s]), width) if width else None
+        t, t_set = int(j.tenant[s]), int(self.tenants.buf[i])
+        salt = pool.tenant_names[t - 1] if t else None
+        tenant = pool.tenant_names[t_set - 1] if t_set else None
+        return parent, tuple(j.token_ids(s).tolist()), salt, None, tenant
+
+
+def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0, num_ranks: int = 1,
+                   now: float = 0.0) -> int:
+    # the slot of each copy is chosen here as PoolProjection chooses it for the reference's
+    # events (`_Placer`), so the blocks the views show are the reference's blocks
+    """Append the rows of `journal` (a `JournalRows` of `pool`, one rank of `source`) to
+    `log`, a `LiveColumnarLog` made with `journal_log`; how many events that made."""
+    n = len(journal)
+    if not n:
+        return 0
+    col = log.columnar
+    keys, stores = col.keys, col.store_attributes
+    if not isinstance(keys, JournalKeys):
+        raise TypeError("this log was not made for a journal (engine.core.live_journal.journal_log)")
+    if pool not in keys.pools:
+        keys.pools.append(pool)
+    p = keys.pools.index(pool)
+    stores.journals[p] = journal
+    op = np.asarray(journal.op)
+    slot = np.asarray(journal.slot, np.int64)
+    tier = np.asarray(journal.tier, np.int64)
+    bseq = np.asarray(journal.seq, np.int64)
+    key = keys.add(p, np.asarray(journal.key, np.uint64), np.asarray(journal.width, np.int64))
+    is_st = op == OP_STORED
+    store = np.zeros(n, np.int64)
+    store[is_st] = stores.add(p, np.asarray(journal.store, np.int64)[is_st])
+    if col._live_keys is None:
+        col._live_keys = np.full(col.num_blocks, -1, np.int32)
+    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
+    slots = col._remote_slots()
+    names = journal.tier_names
+    request = np.zeros(n, np.int64)
+    info = np.zeros(n, np.int64)
+    for u in np.unique(bseq).tolist():
+        m = bseq == u
+        rid = f"{source}#{u}"
+        r = col._live_request.get(rid)
+        if r is None:
+            r = col._live_request[rid] = col.requests.add(rid, None, 0)
+        request[m] = r
+        for t in np.unique(tier[m]).tolist():
+            medium = names[t] if 0 <= t < len(names) else "GPU"
+            info[m & (tier == t)] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+    first = log.last_seq + 1 if log.last_seq is not None else 0
+    seqs = first + np.arange(n, dtype=np.int64)
+    r0 = col.num_rows
+    local = np.asarray(journal.store, np.int64)
+    hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
+    st_local = np.where(is_st, local, 0)
+    pw = np.asarray(journal.parent_width, np.int64)[st_local]
+    pk = np.asarray(journal.parent, np.uint64)[st_local].tolist()
+    parents = [(k, w) if w else None for k, w in zip(pk, pw.tolist())]
+    tenants = np.asarray(journal.tenant, np.int64)[st_local].tolist()
+    table, store_tenants = _place(stores.placer, col, op.tolist(), slot.tolist(), tier.tolist(), key.tolist(), rank,
+                                  local.tolist(), r0, hashes, parents, tenants)
+    stores.tenants.extend(np.asarray(store_tenants, np.int64))
+    table[:, 1] = seqs[table[:, 1]]  # event index -> seq
+    ev = table[:, 2].copy()
+    table[:, 2] = request[ev]
+    table[:, 5] = np.where(table[:, 0] == STORED, store[ev], table[:, 5])
+    table[:, 6] = info[ev]
+    _write_rows(col, table)
+    col.num_seq = int(seqs[-1]) + 1
+    log.rows_appended(r0, seqs, np.full(n, now, np.float64))
+    return n
+
+
+class _Placer:
+    """The slot of each stored copy, as `PoolProjection` chooses it for the reference's
+    events: the newest vacant slot, else a new one; a removal frees its pool slot's oldest
+    copy; a clear a rank's held slots (all of them when no other rank holds any)."""
+
+    def __init__(self) -> None:
+        self.vacant: list[int] = []
+        self.copies: dict[tuple[int, int], list[int]] = {}  # (rank, pool slot) -> log blocks, oldest first
+        self.block_rank: list[int] = []
+        self.block_copy: list[tuple[int, int]] = []
+        self.block_tenant: list[int] = []  # tenant code (journal's: index + 1, 0 none) set at the store
+        self.by_hash: dict[tuple[int, int], list[int]] = {}  # (hash key, width) -> blocks, in store order
+        self.block_hash: list[tuple[int, int]] = []
+
+
+def _place(pl: _Placer, col: Any, ops: list, slots: list, tiers: list, keys: list, rank: int, stores: list,
+           r0: int, hashes: list, parents: list, tenants: list) -> tuple[np.ndarray, list]:
+    """The rows of the journal's rows: (kind, event index, event index, block, hash id, a,
+    event index, flag); the columns the caller fills from the event index are marked so."""
+    need = col.num_blocks + ops.count(OP_STORED)
+    if len(col._live_keys) < need:
+        col._live_keys = np.concatenate([col._live_keys, np.full(need - len(col._live_keys), -1, np.int32)])
+    nb0 = nb = col.num_blocks
+    cur = col._live_keys[:need].tolist()  # Python ints while the loop runs (a numpy item costs more)
+    born: list[int] = []  # the row each slot made here is first stored at
+    out: list[tuple[int, ...]] = []
+    vacant, copies, brank, bcopy = pl.vacant, pl.copies, pl.block_rank, pl.block_copy
+    by_hash, bhash, btenant = pl.by_hash, pl.block_hash, pl.block_tenant
+    store_tenants: list[int] = []  # per store here: its tenant as PoolProjection sets it
+    for i in range(len(ops)):
+        o = ops[i]
+        if o == OP_STORED:
+            b = -1
+            while vacant:
+                c = vacant.pop()
+                if cur[c] < 0:
+                    b = c
+                    break
+            if b < 0:
+                b = nb
+                nb += 1
+                born.append(r0 + len(out))
+                brank.append(rank)
+                bcopy.append((rank, -1))
+                bhash.append((0, 0))
+                btenant.append(0)
+            k = (rank, slots[i])
+            lst = copies.get(k)
+            if lst is None:
+                copies[k] = [b]
+            else:
+                lst.append(b)
+            brank[b], bcopy[b] = rank, k
+            cur[b] = keys[i]
+            # the tenant: the store's salt at a root or under a parent no slot holds, else the
+            # parent's holder's (PoolProjection._on_stored)
+            parent = parents[i]
+            holders = by_hash.get(parent) if parent is not None else None
+            t = btenant[holders[0]] if holders else tenants[i]
+            btenant[b] = t
+            store_tenants.append(t)
+            h = hashes[i]
+            bhash[b] = h
+            got = by_hash.get(h)
+            if got is None:
+                by_hash[h] = [b]
+            else:
+                got.append(b)
+            out.append((STORED, i, i, b, keys[i], 0, i, 1))
+        elif o == OP_REMOVED:
+            lst = copies.get((rank, slots[i])) if slots[i] >= 0 else None
+            b = -1
+            if lst:
+                b = lst.pop(0)
+                cur[b] = -1
+                vacant.append(b)
+                _unhold(by_hash, bhash[b], b)
+            out.append((EVICTED, i, i, b, keys[i], 0, i, 0))
+        else:  # a clear: the rank's held slots, every tier (as PoolProjection applies a CacheReset)
+            held = [b for b in range(nb) if cur[b] >= 0]
+            if any(brank[b] != rank for b in held):
+                held = [b for b in held if brank[b] == rank]
+            for b in held:
+                out.append((RESET, i, i, b, int(cur[b]), stores[i], i, 0))
+                cur[b] = -1
+                vacant.append(b)
+                lst = copies.get(bcopy[b])
+                if lst is not None and b in lst:
+                    lst.remove(b)
+                _unhold(by_hash, bhash[b], b)
+            if not held:
+                out.append((RESET, i, i, -1, -1, stores[i], i, 0))
+    col._live_keys[:need] = cur
+    if nb > nb0:  # the pool grows to the new slots, each from the row that first stored it
+        col._grow(nb - 1)
+        rows = np.asarray(born, np.int64)
+        col._born_row[nb0:nb] = rows
+        col._born_place[nb0:nb] = TAIL_BASE + 2 * rows - 1
+    return np.array(out, np.int64), store_tenants
+
+
+def _unhold(by_hash: dict, h: tuple[int, int], b: int) -> None:
+    got = by_hash.get(h)
+    if got is not None and b in got:
+        got.remove(b)
+        if not got:
+            del by_hash[h]
+
+
+def _write_rows(col: Any, table: np.ndarray) -> None:
+    """Rows (kind, seq, request, block, hash, a, b, flag) written into the log's columns."""
+    start = col.num_rows
+    stop = start + len(table)
+    if stop > len(col._cols["kind"]):
+        cap = max(stop, 2 * len(col._cols["kind"]))
+        for name, arr in col._cols.items():
+            grown = np.zeros(cap, arr.dtype)
+            grown[:start] = arr[:start]
+            col._cols[name] = grown
+    for name, j in _ROW_ORDER:
+        col._cols[name][start:stop] = table[:, j]
+    col.num_rows = stop
+
+
+def journal_log(block_size: int = 16, **options: Any) -> Any:
+    """A `LiveColumnarLog` for `append_journal` (hash ids and stores read from the pools)."""
+    from engine.core.live_log import LiveColumnarLog
+
+    log = LiveColumnarLog(0, block_size, **options)
+    keys = JournalKeys()
+    log.columnar.keys = keys
+    log.columnar.store_attributes = JournalStores(keys)
+    return log

@@ -1,0 +1,112 @@
+"""A columnar pool's journal on the live columnar log (engine.core.live_journal) against the
+reference: the same frames through `RemotePool`'s events into a `LiveColumnarLog` (itself
+held equal to the Python `EventLog` by tests/test_live_log.py). The journal's slots are the
+columnar pool's own, so what is compared does not depend on slot numbers: every event
+(kind, hash, parent, token ids, tenant, blocks cleared), the counts and series after each
+tick, and the held blocks (hash, parent, tokens) live and scrubbed back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from engine.core.live_journal import append_journal, journal_log
+from engine.remote import fastwire
+from engine.remote.colpool import ColumnarPool
+from engine.remote.wire import MalformedFrame
+from tests.test_live_log import _check_projection, _feed, _remote_events
+
+SERIES = ("in_use", "cached_free", "max_ref", "evicted", "cached_tokens", "prompt_tokens", "refusal_seqs", "reset_seqs")
+
+
+def _journal_fed(frames, reset_every: int = 0, per_tick: int = 1, source: str = "tcp://10.0.0.5:5557"):
+    log = journal_log(16, checkpoint_rows=48)
+    pool = ColumnarPool(source, rank=0, journal=True)
+    for i, (seq, payload) in enumerate(frames):
+        if reset_every and i and i % reset_every == 0:
+            pool.reset(seq)
+        try:
+            pool.apply(fastwire.decode_columns(seq, payload))
+        except MalformedFrame:
+            pass
+        if i % per_tick == per_tick - 1:
+            append_journal(log, pool.take_journal(), pool, source)
+    append_journal(log, pool.take_journal(), pool, source)
+    return log
+
+
+def _said(e) -> tuple:
+    if e.kind == "block_stored":
+        return e.kind, e.block_hash, e.parent_hash, tuple(e.token_ids), e.salt, e.remote.batch_seq
+    if e.kind == "block_evicted":
+        return e.kind, e.block_hash, e.remote.batch_seq
+    return e.kind, e.num_blocks_cleared
+
+
+def _held(p) -> Counter:
+    return Counter((p.hashes[b], p.parents[b], tuple(p.token_ids[b])) for b in range(p.num_blocks)
+                   if p.hashes[b] is not None)
+
+
+def _same(got, ref, where: str) -> None:
+    assert len(got) == len(ref), where
+    for name in SERIES:
+        assert list(getattr(got.series, name)) == list(getattr(ref.series, name)), (where, name)
+    assert got.live.counters == ref.live.counters, where
+    assert _held(got.live) == _held(ref.live), where
+    assert got.live.num_cached_free == ref.live.num_cached_free and got.live.num_in_use == 0, where
+
+
+def _fixtures():
+    from tests.test_fastwire import FIXTURES
+
+    return FIXTURES
+
+
+@pytest.mark.parametrize("name", sorted(_fixtures()))
+@pytest.mark.parametrize("per_tick", [1, 64])
+def test_every_recorded_fixture_says_what_the_reference_says(name, per_tick):
+    frames = _fixtures()[name]
+    events = _remote_events(frames, 1, 0)
+    if not events:
+        pytest.skip("the fixture's frames carry no block event")
+    ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)  # python: the EventLog
+    got = _journal_fed(frames, per_tick=per_tick)
+    _same(got, ref, name)
+    assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]
+    for i in sorted({0, 1, len(ref) // 3, len(ref) // 2, len(ref) - 1}):
+        seq = int(ref.seqs[i])
+        assert _held(got.state_at(seq)) == _held(ref.state_at(seq)), (name, seq)
+        _check_projection(got.state_at(seq), python.state_at(seq), f"{name} at {seq}")
+    _check_projection(got.live, python.live, f"{name} live")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_synthetic_streams_with_copies_clears_and_restarts(seed):
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(220, seed)
+    events = _remote_events(frames, 1, 37)
+    ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)
+    got = _journal_fed(frames, reset_every=37, per_tick=7)
+    assert {"block_stored", "block_evicted", "cache_reset"} <= {e.kind for e in ref.events}
+    _same(got, ref, f"seed {seed}")
+    assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]
+    for i in range(0, len(ref), max(1, len(ref) // 12)):
+        seq = int(ref.seqs[i])
+        a, b = got.state_at(seq), ref.state_at(seq)
+        assert _held(a) == _held(b) and a.counters == b.counters, (seed, seq)
+        _check_projection(a, python.state_at(seq), f"seed {seed} at {seq}")
+
+
+def test_the_comparison_can_fail():
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(60, 1)
+    events = _remote_events(frames, 1, 0)
+    ref, _ = _feed(events, 0, 16, [len(events)], every_batch=False)
+    got = _journal_fed(frames[:-3])
+    with pytest.raises(AssertionError):
+        _same(got, ref, "three frames short")
