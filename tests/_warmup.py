@@ -1,17 +1,21 @@
 """Compile the engine's numba functions into numba's on-disk cache once per test run.
 
-Run by tests/conftest.py on the pytest-xdist controller (`python tests/_warmup.py DONE`)
-while the workers collect. In a fresh clone the cache is empty, and every worker that
-meets the replay kernel or the columnar pool first compiled the same functions at the
-same moment (the colpool fixture test spent 34 s on it); after this they load them from
-the cache. The calls are the engine's own public paths on small bundled traces, so they
-compile the signatures the suite and the app use: the kernel's replay with and without a
-log, on a token trace and a hash-id (Mooncake) trace, the log's series and indexes, the
-columnar statistics, and the live pool with its wire decoder.
+Run by tests/conftest.py on the pytest-xdist controller, in two processes side by side
+(`python tests/_warmup.py kernel|pool DONE`), while the workers collect. In a fresh clone
+the cache is empty, and every worker that met the replay kernel or the columnar pool first
+compiled the same functions at the same moment (the colpool fixture test spent 34 s on
+it); after this they load them from the cache. The calls are the engine's own paths on
+the bundled traces and the recorded wire fixtures, large enough that the tables grow, so
+they compile the signatures the suite and the app use:
 
-DONE is written when it ends, with "ok" or the error; the workers wait for it (or for
-this process to die) before their first test. A failure here fails no test: a worker
-then compiles what it needs itself, as before.
+- kernel: the replay with and without a log on a token trace and a Mooncake slice, the
+  chunked stream, the log's series and indexes, and the columnar statistics;
+- pool: every recorded vLLM/SGLang fixture through the columnar pool and its wire
+  decoder, with a short removal memory and resets, and the pool's queries.
+
+DONE is written when it ends, with "ok" or the error; the workers wait for it (the
+controller writes it if this process dies) before their first test. A failure here fails
+no test: a worker then compiles what it needs itself, as before.
 """
 
 from __future__ import annotations
@@ -24,36 +28,74 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "resources" / "traces"
+sys.path.insert(0, str(ROOT))  # `tests.test_fastwire` holds the readers of the recorded frames
 
 
-def warm_numba() -> None:
+def warm_kernel() -> None:
     from engine.analysis.statistics_columnar import compute_columnar
     from engine.core.columnar_log import ColumnarEventLog
     from engine.core.replay import ReplayConfig
     from engine.core.trace import read_trace
     from engine.kernel import replay_kernel
-    from engine.remote import colpool
+    from engine.kernel.stream import chunks_of, replay_stream
 
-    for name in ("demo_tokens.jsonl", "mooncake_conversation_trace.jsonl"):
-        requests = list(itertools.islice(read_trace(TRACES / name), 200))
-        config = ReplayConfig(block_size=16, capacity_blocks=256)
+    for name, block_size, num_requests in (("demo_tokens.jsonl", 16, 200),
+                                           ("mooncake_conversation_trace.jsonl", 512, 3000)):
+        requests = list(itertools.islice(read_trace(TRACES / name, block_size), num_requests))
+        config = ReplayConfig(block_size=block_size, capacity_blocks=256, concurrency=2)
         replay_kernel(requests, config, record=False)
         log = ColumnarEventLog(replay_kernel(requests, config, record=True).log)
         log.warm()  # the series loop and the indexes the views read first
         compute_columnar(log)
-    colpool.warm_up()  # the columnar pool's loops and fastwire's skimmers
+    replay_stream(chunks_of(requests, 500), config)  # the Mooncake slice, in chunks
 
 
-def main(done: Path) -> int:
+def warm_pool() -> None:
+    from engine.remote import colpool, fastwire
+    from engine.remote.colpool import ColumnarPool
+    from engine.remote.wire import MalformedFrame, VllmEvent, encode_batch
+    from tests.test_fastwire import FIXTURES
+
+    colpool.warm_up()
+    for frames in FIXTURES.values():
+        whole, short = ColumnarPool("warm-up"), ColumnarPool("warm-up-short", max_removed=64)
+        for i, (seq, payload) in enumerate(frames):
+            try:
+                batch = fastwire.decode_columns(seq, payload)
+                fastwire.decode_batch(seq, payload)
+            except MalformedFrame:
+                continue
+            whole.apply(batch)
+            short.apply(batch)
+            if i and i % 97 == 0:
+                short.reset(seq)
+        for pool in (whole, short):
+            hashes = list(pool.cached_hashes())[:64] + list(pool.departed)[:64] + [b"\x00" * 8, b"\x07" * 32]
+            for h in hashes:  # a few of each kind: compiling wants the types, not the numbers
+                pool.find(h), pool.tiers_holding(h), pool.details_of(h), pool.removal_of(h)
+                for medium in ("GPU", "CPU", "STORAGE"):
+                    pool.num_copies(h, medium), pool.num_copies(h, medium, 0)
+            list(pool.blocks()), list(pool.held()), pool.mediums()
+    grow = ColumnarPool("warm-up-grow")  # more blocks than a new pool has room for: its tables grow
+    for seq in range(3):
+        hashes = tuple((seq * 1000 + i).to_bytes(8, "big") for i in range(1, 1001))
+        stored = VllmEvent("BlockStored", hashes, None, tuple(range(16 * len(hashes))), 16)
+        grow.apply(fastwire.decode_columns(seq, encode_batch(float(seq), [stored], 0)))
+
+
+PARTS = {"kernel": warm_kernel, "pool": warm_pool}
+
+
+def main(part: str, done: Path) -> int:
     started = time.monotonic()
     try:
-        warm_numba()
+        PARTS[part]()
     except Exception:  # noqa: BLE001 - reported, and the workers compile for themselves
-        done.write_text("failed\n" + traceback.format_exc())
+        done.write_text(f"{part} failed\n" + traceback.format_exc())
         return 1
-    done.write_text(f"ok {time.monotonic() - started:.1f} s\n")
+    done.write_text(f"{part} ok {time.monotonic() - started:.1f} s\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(sys.argv[1], Path(sys.argv[2])))

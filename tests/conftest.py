@@ -71,12 +71,14 @@ def pytest_runtest_teardown(item, nextitem):
 
 # ---------------------------------------------------------------- numba, compiled once a run
 # Under pytest-xdist the controller compiles the engine's numba functions into numba's disk
-# cache (tests/_warmup.py, in one subprocess) while the workers start and collect, and each
-# worker waits for it before its first test: a fresh clone compiles them once, not once per
-# worker at the same moment. A warm cache makes it a 2-second load.
-_WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the file the warm-up writes when it ends
+# cache (tests/_warmup.py: the kernel and the columnar pool, two processes side by side)
+# while the workers start and collect, and each worker waits for both before its first
+# test: a fresh clone compiles them once, not once per worker at the same moment. With a
+# warm cache they load in ~2 s of CPU each.
+_WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the files the warm-ups write when they end
+_WARMUP_PARTS = ("kernel", "pool")
 _WARMUP_WAIT_S = 600.0
-_WARMUP_KEY = pytest.StashKey[tuple]()  # controller: (process, done file, folder)
+_WARMUP_KEY = pytest.StashKey[tuple]()  # controller: (processes, done files, folder)
 
 
 def _is_xdist_controller(config) -> bool:
@@ -86,47 +88,55 @@ def _is_xdist_controller(config) -> bool:
 
 def _start_numba_warmup(config) -> None:
     folder = Path(tempfile.mkdtemp(prefix="cachescope-warmup-"))
-    done = folder / "done"
-    with open(folder / "log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_warmup.py")), str(done)],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=str(config.rootpath))
+    procs, dones = [], []
+    for part in _WARMUP_PARTS:
+        done = folder / f"{part}.done"
+        with open(folder / f"{part}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_warmup.py")), part, str(done)],
+                                    stdout=log, stderr=subprocess.STDOUT, cwd=str(config.rootpath))
 
-    def reap() -> None:  # a crash writes no file itself: say so, so no worker waits in vain
-        code = proc.wait()
-        if not done.exists():
-            done.write_text(f"failed: exit status {code}\n")
+        def reap(proc=proc, done=done, part=part) -> None:  # a crash writes no file: say so, so no one waits
+            code = proc.wait()
+            if not done.exists():
+                done.write_text(f"{part} failed: exit status {code}\n")
 
-    threading.Thread(target=reap, name="numba-warmup-reaper", daemon=True).start()
-    os.environ[_WARMUP_ENV] = str(done)  # the workers are spawned after configure: they inherit it
-    config.stash[_WARMUP_KEY] = (proc, done, folder)
+        threading.Thread(target=reap, name=f"numba-warmup-{part}", daemon=True).start()
+        procs.append(proc)
+        dones.append(done)
+    os.environ[_WARMUP_ENV] = os.pathsep.join(map(str, dones))  # workers spawn after configure: they inherit it
+    config.stash[_WARMUP_KEY] = (procs, dones, folder)
 
 
 def pytest_collection_finish(session):
-    done = os.environ.get(_WARMUP_ENV)
-    if done is None or not hasattr(session.config, "workerinput"):
+    waiting = os.environ.get(_WARMUP_ENV)
+    if waiting is None or not hasattr(session.config, "workerinput"):
         return
     deadline = time.monotonic() + _WARMUP_WAIT_S
-    while not Path(done).exists() and time.monotonic() < deadline:
+    while not all(Path(done).exists() for done in waiting.split(os.pathsep)) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
 def pytest_terminal_summary(terminalreporter, config):
     started = config.stash.get(_WARMUP_KEY, None)
-    if started is not None:
-        status = started[1].read_text().strip() if started[1].exists() else "still running"
+    if started is None:
+        return
+    procs, dones, folder = started
+    for part, done in zip(_WARMUP_PARTS, dones):
+        status = done.read_text().strip() if done.exists() else f"{part} still running"
         terminalreporter.write_line(f"numba cache warm-up (tests/_warmup.py): {status.splitlines()[0]}")
-        if not status.startswith("ok"):
-            terminalreporter.write_line((started[2] / "log").read_text()[-3000:])
+        if not status.startswith(f"{part} ok"):
+            terminalreporter.write_line((folder / f"{part}.log").read_text()[-3000:])
 
 
 def pytest_unconfigure(config):
     started = config.stash.get(_WARMUP_KEY, None)
     if started is None:
         return
-    proc, _done, folder = started
-    if proc.poll() is None:  # an interrupted run: the warm-up is ours to stop
-        proc.terminate()
-        proc.wait(timeout=30)
+    procs, _dones, folder = started
+    for proc in procs:
+        if proc.poll() is None:  # an interrupted run: the warm-up is ours to stop
+            proc.terminate()
+            proc.wait(timeout=30)
     os.environ.pop(_WARMUP_ENV, None)
     shutil.rmtree(folder, ignore_errors=True)
 
