@@ -10,6 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import importlib.abc  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -47,6 +48,7 @@ def pytest_configure(config):
     semantic_cache.Embedder.__init__ = counting(semantic_cache.Embedder.__init__)
     if _is_xdist_controller(config):
         _start_numba_warmup(config)
+    _hold_numba_until_warm(config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,9 +74,9 @@ def pytest_runtest_teardown(item, nextitem):
 # ---------------------------------------------------------------- numba, compiled once a run
 # Under pytest-xdist the controller compiles the engine's numba functions into numba's disk
 # cache (tests/_warmup.py: the kernel and the columnar pool, two processes side by side)
-# while the workers start and collect, and each worker waits for both before its first
-# test: a fresh clone compiles them once, not once per worker at the same moment. With a
-# warm cache they load in ~2 s of CPU each.
+# while the workers start and collect, and a worker's first import of what they compile
+# waits for it: a fresh clone compiles them once, not once per worker at the same moment.
+# With a warm cache they load in a few seconds of CPU.
 _WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the files the warm-ups write when they end
 _WARMUP_PARTS = ("kernel", "pool")
 _WARMUP_WAIT_S = 600.0
@@ -107,13 +109,40 @@ def _start_numba_warmup(config) -> None:
     config.stash[_WARMUP_KEY] = (procs, dones, folder)
 
 
-def pytest_collection_finish(session):
-    waiting = os.environ.get(_WARMUP_ENV)
-    if waiting is None or not hasattr(session.config, "workerinput"):
-        return
+def _wait_for_warmup(parts) -> None:
+    dones = dict(zip(_WARMUP_PARTS, os.environ[_WARMUP_ENV].split(os.pathsep)))
     deadline = time.monotonic() + _WARMUP_WAIT_S
-    while not all(Path(done).exists() for done in waiting.split(os.pathsep)) and time.monotonic() < deadline:
+    while not all(Path(dones[part]).exists() for part in parts) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+class _WaitBeforeCompiling(importlib.abc.MetaPathFinder):
+    """On a worker, the first import of what the warm-up compiles waits for that part:
+    numba itself (the kernel, the log's series, the statistics) for the kernel part, the
+    wire decoder and the columnar pool for the pool part. A worker whose tests never
+    touch them starts at once."""
+
+    WAITS = {"numba": ("kernel",), "engine.remote.fastwire": ("pool",), "engine.remote.colpool": ("pool",)}
+
+    def __init__(self) -> None:
+        self.pending = dict(self.WAITS)
+
+    def find_spec(self, name, path=None, target=None):
+        parts = self.pending.pop(name, None)
+        if parts is not None:
+            if not self.pending:
+                sys.meta_path.remove(self)
+            _wait_for_warmup(parts)
+        return None  # the ordinary finders import it
+
+
+def _hold_numba_until_warm(config) -> None:
+    if not hasattr(config, "workerinput") or _WARMUP_ENV not in os.environ:
+        return
+    if any(name in sys.modules for name in _WaitBeforeCompiling.WAITS):  # imported already (a plugin): wait now
+        _wait_for_warmup(_WARMUP_PARTS)
+    else:
+        sys.meta_path.insert(0, _WaitBeforeCompiling())
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -122,9 +151,9 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     procs, dones, folder = started
     for part, done in zip(_WARMUP_PARTS, dones):
-        status = done.read_text().strip() if done.exists() else f"{part} still running"
+        status = done.read_text().strip() if done.exists() else f"{part} stopped: no test waited for it"
         terminalreporter.write_line(f"numba cache warm-up (tests/_warmup.py): {status.splitlines()[0]}")
-        if not status.startswith(f"{part} ok"):
+        if "failed" in status.splitlines()[0]:
             terminalreporter.write_line((folder / f"{part}.log").read_text()[-3000:])
 
 
