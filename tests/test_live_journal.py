@@ -21,8 +21,9 @@ from tests.test_live_log import _check_projection, _feed, _remote_events
 SERIES = ("in_use", "cached_free", "max_ref", "evicted", "cached_tokens", "prompt_tokens", "refusal_seqs", "reset_seqs")
 
 
-def _journal_fed(frames, reset_every: int = 0, per_tick: int = 1, source: str = "tcp://10.0.0.5:5557"):
-    log = journal_log(16, checkpoint_rows=48)
+def _journal_fed(frames, reset_every: int = 0, per_tick: int = 1, source: str = "tcp://10.0.0.5:5557",
+                 compiled: bool = True):
+    log = journal_log(16, compiled=compiled, checkpoint_rows=48)
     pool = ColumnarPool(source, rank=0, journal=True)
     for i, (seq, payload) in enumerate(frames):
         if reset_every and i and i % reset_every == 0:
@@ -66,14 +67,14 @@ def _fixtures():
 
 
 @pytest.mark.parametrize("name", sorted(_fixtures()))
-@pytest.mark.parametrize("per_tick", [1, 64])
-def test_every_recorded_fixture_says_what_the_reference_says(name, per_tick):
+@pytest.mark.parametrize("per_tick, compiled", [(1, True), (64, True), (64, False)])
+def test_every_recorded_fixture_says_what_the_reference_says(name, per_tick, compiled):
     frames = _fixtures()[name]
     events = _remote_events(frames, 1, 0)
     if not events:
         pytest.skip("the fixture's frames carry no block event")
     ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)  # python: the EventLog
-    got = _journal_fed(frames, per_tick=per_tick)
+    got = _journal_fed(frames, per_tick=per_tick, compiled=compiled)
     _same(got, ref, name)
     assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]
     for i in sorted({0, 1, len(ref) // 3, len(ref) // 2, len(ref) - 1}):
@@ -83,14 +84,14 @@ def test_every_recorded_fixture_says_what_the_reference_says(name, per_tick):
     _check_projection(got.live, python.live, f"{name} live")
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_synthetic_streams_with_copies_clears_and_restarts(seed):
+@pytest.mark.parametrize("seed, compiled", [(0, True), (1, True), (2, True), (0, False), (1, False)])
+def test_synthetic_streams_with_copies_clears_and_restarts(seed, compiled):
     from tests.test_colpool import _synthetic
 
     frames = _synthetic(220, seed)
     events = _remote_events(frames, 1, 37)
     ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)
-    got = _journal_fed(frames, reset_every=37, per_tick=7)
+    got = _journal_fed(frames, reset_every=37, per_tick=7, compiled=compiled)
     assert {"block_stored", "block_evicted", "cache_reset"} <= {e.kind for e in ref.events}
     _same(got, ref, f"seed {seed}")
     assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]

@@ -290,6 +290,7 @@ class ColumnarLog:
         # a remote pool's stores, by ordinal (a stored row's `a`): parent, tokens, salt, external
         # id and tenant as each store gave them (copies of one hash may carry different ones)
         self.store_attributes: list[tuple] | None = None
+        self.journal_fed = False  # rows written from a columnar pool's journal (engine.core.live_journal)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -353,7 +354,7 @@ class ColumnarLog:
         self._born_row[n:top + 1] = self.num_rows
         self._born_place[n:top + 1] = TAIL_BASE + 2 * self.num_rows - 1
         self.num_blocks = top + 1
-        if self._slots is not None:
+        if self._slots is not None and not self.journal_fed:  # a journal's log places slots itself
             self._slots.grow(self.num_blocks)
 
     def blocks_at(self, rows: int | np.ndarray) -> Any:

@@ -79,11 +79,11 @@ class JournalStores(Sequence[tuple]):
     """Per store of the log (a stored row's `a`): (parent digest, token ids, salt, external
     id, tenant) read from its pool's per-store arrays when asked for."""
 
-    def __init__(self, keys: JournalKeys) -> None:
+    def __init__(self, keys: JournalKeys, compiled: bool = True) -> None:
         self._keys = keys
         self._pool, self._local = _Grow(np.int16), _Grow(np.int64)
         self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
-        self.placer = _Placer()
+        self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self.tenants = _Grow(np.int64)  # per store: its tenant code as PoolProjection sets it
 
     def __len__(self) -> int:
@@ -137,30 +137,42 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
     # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
     slots = col._remote_slots()
     names = journal.tier_names
-    request = np.zeros(n, np.int64)
-    info = np.zeros(n, np.int64)
-    for u in np.unique(bseq).tolist():
-        m = bseq == u
+    batches, of_batch = np.unique(bseq, return_inverse=True)
+    occurrence = np.zeros(len(batches), np.int64)
+    for i, u in enumerate(batches.tolist()):
         rid = f"{source}#{u}"
         r = col._live_request.get(rid)
         if r is None:
             r = col._live_request[rid] = col.requests.add(rid, None, 0)
-        request[m] = r
-        for t in np.unique(tier[m]).tolist():
-            medium = names[t] if 0 <= t < len(names) else "GPU"
-            info[m & (tier == t)] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+        occurrence[i] = r
+    request = occurrence[of_batch.reshape(-1)]
+    pairs, of_pair = np.unique(np.stack([bseq, tier], axis=1), axis=0, return_inverse=True)
+    numbers = np.zeros(len(pairs), np.int64)
+    for i, (u, t) in enumerate(pairs.tolist()):
+        medium = names[t] if 0 <= t < len(names) else "GPU"
+        numbers[i] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+    info = numbers[of_pair.reshape(-1)]
     first = log.last_seq + 1 if log.last_seq is not None else 0
     seqs = first + np.arange(n, dtype=np.int64)
     r0 = col.num_rows
     local = np.asarray(journal.store, np.int64)
-    hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
-    st_local = np.where(is_st, local, 0)
-    pw = np.asarray(journal.parent_width, np.int64)[st_local]
-    pk = np.asarray(journal.parent, np.uint64)[st_local].tolist()
-    parents = [(k, w) if w else None for k, w in zip(pk, pw.tolist())]
-    tenants = np.asarray(journal.tenant, np.int64)[st_local].tolist()
-    table, store_tenants = _place(stores.placer, col, op.tolist(), slot.tolist(), tier.tolist(), key.tolist(), rank,
-                                  local.tolist(), r0, hashes, parents, tenants)
+    if isinstance(stores.placer, _CompiledPlacer):
+        st_local_arr = np.where(is_st, local, 0)
+        table, store_tenants = stores.placer.place(
+            col, op.astype(np.int64), np.where(slot >= 0, slot * num_ranks + rank, -1), key,
+            np.asarray(journal.key, np.uint64).view(np.int64), np.asarray(journal.width, np.int64),
+            np.where(is_st, np.asarray(journal.parent, np.uint64).view(np.int64)[st_local_arr], 0),
+            np.where(is_st, np.asarray(journal.parent_width, np.int64)[st_local_arr], 0),
+            np.where(is_st, np.asarray(journal.tenant, np.int64)[st_local_arr], 0), local, rank, r0)
+    else:
+        hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
+        st_local = np.where(is_st, local, 0)
+        pw = np.asarray(journal.parent_width, np.int64)[st_local]
+        pk = np.asarray(journal.parent, np.uint64)[st_local].tolist()
+        parents = [(k, w) if w else None for k, w in zip(pk, pw.tolist())]
+        tenants = np.asarray(journal.tenant, np.int64)[st_local].tolist()
+        table, store_tenants = _place(stores.placer, col, op.tolist(), slot.tolist(), tier.tolist(), key.tolist(),
+                                      rank, local.tolist(), r0, hashes, parents, tenants)
     stores.tenants.extend(np.asarray(store_tenants, np.int64))
     table[:, 1] = seqs[table[:, 1]]  # event index -> seq
     ev = table[:, 2].copy()
@@ -297,12 +309,255 @@ def _write_rows(col: Any, table: np.ndarray) -> None:
     col.num_rows = stop
 
 
-def journal_log(block_size: int = 16, **options: Any) -> Any:
-    """A `LiveColumnarLog` for `append_journal` (hash ids and stores read from the pools)."""
+def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> Any:
+    """A `LiveColumnarLog` for `append_journal` (hash ids and stores read from the pools);
+    `compiled=False` places copies with the Python loop (the compiled one is held to it)."""
     from engine.core.live_log import LiveColumnarLog
 
     log = LiveColumnarLog(0, block_size, **options)
     keys = JournalKeys()
     log.columnar.keys = keys
-    log.columnar.store_attributes = JournalStores(keys)
+    log.columnar.store_attributes = JournalStores(keys, compiled)
+    log.columnar.journal_fed = True
     return log
+
+
+def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenants, stores, brank_of, rank, r0,
+                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, d8, dw, lhead, lnext,
+                out, born, store_tenants):  # pragma: no cover - compiled
+    """`_place` over arrays (compiled by numba): the same choices, the same rows.
+
+    state: [vacant top, blocks, rows out, born count, stores seen, lists made]. Slot FIFOs
+    (shead/stail/nxt, by pool slot * ranks + rank) give a removal its oldest copy; per hash
+    a FIFO of holders (d8/dw -> list, lhead, lnext) gives a store its parent's holder."""
+    nb = state[1]
+    o_n = 0
+    b_n = 0
+    s_n = 0
+    for i in range(len(ops)):
+        o = ops[i]
+        if o == 0:
+            b = -1
+            while state[0] > 0:
+                state[0] -= 1
+                c = vacant[state[0]]
+                if cur[c] < 0:
+                    b = c
+                    break
+            if b < 0:
+                b = nb
+                nb += 1
+                born[b_n] = r0 + o_n
+                b_n += 1
+            brank_of[b] = rank
+            s = pslots[i]
+            bslot[b] = s
+            nxt[b] = -1
+            if shead[s] < 0:
+                shead[s] = b
+            else:
+                nxt[stail[s]] = b
+            stail[s] = b
+            cur[b] = keys[i]
+            t = tenants[i]
+            if has_parent[i]:
+                if pwide[i] == 8:
+                    lid = _lookup(d8, pcode[i])
+                else:
+                    lid = _lookup(dw, pcode[i] * 256 + pwide[i])
+                if lid >= 0 and lhead[lid] >= 0:
+                    t = btenant[lhead[lid]]
+            btenant[b] = t
+            store_tenants[s_n] = t
+            s_n += 1
+            bcode[b] = hcode[i]
+            bwide[b] = hwide[i]
+            if hwide[i] == 8:
+                lid = _lookup(d8, hcode[i])
+                if lid < 0:
+                    lid = state[5]
+                    state[5] += 1
+                    lhead[lid] = -1
+                    d8[hcode[i]] = lid
+            else:
+                lid = _lookup(dw, hcode[i] * 256 + hwide[i])
+                if lid < 0:
+                    lid = state[5]
+                    state[5] += 1
+                    lhead[lid] = -1
+                    dw[hcode[i] * 256 + hwide[i]] = lid
+            lnext[b] = -1  # appended at the end of the hash's holders
+            if lhead[lid] < 0:
+                lhead[lid] = b
+            else:
+                x = lhead[lid]
+                while lnext[x] >= 0:
+                    x = lnext[x]
+                lnext[x] = b
+            out[o_n, 0] = 4
+            out[o_n, 3] = b
+            out[o_n, 4] = keys[i]
+            out[o_n, 7] = 1
+            out[o_n, 2] = i
+            o_n += 1
+        elif o == 1:
+            b = -1
+            s = pslots[i]
+            if s >= 0 and shead[s] >= 0:
+                b = shead[s]
+                shead[s] = nxt[b]
+                if shead[s] < 0:
+                    stail[s] = -1
+                cur[b] = -1
+                vacant[state[0]] = b
+                state[0] += 1
+                _unlink_hash(b, bcode, bwide, d8, dw, lhead, lnext)
+            out[o_n, 0] = 7
+            out[o_n, 3] = b
+            out[o_n, 4] = keys[i]
+            out[o_n, 7] = 0
+            out[o_n, 2] = i
+            o_n += 1
+        else:
+            others = False
+            for x in range(nb):
+                if cur[x] >= 0 and brank_of[x] != rank:
+                    others = True
+                    break
+            any_held = False
+            for x in range(nb):
+                if cur[x] >= 0 and (not others or brank_of[x] == rank):
+                    any_held = True
+                    out[o_n, 0] = 10
+                    out[o_n, 3] = x
+                    out[o_n, 4] = cur[x]
+                    out[o_n, 5] = stores[i]
+                    out[o_n, 7] = 0
+                    out[o_n, 2] = i
+                    o_n += 1
+                    cur[x] = -1
+                    vacant[state[0]] = x
+                    state[0] += 1
+                    s = bslot[x]  # out of its slot's FIFO
+                    prev = -1
+                    y = shead[s]
+                    while y >= 0 and y != x:
+                        prev = y
+                        y = nxt[y]
+                    if y == x:
+                        if prev < 0:
+                            shead[s] = nxt[x]
+                        else:
+                            nxt[prev] = nxt[x]
+                        if stail[s] == x:
+                            stail[s] = prev
+                    _unlink_hash(x, bcode, bwide, d8, dw, lhead, lnext)
+            if not any_held:
+                out[o_n, 0] = 10
+                out[o_n, 3] = -1
+                out[o_n, 4] = -1
+                out[o_n, 5] = stores[i]
+                out[o_n, 7] = 0
+                out[o_n, 2] = i
+                o_n += 1
+    state[1] = nb
+    state[2] = o_n
+    state[3] = b_n
+    state[4] = s_n
+
+
+def _lookup(d, k):  # pragma: no cover - compiled
+    return d[k] if k in d else -1
+
+
+def _unlink_hash(b, bcode, bwide, d8, dw, lhead, lnext):  # pragma: no cover - compiled
+    if bwide[b] == 8:
+        lid = _lookup(d8, bcode[b])
+    else:
+        lid = _lookup(dw, bcode[b] * 256 + bwide[b])
+    if lid < 0:
+        return
+    prev = -1
+    x = lhead[lid]
+    while x >= 0 and x != b:
+        prev = x
+        x = lnext[x]
+    if x == b:
+        if prev < 0:
+            lhead[lid] = lnext[b]
+        else:
+            lnext[prev] = lnext[b]
+
+
+class _CompiledPlacer:
+    """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls)."""
+
+    def __init__(self) -> None:
+        from numba import typed, types
+
+        self.loop = _compiled()[0]
+        self.state = np.zeros(6, np.int64)
+        z = np.zeros(0, np.int64)
+        self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
+        self.nxt, self.bslot, self.btenant, self.bcode, self.bwide, self.brank, self.lnext = (z.copy() for _ in range(7))
+        self.d8 = typed.Dict.empty(types.int64, types.int64)
+        self.dw = typed.Dict.empty(types.int64, types.int64)
+
+    @staticmethod
+    def _fit(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
+        if len(a) >= n:
+            return a
+        return np.concatenate([a, np.full(max(n, 2 * len(a)) - len(a), fill, a.dtype)])
+
+    def place(self, col: Any, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
+              hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
+              rank: int, r0: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(op)
+        n_store = int(np.count_nonzero(op == OP_STORED))
+        n_clear = int(np.count_nonzero(op == OP_CLEARED))
+        nb0 = col.num_blocks
+        top = nb0 + n_store
+        if len(col._live_keys) < top:
+            col._live_keys = np.concatenate([col._live_keys, np.full(top - len(col._live_keys), -1, np.int32)])
+        self.state[1] = nb0
+        for name in ("nxt", "bslot", "btenant", "bcode", "bwide", "lnext"):
+            setattr(self, name, self._fit(getattr(self, name), top, -1))
+        self.brank = self._fit(self.brank, top, -1)
+        self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top)
+        self.lhead = self._fit(self.lhead, int(self.state[5]) + n_store, -1)
+        width = int(pslot.max()) + 1 if n else 0
+        self.shead = self._fit(self.shead, width, -1)
+        self.stail = self._fit(self.stail, width, -1)
+        out = np.zeros((n + n_clear * top, 8), np.int64)
+        born = np.zeros(max(1, n_store), np.int64)
+        store_tenants = np.zeros(max(1, n_store), np.int64)
+        self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
+                  col._live_keys, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
+                  self.btenant, self.bcode, self.bwide, self.d8, self.dw, self.lhead, self.lnext, out, born,
+                  store_tenants)
+        nb = int(self.state[1])
+        table = out[:int(self.state[2])]
+        table[:, 1] = table[:, 2]
+        if nb > nb0:
+            col._grow(nb - 1)
+            rows = born[:int(self.state[3])]
+            col._born_row[nb0:nb] = rows
+            col._born_place[nb0:nb] = TAIL_BASE + 2 * rows - 1
+        return table, store_tenants[:int(self.state[4])]
+
+
+_COMPILED: list[Any] = []
+
+
+def _compiled() -> list[Any]:
+    """`_place_loop` compiled by numba (cached on disk), or [] without numba."""
+    if not _COMPILED:
+        try:
+            from numba import njit
+        except ImportError:
+            return _COMPILED
+        global _unlink_hash, _lookup
+        _lookup = njit(cache=True, nogil=True)(_lookup)
+        _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
+        _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
+    return _COMPILED
