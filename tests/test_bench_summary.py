@@ -115,3 +115,24 @@ def test_bench_all_prints_the_table_beside_each_bench(monkeypatch, capsys):
     assert row["met"] is False  # a quick run replays 10 copies, not 214M blocks
     assert "not available" in out["gui"]["error"] and "not available" in out["targets"]["window_up_s"]["missing"]
     assert captured.err.count("\n") == 1 and "gui failed" in captured.err
+
+
+def test_an_interrupted_bench_all_prints_what_the_finished_benches_measured(monkeypatch, capsys):
+    # Ctrl-C during the second bench: the stream bench's real figures are kept, the rest say why not.
+    real_import = bench.importlib.import_module
+
+    class Interrupting:
+        @staticmethod
+        def run_bench(quick: bool = False) -> dict:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "BENCHES", {"stream": "engine.bench.stream", "gui": "interrupting", "engine": "x"})
+    monkeypatch.setattr(bench.importlib, "import_module",
+                        lambda name: Interrupting if name == "interrupting" else real_import(name))
+    assert cli.main(["bench", "all", "--quick", "--json"]) == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["targets"]["stream_214m_blocks_memory_growth_mb"]["value"] is not None
+    assert out["gui"] == out["engine"] == {"error": "interrupted before it finished"}
+    assert "interrupted" in out["targets"]["window_up_s"]["missing"]
+    assert "not measured: gui, engine" in captured.err

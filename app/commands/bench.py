@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
+import threading
 import time
 
 from app.commands._common import print_json
@@ -13,15 +15,16 @@ from engine.bench.summary import summarize
 from engine.core.errors import InputError
 
 NAME = "bench"
-HELP = "run a benchmark (engine, stream, ttft, semantic, attach, gui, or all) and report ratios against its targets"
+HELP = "run a benchmark (engine, stream, attach, gui, ttft, semantic, or all) and report ratios against its targets"
 
+# `all` runs them in this order: issue 20's benches first, the model's last (the longest).
 BENCHES = {
     "engine": "engine.bench.prefix_cache",
     "stream": "engine.bench.stream",
-    "ttft": "engine.bench.ttft",
-    "semantic": "engine.bench.semantic",
     "attach": "app.commands._bench_attach",
     "gui": "app.commands._bench_gui",
+    "ttft": "engine.bench.ttft",
+    "semantic": "engine.bench.semantic",
 }
 
 
@@ -34,11 +37,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """One bench, or all of them in turn. `all` adds a top-level `targets` table: every
     target of issue 20 with its value, the anchor measured beside it and the ratio
-    (`engine.bench.summary`); a bench that fails there gives its error and the others run."""
+    (`engine.bench.summary`); a bench that fails there gives its error and the others run,
+    and Ctrl-C or SIGTERM stops the run and prints what the finished benches measured."""
     everything = args.name == "all"
     names = list(BENCHES) if everything else [args.name]
     results: dict[str, dict] = {}
-    failed = []
+    failed: list[str] = []
+    on_term = None
+    if everything and threading.current_thread() is threading.main_thread():
+        on_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if everything and "gui" in names:
+            # One QApplication for the whole run, made before any bench starts a Qt event
+            # loop: bench attach's would otherwise be a QCoreApplication, on which bench
+            # gui cannot build a widget (Qt has one application object per process).
+            from app.commands._bench_gui import _app
+
+            qt_app = _app()  # noqa: F841 - kept for the whole run
+        _run_each(names, args, results, failed, everything)
+    except KeyboardInterrupt:
+        if not everything:
+            raise
+        stopped = [name for name in names if name not in results]
+        for name in stopped:
+            results[name] = {"error": "interrupted before it finished"}
+        failed.extend(stopped)
+        sys.stderr.write(f"cachescope bench: interrupted; not measured: {', '.join(stopped)}\n")
+    finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
+    if everything:
+        table = summarize(results)
+        if args.json:
+            print_json({"targets": table, "quick": args.quick, **results})
+        else:
+            _print_table(table)
+    elif args.json:
+        print_json(results[names[0]])
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_each(names: list[str], args: argparse.Namespace, results: dict[str, dict], failed: list[str],
+              everything: bool) -> None:
     for name in names:
         try:
             mod = importlib.import_module(BENCHES[name])
@@ -62,15 +107,6 @@ def run(args: argparse.Namespace) -> int:
         results[name]["wall_s"] = round(time.perf_counter() - t0, 2)
         if not args.json:
             _print_human(name, results[name])
-    if everything:
-        table = summarize(results)
-        if args.json:
-            print_json({"targets": table, "quick": args.quick, **results})
-        else:
-            _print_table(table)
-    elif args.json:
-        print_json(results[names[0]])
-    return 1 if failed else 0
 
 
 def _print_human(name: str, result: dict) -> None:
