@@ -141,7 +141,8 @@ from engine.core.columnar_log import ColumnarEventLog
 from engine.core.replay import ReplayConfig
 from engine.core.trace import TraceRequest
 from engine.kernel.replay import replay_kernel
-tiny = [TraceRequest(0, 1, "a", None, None, None, (1, 2), 1024, 2), TraceRequest(1, 2, "b", None, None, None, (1, 3), 1024, 2)]
+tiny = [TraceRequest(0, 1, "a", None, None, None, (1, 2), 1024, 2),
+        TraceRequest(1, 2, "b", None, None, None, (1, 3), 1024, 2)]
 log = ColumnarEventLog(replay_kernel(tiny, ReplayConfig(block_size=512, capacity_blocks=64), record=True).log, time=0.0)
 log.warm()
 del log

@@ -58,7 +58,8 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
     """Worker-thread job: replay a trace on the compiled kernel where it can run it and
     wrap its columnar log (series and live state computed here, off the GUI thread); the
     Python engine otherwise, its events built into an `EventLog`. Returns the result dict
-    (settings and totals; the per-request rows are the log's, not repeated) and the log. Cancel is checked after the replay (the kernel's log is whole or nothing)
+    (settings and totals; the per-request rows are the log's, not repeated) and the log.
+    Cancel is checked after the replay (the kernel's log is whole or nothing)
     and between chunks of an `EventLog`: `ReplayCancelled` carries the part built.
     `capacity_blocks` None sizes the pool to the trace (`capacity_of`) once it is read."""
     from engine.core.columnar_log import ColumnarEventLog
