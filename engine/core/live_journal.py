@@ -146,9 +146,11 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
             r = col._live_request[rid] = col.requests.add(rid, None, 0)
         occurrence[i] = r
     request = occurrence[of_batch.reshape(-1)]
-    pairs, of_pair = np.unique(np.stack([bseq, tier], axis=1), axis=0, return_inverse=True)
+    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
+    pairs, of_pair = np.unique(bseq * 1024 + (tier + 1), return_inverse=True)
     numbers = np.zeros(len(pairs), np.int64)
-    for i, (u, t) in enumerate(pairs.tolist()):
+    for i, code in enumerate(pairs.tolist()):
+        u, t = code // 1024, code % 1024 - 1
         medium = names[t] if 0 <= t < len(names) else "GPU"
         numbers[i] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
     info = numbers[of_pair.reshape(-1)]
