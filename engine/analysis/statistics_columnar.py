@@ -119,7 +119,7 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     if len(keep) < n_events:
         keep = np.concatenate([keep, np.zeros(n_events - len(keep), bool)])
     kind_all = col.col("kind")
-    rows = np.flatnonzero(keep[log._row_events()] & np.isin(kind_all, (STARTED, LOOKUP, STORED, EVICTED)))
+    rows = np.flatnonzero(keep[log.row_events()] & np.isin(kind_all, (STARTED, LOOKUP, STORED, EVICTED)))
     kind = kind_all[rows]
     req = col.col("request")[rows].astype(np.int64)
     key = col.col("hash")[rows].astype(np.int64)
@@ -288,16 +288,12 @@ def _salt_ids(req: np.ndarray, key: np.ndarray, is_start: np.ndarray, reqs: Any,
     """Per row, the salt id (into `keys.salts`) a started event (its request's) or a stored
     one (its root block's) carries, -1 for none; None when a table has live entries, whose
     salts are read one by one."""
-    if len(reqs) != reqs._n_fixed or keys._live or reqs._salts != keys.salts:
+    if len(reqs) != reqs.num_fixed or len(keys.live_ids()) or tuple(reqs.salts) != tuple(keys.salts):
         return None
     out = np.full(len(req), -1, np.int64)
-    r = req[is_start]
-    out[is_start] = np.asarray(reqs._salt_ids, np.int64)[r]
+    out[is_start] = reqs.fixed_salt_ids()[req[is_start]]
     st = ~is_start
-    k = key[st]
-    root = np.asarray(keys.parent, np.int64)[k] < 0
-    sid = np.where(root, ((np.asarray(keys.tag, np.int64)[k] >> 1) & 0xFFFFFFFF) - 2, -1)
-    out[st] = sid
+    out[st] = keys.root_salt_ids(key[st])
     return out
 
 
@@ -306,9 +302,7 @@ def _may_carry_tokens(keys: Any, ids: np.ndarray) -> np.ndarray:
     block, its tag even), so a hash-id trace reads no attributes."""
     out = np.ones(len(ids), bool)
     fixed = ids < len(keys.parent)
-    live = np.fromiter(keys._live, np.int64, len(keys._live)) if keys._live else np.zeros(0, np.int64)
-    tag = np.asarray(keys.tag, np.int64)
-    out[fixed] = (tag[ids[fixed]] % 2 == 1) | np.isin(ids[fixed], live)
+    out[fixed] = keys.carries_tokens(ids[fixed]) | np.isin(ids[fixed], keys.live_ids())
     return out
 
 

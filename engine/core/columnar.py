@@ -95,6 +95,22 @@ class KeyTable:
             return int(self.parent[key])
         return self._live_parent.get(key, -1)
 
+    def live_ids(self) -> np.ndarray:
+        """The ids whose attributes a live event carried (int64)."""
+        return np.fromiter(self._live, np.int64, len(self._live)) if self._live else np.zeros(0, np.int64)
+
+    def root_salt_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Per kernel id (below `len(parent)`): the salt id (into `salts`) of a root block, -1
+        for a block with a parent or a root without a salt."""
+        ids = np.asarray(ids, np.int64)
+        root = np.asarray(self.parent, np.int64)[ids] < 0
+        return np.where(root, ((np.asarray(self.tag, np.int64)[ids] >> 1) & 0xFFFFFFFF) - 2, -1)
+
+    def carries_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """Per kernel id (below `len(parent)`): True where its content is token ids, False
+        where it is an external hash id."""
+        return np.asarray(self.tag, np.int64)[np.asarray(ids, np.int64)] % 2 == 1
+
     def is_root(self, key: int) -> bool:
         return key < len(self.parent) and int(self.parent[key]) < 0
 
@@ -184,6 +200,20 @@ class RequestTable:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def num_fixed(self) -> int:
+        """Rows that came with the trace (the kernel's); the rest were added by live events."""
+        return self._n_fixed
+
+    @property
+    def salts(self) -> Sequence[str | None]:
+        """The salt names the fixed rows' salt ids index (read-only)."""
+        return tuple(self._salts)
+
+    def fixed_salt_ids(self) -> np.ndarray:
+        """Per fixed row, its salt id into `salts` (-1: no salt), as int64."""
+        return np.asarray(self._salt_ids, np.int64)
 
     def salt(self, r: int) -> str | None:
         if r >= self._n_fixed:

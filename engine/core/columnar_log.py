@@ -245,13 +245,14 @@ class ColumnarEventLog:
             return np.zeros(0, np.int64)
         keep = np.zeros(len(self.seqs), bool)
         keep[pos] = True
-        row_event = self._row_events()
+        row_event = self.row_events()
         block = self.columnar.col("block")
         kind = self.columnar.col("kind")
         m = keep[row_event] & (block >= 0) & np.isin(kind, (ALLOCATED, STORED, REF, FREED, EVICTED))
         return np.unique(block[m]).astype(np.int64)
 
-    def _row_events(self) -> np.ndarray:
+    def row_events(self) -> np.ndarray:
+        """Per row of the columns, the position of the event it belongs to (int64)."""
         r = self._index.get("row_events")
         if r is None:
             r = np.repeat(np.arange(len(self.starts), dtype=np.int64), self.ends - self.starts)
@@ -499,7 +500,7 @@ class ColumnarEventLog:
         got = self._index.get("request_keys")
         if got is None:
             reqs = self.columnar.requests
-            n_fixed = reqs._n_fixed
+            n_fixed = reqs.num_fixed
             keys = np.asarray(reqs._keys[:int(reqs._koff[n_fixed])] if n_fixed else np.zeros(0, np.int32))
             nfull = np.asarray(reqs._nfull, np.int64)
             offsets = np.asarray(reqs._koff[:n_fixed], np.int64)
