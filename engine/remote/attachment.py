@@ -207,6 +207,10 @@ class Attachment:
     subscribers: list[VllmSubscriber] = field(default_factory=list)
     combined: CombinedPool = field(init=False)
     started: bool = False
+    # With `options.columnar`: each pool journals its block operations (`ColumnarPool(journal=True)`,
+    # as `engine.remote.overlay.journal_pool_class` makes it, with each journal row's batch
+    # time) for a reader that takes them under `lock` (`take_journal`), as the app's live log does.
+    journal: bool = False
 
     def __post_init__(self) -> None:
         self.combined = CombinedPool(self.pools)
@@ -247,6 +251,10 @@ class Attachment:
             from engine.remote.colpool import ColumnarPool, warm_up
 
             warm_up()  # compiled (or loaded from numba's cache) before any socket buffers frames
+            if self.journal:
+                from engine.remote.overlay import journal_pool_class
+
+                return journal_pool_class()
             return ColumnarPool
         return RemotePool
 

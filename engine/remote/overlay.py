@@ -76,7 +76,7 @@ class RemoteOverlay:
     __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
-                 "_touched", "revision", "_counts")
+                 "_touched", "revision", "_counts", "journal")
 
     def __init__(self) -> None:
         self.tier = np.zeros(0, dtype=np.uint8)
@@ -101,6 +101,7 @@ class RemoteOverlay:
         self._touched: list[int] = []  # slots changed since `_codes` was computed
         self.revision = 0  # bumps with every observed batch
         self._counts: tuple[int, int, list[TierCount]] | None = None
+        self.journal: Any = None  # a JournalFollower once journal rows are observed
 
     def _grow(self, n: int) -> None:
         if n <= len(self.tier):
@@ -127,6 +128,11 @@ class RemoteOverlay:
     def _fresh_code(self, code: int) -> int:
         num_tiers = max(len(self.tier_names), len(TIERS))
         return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
+
+    def observe_journal(self, journal: Any, times: np.ndarray, projection: Any, slots: Any, pool: Any,
+                        rank: int = 0) -> None:
+        """`observe` for a tick of a journalling pool's rows (see `observe_journal` below)."""
+        observe_journal(self, journal, times, projection, slots, pool, rank)
 
     def before(self, events: Iterable[Event], projection: PoolProjection) -> None:
         """Arm the projection to report the slot each stored or removed block takes or
@@ -289,3 +295,256 @@ def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
     for j in range(1, k):
         np.maximum(out, padded[j::k], out=out)
     return out, k
+
+
+# ---- the journal route (`ColumnarPool(journal=True)` into the app's live columnar log) ----
+
+_JOURNAL_POOL: list[Any] = []
+
+
+def journal_pool_class() -> Any:
+    """`ColumnarPool(journal=True)` that also keeps the batch time of each journal row
+    (`row_times`, what `RemoteOverlay.observe_journal` dates stores and removals by, as
+    the reference dates its events by their `RemoteInfo.batch_time`). A clear from `reset`
+    without a batch time is dated when it happens, as the reference's `CacheReset` is.
+    Made on first use: the colpool module loads numba."""
+    if not _JOURNAL_POOL:
+        from engine.remote import colpool
+
+        class JournalPool(colpool.ColumnarPool):
+            """A journalling columnar pool with each journal row's batch time."""
+
+            def __init__(self, source: str, rank: int = 0, events: Any = None, max_removed: int = 200_000,
+                         server: str = "", capacity: int = 1024, journal: bool = True) -> None:
+                super().__init__(source, rank, events, max_removed, server=server, capacity=capacity, journal=True)
+                self.row_times = np.zeros(1024, np.float64)
+                self._in_many = False
+
+            def _num_rows(self) -> int:
+                return int(self.S[colpool.S_JROWS])
+
+            def _date(self, r0: int, seqs: np.ndarray, tss: np.ndarray) -> None:
+                r1 = self._num_rows()
+                if r1 <= r0:
+                    return
+                if r1 > len(self.row_times):
+                    grown = np.zeros(max(r1, 2 * len(self.row_times)), np.float64)
+                    grown[:r0] = self.row_times[:r0]
+                    self.row_times = grown
+                if len(seqs) == 1:
+                    self.row_times[r0:r1] = tss[0]
+                else:  # the batches of one call, seqs ascending: each row by its batch seq
+                    at = np.searchsorted(seqs, self.J[r0:r1, colpool.J_SEQ]).clip(0, len(seqs) - 1)
+                    self.row_times[r0:r1] = tss[at]
+
+            def apply(self, batch: Any) -> list:
+                if self._in_many:
+                    return super().apply(batch)
+                r0 = self._num_rows()
+                out = super().apply(batch)
+                self._date(r0, np.array([batch.seq], np.int64), np.array([batch.ts], np.float64))
+                return out
+
+            def apply_many(self, batches: list) -> list:
+                seqs = np.array([b.seq for b in batches], np.int64)
+                if len(seqs) > 1 and not np.all(np.diff(seqs) > 0):
+                    for b in batches:
+                        self.apply(b)
+                    return []
+                r0 = self._num_rows()
+                self._in_many = True
+                try:
+                    super().apply_many(batches)
+                finally:
+                    self._in_many = False
+                self._date(r0, seqs, np.array([b.ts for b in batches], np.float64))
+                return []
+
+            def reset(self, batch_seq: int = -1, batch_time: float = 0.0) -> list:
+                r0 = self._num_rows()
+                out = super().reset(batch_seq, batch_time)
+                self._date(r0, np.array([batch_seq], np.int64), np.array([batch_time or time.time()], np.float64))
+                return out
+
+            def times_of(self, journal: Any) -> np.ndarray:
+                """The batch time of each row of `journal` (a `JournalRows` of this pool), a copy."""
+                return self.row_times[journal.start:journal.stop].copy()
+
+        _JOURNAL_POOL.append(JournalPool)
+    return _JOURNAL_POOL[0]
+
+
+_MIX_TIER = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: mixes a tier into an identity
+_WIDE_TAG = np.int64(0x5BD1E9955BD1E995)
+
+
+def _observe_loop(op, slot, t, code, fresh, ident, count, rank, tier, rank_of, stored_at, base, stored_out,
+                  removed_out, life_out, touched_out, removed, ring_id, ring_gen, st, max_removed):  # pragma: no cover
+    """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba). st: stored,
+    removed, lifetimes, touched written; generation counter; ring head, tail; stored again;
+    the row of the last clear (-1 none)."""
+    for i in range(len(op)):
+        o = op[i]
+        if o == 0:  # stored
+            stored_out[st[0]] = t[i]
+            st[0] += 1
+            h = ident[i]
+            if h in removed:
+                del removed[h]
+                st[7] += 1
+            b = slot[i]
+            if b >= 0:
+                tier[b] = code[i]
+                rank_of[b] = rank
+                stored_at[b] = t[i]
+                base[b] = fresh[i]
+                touched_out[st[3]] = b
+                st[3] += 1
+        elif o == 1:  # removed
+            removed_out[st[1]] = t[i]
+            st[1] += 1
+            h = ident[i]
+            if h not in removed:
+                g = st[4]
+                st[4] += 1
+                removed[h] = g
+                ring_id[st[6]] = h
+                ring_gen[st[6]] = g
+                st[6] += 1
+                if len(removed) > max_removed:  # forget the oldest removal still remembered
+                    while st[5] < st[6]:
+                        k, g = ring_id[st[5]], ring_gen[st[5]]
+                        st[5] += 1
+                        if k in removed and removed[k] == g:
+                            del removed[k]
+                            break
+            b = slot[i]
+            if b >= 0 and base[b] != 0:
+                life_out[st[2]] = max(0.0, t[i] - stored_at[b])
+                st[2] += 1
+                base[b] = 0
+                touched_out[st[3]] = b
+                st[3] += 1
+        else:  # a clear: every copy it cleared is a removal
+            for _ in range(count[i]):
+                removed_out[st[1]] = t[i]
+                st[1] += 1
+            st[8] = i
+
+
+_OBSERVE: list[Any] = []
+
+
+def _compiled_observe() -> Any:
+    if not _OBSERVE:
+        from numba import njit
+
+        _OBSERVE.append(njit(cache=True, nogil=True)(_observe_loop))
+    return _OBSERVE[0]
+
+
+class JournalFollower:
+    """What `RemoteOverlay.observe_journal` keeps between ticks: the removals remembered for
+    "stored again" (a numba dict of hash-and-tier identities, a ring of their insertion
+    order) and the cross-pool identity of each pool's 32-byte hashes (digest -> number)."""
+
+    def __init__(self) -> None:
+        from numba import typed, types
+
+        self.removed = typed.Dict.empty(types.int64, types.int64)
+        self.ring_id = np.zeros(1024, np.int64)
+        self.ring_gen = np.zeros(1024, np.int64)
+        self.st = np.zeros(9, np.int64)
+        self.wide: dict[bytes, int] = {}
+        self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
+
+    def identities(self, journal: Any, pool: Any, codes: np.ndarray) -> np.ndarray:
+        """One int64 per row naming (hash, tier) across pools: an 8-byte hash by its value, a
+        wider one by the number of its digest."""
+        key = np.asarray(journal.key, np.uint64).view(np.int64)
+        width = np.asarray(journal.width, np.int64)
+        ident = key.copy()
+        wide = width == 2  # colpool.W_WIDE: a surrogate of this pool's
+        if wide.any():
+            have = self.wide_of.get(id(pool), np.zeros(0, np.int64))
+            sur = key[wide]
+            top = int(sur.max()) + 1
+            if len(have) < top:
+                have = np.concatenate([have, np.full(max(top, 2 * len(have)) - len(have), -1, np.int64)])
+            for s in np.unique(sur[have[sur] < 0]).tolist():
+                digest = pool.hash_of(s, 2)
+                have[s] = self.wide.setdefault(digest, len(self.wide))
+            self.wide_of[id(pool)] = have
+            ident[wide] = (have[sur] + 1) * np.int64(1000003) ^ _WIDE_TAG
+        return ident ^ (codes.astype(np.int64) * _MIX_TIER)
+
+    def room(self, n: int) -> None:
+        st = self.st
+        if st[5] > len(self.ring_id) // 2:  # drop what the ring has passed
+            live = int(st[6] - st[5])
+            self.ring_id[:live] = self.ring_id[st[5]:st[6]]
+            self.ring_gen[:live] = self.ring_gen[st[5]:st[6]]
+            st[5], st[6] = 0, live
+        need = int(st[6]) + n
+        if need > len(self.ring_id):
+            size = max(need, 2 * len(self.ring_id))
+            for name in ("ring_id", "ring_gen"):
+                grown = np.zeros(size, np.int64)
+                grown[:st[6]] = getattr(self, name)[:st[6]]
+                setattr(self, name, grown)
+
+
+def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, projection: Any,
+                    slots: list[int] | np.ndarray, pool: Any, rank: int) -> None:
+    """`RemoteOverlay.observe` for a tick of journal rows (a `JournalRows` of `pool`, one
+    data-parallel `rank`) that a journal-fed live log (`engine.core.live_journal`) has just
+    appended: `times` the batch time of each row (`JournalPool.times_of`), `slots` the log
+    slot of each stored and removed row (`LiveColumnarLog.blocks_of_rows`). The same
+    per-slot tier, rank, store time and code, rates, lifetimes and "stored again" as the
+    reference's events give, from arrays in one compiled pass."""
+    n = len(journal)
+    if not n:
+        return
+    self = overlay
+    follow = self.journal
+    if follow is None:
+        follow = self.journal = JournalFollower()
+    self.revision += 1
+    self._grow(projection.num_blocks)
+    op = np.asarray(journal.op, np.int64)
+    names = journal.tier_names
+    jt = np.asarray(journal.tier, np.int64)
+    code = np.zeros(n, np.int64)
+    for t in np.unique(jt[op != 2]).tolist():
+        code[jt == t] = self.tier_code(tier_of_medium(names[t] if 0 <= t < len(names) else None))
+    fresh = np.zeros(n, np.int64)
+    for c in np.unique(code[op != 2]).tolist():  # after every tier has its code
+        fresh[code == c] = self._fresh_code(c)
+    slot = np.full(n, -1, np.int64)
+    slot[op != 2] = np.asarray(slots, np.int64)
+    count = np.where(op == 2, np.asarray(journal.store, np.int64), 0)
+    ident = follow.identities(journal, pool, code)
+    follow.room(n)
+    n_removed = n + int(count.sum())
+    stored_out, removed_out, life_out = np.zeros(n), np.zeros(n_removed), np.zeros(n)
+    touched_out = np.zeros(2 * n, np.int64)
+    st = follow.st
+    st[:4] = 0
+    st[8] = -1
+    _compiled_observe()(op, slot, np.asarray(times, np.float64), code.astype(np.uint8), fresh.astype(np.uint8),
+                        ident, count, rank, self.tier, self.rank, self.stored_at, self.base, stored_out,
+                        removed_out, life_out, touched_out, follow.removed, follow.ring_id, follow.ring_gen, st,
+                        MAX_REMEMBERED_REMOVALS)
+    self.stored_times.frombytes(stored_out[:st[0]].tobytes())
+    self.removed_times.frombytes(removed_out[:st[1]].tobytes())
+    self.lifetimes.frombytes(life_out[:st[2]].tobytes())
+    self._touched.extend(touched_out[:st[3]].tolist())
+    self.num_stored_again += int(st[7])
+    st[7] = 0
+    if st[8] >= 0:
+        self.last_reset_time = float(times[st[8]])
+        k = min(projection.num_blocks, len(self.base))
+        held = np.frombuffer(projection.hashed, dtype=np.uint8, count=k)
+        self.base[:k][held == 0] = 0
+        self._codes_second = None
+    self._sample(projection, self.now)
