@@ -54,3 +54,31 @@ def test_the_remote_timeline_shows_all_again_for_another_attach(ctx, qtbot):  # 
     assert not vb.state["autoRange"][0]  # a zoom turns the x auto range off
     ctx.state.set_engine(engine_info(block_size=16, num_blocks=0) | {"remote": True})
     assert vb.state["autoRange"][0]
+
+
+def test_an_empty_new_log_does_not_keep_the_last_logs_axis(ctx, qtbot, tmp_path):  # noqa: F811
+    from app.runtime.bridge import engine_info
+
+    view = TimelineView(ctx)
+    qtbot.addWidget(view)
+    view.resize(900, 500)
+    view.show()
+    _, events, _ = replay_trace(ctx, tmp_path, capacity=24)
+    view.refresh(force=True)
+    qtbot.wait(50)
+    assert view.glw.x_range()[1] >= events[-1].seq
+    ctx.state.set_engine(engine_info(block_size=16, num_blocks=0))  # a usage log: no pool, no events
+    view.refresh(force=True)
+    qtbot.wait(50)
+    lo, hi = view.glw.x_range()
+    assert hi < events[-1].seq / 2, (lo, hi)
+    # the next events still come into view: the x auto range stays on
+    mgr, new_events = make_engine(ctx, num_blocks=12, block_size=4)
+    for i in range(30):
+        mgr.allocate(Request(f"r{i}", list(range(i, i + 9))))
+        mgr.finish(f"r{i}")
+    deliver(ctx)
+    view.refresh(force=True)
+    qtbot.wait(50)
+    lo, hi = view.glw.x_range()
+    assert lo <= new_events[0].seq and new_events[-1].seq <= hi

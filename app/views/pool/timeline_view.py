@@ -244,6 +244,11 @@ class TimelineView(PanelView):
         cached = used + _values(s.cached_free)
         max_ref = _values(s.max_ref)
         self._full = (x, cached, used, max_ref)
+        if not len(x):
+            # nothing to range over (a usage log, a fresh engine): an empty axis from 0, not
+            # the last log's, and the auto range still on for the events to come
+            self.glw.set_x_range(0.0, 1.0)
+            self.glw.show_all()
         self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
         self.pool_size = self.state.projection.num_blocks
         held = float(cached.max()) if len(cached) else 0.0
