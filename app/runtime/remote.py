@@ -13,6 +13,7 @@ open in `app.runtime.captures`; the dialog lives in `app.dialogs.attach_dialog`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
-from app.runtime.bridge import engine_info
+from app.runtime.bridge import FRAME_MS, engine_info
 from engine.core.errors import InputError
 from engine.core.events import EventBus
 from engine.core.hashing import SERVER_HASHES
@@ -150,6 +151,10 @@ class RemoteController(QObject):
     sigMessage = Signal(str)
     sigTokenizer = Signal(object)
     sigFleet = Signal()
+    # One server's streams (its ranks) go through the columnar pools' journal into the live
+    # columnar log at each GUI tick; False (or PoolState(columnar=False), a fleet, a bound
+    # endpoint) keeps the reference route: RemotePool's events through the bridge.
+    journal = True
 
     def __init__(self, host: RemoteHost) -> None:
         super().__init__(host if isinstance(host, QObject) else None)
@@ -163,6 +168,10 @@ class RemoteController(QObject):
         self.recorded_settings: AttachSettings | None = None
         self._timer = QTimer(self, interval=HEALTH_MS)
         self._timer.timeout.connect(self._poll)
+        self._tick_timer = QTimer(self, interval=FRAME_MS)  # the journal's GUI tick
+        self._tick_timer.timeout.connect(self.tick)
+        self.journalling = False  # this attach runs the journal route
+        self._num_ranks = 1
         self.sigTokenizer.connect(self._set_tokenizer)
         # another subject (a trace, a chat) ends the attach
         host.sigSubjectChanged.connect(self._on_subject)
@@ -225,9 +234,19 @@ class RemoteController(QObject):
         settings = settings.validated()
         self.detach()
         bus = EventBus()
-        attachment = Attachment(settings.options, on_notice=self._on_notice, events=bus)
+        opts = settings.options
+        journal = self.uses_journal(settings)
+        if journal:
+            attachment = Attachment(dataclasses.replace(opts, columnar=True), on_notice=self._on_notice, events=bus,
+                                    journal=True)
+        else:
+            attachment = Attachment(opts, on_notice=self._on_notice, events=bus)
+        self.journalling = journal
+        self._num_ranks = max(opts.data_parallel_size, max(opts.ranks, default=0) + 1)
+        info = self._engine_info(settings)
+        info["journal"] = journal
         # The views reset to an empty remote pool before the first batch can arrive.
-        self.host.attach_events(bus, self._engine_info(settings))
+        self.host.attach_events(bus, info)
         try:
             attachment.start()
         except Exception as exc:
@@ -240,6 +259,8 @@ class RemoteController(QObject):
         self.last_settings = settings
         self.recorded_fleet, self.recorded_settings = None, None
         self._timer.start()
+        if journal:
+            self._tick_timer.start()
         self._load_tokenizer(settings.tokenizer)
         self.sigAttached.emit(settings)
         self.sigFleet.emit()
@@ -252,10 +273,36 @@ class RemoteController(QObject):
         self.attachment.stop()
         self._poll()
         self._timer.stop()
+        self._tick_timer.stop()
+        if self.journalling:
+            self.tick()  # what the pools journalled since the last tick
         self.host.bridge.flush(everything=True)
         self.host.bridge.detach()
         self.settings = None
         self.sigDetached.emit()
+
+    def uses_journal(self, settings: AttachSettings) -> bool:
+        """True if an attach with `settings` goes through the pools' journal: one server (its
+        ranks one stream each), not bound, and a columnar live log to take it."""
+        opts = settings.options
+        return bool(self.journal and getattr(self.host.state, "columnar", False) and len(opts.endpoints) == 1
+                    and not opts.bind and not opts.ranks)
+
+    def tick(self) -> int:
+        """One GUI tick of the journal route: under the attachment's lock each pool's new
+        journal rows are taken (numpy views, with their batch times); outside it they go to
+        `PoolState.apply_journal`, one append and one `sigChanged` for the tick. Returns the
+        number of events appended."""
+        att = self.attachment
+        if att is None or not self.journalling:
+            return 0
+        with att.lock:
+            takes = []
+            for pool in att.pools:
+                rows = pool.take_journal()
+                if len(rows):
+                    takes.append((rows, pool, int(pool.rank), self._num_ranks, pool.times_of(rows)))
+        return self.host.state.apply_journal(takes) if takes else 0
 
     def _engine_info(self, settings: AttachSettings) -> dict[str, Any]:
         opts = settings.options

@@ -14,6 +14,7 @@ Event seq is the one numbering every view uses: "event 120" is `Event.seq == 120
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,7 +100,14 @@ class PoolState(QObject):
         self.reset(int(info.get("num_blocks") or 0), int(info.get("block_size") or 16))
 
     def reset(self, num_blocks: int, block_size: int) -> None:
-        if self.engine_info.get("remote"):
+        if self.engine_info.get("remote") and self.engine_info.get("journal") and self.columnar:
+            # an attached server whose pools journal (`RemoteController`): rows from arrays
+            from engine.core.live_journal import journal_log
+
+            self.log = journal_log(block_size, checkpoint_rows=REMOTE_CHECKPOINT_EVENTS,
+                                   max_checkpoints=REMOTE_CHECKPOINTS)
+            self.remote = RemoteOverlay()
+        elif self.engine_info.get("remote"):
             self.log = LiveColumnarLog(num_blocks, block_size, checkpoint_rows=REMOTE_CHECKPOINT_EVENTS,
                                        max_checkpoints=REMOTE_CHECKPOINTS) if self.columnar else \
                 EventLog(num_blocks, block_size, checkpoint_every=REMOTE_CHECKPOINT_EVENTS,
@@ -149,6 +157,41 @@ class PoolState(QObject):
         if self._scrubbed is None:
             self.version += 1
         self.sigChanged.emit()
+
+    @property
+    def journal_fed(self) -> bool:
+        """True while the log takes an attached server's journal rows (`apply_journal`)."""
+        return bool(getattr(self.log.columnar, "journal_fed", False)) if getattr(self.log, "live_log", False) \
+            else False
+
+    def apply_journal(self, takes: list[tuple[Any, Any, int, int, Any]]) -> int:
+        """Append one GUI tick of journal rows: `takes` holds, per pool, (its `JournalRows`,
+        the pool, its rank, the number of ranks, each row's batch time), rows taken under
+        the attachment's lock. The log gets one event per row (`append_journal`), the remote
+        overlay follows from the same arrays, and views hear `sigChanged` once. Returns the
+        number of events appended (0: nothing new, no signal)."""
+        if not self.journal_fed:
+            return 0
+        from engine.core.live_journal import append_journal
+
+        first = None if self.log.last_seq is None else self.log.last_seq + 1
+        made = 0
+        now = time.time()
+        for journal, pool, rank, num_ranks, times in takes:
+            if not len(journal):
+                continue
+            r0 = self.log.columnar.num_rows
+            made += append_journal(self.log, journal, pool, pool.source, rank, num_ranks, now=now)
+            if self.remote is not None:
+                self.remote.observe_journal(journal, times, self.log.live, self.log.blocks_of_rows(r0, array=True), pool,
+                                           rank)
+        if not made:
+            return 0
+        self.last_batch = (first if first is not None else int(self.log.first_seq), int(self.log.last_seq))
+        if self._scrubbed is None:
+            self.version += 1
+        self.sigChanged.emit()
+        return made
 
     def adopt_log(self, log: EventLog | ColumnarEventLog) -> None:
         """Show `log`, a whole log built elsewhere (a trace replayed and projected on the

@@ -145,12 +145,14 @@ class LiveColumnarLog(ColumnarEventLog):
     def warm(self) -> None:  # a live log is built as it goes
         pass
 
-    def blocks_of_rows(self, start: int) -> list[int]:
+    def blocks_of_rows(self, start: int, array: bool = False) -> list[int] | np.ndarray:
         """The slot of every stored and removed row from row `start` on (-1: none), in row
-        order: one per `BlockStored` and `BlockEvicted` (what `RemoteOverlay` follows)."""
+        order: one per `BlockStored` and `BlockEvicted` (what `RemoteOverlay` follows); a
+        numpy array with `array`."""
         col = self.columnar
         kind = col.col("kind")[start:]
-        return col.col("block")[start:][(kind == STORED) | (kind == EVICTED)].tolist()
+        blocks = col.col("block")[start:][(kind == STORED) | (kind == EVICTED)]
+        return blocks if array else blocks.tolist()
 
     # ------------------------------------------------------------------ appending
     def append(self, event: Event) -> None:  # type: ignore[override]
