@@ -27,7 +27,9 @@ Python object per block, per hash or per token id:
 - `apply_many(batches)` applies batches in order as `apply` does each, but every run of
   batches made only of common events in one compiled call (`_run_frames`): what an
   attachment holds between two idle moments of its stream costs one call, not one per
-  frame.
+  frame. The compiled loops release the GIL while they run (`nogil`), so the many
+  subscriber threads of a fleet leave the consumer's event loop its turn; a pool is still
+  applied by one thread at a time (the attachment's lock).
 
 Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
 reference, from the arrays, on demand. Emitting Cachescope events per block is what the
@@ -202,7 +204,7 @@ def _tab_delete(tab, K, F, s):  # pragma: no cover - compiled
             i = j
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rehash(tab, K, F, n):  # pragma: no cover - compiled
     tab[:] = -1
     for s in range(n):
@@ -400,7 +402,7 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
     S[S_JSTORES] = o + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
            t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
            next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
@@ -534,7 +536,7 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
             dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
             left, J, SO):  # pragma: no cover - compiled
@@ -598,7 +600,7 @@ def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra
         _om_trim(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, maxn)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, batch_seq, n):  # pragma: no cover
     """Every hash of tier t leaves it, in the order they were stored."""
@@ -627,7 +629,7 @@ def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra
     TI[t, T_EXTRA_BORN] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
          rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
@@ -675,7 +677,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, ftok, bounds, seqs, tss,
                 left, J, JS, SO):  # pragma: no cover - compiled
@@ -701,7 +703,7 @@ def widths_parent(rows, j):  # pragma: no cover - compiled
     return np.uint8(W_U64) if rows[j, R_RARE] == 0 or rows[j, R_PARENT] == 1 else np.uint8(W_WIDE)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
     u = 0
     for s in range(n):

@@ -578,7 +578,7 @@ def _array_head(buf, p):  # pragma: no cover - compiled
     return -1, 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _common_frame(buf, fb, fo, stored_ok, removed_ok):  # pragma: no cover - compiled
     """(ok, ts, rank or -1, rows, parents, keys, tokens) of an EventBatch of common events;
     ok False (and nothing else meaningful) for anything outside the subset above."""
