@@ -10,6 +10,7 @@ recorded end marker.
 from __future__ import annotations
 
 import json
+from collections import Counter
 import socket
 import threading
 from pathlib import Path
@@ -463,3 +464,82 @@ def test_one_rank_clearing_keeps_the_other_ranks_blocks(qtbot, win, servers):
     settle(qtbot, win, lambda: state.projection.num_resets == 1)
     assert state.remote.ranks(state.projection) == {1: 2} and state.projection.num_hashed == 2
     assert tiers(win)["GPU"] == 2
+
+
+ORDER = (False, True)
+
+
+def _drawn(qtbot, win) -> dict:
+    """What the views show of the attached pool: block table colours per tier, counts, the
+    event log's rows, the timelines' and metrics' series, and the pool scrubbed back."""
+    state = win.ctx.state
+    table = win.panels["block_table"]
+    table.redraw()
+    p = state.projection
+    names = {table.tiers[t].name(): t for t in table.tiers}
+    colours = Counter(names.get(table.color_of(b).name(), table.color_of(b).name())
+                      for b in range(p.num_blocks) if p.hashes[b] is not None)
+    log = win.panels["event_log"]
+    qtbot.waitUntil(lambda: log.model.rowCount() == len(state.log), timeout=WAIT_MS)
+    remote = win.panels["timeline"].remote_view
+    stored, removed = len(state.remote.stored_times), len(state.remote.removed_times)
+    qtbot.waitUntil(lambda: remote.stored_per_s.sum() == stored and remote.removed_per_s.sum() == removed,
+                    timeout=WAIT_MS)
+    events = [(e.kind, getattr(e, "block_hash", None), e.remote.medium if e.remote else None,
+               e.remote.rank if e.remote else None) for e in state.log.events]
+    scrubbed = []
+    for seq in [int(s) for s in state.log.seqs]:
+        state.scrub_to(seq)
+        q = state.projection
+        scrubbed.append(Counter(q.hashes[b] for b in range(q.num_blocks) if q.hashes[b] is not None))
+    state.scrub_to(None)
+    return {"colours": colours, "tiers": tiers(win), "ranks": state.remote.ranks(state.projection),
+            "num_hashed": p.num_hashed, "resets": p.num_resets, "events": events,
+            "rows": log.model.rowCount(), "stored_per_s": remote.stored_per_s.tolist(),
+            "removed_per_s": remote.removed_per_s.tolist(), "lifetimes": sorted(state.remote.lifetimes),
+            "stored_again": state.remote.num_stored_again, "scrubbed": scrubbed,
+            "event_counts": (state.projection.counters.num_stored_blocks, state.projection.counters.num_evicted_blocks)}
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_journal_route_draws_what_the_event_route_draws(qtbot, win, servers, ranks):
+    """The same recorded server (a late join, a refilled gap, a tier move, garbage, a
+    restart; two data-parallel ranks too) attached through the pools' journal (the
+    default) and through the reference RemotePool's events: the views show the same."""
+    drawn = {}
+    for journal in ORDER:
+        win.remote.journal = journal
+        made, port, replay = servers(ranks)
+        made = made[-ranks:]  # this attach's servers (the fixture keeps every one it made)
+        attach(win, port, replay, topic="" if ranks > 1 else "kv-events", data_parallel_size=ranks)
+        state = win.ctx.state
+        assert win.remote.journalling is journal and state.journal_fed is journal
+        join(qtbot, win, made[0], seq=1)
+        made[0].publish(2, drop=True)
+        made[0].publish(3)  # refills batch 2; batch 3 moves a block to the CPU tier
+        made[0].send([b"kv-events", (4).to_bytes(8, "big"), b"\xc1 not msgpack"])
+        settle(qtbot, win, lambda: win.remote.health().batches >= 4 and tiers(win).get("CPU") == 1)
+        if ranks > 1:
+            def rank1() -> bool:
+                made[1].publish(1)
+                qtbot.wait(20)
+                win.ctx.bridge.flush(everything=True)
+                return state.remote.ranks(state.projection).get(1) == 2
+            qtbot.waitUntil(rank1, timeout=WAIT_MS)
+        else:  # the server restarts: its first batch is seq 0 again
+            made[0].buffered = {0}
+            first = recorded(0, "replay")[0]
+            made[0].send([first[1], first[2], first[3]])
+            qtbot.waitUntil(lambda: win.remote.health().restarts == 1, timeout=WAIT_MS)
+            settle(qtbot, win, lambda: state.projection.num_hashed == 1)
+        qtbot.wait(100)
+        settle(qtbot, win, lambda: True)
+        win.remote.detach()
+        drawn[journal] = _drawn(qtbot, win)
+    win.remote.journal = True
+    got, ref = drawn[True], drawn[False]
+    assert got["colours"] and got["events"]
+    if ranks > 1:  # two ranks' batches interleave as they arrive, on either route
+        for d in (got, ref):
+            d["events"], d["scrubbed"] = Counter(d["events"]), d["scrubbed"][-1]
+    assert got == ref
