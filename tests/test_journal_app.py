@@ -150,7 +150,8 @@ def _overlay(state: PoolState, slots: bool) -> dict:
     }
     if slots:  # the journal's log places each copy in the reference's slot: the same colours
         held = o.base[:n] > 0
-        out.update(lifetimes=[round(x, 9) for x in o.lifetimes], codes=o.codes(p, now=o.now).tolist(), tier=o.tier[:n][held].tolist(),
+        out.update(lifetimes=[round(x, 9) for x in o.lifetimes], codes=o.codes(p, now=o.now).tolist(),
+                   tier=o.tier[:n][held].tolist(),
                    rank=o.rank[:n][held].tolist(), stored_at=o.stored_at[:n][held].tolist())
     return out
 

@@ -183,8 +183,8 @@ class PoolState(QObject):
             r0 = self.log.columnar.num_rows
             made += append_journal(self.log, journal, pool, pool.source, rank, num_ranks, now=now)
             if self.remote is not None:
-                self.remote.observe_journal(journal, times, self.log.live, self.log.blocks_of_rows(r0, array=True), pool,
-                                           rank)
+                slots = self.log.blocks_of_rows(r0, array=True)
+                self.remote.observe_journal(journal, times, self.log.live, slots, pool, rank)
         if not made:
             return 0
         self.last_batch = (first if first is not None else int(self.log.first_seq), int(self.log.last_seq))

@@ -1,0 +1,172 @@
+"""The attached server's whole app path in a real window, timed (issue 20): frames over
+loopback ZMQ from a publisher process into a 1280x800 `MainWindow`'s `RemoteController`, a
+real `Attachment`, `PoolState` at the GUI tick, and the views drawing, through the pools'
+journal and through the reference RemotePool's events, in one window and one run.
+`app.runtime.live_path` times the same stream headless (no socket, no views).
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.commands._bench_live_attach 50000
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+from engine.bench.attach import recorded_stream
+from engine.remote import fastwire
+
+_PUBLISHER = r"""
+import sys, time, zmq
+port, path = int(sys.argv[1]), sys.argv[2]
+with open(path, "rb") as f:
+    data = f.read()
+payloads, i = [], 0
+while i < len(data):
+    n = int.from_bytes(data[i:i + 8], "big"); payloads.append(data[i + 8:i + 8 + n]); i += 8 + n
+pub = zmq.Context.instance().socket(zmq.PUB)
+pub.setsockopt(zmq.SNDHWM, 0)
+pub.bind(f"tcp://127.0.0.1:{port}")
+poller = zmq.Poller()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+import select
+while not select.select([sys.stdin], [], [], 0.05)[0]:  # batch 0 until the app says go
+    pub.send_multipart([b"kv-events", (0).to_bytes(8, "big"), payloads[0]])
+sys.stdin.readline()
+for seq in range(1, len(payloads)):
+    pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payloads[seq]])
+sys.stdin.readline()
+"""
+
+
+def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_blocks: int = 30_000,
+                      window: Any = None, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The whole app path of an attach, timed: a publisher process sends the stream's frames
+    over loopback ZMQ as fast as it can, the window's `RemoteController` attaches through a
+    real `Attachment` (the pools' journal, or with `journal=False` the reference RemotePool's
+    events through the bridge) into `PoolState` at the GUI tick, and the window's views draw
+    as they do for a user; until every batch is received and in the log. CPU time is this
+    process's (subscriber threads, GUI thread and views), not the publisher's."""
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.runtime.remote import AttachSettings
+    from engine.remote.attachment import AttachOptions
+
+    payloads, made, _ = recorded_stream(num_events, gpu_blocks=gpu_blocks)
+    app = QApplication.instance()
+    if app is None:
+        raise RuntimeError("attached_app_rate needs a QApplication")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = Path(tempfile.mkdtemp(prefix="cachescope-live-path-"))
+    blob = tmp / "frames.bin"
+    blob.write_bytes(b"".join(len(p).to_bytes(8, "big") + p for p in payloads))
+    own = window is None
+    if own:
+        from app.runtime.context import make_test_context
+        from app.window.main_window import MainWindow
+
+        window = MainWindow(make_test_context(tmp), load_model=False)
+        window.resize(1280, 800)
+        window.show()
+    ctrl, state = window.remote, window.ctx.state
+    ctrl.journal = journal
+    settle = time.monotonic() + 30.0
+    while getattr(window, "_startup", None) and time.monotonic() < settle:  # the deferred panels, built
+        app.processEvents()
+    if journal:  # the journal pools and overlay loop compiled (or loaded) before the clock
+        _warm_journal_route()
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(port), str(blob)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        window.attach_remote(AttachSettings(AttachOptions((f"tcp://127.0.0.1:{port}",), (), "kv-events")))
+        deadline = time.monotonic() + timeout_s
+        while ctrl.health().batches < 1:  # joined: batch 0 arrived
+            app.processEvents()
+            time.sleep(0.005)
+            if time.monotonic() > deadline:
+                raise RuntimeError("the publisher's frames never arrived")
+        app.processEvents()
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        longest = 0.0
+        while True:
+            t = time.perf_counter()
+            app.processEvents()
+            longest = max(longest, time.perf_counter() - t)
+            h = ctrl.health()
+            if h.batches >= len(payloads) or h.missed:
+                if journal:
+                    ctrl.tick()
+                else:
+                    window.ctx.bridge.flush(everything=True)
+                app.processEvents()
+                if not journal or all(len(p.journal_since(p._journal_taken)) == 0 for p in ctrl.attachment.pools):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {h.batches} of {len(payloads)} batches arrived")
+            time.sleep(0.0005)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        h = ctrl.health()
+        events = len(state.log)
+        ctrl.detach()
+    finally:
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        proc.wait(10)
+    ctrl.journal = True
+    return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
+            "batches": h.batches, "missed": h.missed, "cachescope_events": events, "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3), "events_per_s_wall": round(made / wall), "events_per_s_cpu": round(made / cpu),
+            "cachescope_events_per_s_wall": round(events / wall),
+            "longest_process_events_ms": round(longest * 1000, 1)}
+
+
+def _warm_journal_route() -> None:
+    from app.runtime.state import PoolState
+    from engine.remote.overlay import journal_pool_class
+
+    pool = journal_pool_class()("warm")
+    payloads, _, _ = recorded_stream(200, gpu_blocks=64)
+    pool.apply_many([fastwire.decode_columns(i, p) for i, p in enumerate(payloads)])
+    st = PoolState()
+    st.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True})
+    rows = pool.take_journal()
+    st.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+
+
+def compare_attached(num_events: int = 100_000) -> dict[str, Any]:
+    """Both routes of a real attach in one window, one after the other, and their ratio."""
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
+    import tempfile
+
+    window = MainWindow(make_test_context(tempfile.mkdtemp(prefix="cachescope-live-path-")), load_model=False)
+    window.resize(1280, 800)
+    window.show()
+    ref = attached_app_rate(num_events, journal=False, window=window)
+    got = attached_app_rate(num_events, journal=True, window=window)
+    window.ctx.shutdown()
+    return {"reference": ref, "journal": got,
+            "journal_vs_reference_wall": round(got["events_per_s_wall"] / max(ref["events_per_s_wall"], 1), 2),
+            "journal_vs_target_500k": round(got["events_per_s_wall"] / 500_000, 3)}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    from PySide6.QtWidgets import QApplication
+
+    _app = QApplication([])
+    print(json.dumps(compare_attached(int(sys.argv[1]) if len(sys.argv) > 1 else 50_000), indent=1))
