@@ -5,7 +5,9 @@ remote copy of a block (vLLM names hashes, never block ids) in a slot of its own
 `RemoteOverlay` keeps, per slot, what the views need beyond that in
 numpy arrays (so a million-block pool colours in a few milliseconds), plus the per-second
 rates and block lifetimes of the timelines and metrics. Qt-free; `app.runtime.state.PoolState`
-feeds it.
+feeds it: the reference route's events (`observe`), or, for an attach through journalling
+columnar pools (`journal_pool_class`, what `app.runtime.remote.RemoteController` runs), each
+GUI tick's journal rows from arrays (`observe_journal`, one compiled pass).
 """
 
 from __future__ import annotations
