@@ -812,6 +812,15 @@ def warm_up() -> None:
                            VllmEvent("BlockRemoved", (b"\x00" * 7 + b"\x03",), group_idx=1),
                            VllmEvent("AllBlocksCleared")], 0)
     pool.apply(fastwire.decode_columns(0, p))
+    # the many-frames loop an attachment uses, and the journal's paths
+    common = [encode_batch(2.0 + i, [VllmEvent("BlockStored", ((i + 9 << 56).to_bytes(8, "big"),), None,
+                                               tuple(range(16)), 16),
+                                     VllmEvent("BlockRemoved", ((i + 9 << 56).to_bytes(8, "big"),))], 0)
+              for i in range(2)]
+    for journal in (False, True):
+        pool = ColumnarPool("warm-up", journal=journal)
+        pool.apply_many([fastwire.decode_columns(1 + i, q) for i, q in enumerate(common)])
+        pool.apply(fastwire.decode_columns(0, p))
 
 
 # ---- reading: what the reference's objects would say ---------------------------------------
