@@ -79,7 +79,13 @@ def load_model_job(model: str | None, num_blocks: int, block_size: int, progress
 
     loaded = load_model(model, progress=progress)
     progress("building the KV pool", 0.98)
-    return ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
+    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
+    # the event log's compiled passes load here, not at the first chat message on the GUI thread
+    from engine.core.live_log import warm_up
+
+    progress("readying the event log", 0.99)
+    warm_up()
+    return runner
 
 
 # Advice written for the command line, and what a window user can do instead.

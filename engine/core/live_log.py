@@ -256,3 +256,23 @@ class LiveColumnarLog(ColumnarEventLog):
         out._series = self.series
         out._live = ArrayProjection(out, self._live_arrays, len(self.seqs))
         return out
+
+
+def warm_up() -> None:
+    """Run one tiny request through a `LiveColumnarLog`, so the compiled passes it uses are
+    loaded from numba's disk cache (compiled, the first time on a machine) here and not
+    on the thread that appends the first real batch: a window's GUI thread would freeze for
+    one to three seconds at its first chat message. Call it on a worker thread."""
+    from engine.core.events import EventBus
+    from engine.core.hashing import BlockHasher
+    from engine.core.manager import PrefixCacheManager, Request
+
+    bus = EventBus()
+    events: list[Event] = []
+    bus.subscribe(events.append)
+    manager = PrefixCacheManager(4, 4, BlockHasher(seed=0), bus)
+    manager.allocate(Request("warm-up", list(range(9))))
+    manager.finish("warm-up")
+    log = LiveColumnarLog(4, 4)
+    log.extend(events)
+    _ = log.series, log.state_at(events[0].seq)
