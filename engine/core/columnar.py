@@ -484,6 +484,7 @@ class ColumnarLog:
         if self._live_keys is None:
             self._live_keys = np.full(self.num_blocks, -1, np.int32)
         reqs = self.requests
+        pending = self._pending
         for e in events:
             t = type(e)
             s = e.seq
@@ -530,25 +531,32 @@ class ColumnarLog:
                     b = -1 if m.divergence_token is None else m.divergence_token
                 self._row(LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code)
             elif t is BlocksAllocated:
-                for blk in e.block_ids:
-                    self._row(ALLOCATED, s, r, blk, a=e.num_hit_blocks)
-                if not e.block_ids:
-                    self._row(ALLOCATED, s, r, a=e.num_hit_blocks)
+                ids, hit = e.block_ids, e.num_hit_blocks
+                if ids:  # one row per block, queued as `_row` would (without a call per block)
+                    pending.extend([(ALLOCATED, s, r, blk, -1, hit, 0, 0) for blk in ids])
+                    self.num_rows += len(ids)
+                else:
+                    self._row(ALLOCATED, s, r, a=hit)
             elif t is RefCountsChanged:
-                for blk, ref in zip(e.block_ids, e.ref_counts):
-                    self._row(REF, s, r, blk, a=ref)
-                if not e.block_ids:
+                ids = e.block_ids
+                if ids:
+                    pending.extend([(REF, s, r, blk, -1, ref, 0, 0) for blk, ref in zip(ids, e.ref_counts)])
+                    self.num_rows += min(len(ids), len(e.ref_counts))
+                else:
                     self._row(REF, s, r)
             elif t is BlockStored:
                 k = self.keys.key_of(e.block_hash, (e.parent_hash, tuple(e.token_ids), e.salt, e.external_id))
                 cur[e.block_id] = k
                 self._row(STORED, s, r, e.block_id, k)
             elif t is BlocksFreed:
-                for blk in e.block_ids:
+                ids = e.block_ids
+                if ids:
                     # a block the pool does not have is skipped when freed, as PoolProjection does
-                    self._row(FREED, s, r, blk if 0 <= blk < self.num_blocks else -1,
-                              flag=1 if 0 <= blk < self.num_blocks and cur[blk] >= 0 else 0)
-                if not e.block_ids:
+                    nb = self.num_blocks
+                    pending.extend([(FREED, s, r, blk, -1, 0, 0, 1 if cur[blk] >= 0 else 0) if 0 <= blk < nb
+                                    else (FREED, s, r, -1, -1, 0, 0, 0) for blk in ids])
+                    self.num_rows += len(ids)
+                else:
                     self._row(FREED, s, r)
             elif t is BlockEvicted:
                 k = self.keys.key_of(e.block_hash)
