@@ -26,7 +26,7 @@ from engine.core.columnar import (
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
-from engine.core.projection import CACHED_FREE, EMPTY, IN_USE, BlockInfo, RequestRecord
+from engine.core.projection import CACHED_FREE, EMPTY, IN_USE, BlockInfo, RequestRecord, chain_by_parents
 
 # A view asks for the same few hundred events again and again while it paints.
 _EVENT_CACHE = 4096
@@ -832,17 +832,7 @@ class ArrayProjection:
     def chain_of(self, block_id: int) -> list[int]:
         """The block and its cached ancestors, root first (stops where a parent was evicted)."""
         if self.log.columnar.store_attributes is not None:  # copies: each slot's own parent
-            chain, seen = [block_id], {block_id}
-            parent = self.parents[block_id]
-            while parent is not None:
-                holder = self.block_of_hash(parent)
-                if holder is None or holder in seen:
-                    break
-                chain.append(holder)
-                seen.add(holder)
-                parent = self.parents[holder]
-            chain.reverse()
-            return chain
+            return chain_by_parents(block_id, self.parents, self.block_of_hash)
         keys = self.log.columnar.keys
         holder = self.key_holders()
         chain = [block_id]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.core.events import BlockEvicted, RemoteInfo
+from engine.core.projection import copy_to_free
 
 
 class RemoteSlots:
@@ -100,22 +101,7 @@ class RemoteSlots:
         info = e.remote
         if info is None:
             return holders[0]
-        medium, group, rank = info.medium, info.group_idx, info.rank
-        fallback = None
-        for b in holders:
-            code = self.places[b]
-            if self.ranks[b] != rank and self.ranks[b] >= 0:
-                continue
-            if code == 0:
-                return b
-            m, g = self.place_names[code - 1]
-            if m != medium:
-                continue
-            if g == (group or 0):
-                return b
-            if group is None and fallback is None:
-                fallback = b
-        return fallback
+        return copy_to_free(holders, info, self.places, self.ranks, self.place_names)
 
     def cleared_by(self, info: RemoteInfo | None, held_slots: list[int]) -> tuple[list[int], bool]:
         """The held slots a reset clears (one rank's, when others hold blocks too) and

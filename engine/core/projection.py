@@ -12,11 +12,11 @@ import bisect
 import dataclasses
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from engine.core.events import (
     BlockEvicted, BlocksAllocated, BlocksFreed, BlockStored, CacheReset, Event, LookupDone,
-    MissInfo, RefCountsChanged, RequestFinished, RequestRefused, RequestStarted,
+    MissInfo, RefCountsChanged, RemoteInfo, RequestFinished, RequestRefused, RequestStarted,
 )
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 
@@ -105,6 +105,48 @@ class BlockInfo(BlockView):
     last_use_seq: int | None
     evicted_seq: int | None
     owners: tuple[str, ...]
+
+
+def copy_to_free(holders: Sequence[int], info: RemoteInfo, codes: Sequence[int], ranks: Sequence[int],
+                 names: Sequence[tuple[str, int]]) -> int | None:
+    """Of `holders` (the slots holding copies of one hash, oldest first), the one a removal
+    named by `info` frees: the oldest in its rank, tier and KV cache group (a removal naming
+    no group takes any group's, group 0 first). `codes[b]` is 0 (a copy with no place) or 1
+    + an index into `names` ((medium, group)); `ranks[b]` is the copy's rank (-1: any)."""
+    medium, group, rank = info.medium, info.group_idx, info.rank
+    fallback = None
+    for b in holders:
+        code = codes[b]
+        if ranks[b] != rank and ranks[b] >= 0:
+            continue
+        if code == 0:
+            return b
+        m, g = names[code - 1]
+        if m != medium:
+            continue
+        if g == (group or 0):
+            return b
+        if group is None and fallback is None:
+            fallback = b
+    return fallback
+
+
+def chain_by_parents(block_id: int, parents: Any, block_of_hash: Any) -> list[int]:
+    """`block_id` and its cached ancestors, root first: each block's parent digest
+    (`parents[b]`) to the block holding it (`block_of_hash`), stopping where a parent is not
+    held (evicted) or a chain would loop."""
+    chain = [block_id]
+    seen = {block_id}
+    parent = parents[block_id]
+    while parent is not None:
+        holder = block_of_hash(parent)
+        if holder is None or holder in seen:
+            break
+        chain.append(holder)
+        seen.add(holder)
+        parent = parents[holder]
+    chain.reverse()
+    return chain
 
 
 class PoolProjection:
@@ -205,18 +247,7 @@ class PoolProjection:
 
     def chain_of(self, block_id: int) -> list[int]:
         """The block and its cached ancestors, root first (stops where a parent was evicted)."""
-        chain = [block_id]
-        seen = {block_id}
-        parent = self.parents[block_id]
-        while parent is not None:
-            holder = self.block_of_hash(parent)
-            if holder is None or holder in seen:
-                break
-            chain.append(holder)
-            seen.add(holder)
-            parent = self.parents[holder]
-        chain.reverse()
-        return chain
+        return chain_by_parents(block_id, self.parents, self.block_of_hash)
 
     def block_info(self, block_id: int) -> BlockInfo:
         if not 0 <= block_id < self.num_blocks:
@@ -433,22 +464,7 @@ class PoolProjection:
         places, ranks = self.slot_places, self.slot_ranks
         if info is None or places is None or ranks is None:
             return holders[0]
-        medium, group, rank = info.medium, info.group_idx, info.rank
-        fallback = None
-        for b in holders:
-            code = places[b]
-            if ranks[b] != rank and ranks[b] >= 0:
-                continue
-            if code == 0:
-                return b
-            m, g = self.places[code - 1]
-            if m != medium:
-                continue
-            if g == (group or 0):
-                return b
-            if group is None and fallback is None:
-                fallback = b
-        return fallback
+        return copy_to_free(holders, info, places, ranks, self.places)
 
     def _on_stored(self, e: BlockStored) -> None:
         b = e.block_id
