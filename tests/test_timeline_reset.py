@@ -17,13 +17,20 @@ from engine.core.manager import Request  # noqa: E402
 from tests.test_engine_views import ctx, deliver, make_engine, replay_trace  # noqa: E402,F401
 
 
-def test_a_new_engine_shows_its_whole_log_after_a_zoom_into_the_last(ctx, qtbot, tmp_path):  # noqa: F811
+def _shown_after_a_trace(ctx, qtbot, tmp_path):  # noqa: F811
+    """A shown timeline view, and the events of a trace replayed into it."""
     view = TimelineView(ctx)
     qtbot.addWidget(view)
     view.resize(900, 500)
     view.show()
     _, events, _ = replay_trace(ctx, tmp_path, capacity=24)
     view.refresh(force=True)
+    qtbot.wait(50)
+    return view, events
+
+
+def test_a_new_engine_shows_its_whole_log_after_a_zoom_into_the_last(ctx, qtbot, tmp_path):  # noqa: F811
+    view, events = _shown_after_a_trace(ctx, qtbot, tmp_path)
     first_seq, last_seq = events[0].seq, events[-1].seq
     assert last_seq - first_seq > 100
     # the user zooms into the end of that log
@@ -59,13 +66,7 @@ def test_the_remote_timeline_shows_all_again_for_another_attach(ctx, qtbot):  # 
 def test_an_empty_new_log_does_not_keep_the_last_logs_axis(ctx, qtbot, tmp_path):  # noqa: F811
     from app.runtime.bridge import engine_info
 
-    view = TimelineView(ctx)
-    qtbot.addWidget(view)
-    view.resize(900, 500)
-    view.show()
-    _, events, _ = replay_trace(ctx, tmp_path, capacity=24)
-    view.refresh(force=True)
-    qtbot.wait(50)
+    view, events = _shown_after_a_trace(ctx, qtbot, tmp_path)
     assert view.glw.x_range()[1] >= events[-1].seq
     ctx.state.set_engine(engine_info(block_size=16, num_blocks=0))  # a usage log: no pool, no events
     view.refresh(force=True)
