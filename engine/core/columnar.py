@@ -355,18 +355,26 @@ class ColumnarLog:
         rows = self._pending
         if not rows:
             return
-        stop = self.num_rows
-        start = stop - len(rows)
+        self._write_table(self.num_rows - len(rows), np.array(rows, np.int64))
+        rows.clear()
+
+    def write_rows(self, table: np.ndarray) -> None:
+        """Append rows given as an int64 table, one row per line in the column order
+        (kind, seq, request, block, hash, a, b, flag), for a source that makes its rows
+        without `Event`s (engine.core.live_journal)."""
+        self._write_table(self.num_rows, table)
+        self.num_rows += len(table)
+
+    def _write_table(self, start: int, table: np.ndarray) -> None:
+        stop = start + len(table)
         if stop > len(self._cols["kind"]):
             new_cap = max(stop, 2 * len(self._cols["kind"]))
             for name, arr in self._cols.items():
                 grown = np.zeros(new_cap, arr.dtype)
                 grown[:start] = arr[:start]
                 self._cols[name] = grown
-        table = np.array(rows, np.int64)
-        for j, (name, _) in enumerate(_ROW_ORDER):
+        for name, j in _ROW_ORDER:
             self._cols[name][start:stop] = table[:, j]
-        rows.clear()
 
     def _grow(self, top: int) -> None:
         """Blocks up to `top` exist from the next row on (each joins the free queue's tail);

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.columnar import _ROW_ORDER, EVICTED, RESET, STORED, TAIL_BASE, KeyTable
+from engine.core.columnar import EVICTED, RESET, STORED, TAIL_BASE, KeyTable
 from engine.core.events import RemoteInfo
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
@@ -181,7 +181,7 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
     table[:, 2] = request[ev]
     table[:, 5] = np.where(table[:, 0] == STORED, store[ev], table[:, 5])
     table[:, 6] = info[ev]
-    _write_rows(col, table)
+    col.write_rows(table)
     col.num_seq = int(seqs[-1]) + 1
     log.rows_appended(r0, seqs, np.full(n, now, np.float64))
     return n
@@ -294,21 +294,6 @@ def _unhold(by_hash: dict, h: tuple[int, int], b: int) -> None:
         got.remove(b)
         if not got:
             del by_hash[h]
-
-
-def _write_rows(col: Any, table: np.ndarray) -> None:
-    """Rows (kind, seq, request, block, hash, a, b, flag) written into the log's columns."""
-    start = col.num_rows
-    stop = start + len(table)
-    if stop > len(col._cols["kind"]):
-        cap = max(stop, 2 * len(col._cols["kind"]))
-        for name, arr in col._cols.items():
-            grown = np.zeros(cap, arr.dtype)
-            grown[:start] = arr[:start]
-            col._cols[name] = grown
-    for name, j in _ROW_ORDER:
-        col._cols[name][start:stop] = table[:, j]
-    col.num_rows = stop
 
 
 def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> Any:
