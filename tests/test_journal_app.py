@@ -31,11 +31,10 @@ from engine.remote.wire import MalformedFrame
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-SHARED = ROOT.parent / "shared" / "data" / "vllm"
-# recorded streams of one server: (path, ranks)
+# recorded streams of one server: (path, ranks). The copies in tests/data of
+# ../shared/data/vllm (byte for byte; CI's clean clone has no ../shared).
 RECORDED = {
-    "shared/vllm_zmq_frames (2 ranks)": (SHARED / "vllm_zmq_frames.jsonl", 2),
-    "shared/vllm_connector_frames": (SHARED / "vllm_connector_frames.jsonl", 1),
+    "vllm_zmq_frames (2 ranks)": (DATA / "vllm" / "vllm_zmq_frames.jsonl", 2),
     "vllm_connector_frames": (DATA / "vllm_connector" / "vllm_connector_frames.jsonl", 1),
     "sglang_zmq_frames": (DATA / "sglang" / "sglang_zmq_frames.jsonl", 1),
     "sglang_salted_frames": (DATA / "sglang" / "sglang_salted_frames.jsonl", 1),
@@ -202,7 +201,7 @@ def test_every_recorded_server_shows_what_the_event_route_shows(name, per_tick, 
 
 
 def test_two_ranks_are_both_followed():
-    path, _ = RECORDED["shared/vllm_zmq_frames (2 ranks)"]
+    path, _ = RECORDED["vllm_zmq_frames (2 ranks)"]
     js, rs = _both(_rank_frames(path, 2), 1)
     assert set(js.remote.ranks(js.projection)) == {0, 1} or js.projection.num_hashed == 0
     assert {e.remote.rank for e in js.log.events} == {0, 1}

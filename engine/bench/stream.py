@@ -1,7 +1,7 @@
 """`cachescope bench stream`: a 214M-block trace replayed headless through the kernel, streamed.
 
-The six WEKA kv-cache-tester files (../shared/data/traces/weka; only their hash ids, sizes
-and models matter here) are read once and replayed many times over, one copy per chunk,
+The six WEKA kv-cache-tester files (resources/traces/weka, copied from
+../shared/data/traces/weka; only their hash ids, sizes and models matter here) are read once and replayed many times over, one copy per chunk,
 through `engine.kernel.stream.replay_stream` until about 214 million block references
 (the whole WEKA set's size) have gone through. Peak RSS is measured after the first copies
 and at the end: bounded memory means it stops growing.
@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from engine.core.errors import InputError
 from engine.core.replay import ReplayConfig
 from engine.kernel.stream import StreamChunk, replay_stream
 from engine.resources import RESOURCES
@@ -27,9 +28,10 @@ TARGET_GROWTH_MB = 50
 
 
 def weka_folder() -> Path:
-    folder = RESOURCES.parent.parent / "shared" / "data" / "traces" / "weka"
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} holds no WEKA traces")
+    """The six WEKA files bundled in resources/traces/weka (copies of ../shared/data/traces/weka)."""
+    folder = RESOURCES / "traces" / "weka"
+    if not any(folder.glob("trace_*.json")):
+        raise InputError(f"{folder} holds no WEKA traces (trace_*.json): the bundled resources are incomplete")
     return folder
 
 
