@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
 from app.runtime.bridge import FRAME_MS, engine_info
+from app.runtime.jobs import collector_paused
 from engine.core.errors import InputError
 from engine.core.events import EventBus
 from engine.core.hashing import SERVER_HASHES
@@ -343,7 +344,8 @@ class RemoteController(QObject):
 
         def run() -> None:
             try:
-                tok = load_tokenizer(folder or None)
+                with collector_paused():  # no collection on this thread (see app.runtime.jobs)
+                    tok = load_tokenizer(folder or None)
             except Exception as exc:  # noqa: BLE001 - shown as a message; ids still show
                 try:
                     self.sigMessage.emit(f"The tokenizer could not be loaded ({exc}); token ids are shown instead of text.")

@@ -11,10 +11,8 @@ the bill's rows through a model, so a bill of 12,000 requests shows every row at
 
 from __future__ import annotations
 
-import gc
 import os
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -26,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.runtime.context import CancelToken, JobCancelled
+from app.runtime.jobs import collector_paused
 from app.ui import theme
 from engine.core.errors import InputError
 from app.ui.export import export_button, model_table
@@ -74,27 +73,6 @@ def bill_cells(row: dict[str, Any]) -> tuple[Any, ...]:
 
 def _notes_tip(row: dict[str, Any], column: int) -> str | None:
     return "\n".join(row["notes"]) if column == len(COLUMNS) - 1 and row["notes"] else None
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a job builds a bill, then every object
-    made meanwhile frozen out of later collections (as the model's are once it is loaded).
-    A bill of the 12,031-request Mooncake trace makes some 400,000 objects: each full
-    collection the worker set off while making them walked every object in the process
-    holding the GIL and stalled the window 0.2-0.5 s, seven times in one bill; collecting
-    them at the end (even the young generations only) stalled it 0.26 s. Refcounting still
-    frees a dropped bill (its rows hold no cycles); a cycle made during the job, or left
-    uncollected before it, is never collected: the price of never walking the bill again
-    (with the Mooncake trace open, a full collection took 0.35 s and found nothing)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 class BillRun:
