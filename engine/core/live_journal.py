@@ -426,18 +426,9 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                     vacant[state[0]] = x
                     state[0] += 1
                     s = bslot[x]  # out of its slot's FIFO
-                    prev = -1
-                    y = shead[s]
-                    while y >= 0 and y != x:
-                        prev = y
-                        y = nxt[y]
-                    if y == x:
-                        if prev < 0:
-                            shead[s] = nxt[x]
-                        else:
-                            nxt[prev] = nxt[x]
-                        if stail[s] == x:
-                            stail[s] = prev
+                    prev = _unlink(shead, nxt, s, x)
+                    if prev != -2 and stail[s] == x:
+                        stail[s] = prev
                     _unlink_hash(x, bcode, bwide, d8, dw, lhead, lnext)
             if not any_held:
                 out[o_n, 0] = 10
@@ -462,18 +453,25 @@ def _unlink_hash(b, bcode, bwide, d8, dw, lhead, lnext):  # pragma: no cover - c
         lid = _lookup(d8, bcode[b])
     else:
         lid = _lookup(dw, bcode[b] * 256 + bwide[b])
-    if lid < 0:
-        return
+    if lid >= 0:
+        _unlink(lhead, lnext, lid, b)
+
+
+def _unlink(head, nxt, lid, b):  # pragma: no cover - compiled
+    """Take `b` out of the linked list `lid` (`head[lid]`, then `nxt`); the entry before it
+    (-1: it was the head), or -2 when the list does not hold it."""
     prev = -1
-    x = lhead[lid]
+    x = head[lid]
     while x >= 0 and x != b:
         prev = x
-        x = lnext[x]
-    if x == b:
-        if prev < 0:
-            lhead[lid] = lnext[b]
-        else:
-            lnext[prev] = lnext[b]
+        x = nxt[x]
+    if x != b:
+        return -2
+    if prev < 0:
+        head[lid] = nxt[b]
+    else:
+        nxt[prev] = nxt[b]
+    return prev
 
 
 class _CompiledPlacer:
@@ -543,8 +541,9 @@ def _compiled() -> list[Any]:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _lookup
+        global _unlink_hash, _unlink, _lookup
         _lookup = njit(cache=True, nogil=True)(_lookup)
+        _unlink = njit(cache=True, nogil=True)(_unlink)
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
     return _COMPILED
