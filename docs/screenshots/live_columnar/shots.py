@@ -1,5 +1,6 @@
 """Screenshots of the views on the live columnar log after real flows (issue 20, step 3)."""
 import sys, time
+from contextlib import contextmanager
 from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parents[3] / "tests")]
 import pytest
@@ -43,18 +44,17 @@ def _window(qtbot, tmp_path, load_model=False):
     return ctx, w
 
 
-@pytest.mark.parametrize("columnar", [True, False])
-def test_attach(qtbot, tmp_path, columnar):
+@contextmanager
+def recorded_attach(qtbot, ctx, w, journal=False):
+    """The recorded vLLM server over ZMQ, every batch published and settled in the window."""
     from test_remote_app import RecordedServer, attach, join, settle
     from test_vllm_attach import free_ports
-    ctx, w = _window(qtbot, tmp_path)
-    ctx.state.columnar = columnar
-    out = OUT if columnar else tmp_path / "reference"  # the Python EventLog, to compare by eye
-    out.mkdir(exist_ok=True)
     port, replay = free_ports(1), free_ports(1)
     server = RecordedServer(0, port, replay)
     try:
         attach(w, port, replay)
+        if journal:
+            assert w.remote.journalling and ctx.state.journal_fed
         join(qtbot, w, server, 1)
         seqs = sorted(int.from_bytes(f[1], "big") for f in server.pub_frames)
         for s in seqs:
@@ -63,16 +63,26 @@ def test_attach(qtbot, tmp_path, columnar):
                 qtbot.wait(30)
         settle(qtbot, w, lambda: w.remote.health().batches >= len(seqs))
         qtbot.wait(500)
+        yield server
+    finally:
+        w.remote.detach()
+        server.close()
+        ctx.shutdown()
+
+
+@pytest.mark.parametrize("columnar", [True, False])
+def test_attach(qtbot, tmp_path, columnar):
+    ctx, w = _window(qtbot, tmp_path)
+    ctx.state.columnar = columnar
+    out = OUT if columnar else tmp_path / "reference"  # the Python EventLog, to compare by eye
+    out.mkdir(exist_ok=True)
+    with recorded_attach(qtbot, ctx, w):
         ctx.bridge.flush(everything=True)
         qtbot.wait(1500)
         _grab(qtbot, w, "attach", out)
         ctx.state.scrub_to(3)
         qtbot.wait(800)
         _grab(qtbot, w, "attach_scrubbed", out, sizes=((1280, 800),))
-    finally:
-        w.remote.detach()
-        server.close()
-        ctx.shutdown()
 
 
 def test_demo_and_chat(qtbot, tmp_path):
