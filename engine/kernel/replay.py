@@ -11,7 +11,8 @@ reference; `tests/test_kernel.py` holds the two equal.
 from __future__ import annotations
 
 import time
-from array import array
+from itertools import chain, islice
+from operator import attrgetter, gt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -70,88 +71,94 @@ class TraceArrays:
         return int(self.nfull.sum())
 
 
+# Requests are read in chunks of this many: each chunk's fields are taken out in C-level
+# passes (`map` over attribute getters, `np.fromiter`), and a lazily read trace never
+# holds more than one chunk's id tuples at once.
+CHUNK = 8192
+_FIELDS = attrgetter("input_length", "output_length", "tenant", "model", "id")
+_TOKENS = attrgetter("tokens")
+_HASH_IDS = attrgetter("hash_ids")
+
+
 def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: bool = True) -> TraceArrays:
-    """The trace as the kernel reads it, one request at a time from `requests`.
+    """The trace as the kernel reads it, `CHUNK` requests at a time from `requests`.
 
     With `keep_content=False`, `TraceArrays.requests` keeps each request without its token
     ids or hash ids (both None: `slim`), which the arrays now hold: a trace read lazily
     (`read_trace`) then never has all its Python id tuples alive at once (a token id is 36
     bytes as a Python int in a tuple, 4 in the arrays). Such arrays replay on the kernel
-    only; `engine.core.replay.replay` needs the ids."""
+    only; `engine.core.replay.replay` needs the ids.
+
+    Per request this costs a few C-level passes (no Python bytecode per request but the
+    interning of tenant, model and id names); a hash-id request's ids go into one
+    `np.fromiter` over all of the chunk's tuples, cut to its full blocks with a mask."""
     t0 = time.perf_counter()
     bs = block_size
     reqs: list[TraceRequest] = []
-    nprompt, kvout, counts = array("q"), array("q"), array("q")
-    salt, model, uid, nfull = array("i"), array("i"), array("i"), array("i")
-    kind = array("B")
     model_ids: dict[str | None, int] = {None: -1}
     salt_ids: dict[str | None, int] = {None: -1}
     uids: dict[str, int] = {}
-    ext_parts: list[np.ndarray] = []
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("nprompt", "kvout", "counts", "salt", "model", "uid",
+                                                         "nfull", "kind", "ext")}
     token_parts: list[np.ndarray] = []
-    for tr in requests:
-        nprompt.append(tr.input_length)
-        kv = max(tr.output_length - 1, 0)
-        kvout.append(kv)
-        s = salt_ids.get(tr.tenant)
-        if s is None:
-            s = salt_ids[tr.tenant] = len(salt_ids) - 1
-        salt.append(s)
-        m = model_ids.get(tr.model)
-        if m is None:
-            m = model_ids[tr.model] = len(model_ids) - 1
-        model.append(m)
-        u = uids.get(tr.id)
-        if u is None:
-            u = uids[tr.id] = len(uids)
-        uid.append(u)
-        full = tr.input_length // bs
-        nfull.append(full)
-        if tr.tokens is not None:
-            kind.append(KIND_TOKENS)
-            seq = tr.tokens + (tr.output_tokens or ())[:kv]
+    it = iter(requests)
+    while chunk := list(islice(it, CHUNK)):
+        n = len(chunk)
+        inp, outp, tenants, models, ids = zip(*map(_FIELDS, chunk))
+        nprompt = np.array(inp, np.int64)
+        kvout = np.maximum(np.array(outp, np.int64) - 1, 0)
+        # first-seen order; None is -1 (the default is evaluated before a new key goes in)
+        salt = np.array([salt_ids.setdefault(t, len(salt_ids) - 1) for t in tenants], np.int32)
+        model = np.array([model_ids.setdefault(m, len(model_ids) - 1) for m in models], np.int32)
+        uid = np.array([uids.setdefault(u, len(uids)) for u in ids], np.int32)
+        full = nprompt // bs
+        tokens = list(map(_TOKENS, chunk))
+        kind = np.array([t is not None for t in tokens], np.uint8)  # KIND_TOKENS is 1
+        counts = np.zeros(n, np.int64)
+        ext = np.flatnonzero(kind == KIND_EXTERNAL)
+        if len(ext):
+            hids = [h or () for h in map(_HASH_IDS, chunk if len(ext) == n else [chunk[i] for i in ext])]
+            lens = np.fromiter(map(len, hids), np.int64, len(hids))
+            flat = np.fromiter(chain.from_iterable(hids), np.uint64, int(lens.sum())).view(np.int64)
+            keep = np.minimum(lens, full[ext])
+            starts = np.repeat(np.cumsum(lens) - lens, lens)
+            cols["ext"].append(flat[np.arange(len(flat)) - starts < np.repeat(keep, lens)])
+            counts[ext] = keep
+        for i in np.flatnonzero(kind == KIND_TOKENS).tolist():
+            tr = chunk[i]
+            seq = tr.tokens + (tr.output_tokens or ())[:int(kvout[i])]
             nb = len(seq) // bs
             token_parts.append(np.asarray(seq[:nb * bs], np.uint32))
-            counts.append(nb)
-        else:
-            kind.append(KIND_EXTERNAL)
-            ids = (tr.hash_ids or ())[:full]
-            ext_parts.append(np.asarray(ids, np.uint64).view(np.int64))
-            counts.append(len(ids))
-        reqs.append(tr if keep_content else slim(tr))
+            counts[i] = nb
+        for name, col in (("nprompt", nprompt), ("kvout", kvout), ("counts", counts), ("salt", salt),
+                          ("model", model), ("uid", uid), ("nfull", full.astype(np.int32)), ("kind", kind)):
+            cols[name].append(col)
+        reqs.extend(chunk if keep_content else map(slim, chunk))
+        del chunk, tokens
+    dtypes = {"nprompt": np.int64, "kvout": np.int64, "counts": np.int64, "salt": np.int32, "model": np.int32,
+              "uid": np.int32, "nfull": np.int32, "kind": np.uint8, "ext": np.int64}
+    a = {k: np.concatenate(v) if v else np.zeros(0, dtypes[k]) for k, v in cols.items()}
     n = len(reqs)
-    nprompt, kvout, counts = (np.frombuffer(a, np.int64).copy() for a in (nprompt, kvout, counts))
-    salt, model, uid, nfull = (np.frombuffer(a, np.int32).copy() for a in (salt, model, uid, nfull))
-    kind = np.frombuffer(kind, np.uint8).copy()
-    part_kind = kind.tolist()
     koff = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=koff[1:])
+    np.cumsum(a["counts"], out=koff[1:])
     items = np.empty(int(koff[-1]), np.int64)
+    block_kind = np.repeat(a["kind"], a["counts"])
+    items[block_kind == KIND_EXTERNAL] = a["ext"]
     if token_parts:
         flat = np.concatenate(token_parts).reshape(-1, bs)
         rows = np.ascontiguousarray(flat).view(np.dtype((np.void, 4 * bs))).ravel()
         uniq, inverse = np.unique(rows, return_inverse=True)
         content = uniq.view(np.uint32).reshape(-1, bs).copy()
-        token_items = inverse.astype(np.int64).ravel()
+        items[block_kind == KIND_TOKENS] = inverse.astype(np.int64).ravel()
     else:
         content = np.zeros((1, bs), np.uint32)
-        token_items = np.zeros(0, np.int64)
-    ti = ext_i = 0
-    for i in range(n):
-        a, b = koff[i], koff[i + 1]
-        if part_kind[i] == KIND_TOKENS:
-            items[a:b] = token_items[ti:ti + (b - a)]
-            ti += b - a
-        else:
-            items[a:b] = ext_parts[ext_i]
-            ext_i += 1
     salts = [None] * (len(salt_ids) - 1)
     for name, sid in salt_ids.items():
         if sid >= 0:
             salts[sid] = name
-    models = [name for name, mid in sorted(model_ids.items(), key=lambda x: x[1]) if mid >= 0]
-    return TraceArrays(reqs, nprompt, kvout, salt, model, kind, uid, koff, nfull, items, content, salts, models,
-                       len(uids), time.perf_counter() - t0)
+    models_l = [name for name, mid in sorted(model_ids.items(), key=lambda x: x[1]) if mid >= 0]
+    return TraceArrays(reqs, a["nprompt"], a["kvout"], a["salt"], a["model"], a["kind"], a["uid"], koff, a["nfull"],
+                       items, content, salts, models_l, len(uids), time.perf_counter() - t0)
 
 
 def slim(tr: TraceRequest) -> TraceRequest:
@@ -232,19 +239,18 @@ def _own_rows(columns: list[np.ndarray | None], n_rows: int) -> list[np.ndarray]
 
 def served_rows(reqs: Sequence[TraceRequest], cached, computed, reason, first, div,
                 refused) -> list[ServedRequest]:
-    cached_l, computed_l, reason_l = cached.tolist(), computed.tolist(), reason.tolist()
-    first_l, div_l, refused_l = first.tolist(), div.tolist(), refused.tolist()
-    rows = []
-    for i, tr in enumerate(reqs):
-        d = div_l[i]
-        row = ServedRequest(tr.index, tr.id, tr.tenant, tr.input_length, output_tokens=tr.output_length,
-                            miss_reason=MISS_REASONS[reason_l[i]], first_miss_block=first_l[i],
-                            divergence_token=None if d < 0 else d)
-        if refused_l[i]:
-            row.refused = True
-        else:
-            row.cached_tokens = cached_l[i]
-            row.computed_tokens = computed_l[i]
-        rows.append(row)
-    rows.sort(key=lambda r: r.index)
+    """The Python engine's rows from the kernel's per-request arrays, in input order (one
+    positional `ServedRequest` per request: the only per-request Python of a result)."""
+    computed_l = np.where(refused != 0, 0, computed).tolist()
+    cached_l = np.where(refused != 0, 0, cached).tolist()
+    div_l = [None if d < 0 else d for d in div.tolist()]
+    rows = list(map(ServedRequest, map(_INDEX, reqs), map(_ID, reqs), map(_TENANT, reqs), map(_INPUT, reqs),
+                    cached_l, computed_l, map(_OUTPUT, reqs), [MISS_REASONS[x] for x in reason.tolist()], first.tolist(),
+                    div_l, map(bool, refused.tolist())))
+    if any(map(gt, map(_INDEX, reqs), map(_INDEX, islice(reqs, 1, None)))):
+        rows.sort(key=_INDEX)
     return rows
+
+
+_INDEX, _ID, _TENANT = attrgetter("index"), attrgetter("id"), attrgetter("tenant")
+_INPUT, _OUTPUT = attrgetter("input_length"), attrgetter("output_length")
