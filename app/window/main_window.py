@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFrame, QLabe
                                QProgressBar, QPushButton, QScrollArea, QTabBar, QToolBar, QWidget)
 
 from app.ui import theme
+from app.runtime import collector
 from app.runtime.context import AppContext, Subject
 from app.runtime.model_load import ModelLoad
 from app.runtime.replays import TraceReplays
@@ -79,6 +80,7 @@ class MainWindow(QMainWindow):
     def __init__(self, ctx: AppContext, model: str | None = None, load_model: bool = True,
                  num_blocks: int = 256, block_size: int = 16) -> None:
         super().__init__()
+        collector.install(self)  # cycles are collected on this thread only: see app.runtime.collector
         self.ctx = ctx
         ctx.ask_dialog = self._ask
         ctx.error_dialog = lambda title, text: QMessageBox.warning(self, title, text)
@@ -387,6 +389,7 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
+        collector.install(self)  # again after a close
         QTimer.singleShot(0, self.hide_stale_tab_bars)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
@@ -475,6 +478,8 @@ class MainWindow(QMainWindow):
         self.remote.detach()
         self.save_settings()
         super().closeEvent(event)
+        if event.isAccepted():
+            collector.release(self)
 
     def reset_layout(self) -> None:
         self.restoreState(self._default_state, LAYOUT_VERSION)
