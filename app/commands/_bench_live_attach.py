@@ -145,7 +145,10 @@ def _tokenizer_loading() -> bool:
 
 def _warm_journal_route() -> None:
     from app.runtime.state import PoolState
+    from app.views.pool import chain_layout
     from engine.remote.overlay import journal_pool_class
+
+    chain_layout.warm_up()
 
     pool = journal_pool_class()("warm")
     payloads, _, _ = recorded_stream(200, gpu_blocks=64)

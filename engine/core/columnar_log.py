@@ -764,18 +764,76 @@ class ArrayProjection:
                 return None
             k = parent
 
-    def _store_row(self, b: int) -> int:
-        """The row of the store block `b` holds at this state."""
+    def _stored_by_block(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Every store row grouped by block (rows ascending within a block), each group's
+        bounds, and per row `block * (rows + 1) + row` (ascending: one searchsorted finds
+        many blocks' stores), and that `rows + 1`."""
         got = self.log._index.get("stored_by_block")
         if got is None:
             col = self.log.columnar
-            rows = np.flatnonzero(col.col("kind") == STORED)
+            rows = np.flatnonzero(col.col("kind")[:col.num_rows] == STORED)
             rows = rows[np.argsort(col.col("block")[rows], kind="stable")]
-            bounds = np.searchsorted(col.col("block")[rows], np.arange(col.num_blocks + 1))
-            got = self.log._index["stored_by_block"] = (rows, bounds)
-        rows, bounds = got
+            blocks = col.col("block")[rows].astype(np.int64)
+            bounds = np.searchsorted(blocks, np.arange(col.num_blocks + 1))
+            width = col.num_rows + 1
+            got = self.log._index["stored_by_block"] = (rows, bounds, blocks * width + rows, width)
+        return got
+
+    def _store_row(self, b: int) -> int:
+        """The row of the store block `b` holds at this state."""
+        rows, bounds, _, _ = self._stored_by_block()
         group = rows[bounds[b]:bounds[b + 1]]
         return int(group[int(np.searchsorted(group, self.arrays.num_rows)) - 1])
+
+    def store_rows(self, blocks: np.ndarray) -> np.ndarray:
+        """`_store_row` of many held blocks at once (one searchsorted)."""
+        rows, _, code, width = self._stored_by_block()
+        blocks = np.asarray(blocks, np.int64)
+        if not len(blocks):
+            return np.zeros(0, np.int64)
+        return rows[np.searchsorted(code, blocks * width + self.arrays.num_rows) - 1]
+
+    # ------------------------------------------------------------------ many blocks at once
+    def held_blocks(self) -> np.ndarray:
+        """The blocks holding a hash, in the order their hashes were stored (`by_hash`'s)."""
+        got = self._cache.get("held_in_store_order")
+        if got is None:
+            col = self.log.columnar
+            held = np.flatnonzero(self.hash_keys >= 0)
+            if self.log.columnar.store_attributes is not None and len(held):  # each slot's own store
+                stored_at = self.store_rows(held)
+            else:
+                stored = np.flatnonzero(col.col("kind")[:self.arrays.num_rows] == STORED)
+                at = np.full(self.num_blocks, -1, np.int64)
+                at[col.col("block")[stored]] = stored  # the last store of each block wins
+                stored_at = at[held]
+            got = self._cache["held_in_store_order"] = held[np.argsort(stored_at, kind="stable")]
+        return got
+
+    def digests_of(self, blocks: np.ndarray) -> list[bytes]:
+        """The hash each of `blocks` (held blocks) holds, as `hashes[b]` reads it."""
+        keys = self.log.columnar.keys
+        ids = self.hash_keys[np.asarray(blocks, np.int64)]
+        many = getattr(keys, "digests", None)
+        return many(ids) if many is not None else [keys.digest(k) for k in ids.tolist()]
+
+    def parents_of(self, blocks: np.ndarray) -> list[bytes | None]:
+        """The parent hash each of `blocks` (held blocks) was stored under, as `parents[b]`."""
+        stores = self.log.columnar.store_attributes
+        if stores is None:
+            return [self._attribute(b, _PARENT) for b in np.asarray(blocks, np.int64).tolist()]
+        a = self.log.columnar.col("a")[self.store_rows(blocks)]
+        many = getattr(stores, "parents", None)
+        return many(a) if many is not None else [stores[i][0] for i in a.tolist()]
+
+    def tenants_of(self, blocks: np.ndarray) -> list[str | None]:
+        """The tenant of each of `blocks` (held blocks), as `tenants[b]` reads it."""
+        stores = self.log.columnar.store_attributes
+        if stores is None:
+            return [self._attribute(b, _TENANT) for b in np.asarray(blocks, np.int64).tolist()]
+        a = self.log.columnar.col("a")[self.store_rows(blocks)]
+        many = getattr(stores, "tenant_names", None)
+        return many(a) if many is not None else [stores[i][4] for i in a.tolist()]
 
     def key_holders(self) -> np.ndarray:
         """Per chain id: the block holding it in this state (the lowest id), -1 if none."""
@@ -814,18 +872,11 @@ class ArrayProjection:
         `PoolProjection.by_hash`, whose order the hash chains' layout follows)."""
         got = self._cache.get("by_hash_map")
         if got is None:
-            keys = self.log.columnar.keys
-            col = self.log.columnar
-            n = self.arrays.num_rows
-            stored = np.flatnonzero(col.col("kind")[:n] == STORED)
-            stored_at = np.full(self.num_blocks, -1, np.int64)
-            stored_at[col.col("block")[stored]] = stored  # the last store of each block wins
-            held = np.flatnonzero(self.hash_keys >= 0)
-            held = held[np.argsort(stored_at[held], kind="stable")]
+            held = self.held_blocks()
             got = {}
-            for b in held.tolist():
-                d = keys.digest(int(self.hash_keys[b]))
-                got[d] = got.get(d, ()) + (b,)
+            for d, b in zip(self.digests_of(held), held.tolist()):
+                had = got.get(d)
+                got[d] = (b,) if had is None else had + (b,)
             self._cache["by_hash_map"] = got
         return got
 

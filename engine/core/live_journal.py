@@ -23,6 +23,18 @@ from engine.core.columnar import EVICTED, RESET, STORED, TAIL_BASE, KeyTable
 from engine.core.events import RemoteInfo
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
+W_U64 = 1  # engine.remote.colpool's width code of an 8-byte hash (its key is the value)
+
+
+def _hash_bytes(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: np.ndarray) -> list[bytes | None]:
+    """Journal (key, width) pairs as the hashes `pool.hash_of` gives, many at once: an
+    8-byte hash is its key, big-endian; another (a digest) its pool's; width 0 is None."""
+    raw = np.asarray(key, np.uint64).astype(">u8").tobytes()
+    out: list[bytes | None] = [raw[i:i + 8] for i in range(0, len(raw), 8)]
+    for i in np.flatnonzero(np.asarray(width) != W_U64).tolist():
+        w = int(width[i])
+        out[i] = pools[int(pool_of[i])].hash_of(int(key[i]), w) if w else None
+    return out
 
 
 class _Grow:
@@ -65,6 +77,11 @@ class JournalKeys(KeyTable):
     def digest(self, key: int) -> bytes:
         return self.pools[int(self._pool.buf[key])].hash_of(int(self._key.buf[key]), int(self._width.buf[key]))
 
+    def digests(self, ids: np.ndarray) -> list[bytes]:
+        """`digest` of many ids at once."""
+        ids = np.asarray(ids, np.int64)
+        return _hash_bytes(self.pools, self._pool.buf[ids], self._key.buf[ids], self._width.buf[ids])
+
     def parent_of(self, key: int) -> int:
         return -1  # each store's parent is in JournalStores
 
@@ -92,6 +109,29 @@ class JournalStores(Sequence[tuple]):
     def add(self, pool: int, local: np.ndarray) -> np.ndarray:
         self._pool.extend(np.full(len(local), pool, np.int16))
         return self._local.extend(local)
+
+    def parents(self, stores: np.ndarray) -> list[bytes | None]:
+        """The parent digest (`self[i][0]`) of many stores at once."""
+        stores = np.asarray(stores, np.int64)
+        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
+        key = np.zeros(len(stores), np.uint64)
+        width = np.zeros(len(stores), np.int64)
+        for p in np.unique(pool_of).tolist():
+            at = np.flatnonzero(pool_of == p)
+            j = self.journals[p]
+            key[at] = np.asarray(j.parent, np.uint64)[local[at]]
+            width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
+        return _hash_bytes(self._keys.pools, pool_of, key, width)
+
+    def tenant_names(self, stores: np.ndarray) -> list[str | None]:
+        """The tenant (`self[i][4]`) of many stores at once."""
+        stores = np.asarray(stores, np.int64)
+        out: list[str | None] = [None] * len(stores)
+        codes = self.tenants.buf[stores]
+        for i in np.flatnonzero(codes).tolist():
+            names = self._keys.pools[int(self._pool.buf[stores[i]])].tenant_names
+            out[i] = names[int(codes[i]) - 1]
+        return out
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):

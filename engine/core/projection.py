@@ -245,6 +245,16 @@ class PoolProjection:
     def owners(self, block_id: int) -> tuple[str, ...]:
         return tuple(rid for rid, table in self.running.items() if block_id in table)
 
+    # many blocks at once, as `engine.core.columnar_log.ArrayProjection` reads them from arrays
+    def digests_of(self, blocks: Iterable[int]) -> list[bytes | None]:
+        return [self.hashes[b] for b in blocks]
+
+    def parents_of(self, blocks: Iterable[int]) -> list[bytes | None]:
+        return [self.parents[b] for b in blocks]
+
+    def tenants_of(self, blocks: Iterable[int]) -> list[str | None]:
+        return [self.tenants[b] for b in blocks]
+
     def chain_of(self, block_id: int) -> list[int]:
         """The block and its cached ancestors, root first (stops where a parent was evicted)."""
         return chain_by_parents(block_id, self.parents, self.block_of_hash)

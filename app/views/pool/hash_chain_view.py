@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from app.ui import theme
 from app.ui.export import export_button
 from app.runtime.remote import decode_tokens, view_tokenizer
-from app.views.pool.chain_layout import ChainTree, Segment, build_tree, fit_labels
+from app.views.pool.chain_layout import ChainTree, Segment, build_tree, fit_labels, warm_up_in_background
 from app.ui.colors import block_colors, swatch
 from app.ui.plots import CountAxis
 from engine.core.projection import PoolProjection, RequestRecord
@@ -37,6 +37,7 @@ __all__ = ["ChainTree", "HashChainView", "Segment", "build_tree"]  # the layout 
 
 MAX_LABELS = 60  # run labels drawn at most; the densest trees show the longest runs that fit
 MAX_LABEL_CANDIDATES = 4000  # runs tried for a label, longest first (the rest are too short to win)
+MAX_LABEL_TRIES = 8 * MAX_LABELS  # of those, the ones in view measured for a place (leaves' text decoded)
 LABEL_PAD_PX = 3
 MAX_TEXT_SEARCH_BLOCKS = 50_000  # blocks decoded for a token-text search
 MIN_REBUILD_MS = 250  # rebuilding a big tree every frame would stall the window
@@ -52,7 +53,7 @@ class HashChainView(PanelView):
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
         self.setObjectName("hash_chain_view")
-        self.tree = ChainTree([], {}, [])
+        self.tree = ChainTree()
         self.request_id: str | None = None  # None = the last request
         self.only_request = False
         self.path_record: RequestRecord | None = None
@@ -64,7 +65,7 @@ class HashChainView(PanelView):
         self._query_text = ""
         self.label_rects: list[QRectF] = []
         self.label_texts: list[str] = []
-        self._runs: list[Segment] = []  # runs worth a label, longest first
+        self._runs = np.zeros(0, np.int64)  # segments worth a label, longest first
         self._decoded: dict[bytes, str] = {}  # token text per hash, for the search
         self._leaf_text: dict[bytes, str] = {}  # token text per hash, for tips and a remote pool's leaves
         self._drawn_version = -1
@@ -158,6 +159,7 @@ class HashChainView(PanelView):
         self.nodes.sigClicked.connect(self._on_node_clicked)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
+        warm_up_in_background()  # the compiled layout, loaded before the first big tree
         self.apply_theme()
 
     def apply_theme(self, name: str | None = None) -> None:
@@ -325,9 +327,9 @@ class HashChainView(PanelView):
         return self.path_record
 
     def _fit_range(self) -> None:
-        segs = self.tree.segments
-        shape = (len(segs), float(max((s.depth + len(s.hashes) for s in segs), default=0)),
-                 max((s.y for s in segs), default=0.0))
+        t = self.tree
+        shape = (t.num_segments, float((t.seg_depth + t.seg_len).max()) if t.num_segments else 0.0,
+                 float(t.seg_y.max()) if t.num_segments else 0.0)
         if shape == self._range_shape:  # keep the user's zoom until the tree changes shape
             return
         self._range_shape = shape
@@ -336,43 +338,40 @@ class HashChainView(PanelView):
 
     def _draw_tree(self, p: PoolProjection) -> None:
         tree = self.tree
-        segs = tree.segments
-        ex = np.empty(4 * len(segs))
-        ey = np.empty(4 * len(segs))
-        n = 0
-        for seg in segs:
-            x0, x1 = float(seg.depth), float(seg.depth + len(seg.hashes) - 1)
-            ex[n:n + 2] = (x0, x1)
-            ey[n:n + 2] = (seg.y, seg.y)
-            n += 2
-            if seg.parent is not None:
-                ex[n:n + 2] = (x0 - 1.0, x0)
-                ey[n:n + 2] = (segs[seg.parent].y, seg.y)
-                n += 2
-        self.edges.setData(ex[:n], ey[:n])
+        n = tree.num_segments
+        # a run's line, and from its parent's last node to its first (arrays, one pass)
+        x0 = tree.seg_depth.astype(float)
+        x1 = x0 + tree.seg_len - 1
+        y = tree.seg_y
+        child = np.flatnonzero(tree.seg_parent >= 0)
+        ex = np.empty(2 * n + 2 * len(child))
+        ey = np.empty_like(ex)
+        ex[0:2 * n:2], ex[1:2 * n:2] = x0, x1
+        ey[0:2 * n:2], ey[1:2 * n:2] = y, y
+        ex[2 * n::2], ex[2 * n + 1::2] = x0[child] - 1.0, x0[child]
+        ey[2 * n::2], ey[2 * n + 1::2] = y[tree.seg_parent[child]], y[child]
+        self.edges.setData(ex, ey)
         # with a path to follow the tree steps back: thinner and fainter lines
         dim = pg.mkColor(self.palette["text_dim"])
-        dim.setAlpha(120 if self.path_record is not None and len(segs) > 50 else 220)
-        self.edges.setPen(pg.mkPen(dim, width=1.0 if len(segs) > 200 else 1.2))
+        dim.setAlpha(120 if self.path_record is not None and n > 50 else 220)
+        self.edges.setPen(pg.mkPen(dim, width=1.0 if n > 200 else 1.2))
         self._fit_range()
         # markers at segment ends (a collapsed run shows only its first and last block)
-        xs, ys, brushes, ids = [], [], [], []
-        in_use, cached = pg.mkBrush(self.colors["ref1"]), pg.mkBrush(self.colors["cached_new"])
-        for seg in segs:
-            ends = [seg.hashes[0]] if len(seg.hashes) == 1 else [seg.hashes[0], seg.hashes[-1]]
-            for h in ends:
-                x, y = tree.positions[h]
-                b = p.block_of_hash(h)
-                xs.append(x)
-                ys.append(y)
-                brushes.append(in_use if b is not None and p.ref_counts[b] > 0 else cached)
-                ids.append(b)
-        self.nodes.setData(x=xs, y=ys, brush=brushes, pen=pg.mkPen(None), data=ids,
-                           size=7 if len(segs) < 300 else 5 if len(segs) < 3000 else 3)
+        long = tree.seg_len > 1
+        ends = np.concatenate([tree.first_nodes(), tree.last_nodes()[long]])
+        blocks = tree.blocks[ends] if len(ends) else np.zeros(0, np.int64)
+        refs = np.asarray(p.ref_counts)[blocks] if len(blocks) else np.zeros(0, np.int64)
+        brushes = np.array([pg.mkBrush(self.colors["cached_new"]), pg.mkBrush(self.colors["ref1"])],
+                           dtype=object)[(refs > 0).astype(np.int64)]
+        self.nodes.setData(x=tree.node_x[ends], y=tree.node_y[ends], brush=brushes, pen=pg.mkPen(None),
+                           data=blocks.tolist(), size=7 if n < 300 else 5 if n < 3000 else 3)
         # A remote pool has no requests to follow, so its leaves say what they hold as well.
         remote = getattr(self.state, "remote", None) is not None
-        self._runs = sorted((s for s in segs if len(s.hashes) > 2 or (remote and not s.children)),
-                            key=lambda s: -len(s.hashes))[:MAX_LABEL_CANDIDATES]
+        worth = tree.seg_len > 2
+        if remote:
+            worth |= tree.seg_children == 0
+        runs = np.flatnonzero(worth)
+        self._runs = runs[np.argsort(-tree.seg_len[runs], kind="stable")][:MAX_LABEL_CANDIDATES]
         while len(self.group_labels) < len(tree.groups):
             t = pg.TextItem(anchor=(0, 0.5), fill=self.run_labels[0].fill)
             t.setZValue(6)
@@ -390,8 +389,9 @@ class HashChainView(PanelView):
         if block_id is None or not 0 <= block_id < p.num_blocks:
             return ""
         h = p.hashes[block_id]
-        seg = next((s for s in self.tree.segments if h in (s.hashes[0], s.hashes[-1])), None)
-        run = f"\nrun of {len(seg.hashes):,} blocks" if seg is not None else ""
+        node = self.tree.node_of(h) if h is not None else -1
+        seg = int(self.tree.node_seg[node]) if node >= 0 else -1
+        run = f"\nrun of {int(self.tree.seg_len[seg]):,} blocks" if seg >= 0 else ""
         text = self._block_text(block_id)
         text = f"\n“{text}”" if text else ""
         return (f"block {block_id} · {h.hex()[:12] if h else '-'} · ref {p.ref_counts[block_id]}{run}{text}"
@@ -465,21 +465,28 @@ class HashChainView(PanelView):
         boxes, places = [], []
         remote = getattr(self.state, "remote", None) is not None
         x0, x1 = rect.left(), rect.right()
-        for seg in self._runs:
-            end = seg.depth + len(seg.hashes) - 1
-            if end < x0 - 1 or seg.depth > x1 + 1 or not rect.top() - 1 <= seg.y <= rect.bottom() + 1:
-                continue
-            text = f"{len(seg.hashes):,} blocks" if len(seg.hashes) > 1 else "1 block"
-            if not seg.children and remote:
-                said = self._block_text(self.state.projection.block_of_hash(seg.hashes[-1]))
+        t = self.tree
+        runs = self._runs
+        if len(runs):  # only the runs in view (arrays), longest first
+            depth, length, ys = t.seg_depth[runs], t.seg_len[runs], t.seg_y[runs]
+            end = depth + length - 1
+            runs = runs[(end >= x0 - 1) & (depth <= x1 + 1) & (ys >= rect.top() - 1) & (ys <= rect.bottom() + 1)]
+            runs = runs[:MAX_LABEL_TRIES]  # the longest in view; shorter ones would rarely win a place
+        for s, depth, length, y, kids, last in zip(runs.tolist(), t.seg_depth[runs].tolist(), t.seg_len[runs].tolist(),
+                                                   t.seg_y[runs].tolist(), t.seg_children[runs].tolist(),
+                                                   t.last_nodes()[runs].tolist()):
+            end = depth + length - 1
+            text = f"{length:,} blocks" if length > 1 else "1 block"
+            if not kids and remote:
+                said = self._block_text(int(t.blocks[last]))
                 text += f" · …“{said[-32:]}”" if said else ""
-            if seg.children:  # the tree goes on to the right: the count sits above the run
-                x = (max(seg.depth, x0) + min(end, x1)) / 2
-                places.append((text, x, seg.y, (0.5, 0.95)))
-                boxes.append(box(x, seg.y, text, 0.5, 0.95))
+            if kids:  # the tree goes on to the right: the count sits above the run
+                x = (max(depth, x0) + min(end, x1)) / 2
+                places.append((text, x, y, (0.5, 0.95)))
+                boxes.append(box(x, y, text, 0.5, 0.95))
             else:
-                places.append((text, end + 0.3, seg.y, (0, 0.5)))
-                boxes.append(box(end + 0.3, seg.y, text, 0, 0.5))
+                places.append((text, end + 0.3, y, (0, 0.5)))
+                boxes.append(box(end + 0.3, y, text, 0, 0.5))
         chosen = fit_labels(boxes, bounds, taken, MAX_LABELS)
         for item, i in zip(self.run_labels, chosen):
             text, x, y, anchor = places[i]
@@ -536,7 +543,7 @@ class HashChainView(PanelView):
     def _summary_text(self, rec: RequestRecord | None) -> str:
         tree = self.tree
         scope = "on this request's path" if self.only_request and rec is not None else "cached"
-        text = (f"{tree.num_nodes:,} {scope} blocks in {len(tree.segments):,} runs, "
+        text = (f"{tree.num_nodes:,} {scope} blocks in {tree.num_segments:,} runs, "
                 f"{len(tree.groups)} group{'s' if len(tree.groups) != 1 else ''}")
         if rec is not None:
             text += (f" · request {rec.request_id}: reused {rec.num_hit_blocks} of {len(rec.block_hashes)} "
@@ -548,7 +555,7 @@ class HashChainView(PanelView):
                          f"{len(self.matches):,} for “{html.escape(self._query_text)}”")
             else:
                 text += f" · no cached block matches “{html.escape(self._query_text)}”"
-        if len(tree.segments) > MAX_LABELS:
+        if tree.num_segments > MAX_LABELS:
             text += " · labels show the longest runs that fit: zoom in for more"
         return text
 

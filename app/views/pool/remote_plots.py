@@ -271,7 +271,8 @@ class RemoteMetrics(_Throttled):
             items.append((swatch(self.palette["accent"]), f"lifetime median <b>{_fmt_s(q50)}</b>, p90 {_fmt_s(q90)}"))
         items.append(("", f"cached now <b>{p.num_hashed:,}</b>"))
         if p.num_blocks <= 200_000:  # a pass over every slot; skipped for a huge pool
-            tenants = sorted({t for t in p.tenants if t is not None})
+            held = np.flatnonzero(np.asarray(p.hashed) > 0)  # the held slots' tenants, read at once
+            tenants = sorted({t for t in p.tenants_of(held) if t is not None})
             if tenants:
                 items.append(("", f"tenants {', '.join(tenants[:4])}{' …' if len(tenants) > 4 else ''}"))
         if remote.num_restarts:
