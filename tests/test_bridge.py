@@ -179,3 +179,86 @@ def test_a_trace_opened_in_the_app_gets_the_python_engines_events(qtbot, tmp_pat
         assert trace_capacity(path, bs) > 0
     finally:
         ctx.shutdown()
+
+
+def test_an_engine_thread_waits_while_the_gui_thread_applies_a_batch(qtbot, bridge):
+    # The gate: an event emitted on another thread during a batch is appended after it.
+    bridge.gate_wait_s = 10.0
+    bus = EventBus()
+    bridge.attach(bus)
+    order: list[str] = []
+    started = threading.Event()
+
+    def produce() -> None:
+        started.wait(10)
+        bus.emit(RequestStarted, request_id="late", num_prompt_tokens=1, salt=None)
+        order.append("emitted")
+
+    def listener(batch: list) -> None:
+        if batch[0].request_id == "r0":
+            started.set()
+            import time as _time
+            _time.sleep(0.1)
+            order.append("batch applied")
+
+    bridge.sigEvents.connect(listener)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    _emit_many(bus, 3)
+    bridge.flush()
+    producer.join(10)
+    assert order == ["batch applied", "emitted"]
+    bridge.flush(everything=True)
+    assert [e.request_id for b in bridge.batches for e in b] == ["r0", "r1", "r2", "late"]
+
+
+def test_the_gate_is_bounded_and_skips_the_gui_thread(qtbot, bridge):
+    # A listener that waits for an engine thread's event does not deadlock (the engine
+    # thread goes on after gate_wait_s), and the GUI thread's own events never wait.
+    import time as _time
+
+    bridge.gate_wait_s = 0.05
+    bus = EventBus()
+    bridge.attach(bus)
+    produced = threading.Event()
+    seen: dict[str, float] = {}
+
+    def listener(batch: list) -> None:
+        if seen:
+            return
+        seen["first batch"] = 1.0
+        producer = threading.Thread(target=lambda: (_emit_many(bus, 1), produced.set()))
+        producer.start()
+        seen["engine thread went on"] = produced.wait(10)
+        producer.join(10)
+        bridge.gate_wait_s = 10.0
+        t = _time.perf_counter()
+        bus.emit(RequestStarted, request_id="gui", num_prompt_tokens=1, salt=None)  # on the GUI thread
+        seen["gui emit s"] = _time.perf_counter() - t
+
+    bridge.sigEvents.connect(listener)
+    _emit_many(bus, 2)
+    bridge.flush()
+    assert seen["engine thread went on"] is True
+    assert seen["gui emit s"] < 5.0  # it would be 10 s had it waited at the gate
+    bridge.flush(everything=True)
+    assert sorted(e.seq for b in bridge.batches for e in b) == list(range(4))
+
+
+def test_interleaved_threads_and_a_waiting_backlog_come_out_in_seq_order(qtbot, bridge):
+    # Events taken while an older part still waits, and events pushed out of order, are
+    # merged: every batch handed over is in seq order and nothing is lost or repeated.
+    bridge._timer.stop()
+    bus = EventBus()
+    bridge.attach(bus)
+    _emit_many(bus, 1000)
+    assert len(bridge._take(300)) == 300  # 700 wait
+    early = [RequestStarted(seq=s, time=0.0, request_id=f"x{s}", num_prompt_tokens=1, salt=None)
+             for s in (5000, 4000, 4500)]
+    bridge.push(early)
+    _emit_many(bus, 10)  # seqs 1000..1009, below the pushed ones
+    got = []
+    while (batch := bridge._take(256)):
+        got.extend(e.seq for e in batch)
+    assert got == list(range(300, 1010)) + [4000, 4500, 5000]
+    assert bridge.num_pending == 0
