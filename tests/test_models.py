@@ -30,8 +30,8 @@ def test_conversion_is_cached_as_plain_safetensors(default_model):
     assert config["num_key_value_heads"] == 3
 
 
-def test_tokenizer_alone_matches_the_model_tokenizer(default_model):
-    tokenizer = load_tokenizer()
+def test_tokenizer_alone_matches_the_model_tokenizer(default_model, default_tokenizer):
+    tokenizer = default_tokenizer  # load_tokenizer(), shared by the session
     text = "Cachescope shows what the KV cache holds."
     assert tokenizer(text)["input_ids"] == default_model.tokenizer(text)["input_ids"]
 
@@ -106,16 +106,21 @@ def test_a_damaged_conversion_in_the_cache_is_redone(tmp_path, monkeypatch):
     shutil.copy(real / "model" / "config.json", folder / "model" / "config.json")
     (folder / "model" / "model.safetensors").write_bytes(b"\x00" * 1000)  # as after a crash or a bad disk
     tokenizer_before = (folder / "tokenizer").stat().st_ino
+    import gguf as gguf_py
+
+    reader, name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
     loaded = load_model(str(gguf))
     assert loaded.num_layers == 30
     assert (folder / "model" / "model.safetensors").stat().st_size > 100_000_000
     # only the part that failed to load is converted again: the tokenizer folder is the same one
     assert (folder / "tokenizer").stat().st_ino == tokenizer_before
+    # the conversion parsed the GGUF once (engine.model.loader._gguf_read_once) and put gguf back
+    assert (gguf_py.GGUFReader, gguf_py.get_tensor_name_map) == (reader, name_map)
 
 
 @pytest.mark.slow
 @pytest.mark.model
-def test_a_damaged_tokenizer_in_the_cache_is_redone_and_the_weights_kept(tmp_path, monkeypatch):
+def test_a_damaged_tokenizer_in_the_cache_is_redone_and_the_weights_kept(tmp_path, monkeypatch, default_tokenizer):
     real = _converted_dir(default_gguf_path())
     monkeypatch.setenv("CACHESCOPE_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "smol.gguf"
@@ -128,7 +133,7 @@ def test_a_damaged_tokenizer_in_the_cache_is_redone_and_the_weights_kept(tmp_pat
     loaded = load_model(str(gguf))
     assert loaded.num_layers == 30
     text = "Cachescope shows what the KV cache holds."
-    assert loaded.tokenizer(text)["input_ids"] == load_tokenizer()(text)["input_ids"]
+    assert loaded.tokenizer(text)["input_ids"] == default_tokenizer(text)["input_ids"]
     assert json.loads((folder / "tokenizer" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
     assert (folder / "model").stat().st_ino == weights_before
 
