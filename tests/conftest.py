@@ -8,6 +8,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread for torch and BLAS in every worker and the commands it starts, as the
+# app gives the model on a 2-core machine (app.runtime.jobs.model_threads): the suite's
+# workers share the cores, and a parallel matmul waits at every barrier for a thread that
+# another worker's test has descheduled. Measured under load: test_compare's model demo
+# took 163 s (76 s CPU) with torch's default of 2 threads, 38 s (35 s CPU) with 1.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import importlib.abc  # noqa: E402
@@ -44,6 +50,8 @@ def pytest_configure(config):
         wrapper.__wrapped__ = fn
         return wrapper
 
+    if "torch" in sys.modules:  # imported before this file (a plugin): OMP_NUM_THREADS came too late
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     loader._load = counting(loader._load)
     semantic_cache.Embedder.__init__ = counting(semantic_cache.Embedder.__init__)
     if _is_xdist_controller(config):
