@@ -7,7 +7,7 @@ the same block ids. Modelled on vLLM v1's `BlockPool` and `FreeKVCacheBlockQueue
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.core.validation import check_block_pool
 
@@ -181,6 +181,64 @@ class BlockPool:
         self.use_clock += 1
         block.last_used = self.use_clock
 
+    def touch_blocks(self, blocks: list[Block]) -> None:
+        """`touch` each of `blocks` in order (a request's hits): one loop, no call per block."""
+        queue = self.free_queue
+        clock = self.use_clock
+        for block in blocks:
+            if block.ref_count == 0 and block.prev_free is not None:
+                prev, nxt = block.prev_free, block.next_free
+                prev.next_free = nxt
+                nxt.prev_free = prev  # type: ignore[union-attr]
+                block.prev_free = block.next_free = None
+                queue.num_free_blocks -= 1
+            block.ref_count += 1
+            clock += 1
+            block.last_used = clock
+        self.use_clock = clock
+
+    def take_blocks(self, n: int, on_evict: Callable[[Block, bytes, bytes | None], None]) -> list[Block]:
+        """`take_free_block` and `touch`, `n` times: the `n` blocks at the head of the free
+        queue, each with one reference. A block that held a hash is uncached and reported
+        to `on_evict(block, old_hash, old_parent)` before the next one is taken, so the
+        pool is then exactly as `n` single takes leave it. The caller has checked that `n`
+        blocks are free; a queue that runs out raises `IndexError` as `popleft` does.
+        """
+        queue = self.free_queue
+        head, tail = queue._head, queue._tail
+        by_hash = self.blocks_by_hash
+        clock = self.use_clock
+        taken: list[Block] = []
+        append = taken.append
+        for _ in range(n):
+            block = head.next_free
+            if block is tail or block is None:
+                self.use_clock = clock
+                raise IndexError("no free block left")
+            nxt = block.next_free
+            head.next_free = nxt
+            nxt.prev_free = head  # type: ignore[union-attr]
+            block.prev_free = block.next_free = None
+            queue.num_free_blocks -= 1
+            evicted = block.block_hash
+            if evicted is not None:
+                parent = block.parent_hash
+                holders = by_hash.get(evicted)
+                if holders is not None:
+                    holders.pop(block.block_id, None)
+                    if not holders:
+                        del by_hash[evicted]
+                block.block_hash = block.parent_hash = block.salt = block.external_id = None
+                block.token_ids = ()
+                self.use_clock = clock
+                on_evict(block, evicted, parent)
+            block.ref_count += 1
+            clock += 1
+            block.last_used = clock
+            append(block)
+        self.use_clock = clock
+        return taken
+
     def free_blocks(self, ordered_blocks: list[Block]) -> list[Block]:
         """Drop one reference from each block, first to be evicted first; returns those now free.
 
@@ -190,15 +248,28 @@ class BlockPool:
         """
         hashless: list[Block] = []
         cached: list[Block] = []
+        clock = self.use_clock
         for block in ordered_blocks:
             if block.ref_count <= 0:
+                self.use_clock = clock
                 raise ValueError(f"block {block.block_id} has no reference to release")
             block.ref_count -= 1
-            self.use_clock += 1
-            block.last_used = self.use_clock
+            clock += 1
+            block.last_used = clock
             if block.ref_count == 0:
                 (cached if block.block_hash is not None else hashless).append(block)
-        self.free_queue.prepend_n(hashless)
-        for block in cached:
-            self.free_queue.append(block)
-        return [b for b in ordered_blocks if b.ref_count == 0 and self.free_queue.contains(b)]
+        self.use_clock = clock
+        queue = self.free_queue
+        if hashless:
+            queue.prepend_n(hashless)
+        if cached:
+            tail = queue._tail
+            last = tail.prev_free
+            for block in cached:
+                last.next_free = block  # type: ignore[union-attr]
+                block.prev_free = last
+                last = block
+            last.next_free = tail  # type: ignore[union-attr]
+            tail.prev_free = last
+            queue.num_free_blocks += len(cached)
+        return [b for b in ordered_blocks if b.ref_count == 0 and b.prev_free is not None]

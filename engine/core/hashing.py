@@ -34,6 +34,7 @@ SGLANG_SALT_PREFIX = b"sglang-cache-salt-v1\0"
 # PYTHONHASHSEED when the server was started with one.
 VLLM_NONE_HASH_SEED = "vllm-none-hash"
 _TAG_EXTERNAL = b"X"
+_PACK_U64 = struct.Struct("<Q").pack
 _LITTLE = sys.byteorder == "little"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 
@@ -275,9 +276,30 @@ class BlockHasher:
         return hashes
 
     def hash_external_chain(self, external_ids: Sequence[int], salt: str | None = None) -> list[bytes]:
-        hashes: list[bytes] = []
-        parent: bytes | None = None
-        for i, ext in enumerate(external_ids):
-            parent = self.hash_external(parent, ext, salt if i == 0 else None)
-            hashes.append(parent)
+        """`hash_external` along `external_ids`, each block's parent the one before it."""
+        if not external_ids:
+            return []
+        if self.algorithm not in ("sha256", "xxh3"):
+            hashes: list[bytes] = []
+            parent: bytes | None = None
+            for i, ext in enumerate(external_ids):
+                parent = self.hash_external(parent, ext, salt if i == 0 else None)
+                hashes.append(parent)
+            return hashes
+        # Cachescope's own schemes, the same bytes as `hash_external` without its per-block
+        # dispatch: `parent || "X" || id as uint64 little-endian`.
+        last = self.hash_external(None, external_ids[0], salt)
+        hashes = [last]
+        append = hashes.append
+        pack, tag = _PACK_U64, _TAG_EXTERNAL
+        if self.algorithm == "sha256":
+            sha = hashlib.sha256
+            for i in range(1, len(external_ids)):
+                last = sha(last + (tag + pack(external_ids[i]))).digest()
+                append(last)
+        else:
+            xxh = xxhash.xxh3_128_digest
+            for i in range(1, len(external_ids)):
+                last = xxh(last + (tag + pack(external_ids[i])))
+                append(last)
         return hashes

@@ -9,6 +9,7 @@ events on the caller's thread through an `EventBus`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Sequence
 
 from engine.core.block_pool import Block, BlockPool
@@ -23,6 +24,16 @@ from engine.core.pool_state import BlockView, Counters, PoolSnapshot
 
 MISS_REASONS = ("new_content", "evicted", "salt", "model", "partial_block", "last_token")
 _MAX_SALTS_CHECKED = 64
+_BLOCK_ID = attrgetter("block_id")
+_REF_COUNT = attrgetter("ref_count")
+
+
+def _ids(blocks: Sequence[Block]) -> tuple[int, ...]:
+    return tuple(map(_BLOCK_ID, blocks))
+
+
+def _ref_counts(blocks: Sequence[Block]) -> tuple[int, ...]:
+    return tuple(map(_REF_COUNT, blocks))
 
 
 @dataclass(slots=True)
@@ -119,7 +130,9 @@ class PrefixCacheManager:
         self._salts_seen: dict[str | None, None] = {}
         self._models_seen: dict[str | None, None] = {}
         self._model_hashers: dict[str, BlockHasher] = {}
-        # parent hash -> child hashes currently cached; used to find where a request diverges
+        # parent hash -> child hashes currently cached; used to find where a request diverges.
+        # Token blocks only: a block-level request diverges at its first missing block, and
+        # a block without tokens would match none of a token request's.
         self._children: dict[bytes | None, dict[bytes, None]] = {}
 
     # ------------------------------------------------------------------ queries
@@ -136,7 +149,7 @@ class PrefixCacheManager:
         return tuple(self._running)
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        return tuple(b.block_id for b in self._get(request_id).block_table)
+        return _ids(self._get(request_id).block_table)
 
     def num_tokens(self, request_id: str) -> int:
         """Tokens of the request whose KV exists (prompt plus decoded, minus the last sampled)."""
@@ -186,10 +199,12 @@ class PrefixCacheManager:
         tokens = request.prompt_token_ids
         ext = request.external_block_ids
         hits: list[Block] = []
+        by_hash = self.pool.blocks_by_hash
         for i, h in enumerate(hashes):
-            block = self.pool.get_cached_block(h)
-            if block is None:
+            holders = by_hash.get(h)
+            if not holders:
                 break
+            block = next(iter(holders.values()))  # any copy, as `BlockPool.get_cached_block`
             # A digest match alone never returns KV: the stored content must match too.
             if tokens is not None:
                 if block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
@@ -213,7 +228,7 @@ class PrefixCacheManager:
         else:
             remaining = n_prompt - k * bs
             miss = MissInfo(reason="last_token" if remaining == 1 else "partial_block", first_miss_block=k)
-        return LookupResult(tuple(hashes), tuple(b.block_id for b in hits), k * bs, n_prompt, miss)
+        return LookupResult(tuple(hashes), _ids(hits), k * bs, n_prompt, miss)
 
     def _classify_miss(self, request: Request, hashes: list[bytes], k: int) -> MissInfo:
         h = hashes[k]
@@ -287,7 +302,8 @@ class PrefixCacheManager:
                                      num_lookahead_tokens: int) -> tuple[int, int]:
         """Fresh blocks the request needs, and free blocks it can take (its own hits excluded)."""
         needed = cdiv(request.num_prompt_tokens + num_lookahead_tokens, self.block_size) - lookup.num_hit_blocks
-        hits_in_free_queue = sum(1 for b in lookup.hit_block_ids if self.pool.blocks[b].ref_count == 0)
+        blocks = self.pool.blocks
+        hits_in_free_queue = sum(blocks[b].ref_count == 0 for b in lookup.hit_block_ids)
         return needed, self.pool.num_free_blocks - hits_in_free_queue
 
     def allocate(self, request: Request, lookup: LookupResult | None = None,
@@ -319,84 +335,99 @@ class PrefixCacheManager:
                      num_hit_blocks=lookup.num_hit_blocks, num_cached_tokens=lookup.num_cached_tokens,
                      num_prompt_tokens=request.num_prompt_tokens, miss=lookup.miss)
         pool = self.pool
-        table: list[Block] = []
-        for block_id in lookup.hit_block_ids:
-            block = pool.blocks[block_id]
-            pool.touch(block)
-            table.append(block)
+        blocks = pool.blocks
+        table = [blocks[block_id] for block_id in lookup.hit_block_ids]
+        pool.touch_blocks(table)
         num_new = cdiv(request.num_prompt_tokens, self.block_size) - len(table)
         table.extend(self._take_blocks(num_new, rid))
 
         tokens = list(request.prompt_token_ids) if request.prompt_token_ids is not None else None
         running = _Running(request, table, list(lookup.block_hashes), tokens, request.num_prompt_tokens)
         self._running[rid] = running
+        block_ids = _ids(table)
         if bus.active:
-            bus.emit(BlocksAllocated, request_id=rid, block_ids=tuple(b.block_id for b in table),
-                     num_hit_blocks=lookup.num_hit_blocks)
-            bus.emit(RefCountsChanged, request_id=rid, block_ids=tuple(b.block_id for b in table),
-                     ref_counts=tuple(b.ref_count for b in table))
-        for i in range(lookup.num_hit_blocks, len(running.block_hashes)):
-            self._store(running, i)
+            bus.emit(BlocksAllocated, request_id=rid, block_ids=block_ids, num_hit_blocks=lookup.num_hit_blocks)
+            bus.emit(RefCountsChanged, request_id=rid, block_ids=block_ids, ref_counts=_ref_counts(table))
+        self._store_blocks(running, lookup.num_hit_blocks, len(running.block_hashes))
 
         c = self.counters
         c.num_requests += 1
         c.num_prompt_tokens += request.num_prompt_tokens
         c.num_cached_tokens += lookup.num_cached_tokens
-        return Allocation(rid, tuple(b.block_id for b in table), lookup.num_hit_blocks,
+        return Allocation(rid, block_ids, lookup.num_hit_blocks,
                           lookup.num_cached_tokens, lookup.num_computed_tokens, lookup.miss,
                           lookup.block_hashes)
 
     def _take_blocks(self, n: int, request_id: str) -> list[Block]:
-        pool = self.pool
         bus = self.events
-        taken: list[Block] = []
-        for _ in range(n):
-            block, evicted, parent = pool.take_free_block()
-            if evicted is not None:
-                self._forget_child(evicted, parent)
-                self.counters.num_evicted_blocks += 1
-                event = bus.emit(BlockEvicted, block_id=block.block_id, block_hash=evicted,
-                                 by_request_id=request_id) if bus.active else None
-                self._evicted_by_seq[evicted] = event.seq if event is not None else None
-            pool.touch(block)
-            taken.append(block)
-        return taken
+        counters = self.counters
+        evicted_by_seq = self._evicted_by_seq
+        forget = self._forget_child
+
+        def on_evict(block: Block, evicted: bytes, parent: bytes | None) -> None:
+            forget(evicted, parent)
+            counters.num_evicted_blocks += 1
+            event = bus.emit(BlockEvicted, block_id=block.block_id, block_hash=evicted,
+                             by_request_id=request_id) if bus.active else None
+            evicted_by_seq[evicted] = event.seq if event is not None else None
+
+        return self.pool.take_blocks(n, on_evict)
 
     def _forget_child(self, block_hash: bytes, parent: bytes | None) -> None:
+        kids = self._children.get(parent)
+        if kids is None or block_hash not in kids:
+            return  # a block-level block (never a child here), or already forgotten
         if block_hash in self.pool.blocks_by_hash:  # another copy still holds it
             return
-        kids = self._children.get(parent)
-        if kids is not None:
-            kids.pop(block_hash, None)
-            if not kids:
-                del self._children[parent]
+        del kids[block_hash]
+        if not kids:
+            del self._children[parent]
 
-    def _store(self, running: _Running, i: int) -> None:
-        block = running.block_table[i]
-        if block.block_hash is not None:
+    def _store_blocks(self, running: _Running, start: int, stop: int) -> None:
+        """Store blocks `start` to `stop - 1` of the request's table under its hashes, in order
+        (a block that already has a hash is left as it is); each is findable from then on."""
+        if start >= stop:
             return
         bs = self.block_size
-        block_hash = running.block_hashes[i]
-        parent = running.block_hashes[i - 1] if i > 0 else None
-        if running.token_ids is not None:
-            token_ids = tuple(running.token_ids[i * bs:(i + 1) * bs])
-            external_id = None
-        else:
-            token_ids = ()
-            assert running.request.external_block_ids is not None
-            external_id = int(running.request.external_block_ids[i])
-        salt = running.request.salt if i == 0 else None
-        first_copy = block_hash not in self.pool.blocks_by_hash
-        self.pool.cache(block, block_hash, parent, token_ids, salt, external_id)
-        if first_copy:
-            self._children.setdefault(parent, {})[block_hash] = None
-        self._evicted_by_seq.pop(block_hash, None)
-        running.stored.append(block)
-        self.counters.num_stored_blocks += 1
-        if self.events.active:
-            self.events.emit(BlockStored, request_id=running.request.request_id, block_id=block.block_id,
-                             block_hash=block_hash, parent_hash=parent, token_ids=token_ids,
-                             salt=running.request.salt if i == 0 else None, external_id=external_id)
+        request = running.request
+        table, hashes, tokens = running.block_table, running.block_hashes, running.token_ids
+        ext = request.external_block_ids
+        assert tokens is not None or ext is not None
+        by_hash = self.pool.blocks_by_hash
+        cache = self.pool.cache
+        children = self._children
+        evicted_by_seq = self._evicted_by_seq
+        stored = running.stored
+        counters = self.counters
+        bus = self.events
+        listened = bus.active
+        for i in range(start, stop):
+            block = table[i]
+            if block.block_hash is not None:
+                continue
+            block_hash = hashes[i]
+            parent = hashes[i - 1] if i > 0 else None
+            if tokens is not None:
+                token_ids = tuple(tokens[i * bs:(i + 1) * bs])
+                external_id = None
+            else:
+                token_ids = ()
+                external_id = int(ext[i])  # type: ignore[index]
+            salt = request.salt if i == 0 else None
+            first_copy = block_hash not in by_hash
+            cache(block, block_hash, parent, token_ids, salt, external_id)
+            if first_copy and tokens is not None:
+                kids = children.get(parent)
+                if kids is None:
+                    kids = children[parent] = {}
+                kids[block_hash] = None
+            evicted_by_seq.pop(block_hash, None)
+            stored.append(block)
+            counters.num_stored_blocks += 1
+            if listened:
+                bus.emit(BlockStored, request_id=request.request_id, block_id=block.block_id,
+                         block_hash=block_hash, parent_hash=parent, token_ids=token_ids,
+                         salt=salt, external_id=external_id)
 
     def append(self, request_id: str, token_ids: Sequence[int] | None = None,
                num_tokens: int | None = None) -> tuple[int, ...]:
@@ -427,10 +458,10 @@ class PrefixCacheManager:
         running.block_table.extend(new_blocks)
         if new_blocks and self.events.active:
             self.events.emit(BlocksAllocated, request_id=request_id,
-                             block_ids=tuple(b.block_id for b in new_blocks), num_hit_blocks=0)
+                             block_ids=_ids(new_blocks), num_hit_blocks=0)
             self.events.emit(RefCountsChanged, request_id=request_id,
-                             block_ids=tuple(b.block_id for b in new_blocks),
-                             ref_counts=tuple(b.ref_count for b in new_blocks))
+                             block_ids=_ids(new_blocks),
+                             ref_counts=_ref_counts(new_blocks))
         running.num_tokens = total
         if running.token_ids is not None and token_ids is not None:
             running.token_ids.extend(token_ids)
@@ -440,8 +471,8 @@ class PrefixCacheManager:
                 parent = running.block_hashes[i - 1] if i > 0 else None
                 running.block_hashes.append(self.hasher_for(running.request.model).hash_block(
                     parent, running.token_ids[i * bs:(i + 1) * bs], running.request.salt if i == 0 else None))
-                self._store(running, i)
-        return tuple(b.block_id for b in new_blocks)
+                self._store_blocks(running, i, i + 1)
+        return _ids(new_blocks)
 
     def finish(self, request_id: str, aborted: bool = False) -> tuple[int, ...]:
         """Release the request's blocks tail first; returns the ids that became free.
@@ -466,12 +497,12 @@ class PrefixCacheManager:
         freed = self.pool.free_blocks(ordered)
         self.counters.num_finished_requests += 1
         if bus.active:
-            bus.emit(RefCountsChanged, request_id=request_id, block_ids=tuple(b.block_id for b in ordered),
-                     ref_counts=tuple(b.ref_count for b in ordered))
+            bus.emit(RefCountsChanged, request_id=request_id, block_ids=_ids(ordered),
+                     ref_counts=_ref_counts(ordered))
             if freed:
-                bus.emit(BlocksFreed, request_id=request_id, block_ids=tuple(b.block_id for b in freed))
+                bus.emit(BlocksFreed, request_id=request_id, block_ids=_ids(freed))
             bus.emit(RequestFinished, request_id=request_id, num_tokens_with_kv=running.num_tokens, aborted=aborted)
-        return tuple(b.block_id for b in freed)
+        return _ids(freed)
 
     def reset(self) -> int:
         """Forget every cached hash; refused while any block is in use. Returns blocks cleared."""
@@ -500,7 +531,7 @@ class PrefixCacheManager:
                             c.num_hash_collisions)
         return PoolSnapshot(self.block_size, views, self.pool.num_free_blocks, self.pool.num_used_blocks,
                             self.pool.num_cached_blocks,
-                            {rid: tuple(b.block_id for b in s.block_table) for rid, s in self._running.items()},
+                            {rid: _ids(s.block_table) for rid, s in self._running.items()},
                             counters)
 
     def check_invariants(self) -> None:

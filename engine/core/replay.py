@@ -111,6 +111,18 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             running.append(_Running(tr, kv_out))
         if not running:
             continue
+        if len(running) == 1 and (config.concurrency == 1 or not pending):
+            # One request decoding alone, no admission tried between its steps (each retry
+            # of a refused request is an event): its quiet steps and the step that fills its
+            # block (or ends it) are one append, with the same events in the same order as
+            # the round-robin below gives (at most one new block, taken first).
+            live = running[0]
+            _append(mgr, live, min(live.num_kv_output - live.num_appended,
+                                   bs - (live.tr.input_length + live.num_appended) % bs))
+            if live.num_appended >= live.num_kv_output:
+                mgr.finish(live.tr.id)
+                running = []
+            continue
         # Round-robin, one token per request per step. Steps where no request fills a
         # block or finishes change nothing anyone can see, so they are taken in one go:
         # the events come out in the same order, and a long output costs per block,
