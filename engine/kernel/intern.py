@@ -10,16 +10,13 @@ real digests of the ids it shows, once each.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-KIND_EXTERNAL, KIND_TOKENS = 0, 1
+# The compiled table lives in engine.kernel.loop with the rest of the kernel's compiled
+# code: numba caches a function by its own file's stamp, so a helper in another file could
+# change under a caller loaded from the cache (see engine.kernel.jit).
+from engine.kernel.loop import KIND_EXTERNAL, KIND_TOKENS, _intern_into, _rehash, find_key, intern_chains
 
-_M1 = np.uint64(0x9E3779B97F4A7C15)
-_M2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_M3 = np.uint64(0x165667B19E3779F9)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+__all__ = ["KIND_EXTERNAL", "KIND_TOKENS", "Interner", "find_key", "intern_chains", "root_tag", "split_tag"]
 
 
 def root_tag(kind, salt_id, model_id):
@@ -33,89 +30,6 @@ def split_tag(tag: int) -> tuple[int, int, int]:
     if tag < 2:
         return tag, -1, -1
     return tag % 2, ((tag >> 1) & 0xFFFFFFFF) - 2, (tag >> 33) - 1
-
-
-@njit(cache=True, inline="always")
-def _slot(parent: np.int64, item: np.int64, tag: np.int64, mask: np.uint64) -> np.uint64:
-    x = np.uint64(parent + 1) * _M1 ^ np.uint64(item) * _M2 ^ np.uint64(tag) * _M3
-    x = (x ^ (x >> _S30)) * _MIX1
-    x = (x ^ (x >> _S27)) * _MIX2
-    return (x ^ (x >> _S31)) & mask
-
-
-@njit(cache=True)
-def find_key(table, k_parent, k_item, k_tag, parent, item, tag):
-    """The id of chain block (parent, item, tag), or -1 if no request of the trace has it."""
-    mask = np.uint64(table.shape[0] - 1)
-    s = _slot(parent, item, tag, mask)
-    while True:
-        k = table[s]
-        if k < 0:
-            return -1
-        if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
-            return k
-        s = (s + np.uint64(1)) & mask
-
-
-@njit(cache=True)
-def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
-    """Intern every request's blocks (`intern_chains`' layout) into a table that holds
-    `n_keys` keys already and has room for all the new ones; the ids go to `keys`.
-    Returns the number of keys held now. One loop for one-shot and growing tables."""
-    mask = np.uint64(table.shape[0] - 1)
-    for r in range(offsets.shape[0] - 1):
-        parent = -1
-        for j in range(offsets[r], offsets[r + 1]):
-            item = items[j]
-            tag = root_tags[r] if parent < 0 else kinds[r]
-            s = _slot(parent, item, tag, mask)
-            while True:
-                k = table[s]
-                if k < 0:
-                    k = n_keys
-                    table[s] = k
-                    k_parent[k] = parent
-                    k_item[k] = item
-                    k_tag[k] = tag
-                    n_keys += 1
-                    break
-                if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
-                    break
-                s = (s + np.uint64(1)) & mask
-            keys[j] = k
-            parent = k
-    return n_keys
-
-
-@njit(cache=True)
-def intern_chains(items, offsets, kinds, root_tags):
-    """Key ids for every block of every request, and the key table (parent, item, tag).
-
-    `items[offsets[r]:offsets[r + 1]]` are request r's block items in chain order.
-    """
-    n = items.shape[0]
-    cap = 16
-    while cap < 2 * n + 16:
-        cap *= 2
-    table = np.full(cap, -1, np.int32)
-    k_parent = np.empty(n, np.int32)
-    k_item = np.empty(n, np.int64)
-    k_tag = np.empty(n, np.int64)
-    keys = np.empty(n, np.int32)
-    n_keys = _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, 0, keys)
-    return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
-
-
-@njit(cache=True)
-def _rehash(k_parent, k_item, k_tag, n_keys, size):
-    table = np.full(size, -1, np.int32)
-    mask = np.uint64(size - 1)
-    for k in range(n_keys):
-        s = _slot(k_parent[k], k_item[k], k_tag[k], mask)
-        while table[s] >= 0:
-            s = (s + np.uint64(1)) & mask
-        table[s] = k
-    return table
 
 
 class Interner:

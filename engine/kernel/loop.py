@@ -7,16 +7,21 @@ each hash in insertion order, the cached children of each parent (for divergence
 the seq of the event that evicted each hash. It numbers events exactly as the manager's
 `EventBus` would and, when recording, writes them as rows of the columnar log
 (`engine.core.columnar`). Nothing here allocates per block or per event.
+
+It also holds the chain interning's hash table (`intern_chains`, used through
+`engine.kernel.intern`): every compiled function of the kernel is in this one file, so
+that numba's disk cache, keyed on a file's stamp, is invalidated by any edit to any of
+them (`engine.kernel.jit`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from engine.core.validation import check_memory
-from engine.kernel.intern import KIND_TOKENS, find_key
+from engine.kernel.jit import kernel_jit
 
+KIND_EXTERNAL, KIND_TOKENS = 0, 1  # a block's item: a trace's hash id, or the id of its token ids
 # Row kinds; engine.core.columnar names them.
 STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
 # Miss reasons, in engine.core.manager.MISS_REASONS order.
@@ -28,12 +33,110 @@ MORE = 3
 C_REQ, C_PROMPT, C_CACHED, C_STORED, C_EVICTED, C_REFUSED, C_FINISHED, C_COLLISIONS = range(8)
 
 
-@njit(cache=True)
+# ---- chain interning (engine.kernel.intern): every distinct block of a trace as a dense id.
+# Two blocks have the same digest exactly when they have the same parent digest, the same
+# content (a Mooncake hash id, or the same token ids) and, for a first block, the same salt
+# (DESIGN 4.1's chain). So the kernel keys a block by (parent id, item, tag) in an
+# open-addressing table and never computes a digest; `engine.core.columnar` computes the
+# real digests of the ids it shows, once each.
+
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_M3 = np.uint64(0x165667B19E3779F9)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+@kernel_jit(inline="always")
+def _slot(parent: np.int64, item: np.int64, tag: np.int64, mask: np.uint64) -> np.uint64:
+    x = np.uint64(parent + 1) * _M1 ^ np.uint64(item) * _M2 ^ np.uint64(tag) * _M3
+    x = (x ^ (x >> _S30)) * _MIX1
+    x = (x ^ (x >> _S27)) * _MIX2
+    return (x ^ (x >> _S31)) & mask
+
+
+@kernel_jit()
+def find_key(table, k_parent, k_item, k_tag, parent, item, tag):
+    """The id of chain block (parent, item, tag), or -1 if no request of the trace has it."""
+    mask = np.uint64(table.shape[0] - 1)
+    s = _slot(parent, item, tag, mask)
+    while True:
+        k = table[s]
+        if k < 0:
+            return -1
+        if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
+            return k
+        s = (s + np.uint64(1)) & mask
+
+
+@kernel_jit()
+def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
+    """Intern every request's blocks (`intern_chains`' layout) into a table that holds
+    `n_keys` keys already and has room for all the new ones; the ids go to `keys`.
+    Returns the number of keys held now. One loop for one-shot and growing tables."""
+    mask = np.uint64(table.shape[0] - 1)
+    for r in range(offsets.shape[0] - 1):
+        parent = -1
+        for j in range(offsets[r], offsets[r + 1]):
+            item = items[j]
+            tag = root_tags[r] if parent < 0 else kinds[r]
+            s = _slot(parent, item, tag, mask)
+            while True:
+                k = table[s]
+                if k < 0:
+                    k = n_keys
+                    table[s] = k
+                    k_parent[k] = parent
+                    k_item[k] = item
+                    k_tag[k] = tag
+                    n_keys += 1
+                    break
+                if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
+                    break
+                s = (s + np.uint64(1)) & mask
+            keys[j] = k
+            parent = k
+    return n_keys
+
+
+@kernel_jit()
+def intern_chains(items, offsets, kinds, root_tags):
+    """Key ids for every block of every request, and the key table (parent, item, tag).
+
+    `items[offsets[r]:offsets[r + 1]]` are request r's block items in chain order.
+    """
+    n = items.shape[0]
+    cap = 16
+    while cap < 2 * n + 16:
+        cap *= 2
+    table = np.full(cap, -1, np.int32)
+    k_parent = np.empty(n, np.int32)
+    k_item = np.empty(n, np.int64)
+    k_tag = np.empty(n, np.int64)
+    keys = np.empty(n, np.int32)
+    n_keys = _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, np.int64(0), keys)
+    return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
+
+
+@kernel_jit()
+def _rehash(k_parent, k_item, k_tag, n_keys, size):
+    table = np.full(size, -1, np.int32)
+    mask = np.uint64(size - 1)
+    for k in range(n_keys):
+        s = _slot(k_parent[k], k_item[k], k_tag[k], mask)
+        while table[s] >= 0:
+            s = (s + np.uint64(1)) & mask
+        table[s] = k
+    return table
+
+
+@kernel_jit()
 def _cdiv(a, b):
     return -(-a // b)
 
 
-@njit(cache=True)
+@kernel_jit()
 def _grow(kind, tier, seq, req, block, key, a, b, flag, cap):
     n = kind.shape[0]
     out = (np.zeros(cap, np.uint8), np.zeros(cap, np.uint8), np.zeros(cap, np.int64), np.zeros(cap, np.int32),
@@ -51,7 +154,7 @@ def _grow(kind, tier, seq, req, block, key, a, b, flag, cap):
     return out
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, kind, seq, r, block, key):
     """Row `n_rows` of the log: an event of `kind` numbered `seq`, of request r, on a pool
     block and a key (-1: none). The caller sets the row's other columns. Returns the next row."""
@@ -63,19 +166,20 @@ def _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, kind, seq, r, block, key)
     return n_rows + 1
 
 
-@njit(cache=True)
+@kernel_jit()
 def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, model):
     """Whether blocks 0..k of a request's items, chained under `salt` and `model`, end in a
     cached block (the manager hashes the chain anew; a chain no request has was never stored)."""
-    ck = find_key(table, k_parent, k_item, k_tag, -1, items[k0], kind + 2 * (salt + 2) + (model + 1) * (1 << 33))
+    ck = find_key(table, k_parent, k_item, k_tag, np.int64(-1), items[k0],
+                  np.int64(kind + 2 * (salt + 2) + (model + 1) * (1 << 33)))
     i = 1
     while ck >= 0 and i <= k:
-        ck = find_key(table, k_parent, k_item, k_tag, ck, items[k0 + i], kind)
+        ck = find_key(table, k_parent, k_item, k_tag, ck, items[k0 + i], np.int64(kind))
         i += 1
     return ck >= 0 and n_copies[ck] > 0
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
            ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key):
     """The manager's `_store`: block `bb` gets hash `key` and becomes findable; returns
@@ -107,7 +211,7 @@ def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_cop
     return n_rows, 1
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt,
                   model):
     """The first id seen but the request's own (a salt, or a model when `by_model`) under
@@ -130,7 +234,7 @@ def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_c
     return -2
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _link_after(p, x, qprev, qnext):
     """Put block `x` into the free queue right after `p` (the head sentinel, or the block
     before the tail sentinel)."""
@@ -141,7 +245,7 @@ def _link_after(p, x, qprev, qnext):
     qnext[p] = x
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_parent, hold_head, hold_tail, hnext,
               hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
               c_req, c_block, c_key):
@@ -192,7 +296,7 @@ def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_pare
     return ntab, n_rows, seq
 
 
-@njit(cache=True, inline="always")
+@kernel_jit(inline="always")
 def _record_allocated(s, first, ntab, r, n_hit, tables, ref, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key, c_a):
     """The rows of one allocation: table entries first..ntab allocated (at `seq`, with the
     request's hit count), then their ref counts (at seq + 1). Returns the rows used."""
@@ -252,7 +356,7 @@ UID = 17
 TABLES = 19
 
 
-@njit(cache=True)
+@kernel_jit()
 def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                   r_nprompt, r_kvout, r_salt, r_model, r_kind, r_uid, r_koff, r_nfull, keys, items,
                   table, k_parent, k_item, k_tag, k_salt, content,
@@ -337,12 +441,14 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                     reason = NEW_CONTENT
                     # any model seen but the request's own is checked, then any other salt
                     other = -2
-                    if _other_cached(models_seen, n_models_seen, r_model[r], True, table, k_parent, k_item, k_tag,
-                                     n_copies, items, k0, n_hit, r_kind[r], r_salt[r], r_model[r]) != -2:
+                    if _other_cached(models_seen, n_models_seen, r_model[r], np.uint8(1), table, k_parent, k_item,
+                                     k_tag, n_copies, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
+                                     r_model[r]) != -2:
                         reason = MODEL
                     else:
-                        other = _other_cached(salts_seen, n_seen, r_salt[r], False, table, k_parent, k_item, k_tag,
-                                              n_copies, items, k0, n_hit, r_kind[r], r_salt[r], r_model[r])
+                        other = _other_cached(salts_seen, n_seen, r_salt[r], np.uint8(0), table, k_parent, k_item,
+                                              k_tag, n_copies, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
+                                              r_model[r])
                     if other != -2:
                         reason = SALT
                         div = other
@@ -427,11 +533,13 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                 ntab += 1
             num_new = _cdiv(n_prompt, bs) - ntab
             n_free -= num_new
-            ntab, n_rows, seq = _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, HEAD, bkey, k_parent,
+            ntab, n_rows, seq = _allocate(num_new, s, np.int64(ntab), r, tables, ref, qprev, qnext, HEAD, bkey,
+                                          k_parent,
                                           hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
                                           ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
             if record:
-                n_rows = _record_allocated(s, 0, ntab, r, n_hit, tables, ref, seq, n_rows, c_kind, c_seq, c_req,
+                n_rows = _record_allocated(s, np.int64(0), ntab, r, np.int64(n_hit), tables, ref, seq, n_rows, c_kind,
+                                           c_seq, c_req,
                                            c_block, c_key, c_a)
             seq += 2
             running_uid[r_uid[r]] = 1
@@ -493,7 +601,8 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                 s_ntab[s] = ntab
                 if num_new > 0:
                     if record:
-                        n_rows = _record_allocated(s, first_new, ntab, rq, 0, tables, ref, seq, n_rows, c_kind,
+                        n_rows = _record_allocated(s, first_new, ntab, rq, np.int64(0), tables, ref, seq, n_rows,
+                                                   c_kind,
                                                    c_seq, c_req, c_block, c_key, c_a)
                     seq += 2
                 s_ntok[s] = total

@@ -14,7 +14,7 @@ import time
 from itertools import chain, islice
 from operator import attrgetter, gt
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -180,19 +180,22 @@ class KernelReplay:
 
 
 def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: ReplayConfig, record: bool = False,
-                  source: str = "the trace", hasher: BlockHasher | None = None) -> KernelReplay:
-    """Replay like `engine.core.replay.replay` on a fresh manager; `record` keeps the events."""
+                  source: str = "the trace", hasher: BlockHasher | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> KernelReplay:
+    """Replay like `engine.core.replay.replay` on a fresh manager; `record` keeps the events.
+    `clock` times the stages (`KernelReplay.intern_s`, `kernel_s`): a bench passes
+    `time.thread_time` for the CPU time of this thread."""
     arrays = requests if isinstance(requests, TraceArrays) else prepare(requests, config.block_size)
     why = unsupported_reason(config, arrays)
     if why is not None:
         raise InputError(why)
     bs = config.block_size
-    t0 = time.perf_counter()
+    t0 = clock()
     root_tags = root_tag(arrays.kind.astype(np.int64), arrays.salt.astype(np.int64), arrays.model.astype(np.int64))
     keys, table, k_parent, k_item, k_tag = intern_chains(arrays.items, arrays.koff, arrays.kind.astype(np.int64),
                                                          root_tags)
     k_salt = np.where(k_parent < 0, ((k_tag >> 1) & 0xFFFFFFFF) - 2, -1).astype(np.int32)
-    t1 = time.perf_counter()
+    t1 = clock()
     row_cap = max(1024, 8 * len(keys) + 16 * len(arrays.nprompt)) if record else 1
     max_nb = int(((arrays.nprompt + arrays.kvout + bs - 1) // bs).max()) if len(arrays.nprompt) else 1
     state = new_state(config.capacity_blocks, config.concurrency, len(k_parent), len(arrays.salts),
@@ -201,7 +204,7 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
         config.capacity_blocks, bs, config.concurrency, record, 0, True, arrays.nprompt, arrays.kvout, arrays.salt,
         arrays.model, arrays.kind, arrays.uid, arrays.koff, arrays.nfull, keys, arrays.items, table, k_parent,
         k_item, k_tag, k_salt, arrays.content, *state, row_cap)
-    t2 = time.perf_counter()
+    t2 = clock()
     reqs = arrays.requests
     if status == ERR_DUPLICATE:
         tr = reqs[fault]
@@ -245,8 +248,8 @@ def served_rows(reqs: Sequence[TraceRequest], cached, computed, reason, first, d
     cached_l = np.where(refused != 0, 0, cached).tolist()
     div_l = [None if d < 0 else d for d in div.tolist()]
     rows = list(map(ServedRequest, map(_INDEX, reqs), map(_ID, reqs), map(_TENANT, reqs), map(_INPUT, reqs),
-                    cached_l, computed_l, map(_OUTPUT, reqs), [MISS_REASONS[x] for x in reason.tolist()], first.tolist(),
-                    div_l, map(bool, refused.tolist())))
+                    cached_l, computed_l, map(_OUTPUT, reqs), [MISS_REASONS[x] for x in reason.tolist()],
+                    first.tolist(), div_l, map(bool, refused.tolist())))
     if any(map(gt, map(_INDEX, reqs), map(_INDEX, islice(reqs, 1, None)))):
         rows.sort(key=_INDEX)
     return rows

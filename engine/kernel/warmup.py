@@ -1,0 +1,132 @@
+"""Fill numba's disk cache with every compiled function the app and `cachescope replay` use.
+
+`make`'s install step runs `python -m engine.kernel.warmup` once, so that the first trace
+opened after `make run` (and the first `replay --kernel`) loads the kernel from the cache
+instead of compiling it (tens of seconds on a loaded 2-core machine). The calls are the
+engine's own paths on the bundled traces, large enough that the pool evicts and the
+tables grow, so the signatures compiled are the ones real use asks for:
+
+- the replay kernel, with and without a log, on a token trace and a hash-id trace, and
+  the chunked stream (`engine.kernel.stream`);
+- the columnar log's series and indexes, and the columnar statistics;
+- a live source's columnar log (`engine.core.live_log.warm_up`);
+- the attached server's columnar pool and its wire decoder (`engine.remote.colpool.warm_up`).
+
+It never fails the install: a part that fails is named on one stderr line (that part then
+compiles at its first use, as before) and the exit status stays 0. Each part reports how
+many functions it compiled and how many it loaded from the cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from typing import Callable
+
+from engine.resources import RESOURCES
+
+TRACES = RESOURCES / "traces"
+
+
+def _kernel() -> None:
+    from engine.core.replay import ReplayConfig
+    from engine.core.trace import read_trace
+    from engine.kernel.replay import replay_kernel
+    from engine.kernel.stream import chunks_of, replay_stream
+
+    for name, block_size in (("demo_tokens.jsonl", 16), ("mooncake_conversation_trace.jsonl", 512)):
+        requests = list(itertools.islice(read_trace(TRACES / name, block_size), 600))
+        for concurrency in (1, 2):
+            config = ReplayConfig(block_size=block_size, capacity_blocks=256, concurrency=concurrency)
+            replay_kernel(requests, config, record=False)
+            replay_kernel(requests, config, record=True)
+    replay_stream(chunks_of(requests, 200), config)  # the Mooncake slice, in chunks
+
+
+def _columnar_log() -> None:
+    from engine.analysis.statistics_columnar import compute_columnar
+    from engine.core.columnar_log import ColumnarEventLog
+    from engine.core.replay import ReplayConfig
+    from engine.core.trace import read_trace
+    from engine.kernel.replay import replay_kernel
+
+    requests = list(itertools.islice(read_trace(TRACES / "mooncake_conversation_trace.jsonl", 512), 300))
+    log = ColumnarEventLog(replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=200),
+                                         record=True).log)
+    log.warm()
+    compute_columnar(log)
+
+
+def _live_log() -> None:
+    from engine.core.live_log import warm_up
+
+    warm_up()
+
+
+def _remote_pool() -> None:
+    from engine.remote.colpool import warm_up
+
+    warm_up()
+
+
+PARTS: tuple[tuple[str, Callable[[], None]], ...] = (
+    ("replay kernel", _kernel), ("columnar log", _columnar_log), ("live log", _live_log),
+    ("remote pool", _remote_pool))
+
+
+def _dispatchers() -> list:
+    """Every numba dispatcher in the modules loaded now."""
+    try:
+        from numba.core.registry import CPUDispatcher
+    except ImportError:
+        return []
+    out, seen = [], set()
+    for mod in list(sys.modules.values()):
+        name = getattr(mod, "__name__", "")
+        if not (name.startswith("engine.") or name.startswith("app.")):
+            continue
+        for value in list(vars(mod).values()):
+            if isinstance(value, CPUDispatcher) and id(value) not in seen:
+                seen.add(id(value))
+                out.append(value)
+    return out
+
+
+def counts() -> tuple[int, int]:
+    """(signatures compiled, signatures loaded from the cache) by the engine's dispatchers so far."""
+    compiled = loaded = 0
+    for d in _dispatchers():
+        compiled += sum(d.stats.cache_misses.values())
+        loaded += sum(d.stats.cache_hits.values())
+    return compiled, loaded
+
+
+def warm_all(out=sys.stdout, err=sys.stderr) -> dict[str, dict]:
+    """Run every part; returns per part its seconds and whether it ran."""
+    report: dict[str, dict] = {}
+    for name, part in PARTS:
+        t = time.perf_counter()
+        try:
+            part()
+        except Exception as exc:  # noqa: BLE001 - never fail the install; the part compiles at first use
+            err.write(f"cachescope warm-up: {name} not cached ({type(exc).__name__}: {exc}); "
+                      "it compiles at its first use\n")
+            report[name] = {"ok": False, "s": round(time.perf_counter() - t, 2)}
+            continue
+        report[name] = {"ok": True, "s": round(time.perf_counter() - t, 2)}
+    compiled, loaded = counts()
+    total = sum(r["s"] for r in report.values())
+    parts = ", ".join(f"{name} {r['s']} s" for name, r in report.items())
+    out.write(f"cachescope warm-up: {compiled} compiled functions written to numba's cache, {loaded} loaded from "
+              f"it, in {total:.1f} s ({parts})\n")
+    return report
+
+
+def main() -> int:
+    warm_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
