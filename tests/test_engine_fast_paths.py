@@ -209,3 +209,20 @@ def test_free_blocks_follows_vllm_order(seed):
     assert [b.block_id for b in pool.free_queue] == hashless + before + cached
     assert pool.num_free_blocks == len(before) + len(now_free)
     assert all(b.last_used > 0 for b in held)
+
+
+@pytest.mark.parametrize("algorithm", HASH_NAMES)
+@pytest.mark.parametrize("block_size", [1, 3, 16, 33])
+def test_hash_chain_is_hash_block_block_by_block(algorithm, block_size):
+    hasher = BlockHasher(algorithm, seed=None if algorithm.startswith(("vllm", "sglang")) else 3)
+    rng = random.Random(block_size)
+    tokens = [rng.randrange(2**32) for _ in range(5 * block_size + block_size // 2)]
+    for salt in (None, "tenant-a"):
+        expected, parent = [], None
+        for i in range(len(tokens) // block_size):
+            parent = hasher.hash_block(parent, tokens[i * block_size:(i + 1) * block_size], salt if i == 0 else None)
+            expected.append(parent)
+        assert hasher.hash_chain(tokens, block_size, salt) == expected
+        assert hasher.hash_chain(tuple(tokens[:5 * block_size]), block_size, salt) == expected
+        assert hasher.hash_chain(tokens, block_size, salt, parent=expected[1], start_block=2) == expected[2:]
+        assert hasher.hash_chain(tokens[:block_size - 1], block_size, salt) == []
