@@ -140,3 +140,11 @@ def test_the_install_warm_up_names_a_failing_part_and_does_not_fail(monkeypatch)
     assert report["remote pool"]["ok"] is False
     assert err.getvalue().count("\n") == 1 and "remote pool not cached (OSError: read-only file system)" in err.getvalue()
     assert "cachescope warm-up:" in out.getvalue()
+
+
+def test_the_warm_up_refuses_an_unknown_part_in_one_sentence(capsys):
+    from engine.kernel import warmup
+
+    assert warmup.main(["no such part"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no part named 'no such part'" in err and "'replay kernel'" in err

@@ -102,10 +102,12 @@ def counts() -> tuple[int, int]:
     return compiled, loaded
 
 
-def warm_all(out=sys.stdout, err=sys.stderr) -> dict[str, dict]:
-    """Run every part; returns per part its seconds and whether it ran."""
+def warm_all(out=sys.stdout, err=sys.stderr, only: list[str] | None = None) -> dict[str, dict]:
+    """Run every part (or those named in `only`); returns per part its seconds and whether it ran."""
     report: dict[str, dict] = {}
     for name, part in PARTS:
+        if only and name not in only:
+            continue
         t = time.perf_counter()
         try:
             part()
@@ -123,8 +125,15 @@ def warm_all(out=sys.stdout, err=sys.stderr) -> dict[str, dict]:
     return report
 
 
-def main() -> int:
-    warm_all()
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.kernel.warmup [PART...]`: every part, or the named ones."""
+    names = list(sys.argv[1:] if argv is None else argv)
+    unknown = [n for n in names if n not in dict(PARTS)]
+    if unknown:
+        sys.stderr.write(f"cachescope warm-up: no part named {unknown[0]!r}; the parts are "
+                         f"{', '.join(repr(n) for n, _ in PARTS)}\n")
+        return 2
+    warm_all(only=names or None)
     return 0
 
 
