@@ -136,7 +136,7 @@ def test_hash_external_chain_refuses_an_id_as_hash_external_does():
 def _state(pool: BlockPool):
     blocks = [(b.block_id, b.ref_count, b.block_hash, b.parent_hash, b.token_ids, b.salt, b.external_id,
                b.last_used, b.prev_free is not None) for b in pool.blocks]
-    by_hash = {h: list(holders) for h, holders in pool.blocks_by_hash.items()}
+    by_hash = {h: [b.block_id for b in pool.cached_blocks(h)] for h in pool.blocks_by_hash}
     return blocks, [b.block_id for b in pool.free_queue], by_hash, pool.use_clock, pool.num_free_blocks
 
 
@@ -226,3 +226,23 @@ def test_hash_chain_is_hash_block_block_by_block(algorithm, block_size):
         assert hasher.hash_chain(tuple(tokens[:5 * block_size]), block_size, salt) == expected
         assert hasher.hash_chain(tokens, block_size, salt, parent=expected[1], start_block=2) == expected[2:]
         assert hasher.hash_chain(tokens[:block_size - 1], block_size, salt) == []
+
+
+def test_a_hash_maps_to_its_block_then_to_its_copies_oldest_first():
+    pool = BlockPool(4)
+    a, b, c = (pool.take_free_block()[0] for _ in range(3))
+    h = b"h" * 32
+    pool.cache(a, h, None, (1,), None, None)
+    assert pool.blocks_by_hash[h] is a and pool.get_cached_block(h) is a  # one copy: the block itself
+    pool.cache(b, h, None, (1,), None, None)
+    pool.cache(c, h, None, (1,), None, None)
+    assert pool.cached_blocks(h) == [a, b, c] and pool.get_cached_block(h) is a
+    assert pool.num_cached_blocks == 3 and sorted(x.block_id for _, x in pool.iter_cached()) == [0, 1, 2]
+    pool.uncache(a)
+    assert pool.get_cached_block(h) is b and pool.cached_blocks(h) == [b, c]
+    pool.uncache(c)
+    pool.uncache(b)
+    assert pool.get_cached_block(h) is None and h not in pool.blocks_by_hash and pool.num_cached_blocks == 0
+    pool.cache(b, h, None, (1,), None, None)
+    pool.cache(b, h, None, (1,), None, None)  # stored again under the same hash: still one copy
+    assert pool.cached_blocks(h) == [b] and pool.num_cached_blocks == 1

@@ -97,7 +97,7 @@ def cachescope_twin(recorded: dict, **changes) -> Twin:
             schedule.append(("finished", e.request_id))
         elif isinstance(e, BlocksAllocated):
             tables.setdefault(e.request_id, []).extend(b + 1 for b in e.block_ids)
-    cached = sorted((block_id + 1, h.hex()) for h, holders in mgr.pool.blocks_by_hash.items() for block_id in holders)
+    cached = sorted((block.block_id + 1, h.hex()) for h, block in mgr.pool.iter_cached())
     return Twin({r.id: None if r.refused else r.cached_tokens for r in result.requests}, schedule, blocks,
                 tables, [b.block_id + 1 for b in mgr.pool.free_queue], cached)
 

@@ -106,13 +106,16 @@ class BlockPool:
     """A fixed number of blocks, their free queue and the map from hash to cached blocks.
 
     Like vLLM, several physical blocks may hold the same hash (two requests computed the
-    same block at once); a lookup takes any of them.
+    same block at once); a lookup takes any of them (the oldest copy). As vLLM 0.33.0's
+    `BlockHashToBlockMap`, a hash maps to its one block, or to a dict of its copies by block
+    id once there are several: most hashes have one copy, and a dict per block would cost
+    an allocation per store.
     """
 
     num_blocks: int
     blocks: list[Block] = field(init=False)
     free_queue: FreeBlockQueue = field(init=False)
-    blocks_by_hash: dict[bytes, dict[int, Block]] = field(init=False, default_factory=dict)
+    blocks_by_hash: dict[bytes, Block | dict[int, Block]] = field(init=False, default_factory=dict)
     use_clock: int = 0
 
     def __post_init__(self) -> None:
@@ -132,13 +135,29 @@ class BlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        return sum(len(v) for v in self.blocks_by_hash.values())
+        return sum(1 if type(v) is Block else len(v) for v in self.blocks_by_hash.values())
 
     def get_cached_block(self, block_hash: bytes) -> Block | None:
         found = self.blocks_by_hash.get(block_hash)
-        if not found:
-            return None
+        if found is None or type(found) is Block:
+            return found
         return next(iter(found.values()))
+
+    def cached_blocks(self, block_hash: bytes) -> list[Block]:
+        """Every block holding `block_hash`, oldest copy first (empty when none does)."""
+        found = self.blocks_by_hash.get(block_hash)
+        if found is None:
+            return []
+        return [found] if type(found) is Block else list(found.values())
+
+    def iter_cached(self) -> Iterator[tuple[bytes, Block]]:
+        """(hash, block) for every cached block, hash by hash."""
+        for block_hash, found in self.blocks_by_hash.items():
+            if type(found) is Block:
+                yield block_hash, found
+            else:
+                for block in found.values():
+                    yield block_hash, block
 
     def take_free_block(self) -> tuple[Block, bytes | None, bytes | None]:
         """Pop the LRU free block for new data; returns it, the hash it lost and that hash's parent."""
@@ -152,16 +171,16 @@ class BlockPool:
         if block.block_hash is None:
             return None
         parent = block.parent_hash
-        holders = self.blocks_by_hash.get(block.block_hash)
-        if holders is not None:
-            holders.pop(block.block_id, None)
-            if not holders:
-                del self.blocks_by_hash[block.block_hash]
-        block.block_hash = None
-        block.parent_hash = None
+        by_hash = self.blocks_by_hash
+        found = by_hash.get(block.block_hash)
+        if found is block:
+            del by_hash[block.block_hash]
+        elif found is not None and type(found) is not Block:
+            found.pop(block.block_id, None)
+            if not found:
+                del by_hash[block.block_hash]
+        block.block_hash = block.parent_hash = block.salt = block.external_id = None
         block.token_ids = ()
-        block.salt = None
-        block.external_id = None
         return parent
 
     def cache(self, block: Block, block_hash: bytes, parent_hash: bytes | None,
@@ -171,7 +190,14 @@ class BlockPool:
         block.token_ids = token_ids
         block.salt = salt
         block.external_id = external_id
-        self.blocks_by_hash.setdefault(block_hash, {})[block.block_id] = block
+        by_hash = self.blocks_by_hash
+        found = by_hash.get(block_hash)
+        if found is None or found is block:
+            by_hash[block_hash] = block
+        elif type(found) is Block:
+            by_hash[block_hash] = {found.block_id: found, block.block_id: block}
+        else:
+            found[block.block_id] = block
 
     def touch(self, block: Block) -> None:
         """A request takes a reference; a free block leaves the free queue."""
@@ -206,7 +232,6 @@ class BlockPool:
         """
         queue = self.free_queue
         head, tail = queue._head, queue._tail
-        by_hash = self.blocks_by_hash
         clock = self.use_clock
         taken: list[Block] = []
         append = taken.append
@@ -222,14 +247,7 @@ class BlockPool:
             queue.num_free_blocks -= 1
             evicted = block.block_hash
             if evicted is not None:
-                parent = block.parent_hash
-                holders = by_hash.get(evicted)
-                if holders is not None:
-                    holders.pop(block.block_id, None)
-                    if not holders:
-                        del by_hash[evicted]
-                block.block_hash = block.parent_hash = block.salt = block.external_id = None
-                block.token_ids = ()
+                parent = self.uncache(block)
                 self.use_clock = clock
                 on_evict(block, evicted, parent)
             block.ref_count += 1

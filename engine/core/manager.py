@@ -199,12 +199,11 @@ class PrefixCacheManager:
         tokens = request.prompt_token_ids
         ext = request.external_block_ids
         hits: list[Block] = []
-        by_hash = self.pool.blocks_by_hash
+        cached_block = self.pool.get_cached_block
         for i, h in enumerate(hashes):
-            holders = by_hash.get(h)
-            if not holders:
+            block = cached_block(h)
+            if block is None:
                 break
-            block = next(iter(holders.values()))  # any copy, as `BlockPool.get_cached_block`
             # A digest match alone never returns KV: the stored content must match too.
             if tokens is not None:
                 if block.token_ids != tuple(tokens[i * bs:(i + 1) * bs]):
@@ -545,10 +544,11 @@ class PrefixCacheManager:
             assert b.ref_count >= 0
             assert (b.ref_count == 0) == (b.block_id in free_ids), f"block {b.block_id} free state wrong"
             if b.block_hash is not None:
-                assert pool.blocks_by_hash[b.block_hash][b.block_id] is b
-        for h, holders in pool.blocks_by_hash.items():
-            for b in holders.values():
-                assert b.block_hash == h
+                assert b in pool.cached_blocks(b.block_hash)
+        for h, b in pool.iter_cached():
+            assert b.block_hash == h
+        for found in pool.blocks_by_hash.values():
+            assert type(found) is Block or (found and all(k == b.block_id for k, b in found.items()))
         refs: dict[int, int] = {}
         for running in self._running.values():
             for b in running.block_table:
