@@ -80,6 +80,7 @@ class EngineBridge(QObject):
         self.engine_info: dict[str, Any] = {}
         self.num_flushes = 0
         self.num_events = 0
+        self.longest_batch_cpu_s = 0.0  # the GUI thread's CPU time for the costliest batch so far
         self.last_tick = time.perf_counter()
         self.batch_limit = FIRST_BATCH
         self._timer = QTimer(self)
@@ -170,10 +171,12 @@ class EngineBridge(QObject):
         self.num_flushes += 1
         self.num_events += len(batch)
         self._open.clear()
+        cpu = time.thread_time()
         try:
             self.sigEvents.emit(batch)
         finally:
             self._open.set()
+            self.longest_batch_cpu_s = max(self.longest_batch_cpu_s, time.thread_time() - cpu)
 
     # ------------------------------------------------------------------ GUI side
     def set_engine(self, info: dict[str, Any]) -> None:
