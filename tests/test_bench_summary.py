@@ -25,7 +25,7 @@ ISSUE_20_ROWS = {
     "bytes_per_block_remote_pool", "bytes_per_block_app_remote_pool", "bytes_per_block_app_opened_trace",
     "fleet_missed_batches",
     "fleet_seconds_behind", "fleet_longest_stall_ms", "ingestion_longest_stall_ms", "window_up_s",
-    "stream_214m_blocks_memory_growth_mb",
+    "stream_214m_blocks_memory_growth_mb", "held_10m_pool_redraw_ms", "bytes_per_block_app_10m_pool",
 }
 
 
@@ -55,8 +55,15 @@ def test_the_rows_are_the_benches_own_figures(recorded):
     opened = table["open_trace_app_vs_headless"]
     assert opened["value"] == gui["open_trace"]["app_open_to_last_event_drawn_s"]
     assert opened["anchor"] == gui["open_trace"]["headless_replay_s"]
-    assert table["kernel_lookups_per_s"]["anchor"] == engine["kernel"]["python_blocks_per_s"]
-    assert table["kernel_first_use_s"]["extra"]["compile_s"] == engine["kernel"]["compile_s"]
+    assert table["kernel_lookups_per_s"]["value"] == engine["kernel"]["kernel_blocks_per_s_cpu"]
+    assert table["kernel_lookups_per_s"]["anchor"] == engine["kernel"]["python_blocks_per_s_cpu"]
+    assert table["kernel_first_use_s"]["value"] == engine["kernel"]["first_use_after_install_s"]
+    assert table["kernel_first_use_s"]["anchor"] == engine["kernel"]["python_first_use_s"]
+    assert table["kernel_first_use_s"]["extra"]["install_warmup_s"] == engine["kernel"]["install_warmup_s"]
+    held = recorded["held"]
+    assert table["held_10m_pool_redraw_ms"]["value"] == held["large"]["median_ms"]
+    assert table["held_10m_pool_redraw_ms"]["anchor"] == held["small"]["median_ms"]
+    assert table["bytes_per_block_app_10m_pool"]["value"] == held["large"]["bytes_per_block"]
     assert table["events_per_s_into_pool"]["anchor"] == attach["msgpack_unpack_only"]["events_per_s_cpu"]
     assert table["events_per_s_app_path"]["value"] == attach["targets"]["events_per_s_app_path"]["value"]
     assert table["events_per_s_app_path_to_pool_state"]["value"] == gui["app_path"]["events_per_s_cpu"]

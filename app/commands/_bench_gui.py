@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: app/commands/ is two below it
 MOONCAKE = ROOT / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 GRID_BLOCKS = 16_384
@@ -402,6 +404,125 @@ def bench_remote_redraw(quick: bool) -> dict[str, Any]:
         _dispose(app, *([view] if view is not None else []), ctx)
 
 
+HELD_BLOCKS = 10_000_000
+HELD_FRAME_BLOCKS = 8_192  # blocks per vLLM frame: 128 BlockStored events of a 64-block chain each
+
+
+def _held_frames(n: int):
+    """`n` blocks as vLLM 0.33 frames (`engine.remote.wire.encode_batch`), made one at a time:
+    chains of 64 blocks of 16 tokens, tiers 70% GPU, 25% CPU, 5% disk by frame, stored over
+    20 minutes of server time. One frame per tier is encoded; the others are copies of it
+    with their own block hashes and batch time written at the template's offsets (the
+    encoding of 160M token ids would otherwise take minutes)."""
+    import struct
+
+    from engine.remote.wire import VllmEvent, encode_batch
+
+    tokens = tuple(range(1000, 1000 + 64 * 16))
+    t0, span = 1_800_000_000.0, 1200.0
+    mix = np.uint64(0x9E3779B97F4A7C15)
+
+    def hashes_of(first: int, last: int) -> np.ndarray:
+        # the top bit set: msgpack writes every hash as a uint64 of 8 bytes (0xcf), at a fixed offset
+        return ((np.arange(first, last, dtype=np.uint64) * mix) | np.uint64(1 << 63)).astype(">u8")
+
+    templates: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, int]] = {}
+    for f, first in enumerate(range(0, n, HELD_FRAME_BLOCKS)):
+        last = min(n, first + HELD_FRAME_BLOCKS)
+        r = (f * 7919) % 100
+        medium = "GPU" if r < 70 else "CPU" if r < 95 else "DISK"
+        ts = t0 + span * first / n
+        if (medium, last - first) not in templates:
+            raw = hashes_of(first, last).tobytes()
+            hashes = [raw[j:j + 8] for j in range(0, len(raw), 8)]
+            events = [VllmEvent("BlockStored", tuple(hashes[c:c + 64]), None, tokens[:16 * len(hashes[c:c + 64])],
+                                16, medium=medium) for c in range(0, len(hashes), 64)]
+            payload = encode_batch(ts, events)
+            at = np.zeros(len(hashes), np.int64)
+            pos = 0
+            for j, h in enumerate(hashes):  # in payload order: each search starts at the last one
+                pos = at[j] = payload.index(h, pos)
+            where = (at[:, None] + np.arange(8)).ravel()
+            templates[(medium, last - first)] = (np.frombuffer(payload, np.uint8), where,
+                                                 payload.index(struct.pack(">d", ts)))
+        base, where, ts_at = templates[(medium, last - first)]
+        frame = base.copy()
+        frame[where] = hashes_of(first, last).view(np.uint8)
+        frame[ts_at:ts_at + 8] = np.frombuffer(struct.pack(">d", ts), np.uint8)
+        yield frame.tobytes()
+
+
+def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Remote vLLM pools of 1M and 10M blocks held and drawn by the app, side by side in
+    one run: frames decoded into the engine's columnar pool (`engine.remote.colpool`, the
+    journal pool an attach uses), its journal appended to the window's `PoolState` as an
+    attach's GUI ticks do, and the block table of a real offscreen window redrawn. Per
+    size: RSS growth per block over the whole (pool, log, checkpoints, overlay), the time
+    to hold it, and the redraw (first, median, worst)."""
+    from app.runtime.context import make_test_context
+    from app.views.pool.block_table_view import BlockTableView
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    sizes = sizes or ((100_000, 1_000_000) if quick else (REMOTE_BLOCKS, HELD_BLOCKS))
+    app = _app()
+    out: dict[str, Any] = {}
+    for n in sizes:
+        ctx = make_test_context()
+        view = None
+        try:
+            view = BlockTableView(ctx)
+            view.resize(1200, 800)
+            view.show()
+            ctx.bridge.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True,
+                                   "model": "vLLM bench"})
+            state = ctx.state
+            gc.collect()
+            rss0 = _rss_bytes()
+            pool = journal_pool_class()("bench")
+            hold_s = 0.0  # the app's part only: the frames are made outside it
+            for seq, payload in enumerate(_held_frames(n)):
+                t = time.perf_counter()
+                pool.apply(fastwire.decode_columns(seq, payload))
+                if seq % 64 == 63:
+                    rows = pool.take_journal()
+                    state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+                hold_s += time.perf_counter() - t
+            t = time.perf_counter()
+            rows = pool.take_journal()
+            state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+            hold_s += time.perf_counter() - t
+            gc.collect()
+            rss1 = _rss_bytes()
+            app.processEvents()
+            state.version += 1
+            t = time.perf_counter()
+            view.redraw()
+            view.glw.viewport().repaint()
+            first_ms = (time.perf_counter() - t) * 1000
+            times = []
+            for _ in range(10 if quick else 20):
+                state.version += 1  # a change to draw each time, as a tick makes
+                t = time.perf_counter()
+                view.redraw()
+                view.glw.viewport().repaint()
+                times.append((time.perf_counter() - t) * 1000)
+            held = state.projection.num_blocks
+            out[f"{n}"] = {"blocks": n, "blocks_in_view": held, "num_cells": len(view.cell_colors),
+                           "blocks_per_cell": view.blocks_per_cell, "events": len(state.log),
+                           "hold_s": round(hold_s, 2), "blocks_per_s": round(n / hold_s),
+                           "bytes_per_block": round((rss1 - rss0) / n, 1),
+                           "rss_growth_mb": round((rss1 - rss0) / 1e6, 1),
+                           "first_redraw_ms": round(first_ms, 2), "median_ms": round(statistics.median(times), 2),
+                           "max_ms": round(max(times), 2)}
+            del pool, rows
+        finally:
+            ctx.shutdown()
+            _dispose(app, *([view] if view is not None else []), ctx)
+            gc.collect()
+    return out
+
+
 def bench_ingestion(quick: bool) -> dict[str, Any]:
     """Events pushed from another thread as fast as it can, through the bridge into PoolState,
     while a 5 ms probe timer in the GUI thread records the longest gap between its ticks."""
@@ -449,6 +570,9 @@ def bench_ingestion(quick: bool) -> dict[str, Any]:
         gaps = [(b - a) * 1000 for a, b in zip(ticks, ticks[1:])]
         return {"num_events": len(events), "seconds": round(elapsed, 4),
                 "events_per_s": round(len(events) / elapsed, 1), "num_batches": ctx.bridge.num_flushes,
+                # what the app itself spent on its costliest batch (the GUI thread's CPU time):
+                # a gap longer than this is the thread waiting for the CPU or the GIL
+                "longest_batch_gui_cpu_ms": round(ctx.bridge.longest_batch_cpu_s * 1000, 2),
                 "max_gui_gap_ms": round(max(gaps) if gaps else 0.0, 2),
                 "idle_max_gui_gap_ms": round(max(idle_gaps) if idle_gaps else 0.0, 2),
                 "p99_gui_gap_ms": round(sorted(gaps)[int(len(gaps) * 0.99) - 1] if gaps else 0.0, 2)}
