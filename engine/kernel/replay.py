@@ -75,7 +75,6 @@ class TraceArrays:
 # passes (`map` over attribute getters, `np.fromiter`), and a lazily read trace never
 # holds more than one chunk's id tuples at once.
 CHUNK = 8192
-_FIELDS = attrgetter("input_length", "output_length", "tenant", "model", "id")
 _TOKENS = attrgetter("tokens")
 _HASH_IDS = attrgetter("hash_ids")
 
@@ -104,9 +103,9 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     it = iter(requests)
     while chunk := list(islice(it, CHUNK)):
         n = len(chunk)
-        inp, outp, tenants, models, ids = zip(*map(_FIELDS, chunk))
-        nprompt = np.array(inp, np.int64)
-        kvout = np.maximum(np.array(outp, np.int64) - 1, 0)
+        tenants, models, ids = map(_TENANT, chunk), map(_MODEL, chunk), map(_ID, chunk)
+        nprompt = np.array(list(map(_INPUT, chunk)), np.int64)
+        kvout = np.maximum(np.array(list(map(_OUTPUT, chunk)), np.int64) - 1, 0)
         # first-seen order; None is -1 (the default is evaluated before a new key goes in)
         salt = np.array([salt_ids.setdefault(t, len(salt_ids) - 1) for t in tenants], np.int32)
         model = np.array([model_ids.setdefault(m, len(model_ids) - 1) for m in models], np.int32)
@@ -256,4 +255,4 @@ def served_rows(reqs: Sequence[TraceRequest], cached, computed, reason, first, d
 
 
 _INDEX, _ID, _TENANT = attrgetter("index"), attrgetter("id"), attrgetter("tenant")
-_INPUT, _OUTPUT = attrgetter("input_length"), attrgetter("output_length")
+_INPUT, _OUTPUT, _MODEL = attrgetter("input_length"), attrgetter("output_length"), attrgetter("model")
