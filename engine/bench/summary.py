@@ -154,7 +154,8 @@ def _held(key: str, ok: Callable[[Any], bool]):
         return (large[key], small[key], ok(large[key]),
                 {"blocks": large["blocks"], "anchor_blocks": small["blocks"], "hold_s": large["hold_s"],
                  "anchor_hold_s": small["hold_s"], "first_redraw_ms": large["first_redraw_ms"],
-                 "max_ms": large["max_ms"], "rss_growth_mb": large["rss_growth_mb"],
+                 "max_ms": large["max_ms"], "median_unchanged_ms": large.get("median_unchanged_ms"),
+                 "rss_growth_mb": large["rss_growth_mb"],
                  "blocks_per_cell": large["blocks_per_cell"]})
     return read
 
