@@ -8,6 +8,8 @@ reused where nothing can be, the blocks shared, and the refusal of a bad group s
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -83,8 +85,8 @@ def test_every_perf_demo_is_listed():
 
 
 # ---------------------------------------------------------------------------- 1. quantized
-def test_quantized_kv_cache(results):
-    r = results("quantized-kv-cache")
+def check_quantized_kv_cache(r: dict) -> None:
+    """The quantized demo's result (run once, by the app: test_quantized_demo_fills_the_kv_memory_panel)."""
     f = r["findings"]
     assert f["backend"] == "optimum-quanto" and f["nbits"] == 4 and f["group_size"] == 64
     short, long = f["contexts"]
@@ -142,8 +144,19 @@ def test_hashing_costs_something(results):
 
 
 # ---------------------------------------------------------------------------- 7. deepcopy
-def test_deepcopy_against_shared_blocks(results):
-    r = results("deepcopy-vs-shared-blocks")
+@pytest.fixture(scope="module")
+def deepcopy_by_cli():
+    """`cachescope demo deepcopy-vs-shared-blocks --json`, run once in-process: the command
+    loads the default model itself, and both tests below read its one JSON line."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["demo", "deepcopy-vs-shared-blocks", "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.model
+def test_deepcopy_against_shared_blocks(deepcopy_by_cli):
+    r = deepcopy_by_cli
     f = r["findings"]
     assert f["continuations"] == 4 and f["all_outputs_identical"]
     assert f["shared_blocks"] == f["shared_prefix_tokens"] // f["block_size"] > 0
@@ -161,9 +174,8 @@ def test_deepcopy_against_shared_blocks(results):
 
 
 @pytest.mark.model
-def test_cli_json_carries_the_numbers(capsys):
-    assert main(["demo", "deepcopy-vs-shared-blocks", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+def test_cli_json_carries_the_numbers(deepcopy_by_cli):
+    out = deepcopy_by_cli
     assert out["name"] == "deepcopy-vs-shared-blocks"
     assert out["findings"]["deepcopy_bytes_per_continuation"] > out["findings"]["shared_bytes_per_continuation"]
     assert out["findings"]["all_outputs_identical"]
@@ -179,6 +191,7 @@ def test_quantized_demo_fills_the_kv_memory_panel(qtbot, window, default_model):
         assert runner.run("quantized-kv-cache")
     assert window.ctx.subject.kind == "demo" and window.ctx.subject.source == "quantized-kv-cache"
     findings = blocker.args[0]["findings"]
+    check_quantized_kv_cache(blocker.args[0])  # the demo's own findings, from this one run
     view = window.panels["kv_memory"]
     text = view.quantized.text()
     assert not view.quantized.isHidden()
