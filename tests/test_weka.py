@@ -35,6 +35,19 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app", *args], capture_output=True, text=True, timeout=300)
 
 
+def in_process(capsys, *args: str) -> str:
+    """`cachescope ARGS` run by `app.cli.main` in this process: its stdout (exit status 0).
+    The subprocess runs of `cli` above prove `python -m app`; twelve more of them for the
+    per-trace table were each an interpreter start and a second import of the app."""
+    from app.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
 def test_shipped_files_are_the_shared_ones_unchanged():
     shipped = sorted(p.name for p in WEKA.glob("*.json"))
     assert [f"{n}.json" for n in sorted(TABLE)] == shipped
@@ -63,14 +76,13 @@ def test_published_table_by_definition_and_by_the_engine(name):
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))
-def test_replay_prints_the_two_numbers(name):
+def test_replay_prints_the_two_numbers(name, capsys):
     n, same, cumulative = TABLE[name]
-    p = cli("replay", str(WEKA / f"{name}.json"), "--totals-only")
-    assert p.returncode == 0, p.stderr
-    row = next(line for line in p.stdout.splitlines() if line.startswith(name)).split()
+    stdout = in_process(capsys, "replay", str(WEKA / f"{name}.json"), "--totals-only")
+    row = next(line for line in stdout.splitlines() if line.startswith(name)).split()
     assert row[1:5] == [str(n), f"{same:.1f}", f"{cumulative:.1f}", f"{cumulative:.1f}"]
-    assert "recomputed" in p.stdout  # the note on the engine's own hit rate
-    j = json.loads(cli("replay", str(WEKA / f"{name}.json"), "--json", "--totals-only").stdout)
+    assert "recomputed" in stdout  # the note on the engine's own hit rate
+    j = json.loads(in_process(capsys, "replay", str(WEKA / f"{name}.json"), "--json", "--totals-only"))
     t = j["traces"][0]
     assert (t["requests"], t["same_model_pct"], t["cumulative_pct"], t["unbounded_held_pct"]) == (n, same, cumulative,
                                                                                                     cumulative)
@@ -130,14 +142,17 @@ def test_a_folder_is_concurrent_users_in_time_order():
     merged = merged_requests(traces)
     assert len(merged) == sum(len(t.requests) for t in traces) == 641
     assert [r.time for r in merged] == sorted(r.time for r in merged)
-    summary = weka_summary(traces)
-    assert [t["cumulative_pct"] for t in summary["traces"]] == [TABLE[n][2] for n in sorted(TABLE)]
-    # global scope: ids shared across conversations, so a shared cache can hold more than each alone
-    for row in summary["traces"]:
-        assert row["unbounded_held_pct"] >= row["cumulative_pct"]
+    # the command's table is weka_summary(traces, 4096) (one replay of the folder, not a
+    # second one in this process): Cumulative% and held% per trace, one decimal each
     p = cli("replay", str(WEKA), "--totals-only", "--capacity-blocks", "4096")
     assert p.returncode == 0, p.stderr
     assert "6 kv-cache-tester trace(s), 641 requests" in p.stdout
+    rows = {line.split()[0]: line.split() for line in p.stdout.splitlines() if line.startswith("trace_")}
+    assert sorted(rows) == sorted(TABLE)
+    assert [rows[n][3] for n in sorted(TABLE)] == [f"{TABLE[n][2]:.1f}" for n in sorted(TABLE)]
+    # global scope: ids shared across conversations, so a shared cache can hold more than each alone
+    for row in rows.values():
+        assert float(row[4]) >= float(row[3])
 
 
 def test_sweep_over_a_folder():
