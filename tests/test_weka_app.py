@@ -58,12 +58,23 @@ def test_a_weka_file_shows_models_subagents_and_held_blocks(qtbot, window):
     assert window.ctx.state.engine_info["block_size"] == 64 and len(window.ctx.state.log) > 0
 
 
-def test_a_folder_is_six_concurrent_users(qtbot, window):
-    summary = _open(qtbot, window, WEKA)
+def test_a_folder_is_six_concurrent_users_and_the_legend_stays_inside_the_plot(qtbot, window):
+    summary = _open(qtbot, window, WEKA)  # six traces, five models
     view = window.panels["traces"]
     assert view.summary.rowCount() == 6 and summary["totals"]["requests"] == 641
     assert {view.model_filter.itemData(i) for i in range(1, view.model_filter.count())} >= {
         "claude-opus-4-6", "claude-haiku-4-5-20251001"}
+    # the legend of the same opened folder (one replay of it, not a second open) at any width
+    window.docks["traces"].show()
+    window.docks["traces"].raise_()
+    for width in (560, 900, 1400):
+        view.resize(width, 700)
+        qtbot.wait(50)
+        vb = view.plot.plotItem.vb
+        legend = view.legend
+        assert len(legend.items) == 5
+        right = legend.mapRectToScene(legend.boundingRect()).right()
+        assert right <= vb.sceneBoundingRect().right() + 0.5, (width, legend.columnCount)
 
 
 def test_a_usage_log_lists_mismatches_and_plots_cost_per_turn(qtbot, window):
@@ -86,21 +97,6 @@ def test_a_broken_weka_file_is_one_dialog_sentence(qtbot, window, tmp_path):
     window.ctx.errors.clear()
     assert not window.open_file(bad)
     assert len(window.ctx.errors) == 1 and "requests[0]" in window.ctx.errors[0]
-
-
-def test_the_traces_legend_stays_inside_the_plot(qtbot, window):
-    _open(qtbot, window, WEKA)  # six traces, five models
-    view = window.panels["traces"]
-    window.docks["traces"].show()
-    window.docks["traces"].raise_()
-    for width in (560, 900, 1400):
-        view.resize(width, 700)
-        qtbot.wait(50)
-        vb = view.plot.plotItem.vb
-        legend = view.legend
-        assert len(legend.items) == 5
-        right = legend.mapRectToScene(legend.boundingRect()).right()
-        assert right <= vb.sceneBoundingRect().right() + 0.5, (width, legend.columnCount)
 
 
 def test_an_opened_trace_is_what_billing_and_sweep_show(qtbot, window, capsys):
