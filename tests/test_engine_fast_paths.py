@@ -246,3 +246,13 @@ def test_a_hash_maps_to_its_block_then_to_its_copies_oldest_first():
     pool.cache(b, h, None, (1,), None, None)
     pool.cache(b, h, None, (1,), None, None)  # stored again under the same hash: still one copy
     assert pool.cached_blocks(h) == [b] and pool.num_cached_blocks == 1
+
+
+def test_fast_loads_shares_small_ids_as_validation_does():
+    # A trace in memory costs a list slot per token id, not an int object of its own.
+    raw = b'{"tokens": [12345, 99999, 7], "hash_ids": [100000, 54321], "x": [true, 3]}'
+    fast, slow = trace.fast_loads(raw), v.loads(raw, "t.jsonl", 1)
+    assert fast == slow
+    assert fast["tokens"][0] is slow["tokens"][0] and fast["tokens"][1] is slow["tokens"][1]
+    assert fast["hash_ids"][1] is slow["hash_ids"][1]
+    assert fast["x"][0] is True  # a boolean stays one

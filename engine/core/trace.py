@@ -7,6 +7,7 @@ richer conversation formats (OpenAI, ShareGPT, Anthropic) live in `engine.store.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -26,6 +27,9 @@ _FAST_DECODE = msgspec.json.Decoder().decode
 # The largest magnitude `validation.loads` parses: integers of at most MAX_INT_DIGITS digits.
 _INT_BOUND = 10 ** v.MAX_INT_DIGITS
 _NUMBERS = frozenset((int, float, bool))
+# The small ints `validation.loads` shares, so that a trace held in memory costs 8 bytes per
+# token id either way (msgspec makes an int object of its own for each).
+_SHARED_INTS = v._SHARED_INTS
 
 
 def _within_limits(value: Any) -> bool:
@@ -58,7 +62,29 @@ def fast_loads(raw: bytes) -> Any:
         value = _FAST_DECODE(raw.decode("utf-8"))
     except (UnicodeDecodeError, msgspec.DecodeError):
         return None
-    return value if value is not None and _within_limits(value) else None
+    if value is None or not _within_limits(value):
+        return None
+    if type(value) is dict:
+        for key in [k for k, x in value.items() if type(x) is list and x and set(map(type, x)) == {int}]:
+            value[key] = _shared(value[key])
+    return value
+
+
+def _shared(ids: list[int]) -> list[int]:
+    """`ids` with every one of them `validation.loads` would share taken from its table."""
+    low, high = min(ids), max(ids)
+    if low >= 0 and high < len(_SHARED_INTS):
+        return list(map(_SHARED_INTS.__getitem__, ids))  # token ids of a small vocabulary
+    if low >= len(_SHARED_INTS) or high < 0:
+        return ids
+    lookup = _shared_by_value()
+    return list(map(lookup.get, ids, ids))  # some fit, some not: still at C speed
+
+
+@lru_cache(maxsize=1)
+def _shared_by_value() -> dict[int, int]:
+    """The shared ints by value (5 MB, built on the first list with ids on both sides of the table's end)."""
+    return dict(zip(_SHARED_INTS, _SHARED_INTS))
 
 
 @dataclass(slots=True, frozen=True)
