@@ -62,17 +62,25 @@ def fast_loads(raw: bytes) -> Any:
         value = _FAST_DECODE(raw.decode("utf-8"))
     except (UnicodeDecodeError, msgspec.DecodeError):
         return None
-    if value is None or not _within_limits(value):
-        return None
-    if type(value) is dict:
-        for key in [k for k, x in value.items() if type(x) is list and x and set(map(type, x)) == {int}]:
-            value[key] = _shared(value[key])
+    if type(value) is not dict:
+        return value if value is not None and _within_limits(value) else None
+    id_lists: list[tuple[Any, int, int]] = []  # a trace line: its lists of ids checked and shared once
+    for key, item in value.items():
+        kind = type(item)
+        if kind is list and item and set(map(type, item)) == {int}:
+            low, high = min(item), max(item)
+            if low <= -_INT_BOUND or high >= _INT_BOUND:
+                return None
+            id_lists.append((key, low, high))
+        elif not _within_limits(item):
+            return None
+    for key, low, high in id_lists:
+        value[key] = _shared(value[key], low, high)
     return value
 
 
-def _shared(ids: list[int]) -> list[int]:
-    """`ids` with every one of them `validation.loads` would share taken from its table."""
-    low, high = min(ids), max(ids)
+def _shared(ids: list[int], low: int, high: int) -> list[int]:
+    """`ids` (from `low` to `high`) with each one `validation.loads` shares taken from its table."""
     if low >= 0 and high < len(_SHARED_INTS):
         return list(map(_SHARED_INTS.__getitem__, ids))  # token ids of a small vocabulary
     if low >= len(_SHARED_INTS) or high < 0:
