@@ -88,7 +88,7 @@ def replay(requests: Iterable[TraceRequest], config: ReplayConfig, events: Event
             tr = pending[0]
             req = to_request(tr)
             kv_out = max(tr.output_length - 1, 0)
-            reserve = sum(outstanding(l) for l in running)
+            reserve = sum(map(outstanding, running)) if running else 0
             lookup = mgr.lookup(req)
             row = ServedRequest(tr.index, tr.id, tr.tenant, tr.input_length, output_tokens=tr.output_length,
                                 miss_reason=lookup.miss.reason, first_miss_block=lookup.miss.first_miss_block,
