@@ -75,8 +75,9 @@ def pytest_collection_modifyitems(config, items):
 # (measured one by one, CPU seconds under load, 2026-12-01); the rest follow by number of
 # tests, the order xdist's own reorder gives. A file missing from the list only starts later.
 LONGEST_FILES = (
-    "test_compare.py", "test_hostile_round2.py", "test_weka.py", "test_weka_app.py",
-    "test_models.py", "test_cacheblend.py", "test_selftest.py",
+    "test_hostile_round2.py", "test_compare.py", "test_demos.py", "test_demos_perf.py",  # 155, 106, 94, 73
+    "test_models.py", "test_cacheblend.py", "test_gui_shell.py", "test_weka.py",  # 47, 47, 45, 43
+    "test_selftest.py", "test_weka_app.py", "test_hostile_app.py",  # 38, 37, 30
 )
 
 
