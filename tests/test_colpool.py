@@ -516,3 +516,60 @@ def test_token_ids_are_held_narrow_until_one_needs_32_bits():
         assert state(pool) == _run(frames, False)[0]
     # the widening happens once, from the first id that needs it, on every path
     assert _run(frames, True) == _run(frames, False) == _run(frames, True, via_reference=True)
+
+
+# ---- the narrow layout: uint32 L columns and the batch table
+
+def test_store_orders_renumbered_and_l_widened_keep_the_reference_pool():
+    """A uint32 L past what it holds: the store orders are renumbered (only their order is
+    read), and past the token starts' limit L is widened to int64 once; both keep every
+    answer the reference gives, including the tier order and clears."""
+    from engine.bench.attach import recorded_stream
+
+    payloads, _, _ = recorded_stream(2_000, gpu_blocks=300, seed=8)
+    frames = list(enumerate(payloads)) + FIXTURES["vllm_copies/vllm_copies_events.jsonl"]
+    frames = [(i, p) for i, (_, p) in enumerate(frames)]
+    ref = _run(frames, False, 300, 50)
+    for attr, value, dtype in (("_order_limit", 3_000, np.uint32), ("_narrow_limit", 5_000, np.int64)):
+        old = getattr(ColumnarPool, attr)
+        setattr(ColumnarPool, attr, value)
+        try:
+            pool = ColumnarPool("t", max_removed=300)
+            for i, (seq, p) in enumerate(frames):
+                if i and i % 50 == 0:
+                    pool.reset(seq)
+                pool.apply(fastwire.decode_columns(seq, p))
+            assert pool.L.dtype == dtype and state(pool) == ref[0]
+            assert _run(frames, True, 300, 50, many=64) == ref
+        finally:
+            setattr(ColumnarPool, attr, old)
+    pool = ColumnarPool("t")
+    pool.apply(fastwire.decode_columns(*frames[0]))
+    assert pool.L.dtype == np.uint32 and ColumnarPool("t", journal=True).L.dtype == np.int64
+
+
+def test_the_batch_table_keeps_only_the_batches_held_blocks_name():
+    """A long stream whose blocks are removed two batches after their store: the table of
+    batch seqs and times keeps its first size (rows no held block names are dropped), and
+    every block still reads its own batch's seq and time, as the reference does."""
+    def h(i: int) -> bytes:
+        return ((1 << 63) + i).to_bytes(8, "big")
+
+    frames = []
+    for i in range(2_000):
+        events = [VllmEvent("BlockStored", tuple(h(4 * i + j) for j in range(4)), h(4 * i - 1) if i else None,
+                            tuple(range(64)), 16)]
+        if i >= 2:
+            events.append(VllmEvent("BlockRemoved", tuple(h(4 * (i - 2) + j) for j in range(4))))
+        frames.append((i, encode_batch(1_796_000_000.0 + i / 7, events)))
+    ref = _run(frames, False, 100)
+    for many in (0, 64):
+        pool = ColumnarPool("t", max_removed=100)
+        if many:
+            for a in range(0, len(frames), many):
+                pool.apply_many([fastwire.decode_columns(seq, p) for seq, p in frames[a:a + many]])
+        else:
+            for seq, p in frames:
+                pool.apply(fastwire.decode_columns(seq, p))
+        assert len(pool.T) == len(pool.BSEQ) == 256 and pool.num_cached == 8
+        assert state(pool) == ref[0]

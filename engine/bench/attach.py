@@ -121,7 +121,30 @@ def memory_per_block(num_blocks: int, decode: Any = fastwire.decode_batch, pool_
     finally:
         tracemalloc.stop()
     n = pool.num_cached
-    return {"blocks": n, "bytes": traced, "bytes_per_block": round(traced / n, 1)}
+    out = {"blocks": n, "bytes": traced, "bytes_per_block": round(traced / n, 1)}
+    if isinstance(pool, colpool.ColumnarPool):
+        out["breakdown_bytes_per_block"] = columnar_breakdown(pool)
+    return out
+
+
+def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
+    """Where a columnar pool's bytes go, per block held (every array at its capacity)."""
+    n = max(pool.num_cached, 1)
+    cap = len(pool.F)
+    per = {"slots": cap, "slot_capacity_per_block": round(cap / n, 3),
+           "hash_K_key_and_parent_uint64": pool.K.nbytes / n,
+           f"L_token_start_batch_row_order_{pool.L.dtype}": pool.L.nbytes / n,
+           "C_tokens_announced_removed_copies_tenant_uint32": pool.C.nbytes / n,
+           "F_width_tier_parent_width_uint8": pool.F.nbytes / n,
+           "table_int32_at_load": round(pool.S[colpool.S_LIVE] / len(pool.tab), 3),
+           "table": pool.tab.nbytes / n,
+           f"token_ids_{pool.tok.dtype}": pool.tok.nbytes / n,
+           "token_ids_used_per_block": round(int(pool.S[colpool.S_TOKUSED]) / n, 2),
+           "batch_table_seq_and_time": (pool.T.nbytes + pool.BSEQ.nbytes) / n,
+           "removed_and_departed_maps": sum(a.nbytes for m in (pool.removed, pool.departed_map)
+                                            for a in (m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os)) / n,
+           "all_arrays": pool.nbytes / n}
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in per.items()}
 
 
 # ---- the fleet: 64 loopback streams -----------------------------------------------------
@@ -314,7 +337,8 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
                    "because the machine may be shared; the wall figures are beside them. memory is the engine's "
                    "remote pool (the app's own pool state is bench gui's). The targets read the columnar pool "
                    "(engine.remote.colpool) into the pool (decoded per frame, applied 64 frames at a time as an "
-                   "attachment's stream holds them) and for memory; fleet_columnar is the Attachment on columnar "
+                   "attachment's stream holds them) and for memory (columnar_memory.breakdown_bytes_per_block "
+                   "says where a block's bytes go); fleet_columnar is the Attachment on columnar "
                    "pools (each stream holding its frames until its socket runs dry, 64 frames or 2 ms); the app's "
                    "path and the fleet still run the reference pool emitting one event per block")
     out["targets"] = {

@@ -9,10 +9,17 @@ Python object per block, per hash or per token id:
   hash, the tier, where its token ids start in the pool's one growing token array (uint16
   while every id seen is below 2**16, as SmolLM2's 49,152 are; widened once to uint32 on
   the first larger one, such as Llama 3's 128,256; read back as uint32 either way)
-  and how many there are, the batch seq and time of its store, its tenant (an index into
-  the pool's tenant names), how often its hash was announced and removed on that tier,
-  its copies in KV cache group 0 and in all. Copies in other groups (sliding-window
-  layers, rare) sit in a numba dict keyed by (slot, group).
+  and how many there are, its store's row in the batch table (each batch that stored a
+  block: its seq and time, once for all its blocks; rows no held block names are dropped
+  as the table fills), its store order, its tenant (an index into the pool's tenant
+  names), how often its hash was announced and removed on that tier, its copies in KV
+  cache group 0 and in all. Copies in other groups (sliding-window layers, rare) sit in a
+  numba dict keyed by (slot, group). Free slots are a list threaded through their token
+  start. Token start, batch row and order are uint32 (the orders renumbered, in order,
+  before they would pass 2**32; the columns widened once to int64 before a token start
+  would); a journalled pool, whose token array only grows, keeps them in int64. At 16
+  token ids a block that is 55 bytes a slot, 32 of token ids and 5.7 of the table (at a
+  load of 0.7), with the arrays' room to grow (an eighth) on top.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
@@ -84,15 +91,17 @@ MAX_TIERS = 256  # tier codes, module-wide; GPU, CPU, STORAGE, REMOTE first
 MAX_GROUP = (1 << 20) - 1  # KV cache groups beyond this share its count (a server has a few)
 # slot columns
 K_KEY, K_PARENT = 0, 1                                            # uint64
-L_TOK, L_SEQ, L_ORDER = 0, 1, 2                                   # int64
+# L (uint32; int64 in a journalled pool): where the slot's token ids start (a free slot:
+# the next free slot + 1, 0 none), its store's row in the batch table, its store order
+L_TOK, L_BID, L_ORDER = 0, 1, 2
 C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1; 0 = none)
 F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width code; tier + 1, 0 = free)
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES, \
-    S_NTIERS = range(20)
-NUM_S = 20
+    S_NTIERS, S_BID = range(21)
+NUM_S = 21  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied
 # the journal (`ColumnarPool(journal=True)`): rows (int64) and, per stored block, its store row
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
@@ -355,7 +364,7 @@ def _first_group(C, G, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _free_slot(tab, K, L, C, F, T, G, free, S, TI, s):  # pragma: no cover - compiled
+def _free_slot(tab, K, L, C, F, T, G, S, TI, s):  # pragma: no cover - compiled
     t = np.int64(F[s, F_TIER]) - 1
     if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1) and len(G):
         base = np.int64(s) * (MAX_GROUP + 1)
@@ -368,8 +377,8 @@ def _free_slot(tab, K, L, C, F, T, G, free, S, TI, s):  # pragma: no cover - com
         TI[t, T_NOTOK] -= 1
     S[S_TOKLIVE] -= C[s, C_NTOK]
     F[s, F_TIER] = 0
-    free[S[S_FREE]] = s
-    S[S_FREE] += 1
+    L[s, L_TOK] = S[S_FREE]
+    S[S_FREE] = s + 1
     S[S_LIVE] -= 1
 
 
@@ -403,7 +412,7 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
 
 
 @njit(cache=True, nogil=True)
-def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
            t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
            next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
@@ -487,8 +496,8 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
                 S[S_TOKUSED] = u + n_i
                 _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
         else:
-            S[S_FREE] -= 1
-            s = free[S[S_FREE]]
+            s = S[S_FREE] - 1
+            S[S_FREE] = np.int64(L[s, L_TOK])
             K[s, K_KEY] = k
             F[s, F_W] = w
             F[s, F_TIER] = t + 1
@@ -509,10 +518,9 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
             C[s, C_NTOK] = n_i
             S[S_TOKUSED] = u + n_i
             S[S_TOKLIVE] += n_i
-            L[s, L_SEQ] = seq
+            L[s, L_BID] = S[S_BID]
             L[s, L_ORDER] = S[S_ORDER]
             S[S_ORDER] += 1
-            T[s] = ts
             C[s, C_TENANT] = tenant + 1
             C[s, C_ANN] = 1
             C[s, C_REM] = 0
@@ -537,7 +545,7 @@ def _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v
 
 
 @njit(cache=True, nogil=True)
-def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
             dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
             left, J, SO):  # pragma: no cover - compiled
     """One BlockRemoved (`RemotePool._removed`, not emitting). `group` -1 is None; `left[i]`
@@ -584,7 +592,7 @@ def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra
                 TI[t, T_EXTRA] -= 1
                 C[s, C_REM] += 1
         if last:
-            seconds = ts - T[s]
+            seconds = ts - T[L[s, L_BID]]
             if seconds > 0:
                 SF[0] += seconds
                 if seconds > SF[1]:
@@ -593,7 +601,7 @@ def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra
             _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
                        np.int64(C[s, C_REM]) + 1, True, maxn, True)
             _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
-            _free_slot(tab, K, L, C, F, T, G, free, S, TI, s)
+            _free_slot(tab, K, L, C, F, T, G, S, TI, s)
             left[i] = 1
     S[S_REMOVED] += nh
     if fast:
@@ -601,7 +609,7 @@ def _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra
 
 
 @njit(cache=True, nogil=True)
-def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, batch_seq, n):  # pragma: no cover
     """Every hash of tier t leaves it, in the order they were stored."""
     tt = t + 1
@@ -623,14 +631,14 @@ def _clear_tier(tab, K, L, C, F, T, G, free, S, TI, ra_tab, ra_k, ra_w, ra_v, ra
         _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, True)
         _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
                    np.int64(C[s, C_REM]), True, maxn, True)
-        _free_slot(tab, K, L, C, F, T, G, free, S, TI, s)
+        _free_slot(tab, K, L, C, F, T, G, S, TI, s)
     TI[t, T_PRESENT] = 0
     TI[t, T_EXTRA] = 0
     TI[t, T_EXTRA_BORN] = 0
 
 
 @njit(cache=True, nogil=True)
-def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
          rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
@@ -659,7 +667,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
                     if rows[j, R_KIND] == KIND_STORED and rgj and gj == 0:
                         nxt = rows[j, R_PARENT] != 0 and parents[j] == lk and widths_parent(rows, j) == lw
                         break
-            r = _store(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+            r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
                        t, rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
                        rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO)
             if r == 0:
@@ -669,7 +677,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
         elif kind == KIND_REMOVED:
             if stop_on_remove:
                 return i
-            _remove(tab, K, L, C, F, T, G, free, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+            _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                     dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left,
                     J, SO)
         else:
@@ -678,7 +686,7 @@ def _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, 
 
 
 @njit(cache=True, nogil=True)
-def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, ftok, bounds, seqs, tss,
                 left, J, JS, SO):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
@@ -687,10 +695,12 @@ def _run_frames(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w,
     widths = np.full(len(keys), W_U64, np.uint8)
     empty_u8 = np.empty(0, np.uint8)
     empty_i64 = np.empty(0, np.int64)
+    bid0 = S[S_BID]  # the run's frames are rows bid0.. of the batch table
     for f in range(len(seqs)):
         lo, hi = bounds[f], bounds[f + 1]
+        S[S_BID] = bid0 + f
         if hi > lo:
-            _run(tab, K, L, C, F, T, G, free, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+            _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                  dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
                  empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
@@ -838,8 +848,9 @@ class ColumnarBlock:
         self.parent_hash = pool._bytes(int(pool.K[s, K_PARENT]), pw) if pw else None
         a, n = int(pool.L[s, L_TOK]), int(pool.C[s, C_NTOK])
         self.tokens = pool.tok[a:a + n].astype(np.uint32).tobytes()  # uint32 bytes, as the reference's
-        self.stored_seq = int(pool.L[s, L_SEQ])
-        self.stored_time = float(pool.T[s])
+        bid = int(pool.L[s, L_BID])
+        self.stored_seq = int(pool.BSEQ[bid])
+        self.stored_time = float(pool.T[bid])
         ten = int(pool.C[s, C_TENANT])
         self.tenant = pool.tenant_names[ten - 1] if ten else None
         self.num_announced = int(pool.C[s, C_ANN])
@@ -945,7 +956,7 @@ class _CopiesView:
 
     def items(self) -> list[tuple[tuple[str, bytes], list[int]]]:
         p = self.pool
-        n = len(p.T)
+        n = len(p.F)
         live = p.F[:n, F_TIER] > 0
         odd = np.flatnonzero(live & ~((p.C[:n, C_TOT] == 1) & (p.C[:n, C_C0] == 1)))
         odd = odd[np.argsort(p.L[odd, L_ORDER], kind="stable")]
@@ -1050,14 +1061,22 @@ class ColumnarPool:
 
     def _alloc(self, cap: int) -> None:
         self.K = np.zeros((cap, 2), np.uint64)
-        self.L = np.zeros((cap, 3), np.int64)
+        # uint32 while every token start, batch row and store order fits (`_narrow_room`
+        # renumbers or widens before one would not); a journalled pool's token array only
+        # grows, so its L is int64 from the start
+        self.L = np.zeros((cap, 3), np.int64 if self.journal else np.uint32)
         self.C = np.zeros((cap, 6), np.uint32)
         self.F = np.zeros((cap, 3), np.uint8)
-        self.T = np.zeros(cap, np.float64)
-        self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
-        self.S[S_FREE] = cap
+        self.L[:, L_TOK] = np.arange(2, cap + 2)  # the free list: slot 0, 1, ... in order
+        self.L[cap - 1, L_TOK] = 0
+        self.S[S_FREE] = 1
         self.tab = np.full(self._table_size(cap), -1, np.int32)
         self.SO = np.zeros(cap if self.journal else 0, np.int64)  # journal: a slot's store row
+        # the batch table: per batch that stored a block, its seq and time (a slot names its
+        # row, L_BID); rows no held slot names go when it fills (`_batch_rows`)
+        self.T = np.zeros(256, np.float64)
+        self.BSEQ = np.zeros(256, np.int64)
+        self._num_bids = 0
 
     @staticmethod
     def _table_size(cap: int) -> int:
@@ -1073,25 +1092,25 @@ class ColumnarPool:
         if ids is not None and len(ids) and self.tok.dtype == np.uint16 and int(ids.max()) > 0xFFFF:
             self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
-        cap = len(self.T)
-        if live + blocks > cap:  # a quarter again as many slots: at most a fifth of them idle
-            new = max(cap + cap // 4, live + blocks + 1024)
+        cap = len(self.F)
+        if live + blocks > cap:  # an eighth again as many slots: at most a ninth of them idle
+            new = max(cap + cap // 8, live + blocks + 1024)
             n = cap
-            for name in ("K", "L", "C", "F", "T") + (("SO",) if self.journal else ()):
+            for name in ("K", "L", "C", "F") + (("SO",) if self.journal else ()):
                 old = getattr(self, name)
                 arr = np.zeros((new,) + old.shape[1:], old.dtype)
                 arr[:n] = old
                 setattr(self, name, arr)
-            nfree = int(self.S[S_FREE])
-            self.free = np.concatenate([np.arange(new - 1, n - 1, -1, dtype=np.int32), self.free[:nfree],
-                                        np.zeros(n - nfree, np.int32)])
-            self.S[S_FREE] = nfree + new - n
+            # the new slots, in order, go before the free ones
+            self.L[n:new, L_TOK] = np.arange(n + 2, new + 2)
+            self.L[new - 1, L_TOK] = self.S[S_FREE]
+            self.S[S_FREE] = n + 1
             self.tab = np.full(self._table_size(new), -1, np.int32)
             _rehash(self.tab, self.K, self.F, n)
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
-            size = max((5 * (live_tok + tokens)) // 4, 1024)
+            size = max((9 * (live_tok + tokens)) // 8, 1024)
             if self.journal:  # the journal's rows point into the token array: it only grows
                 out = np.zeros(max(2 * len(self.tok), used + tokens + 1024), self.tok.dtype)
                 out[:used] = self.tok[:used]
@@ -1099,12 +1118,58 @@ class ColumnarPool:
                 if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
                     size = len(self.tok)  # mostly garbage: compact in place of growing
                 out = np.zeros(size, self.tok.dtype)
-                self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.T), out)
+                self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.F), out)
             self.tok = out
+        if not self.journal:
+            self._narrow_room(blocks, tokens)
         self.removed.reserve(blocks)
         self.departed_map.reserve(blocks)
         if self.journal:
             self._journal_reserve(blocks, blocks)
+
+    # The most a uint32 column of L holds, and the store order renumbered past it (class
+    # attributes, so tests can make them small).
+    _narrow_limit = (1 << 32) - 1
+    _order_limit = (1 << 32) - 1
+
+    def _narrow_room(self, blocks: int, tokens: int) -> None:
+        """Before a compiled call on a uint32 L: renumber the store orders when they would
+        pass what it holds (only their order is ever read), and widen L to int64 once when
+        the token ids would (a pool of more than 4G held token ids)."""
+        if self.L.dtype != np.uint32:
+            return
+        limit = self._narrow_limit
+        if int(self.S[S_ORDER]) + blocks > self._order_limit:
+            live = np.flatnonzero(self.F[:, F_TIER] > 0)
+            ranks = np.empty(len(live), np.int64)
+            ranks[np.argsort(self.L[live, L_ORDER], kind="stable")] = np.arange(len(live))
+            self.L[live, L_ORDER] = ranks
+            self.S[S_ORDER] = len(live)
+        if int(self.S[S_TOKUSED]) + tokens > limit or len(self.F) + 2 > limit or self._num_bids + 2 > limit \
+                or int(self.S[S_ORDER]) + blocks > limit:
+            self.L = self.L.astype(np.int64)
+
+    def _batch_rows(self, seqs: np.ndarray, tss: np.ndarray) -> None:
+        """Rows of the batch table for batches about to be applied; the first is S_BID.
+        When the table is full, the rows no held slot names are dropped (the slots' rows
+        renumbered, in order), and it grows if it is still more than half full."""
+        k = len(seqs)
+        nb = self._num_bids
+        if nb + k > len(self.T):
+            live = np.flatnonzero(self.F[:, F_TIER] > 0)
+            used, inv = np.unique(self.L[live, L_BID], return_inverse=True)
+            nb = len(used)
+            size = len(self.T) if 2 * (nb + k) <= len(self.T) else max(2 * len(self.T), 2 * (nb + k))
+            T, BSEQ = np.zeros(size, np.float64), np.zeros(size, np.int64)
+            T[:nb], BSEQ[:nb] = self.T[used], self.BSEQ[used]
+            self.T, self.BSEQ = T, BSEQ
+            self.L[live, L_BID] = inv
+        if self.L.dtype == np.uint32 and nb + k > self._narrow_limit:
+            self.L = self.L.astype(np.int64)
+        self.T[nb:nb + k] = tss
+        self.BSEQ[nb:nb + k] = seqs
+        self.S[S_BID] = nb
+        self._num_bids = nb + k
 
     def _journal_reserve(self, rows: int, stores: int) -> None:
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
@@ -1181,13 +1246,14 @@ class ColumnarPool:
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
         self._reserve(nblocks, len(cols.tokens), cols.tokens)
+        self._batch_rows(np.array([cols.seq], np.int64), np.array([cols.ts], np.float64))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         left = self._left
         i = 0
         while i < n:
-            i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+            i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                      self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
                      rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n, *self._jn())
             self._sync()
@@ -1223,13 +1289,10 @@ class ColumnarPool:
         nrows = [len(b.rows) for b in run]
         bounds = np.zeros(len(run) + 1, np.int64)
         np.cumsum(nrows, out=bounds[1:])
-        last = run[-1]
-        self.num_batches += len(run)
-        self.last_batch_seq = last.seq
-        self.last_batch_time = last.ts
-        self._revision += 1
-        self._cache.clear()
+        seqs = np.array([b.seq for b in run], np.int64)
+        tss = np.array([b.ts for b in run], np.float64)
         if not bounds[-1]:
+            self._run_columns(bounds[:0], None, None, None, bounds, seqs, tss)
             return
         full = [b for b in run if len(b.rows)]
         rows = np.concatenate([b.rows for b in full])
@@ -1241,14 +1304,26 @@ class ColumnarPool:
         per = np.array([len(b.rows) for b in full], np.int64)
         rows[:, R_TOK0] += np.repeat(np.cumsum(nt) - nt, per)
         rows[:, R_HASH0] += np.repeat(np.cumsum(nk) - nk, per)
+        self._run_columns(rows, parents, keys, tokens, bounds, seqs, tss)
+
+    def _run_columns(self, rows: np.ndarray, parents: Any, keys: Any, tokens: Any, bounds: np.ndarray,
+                     seqs: np.ndarray, tss: np.ndarray) -> None:
+        """Frames of common events in one compiled call: frame f is rows bounds[f]..bounds[f+1]-1
+        (hashes and token ids of all frames concatenated, the rows' starts counting from 0)."""
+        self.num_batches += len(seqs)
+        self.last_batch_seq = int(seqs[-1])
+        self.last_batch_time = float(tss[-1])
+        self._revision += 1
+        self._cache.clear()
+        if not len(rows):
+            return
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
         self._reserve(nblocks, len(tokens), tokens)
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
-        seqs = np.array([b.seq for b in run], np.int64)
-        tss = np.array([b.ts for b in run], np.float64)
-        _run_frames(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+        self._batch_rows(seqs, tss)
+        _run_frames(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                     self.TI, *self._ra(), *self._dp(), rows, parents, keys, tokens, bounds, seqs, tss, self._left,
                     *self._jn())
         self._sync()
@@ -1344,7 +1419,7 @@ class ColumnarPool:
             g = -1 if group_idx is None else min(max(group_idx, -1), MAX_GROUP)
             if g < 0 and group_idx is not None:
                 g = 0
-            _remove(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.S, self.SF, self.TI,
+            _remove(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
                     *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
             if self.details:
                 for j in np.flatnonzero(left[:nh]).tolist():
@@ -1393,7 +1468,7 @@ class ColumnarPool:
                         salt_names.append(salt)
         tenant = self._tenant_id(e.cache_salt)
         pk, pw = (self._key_new(e.parent_block_hash) if e.parent_block_hash is not None else (0, 0))
-        r = _store(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.tok, self.S, self.SF,
+        r = _store(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                    self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
                    self.removed.os, t, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0, np.uint64(pk),
                    np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
@@ -1436,8 +1511,8 @@ class ColumnarPool:
             more = int(self.TI[code, T_HASHES]) + self._batch_blocks
             self.removed.reserve(more)
             self.departed_map.reserve(more)
-            _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.free, self.S, self.TI,
-                        *self._ra(), *self._dp(), code, batch_seq, len(self.T))
+            _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.TI,
+                        *self._ra(), *self._dp(), code, batch_seq, len(self.F))
         if self.details:
             for key in [k for k in self.details if k[0] in tiers]:
                 del self.details[key]
@@ -1480,7 +1555,7 @@ class ColumnarPool:
         key = ("slots", code)
         hit = self._cache.get(key)
         if hit is None:
-            n = len(self.T)
+            n = len(self.F)
             slots = np.flatnonzero(self.F[:n, F_TIER] == code + 1)
             hit = self._cache[key] = slots[np.argsort(self.L[slots, L_ORDER], kind="stable")]
         return hit
@@ -1595,7 +1670,7 @@ class ColumnarPool:
 
     def cached_hashes(self) -> set[bytes]:
         out: set[bytes] = set()
-        n = len(self.T)
+        n = len(self.F)
         live = np.flatnonzero(self.F[:n, F_TIER] > 0)
         for k, w in zip(self.K[live, K_KEY].tolist(), self.F[live, F_W].tolist()):
             out.add(self._bytes(k, w))
@@ -1664,7 +1739,7 @@ class ColumnarPool:
     @property
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
-        arrays = [self.K, self.L, self.C, self.F, self.T, self.free, self.tab, self.tok, self.S, self.SF, self.TI,
+        arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
                   self.J, self.JS, self.SO]
         for m in (self.removed, self.departed_map):
             arrays += [m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os]
