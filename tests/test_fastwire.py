@@ -199,6 +199,9 @@ HOSTILE = {
     "cleared": _batch(_stored(), {"type": "AllBlocksCleared", "medium": "GPU"}, _stored(block_hashes=[78])),
     "removed": _batch(_stored(block_hashes=[1, 2]), {"type": "BlockRemoved", "block_hashes": [1, 3], "medium": "GPU"}),
     "sixteen-bit array": _batch(_stored(block_hashes=list(range(2 ** 63, 2 ** 63 + 20)), token_ids=list(range(320)))),
+    # an events array that claims 2**32 - 1 events in a few bytes: no arrays are made for them
+    "forged event count": b"\x93\xcb" + msgpack.packb(1.0)[1:] + b"\xdd\xff\xff\xff\xff"
+                          + msgpack.packb(_stored())[:12],
 }
 
 

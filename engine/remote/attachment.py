@@ -349,7 +349,12 @@ class Attachment:
                     self.on_notice(pool, kind, message)
         return on_notice
 
-    def _health_handler(self) -> Callable[[StreamHealth], None]:
+    def _health_handler(self) -> Callable[[StreamHealth], None] | None:
+        """The subscriber's health callback; None when nobody listens (`on_health` is read
+        at `start`): then a subscriber copies no health per batch."""
+        if self.on_health is None:
+            return None
+
         def on_health(health: StreamHealth) -> None:
             if self.on_health is not None:
                 with self.lock:

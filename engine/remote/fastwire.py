@@ -600,6 +600,8 @@ def _common_frame(buf, fb, fo, stored_ok, removed_ok):  # pragma: no cover - com
     if h < 0:
         return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
     p += h
+    if m > n // 18 + 1:  # a common event takes at least 18 bytes (a map, its "type", a kind):
+        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok  # a forged count, not arrays for it
     rows = np.zeros((m, NUM_R), np.int64)
     parents = np.zeros(m, np.uint64)
     keys = np.empty(n // 9 + 1, np.uint64)
