@@ -86,6 +86,9 @@ def test_a_cycle_of_parents_draws_no_node_and_never_hangs():
         def parents_of(self, blocks):
             return [self.parents[b] for b in blocks]
 
+        def salts_of(self, blocks):
+            return [self.salts[b] for b in blocks]
+
         def block_of_hash(self, h):
             return self.by_hash[h][0]
 
@@ -107,6 +110,8 @@ def test_many_block_accessors_equal_the_per_block_columns():
                 assert p.digests_of(arr) == [p.hashes[b] for b in held], name
                 assert p.parents_of(arr) == [p.parents[b] for b in held], name
                 assert p.tenants_of(arr) == [p.tenants[b] for b in held], name
+                assert p.salts_of(arr) == [p.salts[b] for b in held], name
+                assert p.tokens_of(arr) == [tuple(p.token_ids[b]) for b in held], name
             if "2 ranks" not in name:
                 assert js.projection.by_hash == rs.projection.by_hash, (name, seq)
 

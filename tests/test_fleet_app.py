@@ -106,6 +106,9 @@ def test_three_pods_side_by_side(qtbot, win, pods):
     attach_fleet(win, pods)
     fleet = win.panels["fleet"]
     publish(qtbot, win, pods, recorded())
+    # the fleet goes through the pools' journal: the window's pool holds every pod's blocks
+    assert win.remote.journalling and win.ctx.state.journal_fed
+    qtbot.waitUntil(lambda: win.ctx.state.projection.num_hashed == 10, timeout=WAIT_MS)
     t = fleet.servers
     assert [t.cell("Blocks", p) for p in PODS] == ["2", "4", "4"]
     assert [t.cell("GPU blocks", p) for p in PODS] == ["2", "2", "4"]
@@ -249,6 +252,10 @@ def test_centralized_mode_three_pods_connect_to_one_bound_endpoint(qtbot, win):
         assert {s.key for s in fleet.snapshot.shared} == set(A[:2])
         fleet.router.set_token_ids(tokens_of(PODS[2]))
         assert fleet.router.view.best_server == PODS[2]
+        # the pods' pools journal into the window's log: 2 + 4 + 4 blocks held, each pod's own
+        assert win.remote.journalling and win.ctx.state.journal_fed
+        qtbot.waitUntil(lambda: win.ctx.state.projection.num_hashed == 10, timeout=WAIT_MS)
+        assert {e.remote.source for e in win.ctx.state.log.events} == set(PODS)
     finally:
         for p in made:
             p.close()

@@ -107,12 +107,11 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             with ctrl.attachment.lock:
                 last = ctrl.attachment.pools[0].last_batch_seq if ctrl.attachment.pools else None
             if last == len(payloads) - 1 or h.missed:  # the last batch applied (or one lost)
-                if journal:
-                    ctrl.tick()
-                else:
+                if not journal:
                     window.ctx.bridge.flush(everything=True)
-                app.processEvents()
-                if not journal or all(len(p.journal_since(p._journal_taken)) == 0 for p in ctrl.attachment.pools):
+                    app.processEvents()
+                    break
+                if ctrl.pending_rows() == 0:  # the ticks have applied every journal row
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {h.batches} of {len(payloads)} batches arrived")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
     from app.runtime.state import PoolState
 
 HEALTH_MS = 250
+# The journal route's work per GUI tick: rows are taken while their append (log, overlay) is
+# estimated to take at most this long; the rest wait for the next tick, so a burst at fleet
+# rates never freezes the window and the log still gets every row, in order.
+TICK_BUDGET_S = 0.006
+MIN_TICK_ROWS = 2048
+# While rows wait for later ticks, the views hear of new ones at most this often.
+VIEW_FRAME_S = 0.1
+LOCK_WAIT_S = 0.002  # a tick waits this long for the attachment's lock, then leaves it to the next
 SETTINGS_KEY = "attach/settings"
 MAX_BLOCK_SIZE = 4096
 # vLLM's defaults with the replay socket on the next port; the topic the docs suggest.
@@ -152,9 +161,9 @@ class RemoteController(QObject):
     sigMessage = Signal(str)
     sigTokenizer = Signal(object)
     sigFleet = Signal()
-    # One server's streams (its ranks) go through the columnar pools' journal into the live
-    # columnar log at each GUI tick; False (or PoolState(columnar=False), a fleet, a bound
-    # endpoint) keeps the reference route: RemotePool's events through the bridge.
+    # Every stream (each server and rank, a bound endpoint's pods) goes through the columnar
+    # pools' journal into the live columnar log at each GUI tick; False (or
+    # PoolState(columnar=False)) keeps the reference route: RemotePool's events through the bridge.
     journal = True
 
     def __init__(self, host: RemoteHost) -> None:
@@ -173,6 +182,10 @@ class RemoteController(QObject):
         self._tick_timer.timeout.connect(self.tick)
         self.journalling = False  # this attach runs the journal route
         self._num_ranks = 1
+        self._taken: dict[int, int] = {}  # id(pool) -> its journal rows applied so far
+        self._row_seconds = 2e-6  # the journal append's time per row (a running estimate)
+        self._last_notify = 0.0
+        self._again = False  # a tick for rows left waiting is queued
         self.sigTokenizer.connect(self._set_tokenizer)
         # another subject (a trace, a chat) ends the attach
         host.sigSubjectChanged.connect(self._on_subject)
@@ -243,6 +256,7 @@ class RemoteController(QObject):
         else:
             attachment = Attachment(opts, on_notice=self._on_notice, events=bus)
         self.journalling = journal
+        self._taken = {}
         self._num_ranks = max(opts.data_parallel_size, max(opts.ranks, default=0) + 1)
         info = self._engine_info(settings)
         info["journal"] = journal
@@ -276,34 +290,78 @@ class RemoteController(QObject):
         self._timer.stop()
         self._tick_timer.stop()
         if self.journalling:
-            self.tick()  # what the pools journalled since the last tick
+            self.tick(drain=True)  # what the pools journalled since the last tick
         self.host.bridge.flush(everything=True)
         self.host.bridge.detach()
         self.settings = None
         self.sigDetached.emit()
 
     def uses_journal(self, settings: AttachSettings) -> bool:
-        """True if an attach with `settings` goes through the pools' journal: one server (its
-        ranks one stream each), not bound, and a columnar live log to take it."""
-        opts = settings.options
-        return bool(self.journal and getattr(self.host.state, "columnar", False) and len(opts.endpoints) == 1
-                    and not opts.bind and not opts.ranks)
+        """True if an attach with `settings` goes through the pools' journal: any fleet (one
+        server, several, its ranks, a bound endpoint its pods connect to), when the live log
+        is columnar to take it."""
+        return bool(self.journal and getattr(self.host.state, "columnar", False))
 
-    def tick(self) -> int:
-        """One GUI tick of the journal route: under the attachment's lock each pool's new
-        journal rows are taken (numpy views, with their batch times); outside it they go to
-        `PoolState.apply_journal`, one append and one `sigChanged` for the tick. Returns the
-        number of events appended."""
+    def tick(self, drain: bool = False) -> int:
+        """One GUI tick of the journal route: under the attachment's lock each pool's journal
+        rows not applied yet are taken (numpy views, with their batch times), as many as
+        TICK_BUDGET_S of appending allows (shared between the pools), the rest left for the
+        next tick; outside it they go to `PoolState.apply_journal`, one append and one
+        `sigChanged`. `drain` takes every row, in budgeted appends. Returns the number of
+        events appended."""
+        att = self.attachment
+        if att is None or not self.journalling:
+            return 0
+        from engine.core.live_journal import journal_head
+
+        made = 0
+        while True:
+            limit = max(MIN_TICK_ROWS, int(TICK_BUDGET_S / self._row_seconds))
+            # a subscriber applying a burst holds the lock: the window does not wait for it
+            # (the next tick takes the rows), except to drain at detach
+            if not att.lock.acquire(timeout=-1 if drain else LOCK_WAIT_S):
+                return made
+            try:
+                pending = [(pool, pool.journal_since(self._taken.get(id(pool), 0))) for pool in att.pools]
+                pending = [(pool, rows) for pool, rows in pending if len(rows)]
+                takes = []
+                left = False  # rows wait for a later tick
+                for pool, rows in pending:
+                    head = journal_head(rows, max(1, limit // len(pending)))
+                    left = left or len(head) < len(rows)
+                    self._taken[id(pool)] = head.stop
+                    takes.append((head, pool, int(pool.rank), self._num_ranks, pool.times_of(head)))
+            finally:
+                att.lock.release()
+            state = self.host.state
+            if not takes:
+                state.notify()
+                return made
+            got = state.apply_journal(takes, notify=False)
+            made += got
+            if got:  # the estimate follows the machine's load
+                self._row_seconds = 0.7 * self._row_seconds + 0.3 * max(state.journal_seconds / got, 1e-8)
+            now = time.monotonic()
+            if not left or now - self._last_notify >= VIEW_FRAME_S:
+                self._last_notify = now
+                state.notify()
+            if not drain:
+                if left and not self._again:  # more waiting: the next bite once the loop has run
+                    self._again = True
+                    QTimer.singleShot(0, self, self._tick_again)
+                return made
+
+    def _tick_again(self) -> None:
+        self._again = False
+        self.tick()
+
+    def pending_rows(self) -> int:
+        """Journal rows the pools hold that no tick has applied yet."""
         att = self.attachment
         if att is None or not self.journalling:
             return 0
         with att.lock:
-            takes = []
-            for pool in att.pools:
-                rows = pool.take_journal()
-                if len(rows):
-                    takes.append((rows, pool, int(pool.rank), self._num_ranks, pool.times_of(rows)))
-        return self.host.state.apply_journal(takes) if takes else 0
+            return sum(len(pool.journal_since(self._taken.get(id(pool), 0))) for pool in att.pools)
 
     def _engine_info(self, settings: AttachSettings) -> dict[str, Any]:
         opts = settings.options

@@ -87,6 +87,8 @@ class PoolState(QObject):
         self.remote: RemoteOverlay | None = None
         self._scrubbed: PoolProjection | None = None
         self._scrub_seq: int | None = None
+        self.journal_seconds = 0.0  # the last `apply_journal`'s own time (the views' redraw apart)
+        self._unnotified = False  # journal rows appended that no sigChanged has told of yet
         if bridge is not None:
             bridge.sigEvents.connect(self.apply_events)
             bridge.sigEngineChanged.connect(self.set_engine)
@@ -164,12 +166,14 @@ class PoolState(QObject):
         return bool(getattr(self.log.columnar, "journal_fed", False)) if getattr(self.log, "live_log", False) \
             else False
 
-    def apply_journal(self, takes: list[tuple[Any, Any, int, int, Any]]) -> int:
+    def apply_journal(self, takes: list[tuple[Any, Any, int, int, Any]], notify: bool = True) -> int:
         """Append one GUI tick of journal rows: `takes` holds, per pool, (its `JournalRows`,
         the pool, its rank, the number of ranks, each row's batch time), rows taken under
         the attachment's lock. The log gets one event per row (`append_journal`), the remote
         overlay follows from the same arrays, and views hear `sigChanged` once. Returns the
-        number of events appended (0: nothing new, no signal)."""
+        number of events appended (0: nothing new, no signal). With `notify=False` the views
+        hear of it at the next `notify()` (a burst redraws them at their frame rate, not per
+        tick)."""
         if not self.journal_fed:
             return 0
         from engine.core.live_journal import append_journal
@@ -177,6 +181,7 @@ class PoolState(QObject):
         first = None if self.log.last_seq is None else self.log.last_seq + 1
         made = 0
         now = time.time()
+        started = time.perf_counter()
         for journal, pool, rank, num_ranks, times in takes:
             if not len(journal):
                 continue
@@ -185,13 +190,22 @@ class PoolState(QObject):
             if self.remote is not None:
                 slots = self.log.blocks_of_rows(r0, array=True)
                 self.remote.observe_journal(journal, times, self.log.live, slots, pool, rank)
+        self.journal_seconds = time.perf_counter() - started  # the append and overlay, not the views
         if not made:
             return 0
         self.last_batch = (first if first is not None else int(self.log.first_seq), int(self.log.last_seq))
         if self._scrubbed is None:
             self.version += 1
-        self.sigChanged.emit()
+        self._unnotified = True
+        if notify:
+            self.notify()
         return made
+
+    def notify(self) -> None:
+        """Tell the views (`sigChanged`) of journal rows appended without a signal, if any."""
+        if self._unnotified:
+            self._unnotified = False
+            self.sigChanged.emit()
 
     def adopt_log(self, log: EventLog | ColumnarEventLog) -> None:
         """Show `log`, a whole log built elsewhere (a trace replayed and projected on the

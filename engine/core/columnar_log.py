@@ -826,6 +826,53 @@ class ArrayProjection:
         many = getattr(stores, "parents", None)
         return many(a) if many is not None else [stores[i][0] for i in a.tolist()]
 
+    def tokens_of(self, blocks: np.ndarray) -> list[tuple[int, ...]]:
+        """The token ids each of `blocks` (held blocks) holds, as `token_ids[b]` reads them."""
+        stores = self.log.columnar.store_attributes
+        if stores is None:
+            return [self._attribute(b, _TOKENS) for b in np.asarray(blocks, np.int64).tolist()]
+        a = self.log.columnar.col("a")[self.store_rows(blocks)]
+        many = getattr(stores, "tokens", None)
+        return many(a) if many is not None else [stores[i][1] for i in a.tolist()]
+
+    def chain_index(self) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray] | None:
+        """The cached hashes as arrays, for a journal-fed log (None for another): each hash
+        once in `by_hash` order, the block of its first holder, the index (in that order)
+        of its first holder's parent (-1: none, or not cached), and whether it has a parent
+        hash at all. Equal to reading `by_hash` and `parents` block by block."""
+        keys = self.log.columnar.keys
+        stores = self.log.columnar.store_attributes
+        if not hasattr(keys, "identities") or not hasattr(stores, "parent_identities"):
+            return None
+        held = self.held_blocks()
+        ident = keys.identities(self.hash_keys[held])
+        uniq, first_at = np.unique(ident, return_index=True)
+        order = np.argsort(first_at, kind="stable")  # by_hash order: as first held
+        first = held[first_at[order]]
+        a = self.log.columnar.col("a")[self.store_rows(first)]
+        parent = stores.parent_identities(a)
+        has = parent["wide"] != 2
+        at = np.searchsorted(uniq, parent).clip(0, max(0, len(uniq) - 1))
+        found = has & (len(uniq) > 0) & (uniq[at] == parent) if len(uniq) else np.zeros(len(parent), bool)
+        rank = np.empty(len(order), np.int64)  # sorted position -> by_hash position
+        rank[order] = np.arange(len(order))
+        par = np.where(found, rank[at] if len(uniq) else -1, -1)
+        return self.digests_of(first), first, par, has
+
+    def salts_of(self, blocks: np.ndarray) -> list[str | None]:
+        """The salt each of `blocks` (held blocks) was stored with, as `salts[b]` reads it."""
+        stores = self.log.columnar.store_attributes
+        if stores is None:
+            return [self._attribute(b, _SALT) for b in np.asarray(blocks, np.int64).tolist()]
+        a = self.log.columnar.col("a")[self.store_rows(blocks)]
+        many = getattr(stores, "salts", None)
+        return many(a) if many is not None else [stores[i][2] for i in a.tolist()]
+
+    @property
+    def first_holder_shown(self) -> bool:
+        """True when `block_of_hash(h)` is `by_hash[h][0]` (a remote pool's copies)."""
+        return self.log.columnar.store_attributes is not None
+
     def tenants_of(self, blocks: np.ndarray) -> list[str | None]:
         """The tenant of each of `blocks` (held blocks), as `tenants[b]` reads it."""
         stores = self.log.columnar.store_attributes

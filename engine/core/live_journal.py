@@ -4,7 +4,8 @@
 operation (stored, removed, cleared) in the order the reference `RemotePool` emits its
 `BlockStored`/`BlockEvicted`/`CacheReset`. `append_journal` turns the rows taken since the
 last GUI tick into rows of a `LiveColumnarLog` with numpy: one event per journal row, the
-pool's slot as the block (ranks interleaved: slot * ranks + rank), a hash id whose digest
+slot `PoolProjection` gives the copy as the block (each server's and rank's pool slots
+apart, however many share the log), a hash id whose digest
 `JournalKeys` reads from the pool (`hash_of`) and, per store, parent, token ids and tenant
 read from the pool's per-store arrays only when a view asks (`JournalStores`). The slots are
 the columnar pool's, not `PoolProjection`'s: tests/test_live_journal.py holds what does not
@@ -21,9 +22,32 @@ import numpy as np
 
 from engine.core.columnar import EVICTED, RESET, STORED, TAIL_BASE, KeyTable
 from engine.core.events import RemoteInfo
+from engine.core.projection import stream_code
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
 W_U64 = 1  # engine.remote.colpool's width code of an 8-byte hash (its key is the value)
+
+
+IDENTITY = np.dtype([("wide", np.uint8), ("value", np.uint64)])
+
+
+def hash_identity(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: np.ndarray,
+                  wide: dict[bytes, int]) -> np.ndarray:
+    """Journal (key, width) pairs as `IDENTITY` codes, equal exactly when the hashes are: an
+    8-byte hash (wide 0) by its value, another digest (wide 1) by its number in `wide`
+    (numbered here as first met); width 0 (no hash) is wide 2."""
+    out = np.zeros(len(key), IDENTITY)
+    out["value"] = key
+    width = np.asarray(width)
+    other = np.flatnonzero(width != W_U64)
+    for i in other.tolist():
+        w = int(width[i])
+        if not w:
+            out[i] = (2, 0)
+            continue
+        d = pools[int(pool_of[i])].hash_of(int(key[i]), w)
+        out[i] = (1, wide.setdefault(d, len(wide)))
+    return out
 
 
 def _hash_bytes(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: np.ndarray) -> list[bytes | None]:
@@ -65,6 +89,7 @@ class JournalKeys(KeyTable):
         super().__init__(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
         self.pools: list[Any] = []
         self._key, self._width, self._pool = _Grow(np.uint64), _Grow(np.int64), _Grow(np.int16)
+        self._wide: dict[bytes, int] = {}  # a digest that is no 8-byte value -> its number (identities)
 
     def __len__(self) -> int:
         return self._key.n
@@ -76,6 +101,11 @@ class JournalKeys(KeyTable):
 
     def digest(self, key: int) -> bytes:
         return self.pools[int(self._pool.buf[key])].hash_of(int(self._key.buf[key]), int(self._width.buf[key]))
+
+    def identities(self, ids: np.ndarray) -> np.ndarray:
+        """Per id a code equal for equal digests (`hash_identity`)."""
+        ids = np.asarray(ids, np.int64)
+        return hash_identity(self.pools, self._pool.buf[ids], self._key.buf[ids], self._width.buf[ids], self._wide)
 
     def digests(self, ids: np.ndarray) -> list[bytes]:
         """`digest` of many ids at once."""
@@ -101,10 +131,24 @@ class JournalStores(Sequence[tuple]):
         self._pool, self._local = _Grow(np.int16), _Grow(np.int64)
         self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
+        self._slot_ids: dict[int, int] = {}  # (pool index << 40) + pool slot -> a slot id of the placer
         self.tenants = _Grow(np.int64)  # per store: its tenant code as PoolProjection sets it
 
     def __len__(self) -> int:
         return self._pool.n
+
+    def slot_ids(self, pool: int, slot: np.ndarray) -> np.ndarray:
+        """The placer's number for each (pool, pool slot) (-1 stays -1): every server's and
+        rank's slots apart, numbered densely as first seen."""
+        slot = np.asarray(slot, np.int64)
+        out = np.full(len(slot), -1, np.int64)
+        real = slot >= 0
+        if real.any():
+            uniq, inv = np.unique((np.int64(pool) << 40) + slot[real], return_inverse=True)
+            ids = self._slot_ids
+            out[real] = np.fromiter((ids.setdefault(c, len(ids)) for c in uniq.tolist()), np.int64,
+                                    len(uniq))[inv.reshape(-1)]
+        return out
 
     def add(self, pool: int, local: np.ndarray) -> np.ndarray:
         self._pool.extend(np.full(len(local), pool, np.int16))
@@ -122,6 +166,39 @@ class JournalStores(Sequence[tuple]):
             key[at] = np.asarray(j.parent, np.uint64)[local[at]]
             width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
         return _hash_bytes(self._keys.pools, pool_of, key, width)
+
+    def tokens(self, stores: np.ndarray) -> list[tuple[int, ...]]:
+        """The token ids (`self[i][1]`) of many stores at once."""
+        out = []
+        for p, s in zip(self._pool.buf[stores].tolist(), self._local.buf[stores].tolist()):
+            out.append(tuple(self.journals[p].token_ids(s).tolist()))
+        return out
+
+    def parent_identities(self, stores: np.ndarray) -> np.ndarray:
+        """The parent hash of many stores as `IDENTITY` codes (wide 2: no parent)."""
+        stores = np.asarray(stores, np.int64)
+        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
+        key = np.zeros(len(stores), np.uint64)
+        width = np.zeros(len(stores), np.int64)
+        for p in np.unique(pool_of).tolist():
+            at = np.flatnonzero(pool_of == p)
+            j = self.journals[p]
+            key[at] = np.asarray(j.parent, np.uint64)[local[at]]
+            width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
+        return hash_identity(self._keys.pools, pool_of, key, width, self._keys._wide)
+
+    def salts(self, stores: np.ndarray) -> list[str | None]:
+        """The salt (`self[i][2]`) of many stores at once."""
+        stores = np.asarray(stores, np.int64)
+        out: list[str | None] = [None] * len(stores)
+        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
+        for p in np.unique(pool_of).tolist():
+            at = np.flatnonzero(pool_of == p)
+            codes = np.asarray(self.journals[p].tenant, np.int64)[local[at]]
+            names = self._keys.pools[p].tenant_names
+            for i, t in zip(at[codes > 0].tolist(), codes[codes > 0].tolist()):
+                out[i] = names[t - 1]
+        return out
 
     def tenant_names(self, stores: np.ndarray) -> list[str | None]:
         """The tenant (`self[i][4]`) of many stores at once."""
@@ -147,12 +224,32 @@ class JournalStores(Sequence[tuple]):
         return parent, tuple(j.token_ids(s).tolist()), salt, None, tenant
 
 
+JOURNAL_ROW_FIELDS = ("op", "tier", "slot", "seq", "store", "key", "width")  # one value per row
+
+
+def journal_head(journal: Any, n: int) -> Any:
+    """The first `n` rows of `journal` (a `JournalRows`, the per-store arrays whole), so a
+    tick can take part of what arrived and the rest at the next; `journal` if it has no more."""
+    if len(journal) <= n:
+        return journal
+    cut = object.__new__(type(journal))
+    for name in type(journal).__slots__:
+        setattr(cut, name, getattr(journal, name))
+    for name in JOURNAL_ROW_FIELDS:
+        setattr(cut, name, getattr(journal, name)[:n])
+    cut.stop = journal.start + n
+    return cut
+
+
 def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0, num_ranks: int = 1,
                    now: float = 0.0) -> int:
     # the slot of each copy is chosen here as PoolProjection chooses it for the reference's
     # events (`_Placer`), so the blocks the views show are the reference's blocks
-    """Append the rows of `journal` (a `JournalRows` of `pool`, one rank of `source`) to
-    `log`, a `LiveColumnarLog` made with `journal_log`; how many events that made."""
+    """Append the rows of `journal` (a `JournalRows` of `pool`, rank `rank` of server
+    `source`) to `log`, a `LiveColumnarLog` made with `journal_log`; how many events that
+    made. Any number of servers and ranks share the log: each pool's slots are its own, and
+    its clear takes its own blocks (`engine.core.projection.stream_code`). `num_ranks` is
+    not used (the slots were once interleaved by rank); it stays for callers."""
     n = len(journal)
     if not n:
         return 0
@@ -198,23 +295,24 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
     seqs = first + np.arange(n, dtype=np.int64)
     r0 = col.num_rows
     local = np.asarray(journal.store, np.int64)
+    who = stream_code(source, rank)  # whose blocks a clear takes
+    placed = stores.slot_ids(p, slot)
+    # per row, its store's parent (code, width) and tenant (0 for a row that stores nothing)
+    st_local = np.where(is_st, local, 0)
+    pcode = _per_store(np.asarray(journal.parent, np.uint64).view(np.int64), st_local, is_st)
+    pwide = _per_store(np.asarray(journal.parent_width, np.int64), st_local, is_st)
+    tenant = _per_store(np.asarray(journal.tenant, np.int64), st_local, is_st)
     if isinstance(stores.placer, _CompiledPlacer):
-        st_local_arr = np.where(is_st, local, 0)
         table, store_tenants = stores.placer.place(
-            col, op.astype(np.int64), np.where(slot >= 0, slot * num_ranks + rank, -1), key,
+            col, op.astype(np.int64), placed, key,
             np.asarray(journal.key, np.uint64).view(np.int64), np.asarray(journal.width, np.int64),
-            np.where(is_st, np.asarray(journal.parent, np.uint64).view(np.int64)[st_local_arr], 0),
-            np.where(is_st, np.asarray(journal.parent_width, np.int64)[st_local_arr], 0),
-            np.where(is_st, np.asarray(journal.tenant, np.int64)[st_local_arr], 0), local, rank, r0)
+            pcode, pwide, tenant, local, who, r0)
     else:
         hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
-        st_local = np.where(is_st, local, 0)
-        pw = np.asarray(journal.parent_width, np.int64)[st_local]
-        pk = np.asarray(journal.parent, np.uint64)[st_local].tolist()
-        parents = [(k, w) if w else None for k, w in zip(pk, pw.tolist())]
-        tenants = np.asarray(journal.tenant, np.int64)[st_local].tolist()
-        table, store_tenants = _place(stores.placer, col, op.tolist(), slot.tolist(), tier.tolist(), key.tolist(),
-                                      rank, local.tolist(), r0, hashes, parents, tenants)
+        pk = pcode.view(np.uint64).tolist()
+        parents = [(k, w) if w else None for k, w in zip(pk, pwide.tolist())]
+        table, store_tenants = _place(stores.placer, col, op.tolist(), placed.tolist(), tier.tolist(), key.tolist(),
+                                      who, local.tolist(), r0, hashes, parents, tenant.tolist())
     stores.tenants.extend(np.asarray(store_tenants, np.int64))
     table[:, 1] = seqs[table[:, 1]]  # event index -> seq
     ev = table[:, 2].copy()
@@ -227,10 +325,19 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
     return n
 
 
+def _per_store(values: np.ndarray, at: np.ndarray, is_store: np.ndarray) -> np.ndarray:
+    """`values[at]` where a row stores, 0 elsewhere (a pool that stored nothing yet has no
+    per-store rows: a stream that began with removals)."""
+    if not len(values):
+        return np.zeros(len(at), values.dtype)
+    return np.where(is_store, values[at], 0).astype(values.dtype)
+
+
 class _Placer:
     """The slot of each stored copy, as `PoolProjection` chooses it for the reference's
     events: the newest vacant slot, else a new one; a removal frees its pool slot's oldest
-    copy; a clear a rank's held slots (all of them when no other rank holds any)."""
+    copy; a clear a stream's held slots (all of them when no other stream holds any); a
+    "rank" here is the stream's `stream_code`, a slot the (pool, slot) number `slot_ids` gives."""
 
     def __init__(self) -> None:
         self.vacant: list[int] = []
@@ -355,7 +462,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
     """`_place` over arrays (compiled by numba): the same choices, the same rows.
 
     state: [vacant top, blocks, rows out, born count, stores seen, lists made]. Slot FIFOs
-    (shead/stail/nxt, by pool slot * ranks + rank) give a removal its oldest copy; per hash
+    (shead/stail/nxt, by `JournalStores.slot_ids`) give a removal its oldest copy; per hash
     a FIFO of holders (d8/dw -> list, lhead, lnext) gives a store its parent's holder."""
     nb = state[1]
     o_n = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.core.events import BlockEvicted, RemoteInfo
-from engine.core.projection import copy_to_free
+from engine.core.projection import copy_to_free, stream_code
 
 
 class RemoteSlots:
@@ -25,7 +25,7 @@ class RemoteSlots:
     def __init__(self, vacant: list[int]) -> None:
         self.vacant = vacant  # slots a store may take, newest last (checked when taken)
         self.holders: dict[bytes, tuple[int, ...]] = {}  # digest -> its slots, in store order
-        self.ranks: list[int] = []  # per slot, -1 until a remote store names it
+        self.ranks: list[int] = []  # per slot its stream (`stream_code`), -1 until a remote store names it
         self.places: list[int] = []  # per slot, 1 + index in place_names; 0: unknown
         self.tenants: list[str | None] = []  # per slot, as its store set it
         self.place_names: list[tuple[str, int]] = []
@@ -81,7 +81,7 @@ class RemoteSlots:
     def stored(self, b: int, digest: bytes, info: RemoteInfo, tenant: str | None) -> None:
         self.holders[digest] = self.holders.get(digest, ()) + (b,)
         self.tenants[b] = tenant
-        self.ranks[b] = info.rank
+        self.ranks[b] = stream_code(info.source, info.rank)
         self.places[b] = self.place_of(info.medium, info.group_idx)
 
     def uncached(self, b: int, digest: bytes) -> None:
@@ -93,7 +93,7 @@ class RemoteSlots:
         self.vacant.append(b)
 
     def copy_of(self, e: BlockEvicted) -> int | None:
-        """The slot a removal frees: the oldest copy of its hash in its rank, tier and KV
+        """The slot a removal frees: the oldest copy of its hash in its stream, tier and KV
         cache group (one naming no group takes any group's, group 0 first)."""
         holders = self.holders.get(e.block_hash)
         if not holders:
@@ -104,9 +104,10 @@ class RemoteSlots:
         return copy_to_free(holders, info, self.places, self.ranks, self.place_names)
 
     def cleared_by(self, info: RemoteInfo | None, held_slots: list[int]) -> tuple[list[int], bool]:
-        """The held slots a reset clears (one rank's, when others hold blocks too) and
+        """The held slots a reset clears (one stream's, when others hold blocks too) and
         whether it cleared them all."""
         ranks = self.ranks
-        if info is not None and any(r != info.rank for r in ranks if r >= 0):
-            return [b for b in held_slots if ranks[b] == info.rank], False
+        who = stream_code(info.source, info.rank) if info is not None else -1
+        if info is not None and any(r != who for r in ranks if r >= 0):
+            return [b for b in held_slots if ranks[b] == who], False
         return held_slots, True

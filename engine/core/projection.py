@@ -107,13 +107,28 @@ class BlockInfo(BlockView):
     owners: tuple[str, ...]
 
 
+_STREAMS: dict[tuple[str, int], int] = {}
+
+
+def stream_code(source: str, rank: int) -> int:
+    """A number for the stream (server `source`, data-parallel `rank`) a remote event came
+    from, the same for the whole process: a stream's removal frees its own copy and its
+    clear (or restart) its own blocks, whichever other servers and ranks hold."""
+    key = (source, int(rank))
+    got = _STREAMS.get(key)
+    if got is None:
+        got = _STREAMS[key] = len(_STREAMS)
+    return got
+
+
 def copy_to_free(holders: Sequence[int], info: RemoteInfo, codes: Sequence[int], ranks: Sequence[int],
                  names: Sequence[tuple[str, int]]) -> int | None:
     """Of `holders` (the slots holding copies of one hash, oldest first), the one a removal
-    named by `info` frees: the oldest in its rank, tier and KV cache group (a removal naming
-    no group takes any group's, group 0 first). `codes[b]` is 0 (a copy with no place) or 1
-    + an index into `names` ((medium, group)); `ranks[b]` is the copy's rank (-1: any)."""
-    medium, group, rank = info.medium, info.group_idx, info.rank
+    named by `info` frees: the oldest in its stream (server and rank), tier and KV cache
+    group (a removal naming no group takes any group's, group 0 first). `codes[b]` is 0 (a
+    copy with no place) or 1 + an index into `names` ((medium, group)); `ranks[b]` is the
+    copy's `stream_code` (-1: any)."""
+    medium, group, rank = info.medium, info.group_idx, stream_code(info.source, info.rank)
     fallback = None
     for b in holders:
         code = codes[b]
@@ -204,8 +219,9 @@ class PoolProjection:
         # remote store, so a local engine's pool pays nothing for it. Entries are checked
         # when taken, so a stale one is skipped, never trusted.
         self.vacant: list[int] | None = None
-        # The data-parallel rank that stored each slot, once a remote event names one; a
-        # rank's AllBlocksCleared (or restart) clears only its own blocks from the combined pool.
+        # The stream (`stream_code`: server and data-parallel rank) that stored each slot, once
+        # a remote event names one; a stream's AllBlocksCleared (or restart) clears only its
+        # own blocks from the combined pool, and its removal frees its own copy.
         self.slot_ranks: list[int] | None = None
         # Where each remote slot's copy lives: 1 + its index in `places`, a (tier, KV cache
         # group) pair; 0 when unknown (matches any). A removal frees a copy of its own place.
@@ -251,6 +267,14 @@ class PoolProjection:
 
     def parents_of(self, blocks: Iterable[int]) -> list[bytes | None]:
         return [self.parents[b] for b in blocks]
+
+    def tokens_of(self, blocks: Iterable[int]) -> list[tuple[int, ...]]:
+        return [self.token_ids[b] for b in blocks]
+
+    def salts_of(self, blocks: Iterable[int]) -> list[str | None]:
+        return [self.salts[b] for b in blocks]
+
+    first_holder_shown = True  # block_of_hash(h) is by_hash[h][0]
 
     def tenants_of(self, blocks: Iterable[int]) -> list[str | None]:
         return [self.tenants[b] for b in blocks]
@@ -497,7 +521,7 @@ class PoolProjection:
                 self.slot_ranks = [-1] * self.num_blocks
             if self.slot_places is None:
                 self.slot_places = bytearray(self.num_blocks)
-            self.slot_ranks[b] = e.remote.rank
+            self.slot_ranks[b] = stream_code(e.remote.source, e.remote.rank)
             self.slot_places[b] = self._place_of(e.remote.medium, e.remote.group_idx)
         self.hashed[b] = 1
         self.num_hashed += 1
@@ -549,9 +573,9 @@ class PoolProjection:
 
     def _on_reset(self, e: CacheReset) -> None:
         ranks = self.slot_ranks
-        if e.remote is not None and ranks is not None and any(r != e.remote.rank for r in ranks if r >= 0):
-            # One rank of a data-parallel deployment cleared (or restarted): the others keep theirs.
-            rank = e.remote.rank
+        rank = stream_code(e.remote.source, e.remote.rank) if e.remote is not None else -1
+        if e.remote is not None and ranks is not None and any(r != rank for r in ranks if r >= 0):
+            # One stream (a server, or one rank of it) cleared or restarted: the others keep theirs.
             for b in range(self.num_blocks):
                 if self.hashes[b] is not None and ranks[b] == rank:
                     self._uncache(b)

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
-from engine.core.projection import PoolProjection
+from engine.core.projection import PoolProjection, stream_code
 from engine.remote.tiers import tier_of_medium
 
 # Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
@@ -43,6 +43,13 @@ def tier_of(event: Event) -> str:
     info = getattr(event, "remote", None)
     medium = getattr(info, "medium", None) if info is not None else getattr(event, "medium", None)
     return tier_of_medium(medium)
+
+
+def _stream_of(event: Event) -> int:
+    """The stream (server and rank) a remote event came from: stored again counts a hash a
+    server stores after that same server removed it."""
+    info = event.remote
+    return -1 if info is None else stream_code(info.source, info.rank)
 
 
 def rank_of(event: Event) -> int:
@@ -92,7 +99,7 @@ class RemoteOverlay:
         self.num_restarts = 0
         self.last_reset_time: float | None = None
         self.tier_names = dict(TIER_CODE)  # a tier vLLM adds later gets a code of its own
-        self._removed: dict[tuple[bytes, str], None] = {}  # (hash, tier) removed, oldest first
+        self._removed: dict[tuple[bytes, str, int], None] = {}  # (hash, tier, stream) removed, oldest first
         # Cached blocks per tier over time: one sample per applied batch, at most every
         # SAMPLE_EVERY_S of wall time once the pool is large (a sample costs a pass over it).
         self.sample_times = array("d")
@@ -161,8 +168,8 @@ class RemoteOverlay:
             if cls is BlockStored:
                 t = time_of(e)
                 add_stored(t)
-                key = (e.block_hash, tier_of(e))
-                if key in removed:  # the same tier again: computed twice (another tier: offloaded)
+                key = (e.block_hash, tier_of(e), _stream_of(e))
+                if key in removed:  # the same server and tier again: computed twice (another tier: offloaded)
                     del removed[key]
                     self.num_stored_again += 1
                 b = slots[k] if k < len(slots) else -1
@@ -177,7 +184,7 @@ class RemoteOverlay:
             elif cls is BlockEvicted:
                 t = time_of(e)
                 add_removed(t)
-                removed[(e.block_hash, tier_of(e))] = None
+                removed[(e.block_hash, tier_of(e), _stream_of(e))] = None
                 if len(removed) > MAX_REMEMBERED_REMOVALS:  # forget the oldest removal
                     del removed[next(iter(removed))]
                 b = slots[k] if k < len(slots) else -1
@@ -378,6 +385,7 @@ def journal_pool_class() -> Any:
 
 _MIX_TIER = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: mixes a tier into an identity
 _WIDE_TAG = np.int64(0x5BD1E9955BD1E995)
+_MIX_STREAM = np.int64(-4417276706812531889)  # 0xC2B2AE3D27D4EB4F as int64: mixes the server and rank in
 
 
 def _observe_loop(op, slot, t, code, fresh, ident, count, rank, tier, rank_of, stored_at, base, stored_out,
@@ -447,7 +455,7 @@ def _compiled_observe() -> Any:
 
 class JournalFollower:
     """What `RemoteOverlay.observe_journal` keeps between ticks: the removals remembered for
-    "stored again" (a numba dict of hash-and-tier identities, a ring of their insertion
+    "stored again" (a numba dict of hash, tier and stream identities, a ring of their insertion
     order) and the cross-pool identity of each pool's 32-byte hashes (digest -> number)."""
 
     def __init__(self) -> None:
@@ -461,7 +469,7 @@ class JournalFollower:
         self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
 
     def identities(self, journal: Any, pool: Any, codes: np.ndarray) -> np.ndarray:
-        """One int64 per row naming (hash, tier) across pools: an 8-byte hash by its value, a
+        """One int64 per row naming (hash, tier, stream) across pools: an 8-byte hash by its value, a
         wider one by the number of its digest."""
         key = np.asarray(journal.key, np.uint64).view(np.int64)
         width = np.asarray(journal.width, np.int64)
@@ -478,7 +486,8 @@ class JournalFollower:
                 have[s] = self.wide.setdefault(digest, len(self.wide))
             self.wide_of[id(pool)] = have
             ident[wide] = (have[sur] + 1) * np.int64(1000003) ^ _WIDE_TAG
-        return ident ^ (codes.astype(np.int64) * _MIX_TIER)
+        stream = np.array([stream_code(pool.source, int(pool.rank)) + 1], np.int64) * _MIX_STREAM  # wraps
+        return ident ^ (codes.astype(np.int64) * _MIX_TIER) ^ stream[0]
 
     def room(self, n: int) -> None:
         st = self.st

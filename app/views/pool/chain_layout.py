@@ -134,8 +134,12 @@ def chain_table(p: Any, only: set[bytes] | None = None) -> tuple[list[bytes], np
     """Every cached hash of `p` (or those in `only`) in `by_hash` order, the block of its
     first holder, and that block's parent hash: read for all blocks at once."""
     by = p.by_hash
-    hashes = list(by) if only is None else [h for h in by if h in only]
-    first = np.fromiter((by[h][0] for h in hashes), np.int64, len(hashes))
+    if only is None:
+        hashes = list(by)
+        first = np.fromiter((v[0] for v in by.values()), np.int64, len(hashes))
+    else:
+        hashes = [h for h in by if h in only]
+        first = np.fromiter((by[h][0] for h in hashes), np.int64, len(hashes))
     return hashes, first, p.parents_of(first)
 
 
@@ -144,25 +148,36 @@ def build_tree(p: Any, breaks: set[bytes] | None = None, only: set[bytes] | None
     """Lay out every cached hash of `p` (or those in `only`); a hash in `breaks` starts its own
     segment. The layout runs over arrays (compiled by numba when it is there) and gives what
     `build_tree_reference` gives."""
-    hashes, first, parents = chain_table(p, only)
+    fast = getattr(p, "chain_index", None)
+    got = fast() if fast is not None and only is None else None
+    if got is not None:  # a journal-fed pool: hashes and parents as arrays, no dict of them
+        hashes, first, par, has_parent = got
+        index: dict[bytes, int] | None = None
+    else:
+        hashes, first, parents = chain_table(p, only)
+        index = {h: i for i, h in enumerate(hashes)}
+        par = np.fromiter((-1 if q is None else index.get(q, -1) for q in parents), np.int64, len(hashes))
+        has_parent = np.fromiter((q is not None for q in parents), np.bool_, len(hashes))
     n = len(hashes)
-    index = {h: i for i, h in enumerate(hashes)}
-    par = np.fromiter((-1 if q is None else index.get(q, -1) for q in parents), np.int64, n)
     brk = np.zeros(n, np.bool_)
-    for h in breaks or ():
-        i = index.get(h)
-        if i is not None:
-            brk[i] = True
+    if breaks:
+        if index is None:
+            index = {h: i for i, h in enumerate(hashes)} if len(breaks) > 8 else None
+        for h in breaks:
+            i = index.get(h) if index is not None else next((k for k, x in enumerate(hashes) if x == h), None)
+            if i is not None:
+                brk[i] = True
     roots = np.flatnonzero(par < 0)
-    labels = []
-    for i in roots.tolist():
-        b = p.block_of_hash(hashes[i])
-        parent = parents[i] if b == first[i] else (p.parents[b] if b is not None else None)
-        if parent is not None:
-            labels.append(ORPHANS)
-        else:
-            salt = p.salts[b] if b is not None else None
-            labels.append(f"tenant {salt}" if salt is not None else "no tenant")
+    # a root's group: what block_of_hash's block says (its parent evicted, else its salt)
+    if getattr(p, "first_holder_shown", False):
+        shown = first[roots].tolist()
+    else:
+        shown = [p.block_of_hash(hashes[i]) for i in roots.tolist()]
+    tops = [k for k, (i, b) in enumerate(zip(roots.tolist(), shown))
+            if b is not None and not (has_parent[i] if b == first[i] else p.parents[b] is not None)]
+    labels = [ORPHANS if b is not None else "no tenant" for b in shown]
+    for k, salt in zip(tops, p.salts_of(np.asarray([shown[k] for k in tops], np.int64))):
+        labels[k] = f"tenant {salt}" if salt is not None else "no tenant"
     order = sorted(set(labels), key=lambda g: (g == ORPHANS, g))
     code = {g: k for k, g in enumerate(order)}
     root_group = np.full(n, -1, np.int64)

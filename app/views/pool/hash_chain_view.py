@@ -37,7 +37,9 @@ __all__ = ["ChainTree", "HashChainView", "Segment", "build_tree"]  # the layout 
 
 MAX_LABELS = 60  # run labels drawn at most; the densest trees show the longest runs that fit
 MAX_LABEL_CANDIDATES = 4000  # runs tried for a label, longest first (the rest are too short to win)
-MAX_LABEL_TRIES = 8 * MAX_LABELS  # of those, the ones in view measured for a place (leaves' text decoded)
+MAX_LABEL_TRIES = 8 * MAX_LABELS  # of those, the ones in view measured for a place
+LABEL_DECODES = 24  # leaves' token text decoded per label layout at most (the rest at the next one)
+MAX_NODE_MARKERS = 20_000  # run-end markers drawn at most: those in view, one per pixel
 LABEL_PAD_PX = 3
 MAX_TEXT_SEARCH_BLOCKS = 50_000  # blocks decoded for a token-text search
 MIN_REBUILD_MS = 250  # rebuilding a big tree every frame would stall the window
@@ -107,12 +109,17 @@ class HashChainView(PanelView):
         self.edges = pg.PlotDataItem(connect="pairs")
         self.path_hit = pg.PlotDataItem(connect="finite")
         self.path_new = pg.PlotDataItem(connect="finite")
+        # run ends: cached blocks, and blocks in use (two items, each one brush: no brush per point)
         self.nodes = pg.ScatterPlotItem(size=7, hoverable=True, tip=lambda x, y, data: self.tip_for(data))
+        self.nodes_used = pg.ScatterPlotItem(size=7, hoverable=True, tip=lambda x, y, data: self.tip_for(data))
+        self._ends = (np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool))  # x, y, block, in use
+        self._text_width: dict[str, int] = {}
         self.found = pg.ScatterPlotItem(size=16, symbol="o")
         self.cross = pg.ScatterPlotItem(symbol="x", size=18)
         self.cross_label = pg.TextItem(anchor=(0, -0.2))
         # the chosen path, its cross and the search hits are drawn over the whole tree
-        for item, z in ((self.edges, 0), (self.nodes, 1), (self.path_hit, 10), (self.path_new, 10),
+        for item, z in ((self.edges, 0), (self.nodes, 1), (self.nodes_used, 1), (self.path_hit, 10),
+                        (self.path_new, 10),
                         (self.found, 11), (self.cross, 12), (self.cross_label, 13)):
             item.setZValue(z)
             self.plot.addItem(item)
@@ -147,7 +154,7 @@ class HashChainView(PanelView):
         self._label_timer = QTimer(self)  # one label layout per burst of zoom or pan steps
         self._label_timer.setSingleShot(True)
         self._label_timer.setInterval(30)
-        self._label_timer.timeout.connect(self.layout_labels)
+        self._label_timer.timeout.connect(self._on_view_moved)
         self.plot.getViewBox().sigRangeChanged.connect(lambda *_: self._label_timer.start())
         self.plot.getViewBox().sigResized.connect(lambda *_: self._label_timer.start())
         self.request_box.activated.connect(self._on_request_chosen)
@@ -157,6 +164,7 @@ class HashChainView(PanelView):
         fit.clicked.connect(self.fit_all)
         to_path.clicked.connect(self.zoom_to_path)
         self.nodes.sigClicked.connect(self._on_node_clicked)
+        self.nodes_used.sigClicked.connect(self._on_node_clicked)
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
         warm_up_in_background()  # the compiled layout, loaded before the first big tree
@@ -361,10 +369,8 @@ class HashChainView(PanelView):
         ends = np.concatenate([tree.first_nodes(), tree.last_nodes()[long]])
         blocks = tree.blocks[ends] if len(ends) else np.zeros(0, np.int64)
         refs = np.asarray(p.ref_counts)[blocks] if len(blocks) else np.zeros(0, np.int64)
-        brushes = np.array([pg.mkBrush(self.colors["cached_new"]), pg.mkBrush(self.colors["ref1"])],
-                           dtype=object)[(refs > 0).astype(np.int64)]
-        self.nodes.setData(x=tree.node_x[ends], y=tree.node_y[ends], brush=brushes, pen=pg.mkPen(None),
-                           data=blocks.tolist(), size=7 if n < 300 else 5 if n < 3000 else 3)
+        self._ends = (tree.node_x[ends], tree.node_y[ends], blocks, refs > 0)
+        self._draw_nodes()
         # A remote pool has no requests to follow, so its leaves say what they hold as well.
         remote = getattr(self.state, "remote", None) is not None
         worth = tree.seg_len > 2
@@ -383,6 +389,27 @@ class HashChainView(PanelView):
             t.setPos(0, y - 0.9)
         for t in self.group_labels[len(tree.groups):]:
             t.hide()
+
+    def _draw_nodes(self) -> None:
+        """The run-end markers in view (a margin around it), at most one per pixel and
+        MAX_NODE_MARKERS; redrawn when the view pans or zooms."""
+        x, y, blocks, used = self._ends
+        vb = self.plot.getViewBox()
+        rect = vb.viewRect()
+        keep = np.flatnonzero((x >= rect.left() - 1) & (x <= rect.right() + 1) & (y >= rect.top() - 1)
+                              & (y <= rect.bottom() + 1))
+        if len(keep) > 1 and vb.width() > 1 and vb.height() > 1:  # one marker a pixel (in use first)
+            px = ((x[keep] - rect.left()) * vb.width() / max(rect.width(), 1e-9)).astype(np.int64)
+            py = ((y[keep] - rect.top()) * vb.height() / max(rect.height(), 1e-9)).astype(np.int64)
+            order = np.argsort(~used[keep], kind="stable")
+            cell = (px * 65_536 + py)[order]
+            _, first = np.unique(cell, return_index=True)
+            keep = np.sort(keep[order[first]])[:MAX_NODE_MARKERS]
+        size = 7 if len(keep) < 300 else 5 if len(keep) < 3000 else 3
+        for item, mask, color in ((self.nodes, ~used[keep], "cached_new"), (self.nodes_used, used[keep], "ref1")):
+            at = keep[mask]
+            item.setData(x=x[at], y=y[at], brush=pg.mkBrush(self.colors[color]), pen=pg.mkPen(None),
+                         data=blocks[at].tolist(), size=size)
 
     def tip_for(self, block_id: int | None) -> str:
         p = self.state.projection
@@ -411,6 +438,24 @@ class HashChainView(PanelView):
             text = self._leaf_text[h] = text.replace("\n", "⏎")
         return text
 
+    def _decode_leaves(self, blocks: np.ndarray) -> None:
+        """The token text of leaf blocks not decoded yet, LABEL_DECODES at most (their tokens
+        read at once); a label without its text gets it at a later layout."""
+        if view_tokenizer(self.ctx) is None:
+            return
+        p = self.state.projection
+        hashes = p.digests_of(blocks)
+        todo = [i for i, h in enumerate(hashes) if h not in self._leaf_text][:LABEL_DECODES]
+        if not todo:
+            return
+        for i, ids in zip(todo, p.tokens_of(blocks[todo])):
+            text = decode_tokens(self.ctx, ids) if ids else None
+            self._leaf_text[hashes[i]] = "" if text is None else text.replace("\n", "⏎")  # "": none to show
+
+    def _on_view_moved(self) -> None:
+        self._draw_nodes()
+        self.layout_labels()
+
     def layout_labels(self) -> None:
         """Place the labels that fit the current zoom: group titles, the cross's note, then
         run lengths longest first; a label that would overlap one already placed is left out."""
@@ -423,8 +468,12 @@ class HashChainView(PanelView):
         fm = QFontMetrics(self.run_labels[0].textItem.font())
         text_h = fm.height() + 2 * LABEL_PAD_PX
 
+        widths = self._text_width
+
         def box(x: float, y: float, text: str, ax: float, ay: float) -> QRectF:
-            w = fm.horizontalAdvance(text) + 2 * LABEL_PAD_PX
+            w = widths.get(text)
+            if w is None:
+                w = widths[text] = fm.horizontalAdvance(text) + 2 * LABEL_PAD_PX
             px, py = (x - rect.left()) * sx, (y - rect.top()) * sy
             return QRectF(px - ax * w, py - ay * text_h, w, text_h)
 
@@ -472,13 +521,15 @@ class HashChainView(PanelView):
             end = depth + length - 1
             runs = runs[(end >= x0 - 1) & (depth <= x1 + 1) & (ys >= rect.top() - 1) & (ys <= rect.bottom() + 1)]
             runs = runs[:MAX_LABEL_TRIES]  # the longest in view; shorter ones would rarely win a place
+        if remote and len(runs):
+            self._decode_leaves(t.blocks[t.last_nodes()[runs[t.seg_children[runs] == 0]]])
         for s, depth, length, y, kids, last in zip(runs.tolist(), t.seg_depth[runs].tolist(), t.seg_len[runs].tolist(),
                                                    t.seg_y[runs].tolist(), t.seg_children[runs].tolist(),
                                                    t.last_nodes()[runs].tolist()):
             end = depth + length - 1
             text = f"{length:,} blocks" if length > 1 else "1 block"
             if not kids and remote:
-                said = self._block_text(int(t.blocks[last]))
+                said = self._leaf_text.get(t.hashes[last])
                 text += f" · …“{said[-32:]}”" if said else ""
             if kids:  # the tree goes on to the right: the count sits above the run
                 x = (max(depth, x0) + min(end, x1)) / 2
