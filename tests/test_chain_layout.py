@@ -124,3 +124,32 @@ def test_the_comparison_can_fail():
     assert tree.num_segments == len(ref) > 1
     ref[-1].y += 1.0
     assert _as_reference(tree) != ([(s.hashes, s.depth, s.parent, s.children, s.y) for s in ref], ref.groups)
+
+
+def test_a_hidden_hash_chain_tab_does_not_rebuild_until_it_comes_forward(qtbot, tmp_path):
+    from _publishers import attach_window
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+    from engine.remote.wire import MalformedFrame
+
+    path, ranks = RECORDED["vllm_connector_frames"]
+    with attach_window(qtbot, tmp_path) as w:
+        qtbot.waitUntil(lambda: "hash_chains" in w.panels, timeout=20_000)
+        st = w.ctx.state
+        st.set_engine({"remote": True, "journal": True, "block_size": 16, "num_blocks": 0})
+        w.docks["block_table"].raise_()
+        qtbot.wait(300)
+        view = w.panels["hash_chains"]
+        assert view.isVisible() and not view.is_shown()  # a tab behind the block table
+        pool = journal_pool_class()("tcp://10.0.0.5:5557")
+        for seq, payload in _rank_frames(path, ranks)[0]:
+            try:
+                pool.apply(fastwire.decode_columns(seq, payload))
+            except MalformedFrame:  # the recording's malformed frames, as both routes skip them
+                pass
+        rows = pool.take_journal()
+        st.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+        qtbot.wait(600)
+        assert st.projection.num_hashed > 0 and view.tree.num_nodes == 0  # nothing laid out while hidden
+        w.docks["hash_chains"].raise_()
+        qtbot.waitUntil(lambda: view.tree.num_nodes == len(st.projection.by_hash) > 0, timeout=5000)

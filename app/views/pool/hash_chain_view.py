@@ -197,7 +197,7 @@ class HashChainView(PanelView):
         self._decoded = {}
         self._leaf_text = {}
         self.matches, self.match_index = [], -1
-        if self.isVisible():
+        if self.is_shown():
             self.refresh(force=True)
         else:  # a hidden tab lays out a whole pool's tree when it is shown, not per new log
             self._drawn_version = -1
@@ -294,7 +294,7 @@ class HashChainView(PanelView):
     def refresh(self, force: bool = False) -> None:
         if not force and self.state.version == self._drawn_version:
             return
-        if not force and not self.isVisible():
+        if not force and not self.is_shown():
             self._stale = True  # a hidden tab rebuilds when it is shown, not per batch
             return
         # A big tree costs a fraction of a second to lay out: while events stream in, the
@@ -322,6 +322,16 @@ class HashChainView(PanelView):
         self.layout_labels()
         self._last_build = time.monotonic()
         self._build_seconds = self._last_build - started
+
+    def is_shown(self) -> bool:
+        """True if some of the view is on screen: a dock tab behind another is "visible" to
+        Qt but has nothing to show."""
+        return self.isVisible() and not self.visibleRegion().isEmpty()
+
+    def paintEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
+        super().paintEvent(event)
+        if self._stale and not self._timer.isActive():  # its tab came forward: rebuild after this paint
+            self._timer.start(0)
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
