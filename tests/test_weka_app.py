@@ -32,7 +32,9 @@ def _open(qtbot, window, path, opener=None):
     done: list = []
     (opener or window.open_file)(path, on_done=done.append)
     qtbot.waitUntil(lambda: bool(done), timeout=120_000)
-    qtbot.waitUntil(lambda: window.ctx.bridge.num_pending == 0, timeout=30_000)
+    # the folder's events reach the views in batches after the replay is done: at load 7
+    # that took over 30 s (the timeouts only turn a hang into a failure; nothing is timed)
+    qtbot.waitUntil(lambda: window.ctx.bridge.num_pending == 0, timeout=120_000)
     window.ctx.bridge.flush(everything=True)
     assert done[0] is not None, window.ctx.errors
     return done[0]
