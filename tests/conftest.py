@@ -70,10 +70,10 @@ def pytest_collection_modifyitems(config, items):
 
 # ---------------------------------------------------------------- the order files start in
 # `make test` gives each worker whole files (--dist loadfile) in the order the workers
-# collected them (xdist's reorder by number of tests is turned off above): a file that starts last
-# ends last while the other workers idle. So the files that took longest start first
-# (measured one by one, CPU seconds under load, 2026-12-01); the rest follow by number of
-# tests, the order xdist's own reorder gives. A file missing from the list only starts later.
+# collected them (xdist's own reorder, by number of tests, is turned off above): a long file
+# that starts last ends last while the other workers idle. So the files that took longest
+# start first (measured one by one, CPU seconds under load, 2026-12-01); the rest follow by
+# number of tests, as xdist would order them. A file missing from the list only starts later.
 LONGEST_FILES = (
     "test_hostile_round2.py", "test_compare.py", "test_demos.py", "test_demos_perf.py",  # 155, 106, 94, 73
     "test_models.py", "test_cacheblend.py", "test_gui_shell.py", "test_weka.py",  # 47, 47, 45, 43
