@@ -117,3 +117,21 @@ def test_views_hear_of_a_burst_at_their_frame_rate_and_of_its_end_at_once(monkey
     assert ticks > 2
     # the first tick tells (none told for an hour before it), then only the last one
     assert heard == [3, len(state.log)]
+
+
+def test_a_reader_holding_a_view_of_the_overlays_times_does_not_stop_the_ticks(monkeypatch):
+    """A view's np.frombuffer of the lifetimes (or store times) alive across a tick: the
+    array grows as a copy instead of raising BufferError and losing the tick's rows."""
+    import numpy as np
+
+    path, ranks = RECORDED["vllm_connector_frames"]
+    ctrl, state, ref = _controller(_rank_frames(path, ranks))
+    monkeypatch.setattr(remote_mod, "MIN_TICK_ROWS", 4)
+    monkeypatch.setattr(remote_mod, "TICK_BUDGET_S", 1e-12)
+    held = []
+    while ctrl.pending_rows():
+        o = state.remote
+        held += [np.frombuffer(a, np.float64) for a in (o.lifetimes, o.stored_times, o.removed_times) if len(a)]
+        ctrl.tick()
+    assert held and len(state.log) == len(ref.log)
+    _same(state, ref, "views held", in_order=True)

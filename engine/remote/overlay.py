@@ -505,6 +505,18 @@ class JournalFollower:
                 setattr(self, name, grown)
 
 
+def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> None:
+    """Append to the overlay's array('d') `name`; while a reader holds a numpy view of it
+    (np.frombuffer) it cannot grow in place, so it grows as a copy (the reader keeps the old)."""
+    got = getattr(overlay, name)
+    try:
+        got.frombytes(values.tobytes())
+    except BufferError:
+        grown = array("d", got)
+        grown.frombytes(values.tobytes())
+        setattr(overlay, name, grown)
+
+
 def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, projection: Any,
                     slots: list[int] | np.ndarray, pool: Any, rank: int) -> None:
     """`RemoteOverlay.observe` for a tick of journal rows (a `JournalRows` of `pool`, one
@@ -546,9 +558,9 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
                         ident, count, rank, self.tier, self.rank, self.stored_at, self.base, stored_out,
                         removed_out, life_out, touched_out, follow.removed, follow.ring_id, follow.ring_gen, st,
                         MAX_REMEMBERED_REMOVALS)
-    self.stored_times.frombytes(stored_out[:st[0]].tobytes())
-    self.removed_times.frombytes(removed_out[:st[1]].tobytes())
-    self.lifetimes.frombytes(life_out[:st[2]].tobytes())
+    for name, out, n in (("stored_times", stored_out, st[0]), ("removed_times", removed_out, st[1]),
+                         ("lifetimes", life_out, st[2])):
+        _append_floats(self, name, out[:n])
     self._touched.extend(touched_out[:st[3]].tolist())
     self.num_stored_again += int(st[7])
     st[7] = 0
