@@ -131,7 +131,9 @@ def test_a_reader_holding_a_view_of_the_overlays_times_does_not_stop_the_ticks(m
     held = []
     while ctrl.pending_rows():
         o = state.remote
-        held += [np.frombuffer(a, np.float64) for a in (o.lifetimes, o.stored_times, o.removed_times) if len(a)]
+        held += [np.frombuffer(a, np.float64) for a in (o.lifetimes, o.stored_times, o.removed_times, o.sample_times)
+                 if len(a)]
+        held += [np.frombuffer(c, np.int64) for c in o.sample_counts if len(c)]
         ctrl.tick()
     assert held and len(state.log) == len(ref.log)
     _same(state, ref, "views held", in_order=True)

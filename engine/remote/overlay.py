@@ -216,9 +216,14 @@ class RemoteOverlay:
         counts = {c.tier: c.num_blocks for c in self.tier_counts(projection)}
         while len(self.sample_counts) < len(self.tier_names):
             self.sample_counts.append(array("q", [0] * len(self.sample_times)))
-        self.sample_times.append(t)
+        _append_floats(self, "sample_times", np.array([t], np.float64))
         for name, code in self.tier_names.items():
-            self.sample_counts[code - 1].append(counts.get(name, 0))
+            col = self.sample_counts[code - 1]
+            try:
+                col.append(counts.get(name, 0))
+            except BufferError:  # a reader's numpy view of it is alive: grow a copy
+                self.sample_counts[code - 1] = col = array("q", col)
+                col.append(counts.get(name, 0))
 
     # ------------------------------------------------------------------ reading
     @property
@@ -506,8 +511,9 @@ class JournalFollower:
 
 
 def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> None:
-    """Append to the overlay's array('d') `name`; while a reader holds a numpy view of it
-    (np.frombuffer) it cannot grow in place, so it grows as a copy (the reader keeps the old)."""
+    """Append to the overlay's array('d') `name` (times, lifetimes, samples' times); while a
+    reader holds a numpy view of it (np.frombuffer) it cannot grow in place, so it grows as
+    a copy (the reader keeps the old)."""
     got = getattr(overlay, name)
     try:
         got.frombytes(values.tobytes())
