@@ -89,16 +89,7 @@ def _both(streams: list[list[tuple[int, bytes]]], per_tick: int = 1, restart_at:
         steps += 1
 
     def tick() -> None:
-        takes = []
-        for r, p in enumerate(jpools):
-            rows = p.take_journal()
-            takes.append((rows, p, r, num_ranks, p.times_of(rows)))
-        js.apply_journal(takes)
-        rs.apply_events(list(events))
-        events.clear()
-        assert len(js.log) == len(rs.log)
-        if len(rs.log):
-            rs.ticks.append(int(rs.log.last_seq))
+        tick_both(js, rs, jpools, list(range(num_ranks)), events)
 
     for i in range(steps):
         for r in range(num_ranks):
@@ -109,15 +100,36 @@ def _both(streams: list[list[tuple[int, bytes]]], per_tick: int = 1, restart_at:
                 t = 5_000.0  # the restart's time, given to both (the app's is its clock)
                 jpools[r].reset(seq, t)
                 rpools[r].reset(seq, t)
-            for pool, decode in ((jpools[r], fastwire.decode_columns), (rpools[r], fastwire.decode_batch)):
-                try:
-                    pool.apply(decode(seq, payload))
-                except MalformedFrame:
-                    pass
+            feed_both(jpools[r], rpools[r], seq, payload)
         if i % per_tick == per_tick - 1:
             tick()
     tick()
     return js, rs
+
+
+def tick_both(js: PoolState, rs: PoolState, jpools: list, ranks: list[int], events: list) -> None:
+    """One GUI tick on both routes: every journalling pool's new rows (pool i as rank
+    `ranks[i]`) into `js`, the events the reference pools emitted since into `rs`; where
+    both logs then hold the same events is kept in `rs.ticks`."""
+    takes = []
+    for p, r in zip(jpools, ranks):
+        rows = p.take_journal()
+        takes.append((rows, p, r, len(jpools), p.times_of(rows)))
+    js.apply_journal(takes)
+    rs.apply_events(list(events))
+    events.clear()
+    assert len(js.log) == len(rs.log)
+    if len(rs.log):
+        rs.ticks.append(int(rs.log.last_seq))
+
+
+def feed_both(jpool, rpool, seq: int, payload: bytes) -> None:
+    """One frame into a journalling pool and a reference RemotePool (a malformed one into neither)."""
+    for pool, decode in ((jpool, fastwire.decode_columns), (rpool, fastwire.decode_batch)):
+        try:
+            pool.apply(decode(seq, payload))
+        except MalformedFrame:
+            pass
 
 
 def _said(e) -> tuple:

@@ -15,13 +15,11 @@ import pytest
 from app.runtime.state import PoolState
 from engine.bench.attach import recorded_stream
 from engine.core.events import EventBus
-from engine.remote import fastwire
 from engine.remote.overlay import journal_pool_class
 from engine.remote.pool import RemotePool
-from engine.remote.wire import MalformedFrame
 from _publishers import recorded_frames
 from test_fleet_app import DATA, PODS
-from test_journal_app import _same
+from test_journal_app import _same, feed_both, tick_both
 
 
 def _fleet_both(servers: list[str], messages: list[tuple[int, int, bytes]], per_tick: int = 1,
@@ -43,26 +41,13 @@ def _fleet_both(servers: list[str], messages: list[tuple[int, int, bytes]], per_
     rpools = [RemotePool(name, 0, bus, server=name) for name in servers]
 
     def tick() -> None:
-        takes = []
-        for p in jpools:
-            rows = p.take_journal()
-            takes.append((rows, p, 0, 1, p.times_of(rows)))
-        js.apply_journal(takes)
-        rs.apply_events(list(events))
-        events.clear()
-        assert len(js.log) == len(rs.log)
-        if len(rs.log):
-            rs.ticks.append(int(rs.log.last_seq))
+        tick_both(js, rs, jpools, [0] * len(jpools), events)  # every server is rank 0
 
     for i, (s, seq, payload) in enumerate(messages):
         if restart is not None and i == restart[1]:
             for pool in (jpools[restart[0]], rpools[restart[0]]):
                 pool.reset(0, 7_000.0)
-        for pool, decode in ((jpools[s], fastwire.decode_columns), (rpools[s], fastwire.decode_batch)):
-            try:
-                pool.apply(decode(seq, payload))
-            except MalformedFrame:
-                pass
+        feed_both(jpools[s], rpools[s], seq, payload)
         if i % per_tick == per_tick - 1:
             tick()
     tick()

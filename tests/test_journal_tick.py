@@ -17,11 +17,9 @@ from app.runtime import remote as remote_mod
 from app.runtime.remote import RemoteController
 from app.runtime.state import PoolState
 from engine.core.events import EventBus
-from engine.remote import fastwire
 from engine.remote.overlay import journal_pool_class
 from engine.remote.pool import RemotePool
-from engine.remote.wire import MalformedFrame
-from test_journal_app import RECORDED, _rank_frames, _same
+from test_journal_app import RECORDED, _rank_frames, _same, feed_both
 
 
 class Host(QObject):
@@ -48,11 +46,7 @@ def _controller(streams):
     rpools = [RemotePool(f"tcp://10.0.0.5:{5557 + r}", r, bus) for r in range(len(streams))]
     for r, frames in enumerate(streams):
         for seq, payload in frames:
-            for pool, decode in ((pools[r], fastwire.decode_columns), (rpools[r], fastwire.decode_batch)):
-                try:
-                    pool.apply(decode(seq, payload))
-                except MalformedFrame:
-                    pass
+            feed_both(pools[r], rpools[r], seq, payload)
     ref.apply_events(sorted(events, key=lambda e: e.seq))
     ref.ticks = [int(ref.log.last_seq)]  # where both logs hold the same events (ranks interleave)
     ctrl.attachment = SimpleNamespace(lock=threading.Lock(), pools=pools)

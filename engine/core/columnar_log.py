@@ -817,23 +817,24 @@ class ArrayProjection:
         many = getattr(keys, "digests", None)
         return many(ids) if many is not None else [keys.digest(k) for k in ids.tolist()]
 
-    def parents_of(self, blocks: np.ndarray) -> list[bytes | None]:
-        """The parent hash each of `blocks` (held blocks) was stored under, as `parents[b]`."""
+    def _stored_of(self, blocks: np.ndarray, which: int, many: str, field: int) -> list[Any]:
+        """Attribute `which` of many held blocks at once: a remote pool's from the store each
+        holds (its store table's `many` method when it has one, else field `field` of each
+        store's tuple), another log's block by block."""
         stores = self.log.columnar.store_attributes
         if stores is None:
-            return [self._attribute(b, _PARENT) for b in np.asarray(blocks, np.int64).tolist()]
+            return [self._attribute(b, which) for b in np.asarray(blocks, np.int64).tolist()]
         a = self.log.columnar.col("a")[self.store_rows(blocks)]
-        many = getattr(stores, "parents", None)
-        return many(a) if many is not None else [stores[i][0] for i in a.tolist()]
+        read = getattr(stores, many, None)
+        return read(a) if read is not None else [stores[i][field] for i in a.tolist()]
+
+    def parents_of(self, blocks: np.ndarray) -> list[bytes | None]:
+        """The parent hash each of `blocks` (held blocks) was stored under, as `parents[b]`."""
+        return self._stored_of(blocks, _PARENT, "parents", 0)
 
     def tokens_of(self, blocks: np.ndarray) -> list[tuple[int, ...]]:
         """The token ids each of `blocks` (held blocks) holds, as `token_ids[b]` reads them."""
-        stores = self.log.columnar.store_attributes
-        if stores is None:
-            return [self._attribute(b, _TOKENS) for b in np.asarray(blocks, np.int64).tolist()]
-        a = self.log.columnar.col("a")[self.store_rows(blocks)]
-        many = getattr(stores, "tokens", None)
-        return many(a) if many is not None else [stores[i][1] for i in a.tolist()]
+        return self._stored_of(blocks, _TOKENS, "tokens", 1)
 
     def chain_index(self) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray] | None:
         """The cached hashes as arrays, for a journal-fed log (None for another): each hash
@@ -861,12 +862,7 @@ class ArrayProjection:
 
     def salts_of(self, blocks: np.ndarray) -> list[str | None]:
         """The salt each of `blocks` (held blocks) was stored with, as `salts[b]` reads it."""
-        stores = self.log.columnar.store_attributes
-        if stores is None:
-            return [self._attribute(b, _SALT) for b in np.asarray(blocks, np.int64).tolist()]
-        a = self.log.columnar.col("a")[self.store_rows(blocks)]
-        many = getattr(stores, "salts", None)
-        return many(a) if many is not None else [stores[i][2] for i in a.tolist()]
+        return self._stored_of(blocks, _SALT, "salts", 2)
 
     @property
     def first_holder_shown(self) -> bool:
@@ -875,12 +871,7 @@ class ArrayProjection:
 
     def tenants_of(self, blocks: np.ndarray) -> list[str | None]:
         """The tenant of each of `blocks` (held blocks), as `tenants[b]` reads it."""
-        stores = self.log.columnar.store_attributes
-        if stores is None:
-            return [self._attribute(b, _TENANT) for b in np.asarray(blocks, np.int64).tolist()]
-        a = self.log.columnar.col("a")[self.store_rows(blocks)]
-        many = getattr(stores, "tenant_names", None)
-        return many(a) if many is not None else [stores[i][4] for i in a.tolist()]
+        return self._stored_of(blocks, _TENANT, "tenant_names", 4)
 
     def key_holders(self) -> np.ndarray:
         """Per chain id: the block holding it in this state (the lowest id), -1 if none."""

@@ -154,8 +154,8 @@ class JournalStores(Sequence[tuple]):
         self._pool.extend(np.full(len(local), pool, np.int16))
         return self._local.extend(local)
 
-    def parents(self, stores: np.ndarray) -> list[bytes | None]:
-        """The parent digest (`self[i][0]`) of many stores at once."""
+    def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per store its pool and its parent's journal (key, width), read from each pool's arrays."""
         stores = np.asarray(stores, np.int64)
         pool_of, local = self._pool.buf[stores], self._local.buf[stores]
         key = np.zeros(len(stores), np.uint64)
@@ -165,7 +165,11 @@ class JournalStores(Sequence[tuple]):
             j = self.journals[p]
             key[at] = np.asarray(j.parent, np.uint64)[local[at]]
             width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
-        return _hash_bytes(self._keys.pools, pool_of, key, width)
+        return pool_of, key, width
+
+    def parents(self, stores: np.ndarray) -> list[bytes | None]:
+        """The parent digest (`self[i][0]`) of many stores at once."""
+        return _hash_bytes(self._keys.pools, *self._parent_keys(stores))
 
     def tokens(self, stores: np.ndarray) -> list[tuple[int, ...]]:
         """The token ids (`self[i][1]`) of many stores at once."""
@@ -176,16 +180,7 @@ class JournalStores(Sequence[tuple]):
 
     def parent_identities(self, stores: np.ndarray) -> np.ndarray:
         """The parent hash of many stores as `IDENTITY` codes (wide 2: no parent)."""
-        stores = np.asarray(stores, np.int64)
-        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
-        key = np.zeros(len(stores), np.uint64)
-        width = np.zeros(len(stores), np.int64)
-        for p in np.unique(pool_of).tolist():
-            at = np.flatnonzero(pool_of == p)
-            j = self.journals[p]
-            key[at] = np.asarray(j.parent, np.uint64)[local[at]]
-            width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
-        return hash_identity(self._keys.pools, pool_of, key, width, self._keys._wide)
+        return hash_identity(self._keys.pools, *self._parent_keys(stores), self._keys._wide)
 
     def salts(self, stores: np.ndarray) -> list[str | None]:
         """The salt (`self[i][2]`) of many stores at once."""

@@ -56,6 +56,7 @@ class HashChainView(PanelView):
         super().__init__(ctx, parent)
         self.setObjectName("hash_chain_view")
         self.tree = ChainTree()
+        self._tree_projection: Any = None  # the projection `tree` was laid out from
         self.request_id: str | None = None  # None = the last request
         self.only_request = False
         self.path_record: RequestRecord | None = None
@@ -315,6 +316,7 @@ class HashChainView(PanelView):
             breaks.add(rec.block_hashes[rec.num_hit_blocks])  # the divergence stays a visible node
         only = set(rec.block_hashes) if self.only_request and rec is not None else None
         self.tree = build_tree(p, breaks, only)
+        self._tree_projection = p
         self.matches = [h for h in self.matches if h in self.tree.positions]
         self._draw_tree(p)
         self._draw_path(p, rec)
@@ -451,9 +453,10 @@ class HashChainView(PanelView):
     def _decode_leaves(self, blocks: np.ndarray) -> None:
         """The token text of leaf blocks not decoded yet, LABEL_DECODES at most (their tokens
         read at once); a label without its text gets it at a later layout."""
-        if view_tokenizer(self.ctx) is None:
+        p = self._tree_projection  # the blocks are the tree's: the projection it was laid out from
+        if view_tokenizer(self.ctx) is None or p is None:
             return
-        p = self.state.projection
+        blocks = blocks[blocks < p.num_blocks]
         hashes = p.digests_of(blocks)
         todo = [i for i, h in enumerate(hashes) if h not in self._leaf_text][:LABEL_DECODES]
         if not todo:
