@@ -20,6 +20,7 @@ TICK_MS = 5
 
 def qt_loop(attachment: Any, bus: EventBus, seconds: float) -> dict[str, Any]:
     """Run a Qt event loop with the app's bridge on `bus` for `seconds`; its longest stall."""
+    import shiboken6
     from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
     from app.runtime.bridge import EngineBridge
@@ -47,6 +48,13 @@ def qt_loop(attachment: Any, bus: EventBus, seconds: float) -> dict[str, Any]:
     ticker.stop()
     bridge.detach()
     bridge.flush()
+    # Delete the Qt objects here, on the thread they live in: left to the collector, a
+    # collection a later bench's thread sets off can free the bridge there, and its timer's
+    # destructor crashed `bench all` in libQt6Core ("Timers cannot be stopped from another
+    # thread").
+    bridge.stop()
+    for obj in (ticker, loop, bridge):
+        shiboken6.delete(obj)
     del app
     return {"event_loop": f"Qt ({QCoreApplication.__name__}), the app's EngineBridge, a {TICK_MS} ms timer",
             "longest_stall_ms": round(longest[0] * 1000, 1), "events_drained": drained[0]}
