@@ -129,12 +129,23 @@ class RemoteHost(Protocol):
     def attach_events(self, bus: EventBus, info: dict[str, Any]) -> None: ...
 
 
+def lag_text(seconds: float) -> str:
+    """Now minus the last batch's server time, in the unit that reads: a recorded stream
+    replayed days later, or a server whose clock is off, lags by hours, not 163,962 s."""
+    if seconds < 10:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.1f} d"
+
+
 def status_text(health: StreamHealth) -> str:
     """The status bar's line for the summed health of every rank."""
-    if health.lag_s is None:
-        lag = "lag —"
-    else:
-        lag = f"lag {health.lag_s * 1000:.0f} ms" if health.lag_s < 10 else f"lag {health.lag_s:,.0f} s"
+    lag = "lag —" if health.lag_s is None else f"lag {lag_text(health.lag_s)}"
     return (f"vLLM · {health.batches:,} batches · {health.refilled:,} refilled · {health.missed:,} missed"
             f" · {health.malformed:,} malformed · {lag}")
 
