@@ -21,7 +21,7 @@ from app.commands.attach import _summary
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import BlockEvicted, BlockStored, EventBus
 from engine.core.hashing import BlockHasher
-from engine.core.projection import EventLog
+from engine.core.projection import EventLog, stream_code
 from engine.remote import AttachOptions, Attachment, RemotePool, probe_prompt
 from engine.remote.wire import VllmBatch, VllmEvent, canonical_hash, decode_batch, parse_pub
 from tests.test_vllm_attach import free_ports, wait_for
@@ -153,8 +153,12 @@ def test_a_removal_frees_a_copy_of_its_own_tier_group_and_rank():
     assert [r0.num_copies(h, m, grp) for m, grp in (("GPU", 0), ("GPU", 1), ("CPU", 0))] == [1, 1, 1]
     assert r0.num_copies(h, "GPU") == 2
 
+    # slot_ranks holds each copy's stream (server and rank) as the process numbers it
+    # (projection.stream_code: the numbers depend on what ran before in this process)
+    streams = {stream_code("vllm", 0): 0, stream_code("vllm rank 1", 1): 1}
+
     def where(b: int) -> tuple[int, str, int]:
-        return (log.live.slot_ranks[b], *log.live.places[log.live.slot_places[b] - 1])
+        return (streams[log.live.slot_ranks[b]], *log.live.places[log.live.slot_places[b] - 1])
 
     # group 1 holds one copy of h: a second removal there is unknown and frees nothing
     r0.apply(VllmBatch(3, 2.0, (VllmEvent("BlockRemoved", (h, h), medium="GPU", group_idx=1),), 0))
