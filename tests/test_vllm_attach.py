@@ -445,7 +445,7 @@ def test_attaching_before_the_server_is_up():
 def test_the_status_bar_gives_a_lag_in_the_unit_that_reads():
     from app.runtime.remote import lag_text, status_text
 
-    assert [lag_text(s) for s in (0.25, 45, 600, 163_962, 3 * 86_400)] == ["250 ms", "45 s", "10 min", "45.5 h", "3.0 d"]
+    assert [lag_text(s) for s in (0.25, 45, 600, 163_962, 3 * 86_400)] == ["250 ms", "45.0 s", "10.0 min", "45.5 h", "3.0 d"]
     line = status_text(StreamHealth("r0", 0, batches=1_783, lag_s=163_962.0))
     assert line.endswith("· 0 malformed · lag 45.5 h") and "1,783 batches" in line
     assert status_text(StreamHealth("r0", 0)).endswith("lag —")

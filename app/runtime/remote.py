@@ -129,18 +129,24 @@ class RemoteHost(Protocol):
     def attach_events(self, bus: EventBus, info: dict[str, Any]) -> None: ...
 
 
-def lag_text(seconds: float) -> str:
-    """Now minus the last batch's server time, in the unit that reads: a recorded stream
-    replayed days later, or a server whose clock is off, lags by hours, not 163,962 s."""
-    if seconds < 10:
+def duration_text(seconds: float, ms_below: float = 1.0) -> str:
+    """A duration in the unit that reads: ms below `ms_below` seconds, then s, min, h, days
+    (the status bar's lag, the Metrics tab's block lifetimes)."""
+    if seconds < ms_below:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.1f} s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
+        return f"{seconds / 60:.1f} min"
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:,.1f} d"
+
+
+def lag_text(seconds: float) -> str:
+    """Now minus the last batch's server time: a recorded stream replayed days later, or a
+    server whose clock is off, lags by hours ("45.5 h", not "163,962 s")."""
+    return duration_text(seconds, ms_below=10.0)
 
 
 def status_text(health: StreamHealth) -> str:

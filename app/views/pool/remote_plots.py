@@ -18,6 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
+from app.runtime.remote import duration_text
 from app.ui import theme
 from app.ui.colors import legend_line, swatch, tier_colors
 from app.ui.plots import PlotStack
@@ -32,16 +33,6 @@ LIFETIME_EDGES = np.concatenate(([0.0], np.logspace(-2, np.log10(86400), 29)))
 LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
     (0.01, "10 ms"), (0.1, "100 ms"), (1, "1 s"), (10, "10 s"), (60, "1 min"), (600, "10 min"),
     (3600, "1 h"), (86400, "1 day"))]
-
-
-def _fmt_s(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def show_remote(view: Any) -> bool:
@@ -268,7 +259,7 @@ class RemoteMetrics(_Throttled):
                  ("", f"<b>{len(remote.removed_times):,}</b> removed")]
         if len(life):
             q50, q90 = np.percentile(life, [50, 90])
-            items.append((swatch(self.palette["accent"]), f"lifetime median <b>{_fmt_s(q50)}</b>, p90 {_fmt_s(q90)}"))
+            items.append((swatch(self.palette["accent"]), f"lifetime median <b>{duration_text(q50)}</b>, p90 {duration_text(q90)}"))
         items.append(("", f"cached now <b>{p.num_hashed:,}</b>"))
         if p.num_blocks <= 200_000:  # a pass over every slot; skipped for a huge pool
             held = np.flatnonzero(np.asarray(p.hashed) > 0)  # the held slots' tenants, read at once
