@@ -21,9 +21,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from app.runtime.context import AppContext
+    from app.views.pool.block_table_view import BlockTableView
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: app/commands/ is two below it
 MOONCAKE = ROOT / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
@@ -278,7 +282,7 @@ def _wait(app: Any, condition, timeout_s: float) -> None:
         time.sleep(0.001)
 
 
-def _block_table(ctx: Any) -> Any:
+def _block_table(ctx: AppContext) -> BlockTableView:
     """The app's block table view, shown at 1200x800 (offscreen)."""
     from app.views.pool.block_table_view import BlockTableView
 
