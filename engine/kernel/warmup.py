@@ -15,11 +15,17 @@ tables grow, so the signatures compiled are the ones real use asks for:
 It never fails the install: a part that fails is named on one stderr line (that part then
 compiles at its first use, as before) and the exit status stays 0. Each part reports how
 many functions it compiled and how many it loaded from the cache.
+
+Run without arguments, the parts run in two processes side by side (`GROUPS`: the remote
+pool alone, the rest together): numba compiles on one thread, and the pool, the longest
+part, would otherwise leave the second core idle for a minute or more. Each process writes
+its own functions' cache files, so they never write the same file.
 """
 
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -75,6 +81,11 @@ PARTS: tuple[tuple[str, Callable[[], None]], ...] = (
     ("remote pool", _remote_pool))
 
 
+# The processes of a whole warm-up; the kernel's parts stay together (the columnar log's part
+# replays through the kernel, so apart they would compile the kernel twice).
+GROUPS: tuple[tuple[str, ...], ...] = (("remote pool",), ("replay kernel", "columnar log", "live log"))
+
+
 def _dispatchers() -> list:
     """Every numba dispatcher in the modules loaded now."""
     try:
@@ -125,16 +136,39 @@ def warm_all(out=sys.stdout, err=sys.stderr, only: list[str] | None = None) -> d
     return report
 
 
+def warm_side_by_side(groups=GROUPS, out=sys.stdout, err=sys.stderr) -> int:
+    """Every part, each group of `groups` in a process of its own, all at once; each
+    process's report (one line, and a line for each part that failed) is relayed when it
+    ends. Returns the number of processes that did not exit 0 (a crash, not a failed part)."""
+    procs = [(group, subprocess.Popen([sys.executable, "-m", "engine.kernel.warmup", *group],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             for group in groups]
+    crashed = 0
+    for group, proc in procs:
+        stdout, stderr = proc.communicate()
+        out.write(stdout)
+        err.write(stderr)
+        if proc.returncode != 0:
+            crashed += 1
+            err.write(f"cachescope warm-up: the process for {', '.join(group)} ended with exit status "
+                      f"{proc.returncode}; those parts compile at their first use\n")
+    return crashed
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.kernel.warmup [PART...]`: every part, or the named ones."""
+    """`python -m engine.kernel.warmup [PART...]`: the named parts in this process, or
+    every part, in the processes of `GROUPS` side by side."""
     names = list(sys.argv[1:] if argv is None else argv)
     unknown = [n for n in names if n not in dict(PARTS)]
     if unknown:
         sys.stderr.write(f"cachescope warm-up: no part named {unknown[0]!r}; the parts are "
                          f"{', '.join(repr(n) for n, _ in PARTS)}\n")
         return 2
-    warm_all(only=names or None)
-    return 0
+    if names:
+        warm_all(only=names)
+    else:
+        warm_side_by_side()
+    return 0  # never fail the install: what is not cached compiles at its first use
 
 
 if __name__ == "__main__":
