@@ -309,7 +309,13 @@ class ColumnarLog:
         self._live_request: dict[str, int] = {}
         self._req_index: tuple | None = None
         self._others: dict[int, Event] = {}  # seq -> a live event the columns do not describe
-        self._pending: list[tuple[int, ...]] = []  # rows appended, not yet written (`_flush`)
+        # rows made, not yet written (`_flush`): `num_rows` counts written rows only, so rows
+        # made on an engine thread (`prepare_events`) are invisible until the GUI thread writes them
+        self._pending: list[tuple[int, ...]] = []
+        # False once `prepare_events` met an event it cannot make rows for off the writing thread
+        self.preparable = True
+        self._pending_seq = -1  # the seq of the last event whose rows were made
+        self.num_made = 0  # rows made so far, written or (`prepare_events`) not yet
         self._no_request = -1  # the occurrence "" that cache resets and other events name
         # a live pool that grew: the first row that saw each block (-1: there from the start)
         # and the free-queue place it joined at; blocks appear in id order
@@ -348,14 +354,13 @@ class ColumnarLog:
              flag: int = 0) -> None:
         # a row is a tuple until `_flush` writes a batch of them into the columns at once
         self._pending.append((kind, seq, request, block, key, a, b, flag))
-        self.num_rows += 1
 
     def _flush(self) -> None:
         """Write the rows `_row` queued into the columns (one numpy assignment per column)."""
         rows = self._pending
         if not rows:
             return
-        self._write_table(self.num_rows - len(rows), np.array(rows, np.int64))
+        self.write_rows(np.array(rows, np.int64))
         rows.clear()
 
     def write_rows(self, table: np.ndarray) -> None:
@@ -389,8 +394,9 @@ class ColumnarLog:
             self._born_place = np.concatenate([self._born_place, np.zeros(extra, np.int64)])
             if self._live_keys is not None:
                 self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
-        self._born_row[n:top + 1] = self.num_rows
-        self._born_place[n:top + 1] = TAIL_BASE + 2 * self.num_rows - 1
+        row = self.num_rows + len(self._pending)  # the row the growing event makes next
+        self._born_row[n:top + 1] = row
+        self._born_place[n:top + 1] = TAIL_BASE + 2 * row - 1
         self.num_blocks = top + 1
         if self._slots is not None and not self.journal_fed:  # a journal's log places slots itself
             self._slots.grow(self.num_blocks)
@@ -484,50 +490,123 @@ class ColumnarLog:
         """Append a live source's events (the local engine's kinds, cache resets and, kept
         whole, events the pool does not read), in seq order."""
         try:
-            self._append_all(events)
+            self._append_all(events if isinstance(events, list) else list(events), False)
         finally:  # the rows made before a bad event are kept whole, as its earlier events are
             self._flush()
+            self.num_seq = max(self.num_seq, self._pending_seq + 1)
+            self.num_made = self.num_rows
 
-    def _append_all(self, events: Iterable[Event]) -> None:
+    def write_prepared(self, table: np.ndarray, row0: int, last_seq: int) -> None:
+        """Write rows `prepare_events` made from row `row0` on (events up to seq `last_seq`):
+        one copy per column."""
+        if row0 != self.num_rows:
+            raise ValueError(f"prepared rows from row {row0} cannot follow row {self.num_rows}: "
+                             "they must be written to the log that made them, in the order made")
+        self.write_rows(table)
+        self.num_seq = max(self.num_seq, last_seq + 1)
+
+    def prepare_events(self, events: list[Event]) -> tuple[np.ndarray, int, int]:
+        """Make the rows of `events` (in seq order, after every event made before) without
+        writing them: (an int64 row table for `write_prepared`, how many of the events it
+        covers, the row it starts at). Another thread than the one reading the log may call it (an engine
+        thread, while the GUI thread reads): the key and request tables it adds to only
+        grow, and the rows count for nothing until written. It stops before the first
+        event that needs what only the writing thread may change (a pool that grows, a
+        remote server's slots, a seq not after the one before, an event it refuses), and
+        from then on `preparable` is False: that event and every later one go to
+        `append_events`, on the thread that writes."""
+        row0 = max(self.num_made, self.num_rows)
+        if not self.preparable:
+            return np.zeros((0, 8), np.int64), 0, row0
+        rows = self._pending = []
+        try:
+            done = self._append_all(events, True)
+        except Exception:  # refused again, with its sentence, by `append_events` on the writing thread
+            last = self._pending_seq  # the last event made whole
+            done = bisect.bisect_right([e.seq for e in events], last)
+            while rows and rows[-1][1] > last:
+                rows.pop()
+        finally:
+            self._pending = []
+        if done < len(events):
+            self.preparable = False
+        self.num_made = row0 + len(rows)
+        return np.array(rows, np.int64).reshape(len(rows), 8), done, row0
+
+    def _append_all(self, events: list[Event], partial: bool) -> int:
+        """Queue the rows of `events`; with `partial`, stop before the first event that
+        `prepare_events` leaves to the writing thread. Returns how many events were made."""
         if self._live_keys is None:
             self._live_keys = np.full(self.num_blocks, -1, np.int32)
         reqs = self.requests
         pending = self._pending
-        for e in events:
+        by_digest = self.keys._by_digest
+        key_of = self.keys.key_of
+        live_request = self._live_request
+        last = self._pending_seq
+        for i, e in enumerate(events):
             t = type(e)
             s = e.seq
+            if partial and s <= last:
+                return i
+            last = s
             if t in _GROWING_KINDS:  # a block past the pool's end: it grows, as PoolProjection does
                 top = max(e.block_ids, default=-1) if t is not BlockStored else e.block_id
                 if top is not None and top >= self.num_blocks:
+                    if partial:
+                        return i
                     self._grow(top)
             cur = self._live_keys
-            if t is CacheReset:
-                self._append_reset(e)
-                self.num_seq = s + 1
-                continue
-            if t not in _COLUMN_KINDS:
-                self._others[s] = e
-                self._row(OTHER, s, self.no_request())
-                self.num_seq = s + 1
-                continue
-            if t is RequestStarted or t is RequestRefused:
+            if t is BlocksAllocated:
+                rid = e.request_id
+                r = live_request.get(rid) if rid else None
+                if r is None:
+                    r = self._request_row(e)
+                ids, hit = e.block_ids, e.num_hit_blocks
+                if ids:  # one row per block, queued as `_row` would (without a call per block)
+                    pending.extend([(ALLOCATED, s, r, blk, -1, hit, 0, 0) for blk in ids])
+                else:
+                    pending.append((ALLOCATED, s, r, -1, -1, hit, 0, 0))
+            elif t is RefCountsChanged:
+                rid = e.request_id
+                r = live_request.get(rid) if rid else None
+                if r is None:
+                    r = self._request_row(e)
+                ids = e.block_ids
+                if ids:
+                    pending.extend([(REF, s, r, blk, -1, ref, 0, 0) for blk, ref in zip(ids, e.ref_counts)])
+                else:
+                    pending.append((REF, s, r, -1, -1, 0, 0, 0))
+            elif t is BlockStored and e.remote is None:
+                rid = e.request_id
+                r = live_request.get(rid) if rid else None
+                if r is None:
+                    r = self._request_row(e)
+                k = key_of(e.block_hash, (e.parent_hash, e.token_ids if type(e.token_ids) is tuple
+                                          else tuple(e.token_ids), e.salt, e.external_id))
+                cur[e.block_id] = k
+                pending.append((STORED, s, r, e.block_id, k, 0, 0, 0))
+            elif t is BlockEvicted and e.remote is None:
+                rid = e.by_request_id
+                r = live_request.get(rid) if rid else None
+                if r is None:
+                    r = self._request_row(e)
+                k = by_digest.get(e.block_hash)
+                if k is None:
+                    k = key_of(e.block_hash)
+                cur[e.block_id] = -1
+                pending.append((EVICTED, s, r, e.block_id, k, 0, 0, 0))
+            elif t is RequestStarted or t is RequestRefused:
                 r = reqs.add(e.request_id, getattr(e, "salt", None), getattr(e, "num_prompt_tokens", 0))
-                self._live_request[e.request_id] = r
+                live_request[e.request_id] = r
                 if t is RequestStarted:
-                    self._row(STARTED, s, r)
+                    pending.append((STARTED, s, r, -1, -1, 0, 0, 0))
                 else:
-                    self._row(REFUSED, s, r, a=e.num_blocks_needed, b=e.num_blocks_available)
-                continue
-            r = self._request_row(e)
-            if (t is BlockStored or t is BlockEvicted) and e.remote is not None:
-                if t is BlockStored:
-                    self._append_remote_store(e, r)
-                else:
-                    self._append_remote_removal(e, r)
-                self.num_seq = s + 1
-                continue
-            if t is LookupDone:
-                keys = tuple(self.keys.key_of(h) for h in e.block_hashes)
+                    pending.append((REFUSED, s, r, -1, -1, e.num_blocks_needed, e.num_blocks_available, 0))
+            elif t is LookupDone:
+                r = self._request_row(e)
+                got = [by_digest.get(h) for h in e.block_hashes]
+                keys = tuple(got) if None not in got else tuple(key_of(h) for h in e.block_hashes)
                 reqs.set_live(r, reqs.salt(r), e.num_prompt_tokens, keys)
                 m = e.miss
                 code = _MISS_CODE[m.reason]
@@ -537,45 +616,39 @@ class ColumnarLog:
                     b = self._salt_id(m.other_salt or "")
                 else:
                     b = -1 if m.divergence_token is None else m.divergence_token
-                self._row(LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code)
-            elif t is BlocksAllocated:
-                ids, hit = e.block_ids, e.num_hit_blocks
-                if ids:  # one row per block, queued as `_row` would (without a call per block)
-                    pending.extend([(ALLOCATED, s, r, blk, -1, hit, 0, 0) for blk in ids])
-                    self.num_rows += len(ids)
-                else:
-                    self._row(ALLOCATED, s, r, a=hit)
-            elif t is RefCountsChanged:
-                ids = e.block_ids
-                if ids:
-                    pending.extend([(REF, s, r, blk, -1, ref, 0, 0) for blk, ref in zip(ids, e.ref_counts)])
-                    self.num_rows += min(len(ids), len(e.ref_counts))
-                else:
-                    self._row(REF, s, r)
-            elif t is BlockStored:
-                k = self.keys.key_of(e.block_hash, (e.parent_hash, tuple(e.token_ids), e.salt, e.external_id))
-                cur[e.block_id] = k
-                self._row(STORED, s, r, e.block_id, k)
+                pending.append((LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code))
             elif t is BlocksFreed:
+                r = self._request_row(e)
                 ids = e.block_ids
                 if ids:
                     # a block the pool does not have is skipped when freed, as PoolProjection does
                     nb = self.num_blocks
                     pending.extend([(FREED, s, r, blk, -1, 0, 0, 1 if cur[blk] >= 0 else 0) if 0 <= blk < nb
                                     else (FREED, s, r, -1, -1, 0, 0, 0) for blk in ids])
-                    self.num_rows += len(ids)
                 else:
-                    self._row(FREED, s, r)
-            elif t is BlockEvicted:
-                k = self.keys.key_of(e.block_hash)
-                cur[e.block_id] = -1
-                self._row(EVICTED, s, r, e.block_id, k)
+                    pending.append((FREED, s, r, -1, -1, 0, 0, 0))
             elif t is RequestFinished:
-                self._row(FINISHED, s, r, a=e.num_tokens_with_kv, flag=int(e.aborted))
+                r = self._request_row(e)
+                pending.append((FINISHED, s, r, -1, -1, e.num_tokens_with_kv, 0, int(e.aborted)))
+            elif t is BlockStored or t is BlockEvicted:  # a remote server's: its slots
+                if partial:
+                    return i
+                r = self._request_row(e)
+                if t is BlockStored:
+                    self._append_remote_store(e, r)
+                else:
+                    self._append_remote_removal(e, r)
+            elif t is CacheReset:
+                if partial and (self._slots is not None or e.remote is not None):
+                    return i
+                self._append_reset(e)
+            elif t not in _COLUMN_KINDS:
+                self._others[s] = e
+                self._row(OTHER, s, self.no_request())
             else:
                 raise ValueError(f"the columnar log does not hold {e.kind} events")
-            self.num_seq = s + 1
-        self.num_seq = max(self.num_seq, self._pending[-1][1] + 1 if self._pending else self.num_seq)
+            self._pending_seq = s
+        return len(events)
 
     def _request_row(self, e: Event) -> int:
         rid = getattr(e, "request_id", None) or getattr(e, "by_request_id", None)

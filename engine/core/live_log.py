@@ -55,6 +55,39 @@ _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32),
            ("evicted", np.int32), ("cached_tokens", np.int64), ("prompt_tokens", np.int64))
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class PreparedRows:
+    """Rows made for a run of events (`LiveColumnarLog.prepare`), not yet written: the int64
+    row table (`ColumnarLog.write_rows`' layout) and each event's seq and time."""
+
+    log: LiveColumnarLog
+    row0: int  # the log's row the first of them becomes
+    table: np.ndarray
+    seqs: np.ndarray
+    times: np.ndarray
+
+    def __len__(self) -> int:
+        """The events the rows stand for."""
+        return len(self.seqs)
+
+    def split(self, n: int) -> tuple[PreparedRows, PreparedRows]:
+        """The rows of the first `n` events and those of the rest."""
+        cut = int(np.searchsorted(self.table[:, 1], self.seqs[n])) if n < len(self.seqs) else len(self.table)
+        return (PreparedRows(self.log, self.row0, self.table[:cut], self.seqs[:n], self.times[:n]),
+                PreparedRows(self.log, self.row0 + cut, self.table[cut:], self.seqs[n:], self.times[n:]))
+
+
+class PreparedBatch(list):
+    """A batch of events (a list, as the bridge's `sigEvents` carries) whose first
+    `sum(len(p) for p in prepared)` have their rows made already, in `prepared`."""
+
+    __slots__ = ("prepared",)
+
+    def __init__(self, events: Iterable[Event] = (), prepared: list[PreparedRows] | None = None) -> None:
+        super().__init__(events)
+        self.prepared = prepared or []
+
+
 class LiveColumnarLog(ColumnarEventLog):
     """A columnar event log that live batches are appended to (see the module docstring).
 
@@ -159,7 +192,18 @@ class LiveColumnarLog(ColumnarEventLog):
         self.extend((event,))
 
     def extend(self, events: Iterable[Event]) -> None:  # type: ignore[override]
-        """Append a batch in seq order: rows, series, live pool and checkpoints move on."""
+        """Append a batch in seq order: rows, series, live pool and checkpoints move on.
+
+        A batch whose rows were made for this log off this thread (a `PreparedBatch`, as
+        the bridge hands them over) is written with `extend_prepared`; its events that
+        were not are appended here."""
+        prepared = getattr(events, "prepared", None)
+        if prepared and all(p.log is self for p in prepared):
+            self.extend_prepared(prepared)
+            covered = sum(len(p) for p in prepared)
+            if covered < len(events):  # type: ignore[arg-type]
+                self.extend(list(events[covered:]))  # type: ignore[index]
+            return
         events = events if isinstance(events, list) else list(events)
         if not events:
             return
@@ -172,6 +216,44 @@ class LiveColumnarLog(ColumnarEventLog):
         times = np.fromiter((e.time for e in events), np.float64, len(events))
         r0 = self.columnar.num_rows
         self.columnar.append_events(events)
+        self.rows_appended(r0, seqs, times)
+
+    # ------------------------------------------------------------------ rows made off this thread
+    @property
+    def can_prepare(self) -> bool:
+        """True while `prepare` may make rows on another thread (a local engine's pool of a
+        known size; not an attached server's, whose slots are placed as rows are written)."""
+        col = self.columnar
+        return col.preparable and col._slots is None and not col.journal_fed and col.num_blocks > 0
+
+    def prepare(self, events: list[Event]) -> PreparedRows:
+        """The rows of `events`, made on the calling thread (an engine thread) and written by
+        `extend_prepared` on the thread that writes this log, one array copy per column.
+        Events must come in seq order, each batch after the one before; the rows cover the
+        first `len(result)` of them, all unless an event needs the writing thread (see
+        `ColumnarLog.prepare_events`): that one and every later one go to `extend`."""
+        table, done, row0 = self.columnar.prepare_events(events)
+        seqs = np.fromiter((e.seq for e in events[:done]), np.int64, done)
+        times = np.fromiter((e.time for e in events[:done]), np.float64, done)
+        return PreparedRows(self, row0, table, seqs, times)
+
+    def extend_prepared(self, prepared: Iterable[PreparedRows]) -> None:
+        """Write rows `prepare` made, in the order they were made: the columns, then the
+        series, live pool and checkpoints move on once for all of them."""
+        parts = [p for p in prepared if len(p)]
+        if not parts:
+            return
+        col = self.columnar
+        at = col.num_rows
+        for p in parts:
+            if p.log is not self or p.row0 != at:
+                raise ValueError("prepared rows must be written to the log that made them, in the order made")
+            at += len(p.table)
+        r0 = col.num_rows
+        for p in parts:
+            col.write_prepared(p.table, p.row0, int(p.seqs[-1]))
+        seqs = parts[0].seqs if len(parts) == 1 else np.concatenate([p.seqs for p in parts])
+        times = parts[0].times if len(parts) == 1 else np.concatenate([p.times for p in parts])
         self.rows_appended(r0, seqs, times)
 
     def rows_appended(self, r0: int, seqs: np.ndarray, times: np.ndarray) -> None:
