@@ -1,10 +1,11 @@
 """The compiled replay loop: `engine.core.replay.replay` over flat arrays, in numba.
 
-It keeps the manager's bookkeeping (engine/core/manager.py, block_pool.py) in arrays:
-the free queue as a doubly linked list over block ids (vLLM's FreeKVCacheBlockQueue:
-LRU cached blocks at the tail, hashless ones at the head), ref counts, the holders of
-each hash in insertion order, the cached children of each parent (for divergence) and
-the seq of the event that evicted each hash. It numbers events exactly as the manager's
+It keeps the manager's bookkeeping (engine/core/manager.py, block_pool.py) in two int32
+tables indexed by dense ids (a row per pool block, a row per interned key, so every map is
+an array index): the free queue as a doubly linked list over block ids (vLLM's
+FreeKVCacheBlockQueue: LRU cached blocks at the tail, hashless ones at the head), ref
+counts, the holders of each hash in insertion order, the cached children of each parent
+(for divergence) and the seq of the event that evicted each hash. It numbers events exactly as the manager's
 `EventBus` would and, when recording, writes them as rows of the columnar log
 (`engine.core.columnar`). Nothing here allocates per block or per event.
 
@@ -166,8 +167,23 @@ def _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, kind, seq, r, block, key)
     return n_rows + 1
 
 
+# ---- the pool's bookkeeping, as two int32 tables (a row per pool block, a row per key).
+# A row holds every field the loop reads together, so a lookup, a store or an eviction
+# touches one cache line of each; and the helpers below take these two tables instead of a
+# dozen arrays: numba counts a reference (an atomic add) for every array an inlined helper
+# binds, and with a dozen arrays a store paid 34 of them (measured: 40% of the loop's time).
+# Per block (rows 0..N-1; N and N+1 are the free queue's head and tail sentinels):
+B_REF, B_KEY, B_QPREV, B_QNEXT, B_HNEXT, B_HPREV = range(6)
+# Per key k, row k + 1 (row 0 is the root's, the parent of first blocks: only K_CHEAD):
+# its holders (a list through B_HNEXT/B_HPREV, insertion order), copies held, its place in
+# its parent's list of cached children, the head of its own, the seq of the event that
+# evicted it (-2: never stored; -1: evicted, not recorded) and its parent.
+K_HEAD, K_TAIL, K_COPIES, K_CNEXT, K_CPREV, K_CHEAD, K_EVSEQ, K_PARENT = range(8)
+BLOCK_FIELDS = KEY_FIELDS = 8  # 32-byte rows
+
+
 @kernel_jit()
-def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, model):
+def _chain_cached(table, k_parent, k_item, k_tag, kst, items, k0, k, kind, salt, model):
     """Whether blocks 0..k of a request's items, chained under `salt` and `model`, end in a
     cached block (the manager hashes the chain anew; a chain no request has was never stored)."""
     ck = find_key(table, k_parent, k_item, k_tag, np.int64(-1), items[k0],
@@ -176,43 +192,11 @@ def _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, 
     while ck >= 0 and i <= k:
         ck = find_key(table, k_parent, k_item, k_tag, ck, items[k0 + i], np.int64(kind))
         i += 1
-    return ck >= 0 and n_copies[ck] > 0
+    return ck >= 0 and kst[ck + 1, K_COPIES] > 0
 
 
-@kernel_jit(inline="always")
-def _store(bb, key, r, k_parent, bkey, hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
-           ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key):
-    """The manager's `_store`: block `bb` gets hash `key` and becomes findable; returns
-    (rows used, 1 if an event was numbered)."""
-    if bkey[bb] >= 0:
-        return n_rows, 0
-    bkey[bb] = key
-    if n_copies[key] == 0:
-        pi = k_parent[key] + 1
-        head = ch_head[pi]
-        ch_next[key] = head
-        ch_prev[key] = -1
-        if head >= 0:
-            ch_prev[head] = key
-        ch_head[pi] = key
-    tail = hold_tail[key]
-    hprev[bb] = tail
-    hnext[bb] = -1
-    if tail >= 0:
-        hnext[tail] = bb
-    else:
-        hold_head[key] = bb
-    hold_tail[key] = bb
-    n_copies[key] += 1
-    ev_seq[key] = -2
-    counters[C_STORED] += 1
-    if record:
-        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, STORED, seq, r, bb, key)
-    return n_rows, 1
-
-
-@kernel_jit(inline="always")
-def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt,
+@kernel_jit()
+def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, kst, items, k0, k, kind, salt,
                   model):
     """The first id seen but the request's own (a salt, or a model when `by_model`) under
     which blocks 0..k of its chain end in a cached block, trying at most MAX_SALTS_CHECKED
@@ -226,143 +210,194 @@ def _other_cached(ids, n_ids, own, by_model, table, k_parent, k_item, k_tag, n_c
         if checked > MAX_SALTS_CHECKED:
             break
         if by_model:
-            found = _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, salt, other)
+            found = _chain_cached(table, k_parent, k_item, k_tag, kst, items, k0, k, kind, salt, other)
         else:
-            found = _chain_cached(table, k_parent, k_item, k_tag, n_copies, items, k0, k, kind, other, model)
+            found = _chain_cached(table, k_parent, k_item, k_tag, kst, items, k0, k, kind, other, model)
         if found:
             return other
     return -2
 
 
 @kernel_jit(inline="always")
-def _link_after(p, x, qprev, qnext):
+def _store(bb, key, blk, kst):
+    """The manager's `_store`: block `bb` gets hash `key` and becomes findable; 1 if it did
+    (an event), 0 if the block had a hash already."""
+    if blk[bb, B_KEY] >= 0:
+        return 0
+    blk[bb, B_KEY] = key
+    row = key + 1
+    if kst[row, K_COPIES] == 0:  # first copy: a cached child of its parent
+        pi = kst[row, K_PARENT] + 1
+        head = kst[pi, K_CHEAD]
+        kst[row, K_CNEXT] = head
+        kst[row, K_CPREV] = -1
+        if head >= 0:
+            kst[head + 1, K_CPREV] = key
+        kst[pi, K_CHEAD] = key
+    tail = kst[row, K_TAIL]
+    blk[bb, B_HPREV] = tail
+    blk[bb, B_HNEXT] = -1
+    if tail >= 0:
+        blk[tail, B_HNEXT] = bb
+    else:
+        kst[row, K_HEAD] = bb
+    kst[row, K_TAIL] = bb
+    kst[row, K_COPIES] += 1
+    kst[row, K_EVSEQ] = -2
+    return 1
+
+
+@kernel_jit(inline="always")
+def _link_after(p, x, blk):
     """Put block `x` into the free queue right after `p` (the head sentinel, or the block
     before the tail sentinel)."""
-    nxt = qnext[p]
-    qprev[x] = p
-    qnext[x] = nxt
-    qprev[nxt] = x
-    qnext[p] = x
+    nxt = blk[p, B_QNEXT]
+    blk[x, B_QPREV] = p
+    blk[x, B_QNEXT] = nxt
+    blk[nxt, B_QPREV] = x
+    blk[p, B_QNEXT] = x
 
 
 @kernel_jit(inline="always")
-def _allocate(num_new, s, ntab, r, tables, ref, qprev, qnext, head, bkey, k_parent, hold_head, hold_tail, hnext,
-              hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
-              c_req, c_block, c_key):
-    """`BlockPool.take_free_block`, `num_new` times, for request `r` in slot `s`: blocks off the
-    free queue's head into its table from position `ntab`; a block that held a hash is
+def _allocate(num_new, s, ntab, tables, blk, kst, record, seq, evicted):
+    """`BlockPool.take_free_block`, `num_new` times, for the request in slot `s`: blocks off
+    the free queue's head into its table from position `ntab`; a block that held a hash is
     uncached first (its holder dropped, the child forgotten when no copy is left), one
-    eviction event each. Returns (table length, rows used, next seq)."""
+    eviction event each, numbered from `seq`, its (block, key) into `evicted` for the
+    caller's log. Returns (table length, evictions)."""
+    head = blk.shape[0] - 2
+    n_ev = 0
     for _ in range(num_new):
-        bb = qnext[head]
-        qnext[head] = qnext[bb]
-        qprev[qnext[bb]] = head
-        qprev[bb] = -1
-        qnext[bb] = -1
-        ek = bkey[bb]
+        bb = blk[head, B_QNEXT]
+        nxt = blk[bb, B_QNEXT]
+        blk[head, B_QNEXT] = nxt
+        blk[nxt, B_QPREV] = head
+        blk[bb, B_QPREV] = -1
+        blk[bb, B_QNEXT] = -1
+        ek = blk[bb, B_KEY]
         if ek >= 0:
-            # The two unlinks (the hash's holders, the parent's children) stay written out: one
-            # inlined helper for both made this loop about a quarter slower (A/B, 30 runs).
-            if hprev[bb] >= 0:
-                hnext[hprev[bb]] = hnext[bb]
+            row = ek + 1
+            hp = blk[bb, B_HPREV]
+            hn = blk[bb, B_HNEXT]
+            if hp >= 0:
+                blk[hp, B_HNEXT] = hn
             else:
-                hold_head[ek] = hnext[bb]
-            if hnext[bb] >= 0:
-                hprev[hnext[bb]] = hprev[bb]
+                kst[row, K_HEAD] = hn
+            if hn >= 0:
+                blk[hn, B_HPREV] = hp
             else:
-                hold_tail[ek] = hprev[bb]
-            hnext[bb] = -1
-            hprev[bb] = -1
-            n_copies[ek] -= 1
-            bkey[bb] = -1
-            if n_copies[ek] == 0:
-                pi = k_parent[ek] + 1
-                if ch_prev[ek] >= 0:
-                    ch_next[ch_prev[ek]] = ch_next[ek]
+                kst[row, K_TAIL] = hp
+            blk[bb, B_HNEXT] = -1
+            blk[bb, B_HPREV] = -1
+            blk[bb, B_KEY] = -1
+            kst[row, K_COPIES] -= 1
+            if kst[row, K_COPIES] == 0:  # no copy left: no longer a cached child
+                cp = kst[row, K_CPREV]
+                cn = kst[row, K_CNEXT]
+                if cp >= 0:
+                    kst[cp + 1, K_CNEXT] = cn
                 else:
-                    ch_head[pi] = ch_next[ek]
-                if ch_next[ek] >= 0:
-                    ch_prev[ch_next[ek]] = ch_prev[ek]
-                ch_next[ek] = -1
-                ch_prev[ek] = -1
-            counters[C_EVICTED] += 1
-            if record:
-                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, EVICTED, seq, r, bb, ek)
-            ev_seq[ek] = seq if record else -1
-            seq += 1
-        ref[bb] += 1
+                    kst[kst[row, K_PARENT] + 1, K_CHEAD] = cn
+                if cn >= 0:
+                    kst[cn + 1, K_CPREV] = cp
+                kst[row, K_CNEXT] = -1
+                kst[row, K_CPREV] = -1
+            kst[row, K_EVSEQ] = seq + n_ev if record else -1
+            evicted[n_ev, 0] = bb
+            evicted[n_ev, 1] = ek
+            n_ev += 1
+        blk[bb, B_REF] += 1
         tables[s, ntab] = bb
         ntab += 1
-    return ntab, n_rows, seq
+    return ntab, n_ev
 
 
 @kernel_jit(inline="always")
-def _record_allocated(s, first, ntab, r, n_hit, tables, ref, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key, c_a):
+def _record_evicted(n_ev, r, evicted, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key):
+    """The rows of `_allocate`'s evictions, numbered from `seq`. Returns the rows used."""
+    for e in range(n_ev):
+        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, EVICTED, seq + e, r, evicted[e, 0],
+                      evicted[e, 1])
+    return n_rows
+
+
+@kernel_jit(inline="always")
+def _record_allocated(s, first, ntab, r, n_hit, tables, blk, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key,
+                      c_a):
     """The rows of one allocation: table entries first..ntab allocated (at `seq`, with the
     request's hit count), then their ref counts (at seq + 1). Returns the rows used."""
     for i in range(first, ntab):
         c_a[n_rows] = n_hit
         n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, ALLOCATED, seq, r, tables[s, i], -1)
     for i in range(first, ntab):
-        c_a[n_rows] = ref[tables[s, i]]
+        c_a[n_rows] = blk[tables[s, i], B_REF]
         n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, REF, seq + 1, r, tables[s, i], -1)
     return n_rows
 
 
-# Per pool block: six int32 arrays (ref count, holder, free-queue prev/next, two more)
-# and the two int32 ranges that seed the free queue while it is built.
-KERNEL_BYTES_PER_BLOCK = 32
+# Per pool block: a 32-byte row of the block table.
+KERNEL_BYTES_PER_BLOCK = 4 * BLOCK_FIELDS
 
 
-def new_state(num_blocks, concurrency, n_keys, n_salts, n_models, n_uids, max_nb):
-    """The bookkeeping a replay carries from one chunk of requests to the next: the pool,
-    the hashes' holders and cached children, the running requests' slots and scalars
-    (free blocks, salts and models seen, free slots, running, next seq). A pool larger
-    than this machine's memory is refused before anything is allocated."""
+def new_blocks(num_blocks):
+    """The block table of a fresh pool: every block free, in id order (the free queue's
+    head is row N, its tail row N + 1)."""
+    N = num_blocks
+    HEAD, TAIL = N, N + 1
+    blk = np.full((N + 2, BLOCK_FIELDS), -1, np.int32)
+    blk[:N, B_REF] = 0
+    blk[:N, B_QPREV] = np.arange(-1, N - 1, dtype=np.int32)
+    blk[:N, B_QNEXT] = np.arange(1, N + 1, dtype=np.int32)
+    blk[0, B_QPREV] = HEAD
+    blk[N - 1, B_QNEXT] = TAIL
+    blk[HEAD, B_QNEXT] = 0
+    blk[TAIL, B_QPREV] = N - 1
+    blk[HEAD, B_QPREV] = -2
+    blk[TAIL, B_QNEXT] = -2
+    return blk
+
+
+def new_keys(k_parent, old=None):
+    """The key table for keys with these parents (the root's row first); the rows of `old`,
+    a smaller table of the same keys' first part, are kept."""
+    kst = np.full((len(k_parent) + 1, KEY_FIELDS), -1, np.int32)
+    kst[:, K_COPIES] = 0
+    kst[:, K_EVSEQ] = -2
+    kst[1:, K_PARENT] = k_parent
+    if old is not None:
+        kst[:len(old)] = old
+    return kst
+
+
+def new_state(num_blocks, concurrency, k_parent, n_salts, n_models, n_uids, max_nb):
+    """The bookkeeping a replay carries from one chunk of requests to the next: the block
+    and key tables, the running requests' slots and scalars (free blocks, salts and models
+    seen, free slots, running, next seq). A pool larger than this machine's memory is
+    refused before anything is allocated."""
     N = num_blocks
     check_memory(N * KERNEL_BYTES_PER_BLOCK, f"a pool of {N:,} blocks")
-    HEAD, TAIL = N, N + 1
-    qprev = np.full(N + 2, -1, np.int32)
-    qnext = np.full(N + 2, -1, np.int32)
-    qprev[:N] = np.arange(-1, N - 1, dtype=np.int32)
-    qnext[:N] = np.arange(1, N + 1, dtype=np.int32)
-    qprev[0] = HEAD
-    qnext[N - 1] = TAIL
-    qnext[HEAD] = 0
-    qprev[TAIL] = N - 1
-    qprev[HEAD] = -2
-    qnext[TAIL] = -2
     K = concurrency
     scalars = np.array([N, 0, 0, K, 0, 0], np.int64)  # free, salts seen, models seen, free slots, running, seq
-    return [np.zeros(N, np.int32), np.full(N, -1, np.int32), qprev, qnext,
-            np.full(n_keys, -1, np.int32), np.full(n_keys, -1, np.int32), np.zeros(n_keys, np.int32),
-            np.full(N, -1, np.int32), np.full(N, -1, np.int32),
-            np.full(n_keys + 1, -1, np.int32), np.full(n_keys, -1, np.int32), np.full(n_keys, -1, np.int32),
-            np.full(n_keys, -2, np.int64),
+    nb = max(max_nb, 1)
+    return [new_blocks(N), new_keys(k_parent),
             np.zeros(n_salts + 1, np.int32), np.zeros(n_salts + 1, np.uint8),
             np.zeros(n_models + 1, np.int32), np.zeros(n_models + 1, np.uint8),
             np.zeros(n_uids, np.uint8), np.zeros(8, np.int64),
-            np.zeros((K, max(max_nb, 1)), np.int32), np.zeros(K, np.int64), np.zeros(K, np.int64),
+            np.zeros((K, nb), np.int32), np.zeros(K, np.int64), np.zeros(K, np.int64),
             np.zeros(K, np.int64), np.zeros(K, np.int64), np.zeros(K, np.int64),
-            np.arange(K - 1, -1, -1).astype(np.int64), np.zeros(K, np.int64), scalars]
+            np.arange(K - 1, -1, -1).astype(np.int64), np.zeros(K, np.int64), np.zeros((nb, 2), np.int32), scalars]
 
 
-# Which state entries are indexed by key, salt, model or uid (grown as a stream finds more).
-KEYED = {4: -1, 5: -1, 6: 0, 10: -1, 11: -1, 12: -2}
-KEYED_PLUS_ONE = {9: -1}
-SALTED = (13, 14)
-MODELLED = (15, 16)
-UID = 17
-TABLES = 19
+# Where new_state's entries are (a stream grows the key table, the uids and the block tables).
+KEYS, UID, COUNTERS, TABLES, S_REQ, ORDER, EVICTED_BUF, SCALARS = 1, 6, 7, 8, 9, 15, 16, 17
 
 
 @kernel_jit()
 def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                   r_nprompt, r_kvout, r_salt, r_model, r_kind, r_uid, r_koff, r_nfull, keys, items,
                   table, k_parent, k_item, k_tag, k_salt, content,
-                  ref, bkey, qprev, qnext, hold_head, hold_tail, n_copies, hnext, hprev, ch_head, ch_next, ch_prev,
-                  ev_seq, salts_seen, salt_seen, models_seen, model_seen, running_uid, counters,
-                  tables, s_req, s_ntab, s_ntok, s_app, s_nh, free_slots, order, scalars, row_cap):
+                  blk, kst, salts_seen, salt_seen, models_seen, model_seen, running_uid, counters,
+                  tables, s_req, s_ntab, s_ntok, s_app, s_nh, free_slots, order, evicted, scalars, row_cap):
     """Replay requests p0.. of these arrays on the state (`new_state`, changed in place);
     returns (status, request at fault or the first one not admitted, per-request results,
     log columns, rows used). Unless `final`, it stops where it would admit a request past
@@ -422,10 +457,10 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             n_full = r_nfull[r]
             n_hit = 0
             for i in range(n_full):
-                kk = keys[k0 + i]
-                if n_copies[kk] == 0:
+                row = keys[k0 + i] + 1
+                if kst[row, K_COPIES] == 0:
                     break
-                hits[n_hit] = hold_head[kk]
+                hits[n_hit] = kst[row, K_HEAD]
                 n_hit += 1
             max_hit = (n_prompt - 1) // bs
             div = -1
@@ -433,21 +468,21 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                 n_hit = max_hit
                 reason = LAST_TOKEN
             elif n_hit < n_full:
-                kk = keys[k0 + n_hit]
-                if ev_seq[kk] != -2:
+                ev = kst[keys[k0 + n_hit] + 1, K_EVSEQ]
+                if ev != -2:
                     reason = EVICTED_MISS
-                    div = ev_seq[kk]  # the lookup event carries it; rows show None
+                    div = ev  # the lookup event carries it; rows show None
                 else:
                     reason = NEW_CONTENT
                     # any model seen but the request's own is checked, then any other salt
                     other = -2
                     if _other_cached(models_seen, n_models_seen, r_model[r], np.uint8(1), table, k_parent, k_item,
-                                     k_tag, n_copies, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
+                                     k_tag, kst, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
                                      r_model[r]) != -2:
                         reason = MODEL
                     else:
                         other = _other_cached(salts_seen, n_seen, r_salt[r], np.uint8(0), table, k_parent, k_item,
-                                              k_tag, n_copies, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
+                                              k_tag, kst, items, k0, np.int64(n_hit), r_kind[r], r_salt[r],
                                               r_model[r])
                     if other != -2:
                         reason = SALT
@@ -458,7 +493,7 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                         if r_kind[r] == KIND_TOKENS:
                             parent = keys[k0 + n_hit - 1] if n_hit > 0 else -1
                             mine = items[k0 + n_hit]
-                            c = ch_head[parent + 1]
+                            c = kst[parent + 1, K_CHEAD]
                             while c >= 0:
                                 if not (parent < 0 and k_salt[c] != r_salt[r]):
                                     m = 0
@@ -468,7 +503,7 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                                             m += 1
                                     if m > best:
                                         best = m
-                                c = ch_next[c]
+                                c = kst[c + 1, K_CNEXT]
                         div = start + best
             else:
                 reason = LAST_TOKEN if n_prompt - n_hit * bs == 1 else PARTIAL
@@ -484,7 +519,7 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             needed = _cdiv(n_prompt + kv_out + reserve * bs, bs) - n_hit
             hits_free = 0
             for i in range(n_hit):
-                if ref[hits[i]] == 0:
+                if blk[hits[i], B_REF] == 0:
                     hits_free += 1
             available = n_free - hits_free
             if needed > available:
@@ -522,26 +557,26 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             ntab = 0
             for i in range(n_hit):
                 bb = hits[i]
-                if ref[bb] == 0 and qprev[bb] != -1:
-                    qnext[qprev[bb]] = qnext[bb]
-                    qprev[qnext[bb]] = qprev[bb]
-                    qprev[bb] = -1
-                    qnext[bb] = -1
+                if blk[bb, B_REF] == 0 and blk[bb, B_QPREV] != -1:  # a hit on a free block: off the queue
+                    qp = blk[bb, B_QPREV]
+                    qn = blk[bb, B_QNEXT]
+                    blk[qp, B_QNEXT] = qn
+                    blk[qn, B_QPREV] = qp
+                    blk[bb, B_QPREV] = -1
+                    blk[bb, B_QNEXT] = -1
                     n_free -= 1
-                ref[bb] += 1
+                blk[bb, B_REF] += 1
                 tables[s, ntab] = bb
                 ntab += 1
             num_new = _cdiv(n_prompt, bs) - ntab
             n_free -= num_new
-            ntab, n_rows, seq = _allocate(num_new, s, np.int64(ntab), r, tables, ref, qprev, qnext, HEAD, bkey,
-                                          k_parent,
-                                          hold_head, hold_tail, hnext, hprev, n_copies, ch_head, ch_next, ch_prev,
-                                          ev_seq, counters, record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
+            ntab, n_ev = _allocate(num_new, s, np.int64(ntab), tables, blk, kst, record, seq, evicted)
+            counters[C_EVICTED] += n_ev
             if record:
-                n_rows = _record_allocated(s, np.int64(0), ntab, r, np.int64(n_hit), tables, ref, seq, n_rows, c_kind,
-                                           c_seq, c_req,
-                                           c_block, c_key, c_a)
-            seq += 2
+                n_rows = _record_evicted(n_ev, r, evicted, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
+                n_rows = _record_allocated(s, np.int64(0), ntab, r, np.int64(n_hit), tables, blk, seq + n_ev, n_rows,
+                                           c_kind, c_seq, c_req, c_block, c_key, c_a)
+            seq += n_ev + 2
             running_uid[r_uid[r]] = 1
             s_req[s] = r
             s_ntab[s] = ntab
@@ -551,10 +586,12 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             order[nrun] = s
             nrun += 1
             for i in range(n_hit, n_full):
-                n_rows, did = _store(tables[s, i], keys[k0 + i], r, k_parent, bkey, hold_head, hold_tail, hnext,
-                                     hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters, record, seq,
-                                     n_rows, c_kind, c_seq, c_req, c_block, c_key)
-                seq += did
+                bb = tables[s, i]
+                if _store(bb, keys[k0 + i], blk, kst):
+                    counters[C_STORED] += 1
+                    if record:
+                        n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, STORED, seq, r, bb, keys[k0 + i])
+                    seq += 1
             counters[C_REQ] += 1
             counters[C_PROMPT] += n_prompt
             counters[C_CACHED] += n_hit * bs
@@ -594,16 +631,16 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                             n_rows, seq)
                 first_new = s_ntab[s]
                 n_free -= num_new
-                ntab, n_rows, seq = _allocate(num_new, s, first_new, rq, tables, ref, qprev, qnext, HEAD, bkey,
-                                              k_parent, hold_head, hold_tail, hnext, hprev, n_copies, ch_head,
-                                              ch_next, ch_prev, ev_seq, counters, record, seq, n_rows, c_kind, c_seq,
-                                              c_req, c_block, c_key)
+                ntab, n_ev = _allocate(num_new, s, first_new, tables, blk, kst, record, seq, evicted)
+                counters[C_EVICTED] += n_ev
+                if record:
+                    n_rows = _record_evicted(n_ev, rq, evicted, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
+                seq += n_ev
                 s_ntab[s] = ntab
                 if num_new > 0:
                     if record:
-                        n_rows = _record_allocated(s, first_new, ntab, rq, np.int64(0), tables, ref, seq, n_rows,
-                                                   c_kind,
-                                                   c_seq, c_req, c_block, c_key, c_a)
+                        n_rows = _record_allocated(s, first_new, ntab, rq, np.int64(0), tables, blk, seq, n_rows,
+                                                   c_kind, c_seq, c_req, c_block, c_key, c_a)
                     seq += 2
                 s_ntok[s] = total
                 s_app[s] += n
@@ -611,10 +648,13 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
                     k0 = r_koff[rq]
                     while s_nh[s] < total // bs:
                         i = s_nh[s]
-                        n_rows, did = _store(tables[s, i], keys[k0 + i], rq, k_parent, bkey, hold_head, hold_tail,
-                                             hnext, hprev, n_copies, ch_head, ch_next, ch_prev, ev_seq, counters,
-                                             record, seq, n_rows, c_kind, c_seq, c_req, c_block, c_key)
-                        seq += did
+                        bb = tables[s, i]
+                        if _store(bb, keys[k0 + i], blk, kst):
+                            counters[C_STORED] += 1
+                            if record:
+                                n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, STORED, seq, rq, bb,
+                                              keys[k0 + i])
+                            seq += 1
                         s_nh[s] += 1
         # ---- finish in order, keep the rest
         keep = 0
@@ -630,33 +670,33 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             n_hashless = 0
             for i in range(ntab - 1, -1, -1):
                 bb = tables[s, i]
-                ref[bb] -= 1
-                if ref[bb] == 0 and bkey[bb] < 0:
+                blk[bb, B_REF] -= 1
+                if blk[bb, B_REF] == 0 and blk[bb, B_KEY] < 0:
                     hashless[n_hashless] = bb
                     n_hashless += 1
             for i in range(n_hashless - 1, -1, -1):  # prepend_n: hashless[0] ends at the head
-                _link_after(HEAD, hashless[i], qprev, qnext)
+                _link_after(HEAD, hashless[i], blk)
                 n_free += 1
             n_freed = 0
             for i in range(ntab - 1, -1, -1):
                 bb = tables[s, i]
-                if ref[bb] == 0:
+                if blk[bb, B_REF] == 0:
                     n_freed += 1
-                    if bkey[bb] >= 0:  # cached: to the tail, evicted last
-                        _link_after(qprev[TAIL], bb, qprev, qnext)
+                    if blk[bb, B_KEY] >= 0:  # cached: to the tail, evicted last
+                        _link_after(blk[TAIL, B_QPREV], bb, blk)
                         n_free += 1
             counters[C_FINISHED] += 1
             if record:
                 for i in range(ntab - 1, -1, -1):
-                    c_a[n_rows] = ref[tables[s, i]]
+                    c_a[n_rows] = blk[tables[s, i], B_REF]
                     n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, REF, seq, rq, tables[s, i], -1)
             seq += 1
             if n_freed > 0:
                 if record:
                     for i in range(ntab - 1, -1, -1):
                         bb = tables[s, i]
-                        if ref[bb] == 0:
-                            c_flag[n_rows] = 1 if bkey[bb] >= 0 else 0
+                        if blk[bb, B_REF] == 0:
+                            c_flag[n_rows] = 1 if blk[bb, B_KEY] >= 0 else 0
                             n_rows = _put(c_kind, c_seq, c_req, c_block, c_key, n_rows, FREED, seq, rq, bb, -1)
                 seq += 1
             if record:

@@ -197,7 +197,7 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
     t1 = clock()
     row_cap = max(1024, 8 * len(keys) + 16 * len(arrays.nprompt)) if record else 1
     max_nb = int(((arrays.nprompt + arrays.kvout + bs - 1) // bs).max()) if len(arrays.nprompt) else 1
-    state = new_state(config.capacity_blocks, config.concurrency, len(k_parent), len(arrays.salts),
+    state = new_state(config.capacity_blocks, config.concurrency, k_parent, len(arrays.salts),
                       len(arrays.models), max(arrays.num_uids, 1), max_nb)
     (status, fault, counters, cached, computed, reason, first, div, refused, cols, n_rows, n_seq) = replay_arrays(
         config.capacity_blocks, bs, config.concurrency, record, 0, True, arrays.nprompt, arrays.kvout, arrays.salt,

@@ -18,8 +18,8 @@ import numpy as np
 from engine.core.errors import InputError
 from engine.kernel.intern import KIND_EXTERNAL, Interner, root_tag
 from engine.kernel.loop import (
-    C_CACHED, C_EVICTED, C_PROMPT, C_STORED, ERR_CAPACITY, ERR_DUPLICATE, KEYED, KEYED_PLUS_ONE, TABLES, UID,
-    new_state, replay_arrays,
+    C_CACHED, C_EVICTED, C_PROMPT, C_STORED, COUNTERS, ERR_CAPACITY, ERR_DUPLICATE, EVICTED_BUF, K_PARENT, KEYS,
+    ORDER, S_REQ, SCALARS, TABLES, UID, new_keys, new_state, replay_arrays,
 )
 
 if TYPE_CHECKING:
@@ -71,8 +71,9 @@ def replay_stream(chunks: Iterable[StreamChunk], config: ReplayConfig, num_model
         raise InputError(f"the {config.hash} hash runs on the Python engine only")
     bs, K = config.block_size, config.concurrency
     interner = Interner()
-    state = new_state(config.capacity_blocks, K, 0, 0, num_models, num_uids, 1)
+    state = new_state(config.capacity_blocks, K, np.zeros(0, np.int32), 0, num_models, num_uids, 1)
     carried = None  # (arrays of the running requests, their keys) from the last chunk
+    keys_known = 0  # keys whose row in the key table has its parent
     totals = dict(requests=0, refused=0, lookup_blocks=0, prompt=0, served_prompt=0, cached=0)
     n_chunks = 0
     chunk_list = iter(chunks)
@@ -113,10 +114,10 @@ def replay_stream(chunks: Iterable[StreamChunk], config: ReplayConfig, num_model
         n_carried = 0 if carried is None else len(carried["nprompt"])
         # grow what the new keys, uids and block tables need
         nk = interner.num_keys
-        for i, fill in KEYED.items():
-            state[i] = _grow(state[i], nk, fill)
-        for i, fill in KEYED_PLUS_ONE.items():
-            state[i] = _grow(state[i], nk + 1, fill)
+        if len(state[KEYS]) < nk + 1:  # rows for the new keys, and room for more
+            state[KEYS] = new_keys(np.zeros(max(nk, 2 * (len(state[KEYS]) - 1)), np.int32), state[KEYS])
+        state[KEYS][1 + keys_known:1 + nk, K_PARENT] = interner.k_parent[keys_known:nk]
+        keys_known = nk
         if len(uid) and int(uid.max()) >= len(state[UID]):
             state[UID] = _grow(state[UID], int(uid.max()) + 1, 0)
         max_nb = int(((nprompt + kvout + bs - 1) // bs).max()) if len(nprompt) else 1
@@ -124,9 +125,10 @@ def replay_stream(chunks: Iterable[StreamChunk], config: ReplayConfig, num_model
             grown = np.zeros((K, max_nb), np.int32)
             grown[:, :state[TABLES].shape[1]] = state[TABLES]
             state[TABLES] = grown
+            state[EVICTED_BUF] = np.zeros((max_nb, 2), np.int32)
         if carried is not None:
             # the running slots point at the carried requests, now first in this chunk
-            s_req, order, nrun = state[20], state[26], int(state[27][4])
+            s_req, order, nrun = state[S_REQ], state[ORDER], int(state[SCALARS][4])
             for j in range(nrun):
                 s_req[order[j]] = carried["position"][order[j]]
         k_salt = np.full(nk, -1, np.int32)
@@ -146,7 +148,7 @@ def replay_stream(chunks: Iterable[StreamChunk], config: ReplayConfig, num_model
         totals["served_prompt"] += int(nprompt[new][served].sum())
         totals["cached"] += int(cached[new][served].sum())
         # carry the running requests to the next chunk
-        s_req, order, nrun = state[20], state[26], int(state[27][4])
+        s_req, order, nrun = state[S_REQ], state[ORDER], int(state[SCALARS][4])
         running = [int(s_req[order[j]]) for j in range(nrun)]
         if running:
             idx = np.array(running, np.int64)
@@ -162,7 +164,7 @@ def replay_stream(chunks: Iterable[StreamChunk], config: ReplayConfig, num_model
             carried = None
         n_chunks += 1
         pending = nxt
-    counters = state[18]
+    counters = state[COUNTERS]
     return StreamTotals(totals["requests"], totals["refused"], totals["lookup_blocks"], int(counters[C_PROMPT]),
                         int(counters[C_CACHED]), int(counters[C_STORED]), int(counters[C_EVICTED]),
                         interner.num_keys, n_chunks)
