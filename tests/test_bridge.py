@@ -262,3 +262,63 @@ def test_interleaved_threads_and_a_waiting_backlog_come_out_in_seq_order(qtbot, 
         got.extend(e.seq for e in batch)
     assert got == list(range(300, 1010)) + [4000, 4500, 5000]
     assert bridge.num_pending == 0
+
+
+def test_a_live_logs_rows_are_made_on_the_engine_thread_and_equal_the_reference(qtbot, tmp_path, monkeypatch):
+    """The pool state's live log gets its rows made where the events are emitted: the GUI
+    thread only writes them (`extend_prepared`), and the log equals the reference."""
+    from app.runtime.context import engine_info, make_test_context
+    from engine.core.live_log import LiveColumnarLog
+    from engine.core.projection import EventLog
+    from tests.test_live_log import MOONCAKE, _check_projection, _check_same, _events_of_trace
+
+    events = _events_of_trace(MOONCAKE, 150, 200, 512)
+    made_on: dict[str, int] = {}
+    prepare = LiveColumnarLog.prepare
+
+    def counted(log, batch):
+        got = prepare(log, batch)
+        name = threading.current_thread().name
+        made_on[name] = made_on.get(name, 0) + len(got)
+        return got
+
+    monkeypatch.setattr(LiveColumnarLog, "prepare", counted)
+    ctx = make_test_context(tmp_path)
+    try:
+        bus = ctx.new_event_bus(engine_info(block_size=512, num_blocks=200))
+        deliver = ctx.bridge._on_event  # what the bus calls for each event, on the engine thread
+        producer = threading.Thread(target=lambda: [deliver(e) for e in events], name="engine")
+        producer.start()
+        producer.join()
+        qtbot.waitUntil(lambda: len(ctx.state.log) == len(events), timeout=10_000)
+        assert made_on.get("engine", 0) >= len(events) - 1024  # at most a leftover made on the GUI thread
+        assert sum(made_on.values()) == len(events)
+        ref = EventLog(200, 512)
+        ref.extend(events)
+        _check_same(ctx.state.log, ref, "through the bridge")
+        for seq in (events[0].seq, events[len(events) // 3].seq, events[-1].seq):
+            _check_projection(ctx.state.log.state_at(seq), ref.state_at(seq), f"scrubbed to {seq}")
+        del bus
+    finally:
+        ctx.shutdown()
+
+
+def test_a_log_that_stops_preparing_gets_the_rest_the_plain_way(qtbot, tmp_path):
+    """A pool that grows past its announced size needs the GUI thread: from that event on
+    the bridge hands plain events over, and nothing is lost or doubled."""
+    from app.runtime.context import engine_info, make_test_context
+    from engine.core.projection import EventLog
+    from tests.test_live_log import MOONCAKE, _check_same, _events_of_trace
+
+    events = _events_of_trace(MOONCAKE, 60, 4096, 512)
+    ctx = make_test_context(tmp_path)
+    try:
+        ctx.new_event_bus(engine_info(block_size=512, num_blocks=8))
+        ctx.bridge.push(events)
+        ctx.bridge.flush(everything=True)
+        assert ctx.bridge._preparer is None and not ctx.state.log.can_prepare
+        ref = EventLog(8, 512)
+        ref.extend(events)
+        _check_same(ctx.state.log, ref, "grown")
+    finally:
+        ctx.shutdown()

@@ -10,12 +10,19 @@ a seq lower than the one before it), and while it applies a batch the engine thr
 wait at their next event (at most `GATE_WAIT_S`) instead of taking the GIL from it.
 Without that gate a busy producer took the GIL back at every Qt call of the batch, each
 time for Python's switch interval (5 ms): a batch of 7 ms of work took 100 ms.
+
+With a log to prepare for (`prepare_for`: the pool state's live columnar log), the engine
+threads also make the log's rows (`LiveColumnarLog.prepare`) in chunks of `PREPARE_CHUNK`
+events, in arrival order, and the GUI thread only writes them (`extend_prepared`: one copy
+per column); it makes rows itself only for a few events left over for two frames (the end
+of a burst, a trickle), or for all of them when told to deliver everything.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from operator import attrgetter, gt
 from typing import Any, Callable
@@ -23,6 +30,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.core.events import Event, EventBus
+from engine.core.live_log import PreparedBatch
 
 FRAME_MS = 16
 # One flush hands at most this many events to the views, so that a burst of a million
@@ -35,6 +43,10 @@ MIN_BATCH = 500
 # The longest an engine thread waits at an event while the GUI thread applies a batch (a
 # bound, not a lock: an engine thread holding something the views wait for goes on).
 GATE_WAIT_S = 0.05
+# Events an engine thread makes rows for at once (a few milliseconds of its time); and the
+# most one call makes, so that a backlog (a stored session pushed whole) is cut up.
+PREPARE_CHUNK = 1024
+PREPARE_MOST = 16_384
 _SEQ = attrgetter("seq")
 
 
@@ -52,11 +64,13 @@ def engine_info(*, block_size: int, num_blocks: int, model: str | None = None, n
 class EngineBridge(QObject):
     """Buffers events from any thread and re-emits them in the GUI thread, per frame.
 
-    `sigEvents(list)` carries Event objects in seq order; `sigEngineChanged(dict)` tells
-    views that a new engine/runner (block size, pool size, model shape) replaced the last.
+    `sigEvents(list)` carries Event objects in seq order (a `PreparedBatch`, a list that
+    carries the rows made for its events, while a log is prepared for: an `object` signal,
+    so the list reaches the slots as it is); `sigEngineChanged(dict)` tells views that a new
+    engine/runner (block size, pool size, model shape) replaced the last.
     """
 
-    sigEvents = Signal(list)
+    sigEvents = Signal(object)
     sigEngineChanged = Signal(dict)
 
     def __init__(self, parent: QObject | None = None, frame_ms: int = FRAME_MS,
@@ -75,6 +89,12 @@ class EngineBridge(QObject):
         self._open = threading.Event()  # cleared while the GUI thread applies a batch
         self._open.set()
         self._gui_thread = threading.get_ident()
+        # Rows made off the GUI thread: the log they are made for, batches made (engine
+        # threads append, under `_lock`), and one maker at a time, in buffer order.
+        self._preparer: weakref.ref | None = None  # a weak reference: a log the state let go of goes
+        self._made: list[list[Event]] = []
+        self._prep_lock = threading.Lock()
+        self._buffer_since = 0.0  # when the oldest event in `_buffer` arrived (a preparer set)
         self._unsubscribe: Callable[[], None] | None = None
         self._bus: EventBus | None = None
         self.engine_info: dict[str, Any] = {}
@@ -114,7 +134,59 @@ class EngineBridge(QObject):
             if event.seq < self._last_seq:
                 self._out_of_order = True
             self._last_seq = event.seq
-            self._buffer.append(event)
+            buf = self._buffer
+            buf.append(event)
+            if self._preparer is None:
+                return
+            n = len(buf)
+            if n == 1:
+                self._buffer_since = time.perf_counter()
+                return
+            due = n >= PREPARE_CHUNK or (n % 64 == 0 and time.perf_counter() - self._buffer_since > self._frame_ms / 1e3)
+        if due:
+            self._prepare(blocking=False)
+
+    # ------------------------------------------------------------------ rows made off the GUI thread
+    def follow(self, state: Any) -> None:
+        """Make rows for the live log of `state` (a `PoolState`), and for each log it starts
+        (`sigReset`) from then on."""
+        state.sigReset.connect(lambda: self.prepare_for(state.log))
+        self.prepare_for(state.log)
+
+    def prepare_for(self, log: Any) -> None:
+        """Make rows for `log` (a `LiveColumnarLog` that `can_prepare`) on the engine threads
+        from now on; None (or a log that cannot) stops it. The pool state calls it with each
+        log it starts; events buffered before go to it too, in order."""
+        with self._prep_lock:
+            self._preparer = weakref.ref(log) if getattr(log, "can_prepare", False) else None
+
+    def _prepare(self, blocking: bool, everything: bool = False) -> bool:
+        """Make rows for the buffered events, in arrival order (any thread); False if another
+        thread is making rows now and `blocking` is off."""
+        if not self._prep_lock.acquire(blocking):
+            return False
+        try:
+            while True:
+                with self._lock:
+                    chunk, self._buffer = self._buffer[:PREPARE_MOST], self._buffer[PREPARE_MOST:]
+                    unordered, self._out_of_order = self._out_of_order, False
+                    self._buffer_since = time.perf_counter()
+                if not chunk:
+                    return True
+                if unordered:
+                    chunk.sort(key=_SEQ)
+                log = self._preparer() if self._preparer is not None else None
+                made: list[Event] = chunk
+                if log is not None and log.can_prepare:
+                    made = PreparedBatch(chunk, [log.prepare(chunk)])
+                if log is None or not log.can_prepare:
+                    self._preparer = None  # it stopped (see ColumnarLog.prepare_events): the plain way on
+                with self._lock:
+                    self._made.append(made)
+                if not everything:
+                    return True
+        finally:
+            self._prep_lock.release()
 
     def push(self, events: list[Event]) -> None:
         """Queue already-built events (e.g. a stored session's log) as if they were emitted."""
@@ -131,18 +203,35 @@ class EngineBridge(QObject):
     @property
     def num_pending(self) -> int:
         with self._lock:
-            return len(self._buffer) + self._num_ready
+            return len(self._buffer) + sum(map(len, self._made)) + self._num_ready
 
-    def _take(self, limit: int) -> list[Event]:
+    def _take(self, limit: int, everything: bool = False) -> list[Event]:
         """Up to `limit` events, in seq order (GUI thread): the engine threads' list is
-        taken whole in one swap, and batches are list slices of what was taken."""
+        taken whole in one swap, and batches are list slices of what was taken. While a
+        log is prepared for, the batches made so far are taken instead, and the buffer
+        only when its oldest event waited two frames (or with `everything`): a batch of
+        rows made is never merged with others, and holds no event without its rows."""
+        if self._preparer is not None:
+            with self._lock:
+                stale = bool(self._buffer) and (
+                    everything or time.perf_counter() - self._buffer_since > 2 * self._frame_ms / 1e3)
+            if stale:
+                self._prepare(blocking=everything, everything=everything)
         with self._lock:
-            fresh, self._buffer = self._buffer, []
-            unordered, self._out_of_order = self._out_of_order, False
+            made, self._made = self._made, []
+            fresh: list[Event] = []
+            unordered = False
+            if self._preparer is None:
+                fresh, self._buffer = self._buffer, []
+                unordered, self._out_of_order = self._out_of_order, False
+        for part in made:
+            self._ready.append(part)
+            self._num_ready += len(part)
         if fresh:
             if unordered:
                 fresh.sort(key=_SEQ)
-            if self._ready and fresh[0].seq < self._ready[-1][-1].seq:  # interleaved with what waits
+            if self._ready and fresh[0].seq < self._ready[-1][-1].seq and \
+                    not any(isinstance(part, PreparedBatch) for part in self._ready):  # interleaved with what waits
                 merged = [e for part in self._ready for e in part][self._ready_at:] + fresh
                 merged.sort(key=_SEQ)
                 self._ready.clear()
@@ -153,10 +242,15 @@ class EngineBridge(QObject):
         batch: list[Event] = []
         while self._ready and len(batch) < limit:
             part = self._ready[0]
+            if batch and not _joins(batch, part):
+                break
             a = self._ready_at
             b = min(len(part), a + limit - len(batch))
             if a == 0 and b == len(part) and not batch:
                 batch = part
+            elif isinstance(part, PreparedBatch):
+                piece = _slice(part, a, b)
+                batch = piece if not batch else PreparedBatch([*batch, *piece], [*batch.prepared, *piece.prepared])
             else:
                 batch += part[a:b]
             if b == len(part):
@@ -191,7 +285,7 @@ class EngineBridge(QObject):
         there a repaint between small batches costs more than the events themselves."""
         total = 0
         while total < max_events:
-            batch = self._take(min(MAX_BATCH, max_events - total))
+            batch = self._take(min(MAX_BATCH, max_events - total), everything=True)
             if not batch:
                 break
             total += len(batch)
@@ -208,7 +302,7 @@ class EngineBridge(QObject):
         self.last_tick = time.perf_counter()
         total = 0
         while True:
-            batch = self._take(MAX_BATCH if everything else self.batch_limit)
+            batch = self._take(MAX_BATCH if everything else self.batch_limit, everything)
             if not batch:
                 break
             total += len(batch)
@@ -231,3 +325,24 @@ class EngineBridge(QObject):
     def stop(self) -> None:
         self._timer.stop()
         self.detach()
+
+
+def _slice(part: PreparedBatch, a: int, b: int) -> PreparedBatch:
+    """Events [a, b) of a batch from `EngineBridge._prepare`, with the rows made for them
+    (its one `PreparedRows` covers a prefix of its events)."""
+    rows = part.prepared[0] if part.prepared else None
+    if rows is None or a >= len(rows):
+        return PreparedBatch(part[a:b])
+    kept = rows.split(a)[1].split(min(b, len(rows)) - a)[0] if a or b < len(rows) else rows
+    return PreparedBatch(part[a:b], [kept])
+
+
+def _joins(batch: list[Event], part: list[Event]) -> bool:
+    """Whether `part` may follow `batch` in one batch: rows made for one log only, every
+    event with rows before every event without."""
+    if not isinstance(batch, PreparedBatch) or not isinstance(part, PreparedBatch):
+        return not isinstance(batch, PreparedBatch) and not isinstance(part, PreparedBatch)
+    covered = sum(len(p) for p in batch.prepared)
+    if covered < len(batch) or not part.prepared:
+        return False
+    return not batch.prepared or batch.prepared[-1].log is part.prepared[0].log

@@ -135,6 +135,7 @@ class AppContext(QObject):
         super().__init__(parent)
         self.bridge = EngineBridge(self)
         self.state = PoolState(self.bridge)
+        self.bridge.follow(self.state)  # the state's live log gets its rows made on the engine threads
         self.worker = ModelWorker(self)
         self.selection = BlockSelection(self)
         self.store = store

@@ -311,11 +311,12 @@ class ColumnarLog:
         self._others: dict[int, Event] = {}  # seq -> a live event the columns do not describe
         # rows made, not yet written (`_flush`): `num_rows` counts written rows only, so rows
         # made on an engine thread (`prepare_events`) are invisible until the GUI thread writes them
-        self._pending: list[tuple[int, ...]] = []
+        self._pending: list[int] = []  # eight values a row, flat (one numpy conversion, no tuple each)
         # False once `prepare_events` met an event it cannot make rows for off the writing thread
         self.preparable = True
         self._pending_seq = -1  # the seq of the last event whose rows were made
         self.num_made = 0  # rows made so far, written or (`prepare_events`) not yet
+        self._spare: tuple[int, dict[str, np.ndarray]] | None = None  # `reserve`: (rows copied, columns)
         self._no_request = -1  # the occurrence "" that cache resets and other events name
         # a live pool that grew: the first row that saw each block (-1: there from the start)
         # and the free-queue place it joined at; blocks appear in id order
@@ -353,14 +354,14 @@ class ColumnarLog:
     def _row(self, kind: int, seq: int, request: int, block: int = -1, key: int = -1, a: int = 0, b: int = 0,
              flag: int = 0) -> None:
         # a row is a tuple until `_flush` writes a batch of them into the columns at once
-        self._pending.append((kind, seq, request, block, key, a, b, flag))
+        self._pending.extend((kind, seq, request, block, key, a, b, flag))
 
     def _flush(self) -> None:
         """Write the rows `_row` queued into the columns (one numpy assignment per column)."""
         rows = self._pending
         if not rows:
             return
-        self.write_rows(np.array(rows, np.int64))
+        self.write_rows(np.fromiter(rows, np.int64, len(rows)).reshape(-1, 8))
         rows.clear()
 
     def write_rows(self, table: np.ndarray) -> None:
@@ -370,14 +371,42 @@ class ColumnarLog:
         self._write_table(self.num_rows, table)
         self.num_rows += len(table)
 
+    def reserve(self, rows: int) -> None:
+        """Make room for `rows` rows past those made so far, on the thread that makes them
+        (an engine thread, after `prepare_events`): the larger columns are allocated and
+        the rows written by now copied there, so the writing thread, when its columns fill,
+        copies only the rows it wrote since (`_write_table`) instead of the whole log."""
+        cap = len(self._cols["kind"])
+        need = max(self.num_made, self.num_rows) + rows
+        spare = self._spare
+        if need <= cap or (spare is not None and len(spare[1]["kind"]) >= need):
+            return
+        n0 = self.num_rows  # written rows never change: copying them races with nothing
+        new_cap = max(need, cap + cap // 2)
+        cols = {}
+        for name, arr in list(self._cols.items()):
+            grown = np.zeros(new_cap, arr.dtype)
+            grown[:n0] = arr[:n0]
+            cols[name] = grown
+        self._spare = (n0, cols)
+
     def _write_table(self, start: int, table: np.ndarray) -> None:
         stop = start + len(table)
-        if stop > len(self._cols["kind"]):
-            new_cap = max(stop, 2 * len(self._cols["kind"]))
-            for name, arr in self._cols.items():
-                grown = np.zeros(new_cap, arr.dtype)
-                grown[:start] = arr[:start]
-                self._cols[name] = grown
+        cap = len(self._cols["kind"])
+        if stop > cap:
+            spare, self._spare = self._spare, None
+            if spare is not None and len(spare[1]["kind"]) >= stop:
+                n0, cols = spare
+                for name, arr in list(self._cols.items()):
+                    grown = cols[name]
+                    grown[n0:start] = arr[n0:start]
+                    self._cols[name] = grown
+            else:
+                new_cap = max(stop, cap + cap // 2)
+                for name, arr in list(self._cols.items()):
+                    grown = np.zeros(new_cap, arr.dtype)
+                    grown[:start] = arr[:start]
+                    self._cols[name] = grown
         for name, j in _ROW_ORDER:
             self._cols[name][start:stop] = table[:, j]
 
@@ -394,7 +423,7 @@ class ColumnarLog:
             self._born_place = np.concatenate([self._born_place, np.zeros(extra, np.int64)])
             if self._live_keys is not None:
                 self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
-        row = self.num_rows + len(self._pending)  # the row the growing event makes next
+        row = self.num_rows + len(self._pending) // 8  # the row the growing event makes next
         self._born_row[n:top + 1] = row
         self._born_place[n:top + 1] = TAIL_BASE + 2 * row - 1
         self.num_blocks = top + 1
@@ -524,14 +553,14 @@ class ColumnarLog:
         except Exception:  # refused again, with its sentence, by `append_events` on the writing thread
             last = self._pending_seq  # the last event made whole
             done = bisect.bisect_right([e.seq for e in events], last)
-            while rows and rows[-1][1] > last:
-                rows.pop()
+            while rows and rows[-7] > last:  # a row's seq is its second value
+                del rows[-8:]
         finally:
             self._pending = []
         if done < len(events):
             self.preparable = False
-        self.num_made = row0 + len(rows)
-        return np.array(rows, np.int64).reshape(len(rows), 8), done, row0
+        self.num_made = row0 + len(rows) // 8
+        return np.fromiter(rows, np.int64, len(rows)).reshape(-1, 8), done, row0
 
     def _append_all(self, events: list[Event], partial: bool) -> int:
         """Queue the rows of `events`; with `partial`, stop before the first event that
@@ -540,6 +569,7 @@ class ColumnarLog:
             self._live_keys = np.full(self.num_blocks, -1, np.int32)
         reqs = self.requests
         pending = self._pending
+        put = pending.extend
         by_digest = self.keys._by_digest
         key_of = self.keys.key_of
         live_request = self._live_request
@@ -564,9 +594,10 @@ class ColumnarLog:
                     r = self._request_row(e)
                 ids, hit = e.block_ids, e.num_hit_blocks
                 if ids:  # one row per block, queued as `_row` would (without a call per block)
-                    pending.extend([(ALLOCATED, s, r, blk, -1, hit, 0, 0) for blk in ids])
+                    for blk in ids:
+                        put((ALLOCATED, s, r, blk, -1, hit, 0, 0))
                 else:
-                    pending.append((ALLOCATED, s, r, -1, -1, hit, 0, 0))
+                    put((ALLOCATED, s, r, -1, -1, hit, 0, 0))
             elif t is RefCountsChanged:
                 rid = e.request_id
                 r = live_request.get(rid) if rid else None
@@ -574,9 +605,10 @@ class ColumnarLog:
                     r = self._request_row(e)
                 ids = e.block_ids
                 if ids:
-                    pending.extend([(REF, s, r, blk, -1, ref, 0, 0) for blk, ref in zip(ids, e.ref_counts)])
+                    for blk, ref in zip(ids, e.ref_counts):
+                        put((REF, s, r, blk, -1, ref, 0, 0))
                 else:
-                    pending.append((REF, s, r, -1, -1, 0, 0, 0))
+                    put((REF, s, r, -1, -1, 0, 0, 0))
             elif t is BlockStored and e.remote is None:
                 rid = e.request_id
                 r = live_request.get(rid) if rid else None
@@ -585,7 +617,7 @@ class ColumnarLog:
                 k = key_of(e.block_hash, (e.parent_hash, e.token_ids if type(e.token_ids) is tuple
                                           else tuple(e.token_ids), e.salt, e.external_id))
                 cur[e.block_id] = k
-                pending.append((STORED, s, r, e.block_id, k, 0, 0, 0))
+                put((STORED, s, r, e.block_id, k, 0, 0, 0))
             elif t is BlockEvicted and e.remote is None:
                 rid = e.by_request_id
                 r = live_request.get(rid) if rid else None
@@ -595,14 +627,14 @@ class ColumnarLog:
                 if k is None:
                     k = key_of(e.block_hash)
                 cur[e.block_id] = -1
-                pending.append((EVICTED, s, r, e.block_id, k, 0, 0, 0))
+                put((EVICTED, s, r, e.block_id, k, 0, 0, 0))
             elif t is RequestStarted or t is RequestRefused:
                 r = reqs.add(e.request_id, getattr(e, "salt", None), getattr(e, "num_prompt_tokens", 0))
                 live_request[e.request_id] = r
                 if t is RequestStarted:
-                    pending.append((STARTED, s, r, -1, -1, 0, 0, 0))
+                    put((STARTED, s, r, -1, -1, 0, 0, 0))
                 else:
-                    pending.append((REFUSED, s, r, -1, -1, e.num_blocks_needed, e.num_blocks_available, 0))
+                    put((REFUSED, s, r, -1, -1, e.num_blocks_needed, e.num_blocks_available, 0))
             elif t is LookupDone:
                 r = self._request_row(e)
                 got = [by_digest.get(h) for h in e.block_hashes]
@@ -616,20 +648,21 @@ class ColumnarLog:
                     b = self._salt_id(m.other_salt or "")
                 else:
                     b = -1 if m.divergence_token is None else m.divergence_token
-                pending.append((LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code))
+                put((LOOKUP, s, r, m.first_miss_block, -1, e.num_hit_blocks, b, code))
             elif t is BlocksFreed:
                 r = self._request_row(e)
                 ids = e.block_ids
                 if ids:
                     # a block the pool does not have is skipped when freed, as PoolProjection does
                     nb = self.num_blocks
-                    pending.extend([(FREED, s, r, blk, -1, 0, 0, 1 if cur[blk] >= 0 else 0) if 0 <= blk < nb
-                                    else (FREED, s, r, -1, -1, 0, 0, 0) for blk in ids])
+                    for blk in ids:
+                        put((FREED, s, r, blk, -1, 0, 0, 1 if cur[blk] >= 0 else 0) if 0 <= blk < nb
+                            else (FREED, s, r, -1, -1, 0, 0, 0))
                 else:
-                    pending.append((FREED, s, r, -1, -1, 0, 0, 0))
+                    put((FREED, s, r, -1, -1, 0, 0, 0))
             elif t is RequestFinished:
                 r = self._request_row(e)
-                pending.append((FINISHED, s, r, -1, -1, e.num_tokens_with_kv, 0, int(e.aborted)))
+                put((FINISHED, s, r, -1, -1, e.num_tokens_with_kv, 0, int(e.aborted)))
             elif t is BlockStored or t is BlockEvicted:  # a remote server's: its slots
                 if partial:
                     return i

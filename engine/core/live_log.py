@@ -29,19 +29,37 @@ FIRST_CHECKPOINT_ROWS = 16_384
 
 
 class _Growing:
-    """A numpy array appended to in batches (capacity doubled), read as a view."""
+    """A numpy array appended to in batches (capacity grown by half), read as a view; as
+    `ColumnarLog.reserve` does for the rows, another thread may make the larger array
+    ahead (`reserve`), so the writer copies only what it wrote since."""
 
-    __slots__ = ("_buf", "n")
+    __slots__ = ("_buf", "n", "_spare")
 
     def __init__(self, dtype: Any) -> None:
         self._buf = np.zeros(1024, dtype)
         self.n = 0
+        self._spare: tuple[int, np.ndarray] | None = None
+
+    def reserve(self, ahead: int) -> None:
+        buf, n0 = self._buf, self.n
+        need = n0 + ahead
+        spare = self._spare
+        if need <= len(buf) or (spare is not None and len(spare[1]) >= need):
+            return
+        grown = np.zeros(max(need, len(buf) + len(buf) // 2), buf.dtype)
+        grown[:n0] = buf[:n0]
+        self._spare = (n0, grown)
 
     def extend(self, values: np.ndarray) -> None:
         need = self.n + len(values)
         if need > len(self._buf):
-            grown = np.zeros(max(need, 2 * len(self._buf)), self._buf.dtype)
-            grown[:self.n] = self._buf[:self.n]
+            spare, self._spare = self._spare, None
+            if spare is not None and len(spare[1]) >= need:
+                n0, grown = spare
+                grown[n0:self.n] = self._buf[n0:self.n]
+            else:
+                grown = np.zeros(max(need, len(self._buf) + len(self._buf) // 2), self._buf.dtype)
+                grown[:self.n] = self._buf[:self.n]
             self._buf = grown
         self._buf[self.n:need] = values
         self.n = need
@@ -111,6 +129,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._seqs, self._kinds, self._times = _Growing(np.int64), _Growing(np.uint8), _Growing(np.float64)
         self._columns = {name: _Growing(dtype) for name, dtype in _SERIES}
         self._refusals, self._resets = _Growing(np.int64), _Growing(np.int64)
+        self._made_events = 0  # events `prepare` made rows for
         self.events = LazyEvents(self)
         self._index: dict[str, Any] = {}
         self._live: ArrayProjection | None = None
@@ -232,10 +251,20 @@ class LiveColumnarLog(ColumnarEventLog):
         Events must come in seq order, each batch after the one before; the rows cover the
         first `len(result)` of them, all unless an event needs the writing thread (see
         `ColumnarLog.prepare_events`): that one and every later one go to `extend`."""
-        table, done, row0 = self.columnar.prepare_events(events)
+        col = self.columnar
+        table, done, row0 = col.prepare_events(events)
         seqs = np.fromiter((e.seq for e in events[:done]), np.int64, done)
         times = np.fromiter((e.time for e in events[:done]), np.float64, done)
+        # room ahead for what waits to be written and as much again, made here, not there
+        col.reserve(max(4 * len(table), len(col._cols["kind"]) // 8))
+        self._made_events += done
+        ahead = 4 * done + self._made_events - len(self._seqs.view)
+        for arr in self._per_event_arrays():
+            arr.reserve(max(ahead, len(arr._buf) // 8))
         return PreparedRows(self, row0, table, seqs, times)
+
+    def _per_event_arrays(self) -> list[_Growing]:
+        return [self._starts, self._ends, self._seqs, self._kinds, self._times, *self._columns.values()]
 
     def extend_prepared(self, prepared: Iterable[PreparedRows]) -> None:
         """Write rows `prepare` made, in the order they were made: the columns, then the
