@@ -9,7 +9,9 @@ the bundled traces and the recorded wire fixtures, large enough that the tables 
 they compile the signatures the suite and the app use:
 
 - kernel: the replay with and without a log on a token trace and a Mooncake slice, the
-  chunked stream, the log's series and indexes, and the columnar statistics;
+  chunked stream, the log's series and indexes, the columnar statistics, and a live
+  source's columnar log (seven test files use it; `make test` no longer runs the install's
+  warm-up first, so each worker would compile it);
 - pool: every recorded vLLM/SGLang fixture through the columnar pool and its wire
   decoder, with a short removal memory and resets, and the pool's queries.
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))  # `tests.test_fastwire` holds the readers of the 
 def warm_kernel() -> None:
     from engine.analysis.statistics_columnar import compute_columnar
     from engine.core.columnar_log import ColumnarEventLog
+    from engine.core.live_log import warm_up as warm_live_log
     from engine.core.replay import ReplayConfig
     from engine.core.trace import read_trace
     from engine.kernel import replay_kernel
@@ -48,6 +51,7 @@ def warm_kernel() -> None:
         log.warm()  # the series loop and the indexes the views read first
         compute_columnar(log)
     replay_stream(chunks_of(requests, 500), config)  # the Mooncake slice, in chunks
+    warm_live_log()
 
 
 def warm_pool() -> None:
