@@ -136,7 +136,7 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
            f"L_token_start_batch_row_order_{pool.L.dtype}": pool.L.nbytes / n,
            "C_tokens_announced_removed_copies_tenant_uint32": pool.C.nbytes / n,
            "F_width_tier_parent_width_uint8": pool.F.nbytes / n,
-           "table_int32_at_load": round(pool.S[colpool.S_LIVE] / len(pool.tab), 3),
+           "table_uint32_at_load": round(pool.S[colpool.S_LIVE] / (len(pool.tab) - 1), 3),
            "table": pool.tab.nbytes / n,
            f"token_ids_{pool.tok.dtype}": pool.tok.nbytes / n,
            "token_ids_used_per_block": round(int(pool.S[colpool.S_TOKUSED]) / n, 2),
