@@ -33,6 +33,9 @@ NUM_AGES = len(AGE_EDGES) + 1
 # A grid of more cells than this is aggregated: one cell shows its hottest block (a GPU
 # block over a CPU one, a new one over an old one), so a redraw costs the same at any size.
 MAX_CELLS = 1 << 18
+# An aggregated grid re-ages this many slots a redraw (`cell_codes`), a whole pass per second
+# of the stream in slices, so no redraw re-ages a 10M-slot pool at once.
+SWEEP_SLOTS = 1 << 20
 LARGE_POOL = 100_000
 MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
 SAMPLE_EVERY_S = 0.25
@@ -85,7 +88,8 @@ class RemoteOverlay:
     __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
-                 "_touched", "revision", "_counts", "journal")
+                 "_touched", "revision", "_counts", "journal", "_cells", "_cells_k", "_cells_n", "_sweep_at",
+                 "_sweep_second")
 
     def __init__(self) -> None:
         self.tier = np.zeros(0, dtype=np.uint8)
@@ -111,6 +115,13 @@ class RemoteOverlay:
         self.revision = 0  # bumps with every observed batch
         self._counts: tuple[int, int, list[TierCount]] | None = None
         self.journal: Any = None  # a JournalFollower once journal rows are observed
+        # `cell_codes`: the aggregated grid kept between redraws (None: rebuild it), the
+        # slots per cell and slots it covers, and how far the sweep that re-ages it got
+        self._cells: np.ndarray | None = None
+        self._cells_k = 0
+        self._cells_n = 0
+        self._sweep_at = 0
+        self._sweep_second: float | None = None
 
     def _grow(self, n: int) -> None:
         if n <= len(self.tier):
@@ -255,7 +266,56 @@ class RemoteOverlay:
             idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
             self._codes[idx] = self.base[idx]
         self._touched.clear()
+        self._cells = None  # the touched slots are spent: an aggregated grid starts over
         return self._codes[:n]
+
+    def cell_codes(self, projection: PoolProjection, now: float | None = None,
+                   max_cells: int = MAX_CELLS) -> tuple[np.ndarray, int]:
+        """(cell codes, slots per cell), as `aggregate(codes(...))` gives them, kept between
+        calls: only the cells of slots stored or removed since the last call (or added to
+        the pool) are taken again, and ages move on by a slice of `SWEEP_SLOTS` slots a
+        call, a whole pass once per second of the stream, instead of the pool at every
+        redraw. Ages may lag by the calls a pass takes (a 10M-slot pool: ten); a cell
+        shows the hottest of its slots. The result is shared and must be treated as read-only."""
+        n = projection.num_blocks
+        if n <= max_cells:
+            return self.codes(projection, now), 1
+        self._grow(n)
+        now = self.now if now is None else now
+        second = math.floor(now)
+        k = math.ceil(n / max_cells)
+        edges = np.array([now - edge for edge in AGE_EDGES], dtype=np.float64)
+        loop = _compiled_cells()
+        cells = self._cells
+        if cells is None or self._cells_k != k or self._codes_second is None or len(self._codes) != len(self.base):
+            self._codes = np.zeros(len(self.base), np.uint8)
+            cells = self._cells = np.zeros(math.ceil(len(self.base) / k), np.uint8)
+            self._cells_k = k
+            loop(self.base, self.stored_at, edges, self._codes, cells, k, 0, n, n)
+            self._touched.clear()
+            self._codes_second = self._sweep_second = second
+            self._cells_n = self._sweep_at = n
+            return cells[:math.ceil(n / k)], k
+        if self._touched:
+            # stores are the freshest blocks, removals 0: their cells take their runs' maxima again
+            idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
+            idx = idx[idx < n]
+            self._codes[idx] = self.base[idx]
+            _cells_of(self._codes, cells, k, n, np.unique(idx // k))
+            self._touched.clear()
+        if n != self._cells_n:  # slots the pool gained since: their cells from the first they touch
+            lo = min(n, self._cells_n) // k * k
+            loop(self.base, self.stored_at, edges, self._codes, cells, k, lo, n, n)
+            self._cells_n = n
+        if self._sweep_at >= n and second != self._sweep_second:
+            self._sweep_at, self._sweep_second = 0, second
+        if self._sweep_at < n:
+            lo = self._sweep_at
+            hi = min(n, (lo + SWEEP_SLOTS + k - 1) // k * k)
+            loop(self.base, self.stored_at, edges, self._codes, cells, k, lo, hi, n)
+            self._sweep_at = hi
+        self._codes_second = second
+        return cells[:math.ceil(n / k)], k
 
     def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
         """Cached blocks per tier (GPU, CPU, STORAGE, then any tier vLLM adds)."""
@@ -445,6 +505,46 @@ def _observe_loop(op, slot, t, code, fresh, ident, count, rank, tier, rank_of, s
                 removed_out[st[1]] = t[i]
                 st[1] += 1
             st[8] = i
+
+
+def _cells_loop(base: np.ndarray, stored: np.ndarray, edges: np.ndarray, codes: np.ndarray, cells: np.ndarray,
+                k: int, lo: int, hi: int, n: int) -> None:  # pragma: no cover - compiled
+    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge) and the maximum of
+    every cell of `k` slots they fall in (slots past `n` count as empty)."""
+    for c in range(lo // k, (hi + k - 1) // k):
+        top = 0
+        for i in range(c * k, min(c * k + k, n)):
+            v = codes[i]
+            if lo <= i < hi:
+                v = base[i]
+                if v:
+                    t = stored[i]
+                    for e in edges:
+                        if t < e:
+                            v -= 1
+                codes[i] = v
+            if v > top:
+                top = v
+        cells[c] = top
+
+
+def _cells_of(codes: np.ndarray, cells: np.ndarray, k: int, n: int, which: np.ndarray) -> None:
+    """The maximum of each cell in `which` over its `k` slots (slots past `n` are empty)."""
+    if not len(which):
+        return
+    idx = which[:, None] * k + np.arange(k)
+    cells[which] = np.where(idx < n, codes[np.minimum(idx, n - 1)], 0).max(axis=1)
+
+
+_CELLS: list[Any] = []
+
+
+def _compiled_cells() -> Any:
+    if not _CELLS:
+        from numba import njit
+
+        _CELLS.append(njit(cache=True, nogil=True)(_cells_loop))
+    return _CELLS[0]
 
 
 _OBSERVE: list[Any] = []

@@ -27,7 +27,7 @@ from app.ui.filter_bar import FilterBar
 from app.ui.colors import block_colors, legend_line, swatch, tier_colors
 from app.ui.export import export_button, header_row
 from app.runtime.remote import decode_tokens
-from engine.remote.overlay import NUM_AGES, TIERS, aggregate
+from engine.remote.overlay import NUM_AGES, TIERS
 from engine.core.projection import PoolProjection
 from app.ui.widgets import PanelView
 
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
 FLASH_SECONDS = 0.6
+FRAME_MS = 16  # redraws of a stream of changes to a pool this large are coalesced to at most
+COALESCE_BLOCKS = 100_000  # one per frame (a smaller one redraws in a millisecond or two, at once)
 MAX_CELL_PX = 44  # a small pool is not drawn as giant tiles
 MAX_TOOLTIP_TOKENS = 48
 
@@ -179,6 +181,11 @@ class BlockTableView(PanelView):
         self._flash_timer = QTimer(self)
         self._flash_timer.setSingleShot(True)
         self._flash_timer.timeout.connect(self._end_flash)
+        self._frame_timer = QTimer(self)  # the redraw a change within the last frame waits for
+        self._frame_timer.setSingleShot(True)
+        self._frame_timer.timeout.connect(self.refresh)
+        self._last_redraw = -1.0
+        self._stale = False  # a change came while the view was off screen: redraw when shown
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
         self.apply_theme()
@@ -263,7 +270,10 @@ class BlockTableView(PanelView):
             self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
 
     def refresh(self) -> None:
-        """Redraw if the projection changed since the last frame."""
+        """Redraw if the projection changed since the last frame: at most once a frame for a
+        pool of more than `COALESCE_BLOCKS` blocks (a change within the frame waits for its
+        end), and not while the window is up but this view is off screen (a dock tab
+        behind another): it redraws when shown."""
         if self.state.version == self._drawn_version:
             return
         batch = self.state.last_batch
@@ -271,7 +281,31 @@ class BlockTableView(PanelView):
             self._flash_until = time.monotonic() + self.flash_seconds
             self._flash_timer.start(int(self.flash_seconds * 1000) + 20)
         self._last_batch = batch
+        if self.window().isVisible() and not self.is_shown():
+            self._stale = True
+            return
+        wait_ms = FRAME_MS - (time.monotonic() - self._last_redraw) * 1000
+        if wait_ms > 0 and self.state.projection.num_blocks > COALESCE_BLOCKS:
+            if not self._frame_timer.isActive():
+                self._frame_timer.start(int(wait_ms) + 1)
+            return
         self.redraw()
+
+    def is_shown(self) -> bool:
+        """True if some of the view is on screen (Qt calls a dock tab behind another visible)."""
+        return self.isVisible() and not self.visibleRegion().isEmpty()
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._stale:
+            self._stale = False
+            QTimer.singleShot(0, self.refresh)
+
+    def paintEvent(self, event: Any) -> None:  # noqa: N802 - Qt override
+        super().paintEvent(event)
+        if self._stale:  # its tab came forward
+            self._stale = False
+            QTimer.singleShot(0, self.refresh)
 
     def _end_flash(self) -> None:
         self.redraw()
@@ -279,6 +313,10 @@ class BlockTableView(PanelView):
     def redraw(self) -> None:
         p = self.state.projection
         self._drawn_version = self.state.version
+        self._last_redraw = time.monotonic()
+        self._draw(p)
+
+    def _draw(self, p: PoolProjection) -> None:
         if self._remote_live():
             colors, per_cell = self._remote_cells(p)
         else:
@@ -322,7 +360,7 @@ class BlockTableView(PanelView):
     def _remote_cells(self, p: PoolProjection) -> tuple[np.ndarray, int]:
         """Cell colours of a live remote pool (tier and age), aggregated past MAX_CELLS."""
         remote = self.state.remote
-        codes, per_cell = aggregate(remote.codes(p))
+        codes, per_cell = remote.cell_codes(p)  # kept between redraws: only what changed is taken again
         lut = remote_lut(self.colors, self.tiers, remote.tier_names)
         # a gather of 32-bit words is several times quicker than of (n, 4) rows
         words = np.take(lut.view(np.uint32).reshape(-1), codes, mode="clip")
