@@ -110,8 +110,9 @@ def pytest_runtest_teardown(item, nextitem):
 # ---------------------------------------------------------------- numba, compiled once a run
 # Under pytest-xdist the controller compiles the engine's numba functions into numba's disk
 # cache (tests/_warmup.py: the kernel and the columnar pool, two processes side by side)
-# while the workers start and collect, and a worker's first import of what they compile
-# waits for it: a fresh clone compiles them once, not once per worker at the same moment.
+# while the workers start and collect, and a worker that imports what they compile waits
+# for it before its first test (`_WaitBeforeCompiling`): a fresh clone compiles them once,
+# not once per worker at the same moment.
 # With a warm cache they load in a few seconds of CPU.
 _WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the files the warm-ups write when they end
 _WARMUP_PARTS = ("kernel", "pool")
@@ -156,20 +157,38 @@ class _WaitBeforeCompiling(importlib.abc.MetaPathFinder):
     """On a worker, the first import of what the warm-up compiles waits for that part:
     numba itself (the kernel, the log's series, the statistics) for the kernel part, the
     wire decoder and the columnar pool for the pool part. A worker whose tests never
-    touch them starts at once."""
+    touch them starts at once.
+
+    While the worker collects, an import only notes the part it needs, and the worker
+    waits for those parts when its collection ends (`collected`), before its first test:
+    importing compiles nothing (the engine's functions compile at their first call, and
+    no test module calls one at import: a collection leaves every dispatcher without a
+    signature), so collection and warm-up share the cores instead of taking turns."""
 
     WAITS = {"numba": ("kernel",), "engine.remote.fastwire": ("pool",), "engine.remote.colpool": ("pool",)}
 
     def __init__(self) -> None:
         self.pending = dict(self.WAITS)
+        self.collecting = True
+        self.needed: set[str] = set()  # parts that imports during collection asked for
 
     def find_spec(self, name, path=None, target=None):
         parts = self.pending.pop(name, None)
         if parts is not None:
             if not self.pending:
                 sys.meta_path.remove(self)
-            _wait_for_warmup(parts)
+            if self.collecting:
+                self.needed.update(parts)
+            else:
+                _wait_for_warmup(parts)
         return None  # the ordinary finders import it
+
+    def collected(self) -> None:
+        self.collecting = False
+        _wait_for_warmup(self.needed)
+
+
+_FINDER_KEY = pytest.StashKey[_WaitBeforeCompiling]()  # worker: the finder, told when collection ends
 
 
 def _hold_numba_until_warm(config) -> None:
@@ -178,7 +197,15 @@ def _hold_numba_until_warm(config) -> None:
     if any(name in sys.modules for name in _WaitBeforeCompiling.WAITS):  # imported already (a plugin): wait now
         _wait_for_warmup(_WARMUP_PARTS)
     else:
-        sys.meta_path.insert(0, _WaitBeforeCompiling())
+        finder = _WaitBeforeCompiling()
+        sys.meta_path.insert(0, finder)
+        config.stash[_FINDER_KEY] = finder
+
+
+def pytest_collection_finish(session):
+    finder = session.config.stash.get(_FINDER_KEY, None)
+    if finder is not None:
+        finder.collected()
 
 
 def pytest_terminal_summary(terminalreporter, config):
