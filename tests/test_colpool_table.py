@@ -109,14 +109,14 @@ def test_the_pretouch_pass_reads_only():
     nk = np.array([len(b.keys) for b in run])
     rows[:, fastwire.R_HASH0] += np.repeat(np.cumsum(nk) - nk, [len(b.rows) for b in run])
     arrays = {name: getattr(pool, name).copy() for name in ("tab", "K", "L", "C", "F", "S")}
-    maps = [(m, [a.copy() for a in (m.tab, m.k, m.v)]) for m in (pool.removed, pool.departed_map)]
-    colpool._pretouch(pool.tab, pool.K, pool.L, pool.C, pool.F, pool.removed.tab, pool.removed.k, pool.removed.v,
-                      pool.departed_map.tab, pool.departed_map.k, pool.departed_map.v, rows, parents, keys, 0,
-                      len(rows))
+    maps = [(m, [a.copy() for a in (m.tab, m.k, m.w, m.v, m.fifo, m.os)]) for m in (pool.removed, pool.departed_map)]
+    ra, dp = ((m.tab, m.k, m.w, m.v, m.fifo, m.os) for m in (pool.removed, pool.departed_map))
+    assert len(pool.removed) == 300 and len(pool.departed_map) == 300  # full: the removals drop the oldest
+    colpool._pretouch(pool.tab, pool.K, pool.L, pool.C, pool.F, *ra, *dp, rows, parents, keys, 0, len(rows))
     for name, before in arrays.items():
         assert np.array_equal(getattr(pool, name), before), name
     for m, before in maps:
-        assert all(np.array_equal(a, b) for a, b in zip((m.tab, m.k, m.v), before))
+        assert all(np.array_equal(a, b) for a, b in zip((m.tab, m.k, m.w, m.v, m.fifo, m.os), before))
 
 
 def test_a_pool_larger_than_one_table_is_refused_in_one_sentence():

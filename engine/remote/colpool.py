@@ -717,22 +717,46 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
 
 
 @njit(cache=True)
-def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_v, dp_tab, dp_k, dp_v, rows, parents, keys, lo, hi):  # pragma: no cover
+def _touch_oldest(otab, ok, ow, ov, fifo, os, num):  # pragma: no cover - compiled
+    """Read the `num` oldest entries of an ordered map (the ones a full map drops next) and
+    their home entries in its table; returns the sum."""
+    acc = np.int64(0)
+    q0, q1 = os[O_HEAD], min(os[O_HEAD] + num, os[O_TAIL])
+    for q in range(q0, q1):
+        e = fifo[q]
+        if e >= 0:
+            acc += np.int64(ok[e] & np.uint64(1)) + ov[e, 2]
+    mask = np.uint64(len(otab) - 1)
+    for q in range(q0, q1):
+        e = fifo[q]
+        if e >= 0:
+            acc += otab[np.int64(_mix(ok[e], ow[e], -1) & mask)]
+    return acc
+
+
+@njit(cache=True)
+def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os,
+              rows, parents, keys, lo, hi):  # pragma: no cover - compiled
     """Read, before events lo..hi-1 of common events use them, the table entries and rows
     their hashes will probe: the home entry of each hash (and parent) in the pool's table
-    and the two maps', then the rows of the entry there with the hash's fingerprint. Each
-    read depends on no other, so the CPU has many in flight; the run's own probes, each
-    waiting for the one before, then find them in the cache (on this VM a dependent random
-    read costs about 190 ns, an independent one about 14). Reads only; returns their sum."""
+    and the two maps', then the rows of the entry there with the hash's fingerprint (and,
+    for a removal, the rows of the entries after it that its backward shift reads), and
+    the maps' oldest entries that the removals will drop. Each read depends on no other,
+    so the CPU has many in flight; the run's own probes, each waiting for the one before,
+    then find them in the cache (on this VM a dependent random read costs about 190 ns,
+    an independent one about 14). Reads only; returns their sum."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
     smask = (np.int64(1) << sb) - 1
     ra_mask = np.uint64(len(ra_tab) - 1)
     dp_mask = np.uint64(len(dp_tab) - 1)
     acc = np.int64(0)
+    removed = 0
     for i in range(lo, hi):  # the table entries
         t = 1 if rows[i, R_MEDIUM] == 2 else 0
         h0 = rows[i, R_HASH0]
+        if rows[i, R_KIND] == KIND_REMOVED:
+            removed += rows[i, R_NHASH]
         for j in range(h0, h0 + rows[i, R_NHASH]):
             k = keys[j]
             acc += np.int64(tab[_home(_mix(k, W_U64, t), size)])
@@ -740,23 +764,31 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_v, dp_tab, dp_k, dp_v, rows, par
             acc += ra_tab[np.int64(y & ra_mask)] + dp_tab[np.int64(y & dp_mask)]
         if rows[i, R_PARENT]:
             acc += np.int64(tab[_home(_mix(parents[i], W_U64, t), size)])
+    if removed:
+        acc += _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed)
+        acc += _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed)
     for i in range(lo, hi):  # the rows they name (the entries are cached now)
         t = 1 if rows[i, R_MEDIUM] == 2 else 0
         h0 = rows[i, R_HASH0]
+        removal = rows[i, R_KIND] == KIND_REMOVED
         for j in range(h0, h0 + rows[i, R_NHASH]):
             k = keys[j]
             x = _mix(k, W_U64, t)
             want = _fingerprint(x, sb)
             p = _home(x, size)
-            while True:
+            found = False
+            for _ in range(size):
                 e = np.int64(tab[p])
                 if e == 0:
                     break
-                if (e >> sb) == want:
+                if found or (e >> sb) == want:
                     s = (e & smask) - 1
-                    acc += np.int64(K[s, 0] & np.uint64(1)) + np.int64(F[s, 0]) + np.int64(C[s, 0]) \
-                        + np.int64(L[s, 0])
-                    break
+                    acc += np.int64(K[s, 0] & np.uint64(1)) + np.int64(F[s, 0])
+                    if not found:
+                        acc += np.int64(C[s, 0]) + np.int64(L[s, 0])
+                        found = True
+                        if not removal:
+                            break
                 p += 1
                 if p == size:
                     p = 0
@@ -785,8 +817,8 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v,
         lo, hi = bounds[f], bounds[f + 1]
         S[S_BID] = bid0 + f
         if hi > lo:
-            S[S_TOUCHED] += _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_v, dp_tab, dp_k, dp_v, rows, parents, keys,
-                                      lo, hi) & 1
+            S[S_TOUCHED] += _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w,
+                                      dp_v, dp_fifo, dp_os, rows, parents, keys, lo, hi) & 1
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                  dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
                  empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO)
