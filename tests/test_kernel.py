@@ -37,6 +37,7 @@ def assert_same(requests, config):
     expected, expected_events = python_run(requests, config)
     got = replay_kernel(requests, config, record=True)
     assert got.result.to_dict() == expected.to_dict()
+    assert got.result.requests == expected.requests  # the rows made on demand from the columns
     events = list(got.log.events(time=0.0))
     assert len(events) == len(expected_events)
     for mine, theirs in zip(events, expected_events):

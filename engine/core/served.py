@@ -1,12 +1,14 @@
 """What serving requests produced, as typed values: one `ServedRequest` per request (served
 or refused), the `ReplayTotals` of a run and the `ReplayResult` the replay commands print.
 `to_dict()` gives the JSON rows of the replay contract; everything else passes the objects.
+A compiled replay keeps its rows as columns (`RowColumns`): the JSON rows and the totals
+are read from the arrays, and `ServedRequest` objects are made only when a caller asks.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 # Optional fields in the order they follow the always-present ones in a JSON row; a field
 # left None is not part of the row (a no-model replay has no timings, a trace no messages).
@@ -92,18 +94,63 @@ class ReplayTotals:
         return asdict(self)
 
 
-@dataclass(slots=True)
+class RowColumns(Protocol):
+    """Rows kept as columns (the compiled kernel's `engine.kernel.result.ServedColumns`):
+    `rows()` makes the `ServedRequest` rows once, `to_dicts()` gives their JSON rows without
+    making them."""
+
+    def __len__(self) -> int: ...
+
+    def rows(self) -> list[ServedRequest]: ...
+
+    def to_dicts(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(slots=True, init=False, eq=False)
 class ReplayResult:
     """A replay: the settings it ran with, its totals and its requests in input order.
     `config` is what the JSON shows under "config" (the replay settings plus where they
-    came from, such as the trace path or the session and run ids)."""
+    came from, such as the trace path or the session and run ids). `requests` may be
+    given as `RowColumns`; its rows are then made on the first read of `requests`."""
 
     config: dict[str, Any]
     totals: ReplayTotals
-    requests: list[ServedRequest] = field(default_factory=list)
+    _rows: list[ServedRequest] | None
+    columns: RowColumns | None
+
+    def __init__(self, config: dict[str, Any], totals: ReplayTotals,
+                 requests: list[ServedRequest] | RowColumns | None = None) -> None:
+        self.config = config
+        self.totals = totals
+        rows = [] if requests is None else requests
+        self.columns = None if isinstance(rows, list) else rows
+        self._rows = rows if isinstance(rows, list) else None
+
+    @property
+    def requests(self) -> list[ServedRequest]:
+        if self._rows is None:
+            assert self.columns is not None
+            self._rows = self.columns.rows()
+        return self._rows
+
+    @requests.setter
+    def requests(self, rows: list[ServedRequest]) -> None:
+        self._rows, self.columns = rows, None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReplayResult):
+            return NotImplemented
+        return (self.config, self.totals, self.requests) == (other.config, other.totals, other.requests)
+
+    def __repr__(self) -> str:
+        rows = len(self.columns) if self._rows is None and self.columns is not None else len(self.requests)
+        return f"ReplayResult(config={self.config!r}, totals={self.totals!r}, {rows:,} requests)"
 
     def to_dict(self, with_requests: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {"config": dict(self.config), "totals": self.totals.to_dict()}
         if with_requests:
-            out["requests"] = [r.to_dict() for r in self.requests]
+            if self._rows is None and self.columns is not None:
+                out["requests"] = self.columns.to_dicts()
+            else:
+                out["requests"] = [r.to_dict() for r in self.requests]
         return out

@@ -14,9 +14,12 @@ import numpy as np
 # The compiled table lives in engine.kernel.loop with the rest of the kernel's compiled
 # code: numba caches a function by its own file's stamp, so a helper in another file could
 # change under a caller loaded from the cache (see engine.kernel.jit).
-from engine.kernel.loop import KIND_EXTERNAL, KIND_TOKENS, _intern_into, _rehash, find_key, intern_chains
+from engine.kernel.loop import (
+    KIND_EXTERNAL, KIND_TOKENS, _intern_into, _rehash, find_key, intern_chains, intern_dense,
+)
 
-__all__ = ["KIND_EXTERNAL", "KIND_TOKENS", "Interner", "find_key", "intern_chains", "root_tag", "split_tag"]
+__all__ = ["KIND_EXTERNAL", "KIND_TOKENS", "Interner", "find_key", "intern_chains", "intern_trace", "root_tag",
+           "split_tag"]
 
 
 def root_tag(kind, salt_id, model_id):
@@ -30,6 +33,25 @@ def split_tag(tag: int) -> tuple[int, int, int]:
     if tag < 2:
         return tag, -1, -1
     return tag % 2, ((tag >> 1) & 0xFFFFFFFF) - 2, (tag >> 33) - 1
+
+
+def intern_trace(items: np.ndarray, offsets: np.ndarray, kinds: np.ndarray, root_tags: np.ndarray,
+                 need_table: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`intern_chains` of a whole trace: (keys, table, k_parent, k_item, k_tag). Dense items
+    (ids from 0, at most a few times as many as the blocks) go through `intern_dense`, with
+    an array indexed by item instead of hash-table probes; its table of every key is built
+    only when `need_table` (a replay reads it only to try other salts and models), and is
+    otherwise an empty one that `find_key` answers -1 from."""
+    n = len(items)
+    if n and items.min() >= 0 and items.max() < 4 * n + 1024:
+        keys, k_parent, k_item, k_tag = intern_dense(items, offsets, kinds, root_tags, int(items.max()) + 1)
+        size = 16
+        if need_table:
+            while size < 2 * len(k_parent) + 16:
+                size *= 2
+            return keys, _rehash(k_parent, k_item, k_tag, len(k_parent), size), k_parent, k_item, k_tag
+        return keys, np.full(size, -1, np.int32), k_parent, k_item, k_tag
+    return intern_chains(items, offsets, kinds, root_tags)
 
 
 class Interner:

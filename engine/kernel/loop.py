@@ -72,30 +72,37 @@ def find_key(table, k_parent, k_item, k_tag, parent, item, tag):
 
 
 @kernel_jit()
+def _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys):
+    """The id of chain block (parent, item, tag) in `table`; if it has none, its slot is
+    given the next id, `n_keys`, which the caller then fills in."""
+    mask = np.uint64(table.shape[0] - 1)
+    s = _slot(parent, item, tag, mask)
+    while True:
+        k = table[s]
+        if k < 0:
+            table[s] = n_keys
+            return n_keys
+        if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
+            return k
+        s = (s + np.uint64(1)) & mask
+
+
+@kernel_jit()
 def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
     """Intern every request's blocks (`intern_chains`' layout) into a table that holds
     `n_keys` keys already and has room for all the new ones; the ids go to `keys`.
     Returns the number of keys held now. One loop for one-shot and growing tables."""
-    mask = np.uint64(table.shape[0] - 1)
     for r in range(offsets.shape[0] - 1):
         parent = -1
         for j in range(offsets[r], offsets[r + 1]):
             item = items[j]
             tag = root_tags[r] if parent < 0 else kinds[r]
-            s = _slot(parent, item, tag, mask)
-            while True:
-                k = table[s]
-                if k < 0:
-                    k = n_keys
-                    table[s] = k
-                    k_parent[k] = parent
-                    k_item[k] = item
-                    k_tag[k] = tag
-                    n_keys += 1
-                    break
-                if k_parent[k] == parent and k_item[k] == item and k_tag[k] == tag:
-                    break
-                s = (s + np.uint64(1)) & mask
+            k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
+            if k == n_keys:
+                k_parent[k] = parent
+                k_item[k] = item
+                k_tag[k] = tag
+                n_keys += 1
             keys[j] = k
             parent = k
     return n_keys
@@ -118,6 +125,60 @@ def intern_chains(items, offsets, kinds, root_tags):
     keys = np.empty(n, np.int32)
     n_keys = _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, np.int64(0), keys)
     return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
+
+
+@kernel_jit()
+def intern_dense(items, offsets, kinds, root_tags, size):
+    """`intern_chains` for items in 0..size-1 (a trace's dense hash ids, or token-block
+    ids), without its table: the first key of each item is found at `first[item]` (in the
+    usual trace every item has one key, and a chain walks its items nearly in order), and
+    only the keys that share an item with an earlier one go into a hash table. Returns
+    (keys, k_parent, k_item, k_tag); the same ids as `intern_chains` gives."""
+    n = items.shape[0]
+    first = np.full(size, -1, np.int32)
+    cap = 16
+    while cap < 2 * n + 16:
+        cap *= 2
+    table = np.full(cap, -1, np.int32)  # the other keys
+    k_parent = np.empty(n, np.int32)
+    k_item = np.empty(n, np.int64)
+    k_tag = np.empty(n, np.int64)
+    keys = np.empty(n, np.int32)
+    n_keys = 0
+    for r in range(offsets.shape[0] - 1):
+        parent = -1
+        for j in range(offsets[r], offsets[r + 1]):
+            item = items[j]
+            tag = root_tags[r] if parent < 0 else kinds[r]
+            k = first[item]
+            if k < 0:
+                k = n_keys
+                first[item] = k
+            elif k_parent[k] != parent or k_tag[k] != tag:
+                k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
+            if k == n_keys:  # a new key
+                k_parent[k] = parent
+                k_item[k] = item
+                k_tag[k] = tag
+                n_keys += 1
+            keys[j] = k
+            parent = k
+    return keys, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
+
+
+@kernel_jit()
+def cut_items(flat, lens, keep):
+    """Each request's first `keep[r]` of its `lens[r]` ids in `flat`, back to back (a
+    hash-id request's full blocks: a trace may list ids past them)."""
+    out = np.empty(keep.sum(), np.int64)
+    src = 0
+    dst = 0
+    for r in range(lens.shape[0]):
+        k = keep[r]
+        out[dst:dst + k] = flat[src:src + k]
+        src += lens[r]
+        dst += k
+    return out
 
 
 @kernel_jit()

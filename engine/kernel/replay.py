@@ -11,10 +11,10 @@ reference; `tests/test_kernel.py` holds the two equal.
 from __future__ import annotations
 
 import time
-from itertools import chain, islice
-from operator import attrgetter, gt
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import chain, count, filterfalse, islice, repeat
+from operator import attrgetter, is_not
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -22,10 +22,11 @@ from engine.core.columnar import COLUMNS, MISS_REASONS, ColumnarLog, KeyTable, R
 from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.hashing import SERVER_HASHES, VLLM_HASHES, BlockHasher
 from engine.core.pool_state import Counters
-from engine.core.served import ReplayResult, ReplayTotals, ServedRequest
+from engine.core.served import ReplayResult
 from engine.core.trace import TraceRequest
-from engine.kernel.intern import KIND_EXTERNAL, KIND_TOKENS, intern_chains, root_tag
-from engine.kernel.loop import ERR_CAPACITY, ERR_DUPLICATE, new_state, replay_arrays
+from engine.kernel.intern import KIND_EXTERNAL, KIND_TOKENS, intern_trace, root_tag
+from engine.kernel.loop import ERR_CAPACITY, ERR_DUPLICATE, cut_items, new_state, replay_arrays
+from engine.kernel.result import ServedColumns
 
 if TYPE_CHECKING:
     from engine.core.replay import ReplayConfig
@@ -46,7 +47,9 @@ def unsupported_reason(config: ReplayConfig, arrays: TraceArrays | None = None) 
 
 @dataclass(slots=True)
 class TraceArrays:
-    """A trace as the kernel reads it: per request, its sizes and salt; per block, its item."""
+    """A trace as the kernel reads it: per request, its sizes and salt; per block, its item.
+    Per request also what its result row names (input position, output length; its id is
+    `names[uid]`), so the result is made from arrays, not from the requests."""
 
     requests: list[TraceRequest]
     nprompt: np.ndarray
@@ -62,6 +65,9 @@ class TraceArrays:
     salts: list[str | None]
     models: list[str]
     num_uids: int
+    index: np.ndarray
+    nout: np.ndarray
+    names: list[str]
     prepare_s: float = 0.0
     keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
@@ -79,6 +85,23 @@ _TOKENS = attrgetter("tokens")
 _HASH_IDS = attrgetter("hash_ids")
 
 
+def _codes(values: list, table: dict, dtype: type = np.int32) -> np.ndarray:
+    """The id of each value in `table` (first-seen order from 0; None is -1 where `table`
+    maps it so), adding the values it has not seen: C-level passes, no bytecode per value.
+    The usual cases cost less: all None (no tenant, no model), all new and distinct (ids)."""
+    n = len(values)
+    if None in table and values.count(None) == n:
+        return np.full(n, table[None], dtype)
+    start = len(table) - (None in table)
+    new = dict.fromkeys(values)
+    if len(new) == n and table.keys().isdisjoint(new):
+        table.update(zip(new, count(start)))
+        return np.arange(start, start + n, dtype=dtype)
+    new = dict.fromkeys(filterfalse(table.__contains__, new))
+    table.update(zip(new, count(start)))
+    return np.fromiter(map(table.__getitem__, values), dtype, n)
+
+
 def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: bool = True) -> TraceArrays:
     """The trace as the kernel reads it, `CHUNK` requests at a time from `requests`.
 
@@ -88,9 +111,10 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     bytes as a Python int in a tuple, 4 in the arrays). Such arrays replay on the kernel
     only; `engine.core.replay.replay` needs the ids.
 
-    Per request this costs a few C-level passes (no Python bytecode per request but the
-    interning of tenant, model and id names); a hash-id request's ids go into one
-    `np.fromiter` over all of the chunk's tuples, cut to its full blocks with a mask."""
+    Per request this costs a few C-level passes and no Python bytecode (fields by `map`
+    over attribute getters, names coded through dicts by `_codes`); a hash-id request's
+    ids go into one `np.fromiter` over all of the chunk's tuples, cut to its full blocks
+    in the compiled `cut_items`. Token requests are cut into blocks one by one."""
     t0 = time.perf_counter()
     bs = block_size
     reqs: list[TraceRequest] = []
@@ -98,30 +122,32 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     salt_ids: dict[str | None, int] = {None: -1}
     uids: dict[str, int] = {}
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("nprompt", "kvout", "counts", "salt", "model", "uid",
-                                                         "nfull", "kind", "ext")}
+                                                         "nfull", "kind", "ext", "index", "nout")}
     token_parts: list[np.ndarray] = []
     it = iter(requests)
     while chunk := list(islice(it, CHUNK)):
         n = len(chunk)
-        tenants, models, ids = map(_TENANT, chunk), map(_MODEL, chunk), map(_ID, chunk)
         nprompt = np.array(list(map(_INPUT, chunk)), np.int64)
-        kvout = np.maximum(np.array(list(map(_OUTPUT, chunk)), np.int64) - 1, 0)
-        # first-seen order; None is -1 (the default is evaluated before a new key goes in)
-        salt = np.array([salt_ids.setdefault(t, len(salt_ids) - 1) for t in tenants], np.int32)
-        model = np.array([model_ids.setdefault(m, len(model_ids) - 1) for m in models], np.int32)
-        uid = np.array([uids.setdefault(u, len(uids)) for u in ids], np.int32)
+        nout = np.array(list(map(_OUTPUT, chunk)), np.int64)
+        kvout = np.maximum(nout - 1, 0)
+        salt = _codes(list(map(_TENANT, chunk)), salt_ids)
+        model = _codes(list(map(_MODEL, chunk)), model_ids)
+        uid = _codes(list(map(_ID, chunk)), uids)
         full = nprompt // bs
         tokens = list(map(_TOKENS, chunk))
-        kind = np.array([t is not None for t in tokens], np.uint8)  # KIND_TOKENS is 1
+        kind = np.fromiter(map(is_not, tokens, repeat(None)), np.uint8, n)  # KIND_TOKENS is 1
         counts = np.zeros(n, np.int64)
         ext = np.flatnonzero(kind == KIND_EXTERNAL)
         if len(ext):
-            hids = [h or () for h in map(_HASH_IDS, chunk if len(ext) == n else [chunk[i] for i in ext])]
-            lens = np.fromiter(map(len, hids), np.int64, len(hids))
+            hids = list(map(_HASH_IDS, chunk if len(ext) == n else [chunk[i] for i in ext]))
+            try:
+                lens = np.array(list(map(len, hids)), np.int64)
+            except TypeError:  # a request made `slim` before: no ids kept
+                hids = [h or () for h in hids]
+                lens = np.array(list(map(len, hids)), np.int64)
             flat = np.fromiter(chain.from_iterable(hids), np.uint64, int(lens.sum())).view(np.int64)
             keep = np.minimum(lens, full[ext])
-            starts = np.repeat(np.cumsum(lens) - lens, lens)
-            cols["ext"].append(flat[np.arange(len(flat)) - starts < np.repeat(keep, lens)])
+            cols["ext"].append(cut_items(flat, lens, keep))
             counts[ext] = keep
         for i in np.flatnonzero(kind == KIND_TOKENS).tolist():
             tr = chunk[i]
@@ -130,34 +156,35 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
             token_parts.append(np.asarray(seq[:nb * bs], np.uint32))
             counts[i] = nb
         for name, col in (("nprompt", nprompt), ("kvout", kvout), ("counts", counts), ("salt", salt),
-                          ("model", model), ("uid", uid), ("nfull", full.astype(np.int32)), ("kind", kind)):
+                          ("model", model), ("uid", uid), ("nfull", full.astype(np.int32)), ("kind", kind),
+                          ("index", np.array(list(map(_INDEX, chunk)), np.int64)), ("nout", nout)):
             cols[name].append(col)
         reqs.extend(chunk if keep_content else map(slim, chunk))
         del chunk, tokens
     dtypes = {"nprompt": np.int64, "kvout": np.int64, "counts": np.int64, "salt": np.int32, "model": np.int32,
-              "uid": np.int32, "nfull": np.int32, "kind": np.uint8, "ext": np.int64}
-    a = {k: np.concatenate(v) if v else np.zeros(0, dtypes[k]) for k, v in cols.items()}
+              "uid": np.int32, "nfull": np.int32, "kind": np.uint8, "ext": np.int64, "index": np.int64,
+              "nout": np.int64}
+    a = {k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, dtypes[k]) for k, v in cols.items()}
     n = len(reqs)
     koff = np.zeros(n + 1, np.int64)
     np.cumsum(a["counts"], out=koff[1:])
-    items = np.empty(int(koff[-1]), np.int64)
-    block_kind = np.repeat(a["kind"], a["counts"])
-    items[block_kind == KIND_EXTERNAL] = a["ext"]
-    if token_parts:
+    if not token_parts:  # a hash-id trace: the items are its ids, in order
+        items = a["ext"]
+        content = np.zeros((1, bs), np.uint32)
+    else:
+        items = np.empty(int(koff[-1]), np.int64)
+        block_kind = np.repeat(a["kind"], a["counts"])
+        items[block_kind == KIND_EXTERNAL] = a["ext"]
         flat = np.concatenate(token_parts).reshape(-1, bs)
         rows = np.ascontiguousarray(flat).view(np.dtype((np.void, 4 * bs))).ravel()
         uniq, inverse = np.unique(rows, return_inverse=True)
         content = uniq.view(np.uint32).reshape(-1, bs).copy()
         items[block_kind == KIND_TOKENS] = inverse.astype(np.int64).ravel()
-    else:
-        content = np.zeros((1, bs), np.uint32)
-    salts = [None] * (len(salt_ids) - 1)
-    for name, sid in salt_ids.items():
-        if sid >= 0:
-            salts[sid] = name
-    models_l = [name for name, mid in sorted(model_ids.items(), key=lambda x: x[1]) if mid >= 0]
+    salts = [name for name, sid in salt_ids.items() if sid >= 0]  # in id order: a dict keeps insertion order
+    models_l = [name for name, mid in model_ids.items() if mid >= 0]
     return TraceArrays(reqs, a["nprompt"], a["kvout"], a["salt"], a["model"], a["kind"], a["uid"], koff, a["nfull"],
-                       items, content, salts, models_l, len(uids), time.perf_counter() - t0)
+                       items, content, salts, models_l, len(uids), a["index"], a["nout"], list(uids),
+                       time.perf_counter() - t0)
 
 
 def slim(tr: TraceRequest) -> TraceRequest:
@@ -191,8 +218,10 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
     bs = config.block_size
     t0 = clock()
     root_tags = root_tag(arrays.kind.astype(np.int64), arrays.salt.astype(np.int64), arrays.model.astype(np.int64))
-    keys, table, k_parent, k_item, k_tag = intern_chains(arrays.items, arrays.koff, arrays.kind.astype(np.int64),
-                                                         root_tags)
+    # Only a trace with more than one salt or model asks the table for another one's chain.
+    need_table = len(np.unique(arrays.salt)) > 1 or len(np.unique(arrays.model)) > 1
+    keys, table, k_parent, k_item, k_tag = intern_trace(arrays.items, arrays.koff, arrays.kind.astype(np.int64),
+                                                        root_tags, need_table)
     k_salt = np.where(k_parent < 0, ((k_tag >> 1) & 0xFFFFFFFF) - 2, -1).astype(np.int32)
     t1 = clock()
     row_cap = max(1024, 8 * len(keys) + 16 * len(arrays.nprompt)) if record else 1
@@ -210,10 +239,9 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
         raise TraceError(source, tr.line, "id", f"request id {tr.id!r} is already running")
     if status == ERR_CAPACITY:  # admission reserves room for every running request's output
         raise CapacityError(reqs[fault].id, 1, 0, config.capacity_blocks)
-    rows = served_rows(reqs, cached, computed, reason, first, div, refused)
+    columns = served_columns(arrays, cached, computed, reason, first, div, refused)
     c = Counters(*(int(x) for x in counters))
-    from dataclasses import asdict
-    result = ReplayResult(asdict(config), ReplayTotals.of(rows, c), rows)
+    result = ReplayResult(asdict(config), columns.totals(c), columns)
     log = None
     if record:
         hasher = hasher if hasher is not None else BlockHasher(config.hash, config.seed, config.model or "",
@@ -239,19 +267,19 @@ def _own_rows(columns: list[np.ndarray | None], n_rows: int) -> list[np.ndarray]
     return out
 
 
-def served_rows(reqs: Sequence[TraceRequest], cached, computed, reason, first, div,
-                refused) -> list[ServedRequest]:
-    """The Python engine's rows from the kernel's per-request arrays, in input order (one
-    positional `ServedRequest` per request: the only per-request Python of a result)."""
-    computed_l = np.where(refused != 0, 0, computed).tolist()
-    cached_l = np.where(refused != 0, 0, cached).tolist()
-    div_l = [None if d < 0 else d for d in div.tolist()]
-    rows = list(map(ServedRequest, map(_INDEX, reqs), map(_ID, reqs), map(_TENANT, reqs), map(_INPUT, reqs),
-                    cached_l, computed_l, map(_OUTPUT, reqs), [MISS_REASONS[x] for x in reason.tolist()],
-                    first.tolist(), div_l, map(bool, refused.tolist())))
-    if any(map(gt, map(_INDEX, reqs), map(_INDEX, islice(reqs, 1, None)))):
-        rows.sort(key=_INDEX)
-    return rows
+def served_columns(arrays: TraceArrays, cached, computed, reason, first, div, refused) -> ServedColumns:
+    """The Python engine's rows as columns, from the kernel's per-request arrays, in input
+    order (`ServedRequest` objects are made only if a caller reads `ReplayResult.requests`)."""
+    served = refused == 0
+    per_request = [arrays.index, arrays.uid, arrays.salt, arrays.nprompt, np.where(served, cached, 0),
+                   np.where(served, computed, 0), arrays.nout, reason, first, div, refused]
+    index = arrays.index
+    if len(index) > 1 and np.any(index[1:] < index[:-1]):
+        order = np.argsort(index, kind="stable")
+        per_request = [col[order] for col in per_request]
+    index, uid, salt, prompt, cached, computed, nout, reason, first, div, refused = per_request
+    return ServedColumns(index, uid, arrays.names, salt, arrays.salts, prompt, cached, computed, nout, reason,
+                         MISS_REASONS, first, div, refused)
 
 
 _INDEX, _ID, _TENANT = attrgetter("index"), attrgetter("id"), attrgetter("tenant")
