@@ -319,9 +319,13 @@ class LiveColumnarLog(ColumnarEventLog):
         col = self.columnar
         width = col.num_blocks
         if width > len(self._ref):
-            grow = max(width, 2 * len(self._ref)) - len(self._ref)
-            self._ref = np.concatenate([self._ref, np.zeros(grow, np.int64)])
-            self._held = np.concatenate([self._held, np.zeros(grow, np.uint8)])
+            # grown by half into zeroed pages: the room not used yet costs no resident memory
+            cap = max(width, len(self._ref) + len(self._ref) // 2)
+            for name in ("_ref", "_held"):
+                old = getattr(self, name)
+                grown = np.zeros(cap, old.dtype)
+                grown[:len(old)] = old
+                setattr(self, name, grown)
         kind, a = col.col("kind"), col.col("a")
         new = kind[r0:] == REF
         top = int(a[r0:][new].max()) if new.any() else 0

@@ -33,9 +33,9 @@ NUM_AGES = len(AGE_EDGES) + 1
 # A grid of more cells than this is aggregated: one cell shows its hottest block (a GPU
 # block over a CPU one, a new one over an old one), so a redraw costs the same at any size.
 MAX_CELLS = 1 << 18
-# An aggregated grid re-ages this many slots a redraw (`cell_codes`), a whole pass per second
-# of the stream in slices, so no redraw re-ages a 10M-slot pool at once.
-SWEEP_SLOTS = 1 << 20
+# An aggregated grid re-ages this many slots a redraw (`cell_codes`, a millisecond or two), a
+# whole pass per second of the stream in slices, so no redraw re-ages a 10M-slot pool at once.
+SWEEP_SLOTS = 1 << 18
 LARGE_POOL = 100_000
 MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
 SAMPLE_EVERY_S = 0.25
@@ -275,7 +275,7 @@ class RemoteOverlay:
         calls: only the cells of slots stored or removed since the last call (or added to
         the pool) are taken again, and ages move on by a slice of `SWEEP_SLOTS` slots a
         call, a whole pass once per second of the stream, instead of the pool at every
-        redraw. Ages may lag by the calls a pass takes (a 10M-slot pool: ten); a cell
+        redraw. Ages may lag by the calls a pass takes (a 10M-slot pool: 39); a cell
         shows the hottest of its slots. The result is shared and must be treated as read-only."""
         n = projection.num_blocks
         if n <= max_cells:
@@ -509,22 +509,20 @@ def _observe_loop(op, slot, t, code, fresh, ident, count, rank, tier, rank_of, s
 
 def _cells_loop(base: np.ndarray, stored: np.ndarray, edges: np.ndarray, codes: np.ndarray, cells: np.ndarray,
                 k: int, lo: int, hi: int, n: int) -> None:  # pragma: no cover - compiled
-    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge) and the maximum of
-    every cell of `k` slots they fall in (slots past `n` count as empty)."""
+    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge, newest first), then
+    the maximum of every cell of `k` slots they fall in (slots past `n` count as empty)."""
+    e0, e1, e2 = edges[0], edges[1], edges[2]
+    for i in range(lo, hi):
+        v = np.int64(base[i])
+        if v:
+            t = stored[i]
+            v -= np.int64(t < e0) + np.int64(t < e1) + np.int64(t < e2)
+        codes[i] = v
     for c in range(lo // k, (hi + k - 1) // k):
-        top = 0
-        for i in range(c * k, min(c * k + k, n)):
-            v = codes[i]
-            if lo <= i < hi:
-                v = base[i]
-                if v:
-                    t = stored[i]
-                    for e in edges:
-                        if t < e:
-                            v -= 1
-                codes[i] = v
-            if v > top:
-                top = v
+        top = codes[c * k]
+        for i in range(c * k + 1, min(c * k + k, n)):
+            if codes[i] > top:
+                top = codes[i]
         cells[c] = top
 
 

@@ -185,6 +185,8 @@ class BlockTableView(PanelView):
         self._frame_timer.setSingleShot(True)
         self._frame_timer.timeout.connect(self.refresh)
         self._last_redraw = -1.0
+        self._lut = np.zeros((1, 4), np.uint8)  # a remote pool's colour per cell code, and what it was made for
+        self._lut_key: tuple[Any, ...] | None = None
         self._stale = False  # a change came while the view was off screen: redraw when shown
         self.state.sigChanged.connect(self.refresh)
         self.state.sigReset.connect(self._on_reset)
@@ -361,7 +363,10 @@ class BlockTableView(PanelView):
         """Cell colours of a live remote pool (tier and age), aggregated past MAX_CELLS."""
         remote = self.state.remote
         codes, per_cell = remote.cell_codes(p)  # kept between redraws: only what changed is taken again
-        lut = remote_lut(self.colors, self.tiers, remote.tier_names)
+        key = (id(self.colors), id(self.tiers), tuple(remote.tier_names.items()))
+        if key != self._lut_key:  # made again for a new theme or tier, not per redraw
+            self._lut, self._lut_key = remote_lut(self.colors, self.tiers, remote.tier_names), key
+        lut = self._lut
         # a gather of 32-bit words is several times quicker than of (n, 4) rows
         words = np.take(lut.view(np.uint32).reshape(-1), codes, mode="clip")
         return words.view(np.uint8).reshape(-1, 4), per_cell
@@ -377,7 +382,7 @@ class BlockTableView(PanelView):
         if chain:
             ids = np.unique(np.array(chain) // self.blocks_per_cell)
             self.outline.setData(x=ids % self.cols + 0.5, y=ids // self.cols + 0.5)
-        else:
+        elif self.outline.data.size:  # an empty outline is not set again at every redraw
             self.outline.setData(x=[], y=[])
 
     # ------------------------------------------------------------------ the shared filter
