@@ -82,6 +82,7 @@ class TraceArrays:
 # holds more than one chunk's id tuples at once.
 CHUNK = 8192
 _TOKENS = attrgetter("tokens")
+_SIZES = attrgetter("index", "input_length", "output_length")
 _HASH_IDS = attrgetter("hash_ids")
 
 
@@ -127,8 +128,9 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     it = iter(requests)
     while chunk := list(islice(it, CHUNK)):
         n = len(chunk)
-        nprompt = np.array(list(map(_INPUT, chunk)), np.int64)
-        nout = np.array(list(map(_OUTPUT, chunk)), np.int64)
+        # input position, prompt and output sizes in one pass: a tuple a request, three ints
+        sizes = np.fromiter(chain.from_iterable(map(_SIZES, chunk)), np.int64, 3 * n).reshape(n, 3)
+        index, nprompt, nout = (np.ascontiguousarray(sizes[:, i]) for i in range(3))
         kvout = np.maximum(nout - 1, 0)
         salt = _codes(list(map(_TENANT, chunk)), salt_ids)
         model = _codes(list(map(_MODEL, chunk)), model_ids)
@@ -157,7 +159,7 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
             counts[i] = nb
         for name, col in (("nprompt", nprompt), ("kvout", kvout), ("counts", counts), ("salt", salt),
                           ("model", model), ("uid", uid), ("nfull", full.astype(np.int32)), ("kind", kind),
-                          ("index", np.array(list(map(_INDEX, chunk)), np.int64)), ("nout", nout)):
+                          ("index", index), ("nout", nout)):
             cols[name].append(col)
         reqs.extend(chunk if keep_content else map(slim, chunk))
         del chunk, tokens
@@ -282,5 +284,4 @@ def served_columns(arrays: TraceArrays, cached, computed, reason, first, div, re
                          MISS_REASONS, first, div, refused)
 
 
-_INDEX, _ID, _TENANT = attrgetter("index"), attrgetter("id"), attrgetter("tenant")
-_INPUT, _OUTPUT, _MODEL = attrgetter("input_length"), attrgetter("output_length"), attrgetter("model")
+_ID, _TENANT, _MODEL = attrgetter("id"), attrgetter("tenant"), attrgetter("model")
