@@ -94,9 +94,9 @@ def _codes(values: list, table: dict, dtype: type = np.int32) -> np.ndarray:
     if None in table and values.count(None) == n:
         return np.full(n, table[None], dtype)
     start = len(table) - (None in table)
-    new = dict.fromkeys(values)
+    new = dict(zip(values, count(start)))
     if len(new) == n and table.keys().isdisjoint(new):
-        table.update(zip(new, count(start)))
+        table.update(new)  # into an empty table (the first chunk) a copy of the hash table, no inserts
         return np.arange(start, start + n, dtype=dtype)
     new = dict.fromkeys(filterfalse(table.__contains__, new))
     table.update(zip(new, count(start)))
