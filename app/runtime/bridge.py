@@ -47,6 +47,9 @@ GATE_WAIT_S = 0.05
 # most one call makes, so that a backlog (a stored session pushed whole) is cut up.
 PREPARE_CHUNK = 1024
 PREPARE_MOST = 16_384
+# An engine thread makes rows this many events at a time and, between two runs, waits
+# while the GUI thread applies a batch, as it does at an event (the gate).
+PREPARE_SLICE = 256
 _SEQ = attrgetter("seq")
 
 
@@ -176,13 +179,19 @@ class EngineBridge(QObject):
                 if unordered:
                     chunk.sort(key=_SEQ)
                 log = self._preparer() if self._preparer is not None else None
-                made: list[Event] = chunk
-                if log is not None and log.can_prepare:
-                    made = PreparedBatch(chunk, [log.prepare(chunk)])
-                if log is None or not log.can_prepare:
-                    self._preparer = None  # it stopped (see ColumnarLog.prepare_events): the plain way on
-                with self._lock:
-                    self._made.append(made)
+                engine_thread = threading.get_ident() != self._gui_thread
+                for at in range(0, len(chunk), PREPARE_SLICE):
+                    part = chunk[at:at + PREPARE_SLICE]
+                    if engine_thread and not self._open.is_set():
+                        self._open.wait(self.gate_wait_s)
+                    made: list[Event] = part
+                    if log is not None and log.can_prepare:
+                        made = PreparedBatch(part, [log.prepare(part)])
+                    if log is None or not log.can_prepare:
+                        self._preparer = None  # it stopped (see ColumnarLog.prepare_events): the plain way on
+                        log = None
+                    with self._lock:
+                        self._made.append(made)
                 if not everything:
                     return True
         finally:
