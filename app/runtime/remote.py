@@ -25,6 +25,7 @@ from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
 from app.runtime.bridge import FRAME_MS, engine_info
 from app.runtime.jobs import collector_paused
+from app.runtime.journal_feed import JournalFeed, take_journal_rows
 from engine.core.errors import InputError
 from engine.core.events import EventBus
 from engine.core.hashing import SERVER_HASHES
@@ -182,6 +183,9 @@ class RemoteController(QObject):
     # pools' journal into the live columnar log at each GUI tick; False (or
     # PoolState(columnar=False)) keeps the reference route: RemotePool's events through the bridge.
     journal = True
+    # The journal's rows are placed on a thread of their own (`JournalFeed`); False places
+    # them in the GUI tick.
+    placing_thread = True
 
     def __init__(self, host: RemoteHost) -> None:
         super().__init__(host if isinstance(host, QObject) else None)
@@ -196,13 +200,15 @@ class RemoteController(QObject):
         self._timer = QTimer(self, interval=HEALTH_MS)
         self._timer.timeout.connect(self._poll)
         self._tick_timer = QTimer(self, interval=FRAME_MS)  # the journal's GUI tick
-        self._tick_timer.timeout.connect(self.tick)
+        self._tick_timer.timeout.connect(self._on_frame)
         self.journalling = False  # this attach runs the journal route
         self._num_ranks = 1
         self._taken: dict[int, int] = {}  # id(pool) -> its journal rows applied so far
         self._row_seconds = 2e-6  # the journal append's time per row (a running estimate)
         self._last_notify = 0.0
         self._again = False  # a tick for rows left waiting is queued
+        self._feed: JournalFeed | None = None  # the placing thread of this attach's journal
+        self._tell = False  # the views hear of the rows written at the next tick (its own loop pass)
         self.sigTokenizer.connect(self._set_tokenizer)
         # another subject (a trace, a chat) ends the attach
         host.sigSubjectChanged.connect(self._on_subject)
@@ -274,6 +280,7 @@ class RemoteController(QObject):
             attachment = Attachment(opts, on_notice=self._on_notice, events=bus)
         self.journalling = journal
         self._taken = {}
+        self._tell = False
         self._num_ranks = max(opts.data_parallel_size, max(opts.ranks, default=0) + 1)
         info = self._engine_info(settings)
         info["journal"] = journal
@@ -292,6 +299,9 @@ class RemoteController(QObject):
         self.recorded_fleet, self.recorded_settings = None, None
         self._timer.start()
         if journal:
+            if self.placing_thread:
+                self._feed = JournalFeed(attachment, self.host.state.log, self._taken, self._limit)
+                self._feed.start()
             self._tick_timer.start()
         self._load_tokenizer(settings.tokenizer)
         self.sigAttached.emit(settings)
@@ -320,53 +330,107 @@ class RemoteController(QObject):
         return bool(self.journal and getattr(self.host.state, "columnar", False))
 
     def tick(self, drain: bool = False) -> int:
-        """One GUI tick of the journal route: under the attachment's lock each pool's journal
-        rows not applied yet are taken (numpy views, with their batch times), as many as
-        TICK_BUDGET_S of appending allows (shared between the pools), the rest left for the
-        next tick; outside it they go to `PoolState.apply_journal`, one append and one
-        `sigChanged`. `drain` takes every row, in budgeted appends. Returns the number of
-        events appended."""
+        """One GUI tick of the journal route. While the placing thread runs (`JournalFeed`,
+        started by `attach`), the blocks it placed are written to the log, as many as
+        TICK_BUDGET_S of writing allows, the rest left for the next tick. Without it (a
+        drain at detach, after what it placed is written) each pool's journal rows not
+        applied yet are taken under the attachment's lock (numpy views, with their batch
+        times), within the same budget shared between the pools, and placed and written
+        here. Either way the rows go to `PoolState.apply_prepared`, and the views hear of a
+        burst at most every VIEW_FRAME_S and of its end at once. `drain` takes every row.
+        Returns the number of events appended."""
         att = self.attachment
         if att is None or not self.journalling:
             return 0
-        from engine.core.live_journal import journal_head
-
+        feed = self._feed
+        if feed is not None and feed.error is not None:  # placing failed: the rest is placed here
+            self.sigMessage.emit(f"The journal's placing thread stopped ({feed.error}); rows are placed on the "
+                                 "window's thread instead.")
+            feed.error = None
+            drain = True
+        if feed is not None and not drain:
+            if self._tell:  # the views redraw in a pass of the event loop of their own
+                self._tell = False
+                self.host.state.notify()
+                self._again_if(feed.num_ready > 0)
+                return 0
+            return self._commit_ready(feed)
         made = 0
+        if feed is not None:  # what it placed goes first, in order
+            feed.stop()
+            self._feed = None
+            made += self._commit_ready(feed, everything=True)
         while True:
-            limit = max(MIN_TICK_ROWS, int(TICK_BUDGET_S / self._row_seconds))
             # a subscriber applying a burst holds the lock: the window does not wait for it
             # (the next tick takes the rows), except to drain at detach
-            if not att.lock.acquire(timeout=-1 if drain else LOCK_WAIT_S):
+            got = take_journal_rows(att, self._taken, self._limit(), -1 if drain else LOCK_WAIT_S)
+            if got is None:
                 return made
-            try:
-                pending = [(pool, pool.journal_since(self._taken.get(id(pool), 0))) for pool in att.pools]
-                pending = [(pool, rows) for pool, rows in pending if len(rows)]
-                takes = []
-                left = False  # rows wait for a later tick
-                for pool, rows in pending:
-                    head = journal_head(rows, max(1, limit // len(pending)))
-                    left = left or len(head) < len(rows)
-                    self._taken[id(pool)] = head.stop
-                    takes.append((head, pool, int(pool.rank), self._num_ranks, pool.times_of(head)))
-            finally:
-                att.lock.release()
+            takes, left = got
             state = self.host.state
             if not takes:
                 state.notify()
                 return made
-            got = state.apply_journal(takes, notify=False)
-            made += got
-            if got:  # the estimate follows the machine's load
-                self._row_seconds = 0.7 * self._row_seconds + 0.3 * max(state.journal_seconds / got, 1e-8)
-            now = time.monotonic()
-            if not left or now - self._last_notify >= VIEW_FRAME_S:
-                self._last_notify = now
+            made += self._apply(state, [(h, p, int(p.rank), self._num_ranks, t) for h, p, t in takes])
+            if self._due(left):
                 state.notify()
             if not drain:
-                if left and not self._again:  # more waiting: the next bite once the loop has run
-                    self._again = True
-                    QTimer.singleShot(0, self, self._tick_again)
+                self._again_if(left)
                 return made
+
+    def _limit(self) -> int:
+        """Rows a tick writes: what TICK_BUDGET_S allows at the running estimate per row."""
+        return max(MIN_TICK_ROWS, int(TICK_BUDGET_S / self._row_seconds))
+
+    def _apply(self, state: PoolState, takes: list, prepared: bool = False) -> int:
+        got = state.apply_prepared(takes, notify=False) if prepared else state.apply_journal(takes, notify=False)
+        if got:  # the estimate follows the machine's load
+            self._row_seconds = 0.7 * self._row_seconds + 0.3 * max(state.journal_seconds / got, 1e-8)
+        return got
+
+    def _due(self, left: bool) -> bool:
+        """True if the views are to hear of the rows written now: a burst's end, or a frame
+        since they last heard."""
+        now = time.monotonic()
+        if not left or now - self._last_notify >= VIEW_FRAME_S:
+            self._last_notify = now
+            return True
+        return False
+
+    def _on_frame(self) -> None:
+        if not self._again:  # a tick already queued for rows left waiting does this frame's work
+            self.tick()
+
+    def _commit_ready(self, feed: JournalFeed, everything: bool = False) -> int:
+        """Write the blocks `feed` placed, within the tick's budget (all: `everything`)."""
+        blocks: list = []
+        rows, limit = 0, self._limit()
+        while everything or rows < limit:
+            item = feed.pop_ready()
+            if item is None:
+                break
+            blocks.append(item)
+            rows += len(item[0])
+        state = self.host.state
+        if not blocks:
+            state.notify()
+            return 0
+        got = self._apply(state, blocks, prepared=True)
+        if everything:
+            state.notify()
+        elif self._due(feed.pending > 0):
+            self._tell = True
+            self._again_if(True)
+        else:
+            self._again_if(feed.num_ready > 0)
+        return got
+
+    def _again_if(self, left: bool) -> None:
+        if left and not self._again:  # more waiting: the next bite once the loop has run
+            # a timer, not a posted call: Qt runs every posted call of a pass, new ones too,
+            # so a chain of posted ticks would hold one pass of the loop for the whole burst
+            self._again = True
+            QTimer.singleShot(1, self, self._tick_again)
 
     def _tick_again(self) -> None:
         self._again = False
@@ -378,7 +442,8 @@ class RemoteController(QObject):
         if att is None or not self.journalling:
             return 0
         with att.lock:
-            return sum(len(pool.journal_since(self._taken.get(id(pool), 0))) for pool in att.pools)
+            untaken = sum(len(pool.journal_since(self._taken.get(id(pool), 0))) for pool in att.pools)
+            return untaken + (self._feed.pending if self._feed is not None else 0)
 
     def _engine_info(self, settings: AttachSettings) -> dict[str, Any]:
         opts = settings.options

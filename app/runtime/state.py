@@ -169,27 +169,45 @@ class PoolState(QObject):
     def apply_journal(self, takes: list[tuple[Any, Any, int, int, Any]], notify: bool = True) -> int:
         """Append one GUI tick of journal rows: `takes` holds, per pool, (its `JournalRows`,
         the pool, its rank, the number of ranks, each row's batch time), rows taken under
-        the attachment's lock. The log gets one event per row (`append_journal`), the remote
-        overlay follows from the same arrays, and views hear `sigChanged` once. Returns the
-        number of events appended (0: nothing new, no signal). With `notify=False` the views
-        hear of it at the next `notify()` (a burst redraws them at their frame rate, not per
-        tick)."""
+        the attachment's lock. They are placed here (`prepare_journal`) and written as
+        `apply_prepared` writes them. Returns the number of events appended."""
         if not self.journal_fed:
             return 0
-        from engine.core.live_journal import append_journal
+        from engine.core.live_journal import prepare_journal
+
+        started = time.perf_counter()
+        prepared = [(prepare_journal(self.log, journal, pool, pool.source, rank), times)
+                    for journal, pool, rank, _num_ranks, times in takes if len(journal)]
+        placed = time.perf_counter() - started
+        made = self.apply_prepared(prepared, notify)
+        self.journal_seconds += placed
+        return made
+
+    def apply_prepared(self, prepared: list[tuple[Any, Any]], notify: bool = True) -> int:
+        """Write journal rows placed for this log (`engine.core.live_journal.prepare_journal`,
+        on any thread), in the order they were placed: `prepared` holds (`PreparedJournal`,
+        each row's batch time). The log gets one event per row (`commit_journal`), the
+        remote overlay follows from the same arrays, and views hear `sigChanged` once.
+        Returns the number of events appended (0: nothing new, no signal); blocks placed for
+        a log this state no longer shows are dropped. With `notify=False` the views hear of
+        it at the next `notify()` (a burst redraws them at their frame rate, not per tick)."""
+        if not self.journal_fed:
+            return 0
+        from engine.core.live_journal import commit_journal
 
         first = None if self.log.last_seq is None else self.log.last_seq + 1
         made = 0
         now = time.time()
         started = time.perf_counter()
-        for journal, pool, rank, num_ranks, times in takes:
-            if not len(journal):
+        stores = self.log.columnar.store_attributes
+        for block, times in prepared:
+            if block.stores is not stores or not len(block):
                 continue
             r0 = self.log.columnar.num_rows
-            made += append_journal(self.log, journal, pool, pool.source, rank, num_ranks, now=now)
+            made += commit_journal(self.log, block, now=now)
             if self.remote is not None:
                 slots = self.log.blocks_of_rows(r0, array=True)
-                self.remote.observe_journal(journal, times, self.log.live, slots, pool, rank)
+                self.remote.observe_journal(block.journal, times, self.log.live, slots, block.pool, block.rank)
         self.journal_seconds = time.perf_counter() - started  # the append and overlay, not the views
         if not made:
             return 0

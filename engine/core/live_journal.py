@@ -16,6 +16,7 @@ The journal is duck-typed (`JournalRows`): engine.core imports nothing of engine
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -131,23 +132,35 @@ class JournalStores(Sequence[tuple]):
         self._pool, self._local = _Grow(np.int16), _Grow(np.int64)
         self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
-        self._slot_ids: dict[int, int] = {}  # (pool index << 40) + pool slot -> a slot id of the placer
+        self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
+        self._num_slot_ids = 0
         self.tenants = _Grow(np.int64)  # per store: its tenant code as PoolProjection sets it
+        self.plan = _Plan()  # the log's numbers once every prepared row is committed
 
     def __len__(self) -> int:
         return self._pool.n
 
     def slot_ids(self, pool: int, slot: np.ndarray) -> np.ndarray:
         """The placer's number for each (pool, pool slot) (-1 stays -1): every server's and
-        rank's slots apart, numbered densely as first seen."""
+        rank's slots apart, numbered densely as first seen (a tick's new slots in slot order),
+        by one lookup table per pool."""
         slot = np.asarray(slot, np.int64)
         out = np.full(len(slot), -1, np.int64)
         real = slot >= 0
-        if real.any():
-            uniq, inv = np.unique((np.int64(pool) << 40) + slot[real], return_inverse=True)
-            ids = self._slot_ids
-            out[real] = np.fromiter((ids.setdefault(c, len(ids)) for c in uniq.tolist()), np.int64,
-                                    len(uniq))[inv.reshape(-1)]
+        if not real.any():
+            return out
+        table = self._slot_ids.get(pool)
+        top = int(slot.max()) + 1
+        if table is None or len(table) < top:
+            grown = np.full(max(top, 2 * (0 if table is None else len(table)), 1024), -1, np.int64)
+            if table is not None:
+                grown[:len(table)] = table
+            table = self._slot_ids[pool] = grown
+        mine = slot[real]
+        fresh = np.unique(mine[table[mine] < 0])
+        table[fresh] = self._num_slot_ids + np.arange(len(fresh), dtype=np.int64)
+        self._num_slot_ids += len(fresh)
+        out[real] = table[mine]
         return out
 
     def add(self, pool: int, local: np.ndarray) -> np.ndarray:
@@ -219,6 +232,19 @@ class JournalStores(Sequence[tuple]):
         return parent, tuple(j.token_ids(s).tolist()), salt, None, tenant
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What a journal log's rows, seqs, hash ids, stores and blocks will number once every
+    prepared row is written (the log starts empty, and only `commit_journal` writes it)."""
+
+    pools: list[Any] = field(default_factory=list)
+    row: int = 0
+    seq: int = 0
+    key: int = 0
+    store: int = 0
+    blocks: int = 0
+
+
 JOURNAL_ROW_FIELDS = ("op", "tier", "slot", "seq", "store", "key", "width")  # one value per row
 
 
@@ -236,59 +262,49 @@ def journal_head(journal: Any, n: int) -> Any:
     return cut
 
 
-def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0, num_ranks: int = 1,
-                   now: float = 0.0) -> int:
-    # the slot of each copy is chosen here as PoolProjection chooses it for the reference's
-    # events (`_Placer`), so the blocks the views show are the reference's blocks
-    """Append the rows of `journal` (a `JournalRows` of `pool`, rank `rank` of server
-    `source`) to `log`, a `LiveColumnarLog` made with `journal_log`; how many events that
-    made. Any number of servers and ranks share the log: each pool's slots are its own, and
-    its clear takes its own blocks (`engine.core.projection.stream_code`). `num_ranks` is
-    not used (the slots were once interleaved by rank); it stays for callers."""
-    n = len(journal)
-    if not n:
-        return 0
+@dataclass(slots=True, eq=False)
+class PreparedJournal:
+    """One pool's journal rows placed (`prepare_journal`) and waiting to be written to the
+    log (`commit_journal`): the log's rows with event indexes where seq and request go, and
+    what the log's numbers (rows, seqs, hash ids, stores, blocks) will be when it is written;
+    made on any thread, written on the one that owns the log, in the order prepared."""
+
+    stores: JournalStores
+    journal: Any
+    pool: Any
+    source: str
+    rank: int
+    table: np.ndarray
+    store_tenants: np.ndarray
+    born: np.ndarray  # per new block, the row it is first stored at
+    r0: int  # the log's rows, seqs, hash ids and stores before these
+    seq0: int
+    key0: int
+    store0: int
+    num_blocks: int  # the log's blocks after these
+
+    def __len__(self) -> int:
+        return len(self.journal)
+
+
+def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0) -> PreparedJournal:
+    """The placing half of `append_journal`: each copy's slot (the placer, compiled), read
+    from `journal` and the placer's own state only, so it may run off the thread that owns
+    `log` (the log is not touched: `commit_journal` writes it). Rows prepared must be
+    committed in the order they were prepared, and before any other is appended."""
     col = log.columnar
-    keys, stores = col.keys, col.store_attributes
-    if not isinstance(keys, JournalKeys):
+    stores = col.store_attributes
+    if not isinstance(col.keys, JournalKeys) or not isinstance(stores, JournalStores):
         raise TypeError("this log was not made for a journal (engine.core.live_journal.journal_log)")
-    if pool not in keys.pools:
-        keys.pools.append(pool)
-    p = keys.pools.index(pool)
-    stores.journals[p] = journal
+    plan = stores.plan
+    if pool not in plan.pools:
+        plan.pools.append(pool)
+    p = plan.pools.index(pool)
+    n = len(journal)
     op = np.asarray(journal.op)
     slot = np.asarray(journal.slot, np.int64)
-    tier = np.asarray(journal.tier, np.int64)
-    bseq = np.asarray(journal.seq, np.int64)
-    key = keys.add(p, np.asarray(journal.key, np.uint64), np.asarray(journal.width, np.int64))
     is_st = op == OP_STORED
-    store = np.zeros(n, np.int64)
-    store[is_st] = stores.add(p, np.asarray(journal.store, np.int64)[is_st])
-    if col._live_keys is None:
-        col._live_keys = np.full(col.num_blocks, -1, np.int32)
-    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
-    slots = col._remote_slots()
-    names = journal.tier_names
-    batches, of_batch = np.unique(bseq, return_inverse=True)
-    occurrence = np.zeros(len(batches), np.int64)
-    for i, u in enumerate(batches.tolist()):
-        rid = f"{source}#{u}"
-        r = col._live_request.get(rid)
-        if r is None:
-            r = col._live_request[rid] = col.requests.add(rid, None, 0)
-        occurrence[i] = r
-    request = occurrence[of_batch.reshape(-1)]
-    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
-    pairs, of_pair = np.unique(bseq * 1024 + (tier + 1), return_inverse=True)
-    numbers = np.zeros(len(pairs), np.int64)
-    for i, code in enumerate(pairs.tolist()):
-        u, t = code // 1024, code % 1024 - 1
-        medium = names[t] if 0 <= t < len(names) else "GPU"
-        numbers[i] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
-    info = numbers[of_pair.reshape(-1)]
-    first = log.last_seq + 1 if log.last_seq is not None else 0
-    seqs = first + np.arange(n, dtype=np.int64)
-    r0 = col.num_rows
+    key = plan.key + np.arange(n, dtype=np.int64)  # the hash ids keys.add will give
     local = np.asarray(journal.store, np.int64)
     who = stream_code(source, rank)  # whose blocks a clear takes
     placed = stores.slot_ids(p, slot)
@@ -297,27 +313,115 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
     pcode = _per_store(np.asarray(journal.parent, np.uint64).view(np.int64), st_local, is_st)
     pwide = _per_store(np.asarray(journal.parent_width, np.int64), st_local, is_st)
     tenant = _per_store(np.asarray(journal.tenant, np.int64), st_local, is_st)
+    nb0 = plan.blocks
     if isinstance(stores.placer, _CompiledPlacer):
-        table, store_tenants = stores.placer.place(
-            col, op.astype(np.int64), placed, key,
+        table, store_tenants, born, nb = stores.placer.place(
+            nb0, op.astype(np.int64), placed, key,
             np.asarray(journal.key, np.uint64).view(np.int64), np.asarray(journal.width, np.int64),
-            pcode, pwide, tenant, local, who, r0)
+            pcode, pwide, tenant, local, who, plan.row)
     else:
         hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
         pk = pcode.view(np.uint64).tolist()
         parents = [(k, w) if w else None for k, w in zip(pk, pwide.tolist())]
-        table, store_tenants = _place(stores.placer, col, op.tolist(), placed.tolist(), tier.tolist(), key.tolist(),
-                                      who, local.tolist(), r0, hashes, parents, tenant.tolist())
-    stores.tenants.extend(np.asarray(store_tenants, np.int64))
+        table, store_tenants, born, nb = _place(stores.placer, nb0, op.tolist(), placed.tolist(), key.tolist(), who,
+                                                local.tolist(), plan.row, hashes, parents, tenant.tolist())
+    done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
+                           np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb)
+    plan.row += len(table)
+    plan.seq += n
+    plan.key += n
+    plan.store += int(np.count_nonzero(is_st))
+    plan.blocks = nb
+    return done
+
+
+def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int:
+    """The writing half of `append_journal`, on the thread that owns `log`: the prepared
+    rows, their requests (one per vLLM batch) and RemoteInfos written, the pool grown, the
+    series and live pool moved on. How many events that made."""
+    col = log.columnar
+    keys, stores = col.keys, col.store_attributes
+    if stores is not prepared.stores:
+        raise ValueError("these journal rows were prepared for another log")
+    if (col.num_rows, len(keys), len(stores)) != (prepared.r0, prepared.key0, prepared.store0):
+        raise ValueError("journal rows must be committed in the order they were prepared")
+    journal, pool, source, rank = prepared.journal, prepared.pool, prepared.source, prepared.rank
+    n = len(journal)
+    if pool not in keys.pools:
+        keys.pools.append(pool)
+    p = keys.pools.index(pool)
+    stores.journals[p] = journal
+    op = np.asarray(journal.op)
+    tier = np.asarray(journal.tier, np.int64)
+    bseq = np.asarray(journal.seq, np.int64)
+    keys.add(p, np.asarray(journal.key, np.uint64), np.asarray(journal.width, np.int64))
+    is_st = op == OP_STORED
+    store = np.zeros(n, np.int64)
+    store[is_st] = stores.add(p, np.asarray(journal.store, np.int64)[is_st])
+    stores.tenants.extend(prepared.store_tenants)
+    if col._live_keys is None:
+        col._live_keys = np.full(col.num_blocks, -1, np.int32)
+    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
+    slots = col._remote_slots()
+    names = journal.tier_names
+    batches, of_batch = _unique_runs(bseq)
+    occurrence = np.zeros(len(batches), np.int64)
+    for i, u in enumerate(batches.tolist()):
+        rid = f"{source}#{u}"
+        r = col._live_request.get(rid)
+        if r is None:
+            r = col._live_request[rid] = col.requests.add(rid, None, 0)
+        occurrence[i] = r
+    request = occurrence[of_batch]
+    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
+    pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
+    numbers = np.zeros(len(pairs), np.int64)
+    for i, code in enumerate(pairs.tolist()):
+        u, t = code // 1024, code % 1024 - 1
+        medium = names[t] if 0 <= t < len(names) else "GPU"
+        numbers[i] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+    info = numbers[of_pair]
+    seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
+    table = prepared.table
     table[:, 1] = seqs[table[:, 1]]  # event index -> seq
     ev = table[:, 2].copy()
     table[:, 2] = request[ev]
     table[:, 5] = np.where(table[:, 0] == STORED, store[ev], table[:, 5])
     table[:, 6] = info[ev]
+    nb0 = col.num_blocks
+    if prepared.num_blocks > nb0:  # the pool grows to the new slots, each from the row that first stored it
+        col._grow(prepared.num_blocks - 1)
+        col._born_row[nb0:prepared.num_blocks] = prepared.born
+        col._born_place[nb0:prepared.num_blocks] = TAIL_BASE + 2 * prepared.born - 1
     col.write_rows(table)
     col.num_seq = int(seqs[-1]) + 1
-    log.rows_appended(r0, seqs, np.full(n, now, np.float64))
+    log.rows_appended(prepared.r0, seqs, np.full(n, now, np.float64))
     return n
+
+
+def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0, num_ranks: int = 1,
+                   now: float = 0.0) -> int:
+    # the slot of each copy is chosen here as PoolProjection chooses it for the reference's
+    # events (`_Placer`), so the blocks the views show are the reference's blocks
+    """Append the rows of `journal` (a `JournalRows` of `pool`, rank `rank` of server
+    `source`) to `log`, a `LiveColumnarLog` made with `journal_log`; how many events that
+    made: `prepare_journal` then `commit_journal` on this thread. Any number of servers and
+    ranks share the log: each pool's slots are its own, and its clear takes its own blocks
+    (`engine.core.projection.stream_code`). `num_ranks` is not used (the slots were once
+    interleaved by rank); it stays for callers."""
+    if not len(journal):
+        return 0
+    return commit_journal(log, prepare_journal(log, journal, pool, source, rank), now)
+
+
+def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` sorting one value per run of equal
+    neighbours, not one per row: a journal's rows come in runs of one batch (and tier)."""
+    if not len(values):
+        return values, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    uniq, inv = np.unique(values[starts], return_inverse=True)
+    return uniq, np.repeat(inv.reshape(-1), np.diff(np.append(starts, len(values))))
 
 
 def _per_store(values: np.ndarray, at: np.ndarray, is_store: np.ndarray) -> np.ndarray:
@@ -342,17 +446,17 @@ class _Placer:
         self.block_tenant: list[int] = []  # tenant code (journal's: index + 1, 0 none) set at the store
         self.by_hash: dict[tuple[int, int], list[int]] = {}  # (hash key, width) -> blocks, in store order
         self.block_hash: list[tuple[int, int]] = []
+        self.cur: list[int] = []  # per log block, the hash id it holds (-1: vacant)
 
 
-def _place(pl: _Placer, col: Any, ops: list, slots: list, tiers: list, keys: list, rank: int, stores: list,
-           r0: int, hashes: list, parents: list, tenants: list) -> tuple[np.ndarray, list]:
+def _place(pl: _Placer, nb0: int, ops: list, slots: list, keys: list, rank: int, stores: list,
+           r0: int, hashes: list, parents: list, tenants: list) -> tuple[np.ndarray, list, list, int]:
     """The rows of the journal's rows: (kind, event index, event index, block, hash id, a,
-    event index, flag); the columns the caller fills from the event index are marked so."""
-    need = col.num_blocks + ops.count(OP_STORED)
-    if len(col._live_keys) < need:
-        col._live_keys = np.concatenate([col._live_keys, np.full(need - len(col._live_keys), -1, np.int32)])
-    nb0 = nb = col.num_blocks
-    cur = col._live_keys[:need].tolist()  # Python ints while the loop runs (a numpy item costs more)
+    event index, flag), the columns the caller fills from the event index marked so; each
+    store's tenant, the row each new block is first stored at, and the blocks after."""
+    nb = nb0
+    cur = pl.cur
+    cur.extend([-1] * (nb0 + ops.count(OP_STORED) - len(cur)))
     born: list[int] = []  # the row each slot made here is first stored at
     out: list[tuple[int, ...]] = []
     vacant, copies, brank, bcopy = pl.vacant, pl.copies, pl.block_rank, pl.block_copy
@@ -421,13 +525,7 @@ def _place(pl: _Placer, col: Any, ops: list, slots: list, tiers: list, keys: lis
                 _unhold(by_hash, bhash[b], b)
             if not held:
                 out.append((RESET, i, i, -1, -1, stores[i], i, 0))
-    col._live_keys[:need] = cur
-    if nb > nb0:  # the pool grows to the new slots, each from the row that first stored it
-        col._grow(nb - 1)
-        rows = np.asarray(born, np.int64)
-        col._born_row[nb0:nb] = rows
-        col._born_place[nb0:nb] = TAIL_BASE + 2 * rows - 1
-    return np.array(out, np.int64), store_tenants
+    return np.array(out, np.int64).reshape(-1, 8), store_tenants, born, nb
 
 
 def _unhold(by_hash: dict, h: tuple[int, int], b: int) -> None:
@@ -624,6 +722,7 @@ class _CompiledPlacer:
 
         self.loop = _compiled()[0]
         self.state = np.zeros(6, np.int64)
+        self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
         z = np.zeros(0, np.int64)
         self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
         self.nxt, self.bslot, self.btenant, self.bcode, self.bwide, self.brank, self.lnext = (z.copy() for _ in range(7))
@@ -636,16 +735,14 @@ class _CompiledPlacer:
             return a
         return np.concatenate([a, np.full(max(n, 2 * len(a)) - len(a), fill, a.dtype)])
 
-    def place(self, col: Any, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
+    def place(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
               hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
-              rank: int, r0: int) -> tuple[np.ndarray, np.ndarray]:
+              rank: int, r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         n = len(op)
         n_store = int(np.count_nonzero(op == OP_STORED))
         n_clear = int(np.count_nonzero(op == OP_CLEARED))
-        nb0 = col.num_blocks
         top = nb0 + n_store
-        if len(col._live_keys) < top:
-            col._live_keys = np.concatenate([col._live_keys, np.full(top - len(col._live_keys), -1, np.int32)])
+        self.cur = self._fit(self.cur, top, -1)
         self.state[1] = nb0
         for name in ("nxt", "bslot", "btenant", "bcode", "bwide", "lnext"):
             setattr(self, name, self._fit(getattr(self, name), top, -1))
@@ -659,18 +756,12 @@ class _CompiledPlacer:
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
         self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
-                  col._live_keys, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
+                  self.cur, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
                   self.btenant, self.bcode, self.bwide, self.d8, self.dw, self.lhead, self.lnext, out, born,
                   store_tenants)
-        nb = int(self.state[1])
         table = out[:int(self.state[2])]
         table[:, 1] = table[:, 2]
-        if nb > nb0:
-            col._grow(nb - 1)
-            rows = born[:int(self.state[3])]
-            col._born_row[nb0:nb] = rows
-            col._born_place[nb0:nb] = TAIL_BASE + 2 * rows - 1
-        return table, store_tenants[:int(self.state[4])]
+        return table, store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1])
 
 
 _COMPILED: list[Any] = []

@@ -1,0 +1,128 @@
+"""The journal route's placing thread: an attached server's journal rows placed off the GUI thread.
+
+`JournalFeed` takes each pool's new journal rows under the attachment's lock, places them for
+the state's log (`engine.core.live_journal.prepare_journal`: the compiled placer, which runs
+without the GIL) and queues the prepared blocks; the GUI tick (`RemoteController.tick`)
+writes them to the log (`PoolState.apply_prepared`), so what runs there is one array copy
+per block and the moves of the series, live pool and overlay. `take_journal_rows` is the one
+way rows are taken, by the feed and by the GUI tick that runs without one (a drain at detach,
+tests).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable
+
+# The feed places ahead of the GUI tick by at most this many rows (a window that cannot keep
+# up is not handed an unbounded backlog: the rest waits in the pools' journals).
+MAX_READY_ROWS = 1 << 18
+# After a bite smaller than a full one the feed waits this long (a GUI frame) before the next:
+# every block placed costs the tick a fixed price to write (the live pool, series, overlay
+# move on), so a slow stream gives a frame's rows a block, not each frame's every batch.
+TAKE_EVERY_S = 0.016
+
+
+def take_journal_rows(att: Any, taken: dict[int, int], limit: int, timeout: float = -1,
+                      counted: Callable[[int], None] | None = None) -> tuple[list, bool] | None:
+    """Under `att.lock`, each pool's journal rows from `taken[id(pool)]` on, at most `limit`
+    rows shared between the pools with rows, as (`JournalRows`, pool, batch times); and
+    whether rows were left for later. `taken` moves on, and `counted(rows taken)` is called
+    before the lock is let go. None if the lock was not had within `timeout` seconds (-1: wait)."""
+    from engine.core.live_journal import journal_head
+
+    if not att.lock.acquire(timeout=timeout):
+        return None
+    try:
+        pending = [(pool, pool.journal_since(taken.get(id(pool), 0))) for pool in att.pools]
+        pending = [(pool, rows) for pool, rows in pending if len(rows)]
+        takes = []
+        left = False
+        for pool, rows in pending:
+            head = journal_head(rows, max(1, limit // len(pending)))
+            left = left or len(head) < len(rows)
+            taken[id(pool)] = head.stop
+            takes.append((head, pool, pool.times_of(head)))
+        if counted is not None:
+            counted(sum(len(t[0]) for t in takes))
+        return takes, left
+    finally:
+        att.lock.release()
+
+
+class JournalFeed:
+    """Places an attachment's journal rows for `log` on a thread of its own.
+
+    `ready` holds (`PreparedJournal`, batch times) in the order they must be committed; the
+    GUI thread pops them (`pop_ready`). `bite()` says how many rows to place at a time (the
+    tick's budget, so one block fits in a tick). Rows are counted as taken (under the
+    attachment's lock), prepared (by this thread) and committed (popped by the GUI thread),
+    each counter written by one thread only. `error` is the exception that stopped the
+    thread, if one did."""
+
+    def __init__(self, att: Any, log: Any, taken: dict[int, int], bite: Callable[[], int]) -> None:
+        self.att, self.log, self.taken, self.bite = att, log, taken, bite
+        self.ready: collections.deque[tuple[Any, Any]] = collections.deque()
+        self.num_taken = 0
+        self.num_prepared = 0
+        self.num_committed = 0
+        self.error: BaseException | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="journal-placer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop placing (what is in `ready` stays, to be committed)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def pending(self) -> int:
+        """Rows taken from the pools and not yet committed."""
+        return self.num_taken - self.num_committed
+
+    @property
+    def num_ready(self) -> int:
+        """Rows in `ready`."""
+        return self.num_prepared - self.num_committed
+
+    def pop_ready(self) -> tuple[Any, Any] | None:
+        try:
+            item = self.ready.popleft()
+        except IndexError:
+            return None
+        self.num_committed += len(item[0])
+        return item
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self.num_ready >= MAX_READY_ROWS or self.step() < self.bite():
+                    self._wake.wait(TAKE_EVERY_S)
+                    self._wake.clear()
+        except BaseException as exc:  # noqa: BLE001 - kept for the GUI thread to report
+            self.error = exc
+
+    def step(self) -> int:
+        """Take and place one bite; the rows placed (0: nothing new)."""
+        from engine.core.live_journal import prepare_journal
+
+        got = take_journal_rows(self.att, self.taken, max(1, int(self.bite())), counted=self._count_taken)
+        if got is None or not got[0]:
+            return 0
+        made = 0
+        for journal, pool, times in got[0]:
+            prepared = prepare_journal(self.log, journal, pool, pool.source, int(pool.rank))
+            self.num_prepared += len(journal)  # before it is in `ready`: popped rows are prepared ones
+            self.ready.append((prepared, times))
+            made += len(journal)
+        return made
+
+    def _count_taken(self, rows: int) -> None:
+        self.num_taken += rows
