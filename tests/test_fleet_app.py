@@ -97,7 +97,12 @@ def publish(qtbot, win, pods, messages) -> None:
     def arrived() -> bool:
         return sum(s.health.batches for s in win.remote.fleet_snapshot(0).servers) >= want
 
+    def applied() -> bool:  # a stream holds a batch up to HOLD_SECONDS before its pool applies it
+        return win.remote.with_fleet(lambda f: sum(p.num_batches for ps in f.servers.values() for p in ps), 0) \
+            >= sum(s.health.batches for s in win.remote.fleet_snapshot(0).servers)
+
     qtbot.waitUntil(arrived, timeout=WAIT_MS)
+    qtbot.waitUntil(applied, timeout=WAIT_MS)
     fleet = win.panels["fleet"]
     fleet.refresh()
 

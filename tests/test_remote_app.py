@@ -229,7 +229,9 @@ def test_two_data_parallel_ranks_make_one_combined_pool(qtbot, win, servers):
         made[1].publish(1)
         qtbot.wait(20)
         win.ctx.bridge.flush(everything=True)
-        return set(win.ctx.state.remote.ranks(win.ctx.state.projection)) == {0, 1}
+        # every block of both ranks: the journal's rows reach the log a placing thread and a
+        # tick after the pool has them, so rank 1's first block can show before its second
+        return win.ctx.state.remote.ranks(win.ctx.state.projection) == {0: 2, 1: 2}
 
     qtbot.waitUntil(both, timeout=WAIT_MS)
     state = win.ctx.state
