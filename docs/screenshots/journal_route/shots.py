@@ -1,7 +1,7 @@
 """Screenshots after an attached run on the journal route (issue 20): the bench's stream
-(`app.commands._bench_live_attach`, 20,000 vLLM events over loopback ZMQ from a publisher
+(`app.commands._bench_live_attach`, 50,000 vLLM events over loopback ZMQ from a publisher
 process into a 1280x800 window) applied in budgeted ticks, then the window, the hash chain
-view and the block table, 1280x800 and 1600x1000, both themes:
+view, the block table and the timeline, 1280x800 and 1600x1000, both themes:
     QT_QPA_PLATFORM=offscreen .venv/bin/python docs/screenshots/journal_route/shots.py [events]"""
 import sys
 import tempfile
@@ -25,7 +25,7 @@ class _Waits:
             time.sleep(0.005)
 
 
-def main(num_events: int = 20_000) -> None:
+def main(num_events: int = 50_000) -> None:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication([])
@@ -41,7 +41,7 @@ def main(num_events: int = 20_000) -> None:
     print({k: got[k] for k in ("cachescope_events", "events_per_s_wall", "longest_process_events_ms")})
     waits = _Waits(app)
     waits.wait(1500)
-    shots.VIEWS = ("hash_chains", "block_table")
+    shots.VIEWS = ("hash_chains", "block_table", "timeline")
     shots._grab(waits, w, "journal_run", OUT)
     chains = w.panels["hash_chains"]
     print("chain view:", chains.summary.text()[:160])
@@ -49,4 +49,4 @@ def main(num_events: int = 20_000) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20_000)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 50_000)
