@@ -79,6 +79,6 @@ class Interner:
                 size *= 2
             self.table = _rehash(self.k_parent, self.k_item, self.k_tag, self.num_keys, size)
         keys = np.empty(len(items), np.int32)
-        self.num_keys = _intern_into(items, offsets, kinds, root_tags, self.table, self.k_parent, self.k_item,
-                                     self.k_tag, self.num_keys, keys)
+        self.num_keys = _intern_into(items, offsets, kinds, root_tags, self.table, np.zeros(0, np.int32),
+                                     self.k_parent, self.k_item, self.k_tag, self.num_keys, keys)
         return keys

@@ -88,17 +88,28 @@ def _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys):
 
 
 @kernel_jit()
-def _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, n_keys, keys):
+def _intern_into(items, offsets, kinds, root_tags, table, first, k_parent, k_item, k_tag, n_keys, keys):
     """Intern every request's blocks (`intern_chains`' layout) into a table that holds
     `n_keys` keys already and has room for all the new ones; the ids go to `keys`.
-    Returns the number of keys held now. One loop for one-shot and growing tables."""
+    Returns the number of keys held now. One loop for one-shot and growing tables.
+    With `first` (an entry per item; empty: none), the first key of each item is at
+    `first[item]` and only the keys that share an item with an earlier one go in `table`."""
+    dense = first.shape[0] > 0
     for r in range(offsets.shape[0] - 1):
         parent = -1
         for j in range(offsets[r], offsets[r + 1]):
             item = items[j]
             tag = root_tags[r] if parent < 0 else kinds[r]
-            k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
-            if k == n_keys:
+            if not dense:
+                k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
+            else:
+                k = first[item]
+                if k < 0:
+                    k = n_keys
+                    first[item] = k
+                elif k_parent[k] != parent or k_tag[k] != tag:
+                    k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
+            if k == n_keys:  # a new key
                 k_parent[k] = parent
                 k_item[k] = item
                 k_tag[k] = tag
@@ -123,7 +134,8 @@ def intern_chains(items, offsets, kinds, root_tags):
     k_item = np.empty(n, np.int64)
     k_tag = np.empty(n, np.int64)
     keys = np.empty(n, np.int32)
-    n_keys = _intern_into(items, offsets, kinds, root_tags, table, k_parent, k_item, k_tag, np.int64(0), keys)
+    n_keys = _intern_into(items, offsets, kinds, root_tags, table, np.zeros(0, np.int32), k_parent, k_item, k_tag,
+                          np.int64(0), keys)
     return keys, table, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
 
 
@@ -135,34 +147,15 @@ def intern_dense(items, offsets, kinds, root_tags, size):
     only the keys that share an item with an earlier one go into a hash table. Returns
     (keys, k_parent, k_item, k_tag); the same ids as `intern_chains` gives."""
     n = items.shape[0]
-    first = np.full(size, -1, np.int32)
     cap = 16
     while cap < 2 * n + 16:
         cap *= 2
-    table = np.full(cap, -1, np.int32)  # the other keys
     k_parent = np.empty(n, np.int32)
     k_item = np.empty(n, np.int64)
     k_tag = np.empty(n, np.int64)
     keys = np.empty(n, np.int32)
-    n_keys = 0
-    for r in range(offsets.shape[0] - 1):
-        parent = -1
-        for j in range(offsets[r], offsets[r + 1]):
-            item = items[j]
-            tag = root_tags[r] if parent < 0 else kinds[r]
-            k = first[item]
-            if k < 0:
-                k = n_keys
-                first[item] = k
-            elif k_parent[k] != parent or k_tag[k] != tag:
-                k = _find_or_claim(table, k_parent, k_item, k_tag, parent, item, tag, n_keys)
-            if k == n_keys:  # a new key
-                k_parent[k] = parent
-                k_item[k] = item
-                k_tag[k] = tag
-                n_keys += 1
-            keys[j] = k
-            parent = k
+    n_keys = _intern_into(items, offsets, kinds, root_tags, np.full(cap, -1, np.int32), np.full(size, -1, np.int32),
+                          k_parent, k_item, k_tag, np.int64(0), keys)
     return keys, k_parent[:n_keys].copy(), k_item[:n_keys].copy(), k_tag[:n_keys].copy()
 
 
