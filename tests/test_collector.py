@@ -104,3 +104,38 @@ def test_each_check_collects_the_generation_the_interpreter_would(qtbot):
         c.stop()
         c.deleteLater()
     assert gc.isenabled()
+
+
+def _past_the_young_thresholds(junk: list, c: collector.GuiThreadCollector) -> None:
+    """Counts past generation 1's and generation 2's thresholds, as a stream's allocations
+    would leave them: more gen-0 collections than t1 and more gen-1 collections than t2."""
+    t0, t1, t2 = c.threshold
+    for _ in range(t2 + 1):
+        gc.collect(1)
+    for _ in range(t1 + 1):
+        junk.extend([] for _ in range(t0 + 10))
+        gc.collect(0)
+    junk.extend([] for _ in range(t0 + 10))
+
+
+def test_a_full_collection_waits_for_a_quarter_of_the_old_generation_as_cpython_does(qtbot):
+    c = collector.GuiThreadCollector(interval_ms=10_000)
+    try:
+        gc.collect()
+        c.long_lived_total, c.long_lived_pending = 4_000_000, 0
+        junk: list = []
+        _past_the_young_thresholds(junk, c)
+        # the interpreter's counts alone would ask for a full collection (c1 > t1, c2 > t2)
+        assert gc.get_count()[1] > c.threshold[1] and gc.get_count()[2] > c.threshold[2]
+        assert c.check() == 1  # but what reached the old generation is far from a quarter of it
+        assert c.collections == [0, 1, 0]
+        assert c.long_lived_pending >= c.threshold[0] * (c.threshold[1] + 2)  # junk survived, promoted
+        c.long_lived_pending = c.long_lived_total // 4 + 1
+        _past_the_young_thresholds(junk, c)
+        assert c.check() == 2
+        assert c.long_lived_pending == 0
+        assert len(junk) < c.long_lived_total <= len(gc.get_objects(2)) + 100  # what survived it, counted again
+    finally:
+        c.stop()
+        c.deleteLater()
+    assert gc.isenabled()

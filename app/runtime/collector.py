@@ -10,9 +10,15 @@ is deleted in the thread it lives in.
 
 So while a `MainWindow` is open, automatic collection is off and a timer on the GUI thread
 does what the interpreter would have done, generation by generation with the interpreter's
-own thresholds (the recipe of calibre's `GarbageCollector`). Reference counting still frees
+own thresholds (the recipe of calibre's `GarbageCollector`), and, as CPython does, a full
+collection only once the objects that reached the oldest generation since the last one are
+a quarter of those it held then (a full collection walks every object in the process: with
+a trace open or a server attached, 0.1-0.5 s with the GIL held; without the rule one came
+every ten young collections, a window stall each time). Reference counting still frees
 everything that is not in a cycle at once, on any thread; only cycles wait, at most one
-timer interval. When the last window is gone, automatic collection comes back as it was.
+timer interval (0.1 s: the young generations a check collects stay a few milliseconds'
+worth while a stream allocates). When the last window is gone, automatic collection comes
+back as it was.
 
     window = MainWindow(ctx)      # install(window) is called by the window itself
     ...
@@ -25,7 +31,10 @@ import gc
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer
 
-INTERVAL_MS = 1000
+INTERVAL_MS = 100
+# CPython's rule (Modules/gcmodule.c): a full collection waits until the objects promoted to
+# the oldest generation since the last one exceed this share of those that survived it.
+FULL_COLLECTION_SHARE = 0.25
 
 
 class GuiThreadCollector(QObject):
@@ -36,6 +45,11 @@ class GuiThreadCollector(QObject):
         self.threshold = gc.get_threshold()
         self.was_enabled = gc.isenabled()
         self.collections = [0, 0, 0]  # per generation, for tests and `--debug`
+        # long_lived_total and long_lived_pending of gcmodule.c, counted from Python: the
+        # oldest generation's size after a full collection, and what the generation-1
+        # collections promoted into it since (the young objects walked, less those freed).
+        self.long_lived_total = len(gc.get_objects(2))
+        self.long_lived_pending = 0
         gc.disable()
         self._timer = QTimer(self, interval=interval_ms, timeout=self.check)
         self._timer.start()
@@ -46,8 +60,17 @@ class GuiThreadCollector(QObject):
         t0, t1, t2 = self.threshold
         if c0 <= t0:
             return None
-        generation = 2 if c1 > t1 and c2 > t2 else 1 if c1 > t1 else 0
-        gc.collect(generation)
+        generation = 1 if c1 > t1 else 0
+        if generation and c2 > t2 and self.long_lived_pending > self.long_lived_total * FULL_COLLECTION_SHARE:
+            generation = 2
+        if generation == 1:
+            young = len(gc.get_objects(0)) + len(gc.get_objects(1))
+            self.long_lived_pending += max(0, young - gc.collect(1))
+        else:
+            gc.collect(generation)
+        if generation == 2:
+            self.long_lived_total = len(gc.get_objects(2))
+            self.long_lived_pending = 0
         self.collections[generation] += 1
         return generation
 
