@@ -621,7 +621,6 @@ class ArrayProjection:
         self.counters = arrays.counters
         self.ref_counts = arrays.ref_counts
         self.hash_keys = arrays.hash_keys
-        self.hashed = (arrays.hash_keys >= 0).view(np.uint8)
         self.free = _FreeQueue(self)
         self.hashes = _BlockColumn(self, _HASH)
         self.parents = _BlockColumn(self, _PARENT)
@@ -630,11 +629,38 @@ class ArrayProjection:
         self.external_ids = _BlockColumn(self, _EXTERNAL)
         self.tenants = _BlockColumn(self, _TENANT)
         self.requests = _Requests(self)
-        in_use = self.ref_counts > 0
-        self.num_in_use = int(np.count_nonzero(in_use))
-        self.num_hashed = int(np.count_nonzero(self.hash_keys >= 0))
-        self.num_cached_free = int(np.count_nonzero(~in_use & (self.hash_keys >= 0)))
         self._cache: dict[str, Any] = {}
+
+    # The whole-pool passes below are made when first read, not for every projection built:
+    # a 10M-block remote pool gets a new live projection per tick, and a view reads few.
+    @property
+    def hashed(self) -> np.ndarray:
+        """Per block, 1 where it holds a hash (uint8)."""
+        got = self._cache.get("hashed")
+        if got is None:
+            got = self._cache["hashed"] = (self.hash_keys >= 0).view(np.uint8)
+        return got
+
+    def _counts(self) -> tuple[int, int, int]:
+        got = self._cache.get("counts")
+        if got is None:
+            in_use = self.ref_counts > 0
+            hashed = self.hashed.view(bool)
+            got = self._cache["counts"] = (int(np.count_nonzero(in_use)), int(np.count_nonzero(hashed)),
+                                           int(np.count_nonzero(hashed & ~in_use)))
+        return got
+
+    @property
+    def num_in_use(self) -> int:
+        return self._counts()[0]
+
+    @property
+    def num_hashed(self) -> int:
+        return self._counts()[1]
+
+    @property
+    def num_cached_free(self) -> int:
+        return self._counts()[2]
 
     def copy(self) -> ArrayProjection:
         return self  # never changed after it is built
