@@ -1,10 +1,12 @@
 """Screenshots of the block table and the KV memory view after the live log's real flows
 (issue 20: rows made on the engine thread, a large remote pool's kept grid): the Mooncake
 replay's events pushed through the bridge from a producer thread, and a 1,000,000-block
-remote vLLM pool held through the journal route. 1280x800, both themes.
+remote vLLM pool held through the journal route. The window and its views (block table, timelines,
+event log, metrics, KV memory), 1280x800, both themes.
 
 Run: QT_QPA_PLATFORM=offscreen .venv/bin/python -m pytest -q -p no:cacheprovider docs/screenshots/live_log/shots.py
 """
+import importlib.util
 import sys
 import threading
 from pathlib import Path
@@ -14,7 +16,6 @@ from app.runtime.context import engine_info, make_test_context  # noqa: E402
 from app.window.main_window import MainWindow  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
-VIEWS = ("block_table", "kv_memory")
 
 
 def _window(qtbot, tmp_path):
@@ -29,23 +30,11 @@ def _window(qtbot, tmp_path):
 
 
 def _grab(qtbot, win, flow):
-    layout = win.saveState()
-    for theme in ("dark", "light"):
-        win.apply_theme(theme)
-        win.resize(1280, 800)
-        win.restoreState(layout)
-        qtbot.wait(500)
-        win.grab().save(str(OUT / f"{flow}_window_{theme}.png"))
-        for name in VIEWS:
-            dock = win.docks.get(name)
-            if dock is None:
-                continue
-            win.restoreState(layout)
-            dock.show()
-            dock.raise_()
-            qtbot.wait(400)
-            dock.grab().save(str(OUT / f"{flow}_{name}_{theme}.png"))
-    win.restoreState(layout)
+    """The window and its views, 1280x800, both themes: the live columnar log's shots do it."""
+    spec = importlib.util.spec_from_file_location("live_columnar_shots", OUT.parent / "live_columnar" / "shots.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    shots._grab(qtbot, win, flow, out=OUT, sizes=((1280, 800),))
 
 
 def test_mooncake_through_the_bridge(qtbot, tmp_path):
