@@ -10,10 +10,9 @@ the CLI prints. No Qt.
 
 Columnar pools (`AttachOptions(columnar=True)`) with nobody listening per batch
 (`on_batch` None) hold each stream's decoded batches and apply them many at once
-(`ColumnarPool.apply_many`: one compiled call per run): when HOLD_FRAMES batches or
-HOLD_BYTES of frames are held or the oldest has waited HOLD_SECONDS (checked as each
-frame comes and, while the stream has no frame queued, by the subscriber's `on_idle`,
-called again until then), when the subscriber stops, and always before a restart or a
+(`ColumnarPool.apply_many`: one compiled call per run): when the stream has no frame
+queued any more (the subscriber's `on_idle`), when HOLD_FRAMES batches or HOLD_BYTES of
+frames are held or the oldest has waited HOLD_SECONDS, and always before a restart or a
 notice of that stream is handled, so the pool sees every batch in order and a notice
 finds the pool as it was when the notice came. A reader under `lock` may thus see a
 stream's last few batches (at most those bounds) not applied yet while frames keep coming.
@@ -39,7 +38,7 @@ from engine.remote.wire import VllmBatch
 MAX_DATA_PARALLEL = 1024
 HOLD_FRAMES = 64  # batches a columnar stream holds at most before applying them
 HOLD_BYTES = 4 << 20  # frame bytes held at most
-HOLD_SECONDS = 0.02  # the longest a held batch waits, while frames keep coming or at idle
+HOLD_SECONDS = 0.002  # the longest a held batch waits while frames keep coming
 
 
 class _Held:
@@ -47,14 +46,13 @@ class _Held:
     thread of that stream's subscriber (a demuxed stream's: its socket's), applied under
     the attachment's lock."""
 
-    __slots__ = ("pool", "lock", "batches", "nbytes", "since", "subscriber")
+    __slots__ = ("pool", "lock", "batches", "nbytes", "since")
 
     def __init__(self, pool: Any, lock: threading.RLock) -> None:
         self.pool, self.lock = pool, lock
         self.batches: list[Any] = []
         self.nbytes = 0
         self.since = 0.0
-        self.subscriber: VllmSubscriber | None = None  # whose `on_idle` this is (set once it is made)
 
     def add(self, batch: Any) -> None:
         if not self.batches:
@@ -64,19 +62,6 @@ class _Held:
         if len(self.batches) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES \
                 or time.monotonic() - self.since >= HOLD_SECONDS:
             self.flush()
-
-    def idle(self) -> float | None:
-        """The stream's socket ran dry (its subscriber's `on_idle`): apply what is held once
-        the oldest has waited HOLD_SECONDS, or the subscriber is stopping; else the seconds
-        left, so the subscriber calls again by then. A stream of a fleet at a few hundred
-        frames a second thus applies several frames a call, not one."""
-        if not self.batches:
-            return None
-        left = HOLD_SECONDS - (time.monotonic() - self.since)
-        if left <= 0 or self.subscriber is None or self.subscriber.stopping:
-            self.flush()
-            return None
-        return left
 
     def flush(self) -> None:
         if self.batches:
@@ -246,9 +231,7 @@ class Attachment:
                     on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
                     max_frame_bytes=self.options.max_frame_bytes,
                     demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder(),
-                    on_idle=held.idle if held is not None else None)
-                if held is not None:
-                    held.subscriber = sub
+                    on_idle=held.flush if held is not None else None)
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -338,9 +321,7 @@ class Attachment:
                     bind=True, rank=spec.rank, source=name, on_restart=self._restart_handler(pool, held),
                     on_notice=self._notice_handler(pool, held), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
-                    socket=False, decode=self._decoder(), on_idle=held.idle if held is not None else None)
-                if held is not None:
-                    held.subscriber = sub
+                    socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None)
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)

@@ -134,9 +134,8 @@ class VllmSubscriber:
     fresh pool), `on_notice(kind, message)` for refills, misses and malformed frames, and
     `on_health(health)` after each of these with a copy of the counters, and `on_idle()`
     once the frames queued on its sockets are all handled, before it blocks waiting for
-    more (and once more when it stops, `stopping` then True): a consumer that holds
-    batches to apply many at once applies them there, or returns how many seconds more it
-    means to hold them, and is called again within that time whether frames come or not.
+    more (and once more when it stops): a consumer that holds batches to apply many at
+    once applies them there, so nothing it holds waits for the next frame.
     `refill_timeout` is the longest silence (no frame) of the replay socket in one answer.
 
     `demux(topic)` (bind mode, llm-d's centralized mode) makes the stream of a topic of the
@@ -605,8 +604,8 @@ class VllmSubscriber:
                     continue
                 ready = dict(poller.poll(0))
                 if not ready:
-                    wait = self._idle()
-                    ready = dict(poller.poll(100 if wait is None else min(100, int(wait * 1000) + 1)))
+                    self._idle()
+                    ready = dict(poller.poll(100))
                 if self._monitor is not None and self._monitor in ready:
                     self._monitor.recv_multipart()
                     self._reconnect()
@@ -618,35 +617,19 @@ class VllmSubscriber:
                     break
                 self._error(exc)
         try:
-            for stream in list(self.streams.values()):  # the streams this socket feeds stop with it
-                stream._stop.set()
             self._idle()  # stopping: what the consumer holds is applied, not dropped
         except Exception as exc:  # noqa: BLE001
             self._error(exc)
 
-    @property
-    def stopping(self) -> bool:
-        """True once `stop` was called (its last `on_idle` is the one at stopping)."""
-        return self._stop.is_set()
-
-    def _idle(self) -> float | None:
+    def _idle(self) -> None:
         """Nothing queued: tell the consumer of each stream that got batches since the last
-        time (this one's, and each stream this socket feeds). A consumer that returns a
-        number of seconds still holds batches and is told again within that time (the
-        socket's wait is cut to it); returns the shortest such wait, or None."""
-        wait = None
+        time (this one's, and each stream this socket feeds)."""
         for stream in list(self.streams.values()):
-            w = stream._idle()
-            if w is not None:
-                wait = w if wait is None else min(wait, w)
+            stream._idle()
         if self._busy:
             self._busy = False
             if self.on_idle is not None:
-                w = self.on_idle()
-                if w:
-                    self._busy = True
-                    wait = w if wait is None else min(wait, w)
-        return wait
+                self.on_idle()
 
     def _error(self, exc: BaseException) -> None:
         self.health.last_error = f"{type(exc).__name__}: {exc}"
