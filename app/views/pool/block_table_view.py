@@ -272,10 +272,10 @@ class BlockTableView(PanelView):
             self.vb.setRange(QRectF(0, 0, cols, rows), padding=0.02)
 
     def refresh(self) -> None:
-        """Redraw if the projection changed since the last frame: at most once a frame for a
-        pool of more than `COALESCE_BLOCKS` blocks (a change within the frame waits for its
-        end), and not while the window is up but this view is off screen (a dock tab
-        behind another): it redraws when shown."""
+        """Redraw if the projection changed since the last frame. A pool of more than
+        `COALESCE_BLOCKS` blocks redraws at most once a frame (a change within the frame
+        waits for its end), and not while the window is up but this view is off screen (a
+        dock tab behind another): it redraws when shown."""
         if self.state.version == self._drawn_version:
             return
         batch = self.state.last_batch
@@ -283,11 +283,14 @@ class BlockTableView(PanelView):
             self._flash_until = time.monotonic() + self.flash_seconds
             self._flash_timer.start(int(self.flash_seconds * 1000) + 20)
         self._last_batch = batch
+        if self.state.projection.num_blocks <= COALESCE_BLOCKS:  # a millisecond or two: at once, shown or not
+            self.redraw()
+            return
         if self.window().isVisible() and not self.is_shown():
             self._stale = True
             return
         wait_ms = FRAME_MS - (time.monotonic() - self._last_redraw) * 1000
-        if wait_ms > 0 and self.state.projection.num_blocks > COALESCE_BLOCKS:
+        if wait_ms > 0:
             if not self._frame_timer.isActive():
                 self._frame_timer.start(int(wait_ms) + 1)
             return
