@@ -196,6 +196,7 @@ class BlockTableView(PanelView):
     def apply_theme(self, name: str | None = None) -> None:
         self.colors = block_colors(name)
         self.tiers = tier_colors(name)
+        self._lut_key = None  # a remote pool's colour table is made again for the new theme
         self._palette = theme.palette(name)
         self.glw.setBackground(self.colors["background"])
         self.outline.setPen(pg.mkPen(self.colors["selected"], width=2))
