@@ -16,7 +16,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-import importlib.abc  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -110,9 +109,9 @@ def pytest_runtest_teardown(item, nextitem):
 # ---------------------------------------------------------------- numba, compiled once a run
 # Under pytest-xdist the controller compiles the engine's numba functions into numba's disk
 # cache (tests/_warmup.py: the kernel and the columnar pool, two processes side by side)
-# while the workers start and collect, and a worker that imports what they compile waits
-# for it before its first test (`_WaitBeforeCompiling`): a fresh clone compiles them once,
-# not once per worker at the same moment.
+# while the workers start, collect and run their first tests, and a worker's first call of a
+# function they compile waits for its part (`_hold_numba_until_warm`): a fresh clone
+# compiles them once, not once per worker at the same moment.
 # With a warm cache they load in a few seconds of CPU.
 _WARMUP_ENV = "CACHESCOPE_TEST_NUMBA_WARMUP"  # the files the warm-ups write when they end
 _WARMUP_PARTS = ("kernel", "pool")
@@ -153,59 +152,38 @@ def _wait_for_warmup(parts) -> None:
         time.sleep(0.1)
 
 
-class _WaitBeforeCompiling(importlib.abc.MetaPathFinder):
-    """On a worker, the first import of what the warm-up compiles waits for that part:
-    numba itself (the kernel, the log's series, the statistics) for the kernel part, the
-    wire decoder and the columnar pool for the pool part. A worker whose tests never
-    touch them starts at once.
-
-    While the worker collects, an import only notes the part it needs, and the worker
-    waits for those parts when its collection ends (`collected`), before its first test:
-    importing compiles nothing (the engine's functions compile at their first call, and
-    no test module calls one at import: a collection leaves every dispatcher without a
-    signature), so collection and warm-up share the cores instead of taking turns."""
-
-    WAITS = {"numba": ("kernel",), "engine.remote.fastwire": ("pool",), "engine.remote.colpool": ("pool",)}
-
-    def __init__(self) -> None:
-        self.pending = dict(self.WAITS)
-        self.collecting = True
-        self.needed: set[str] = set()  # parts that imports during collection asked for
-
-    def find_spec(self, name, path=None, target=None):
-        parts = self.pending.pop(name, None)
-        if parts is not None:
-            if not self.pending:
-                sys.meta_path.remove(self)
-            if self.collecting:
-                self.needed.update(parts)
-            else:
-                _wait_for_warmup(parts)
-        return None  # the ordinary finders import it
-
-    def collected(self) -> None:
-        self.collecting = False
-        _wait_for_warmup(self.needed)
+# The modules whose compiled functions the pool part of the warm-up compiles; every other
+# engine function is the kernel part's (the kernel, the logs' passes, the statistics).
+_POOL_MODULES = ("engine.remote.", "engine.core.live_journal")
 
 
-_FINDER_KEY = pytest.StashKey[_WaitBeforeCompiling]()  # worker: the finder, told when collection ends
+def _part_of(dispatcher) -> str:
+    module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+    return "pool" if module.startswith(_POOL_MODULES) else "kernel"
 
 
 def _hold_numba_until_warm(config) -> None:
+    """On a worker, a compiled function's first call (numba's `_compile_for_args`: compile,
+    or load from the disk cache) waits until the warm-up part that compiles it has written
+    numba's cache; nothing else waits. Importing compiles nothing (the engine's functions
+    compile at their first call, and no test module calls one at import), so collection,
+    the tests that need no compiled code and the warm-up share the cores instead of taking
+    turns; a worker whose first tests are the kernel's waits for the kernel part alone."""
     if not hasattr(config, "workerinput") or _WARMUP_ENV not in os.environ:
         return
-    if any(name in sys.modules for name in _WaitBeforeCompiling.WAITS):  # imported already (a plugin): wait now
-        _wait_for_warmup(_WARMUP_PARTS)
-    else:
-        finder = _WaitBeforeCompiling()
-        sys.meta_path.insert(0, finder)
-        config.stash[_FINDER_KEY] = finder
+    from numba.core import dispatcher
 
+    compile_for_args = dispatcher._DispatcherBase._compile_for_args
+    warm: set[str] = set()
 
-def pytest_collection_finish(session):
-    finder = session.config.stash.get(_FINDER_KEY, None)
-    if finder is not None:
-        finder.collected()
+    def waiting(self, *args, **kws):
+        part = _part_of(self)
+        if part not in warm:
+            _wait_for_warmup((part,))
+            warm.add(part)
+        return compile_for_args(self, *args, **kws)
+
+    dispatcher._DispatcherBase._compile_for_args = waiting
 
 
 def pytest_terminal_summary(terminalreporter, config):
