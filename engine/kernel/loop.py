@@ -313,6 +313,17 @@ def _link_after(p, x, blk):
 
 
 @kernel_jit(inline="always")
+def _unlink(x, blk):
+    """Take block `x` out of the free queue, its neighbours joined."""
+    qp = blk[x, B_QPREV]
+    qn = blk[x, B_QNEXT]
+    blk[qp, B_QNEXT] = qn
+    blk[qn, B_QPREV] = qp
+    blk[x, B_QPREV] = -1
+    blk[x, B_QNEXT] = -1
+
+
+@kernel_jit(inline="always")
 def _allocate(num_new, s, ntab, tables, blk, kst, record, seq, evicted):
     """`BlockPool.take_free_block`, `num_new` times, for the request in slot `s`: blocks off
     the free queue's head into its table from position `ntab`; a block that held a hash is
@@ -323,11 +334,7 @@ def _allocate(num_new, s, ntab, tables, blk, kst, record, seq, evicted):
     n_ev = 0
     for _ in range(num_new):
         bb = blk[head, B_QNEXT]
-        nxt = blk[bb, B_QNEXT]
-        blk[head, B_QNEXT] = nxt
-        blk[nxt, B_QPREV] = head
-        blk[bb, B_QPREV] = -1
-        blk[bb, B_QNEXT] = -1
+        _unlink(bb, blk)
         ek = blk[bb, B_KEY]
         if ek >= 0:
             row = ek + 1
@@ -612,12 +619,7 @@ def replay_arrays(num_blocks, bs, concurrency, record, p0, final,
             for i in range(n_hit):
                 bb = hits[i]
                 if blk[bb, B_REF] == 0 and blk[bb, B_QPREV] != -1:  # a hit on a free block: off the queue
-                    qp = blk[bb, B_QPREV]
-                    qn = blk[bb, B_QNEXT]
-                    blk[qp, B_QNEXT] = qn
-                    blk[qn, B_QPREV] = qp
-                    blk[bb, B_QPREV] = -1
-                    blk[bb, B_QNEXT] = -1
+                    _unlink(bb, blk)
                     n_free -= 1
                 blk[bb, B_REF] += 1
                 tables[s, ntab] = bb
