@@ -85,9 +85,9 @@ def warm_pool() -> None:
         hashes = tuple((seq * 1000 + i).to_bytes(8, "big") for i in range(1, 1001))
         stored = VllmEvent("BlockStored", hashes, None, tuple(range(16 * len(hashes))), 16)
         grow.apply(fastwire.decode_columns(seq, encode_batch(float(seq), [stored], 0)))
-    from engine.kernel.warmup import _journal_route
+    from engine.kernel.warmup import warm_journal_route
 
-    _journal_route()  # the attach tests' placer and overlay passes (17 s compiled in each worker otherwise)
+    warm_journal_route()  # the attach tests' placer and overlay passes (17 s compiled in each worker otherwise)
 
 
 PARTS = {"kernel": warm_kernel, "pool": warm_pool}

@@ -80,7 +80,7 @@ def _remote_pool() -> None:
     warm_up()
 
 
-def _journal_route() -> None:
+def warm_journal_route() -> None:
     """An attach's journal route as the app runs it: a journalling pool's rows placed
     (`prepare_journal`) and written into a journal-fed live log, the overlay's pass over
     them and its kept grid of cells (compiled at the first attach otherwise: 4.5 s)."""
@@ -106,7 +106,7 @@ def _journal_route() -> None:
 
 PARTS: tuple[tuple[str, Callable[[], None]], ...] = (
     ("replay kernel", _kernel), ("columnar log", _columnar_log), ("live log", _live_log),
-    ("remote pool", _remote_pool), ("journal route", _journal_route))
+    ("remote pool", _remote_pool), ("journal route", warm_journal_route))
 
 
 # The processes of a whole warm-up; the kernel's parts stay together (the columnar log's part
