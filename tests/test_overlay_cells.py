@@ -46,15 +46,20 @@ def _hash(i: int) -> bytes:  # the held frames' hash of block i (app.commands._b
     return (((i * 0x9E3779B97F4A7C15) & (2**64 - 1)) | (1 << 63)).to_bytes(8, "big")
 
 
-def test_cells_kept_between_redraws_equal_a_fresh_aggregate(held, monkeypatch):
+@pytest.mark.parametrize("max_touched", [overlay.MAX_TOUCHED, 300])
+def test_cells_kept_between_redraws_equal_a_fresh_aggregate(held, monkeypatch, max_touched):
+    """With 300, every tick below changes more slots than are remembered: the grid is taken
+    whole again instead of the list (the pool of 40,000 stores keeps none of it)."""
     from engine.remote import fastwire
     from engine.remote.wire import VllmEvent, encode_batch
 
     monkeypatch.setattr(overlay, "SWEEP_SLOTS", 3_000)  # several calls to a whole pass
+    monkeypatch.setattr(overlay, "MAX_TOUCHED", max_touched)
     ctx, apply, num_frames, pool = held
     state = ctx.state
     apply(0, num_frames)
     remote = state.remote
+    assert len(remote._touched) <= max_touched  # a pool filled with no redraw lists no slots
     n = state.projection.num_blocks
     now = float(remote.stored_at[:n].max())
     cells, k = remote.cell_codes(state.projection, now=now, max_cells=MAX_CELLS)

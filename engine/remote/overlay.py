@@ -39,6 +39,10 @@ SWEEP_SLOTS = 1 << 18
 LARGE_POOL = 100_000
 MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
 SAMPLE_EVERY_S = 0.25
+# Slots changed since the last redraw are remembered for an update of those cells alone, up
+# to this many: past it a redraw takes the whole pool again (a compiled pass, as the first
+# draw does), and a pool filled while no view draws it keeps no list as long as itself.
+MAX_TOUCHED = 1 << 16
 
 
 def tier_of(event: Event) -> str:
@@ -126,7 +130,9 @@ class RemoteOverlay:
     def _grow(self, n: int) -> None:
         if n <= len(self.tier):
             return
-        size = max(n, 2 * len(self.tier), 1024)
+        # by half, not doubling: a 10M-slot pool's 12 bytes a slot would otherwise hold up
+        # to 120 MB it does not use
+        size = max(n, len(self.tier) + len(self.tier) // 2, 1024)
         for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64),
                             ("base", np.uint8)):
             old = getattr(self, name)
@@ -210,6 +216,8 @@ class RemoteOverlay:
                 # The projection decides what a reset cleared (one rank's blocks, or all):
                 # after the batch, every slot it no longer holds is emptied here too.
                 reset = True
+        if not self._can_touch(0):
+            self._forget_touched()
         if reset:
             n = min(projection.num_blocks, len(base))
             held = np.frombuffer(projection.hashed, dtype=np.uint8, count=n)
@@ -218,6 +226,17 @@ class RemoteOverlay:
         last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
                         self.removed_times[-1] if self.removed_times else 0.0)
         self._sample(projection, last_time)
+
+    def _can_touch(self, more: int) -> bool:
+        """True while `more` changed slots fit beside those remembered (`MAX_TOUCHED`)."""
+        return len(self._touched) + more <= MAX_TOUCHED
+
+    def _forget_touched(self) -> None:
+        """Past `MAX_TOUCHED` changed slots: the next redraw takes every slot again (`codes`
+        and `cell_codes` start over) instead of a list of them."""
+        self._touched.clear()
+        self._codes_second = None
+        self._cells = None
 
     def _sample(self, projection: PoolProjection, t: float) -> None:
         now = time.monotonic()
@@ -651,7 +670,7 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     slot[op != 2] = np.asarray(slots, np.int64)
     count = np.where(op == 2, np.asarray(journal.store, np.int64), 0)
     ident = follow.identities(journal, pool, code)
-    follow.room(n)
+    follow.room(int(np.count_nonzero(op == 1)))  # the ring holds removals only
     n_removed = n + int(count.sum())
     stored_out, removed_out, life_out = np.zeros(n), np.zeros(n_removed), np.zeros(n)
     touched_out = np.zeros(2 * n, np.int64)
@@ -665,7 +684,10 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     for name, out, n in (("stored_times", stored_out, st[0]), ("removed_times", removed_out, st[1]),
                          ("lifetimes", life_out, st[2])):
         _append_floats(self, name, out[:n])
-    self._touched.extend(touched_out[:st[3]].tolist())
+    if self._can_touch(int(st[3])):
+        self._touched.extend(touched_out[:st[3]].tolist())
+    else:
+        self._forget_touched()
     self.num_stored_again += int(st[7])
     st[7] = 0
     if st[8] >= 0:
