@@ -89,6 +89,100 @@ def journal_path_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
             "cachescope_events_per_s_cpu": round(rows / max(cpu, 1e-9))}
 
 
+class _Pools:
+    """What `take_journal_rows` reads of an `Attachment`: its lock and pools."""
+
+    def __init__(self, pools: list) -> None:
+        import threading
+
+        self.lock = threading.RLock()
+        self.pools = pools
+
+
+def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
+                     frames_per_tick: int = FRAMES_PER_TICK, overlay: bool = True) -> dict[str, Any]:
+    """vLLM events per second (CPU time) through the route an attach takes in the app, headless:
+    frames decoded to columns (`fastwire.decode_columns`) and applied to the journalling pool
+    an `Attachment` makes (`journal_pool_class`, `apply_many` per tick as its held batches
+    are), each tick's rows taken as `JournalFeed` takes them (`take_journal_rows`), placed
+    (`prepare_journal`) and written to the window's `PoolState` (`apply_prepared`: log,
+    live pool, series, checkpoints, the remote overlay), the calls `RemoteController.tick`
+    makes, on one thread. Stages apart in CPU time: decode, pool, place, commit."""
+    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.state import PoolState
+    from engine.core.live_journal import prepare_journal
+    from engine.remote import colpool
+    from engine.remote.overlay import journal_pool_class
+
+    payloads, made, _ = recorded_stream(num_events, gpu_blocks=gpu_blocks)
+    fastwire.warm_up()
+    colpool.warm_up()
+    _warm_journal_state()
+    pool = journal_pool_class()("bench")
+    att = _Pools([pool])
+    state = PoolState()
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
+    if not overlay:
+        state.remote = None
+    taken: dict[int, int] = {}
+    stages = dict.fromkeys(("decode", "pool", "place", "commit"), 0.0)
+    clock = time.process_time
+    rows = 0
+    gc.collect()
+    w0, c0 = time.perf_counter(), clock()
+    for start in range(0, len(payloads), frames_per_tick):
+        t0 = clock()
+        batches = [fastwire.decode_columns(seq, payloads[seq])
+                    for seq in range(start, min(len(payloads), start + frames_per_tick))]
+        t1 = clock()
+        with att.lock:
+            pool.apply_many(batches)
+        t2 = clock()
+        got = take_journal_rows(att, taken, 1 << 30)
+        prepared = [(prepare_journal(state.log, head, p, p.source, int(p.rank)), times) for head, p, times in got[0]]
+        t3 = clock()
+        rows += state.apply_prepared(prepared, notify=False)
+        t4 = clock()
+        stages["decode"] += t1 - t0
+        stages["pool"] += t2 - t1
+        stages["place"] += t3 - t2
+        stages["commit"] += t4 - t3
+    wall, cpu = time.perf_counter() - w0, clock() - c0
+    return {"route": "journal to PoolState" + ("" if overlay else " (no overlay)"), "vllm_events": made,
+            "cachescope_events": rows, "log_rows": len(state.log), "slots": state.projection.num_blocks,
+            "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "events_per_s_cpu": round(made / max(cpu, 1e-9)), "events_per_s_wall": round(made / wall),
+            "stages_cpu_s": {k: round(v, 3) for k, v in stages.items()}}
+
+
+def _warm_journal_state() -> None:
+    """The placer, the live log's passes and the overlay's loop loaded (or compiled) before a clock."""
+    from app.runtime.state import PoolState
+    from engine.core.live_journal import prepare_journal
+    from engine.remote.overlay import journal_pool_class
+
+    payloads, _, _ = recorded_stream(200, gpu_blocks=64)
+    pool = journal_pool_class()("warm")
+    pool.apply_many([fastwire.decode_columns(i, p) for i, p in enumerate(payloads)])
+    state = PoolState()
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True})
+    rows = pool.take_journal()
+    state.apply_prepared([(prepare_journal(state.log, rows, pool, "warm"), pool.times_of(rows))])
+
+
+def app_routes(num_events: int = 100_000) -> dict[str, Any]:
+    """An attach's path through the app, headless, both routes on the same stream in one run:
+    the journal route the app takes (`journal_app_rate`) beside the event route it replaced
+    (`app_path_rate`: the reference RemotePool's events into the same `PoolState`)."""
+    journal = journal_app_rate(num_events)
+    events = app_path_rate(num_events, columnar=True)
+    return {"journal_route": journal, "event_route": events,
+            "journal_events_per_s_cpu": journal["events_per_s_cpu"],
+            "event_events_per_s_cpu": events["events_per_s_cpu"],
+            "journal_vs_event_route": round(journal["events_per_s_cpu"] / max(events["events_per_s_cpu"], 1), 3),
+            "journal_vs_target_500k": round(journal["events_per_s_cpu"] / 500_000, 3)}
+
+
 def _one_store_event() -> list:
     from engine.core.events import BlockStored
 

@@ -6,11 +6,15 @@ tier, blocks stored and removed per second, and how long blocks lived from store
 removed. They read `PoolState.remote` (`engine.remote.overlay.RemoteOverlay`) only;
 `show_remote` swaps a view's own plots for them. A range selected on the timeline (R, or
 Shift+drag) is a window of server time: it filters the other views to the events published
-in it, through the shared filter, as the main timeline's range does.
+in it, through the shared filter, as the main timeline's range does. While a stream is busy
+they redraw at most every REFRESH_MS, from counts kept between redraws (`_Rates`,
+`_Lifetimes`: only the times that came since are binned) and curves reduced to the pixels
+the plot has.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,10 +28,13 @@ from app.ui.colors import legend_line, swatch, tier_colors
 from app.ui.plots import PlotStack
 from engine.remote.overlay import time_of
 
-# A refresh reads every stored and removed time: at most this often while events stream.
-REFRESH_MS = 200
+# A redraw of the remote plots at most this often while events stream (the counts it draws
+# are kept up to date from the new times alone, but pyqtgraph's layout and paint are not free).
+REFRESH_MS = 250
 # Lifetime bins, seconds: log-spaced from 10 ms to a day.
 LIFETIME_EDGES = np.concatenate(([0.0], np.logspace(-2, np.log10(86400), 29)))
+EXACT_QUANTILES = 500_000  # lifetimes up to which the median is taken again at every redraw
+MAX_SECONDS = 24 * 3600  # seconds of rates kept (`RemoteOverlay.per_second`'s bound)
 
 
 LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
@@ -48,6 +55,83 @@ def show_remote(view: Any) -> bool:
     if remote:
         view.remote_view.schedule()
     return remote
+
+
+class _Rates:
+    """Stored and removed blocks per whole second of server time, as `RemoteOverlay.per_second`
+    counts them, kept between redraws: a redraw bins only the times appended since the last
+    (the overlay's times only grow; another overlay, or another x = 0, counts again)."""
+
+    __slots__ = ("owner", "start", "num_stored", "num_removed", "stored", "removed")
+
+    def __init__(self) -> None:
+        self.owner: Any = None
+        self.start = 0.0
+        self.num_stored = self.num_removed = 0
+        self.stored = np.zeros(0, np.int64)
+        self.removed = np.zeros(0, np.int64)
+
+    def update(self, remote: Any, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(second since `start`, stored, removed) per second: `remote.per_second(start)`."""
+        stored = np.frombuffer(remote.stored_times, dtype=np.float64) if remote.stored_times else np.zeros(0)
+        removed = np.frombuffer(remote.removed_times, dtype=np.float64) if remote.removed_times else np.zeros(0)
+        if remote is not self.owner or start != self.start or len(stored) < self.num_stored \
+                or len(removed) < self.num_removed:
+            self.owner, self.start = remote, start
+            self.num_stored = self.num_removed = 0
+            self.stored, self.removed = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        new_s, new_r = stored[self.num_stored:], removed[self.num_removed:]
+        if len(new_s) or len(new_r):
+            both = np.concatenate((new_s, new_r))
+            # as per_second: a day of seconds at most, older and later times in the end bins
+            n = max(len(self.stored), min(MAX_SECONDS, int(math.floor(both.max() - start)) + 1), 1)
+            self.stored = _binned(self.stored, new_s, start, n)
+            self.removed = _binned(self.removed, new_r, start, n)
+            self.num_stored, self.num_removed = len(stored), len(removed)
+        return np.arange(len(self.stored), dtype=float), self.stored.astype(float), self.removed.astype(float)
+
+
+def _binned(counts: np.ndarray, times: np.ndarray, start: float, n: int) -> np.ndarray:
+    """`counts` grown to `n` seconds with `times` added, each to its whole second since `start`."""
+    if len(counts) < n:
+        counts = np.concatenate((counts, np.zeros(n - len(counts), np.int64)))
+    if len(times):
+        counts += np.bincount(np.clip((times - start).astype(np.int64), 0, n - 1), minlength=n)
+    return counts
+
+
+class _Lifetimes:
+    """The histogram of block lifetimes (LIFETIME_EDGES), kept between redraws as `_Rates` is."""
+
+    __slots__ = ("owner", "num", "counts")
+
+    def __init__(self) -> None:
+        self.owner: Any = None
+        self.num = 0
+        self.counts = np.zeros(len(LIFETIME_EDGES) - 1, np.int64)
+
+    def update(self, remote: Any) -> np.ndarray:
+        """`np.histogram(remote.lifetimes, LIFETIME_EDGES)[0]`."""
+        life = np.frombuffer(remote.lifetimes, dtype=np.float64) if remote.lifetimes else np.zeros(0)
+        if remote is not self.owner or len(life) < self.num:
+            self.owner, self.num = remote, 0
+            self.counts = np.zeros(len(LIFETIME_EDGES) - 1, np.int64)
+        if len(life) > self.num:
+            self.counts = self.counts + np.histogram(life[self.num:], bins=LIFETIME_EDGES)[0]
+            self.num = len(life)
+        return self.counts
+
+
+def bar_bins(secs: np.ndarray, heights: np.ndarray, pixels: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-second bars as at most `pixels` bars: (left edges, heights, width in seconds); past
+    a bar a pixel, each bar is the busiest second of its run (the peak, as the timelines'
+    curves keep each bin's highest sample), so a burst still shows at its height."""
+    n = len(secs)
+    if n <= pixels:
+        return secs, heights, 1.0
+    k = int(math.ceil(n / max(1, pixels)))
+    starts = np.arange(0, n, k)
+    return secs[starts], np.maximum.reduceat(heights, starts), float(k)
 
 
 class _Throttled(QWidget):
@@ -101,6 +185,8 @@ class RemoteTimeline(_Throttled):
         self.p_removed.addItem(self.b_removed)
         self.stored_per_s = np.zeros(0)
         self.removed_per_s = np.zeros(0)
+        self._rates = _Rates()
+        self._drawn: tuple | None = None  # what the items were last set from
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)
@@ -121,6 +207,7 @@ class RemoteTimeline(_Throttled):
                 plot.getAxis(side).setPen(p["text_dim"])
         for header, text in zip(self.headers, ("cached<br>blocks", "stored<br>per s", "removed<br>per s")):
             header.setText(text, color=p["text_dim"], size="9pt")
+        self._drawn = None
         self.refresh()
 
     def refresh(self) -> None:
@@ -131,10 +218,19 @@ class RemoteTimeline(_Throttled):
         start = float(np.floor(min(remote.stored_times[0] if remote.stored_times else np.inf,
                                    t[0] if len(t) else np.inf))) if len(t) else 0.0
         self.start = start
+        secs, stored, removed = self._rates.update(remote, start if len(t) else 0.0) if len(t) else \
+            remote.per_second(None)
+        self.stored_per_s, self.removed_per_s = stored, removed
+        drawn = (remote, remote.revision, start, len(t), self._pixels())
+        if drawn == self._drawn:  # nothing new since the last redraw: the items keep what they show
+            return
+        self._drawn = drawn
+        right = max(float(t[-1] - start) if len(t) else 0.0, float(len(secs)))
         top = 1.0
+        x = t - start
         for name, code in remote.tier_names.items():
             counts = remote.sample_counts[code - 1] if code - 1 < len(remote.sample_counts) else None
-            if counts is None or not any(counts):
+            if counts is None or not len(counts) or not np.frombuffer(counts, dtype=np.int64).any():
                 if name in self.curves:
                     self.curves[name].setData([], [])
                 continue
@@ -142,21 +238,23 @@ class RemoteTimeline(_Throttled):
             if curve is None:
                 curve = self.curves[name] = self.p_cached.plot(stepMode=None)
                 curve.setPen(pg.mkPen(self.tiers.get(name, self.palette["accent"]), width=2))
-            y = np.frombuffer(counts, dtype=np.int64).astype(float)
-            curve.setData(t - start, y)
+            y = np.frombuffer(counts, dtype=np.int64)
+            top = max(top, float(y.max()))
+            # one sample per applied tick: an hour's stream is tens of thousands, drawn as
+            # each pixel's lowest and highest
+            xs, ys = self._reduce(x, y, right)
+            curve.setData(xs, ys.astype(float))
             # A burst (a late join's refill) arrives in one frame: one sample, which a line cannot show.
             curve.setSymbol("o" if len(y) == 1 else None)
             curve.setSymbolBrush(self.tiers.get(name, self.palette["accent"]))
             curve.setSymbolPen(None)
-            top = max(top, float(y.max()))
         self.p_cached.setYRange(0, top * 1.1, padding=0)
-        secs, stored, removed = remote.per_second(start if len(t) else None)
-        self.stored_per_s, self.removed_per_s = stored, removed
-        self.b_stored.setOpts(x=secs + 0.5, height=stored, width=0.9)
-        self.b_removed.setOpts(x=secs + 0.5, height=removed, width=0.9)
+        pixels = self._pixels()
+        for bars, heights in ((self.b_stored, stored), (self.b_removed, removed)):
+            left, h, width = bar_bins(secs, heights, pixels)
+            bars.setOpts(x=left + width / 2, height=h, width=0.9 * width)
         self.p_stored.setYRange(0, max(1.0, float(stored.max()) if len(stored) else 1.0) * 1.1, padding=0)
         self.p_removed.setYRange(0, max(1.0, float(removed.max()) if len(removed) else 1.0) * 1.1, padding=0)
-        right = max(float(t[-1] - start) if len(t) else 0.0, float(len(secs)))
         self.p_cached.setXRange(0, max(1.0, right), padding=0.02)
         p = self.state.projection
         counts = remote.tier_counts(p)
@@ -167,6 +265,14 @@ class RemoteTimeline(_Throttled):
                   ("", f"resets {p.num_resets}")]
         self.title.setText(legend_line(items))
 
+    def _pixels(self) -> int:
+        """Device pixels across the plots (a floor, so a hidden or tiny view still draws some)."""
+        return max(200, int(self.p_cached.vb.width() * max(1.0, self.devicePixelRatioF())))
+
+    def _reduce(self, x: np.ndarray, y: np.ndarray, right: float) -> tuple[np.ndarray, np.ndarray]:
+        from app.views.pool.timeline_view import peak_reduce  # the timelines' own reduction
+
+        return peak_reduce(x, y, 0.0, max(1.0, right), bins=self._pixels())
 
     # ---- the x axis as event seqs, for the shared range
     def _event_times(self) -> tuple[np.ndarray, np.ndarray]:
@@ -221,6 +327,9 @@ class RemoteMetrics(_Throttled):
                                 anchor=(0.5, 0.5))
         self.p_life.addItem(self.hint, ignoreBounds=True)
         self.lifetime_counts = np.zeros(0)
+        self._life = _Lifetimes()
+        self._drawn: tuple | None = None  # what the items were last set from
+        self._q: tuple | None = None  # (overlay, lifetimes, median, p90) last taken
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.summary)
@@ -237,35 +346,39 @@ class RemoteMetrics(_Throttled):
             self.p_life.getAxis(side).setTextPen(p["text_dim"])
             self.p_life.getAxis(side).setPen(p["text_dim"])
         self.headers[0].setText("removed<br>blocks", color=p["text_dim"], size="9pt")
+        self._drawn = None
         self.refresh()
 
     def refresh(self) -> None:
         remote = self.state.remote
         if remote is None:
             return
-        life = np.frombuffer(remote.lifetimes, dtype=np.float64) if remote.lifetimes else np.zeros(0)
-        counts, edges = np.histogram(life, bins=LIFETIME_EDGES)
+        p = self.state.projection
+        drawn = (remote, remote.revision, self.state.version)
+        if drawn == self._drawn:
+            return
+        self._drawn = drawn
+        counts = self._life.update(remote)
         self.lifetime_counts = counts
+        num_life = self._life.num
         # log-x bars: centres and widths in log10 units; the first bin (0-10 ms) sits at 5 ms
+        edges = LIFETIME_EDGES
         lo = np.log10(np.maximum(edges[:-1], 0.005))
         hi = np.log10(edges[1:])
         self.bars.setOpts(x=(lo + hi) / 2, height=counts.astype(float), width=(hi - lo) * 0.9)
         self.p_life.setYRange(0, max(1.0, float(counts.max()) if len(counts) else 1.0) * 1.1, padding=0)
         self.p_life.setXRange(-2.3, np.log10(86400), padding=0)
-        self.hint.setVisible(len(life) == 0)
+        self.hint.setVisible(num_life == 0)
         self.hint.setPos(1.0, 0.5)
-        p = self.state.projection
         items = [("", f"<b>{len(remote.stored_times):,}</b> blocks stored"),
                  ("", f"<b>{len(remote.removed_times):,}</b> removed")]
-        if len(life):
-            q50, q90 = np.percentile(life, [50, 90])
+        if num_life:
+            q50, q90 = self._quantiles(remote, num_life)
             items.append((swatch(self.palette["accent"]), f"lifetime median <b>{duration_text(q50)}</b>, p90 {duration_text(q90)}"))
         items.append(("", f"cached now <b>{p.num_hashed:,}</b>"))
-        if p.num_blocks <= 200_000:  # a pass over every slot; skipped for a huge pool
-            held = np.flatnonzero(np.asarray(p.hashed) > 0)  # the held slots' tenants, read at once
-            tenants = sorted({t for t in p.tenants_of(held) if t is not None})
-            if tenants:
-                items.append(("", f"tenants {', '.join(tenants[:4])}{' …' if len(tenants) > 4 else ''}"))
+        tenants = self._tenants(p)
+        if tenants:
+            items.append(("", f"tenants {', '.join(tenants[:4])}{' …' if len(tenants) > 4 else ''}"))
         if remote.num_restarts:
             items.append(("", f"server restarts <b>{remote.num_restarts}</b>"))
         # vLLM's KV events carry stores and removals, never prefix hits: say so rather than show 0 %.
@@ -273,3 +386,27 @@ class RemoteMetrics(_Throttled):
                  f"<b>{remote.num_stored_again:,}</b> blocks were stored again after the server removed them "
                  "(computed twice)")
         self.summary.setText(legend_line(items) + "<br>" + reuse)
+
+    def _quantiles(self, remote: Any, num: int) -> tuple[float, float]:
+        """Median and p90 of the lifetimes, exact; past EXACT_QUANTILES lifetimes (a pass
+        over them all costs tens of ms) taken again only once their number grew by a tenth."""
+        q = self._q
+        if q is None or q[0] is not remote or num < q[1] or (num != q[1] and num <= EXACT_QUANTILES) \
+                or num > q[1] * 1.1:
+            life = np.frombuffer(remote.lifetimes, dtype=np.float64, count=num)
+            q50, q90 = np.percentile(life, [50, 90])
+            self._q = (remote, num, float(q50), float(q90))
+        return self._q[2], self._q[3]
+
+    def _tenants(self, p: Any) -> list[str]:
+        """The tenants of the held blocks, sorted: none when no pool of the journal route names
+        one (its tenants come from the pools' names), else a pass over every slot, skipped
+        for a huge pool."""
+        pools = getattr(getattr(self.state.log, "columnar", None), "keys", None)
+        pools = getattr(pools, "pools", None)
+        if pools is not None and not any(getattr(pool, "tenant_names", ()) for pool in pools):
+            return []
+        if p.num_blocks > 200_000:
+            return []
+        held = np.flatnonzero(np.asarray(p.hashed) > 0)  # the held slots' tenants, read at once
+        return sorted({t for t in p.tenants_of(held) if t is not None})
