@@ -365,21 +365,23 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     slots = col._remote_slots()
     names = journal.tier_names
     batches, of_batch = _unique_runs(bseq)
+    live_request, add_request = col._live_request, col.requests.add
     occurrence = np.zeros(len(batches), np.int64)
     for i, u in enumerate(batches.tolist()):
         rid = f"{source}#{u}"
-        r = col._live_request.get(rid)
+        r = live_request.get(rid)
         if r is None:
-            r = col._live_request[rid] = col.requests.add(rid, None, 0)
+            r = live_request[rid] = add_request(rid, None, 0)
         occurrence[i] = r
     request = occurrence[of_batch]
     # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
     pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
+    info_id = slots.info_id
     numbers = np.zeros(len(pairs), np.int64)
     for i, code in enumerate(pairs.tolist()):
-        u, t = code // 1024, code % 1024 - 1
+        u, t = code >> 10, (code & 1023) - 1
         medium = names[t] if 0 <= t < len(names) else "GPU"
-        numbers[i] = slots.info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+        numbers[i] = info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
     info = numbers[of_pair]
     seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
     table = prepared.table
@@ -416,11 +418,18 @@ def append_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0
 
 def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values, return_inverse=True)` sorting one value per run of equal
-    neighbours, not one per row: a journal's rows come in runs of one batch (and tier)."""
+    neighbours, not one per row: a journal's rows come in runs of one batch (and tier).
+    Runs that already ascend (a pool's batch seqs) are their own unique values, unsorted."""
     if not len(values):
         return values, np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-    uniq, inv = np.unique(values[starts], return_inverse=True)
+    change = values[1:] != values[:-1]
+    if not change.any():
+        return values[:1], np.zeros(len(values), np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], change)))
+    firsts = values[starts]
+    if (firsts[1:] > firsts[:-1]).all():
+        return firsts, np.cumsum(np.concatenate(([False], change))).astype(np.int64)
+    uniq, inv = np.unique(firsts, return_inverse=True)
     return uniq, np.repeat(inv.reshape(-1), np.diff(np.append(starts, len(values))))
 
 
@@ -550,13 +559,14 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 
 def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenants, stores, brank_of, rank, r0,
-                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, d8, dw, lhead, lnext,
+                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, hk, hw, hv, lhead, lnext,
                 out, born, store_tenants):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows.
 
     state: [vacant top, blocks, rows out, born count, stores seen, lists made]. Slot FIFOs
     (shead/stail/nxt, by `JournalStores.slot_ids`) give a removal its oldest copy; per hash
-    a FIFO of holders (d8/dw -> list, lhead, lnext) gives a store its parent's holder."""
+    a FIFO of holders (the table hk/hw/hv: (hash code, width) -> list, lhead, lnext) gives a
+    store its parent's holder."""
     nb = state[1]
     o_n = 0
     b_n = 0
@@ -588,10 +598,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
             cur[b] = keys[i]
             t = tenants[i]
             if has_parent[i]:
-                if pwide[i] == 8:
-                    lid = _lookup(d8, pcode[i])
-                else:
-                    lid = _lookup(dw, pcode[i] * 256 + pwide[i])
+                lid = hv[_ht_slot(hk, hw, pcode[i], pwide[i])]
                 if lid >= 0 and lhead[lid] >= 0:
                     t = btenant[lhead[lid]]
             btenant[b] = t
@@ -599,20 +606,15 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
             s_n += 1
             bcode[b] = hcode[i]
             bwide[b] = hwide[i]
-            if hwide[i] == 8:
-                lid = _lookup(d8, hcode[i])
-                if lid < 0:
-                    lid = state[5]
-                    state[5] += 1
-                    lhead[lid] = -1
-                    d8[hcode[i]] = lid
-            else:
-                lid = _lookup(dw, hcode[i] * 256 + hwide[i])
-                if lid < 0:
-                    lid = state[5]
-                    state[5] += 1
-                    lhead[lid] = -1
-                    dw[hcode[i] * 256 + hwide[i]] = lid
+            h = _ht_slot(hk, hw, hcode[i], hwide[i])
+            lid = hv[h]
+            if lid < 0:
+                lid = state[5]
+                state[5] += 1
+                lhead[lid] = -1
+                hk[h] = hcode[i]
+                hw[h] = hwide[i]
+                hv[h] = lid
             lnext[b] = -1  # appended at the end of the hash's holders
             if lhead[lid] < 0:
                 lhead[lid] = b
@@ -638,7 +640,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                 cur[b] = -1
                 vacant[state[0]] = b
                 state[0] += 1
-                _unlink_hash(b, bcode, bwide, d8, dw, lhead, lnext)
+                _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext)
             out[o_n, 0] = 7
             out[o_n, 3] = b
             out[o_n, 4] = keys[i]
@@ -669,7 +671,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                     prev = _unlink(shead, nxt, s, x)
                     if prev != -2 and stail[s] == x:
                         stail[s] = prev
-                    _unlink_hash(x, bcode, bwide, d8, dw, lhead, lnext)
+                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lhead, lnext)
             if not any_held:
                 out[o_n, 0] = 10
                 out[o_n, 3] = -1
@@ -684,15 +686,29 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
     state[4] = s_n
 
 
-def _lookup(d, k):  # pragma: no cover - compiled
-    return d[k] if k in d else -1
+def _ht_slot(hk, hw, code, wide):  # pragma: no cover - compiled
+    """The entry of (`code`, `wide`) in the open-addressing table hk/hw/hv (a power of two
+    long, at most half full; hw -1: empty), or the empty one where it would go. An array
+    table, not a typed dict: a lookup is a multiply and (mostly) one cache line."""
+    mask = len(hk) - 1
+    h = code * -7046029254386353131 + wide  # wraps: 0x9E3779B97F4A7C15 mixes the bits
+    h = (h ^ (h >> 29)) & mask
+    while hw[h] != -1 and (hk[h] != code or hw[h] != wide):
+        h = (h + 1) & mask
+    return h
 
 
-def _unlink_hash(b, bcode, bwide, d8, dw, lhead, lnext):  # pragma: no cover - compiled
-    if bwide[b] == 8:
-        lid = _lookup(d8, bcode[b])
-    else:
-        lid = _lookup(dw, bcode[b] * 256 + bwide[b])
+def _ht_rehash(hk, hw, hv, nk, nw, nv):  # pragma: no cover - compiled
+    for i in range(len(hk)):
+        if hw[i] != -1:
+            h = _ht_slot(nk, nw, hk[i], hw[i])
+            nk[h] = hk[i]
+            nw[h] = hw[i]
+            nv[h] = hv[i]
+
+
+def _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext):  # pragma: no cover - compiled
+    lid = hv[_ht_slot(hk, hw, bcode[b], bwide[b])]
     if lid >= 0:
         _unlink(lhead, lnext, lid, b)
 
@@ -718,16 +734,14 @@ class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls)."""
 
     def __init__(self) -> None:
-        from numba import typed, types
-
-        self.loop = _compiled()[0]
+        self.loop, self.rehash = _compiled()
         self.state = np.zeros(6, np.int64)
         self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
         z = np.zeros(0, np.int64)
         self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
         self.nxt, self.bslot, self.btenant, self.bcode, self.bwide, self.brank, self.lnext = (z.copy() for _ in range(7))
-        self.d8 = typed.Dict.empty(types.int64, types.int64)
-        self.dw = typed.Dict.empty(types.int64, types.int64)
+        # (hash code, width) -> its holders' list: an open-addressing table, kept at most half full
+        self.hk, self.hw, self.hv = np.zeros(1024, np.int64), np.full(1024, -1, np.int64), np.full(1024, -1, np.int64)
 
     @staticmethod
     def _fit(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
@@ -749,6 +763,12 @@ class _CompiledPlacer:
         self.brank = self._fit(self.brank, top, -1)
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top)
         self.lhead = self._fit(self.lhead, int(self.state[5]) + n_store, -1)
+        need = 2 * (int(self.state[5]) + n_store)  # every list this call may make, at most half full
+        if need > len(self.hk):
+            size = 1 << (need - 1).bit_length()
+            nk, nw, nv = np.zeros(size, np.int64), np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+            self.rehash(self.hk, self.hw, self.hv, nk, nw, nv)
+            self.hk, self.hw, self.hv = nk, nw, nv
         width = int(pslot.max()) + 1 if n else 0
         self.shead = self._fit(self.shead, width, -1)
         self.stail = self._fit(self.stail, width, -1)
@@ -757,7 +777,7 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
                   self.cur, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
-                  self.btenant, self.bcode, self.bwide, self.d8, self.dw, self.lhead, self.lnext, out, born,
+                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lhead, self.lnext, out, born,
                   store_tenants)
         table = out[:int(self.state[2])]
         table[:, 1] = table[:, 2]
@@ -768,15 +788,16 @@ _COMPILED: list[Any] = []
 
 
 def _compiled() -> list[Any]:
-    """`_place_loop` compiled by numba (cached on disk), or [] without numba."""
+    """[`_place_loop`, `_ht_rehash`] compiled by numba (cached on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _lookup
-        _lookup = njit(cache=True, nogil=True)(_lookup)
+        global _unlink_hash, _unlink, _ht_slot
+        _ht_slot = njit(cache=True, nogil=True)(_ht_slot)
         _unlink = njit(cache=True, nogil=True)(_unlink)
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
+        _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
     return _COMPILED

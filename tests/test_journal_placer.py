@@ -1,0 +1,51 @@
+"""The journal route's compiled placer (`engine.core.live_journal._CompiledPlacer`) against
+its Python reference (`_place`): hashes whose codes differ only in their top bits stay apart
+(a parent's holder gives a store its tenant), and its table of hashes grows past its first
+size with every holder still found."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.core.live_journal import OP_REMOVED, OP_STORED, _CompiledPlacer, _compiled, _place, _Placer
+
+
+def _both(ops, slots, codes, parents, tenants):
+    n = len(ops)
+    keys = list(range(n))
+    stores = [0] * n
+    ref = _place(_Placer(), 0, list(ops), list(slots), keys, 3, stores, 0, [(c, 1) for c in codes],
+                 [(p, 1) if p is not None else None for p in parents], list(tenants))
+    got = _CompiledPlacer().place(
+        0, np.array(ops, np.int64), np.array(slots, np.int64), np.array(keys, np.int64),
+        np.array(codes, np.uint64).view(np.int64), np.ones(n, np.int64),
+        np.array([p or 0 for p in parents], np.uint64).view(np.int64),
+        np.array([1 if p is not None else 0 for p in parents], np.int64), np.array(tenants, np.int64),
+        np.array(stores, np.int64), 3, 0)
+    return ref, got
+
+
+COLS = [0, 1, 2, 3, 4, 7]  # kind, event, event, block, hash id, flag (the rest the commit fills)
+
+
+def test_codes_that_differ_in_their_top_bits_are_other_hashes():
+    assert _compiled()
+    a = 0x0123456789ABCDEF
+    b = a ^ (1 << 60)  # a * 256 and b * 256 wrap to one 64-bit key
+    ref, got = _both([OP_STORED, OP_STORED, OP_STORED], [0, 1, 2], [a, b, 77], [None, None, b], [5, 7, 9])
+    assert list(ref[1]) == [5, 7, 7]  # the store under b takes b's holder's tenant
+    assert got[1].tolist() == list(ref[1])
+    assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist()
+
+
+def test_the_table_grows_and_finds_every_holder():
+    rng = np.random.default_rng(3)
+    n = 5000  # past the first table's 1,024 entries several times
+    codes = [int(c) for c in rng.integers(1, 1 << 63, n, dtype=np.int64)]
+    parents = [codes[int(rng.integers(0, i))] if i and rng.random() < 0.7 else None for i in range(n)]
+    tenants = rng.integers(0, 4, n).tolist()
+    ops = [OP_STORED] * n + [OP_REMOVED] * (n // 2)
+    slots = list(range(n)) + rng.permutation(n)[:n // 2].tolist()
+    ref, got = _both(ops, slots, codes + codes[:n // 2], parents + [None] * (n // 2), tenants + [0] * (n // 2))
+    assert got[1].tolist() == list(ref[1])
+    assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
