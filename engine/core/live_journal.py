@@ -800,4 +800,8 @@ def _compiled() -> list[Any]:
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
+        # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
+        # too: a table grows only past 512 hashes, at a first attach
+        z = np.zeros(1, np.int64)
+        _COMPILED[1](z, np.full(1, -1, np.int64), z, z.copy(), z.copy(), z.copy())
     return _COMPILED
