@@ -28,33 +28,73 @@ from engine.core.events import Event
 FIRST_CHECKPOINT_ROWS = 16_384
 
 
+# A narrow column keeps this far below its type's limit before it widens (a batch of up to
+# this many rows may be appended past the check without wrapping).
+_NARROW_MARGIN = 1 << 24
+
+
 class _Growing:
     """A numpy array appended to in batches (capacity grown by half), read as a view; as
     `ColumnarLog.reserve` does for the rows, another thread may make the larger array
-    ahead (`reserve`), so the writer copies only what it wrote since."""
+    ahead (`reserve`), so the writer copies only what it wrote since.
 
-    __slots__ = ("_buf", "n", "_spare")
+    Two ways it holds less than a value a slot: `uniform` keeps no buffer while every value
+    appended is the same (a remote pool's in-use, ref and token series stay 0 for its life),
+    read as a zero-stride view; `narrow` (int32 for an int64 column) stores the values in the
+    narrower type while they fit in it with room to spare, and widens the whole column once
+    when a value would not (numbering and row positions: 4 bytes each until 2**31 - 2**24)."""
 
-    def __init__(self, dtype: Any) -> None:
-        self._buf = np.zeros(1024, dtype)
+    __slots__ = ("_buf", "n", "_spare", "_dtype", "_uniform", "_value")
+
+    def __init__(self, dtype: Any, narrow: Any = None, uniform: bool = False) -> None:
+        self._dtype = np.dtype(dtype)  # what the values are; the buffer may be `narrow`
+        self._buf = np.zeros(0 if uniform else 1024, narrow or dtype)
         self.n = 0
         self._spare: tuple[int, np.ndarray] | None = None
+        self._uniform = uniform
+        self._value: Any = None  # the one value while uniform (None: none appended yet)
 
     def reserve(self, ahead: int) -> None:
+        if self._uniform:
+            return
         buf, n0 = self._buf, self.n
         need = n0 + ahead
         spare = self._spare
-        if need <= len(buf) or (spare is not None and len(spare[1]) >= need):
+        if need <= len(buf) or (spare is not None and len(spare[1]) >= need and spare[1].dtype == buf.dtype):
             return
         grown = np.zeros(max(need, len(buf) + len(buf) // 2), buf.dtype)
         grown[:n0] = buf[:n0]
         self._spare = (n0, grown)
 
+    def _fits(self, values: np.ndarray) -> bool:
+        """True if `values` can be stored in the buffer's type as they are."""
+        kind = self._buf.dtype
+        if kind == self._dtype or not len(values):
+            return True
+        info = np.iinfo(kind)
+        return info.min + _NARROW_MARGIN <= int(values.min()) and int(values.max()) <= info.max - _NARROW_MARGIN
+
     def extend(self, values: np.ndarray) -> None:
+        if self._uniform:
+            if not len(values):
+                return
+            value = values[0] if self._value is None else self._value
+            if bool(np.all(values == value)):
+                self._value = value
+                self.n += len(values)
+                return
+            # a second value: from now on a buffer, its first `n` slots that one value
+            kind = self._buf.dtype if self._fits(np.array([value])) else self._dtype
+            self._buf = np.full(max(1024, self.n + len(values) + (self.n + len(values)) // 2), value, kind)
+            self._uniform = False
+        if not self._fits(values):
+            wide = np.zeros(max(1024, len(self._buf)), self._dtype)
+            wide[:self.n] = self._buf[:self.n]
+            self._buf, self._spare = wide, None
         need = self.n + len(values)
         if need > len(self._buf):
             spare, self._spare = self._spare, None
-            if spare is not None and len(spare[1]) >= need:
+            if spare is not None and len(spare[1]) >= need and spare[1].dtype == self._buf.dtype:
                 n0, grown = spare
                 grown[n0:self.n] = self._buf[n0:self.n]
             else:
@@ -66,7 +106,127 @@ class _Growing:
 
     @property
     def view(self) -> np.ndarray:
+        if self._uniform:
+            value = self._dtype.type(0 if self._value is None else self._value)
+            return np.broadcast_to(np.array(value, self._dtype), (self.n,))
         return self._buf[:self.n]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes it holds (its capacity, the spare included)."""
+        spare = self._spare
+        return self._buf.nbytes + (spare[1].nbytes if spare is not None else 0)
+
+
+class _Runs:
+    """A float column kept as runs of equal values (the position where each run starts and
+    its value): events of one batch or tick share its time. Values are given back exactly."""
+
+    __slots__ = ("_at", "_values", "n")
+
+    def __init__(self) -> None:
+        self._at = _Growing(np.int64, narrow=np.int32)
+        self._values = _Growing(np.float64)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        values = np.asarray(values, np.float64)
+        last = self._values.view[-1:] if self._values.n else values[:0]
+        # a new run where the value changes; the bits compared, so -0.0 and NaN come back as given
+        bits = values.view(np.int64)
+        change = np.empty(len(values), bool)
+        change[0] = not len(last) or bool(last.view(np.int64)[0] != bits[0])
+        np.not_equal(bits[1:], bits[:-1], out=change[1:])
+        at = np.flatnonzero(change)
+        self._at.extend(self.n + at)
+        self._values.extend(values[at])
+        self.n += len(values)
+
+    def __getitem__(self, span: slice) -> np.ndarray:
+        start, stop, _ = span.indices(self.n)
+        if stop <= start:
+            return np.zeros(0, np.float64)
+        at = self._at.view
+        first = int(np.searchsorted(at, start, side="right")) - 1
+        last = int(np.searchsorted(at, stop - 1, side="right"))
+        bounds = np.clip(at[first:last], start, stop) - start
+        counts = np.diff(np.append(bounds, stop - start))
+        return np.repeat(self._values.view[first:last], counts)
+
+    @property
+    def nbytes(self) -> int:
+        return self._at.nbytes + self._values.nbytes
+
+
+_ARRAYS = ("ref_counts", "hash_keys", "free_pos")
+
+
+class _DeltaState:
+    """A checkpoint kept as what differs from the next newer one (`PoolArrays`' reads): per
+    array, the blocks whose value differs and their values here, or the whole array where
+    more than a third differ. A pool that grows (a remote server's) or changes a few blocks
+    between checkpoints keeps a few bytes where a copy was 16 a block; the newest checkpoint
+    stays whole, and an array is read back in one copy of it and the patches on the way."""
+
+    __slots__ = ("seq", "num_rows", "counters", "num_blocks", "newer", "parts")
+
+    def __init__(self, state: Any, newer: Any) -> None:
+        self.seq, self.num_rows, self.counters = state.seq, state.num_rows, state.counters
+        self.num_blocks = len(state.ref_counts)
+        self.newer = newer
+        self.parts: dict[str, Any] = {}
+        for name in _ARRAYS:
+            mine, theirs = getattr(state, name), getattr(newer, name)
+            n = len(mine)
+            if n > len(theirs):
+                self.parts[name] = mine
+                continue
+            idx = np.flatnonzero(mine != theirs[:n])
+            if len(idx) * (4 + mine.itemsize) > mine.nbytes // 3:
+                self.parts[name] = mine
+            else:
+                self.parts[name] = (idx.astype(np.int32 if n < 2**31 else np.int64), mine[idx])
+
+    def _array(self, name: str) -> np.ndarray:
+        n = self.num_blocks
+        patches = []
+        state: Any = self
+        while isinstance(state, _DeltaState) and isinstance(state.parts[name], tuple):
+            patches.append(state.parts[name])
+            state = state.newer
+        base = state.parts[name] if isinstance(state, _DeltaState) else getattr(state, name)
+        out = base[:n].copy()
+        for idx, values in reversed(patches):  # the newest first: the older patch wins
+            keep = idx < n
+            out[idx[keep]] = values[keep]
+        return out
+
+    @property
+    def ref_counts(self) -> np.ndarray:
+        return self._array("ref_counts")
+
+    @property
+    def hash_keys(self) -> np.ndarray:
+        return self._array("hash_keys")
+
+    @property
+    def free_pos(self) -> np.ndarray:
+        return self._array("free_pos")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes if isinstance(p, np.ndarray) else p[0].nbytes + p[1].nbytes for p in self.parts.values())
+
+
+def _whole(state: Any) -> Any:
+    """A checkpoint's arrays, whole (a `_DeltaState` read back; a `PoolArrays` as it is)."""
+    if not isinstance(state, _DeltaState):
+        return state
+    from engine.core.columnar import PoolArrays
+
+    return PoolArrays(state.seq, state.num_rows, state.ref_counts, state.hash_keys, state.free_pos, state.counters)
 
 
 _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32), ("max_ref", np.int32),
@@ -125,9 +285,12 @@ class LiveColumnarLog(ColumnarEventLog):
         self.columnar = col
         self.time = 0.0
         self.block_size = block_size
-        self._starts, self._ends = _Growing(np.int64), _Growing(np.int64)
-        self._seqs, self._kinds, self._times = _Growing(np.int64), _Growing(np.uint8), _Growing(np.float64)
-        self._columns = {name: _Growing(dtype) for name, dtype in _SERIES}
+        # each event's first row and, one on, one past its last (events' rows are contiguous)
+        self._bounds = _Growing(np.int64, narrow=np.int32)
+        self._seqs = _Growing(np.int64, narrow=np.int32)
+        self._kinds, self._times = _Growing(np.uint8, uniform=True), _Runs()
+        self._columns = {name: _Growing(dtype, narrow=np.int32 if dtype == np.int64 else None, uniform=True)
+                         for name, dtype in _SERIES}
         self._refusals, self._resets = _Growing(np.int64), _Growing(np.int64)
         self._made_events = 0  # events `prepare` made rows for
         self.events = LazyEvents(self)
@@ -149,11 +312,11 @@ class LiveColumnarLog(ColumnarEventLog):
     # ------------------------------------------------------------------ what the base class reads
     @property
     def starts(self) -> np.ndarray:  # type: ignore[override]
-        return self._starts.view
+        return self._bounds.view[:-1]
 
     @property
     def ends(self) -> np.ndarray:  # type: ignore[override]
-        return self._ends.view
+        return self._bounds.view[1:]
 
     @property
     def seqs(self) -> np.ndarray:  # type: ignore[override]
@@ -178,7 +341,7 @@ class LiveColumnarLog(ColumnarEventLog):
         """The events at positions [start, stop), each with the time it arrived with."""
         if stop <= start:
             return
-        times = self._times.view[start:stop].tolist()
+        times = self._times[start:stop].tolist()
         events = self.columnar.events(0.0, int(self.starts[start]), int(self.ends[stop - 1]))
         for e, t in zip(events, times):
             yield e if e.time == t else dataclasses.replace(e, time=t)
@@ -258,13 +421,13 @@ class LiveColumnarLog(ColumnarEventLog):
         # room ahead for what waits to be written and as much again, made here, not there
         col.reserve(max(4 * len(table), len(col._cols["kind"]) // 8))
         self._made_events += done
-        ahead = 4 * done + self._made_events - len(self._seqs.view)
+        ahead = 4 * done + self._made_events - self._seqs.n
         for arr in self._per_event_arrays():
             arr.reserve(max(ahead, len(arr._buf) // 8))
         return PreparedRows(self, row0, table, seqs, times)
 
     def _per_event_arrays(self) -> list[_Growing]:
-        return [self._starts, self._ends, self._seqs, self._kinds, self._times, *self._columns.values()]
+        return [self._bounds, self._seqs, self._kinds, *self._columns.values()]
 
     def extend_prepared(self, prepared: Iterable[PreparedRows]) -> None:
         """Write rows `prepare` made, in the order they were made: the columns, then the
@@ -294,8 +457,9 @@ class LiveColumnarLog(ColumnarEventLog):
         starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
         ends = np.append(starts[1:], r1)
         kinds = col.col("kind")[starts]
-        self._starts.extend(starts)
-        self._ends.extend(ends)
+        if self._bounds.n and int(self._bounds.view[-1]) != r0:
+            raise ValueError(f"rows {r0} on follow row {int(self._bounds.view[-1])}: every row belongs to an event")
+        self._bounds.extend(np.append(starts[1:] if self._bounds.n else starts, r1))
         self._seqs.extend(seqs)
         self._kinds.extend(kinds)
         self._times.extend(times)
@@ -345,15 +509,44 @@ class LiveColumnarLog(ColumnarEventLog):
         while rows[-1] + col.checkpoint_rows <= col.num_rows:
             pos = rows[-1] + col.checkpoint_rows
             states.append(col._advance(states[-1], rows[-1], pos))
+            if len(states) > 2:  # the one before keeps its differences from this one (not the first)
+                states[-2] = _DeltaState(states[-2], states[-1])
+                if isinstance(states[-3], _DeltaState):  # the same arrays: the whole copy can go
+                    states[-3].newer = states[-2]
             col._head_marks[pos] = col._head_count(pos)
             rows.append(pos)
             most = max(2, min(self.max_checkpoints, CHECKPOINT_BYTES // (16 * max(1, col.num_blocks))))
             if len(rows) > most:
-                col._cp_rows, col._cp_states = rows[::2], states[::2]
+                col._cp_rows, col._cp_states = rows[::2], _thinned(states)
                 rows, states = col._cp_rows, col._cp_states
                 col.checkpoint_rows *= 2
                 keep = set(rows) | {col.num_rows}
                 col._head_marks = {r: v for r, v in col._head_marks.items() if r in keep or r == 0}
+
+    # ------------------------------------------------------------------ what it holds
+    def nbytes_by_part(self) -> dict[str, int]:
+        """Bytes this log holds beside its rows (`ColumnarLog`'s columns), by part: the
+        per-event arrays (rows of each event, seq, kind, time, the series), the series pass's
+        per-block state, the live pool and its checkpoints (each array once, however many
+        states share it). What tests/test_memory_live.py holds to a budget per block."""
+        events = sum(g.nbytes for g in (*self._per_event_arrays(), self._times, self._refusals, self._resets))
+        seen: set[int] = set()
+
+        def arrays(state: Any) -> int:
+            if isinstance(state, _DeltaState):
+                return state.nbytes
+            out = 0
+            for arr in (state.ref_counts, state.hash_keys, state.free_pos):
+                base = arr.base if arr.base is not None else arr
+                if id(base) not in seen:
+                    seen.add(id(base))
+                    out += base.nbytes
+            return out
+
+        live = arrays(self._live_arrays)
+        checkpoints = sum(arrays(state) for state in self.columnar._cp_states)
+        return {"events": events, "series_state": self._ref.nbytes + self._held.nbytes + self._hist.nbytes,
+                "live": live, "checkpoints": checkpoints}
 
     # ------------------------------------------------------------------ a frozen copy for a worker
     def snapshot(self) -> ColumnarEventLog:
@@ -371,6 +564,38 @@ class LiveColumnarLog(ColumnarEventLog):
         out._series = self.series
         out._live = ArrayProjection(out, self._live_arrays, len(self.seqs))
         return out
+
+
+def _thinned(states: list[Any]) -> list[Any]:
+    """Every other checkpoint of `states` (the first and the newest kept), each kept one's
+    differences taken again from the next one kept: read back from the newest down, each
+    from the one after it, so the whole pool is copied once a checkpoint, not once a link."""
+    kept = list(range(0, len(states), 2))
+    out: dict[int, Any] = {kept[-1]: _whole(states[kept[-1]])}  # the newest kept is whole
+    newer = _whole(states[kept[-1]])
+    whole = {name: getattr(newer, name) for name in _ARRAYS}
+    for i in range(kept[-1] - 1, 0, -1):
+        state = states[i]
+        if isinstance(state, _DeltaState):
+            for name in _ARRAYS:  # this one's arrays from the next one's, patched
+                part = state.parts[name]
+                if isinstance(part, tuple):
+                    arr = whole[name][:state.num_blocks].copy()
+                    arr[part[0]] = part[1]
+                else:
+                    arr = part
+                whole[name] = arr
+        else:
+            whole = {name: getattr(state, name) for name in _ARRAYS}
+        if i in out or i % 2:
+            continue
+        from engine.core.columnar import PoolArrays
+
+        here = PoolArrays(state.seq, state.num_rows, whole["ref_counts"], whole["hash_keys"], whole["free_pos"],
+                          state.counters)
+        out[i] = _DeltaState(here, out[min(k for k in out if k > i)])
+    out[0] = states[0]
+    return [out[i] for i in kept]
 
 
 def warm_up() -> None:

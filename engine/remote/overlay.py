@@ -336,6 +336,17 @@ class RemoteOverlay:
         self._codes_second = second
         return cells[:math.ceil(n / k)], k
 
+    def nbytes_by_part(self) -> dict[str, int]:
+        """Bytes it holds, by part: per slot (tier, rank, store time, codes, the grid), the
+        times of stores and removals and the lifetimes (one float each, for the rates), the
+        slots listed since the last redraw (a Python int each), the removal ring."""
+        cells = self._cells.nbytes if self._cells is not None else 0
+        slots = sum(a.nbytes for a in (self.tier, self.rank, self.stored_at, self.base, self._codes)) + cells
+        times = sum(a.itemsize * len(a) for a in (self.stored_times, self.removed_times, self.lifetimes,
+                                                   self.sample_times, *self.sample_counts))
+        ring = 0 if self.journal is None else self.journal.ring_id.nbytes + self.journal.ring_gen.nbytes
+        return {"slots": slots, "times": times, "touched": 36 * len(self._touched), "ring": ring}
+
     def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
         """Cached blocks per tier (GPU, CPU, STORAGE, then any tier vLLM adds)."""
         n = min(projection.num_blocks, len(self.base))
