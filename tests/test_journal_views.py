@@ -103,3 +103,18 @@ def test_bars_past_a_pixel_each_keep_each_runs_peak():
     assert len(h) <= 400 and width == math.ceil(10_000 / 400)
     assert h.max() == 50.0 and left[np.argmax(h)] <= 7_777 < left[np.argmax(h)] + width
     assert bar_bins(secs[:300], heights[:300], 400)[2] == 1.0
+
+
+@pytest.mark.parametrize("name", ["vllm_connector_frames", "sglang_zmq_frames"])
+def test_journal_events_carry_the_batch_time_the_event_routes_do(name):
+    """The remote timeline maps its server clock to events by their batch time (a range
+    selected on it filters the other views): the journal route's events carry it too, not
+    their arrival time."""
+    from engine.remote.overlay import time_of
+
+    path, ranks = RECORDED[name]
+    ctrl, state, ref = _controller(_rank_frames(path, ranks))
+    ctrl.tick(drain=True)
+    got = [e.remote.batch_time for e in state.log.events]
+    assert got == [e.remote.batch_time for e in ref.log.events] and any(got)
+    assert [time_of(e) for e in state.log.events] == [time_of(e) for e in ref.log.events]

@@ -4,8 +4,11 @@ series, checkpoints, the tier/rank/age overlay), as `PoolState` runs it in the w
 
 `engine.bench.attach`'s "app path" figure stops at the bridge; `app_path_rate` goes on to
 the pool state the views read, once on the live columnar log and once on the Python
-`EventLog` it replaced, on the same recorded stream in one run. No Qt event loop is
-needed: `PoolState` is a QObject whose signals nobody is connected to here.
+`EventLog` it replaced, on the same recorded stream in one run. That is the event route
+(the reference RemotePool's events); an attach takes the journal route, which
+`journal_app_rate` times with the calls the app's tick makes, and `app_routes` puts both
+side by side. No Qt event loop is needed: `PoolState` is a QObject whose signals nobody is
+connected to here.
 """
 
 from __future__ import annotations
@@ -170,12 +173,13 @@ def _warm_journal_state() -> None:
     state.apply_prepared([(prepare_journal(state.log, rows, pool, "warm"), pool.times_of(rows))])
 
 
-def app_routes(num_events: int = 100_000) -> dict[str, Any]:
+def app_routes(num_events: int = 100_000, gpu_blocks: int = 30_000,
+               frames_per_tick: int = FRAMES_PER_TICK) -> dict[str, Any]:
     """An attach's path through the app, headless, both routes on the same stream in one run:
     the journal route the app takes (`journal_app_rate`) beside the event route it replaced
     (`app_path_rate`: the reference RemotePool's events into the same `PoolState`)."""
-    journal = journal_app_rate(num_events)
-    events = app_path_rate(num_events, columnar=True)
+    journal = journal_app_rate(num_events, gpu_blocks, frames_per_tick)
+    events = app_path_rate(num_events, columnar=True, gpu_blocks=gpu_blocks, frames_per_tick=frames_per_tick)
     return {"journal_route": journal, "event_route": events,
             "journal_events_per_s_cpu": journal["events_per_s_cpu"],
             "event_events_per_s_cpu": events["events_per_s_cpu"],
@@ -205,4 +209,6 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(compare(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000), indent=1))
+    # `python -m app.runtime.live_path 100000 routes`: the journal route beside the event route
+    num = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    print(json.dumps(app_routes(num) if sys.argv[2:] == ["routes"] else compare(num), indent=1))

@@ -376,12 +376,19 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     request = occurrence[of_batch]
     # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
     pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
+    # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
+    # none, or a clear outside any batch: 0, the event's own time stands for it)
+    pair_time = np.zeros(len(pairs), np.float64)
+    times_of = getattr(pool, "times_of", None)
+    if times_of is not None:
+        pair_time[of_pair] = times_of(journal)
+        pair_time[pairs >> 10 < 0] = 0.0
     info_id = slots.info_id
     numbers = np.zeros(len(pairs), np.int64)
-    for i, code in enumerate(pairs.tolist()):
+    for i, (code, ts) in enumerate(zip(pairs.tolist(), pair_time.tolist())):
         u, t = code >> 10, (code & 1023) - 1
         medium = names[t] if 0 <= t < len(names) else "GPU"
-        numbers[i] = info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, medium=medium))
+        numbers[i] = info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, batch_time=ts, medium=medium))
     info = numbers[of_pair]
     seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
     table = prepared.table

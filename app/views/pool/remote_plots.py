@@ -135,10 +135,10 @@ def bar_bins(secs: np.ndarray, heights: np.ndarray, pixels: int) -> tuple[np.nda
 
 
 class _Throttled(QWidget):
-    """A widget whose `refresh` runs at most every REFRESH_MS, however often `schedule` is called."""
+    """A widget whose `refresh` runs at most every `interval` ms, however often `schedule` is called."""
 
-    def _init_throttle(self) -> None:
-        self._throttle = QTimer(self, singleShot=True, interval=REFRESH_MS)
+    def _init_throttle(self, interval: int = REFRESH_MS) -> None:
+        self._throttle = QTimer(self, singleShot=True, interval=interval)
         self._throttle.timeout.connect(self.refresh)
 
     def schedule(self) -> None:
@@ -306,7 +306,8 @@ class RemoteMetrics(_Throttled):
     def __init__(self, state: Any, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = state
-        self._init_throttle()
+        # not the timeline's period: the two redraw in passes of their own, not both in one
+        self._init_throttle(REFRESH_MS * 3 // 2)
         self.setObjectName("remote_metrics")
         self.summary = QLabel()
         self.summary.setObjectName("remote_metrics_summary")
