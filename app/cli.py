@@ -36,12 +36,24 @@ def command_modules() -> list[ModuleType]:
     return mods
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(name: str) -> ModuleType | None:
+    """The module of subcommand `name` (its file is the name with "_" for "-"), imported
+    alone; None if there is none."""
+    module = name.replace("-", "_")
+    if module.startswith("_") or module not in {i.name for i in pkgutil.iter_modules(app.commands.__path__)}:
+        return None
+    mod = importlib.import_module(f"app.commands.{module}")
+    return mod if mod.NAME == name else None
+
+
+def build_parser(modules: list[ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of `modules` only (one command's run: the others'
+    imports, such as the trace readers, are not the window's to wait for)."""
     parser = _Parser(prog="cachescope", description="Inspect the caches of LLM inference.")
     parser.add_argument("--version", action="version", version=f"cachescope {version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for mod in command_modules():
+    for mod in command_modules() if modules is None else modules:
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
@@ -53,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv:
         argv = ["gui"]
-    parser = build_parser()
+    only = command_module(argv[0])
+    parser = build_parser(None if only is None else [only])
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.ui import theme
 from app.runtime.context import make_test_context
-from app.window.main_window import MainWindow, classify_file
+from app.runtime.jobs import classify_file
+from app.window.main_window import MainWindow
 from app.window.panels import PANELS, load_factory
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from app.commands._common import add_pool_size, non_negative_int, positive_int
-from engine.core.errors import InputError
+from engine.core.errors import InputError, one_line
 from engine.core.validation import check_regular_file
 from engine.resources import resource_path
 
@@ -58,39 +58,56 @@ def run(args: argparse.Namespace) -> int:
     app.setApplicationName("Cachescope")
     app.setOrganizationName("Cachescope")
     app.setWindowIcon(app_icon())
-    store = _open_store(args.db) if args.screenshot is None or args.db else None
+    # A database named on the command line is opened first, so a wrong one ends the command
+    # (status 2) before a window shows; the default one once the window is up (below).
+    store = _open_store(args.db) if args.db else None
     if args.screenshot is not None:
         # Screenshots never read or write the user's settings, so they always look the same.
         ctx = make_test_context(store=store)
         ctx.suppress_dialogs = True
     else:
         ctx = AppContext(store=store)
-    from app.window.main_window import classify_file
-
     target = Path(args.file) if args.file else DEMO_TRACE
     # Screenshots of a trace need no model; of a conversation or session they do.
-    wants_model = not args.no_model and (args.screenshot is None or classify_file(target) != "trace")
+    wants_model = not args.no_model and (args.screenshot is None or _classify(target) != "trace")
     window = MainWindow(ctx, model=args.model, load_model=wants_model,
                         num_blocks=args.num_blocks, block_size=args.block_size)
-    _install_demos(window)
     if args.theme:
         window.apply_theme(args.theme)
+    # The window comes up first: the default store (sqlite-utils) before the panels that read
+    # it, and the demos (engine.demos imports torch) once the panels are built.
+    if args.screenshot is None and not args.db:
+        window.after_first_paint(lambda: _open_default_store(app, ctx))
+    window.after_startup(lambda: _install_demos(window))
     try:
         if args.screenshot is not None:
             return screenshot(app, window, Path(args.screenshot), target)
         window.show()
-        if args.file:
-            window.open_file(args.file)
-        if args.event is not None:
-            from app.views.tools.bookmarks_view import EventLink
-
-            EventLink(ctx, args.event)
-        if args.compare:
-            window.show_compare(*args.compare).run_compare()
+        window.after_first_paint(lambda: _open_at_start(window, args))
         return app.exec()
     finally:
         ctx.shutdown()
         _dispose(app, window)
+
+
+def _classify(path: Path) -> str:
+    """`app.runtime.jobs.classify_file`, imported here: it reads traces (msgspec), which a
+    window that opens none does not need."""
+    from app.runtime.jobs import classify_file
+
+    return classify_file(path)
+
+
+def _open_at_start(window, args: argparse.Namespace) -> None:
+    """FILE, the event it links to and the Compare window, as the command line asked."""
+    if args.file:
+        window.open_file(args.file)
+    if args.event is not None:
+        from app.views.tools.bookmarks_view import EventLink
+
+        EventLink(window.ctx, args.event)
+    if args.compare:
+        window.show_compare(*args.compare).run_compare()
 
 
 def _quiet_offscreen_warnings() -> None:
@@ -152,6 +169,16 @@ def _install_demos(window) -> None:
     window.adopt_extra_docks()
 
 
+def _open_default_store(app, ctx) -> None:
+    """The user's database into `ctx`; one that cannot be opened is said, and ends the app
+    with status 2, as before a window showed."""
+    try:
+        ctx.store = _open_store(None)
+    except InputError as exc:
+        ctx.show_error(one_line(str(exc)))
+        app.exit(2)
+
+
 def _open_store(path: str | None):
     try:
         from engine.store.database import Store
@@ -187,6 +214,7 @@ def screenshot(app, window, folder: Path, file: Path) -> int:
     window.resize(1600, 1000)
     window.show()
     app.processEvents()
+    window.finish_startup()  # the store, every start-up panel and the demos, before the file
     # Errors were already written to stderr, one line each, by `show_error` (no dialogs here).
     if not window.open_file(file):
         if not window.ctx.errors:

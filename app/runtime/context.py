@@ -4,6 +4,9 @@ A panel factory takes one `AppContext` and reads the bridge (engine events as Qt
 signals), the pool state (the projection of those events), the model worker, the store,
 the settings, the current runner and the current `Subject` (what every view shows: a live
 session, an opened session or trace, a demo, an attached server). Nothing here draws.
+The bridge, the pool state and the remote controller are built at their first use (the
+window's first paint at the latest): they import numpy and the remote engine, which the
+window does not need to come up.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
 
-from app.runtime.bridge import EngineBridge, engine_info
-from app.runtime.remote import RemoteController
-from app.runtime.state import PoolState
 from app.runtime.worker import ModelWorker
-from engine.core.events import EventBus
+
+if TYPE_CHECKING:
+    from app.runtime.bridge import EngineBridge
+    from app.runtime.remote import RemoteController
+    from app.runtime.state import PoolState
+    from engine.core.events import EventBus
 
 ORGANIZATION = "Cachescope"
 APPLICATION = "Cachescope"
@@ -74,6 +79,16 @@ class BlockSelection(QObject):
         self.sigBlockSelected.emit(self.block_id)
 
 
+def __getattr__(name: str) -> Any:
+    # `engine_info` lives with the bridge, which imports the live log (numpy): it is read
+    # from there at its first use, so that importing the context stays light.
+    if name == "engine_info":
+        from app.runtime.bridge import engine_info
+
+        return engine_info
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class JobCancelled(Exception):
     """Raised inside a worker job whose user pressed Cancel (a long trace load or a demo)."""
 
@@ -100,6 +115,8 @@ class CancelToken:
 
 def runner_engine_info(runner: Any) -> dict[str, Any]:
     """`engine_info` for an `engine.model.runner.ModelRunner`."""
+    from app.runtime.bridge import engine_info
+
     loaded = getattr(runner, "loaded", None)
     mgr = runner.manager
     try:
@@ -121,6 +138,10 @@ class AppContext(QObject):
     trace is open); `sigRunnerChanged(runner)` fires when it changes. `show_error` is the
     one way to tell the user that something failed: a modal dialog with one sentence, or,
     with `suppress_dialogs`, an entry in `errors` (tests).
+
+    `bridge`, `state` and `remote` are built together at the first read of any of them
+    (`build_runtime`), which emits `sigRuntimeReady` once: the window reads none of them
+    before its first paint.
     """
 
     sigRunnerChanged = Signal(object)
@@ -129,13 +150,14 @@ class AppContext(QObject):
     sigThemeChanged = Signal(str)  # "dark" | "light", after the style sheet changed
     sigSubjectChanged = Signal(object)  # the new Subject, after the views were pointed at it
     sigJobChanged = Signal(str)  # the cancellable job now running ("" when none)
+    sigRuntimeReady = Signal()  # the bridge, the pool state and the remote controller were just built
 
     def __init__(self, settings: QSettings | None = None, store: Any = None,
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.bridge = EngineBridge(self)
-        self.state = PoolState(self.bridge)
-        self.bridge.follow(self.state)  # the state's live log gets its rows made on the engine threads
+        self._bridge: EngineBridge | None = None
+        self._state: PoolState | None = None
+        self._remote: RemoteController | None = None
         self.worker = ModelWorker(self)
         self.selection = BlockSelection(self)
         self.store = store
@@ -151,8 +173,6 @@ class AppContext(QObject):
         # Why the last model load failed (None: it did not); the app goes on without a model.
         self.model_error: str | None = None
         self.session_id: Any = None
-        # The attached vLLM server, if any, and the tokenizer that decodes its token ids.
-        self.remote = RemoteController(self)
         self.suppress_dialogs = suppress_dialogs
         self.errors: list[str] = []
         # How the window asks and tells (modal message boxes); None: nobody to ask, so the
@@ -160,6 +180,48 @@ class AppContext(QObject):
         self.ask_dialog: Callable[[str, str], bool] | None = None  # (title, text) -> yes?
         self.error_dialog: Callable[[str, str], None] | None = None  # (title, text)
         self._at_shutdown: list[Any] = []
+
+    # ------------------------------------------------------------------ runtime, built at first use
+    def build_runtime(self) -> None:
+        """Build the bridge, the pool state and the remote controller if not built yet."""
+        if self._bridge is not None:
+            return
+        from app.runtime.bridge import EngineBridge
+        from app.runtime.remote import RemoteController
+        from app.runtime.state import PoolState
+
+        bridge = EngineBridge(self)
+        state = PoolState(bridge)  # connected to the bridge before any view is
+        bridge.follow(state)  # the state's live log gets its rows made on the engine threads
+        self._bridge, self._state = bridge, state
+        # The attached vLLM server, if any, and the tokenizer that decodes its token ids.
+        self._remote = RemoteController(self)
+        self.sigRuntimeReady.emit()
+
+    @property
+    def runtime_ready(self) -> bool:
+        return self._bridge is not None
+
+    @property
+    def bridge(self) -> EngineBridge:
+        """Engine events as Qt signals (`app.runtime.bridge.EngineBridge`)."""
+        if self._bridge is None:
+            self.build_runtime()
+        return self._bridge
+
+    @property
+    def state(self) -> PoolState:
+        """The pool as the events so far leave it (`app.runtime.state.PoolState`)."""
+        if self._state is None:
+            self.build_runtime()
+        return self._state
+
+    @property
+    def remote(self) -> RemoteController:
+        """The attached vLLM server, if any (`app.runtime.remote.RemoteController`)."""
+        if self._remote is None:
+            self.build_runtime()
+        return self._remote
 
     # ------------------------------------------------------------------ engines
     def set_runner(self, runner: Any, activate: bool = True) -> None:
@@ -183,6 +245,8 @@ class AppContext(QObject):
 
     def new_event_bus(self, info: dict[str, Any]) -> EventBus:
         """A fresh bus wired to the bridge for a headless engine (trace replay); views reset."""
+        from engine.core.events import EventBus
+
         bus = EventBus()
         self.attach_events(bus, info)
         return bus
@@ -303,12 +367,14 @@ class AppContext(QObject):
 
     def shutdown(self) -> None:
         """Stop the worker thread and the bridge timer; call once when the window closes."""
-        self.remote.stop()
+        if self._remote is not None:
+            self._remote.stop()
         self.worker.stop()
         for fn in self._at_shutdown:
             fn()
         self._at_shutdown.clear()
-        self.bridge.stop()
+        if self._bridge is not None:
+            self._bridge.stop()
         try:
             self.close_store()
         except Exception:  # noqa: BLE001 - closing must not block shutdown

@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QWidget
 
-from app.runtime.captures import latest_capture, open_capture
-from app.runtime.jobs import classify_file, error_sentence
 from engine.core.errors import InputError, TraceError, show_path
-from engine.core.validation import check_regular_file
-from engine.store.usage_logs import looks_like_usage_log
 
+# What opening a file needs (the file sniffers, the trace readers, msgspec, the remote engine
+# for a recorded attach) is imported when a file is opened: the window comes up without it.
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
     from app.window.panels import PanelMap
@@ -59,7 +57,7 @@ class FileOpener:
         try:
             conversation.export_json(path)
         except OSError as exc:
-            self.ctx.show_error(error_sentence(exc, "The conversation could not be saved"))
+            self.ctx.show_error(_error_sentence(exc, "The conversation could not be saved"))
 
     def open_folder_dialog(self) -> None:
         path = QFileDialog.getExistingDirectory(self.parent, "Open a folder of kv-cache-tester traces",
@@ -70,6 +68,11 @@ class FileOpener:
     def open_file(self, path: str | Path, on_done: Callable[[Any], None] | None = None) -> bool:
         """Open a trace (replayed on the worker), a kv-cache-tester trace or folder of them, a
         usage log, a session database or a conversation file."""
+        from app.runtime.captures import latest_capture, open_capture
+        from app.runtime.jobs import classify_file
+        from engine.core.validation import check_regular_file
+        from engine.store.usage_logs import looks_like_usage_log
+
         p = Path(path)
         if not p.exists():
             self.ctx.show_error(f"{show_path(p)}: no such file.")
@@ -79,7 +82,7 @@ class FileOpener:
         try:  # a FIFO or a device: reading it would block or never end
             check_regular_file(p, "trace, conversation or session file")
         except InputError as exc:
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be opened"))
             return False
         kind = classify_file(p)
         if kind == "weka":
@@ -105,7 +108,7 @@ class FileOpener:
         try:
             open_it()
         except (InputError, TraceError, ValueError, OSError) as exc:
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be opened"))
             return False
         self.docks[dock].raise_()
         if on_done is not None:
@@ -124,7 +127,7 @@ class FileOpener:
         try:
             traces = load_weka(p)
         except (InputError, OSError) as exc:
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be opened"))
+            self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be opened"))
             return False
         if not self.ctx.may_replace_subject(f"\u201c{p.name}\u201d"):
             return False
@@ -146,7 +149,7 @@ class FileOpener:
 
         def failed(exc: BaseException) -> None:
             self.ctx.end_job(token)
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be replayed"))
+            self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be replayed"))
             if on_done is not None:
                 on_done(None)
 
@@ -185,7 +188,7 @@ class FileOpener:
                 on_done(result)
 
         def failed(exc: BaseException) -> None:
-            self.ctx.show_error(error_sentence(exc, f"{p.name} could not be read as a usage log"))
+            self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be read as a usage log"))
             if on_done is not None:
                 on_done(None)
 
@@ -217,3 +220,10 @@ def _usage_job(path: str) -> dict:
         block_size = info.get("block_size")
         capacity = info.get("num_gpu_blocks") - 1 if isinstance(info.get("num_gpu_blocks"), int) else None
     return compare_usage(entries, load_tokenizer(None), block_size, capacity)
+
+
+def _error_sentence(exc: BaseException, what: str) -> str:
+    """`app.runtime.jobs.error_sentence`, imported at the first failure (see the imports)."""
+    from app.runtime.jobs import error_sentence
+
+    return error_sentence(exc, what)

@@ -4,6 +4,9 @@ It is up before the model: loading runs on the model worker with a progress bar 
 status bar. Whatever is opened becomes the one current subject (`AppContext.open_subject`),
 which asks before it replaces unsaved work. Opening files is `app.window.files`, trace
 replays `app.runtime.replays`, the model load `app.runtime.model_load`; panels live in `app.views`.
+Before the first paint the window builds only its frame (menus, toolbars, empty docks, status
+bar): the context's runtime (numpy, the remote engine), the scrub bar, the panels and the
+model load come after it, or at their first use.
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ from PySide6.QtWidgets import (QApplication, QDialog, QDockWidget, QFrame, QLabe
 from app.ui import theme
 from app.runtime import collector
 from app.runtime.context import AppContext, Subject
-from app.runtime.model_load import ModelLoad
-from app.runtime.replays import TraceReplays
-from app.runtime.remote import AttachSettings, status_text
-from engine.remote.subscriber import StreamHealth
 from app.window.panels import BOTTOM, PANELS, SCRUB_BAR, PanelMap, PanelSpec, build_panel
-from app.runtime.jobs import classify_file, error_sentence, resize_pool_job  # noqa: F401 - classify_file: app.commands.gui
-from app.dialogs.model_load_dialog import ModelLoadMonitor
-from app.dialogs.shortcuts_dialog import ShortcutsDialog, shortcut_rows
 from app.window.files import FileOpener
 from app.window.recent import RecentFiles
 from engine.resources import resource_path
 
-if TYPE_CHECKING:  # imported on first use: it pulls in pyqtgraph, which the first paint does not need
+# Imported at first use, not here: the first paint needs none of them. The compare window
+# pulls in pyqtgraph; the replays, the model load and the remote controller numpy, the trace
+# readers (msgspec) and the remote engine (app.runtime.jobs, app.runtime.remote).
+if TYPE_CHECKING:
+    from app.dialogs.model_load_dialog import ModelLoadMonitor
+    from app.runtime.model_load import ModelLoad
+    from app.runtime.remote import AttachSettings, RemoteController
+    from app.runtime.replays import TraceReplays
     from app.views.compare.compare_window import CompareWindow
+    from engine.remote.subscriber import StreamHealth
 
 ICON_DIR = resource_path("icons")
 DEFAULT_SIZE = QSize(1480, 920)
@@ -97,10 +101,15 @@ class MainWindow(QMainWindow):
         self.first_painted = False
         self.recent = RecentFiles(ctx.settings)
         self.files = FileOpener(ctx, self, self.recent, self.panels, self.docks, self.replay_trace)
-        self.replays = TraceReplays(ctx, self)
-        self.loader = ModelLoad(ctx, self)
+        self._replays: TraceReplays | None = None
+        self._loader: ModelLoad | None = None
+        self._model_load: ModelLoadMonitor | None = None
+        self._scrub_bar: QWidget | None = None
+        self._load_model_at_paint = load_model
+        self._at_first_paint: list[Callable[[], Any]] = []  # see `after_first_paint`
+        self._at_startup_done: list[Callable[[], Any]] = []  # see `after_startup`
+        self._up = False  # what waited for the first paint is done
         self._demo_actions: list[QAction] = []
-        self.remote = ctx.remote
         self.remote_messages: list[str] = []  # what the remote pool told the user (restarts)
         self._build_frame()
         self._build_actions()
@@ -112,27 +121,66 @@ class MainWindow(QMainWindow):
         self._restore_settings()
         self._status_timer = QTimer(self, singleShot=True, interval=100, timeout=self._update_status)
         self._connect()
-        self.model_load = ModelLoadMonitor(self)  # the first-start conversion dialog, with Cancel
-        if load_model:
-            QTimer.singleShot(0, self.start_model_load)
 
     def _connect(self) -> None:
         ctx = self.ctx
-        ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
-        ctx.state.sigChanged.connect(self._schedule_status)
         ctx.worker.sigProgress.connect(self._on_progress)
         ctx.sigSubjectChanged.connect(self._on_subject_changed)
         ctx.sigJobChanged.connect(self._on_job_changed)
-        self.remote.sigHealth.connect(self._on_remote_health)
-        self.remote.sigMessage.connect(self._on_remote_message)
-        self.remote.sigAttached.connect(lambda _o: self._on_remote_attached(True))
-        self.remote.sigDetached.connect(lambda: self._on_remote_attached(False))
-        self.replays.sigProgress.connect(self._on_progress)
-        self.replays.sigShown.connect(self._on_replay_shown)
-        self.replays.sigCancelled.connect(self._on_replay_cancelled)
-        self.replays.sigFailed.connect(self._on_replay_failed)
-        self.loader.sigLoaded.connect(self._on_model_loaded)
-        self.loader.sigFailed.connect(self._on_model_failed)
+        if ctx.runtime_ready:
+            self._connect_runtime()
+        else:  # at its first use, whoever reads it first (the first paint at the latest)
+            ctx.sigRuntimeReady.connect(self._connect_runtime)
+
+    def _connect_runtime(self) -> None:
+        """Listen to the context's bridge, pool state and remote controller, once built."""
+        ctx = self.ctx
+        ctx.bridge.sigEngineChanged.connect(self._on_engine_changed)
+        ctx.state.sigChanged.connect(self._schedule_status)
+        remote = ctx.remote
+        remote.sigHealth.connect(self._on_remote_health)
+        remote.sigMessage.connect(self._on_remote_message)
+        remote.sigAttached.connect(lambda _o: self._on_remote_attached(True))
+        remote.sigDetached.connect(lambda: self._on_remote_attached(False))
+
+    @property
+    def remote(self) -> RemoteController:
+        return self.ctx.remote
+
+    @property
+    def replays(self) -> TraceReplays:
+        """Trace replays on the worker (built at the first one)."""
+        if self._replays is None:
+            from app.runtime.replays import TraceReplays
+
+            replays = TraceReplays(self.ctx, self)
+            replays.sigProgress.connect(self._on_progress)
+            replays.sigShown.connect(self._on_replay_shown)
+            replays.sigCancelled.connect(self._on_replay_cancelled)
+            replays.sigFailed.connect(self._on_replay_failed)
+            self._replays = replays
+        return self._replays
+
+    @property
+    def loader(self) -> ModelLoad:
+        """The model load on the worker (built at the first one)."""
+        if self._loader is None:
+            from app.runtime.model_load import ModelLoad
+
+            loader = ModelLoad(self.ctx, self)
+            loader.sigLoaded.connect(self._on_model_loaded)
+            loader.sigFailed.connect(self._on_model_failed)
+            self._loader = loader
+        return self._loader
+
+    @property
+    def model_load(self) -> ModelLoadMonitor:
+        """The first-start conversion dialog, with Cancel (built at the first model load)."""
+        if self._model_load is None:
+            from app.dialogs.model_load_dialog import ModelLoadMonitor
+
+            self._model_load = ModelLoadMonitor(self)
+        return self._model_load
 
     def _ask(self, title: str, text: str) -> bool:
         buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel
@@ -238,15 +286,36 @@ class MainWindow(QMainWindow):
         tb.addAction(self.act_theme)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
         self.toolbar = tb
-        self.scrub_bar = build_panel(SCRUB_BAR, self.ctx)
-        self.scrub_toolbar = None
-        if self.scrub_bar is not None:
-            bar = QToolBar("Time", self)
-            bar.setObjectName("scrub_toolbar")
-            bar.setMovable(False)
-            bar.addWidget(self.scrub_bar)
-            self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, bar)
-            self.scrub_toolbar = bar
+        # The scrub bar reads the pool state: its toolbar is here from the start (a saved
+        # layout restores it), the bar itself is added after the first paint (`scrub_bar`).
+        bar = QToolBar("Time", self)
+        bar.setObjectName("scrub_toolbar")
+        bar.setMovable(False)
+        self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, bar)
+        self.scrub_toolbar = bar
+
+    @property
+    def scrub_bar(self) -> QWidget:
+        """The time slider under the docks (built after the first paint, or when first asked for)."""
+        if self._scrub_bar is None:
+            self._scrub_bar = build_panel(SCRUB_BAR, self.ctx)
+            self.scrub_toolbar.addWidget(self._scrub_bar)
+            self._give_scrub_bar_first_focus()
+        return self._scrub_bar
+
+    def _give_scrub_bar_first_focus(self) -> None:
+        """Where the keyboard focus starts, as when the scrub bar was built before the docks:
+        Qt gives it at show to the first widget that takes Tab focus, then the scrub bar's
+        speed box, now a dock's scroll area, which nobody chose."""
+        focused = self.focusWidget()
+        if focused is not None and not (isinstance(focused, QScrollArea) and focused.objectName().endswith("_holder")):
+            return
+        widget = self._scrub_bar.nextInFocusChain()
+        while widget is not None and widget is not self._scrub_bar and self._scrub_bar.isAncestorOf(widget):
+            if widget.focusPolicy() & Qt.FocusPolicy.TabFocus and widget.isEnabled() and widget.isVisibleTo(self._scrub_bar):
+                widget.setFocus(Qt.FocusReason.TabFocusReason)
+                return
+            widget = widget.nextInFocusChain()
 
     def _build_docks(self) -> None:
         built = [(spec, build_panel(spec, self.ctx) if spec.object_name in EAGER_PANELS else QWidget())
@@ -270,8 +339,7 @@ class MainWindow(QMainWindow):
         if "block_details" in self.docks:
             self.ctx.selection.sigBlockSelected.connect(self._show_block_details)
         self._size_docks()
-        if self.scrub_toolbar is not None:
-            self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())
+        self.view_menu.addAction(self.scrub_toolbar.toggleViewAction())
         self.view_menu.addSeparator()
         self.view_menu.addAction(self.act_theme)
         self.view_menu.addAction(self.act_reset_layout)
@@ -309,8 +377,41 @@ class MainWindow(QMainWindow):
         if event.type() == QEvent.Type.UpdateRequest and not self.first_painted:
             # The backing store has just been painted and flushed: the window is up.
             self.first_painted = True
-            QTimer.singleShot(0, self, self._build_next_startup_panel)
+            QTimer.singleShot(0, self, self._after_first_paint)
         return handled
+
+    def after_first_paint(self, fn: Callable[[], Any]) -> None:
+        """Call `fn()` once the window is up, before the start-up panels are built (at once
+        if they are being built already): `cachescope gui` opens the store and the file so."""
+        if self._up:
+            fn()
+        else:
+            self._at_first_paint.append(fn)
+
+    def after_startup(self, fn: Callable[[], Any]) -> None:
+        """Call `fn()` once the start-up panels are built (at once if they are)."""
+        if self._up and not self._startup:
+            fn()
+        else:
+            self._at_startup_done.append(fn)
+
+    def _after_first_paint(self) -> None:
+        """What the first paint did not need, then the start-up panels one per turn of the
+        event loop."""
+        self._bring_up()
+        QTimer.singleShot(0, self, self._build_next_startup_panel)
+
+    def _bring_up(self) -> None:
+        """The runtime and the scrub bar, the model load started, the `after_first_paint` calls."""
+        if self._up:
+            return
+        self.ctx.build_runtime()
+        self.scrub_bar  # noqa: B018 - built on first read
+        if self._load_model_at_paint:
+            self._load_model_at_paint = False
+            self.start_model_load()
+        _run_all(self._at_first_paint)
+        self._up = True
 
     def _build_next_startup_panel(self) -> None:
         while self._startup and self.panels.is_built(self._startup[0]):
@@ -319,6 +420,8 @@ class MainWindow(QMainWindow):
             self.panels.get(self._startup.pop(0))
         if self._startup:
             QTimer.singleShot(0, self, self._build_next_startup_panel)
+        else:
+            _run_all(self._at_startup_done)
 
     @property
     def startup_done(self) -> bool:
@@ -326,10 +429,13 @@ class MainWindow(QMainWindow):
         return all(self.panels.is_built(name) for name in self._startup)
 
     def finish_startup(self) -> None:
-        """Build at once the start-up panels not built yet (tests, screenshots, benches)."""
+        """Build at once the start-up panels not built yet (tests, screenshots, benches), with
+        what waits for the first paint or for them (`after_first_paint`, `after_startup`)."""
+        self._bring_up()
         for name in list(self._startup):
             self.panels.get(name)
         self._startup.clear()
+        _run_all(self._at_startup_done)
 
     def _build_deferred_panel(self, name: str) -> None:
         """Build a lazy panel in place of its placeholder (first shown, or first asked for)."""
@@ -475,7 +581,8 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
-        self.remote.detach()
+        if self.ctx.runtime_ready:  # else nothing was ever attached
+            self.remote.detach()
         self.save_settings()
         super().closeEvent(event)
         if event.isAccepted():
@@ -626,6 +733,8 @@ class MainWindow(QMainWindow):
             self.ctx.set_runner(new_runner, activate=self.ctx.subject.is_chat)
             self.statusBar().showMessage(f"pool of {size.num_blocks:,} blocks × {size.block_size} tokens", 4000)
 
+        from app.runtime.jobs import error_sentence, resize_pool_job
+
         def failed(exc: BaseException) -> None:
             self.ctx.show_error(error_sentence(exc, "The pool could not be resized"))
 
@@ -636,6 +745,8 @@ class MainWindow(QMainWindow):
         if runner is None:
             self.ctx.show_error("There is no model engine to reset; load a model first.")
             return
+
+        from app.runtime.jobs import error_sentence
 
         def failed(exc: BaseException) -> None:
             self.ctx.show_error(error_sentence(exc, "The cache could not be reset"))
@@ -671,6 +782,7 @@ class MainWindow(QMainWindow):
     def attach_dialog(self) -> None:
         """Ask for a server (remembered), attach; a failure is shown in the dialog, which stays."""
         from app.dialogs.attach_dialog import AttachDialog
+        from app.runtime.remote import AttachSettings
 
         dlg = AttachDialog(AttachSettings.load(self.ctx.settings), self)
         while dlg.exec() == QDialog.DialogCode.Accepted:
@@ -709,6 +821,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("detached from the vLLM server; the views keep its last pool", 6000)
 
     def _on_remote_health(self, health: StreamHealth) -> None:  # every rank's, summed
+        from app.runtime.remote import status_text
+
         self.remote_label.setText(status_text(health))
         tip = f"{self.remote.num_streams} rank(s) · {health.restarts} restart(s)"
         if health.last_error:
@@ -727,6 +841,8 @@ class MainWindow(QMainWindow):
         AboutDialog(self.ctx, self).exec()
 
     def shortcut_rows(self) -> list[tuple[str, str]]:
+        from app.dialogs.shortcuts_dialog import shortcut_rows
+
         return shortcut_rows(self)
 
     def _show_block_details(self, block_id: Any) -> None:
@@ -744,7 +860,15 @@ class MainWindow(QMainWindow):
         dlg.raise_()
 
     def show_shortcuts(self) -> None:
+        from app.dialogs.shortcuts_dialog import ShortcutsDialog
+
         ShortcutsDialog(self.shortcut_rows(), self).exec()
+
+
+def _run_all(calls: list[Callable[[], Any]]) -> None:
+    """Call and remove each of `calls`, in order (one may add more)."""
+    while calls:
+        calls.pop(0)()
 
 
 def runner_name(runner: Any) -> str:
