@@ -3,8 +3,9 @@ answered from the columns, never from one Python object per event.
 
 `ColumnarEventLog` wraps a finished `engine.core.columnar.ColumnarLog` (a trace replayed by
 the kernel) read-only: `events` is a lazy sequence that builds an `Event` only for the
-positions asked for, `seqs` an int64 array, `series` the timelines' per-event counts
-computed with vectorised code from the columns, and `state_at(seq)` / `live` an
+positions asked for, `seqs` an integer array (int32 while the seqs fit), `series` the
+timelines' per-event counts computed with vectorised code from the columns (each in the
+narrowest integer type that holds it), and `state_at(seq)` / `live` an
 `ArrayProjection`: the pool as `engine.core.columnar.PoolArrays` with what
 `engine.core.projection.PoolProjection` offers (hashes, parents, tokens, tenants, request
 records, chains) computed per block or per request when asked for. tests/test_app_columnar.py
@@ -139,10 +140,12 @@ class ColumnarEventLog:
             starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
         else:
             starts = np.zeros(0, np.int64)
-        self.starts = starts.astype(np.int64)  # first row of each event
-        self.ends = np.append(self.starts[1:], log.num_rows).astype(np.int64)  # one past its last row
-        self.seqs = seq[self.starts].astype(np.int64)
-        self.kinds = log.col("kind")[self.starts]  # kind code per event
+        # each event's first row, and one on its last row's end: two views of one array, int32
+        # while the rows fit (an event's rows follow the one before's)
+        bounds = narrowest(np.append(starts, log.num_rows), np.int32)
+        self.starts, self.ends = bounds[:-1], bounds[1:]
+        self.seqs = narrowest(seq[starts], np.int32)
+        self.kinds = log.col("kind")[starts]  # kind code per event
         self.events = LazyEvents(self)
         self._series: EventSeries | None = None
         self._live: ArrayProjection | None = None
@@ -264,7 +267,12 @@ class ColumnarEventLog:
     def series(self) -> EventSeries:
         if self._series is None:
             loop = _compiled_series_loop()
-            self._series = self._compute_series() if loop is None else self._compiled_series(loop)
+            s = self._compute_series() if loop is None else self._compiled_series(loop)
+            # each count in the narrowest type that holds it (a pool of 16K blocks in int16),
+            # about half the bytes of the int32 and int64 the pass returns
+            self._series = EventSeries(s.seq, *(narrowest(a, np.int16, np.int32) for a in (
+                s.in_use, s.cached_free, s.empty, s.max_ref, s.evicted, s.cached_tokens, s.prompt_tokens)),
+                s.refusal_seqs, s.reset_seqs)
         return self._series
 
     def _compiled_series(self, loop: Any) -> EventSeries:
@@ -1161,6 +1169,18 @@ class _Names(Sequence[str]):
         return isinstance(other, Sequence) and len(other) == len(self) and list(other) == list(self)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def narrowest(values: np.ndarray, *types: Any) -> np.ndarray:
+    """`values` (integers) in the first of `types` narrower than theirs in which every value
+    fits in half the range (so a sum of two still fits), else as they are."""
+    for narrow in types:
+        info = np.iinfo(narrow)
+        if values.dtype.itemsize <= info.bits // 8:
+            return values
+        if not len(values) or (info.min // 2 <= int(values.min()) and int(values.max()) <= info.max // 2):
+            return values.astype(narrow)
+    return values
 
 
 def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np.ndarray, sizes: np.ndarray,
