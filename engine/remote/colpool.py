@@ -20,7 +20,10 @@ Python object per block, per hash or per token id:
   names), how often its hash was announced and removed on that tier, its copies in KV
   cache group 0 and in all. Copies in other groups (sliding-window layers, rare) sit in a
   numba dict keyed by (slot, group). Free slots are a list threaded through their token
-  start. Token start, batch row and order are uint32 (the orders renumbered, in order,
+  start; a free slot keeps its old token range (its start in the batch-row column) and
+  count, and a block with as many token ids stored in it (an evicting server's usual
+  case) is written over that range, so eviction leaves no garbage in the token array
+  (a journalled pool, whose rows read every store's ids, always appends). Token start, batch row and order are uint32 (the orders renumbered, in order,
   before they would pass 2**32; the columns widened once to int64 before a token start
   would); a journalled pool, whose token array only grows, keeps them in int64. At 16
   token ids a block that is 55 bytes a slot, 32 of token ids and 5.7 of the table (at a
@@ -44,6 +47,10 @@ Python object per block, per hash or per token id:
   themselves wait for one another. The compiled loops release the GIL while they run
   (`nogil`), so the many subscriber threads of a fleet leave the consumer's event loop
   its turn; a pool is still applied by one thread at a time (the attachment's lock).
+  They are compiled without numba's reference counting (`_nrt=False`): with it, every
+  call of a helper took and dropped a reference (an atomic add and subtract) on each of
+  its ~40 array arguments, about half of the loop's time. Python calls them through
+  `*_py` entries that keep it (unboxing the group dict needs it), once per call.
 
 Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
 reference, from the arrays, on demand. Emitting Cachescope events per block is what the
@@ -179,7 +186,7 @@ def _fingerprint(x, sb):  # pragma: no cover - compiled
     return np.int64(x & ((np.uint64(1) << np.uint64(32 - sb)) - np.uint64(1)))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, or -1. An entry whose fingerprint differs is
     passed over without reading its slot's row: an absent hash reads the table alone."""
@@ -203,7 +210,7 @@ def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
             i = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
     size = len(tab) - 1
     sb = _slot_bits(tab)
@@ -216,7 +223,7 @@ def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
     tab[i] = np.uint32((_fingerprint(x, sb) << sb) | (s + 1))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _tab_delete(tab, K, F, s):  # pragma: no cover - compiled
     """Take slot s out of the table (backward-shift deletion: no tombstones)."""
     size = len(tab) - 1
@@ -254,7 +261,7 @@ def _rehash(tab, K, F, n):  # pragma: no cover - compiled
 
 # ordered maps (removed_at, departed): entries with key, width, two values and a FIFO slot
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_find(otab, OK, OW, k, w):  # pragma: no cover - compiled
     mask = len(otab) - 1
     i = np.int64(_mix(k, w, -1) & np.uint64(mask))
@@ -267,7 +274,7 @@ def _om_find(otab, OK, OW, k, w):  # pragma: no cover - compiled
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
     mask = len(otab) - 1
     i = np.int64(_mix(OK[e], OW[e], -1) & np.uint64(mask))
@@ -287,7 +294,7 @@ def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
             i = j
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
     _om_tab_delete(otab, OK, OW, e)
     OW[e] = 0
@@ -296,7 +303,7 @@ def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
     OS[O_LIVE] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - compiled
     while OS[O_HEAD] < OS[O_TAIL]:
         e = ofifo[OS[O_HEAD]]
@@ -307,7 +314,7 @@ def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - co
             return
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_delete(otab, OK, OW, OV, ofree, OS, k, w):  # pragma: no cover - compiled
     if OS[O_LIVE] == 0:
         return
@@ -316,7 +323,7 @@ def _om_delete(otab, OK, OW, OV, ofree, OS, k, w):  # pragma: no cover - compile
         _om_remove(otab, OK, OW, OV, ofree, OS, e)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim):  # pragma: no cover
     """Set (or with `add`, add to) the values of (k, w); a new key goes last. With `trim`,
     the oldest entries go while more than `maxn` are held (OrderedDict.popitem(last=False))."""
@@ -349,7 +356,7 @@ def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim
             _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _om_trim(otab, OK, OW, OV, ofree, ofifo, OS, maxn):  # pragma: no cover - compiled
     while OS[O_LIVE] > maxn:
         _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
@@ -358,19 +365,24 @@ def _om_trim(otab, OK, OW, OV, ofree, ofifo, OS, maxn):  # pragma: no cover - co
 # the blocks
 
 
-@njit(cache=True)
-def _copies_in(C, G, s, g):  # pragma: no cover - compiled
-    if g == 0:
-        return np.int64(C[s, C_C0])
-    if C[s, C_TOT] == 1 and C[s, C_C0] == 1:
-        return np.int64(0)
+@njit(cache=True, _nrt=True)  # NRT on: called from functions without it (numba would inherit their off)
+def _group_count(G, s, g):  # pragma: no cover - compiled
     key = np.int64(s) * (MAX_GROUP + 1) + g
     if key in G:
         return G[key]
     return np.int64(0)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, no_cpython_wrapper=True)
+def _copies_in(C, G, s, g):  # pragma: no cover - compiled
+    if g == 0:
+        return np.int64(C[s, C_C0])
+    if C[s, C_TOT] == 1 and C[s, C_C0] == 1:
+        return np.int64(0)
+    return _group_count(G, s, g)
+
+
+@njit(cache=True, _nrt=True)  # NRT on: called from functions without it (numba would inherit their off)
 def _set_group(G, s, g, n):  # pragma: no cover - compiled
     key = np.int64(s) * (MAX_GROUP + 1) + g
     if n:
@@ -379,7 +391,7 @@ def _set_group(G, s, g, n):  # pragma: no cover - compiled
         del G[key]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=True)  # NRT on: called from functions without it (numba would inherit their off)
 def _first_group(C, G, s):  # pragma: no cover - compiled
     """The first KV cache group holding a copy of slot s (the reference's `group=None`)."""
     if C[s, C_C0]:
@@ -394,26 +406,33 @@ def _first_group(C, G, s):  # pragma: no cover - compiled
     return best
 
 
-@njit(cache=True)
-def _free_slot(tab, K, L, C, F, T, G, S, TI, s):  # pragma: no cover - compiled
-    t = np.int64(F[s, F_TIER]) - 1
-    if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1) and len(G):
+@njit(cache=True, _nrt=True)  # NRT on: called from functions without it (numba would inherit their off)
+def _drop_groups(G, s):  # pragma: no cover - compiled
+    if len(G):
         base = np.int64(s) * (MAX_GROUP + 1)
         drop = [k for k in G.keys() if base < k <= base + MAX_GROUP]
         for k in drop:
             del G[k]
+
+
+@njit(cache=True, _nrt=False, no_cpython_wrapper=True)
+def _free_slot(tab, K, L, C, F, T, G, S, TI, s):  # pragma: no cover - compiled
+    t = np.int64(F[s, F_TIER]) - 1
+    if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1):
+        _drop_groups(G, s)
     _tab_delete(tab, K, F, s)
     TI[t, T_HASHES] -= 1
     if C[s, C_NTOK] == 0:
         TI[t, T_NOTOK] -= 1
     S[S_TOKLIVE] -= C[s, C_NTOK]
     F[s, F_TIER] = 0
+    L[s, L_BID] = L[s, L_TOK]  # a free slot keeps its token range (and C_NTOK) for its next store
     L[s, L_TOK] = S[S_FREE]
     S[S_FREE] = s + 1
     S[S_LIVE] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compiled
     r = S[S_JROWS]
     J[r, J_OP] = op
@@ -426,7 +445,7 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
     S[S_JROWS] = r + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tenant):  # pragma: no cover
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
@@ -442,7 +461,7 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
     S[S_JSTORES] = o + 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
            t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
            next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
@@ -543,11 +562,16 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             if n_i < 0:
                 n_i = 0
             u = S[S_TOKUSED]
+            if n_i > 0 and C[s, C_NTOK] == n_i and S[S_JON] == 0:
+                # the token ids this slot held before it was freed (`_free_slot`): written over
+                # in place, so an evicting stream leaves no garbage for `_compact_tokens`
+                u = np.int64(L[s, L_BID])
+            else:
+                S[S_TOKUSED] = u + n_i
             for j in range(n_i):
                 tok[u + j] = ftok[t0 + a + j]
             L[s, L_TOK] = u
             C[s, C_NTOK] = n_i
-            S[S_TOKUSED] = u + n_i
             S[S_TOKLIVE] += n_i
             L[s, L_BID] = S[S_BID]
             L[s, L_ORDER] = S[S_ORDER]
@@ -575,7 +599,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
     return 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
             dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
             left, J, SO):  # pragma: no cover - compiled
@@ -668,16 +692,14 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
     TI[t, T_EXTRA_BORN] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
          rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
     Python must handle (or n)."""
-    nosalt = np.empty(0, np.int64)
-    if len(widths) == 0:  # every hash of the batch is an 8-byte one
-        widths = np.full(len(keys), W_U64, np.uint8)
+    nosalt = tiers[:0]  # a view: this function allocates nothing (no NRT)
     for i in range(start, n):
         if rows[i, R_RARE]:
             return i
@@ -716,7 +738,50 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
     return n
 
 
-@njit(cache=True)
+# Entry points from Python. The compiled core above runs without NRT (no reference count
+# is touched per array argument, per call: that was 45% of the apply's time); unboxing the
+# group dict from Python needs NRT, so Python calls these, which take one reference per
+# argument once and hand everything on (named parameters, not *args: numba types a star
+# argument's arrays in Python, 40 a call).
+
+
+@njit(cache=True, nogil=True, _nrt=True)
+def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, rawgpu, group, hk,
+              hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts, J, JS,
+              SO):  # pragma: no cover - compiled
+    return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, rawgpu,
+                  group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
+                  next_continues, seq, ts, J, JS, SO)
+
+
+@njit(cache=True, nogil=True, _nrt=True)
+def _remove_py(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab, dp_k,
+               dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J,
+               SO):  # pragma: no cover - compiled
+    return _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                   dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
+                   left, J, SO)
+
+
+@njit(cache=True, nogil=True, _nrt=True)
+def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab, dp_k,
+            dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start,
+            stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
+    return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
+                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers,
+                groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO)
+
+
+@njit(cache=True, nogil=True, _nrt=True)
+def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab,
+                   dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss,
+                   left, J, JS, SO):  # pragma: no cover - compiled
+    return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo,
+                       ra_os, dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths,
+                       ftok, bounds, seqs, tss, left, J, JS, SO)
+
+
+@njit(cache=True, _nrt=False)
 def _touch_oldest(otab, ok, ow, ov, fifo, os, num):  # pragma: no cover - compiled
     """Read the `num` oldest entries of an ordered map (the ones a full map drops next) and
     their home entries in its table; returns the sum."""
@@ -734,7 +799,7 @@ def _touch_oldest(otab, ok, ow, ov, fifo, os, num):  # pragma: no cover - compil
     return acc
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os,
               rows, parents, keys, lo, hi):  # pragma: no cover - compiled
     """Read, before events lo..hi-1 of common events use them, the table entries and rows
@@ -802,16 +867,15 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
     return acc
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, ftok, bounds, seqs, tss,
-                left, J, JS, SO):  # pragma: no cover - compiled
+                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs,
+                tss, left, J, JS, SO):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
-    each (rows, hashes and token ids of all frames concatenated)."""
-    widths = np.full(len(keys), W_U64, np.uint8)
-    empty_u8 = np.empty(0, np.uint8)
-    empty_i64 = np.empty(0, np.int64)
+    each (rows, hashes and token ids of all frames concatenated; `widths` W_U64 for each)."""
+    empty_u8 = widths[:0]
+    empty_i64 = bounds[:0]
     bid0 = S[S_BID]  # the run's frames are rows bid0.. of the batch table
     for f in range(len(seqs)):
         lo, hi = bounds[f], bounds[f + 1]
@@ -824,6 +888,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v,
                  empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
+                C[:, C_NTOK] = 0  # no free slot's token range is kept past this
 
 
 @njit(cache=True, inline="always")
@@ -834,6 +899,7 @@ def widths_parent(rows, j):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
+    """Held slots' token ids, in slot order, into `out`; a free slot's kept range is dropped."""
     u = 0
     for s in range(n):
         if F[s, F_TIER]:
@@ -843,6 +909,8 @@ def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
                 out[u + j] = tok[a + j]
             L[s, L_TOK] = u
             u += m
+        else:
+            C[s, C_NTOK] = 0
     return u
 
 
@@ -1375,7 +1443,7 @@ class ColumnarPool:
             widths = self._widths
             parents = self._parents
         else:
-            widths, tiers, groups, rawgpu = _EMPTY_U8, _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
+            widths, tiers, groups, rawgpu = np.full(len(keys), W_U64, np.uint8), _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
         self._reserve(nblocks, len(cols.tokens), cols.tokens)
@@ -1386,7 +1454,7 @@ class ColumnarPool:
         left = self._left
         i = 0
         while i < n:
-            i = _run(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+            i = _run_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                      self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
                      rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n, *self._jn())
             self._sync()
@@ -1395,6 +1463,7 @@ class ColumnarPool:
                 i += 1
         if self.S[S_LIVE] == 0 and not self.journal:
             self.S[S_TOKUSED] = 0
+            self.C[:, C_NTOK] = 0  # no free slot's token range is kept past this
         return []
 
     def apply_many(self, batches: list[ColumnarBatch | VllmBatch]) -> list:
@@ -1456,9 +1525,9 @@ class ColumnarPool:
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
-        _run_frames(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, tokens, bounds, seqs, tss, self._left,
-                    *self._jn())
+        _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, np.full(len(keys), W_U64, np.uint8),
+                    tokens, bounds, seqs, tss, self._left, *self._jn())
         self._sync()
 
     def _ra(self) -> tuple:
@@ -1552,7 +1621,7 @@ class ColumnarPool:
             g = -1 if group_idx is None else min(max(group_idx, -1), MAX_GROUP)
             if g < 0 and group_idx is not None:
                 g = 0
-            _remove(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
+            _remove_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
                     *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
             if self.details:
                 for j in np.flatnonzero(left[:nh]).tolist():
@@ -1601,7 +1670,7 @@ class ColumnarPool:
                         salt_names.append(salt)
         tenant = self._tenant_id(e.cache_salt)
         pk, pw = (self._key_new(e.parent_block_hash) if e.parent_block_hash is not None else (0, 0))
-        r = _store(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+        r = _store_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                    self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
                    self.removed.os, t, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0, np.uint64(pk),
                    np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
