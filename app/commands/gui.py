@@ -75,10 +75,15 @@ def run(args: argparse.Namespace) -> int:
     if args.theme:
         window.apply_theme(args.theme)
     # The window comes up first: the default store (sqlite-utils) before the panels that read
-    # it, and the demos (engine.demos imports torch) once the panels are built.
+    # it, and the demos (engine.demos imports torch) once the panels are built. Screenshots,
+    # which nobody waits for, add the demos' dock before the window is sized for them, as the
+    # layout they show always was.
     if args.screenshot is None and not args.db:
         window.after_first_paint(lambda: _open_default_store(app, ctx))
-    window.after_startup(lambda: _install_demos(window))
+    if args.screenshot is not None:
+        _install_demos(window)
+    else:
+        window.after_startup(lambda: _install_demos(window))
     try:
         if args.screenshot is not None:
             return screenshot(app, window, Path(args.screenshot), target)
