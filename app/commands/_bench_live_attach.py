@@ -96,7 +96,7 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
         gc.collect()
         if profiler is not None:
             profiler.enable()
-        w0, c0 = time.perf_counter(), time.process_time()
+        w0, c0, g0 = time.perf_counter(), time.process_time(), time.thread_time()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         longest, longest_cpu, slow = 0.0, 0.0, 0
@@ -122,7 +122,7 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {h.batches} of {len(payloads)} batches arrived")
             time.sleep(0.0005)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        wall, cpu, gui_cpu = time.perf_counter() - w0, time.process_time() - c0, time.thread_time() - g0
         if profiler is not None:
             profiler.disable()
         h = ctrl.health()
@@ -139,7 +139,7 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
     return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
             "frames": len(payloads),
             "batches": h.batches, "missed": h.missed, "first_batch": first, "cachescope_events": events, "wall_s": round(wall, 3),
-            "cpu_s": round(cpu, 3), "events_per_s_wall": round(made / wall), "events_per_s_cpu": round(made / cpu),
+            "cpu_s": round(cpu, 3), "gui_thread_cpu_s": round(gui_cpu, 3), "events_per_s_wall": round(made / wall), "events_per_s_cpu": round(made / cpu),
             "cachescope_events_per_s_wall": round(events / wall),
             "longest_process_events_ms": round(longest * 1000, 1),
             "longest_process_events_cpu_ms": round(longest_cpu * 1000, 1), "stalls_over_50_ms": slow}
