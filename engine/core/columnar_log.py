@@ -285,7 +285,7 @@ class ColumnarEventLog:
         width = max(log.num_blocks, int(block.max()) + 1 if log.num_rows else 0)
         nblocks = np.full(len(self.ends), log.num_blocks, np.int64)
         out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), self.ends, 0, nblocks,
-                   np.zeros(width, np.int64), np.zeros(width, np.uint8), np.zeros(top + 2, np.int64),
+                   np.zeros(width, np.int32), np.zeros(width, np.uint8), np.zeros(top + 2, np.int64),
                    np.zeros(6, np.int64), self.block_size)
         in_use, cached_free, empty, max_ref, evicted, cached, prompt = out
         return EventSeries(self.seqs, in_use, cached_free, empty, max_ref, evicted, cached, prompt,

@@ -13,6 +13,7 @@ equal to `engine.core.projection.EventLog`, the reference, at many scrub points.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -217,7 +218,13 @@ class _DeltaState:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes if isinstance(p, np.ndarray) else p[0].nbytes + p[1].nbytes for p in self.parts.values())
+        return sum(_held_bytes(p) if isinstance(p, np.ndarray) else p[0].nbytes + p[1].nbytes
+                   for p in self.parts.values())
+
+
+def _held_bytes(arr: np.ndarray) -> int:
+    """The bytes an array holds: none for a zero-stride view of one value."""
+    return 0 if arr.ndim and arr.strides[0] == 0 else arr.nbytes
 
 
 def _whole(state: Any) -> Any:
@@ -299,7 +306,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._live_arrays = col.initial_state()
         # the series pass's state between batches: per block ref count and hash held,
         # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt)
-        self._ref = np.zeros(max(1, num_blocks), np.int64)
+        self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
         self._held = np.zeros(max(1, num_blocks), np.uint8)
         self._hist = np.zeros(2, np.int64)
         self._acc = np.zeros(6, np.int64)
@@ -508,7 +515,10 @@ class LiveColumnarLog(ColumnarEventLog):
         rows, states = col._cp_rows, col._cp_states
         while rows[-1] + col.checkpoint_rows <= col.num_rows:
             pos = rows[-1] + col.checkpoint_rows
-            states.append(col._advance(states[-1], rows[-1], pos))
+            state = col._advance(states[-1], rows[-1], pos)
+            if not state.ref_counts.any():  # a remote pool's: no request holds a block
+                state.ref_counts = np.broadcast_to(np.int32(0), state.ref_counts.shape)
+            states.append(state)
             if len(states) > 2:  # the one before keeps its differences from this one (not the first)
                 states[-2] = _DeltaState(states[-2], states[-1])
                 if isinstance(states[-3], _DeltaState):  # the same arrays: the whole copy can go
@@ -528,7 +538,9 @@ class LiveColumnarLog(ColumnarEventLog):
         """Bytes this log holds beside its rows (`ColumnarLog`'s columns), by part: the
         per-event arrays (rows of each event, seq, kind, time, the series), the series pass's
         per-block state, the live pool and its checkpoints (each array once, however many
-        states share it). What tests/test_memory_live.py holds to a budget per block."""
+        states share it), a remote pool's copies of each hash on the event route (the
+        digests themselves apart: the key table keeps them). What tests/test_memory_live.py
+        holds to a budget per block."""
         events = sum(g.nbytes for g in (*self._per_event_arrays(), self._times, self._refusals, self._resets))
         seen: set[int] = set()
 
@@ -537,16 +549,20 @@ class LiveColumnarLog(ColumnarEventLog):
                 return state.nbytes
             out = 0
             for arr in (state.ref_counts, state.hash_keys, state.free_pos):
-                base = arr.base if arr.base is not None else arr
+                base = arr.base if arr.base is not None and arr.strides[0] else arr
                 if id(base) not in seen:
                     seen.add(id(base))
-                    out += base.nbytes
+                    out += _held_bytes(base)
             return out
 
         live = arrays(self._live_arrays)
         checkpoints = sum(arrays(state) for state in self.columnar._cp_states)
+        slots = self.columnar._slots  # a remote pool's copies by hash, on the event route
+        holders = 0 if slots is None else sys.getsizeof(slots.holders) + sum(
+            sys.getsizeof(v) for v in dict.values(slots.holders)) + slots.ranks.itemsize * len(slots.ranks) + \
+            slots.places.itemsize * len(slots.places) + sys.getsizeof(slots.tenants)
         return {"events": events, "series_state": self._ref.nbytes + self._held.nbytes + self._hist.nbytes,
-                "live": live, "checkpoints": checkpoints}
+                "live": live, "checkpoints": checkpoints, "holders": holders}
 
     # ------------------------------------------------------------------ a frozen copy for a worker
     def snapshot(self) -> ColumnarEventLog:

@@ -9,10 +9,42 @@ the slots the reference names; tests/test_live_log.py holds both equal.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from engine.core.events import BlockEvicted, RemoteInfo
 from engine.core.projection import copy_to_free, stream_code
+
+
+class _Holders(dict):
+    """digest -> the slots holding a copy of it, oldest first, read as a tuple: a hash with
+    one copy (nearly all) keeps its slot as an int, not a 1-tuple (48 bytes a block)."""
+
+    __slots__ = ()
+
+    def get(self, digest: Any, default: Any = None) -> Any:
+        got = dict.get(self, digest)
+        if got is None:
+            return default
+        return (got,) if type(got) is int else got
+
+    def __getitem__(self, digest: Any) -> tuple[int, ...]:
+        got = dict.__getitem__(self, digest)
+        return (got,) if type(got) is int else got
+
+    def add(self, digest: bytes, b: int) -> None:
+        got = dict.get(self, digest)
+        self[digest] = b if got is None else (got, b) if type(got) is int else got + (b,)
+
+    def discard(self, digest: bytes, b: int) -> None:
+        got = dict.get(self, digest)
+        if got is None:
+            return
+        left = () if got == b else got if type(got) is int else tuple(x for x in got if x != b)
+        if not left:
+            del self[digest]
+        else:
+            self[digest] = left[0] if type(left) is tuple and len(left) == 1 else left
 
 
 class RemoteSlots:
@@ -24,9 +56,9 @@ class RemoteSlots:
 
     def __init__(self, vacant: list[int]) -> None:
         self.vacant = vacant  # slots a store may take, newest last (checked when taken)
-        self.holders: dict[bytes, tuple[int, ...]] = {}  # digest -> its slots, in store order
-        self.ranks: list[int] = []  # per slot its stream (`stream_code`), -1 until a remote store names it
-        self.places: list[int] = []  # per slot, 1 + index in place_names; 0: unknown
+        self.holders = _Holders()  # digest -> its slots, in store order
+        self.ranks = array("i")  # per slot its stream (`stream_code`), -1 until a remote store names it
+        self.places = array("B")  # per slot, 1 + index in place_names (at most 255); 0: unknown
         self.tenants: list[str | None] = []  # per slot, as its store set it
         self.place_names: list[tuple[str, int]] = []
         self.infos: list[RemoteInfo] = []
@@ -47,10 +79,11 @@ class RemoteSlots:
         return got
 
     def grow(self, num_blocks: int) -> None:
-        while len(self.ranks) < num_blocks:
-            self.ranks.append(-1)
-            self.places.append(0)
-            self.tenants.append(None)
+        more = num_blocks - len(self.ranks)
+        if more > 0:
+            self.ranks.extend([-1] * more)
+            self.places.frombytes(bytes(more))
+            self.tenants.extend([None] * more)
 
     def take(self, held: Any, num_blocks: int) -> int:
         """The slot a store takes: the newest vacant one still empty, else a new one
@@ -79,17 +112,13 @@ class RemoteSlots:
         return code
 
     def stored(self, b: int, digest: bytes, info: RemoteInfo, tenant: str | None) -> None:
-        self.holders[digest] = self.holders.get(digest, ()) + (b,)
+        self.holders.add(digest, b)
         self.tenants[b] = tenant
         self.ranks[b] = stream_code(info.source, info.rank)
         self.places[b] = self.place_of(info.medium, info.group_idx)
 
     def uncached(self, b: int, digest: bytes) -> None:
-        left = tuple(x for x in self.holders.get(digest, ()) if x != b)
-        if left:
-            self.holders[digest] = left
-        else:
-            self.holders.pop(digest, None)
+        self.holders.discard(digest, b)
         self.vacant.append(b)
 
     def copy_of(self, e: BlockEvicted) -> int | None:
