@@ -8,6 +8,11 @@ rows to the previous live `PoolArrays`, and the checkpoints within the same 512 
 (every other one dropped and the interval doubled, as `EventLog` does). Each event's time
 is kept, so the events it builds equal the ones appended. tests/test_live_log.py holds it
 equal to `engine.core.projection.EventLog`, the reference, at many scrub points.
+
+What it keeps per event is compact (`_Growing`, `_Runs`: int32 until a value outgrows it, a
+column of one value as no array, times as runs) and checkpoints between the first and the
+newest as their differences from the next (`_DeltaState`): tests/test_memory_live.py holds
+the bytes per block to a budget.
 """
 
 from __future__ import annotations
