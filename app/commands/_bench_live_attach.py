@@ -5,6 +5,10 @@ journal and through the reference RemotePool's events, in one window and one run
 `app.runtime.live_path` times the same stream headless (no socket, no views).
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.commands._bench_live_attach 50000
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.commands._bench_live_attach redraw 3
+
+The second times one redraw of the remote timeline and metrics after three hours of a
+stream (`remote_plots_redraw`).
 """
 
 from __future__ import annotations
@@ -167,6 +171,61 @@ def _warm_journal_route() -> None:
     st.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
 
 
+def remote_plots_redraw(hours: float = 3.0, rate: float = 200.0, seed: int = 0) -> dict[str, Any]:
+    """CPU ms of one redraw and paint of the remote timeline and metrics after `hours` of a
+    stream at about `rate` stored blocks a second (half of them removed 30 s later, a tier
+    sample every 0.1 s), after a tick's worth of new rows: what a busy stream's redraw costs
+    the GUI thread once the plots have hours of data (an attach's first minute has little).
+    Needs a QApplication."""
+    from array import array
+
+    import numpy as np
+
+    from app.runtime.state import PoolState
+    from app.views.pool.remote_plots import RemoteMetrics, RemoteTimeline
+    from engine.remote.overlay import _append_floats
+
+    rng = np.random.default_rng(seed)
+    state = PoolState()
+    state.set_engine({"remote": True, "block_size": 16, "num_blocks": 0})
+    o = state.remote
+    t0, secs = 1_796_000_000.0, int(hours * 3600)
+    per_s = (rate * (1 + 0.75 * np.sin(np.arange(secs) / 600.0))).astype(np.int64)
+    stored = np.repeat(t0 + np.arange(secs, dtype=np.float64), per_s) + rng.random(int(per_s.sum()))
+    _append_floats(o, "stored_times", stored)
+    _append_floats(o, "removed_times", stored[::2] + 30.0)
+    _append_floats(o, "lifetimes", rng.lognormal(2.0, 1.0, len(stored) // 2))
+    samples = t0 + np.arange(0.0, secs, 0.1)
+    _append_floats(o, "sample_times", samples)
+    o.sample_counts = [array("q", (20_000 + 5_000 * np.sin(samples / 900.0)).astype(np.int64).tolist())]
+    timeline, metrics = RemoteTimeline(state), RemoteMetrics(state)
+    for view in (timeline, metrics):
+        view.resize(900, 420)
+        view.show()
+    timeline.refresh()
+    metrics.refresh()
+    out: dict[str, Any] = {"stored": len(o.stored_times), "samples": len(samples)}
+    for step in range(3):
+        end = t0 + secs + step
+        _append_floats(o, "stored_times", end + rng.random(2_000))
+        _append_floats(o, "lifetimes", rng.lognormal(2.0, 1.0, 1_000))
+        _append_floats(o, "sample_times", np.array([end]))
+        o.sample_counts[0].append(20_000)
+        o.revision += 1
+        for name, view in (("timeline", timeline), ("metrics", metrics)):
+            c = time.thread_time()
+            view.refresh()
+            r = time.thread_time()
+            view.grab()  # the paint the redraw queues
+            p = time.thread_time()
+            out.setdefault(f"{name}_refresh_cpu_ms", []).append(round((r - c) * 1000, 2))
+            out.setdefault(f"{name}_paint_cpu_ms", []).append(round((p - r) * 1000, 2))
+    for view in (timeline, metrics):
+        view.close()
+        view.deleteLater()
+    return out
+
+
 def compare_attached(num_events: int = 100_000) -> dict[str, Any]:
     """Both routes of a real attach in one window, one after the other, and their ratio."""
     from app.runtime.context import make_test_context
@@ -191,4 +250,7 @@ if __name__ == "__main__":
     from PySide6.QtWidgets import QApplication
 
     _app = QApplication([])
-    print(json.dumps(compare_attached(int(sys.argv[1]) if len(sys.argv) > 1 else 50_000), indent=1))
+    if sys.argv[1:2] == ["redraw"]:  # `... redraw [hours]`: the remote plots' redraw after hours of a stream
+        print(json.dumps(remote_plots_redraw(float(sys.argv[2]) if len(sys.argv) > 2 else 3.0), indent=1))
+    else:
+        print(json.dumps(compare_attached(int(sys.argv[1]) if len(sys.argv) > 1 else 50_000), indent=1))
