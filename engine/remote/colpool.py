@@ -31,7 +31,10 @@ Python object per block, per hash or per token id:
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
-  insertion-ordered maps of their own: a table, value columns and a FIFO of entries.
+  insertion-ordered maps of their own: a table, value columns and a FIFO of entries. A
+  table entry carries 31 bits of its key's hash beside the entry's index, so a probe
+  passes other keys and a deletion shifts entries back without reading their rows (the
+  maps hold 200,000 keys: each row read was a cache miss).
 - `apply(batch)` takes a `fastwire.ColumnarBatch` (`fastwire.decode_columns`: the
   frame's hashes, token ids and event fields as arrays) or a `VllmBatch`. One compiled
   loop applies every run of common events (stores and removals with block hashes, a
@@ -259,26 +262,39 @@ def _rehash(tab, K, F, n):  # pragma: no cover - compiled
             _tab_insert(tab, K, F, s)
 
 
-# ordered maps (removed_at, departed): entries with key, width, two values and a FIFO slot
+# ordered maps (removed_at, departed): entries with key, width, two values, a FIFO slot and
+# 31 bits of the key's mixed hash. A table entry is (those bits << 32) | entry: a probe
+# passes another key's entry, and a deletion shifts entries back, without reading a row.
+
+_OM_BITS = np.uint64(0x7FFFFFFF)
+
+
+@njit(cache=True, inline="always")
+def _om_hash(k, w):  # pragma: no cover - compiled
+    return np.int64(_mix(k, w, -1) & _OM_BITS)
+
 
 @njit(cache=True, _nrt=False)
 def _om_find(otab, OK, OW, k, w):  # pragma: no cover - compiled
     mask = len(otab) - 1
-    i = np.int64(_mix(k, w, -1) & np.uint64(mask))
+    h = _om_hash(k, w)
+    i = h & mask
     while True:
-        e = otab[i]
-        if e < 0:
+        x = otab[i]
+        if x < 0:
             return -1
-        if OK[e] == k and OW[e] == w:
-            return e
+        if (x >> 32) == h:
+            e = x & 0xFFFFFFFF
+            if OK[e] == k and OW[e] == w:
+                return e
         i = (i + 1) & mask
 
 
 @njit(cache=True, _nrt=False)
-def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
+def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
     mask = len(otab) - 1
-    i = np.int64(_mix(OK[e], OW[e], -1) & np.uint64(mask))
-    while otab[i] != e:
+    i = OV[e, 3] & mask
+    while (otab[i] & 0xFFFFFFFF) != e:
         i = (i + 1) & mask
     otab[i] = -1
     j = i
@@ -287,7 +303,7 @@ def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
         x = otab[j]
         if x < 0:
             return
-        home = np.int64(_mix(OK[x], OW[x], -1) & np.uint64(mask))
+        home = (x >> 32) & mask
         if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
             otab[i] = x
             otab[j] = -1
@@ -296,7 +312,7 @@ def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
 
 @njit(cache=True, _nrt=False)
 def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
-    _om_tab_delete(otab, OK, OW, e)
+    _om_tab_delete(otab, OV, e)
     OW[e] = 0
     ofree[OS[O_FREE]] = e
     OS[O_FREE] += 1
@@ -343,14 +359,16 @@ def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim
     OV[e, 0] = v0
     OV[e, 1] = v1
     OV[e, 2] = OS[O_TAIL]
+    h = _om_hash(k, w)
+    OV[e, 3] = h
     ofifo[OS[O_TAIL]] = e
     OS[O_TAIL] += 1
     OS[O_LIVE] += 1
     mask = len(otab) - 1
-    i = np.int64(_mix(k, w, -1) & np.uint64(mask))
+    i = h & mask
     while otab[i] >= 0:
         i = (i + 1) & mask
-    otab[i] = e
+    otab[i] = (h << 32) | e
     if trim:
         while OS[O_LIVE] > maxn:
             _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
@@ -791,11 +809,11 @@ def _touch_oldest(otab, ok, ow, ov, fifo, os, num):  # pragma: no cover - compil
         e = fifo[q]
         if e >= 0:
             acc += np.int64(ok[e] & np.uint64(1)) + ov[e, 2]
-    mask = np.uint64(len(otab) - 1)
+    mask = len(otab) - 1
     for q in range(q0, q1):
         e = fifo[q]
         if e >= 0:
-            acc += otab[np.int64(_mix(ok[e], ow[e], -1) & mask)]
+            acc += otab[ov[e, 3] & mask]
     return acc
 
 
@@ -813,8 +831,8 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
     size = len(tab) - 1
     sb = _slot_bits(tab)
     smask = (np.int64(1) << sb) - 1
-    ra_mask = np.uint64(len(ra_tab) - 1)
-    dp_mask = np.uint64(len(dp_tab) - 1)
+    ra_mask = len(ra_tab) - 1
+    dp_mask = len(dp_tab) - 1
     acc = np.int64(0)
     removed = 0
     for i in range(lo, hi):  # the table entries
@@ -825,8 +843,8 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
         for j in range(h0, h0 + rows[i, R_NHASH]):
             k = keys[j]
             acc += np.int64(tab[_home(_mix(k, W_U64, t), size)])
-            y = _mix(k, W_U64, -1)
-            acc += ra_tab[np.int64(y & ra_mask)] + dp_tab[np.int64(y & dp_mask)]
+            y = _om_hash(k, W_U64)
+            acc += ra_tab[y & ra_mask] + dp_tab[y & dp_mask]
         if rows[i, R_PARENT]:
             acc += np.int64(tab[_home(_mix(parents[i], W_U64, t), size)])
     if removed:
@@ -857,12 +875,14 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
                 p += 1
                 if p == size:
                     p = 0
-            y = _mix(k, W_U64, -1)
-            e = ra_tab[np.int64(y & ra_mask)]
-            if e >= 0:
+            y = _om_hash(k, W_U64)
+            x = ra_tab[y & ra_mask]
+            if x >= 0 and (x >> 32) == y:
+                e = x & 0xFFFFFFFF
                 acc += np.int64(ra_k[e] & np.uint64(1)) + ra_v[e, 0]
-            e = dp_tab[np.int64(y & dp_mask)]
-            if e >= 0:
+            x = dp_tab[y & dp_mask]
+            if x >= 0 and (x >> 32) == y:
+                e = x & 0xFFFFFFFF
                 acc += np.int64(dp_k[e] & np.uint64(1)) + dp_v[e, 0]
     return acc
 
@@ -924,10 +944,11 @@ class _OrderedMap:
     __slots__ = ("tab", "k", "w", "v", "free", "fifo", "os")
 
     def __init__(self, cap: int = 1024) -> None:
-        self.tab = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int32)  # a power of two, load <= 1/2
+        # a power of two, load <= 1/2; -1 empty, else (31 bits of the key's hash << 32) | entry
+        self.tab = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int64)
         self.k = np.zeros(cap, np.uint64)
         self.w = np.zeros(cap, np.uint8)
-        self.v = np.zeros((cap, 3), np.int64)
+        self.v = np.zeros((cap, 4), np.int64)  # two values, FIFO position, the key's hash bits
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
         self.fifo = np.full(2 * cap, -1, np.int32)
         self.os = np.array([0, cap, 0, 0], np.int64)
@@ -950,7 +971,7 @@ class _OrderedMap:
             self.free = np.arange(new - 1, n - 1, -1, dtype=np.int32)
             self.free = np.concatenate([self.free, np.zeros(n, np.int32)])
             self.os[:] = (n, new - n, 0, n)
-            _om_rehash(self.tab, self.k, self.w, n)
+            _om_rehash(self.tab, self.k, self.w, self.v, n)
         if int(self.os[O_TAIL]) + more > len(self.fifo):
             order = self.ordered()
             n = len(order)
@@ -976,15 +997,17 @@ class _OrderedMap:
 
 
 @njit(cache=True)
-def _om_rehash(otab, OK, OW, n):  # pragma: no cover - compiled
+def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
     otab[:] = -1
     mask = len(otab) - 1
     for e in range(n):
         if OW[e]:
-            i = np.int64(_mix(OK[e], OW[e], -1) & np.uint64(mask))
+            h = _om_hash(OK[e], OW[e])
+            OV[e, 3] = h
+            i = h & mask
             while otab[i] >= 0:
                 i = (i + 1) & mask
-            otab[i] = e
+            otab[i] = (h << 32) | e
 
 
 _warm = False
