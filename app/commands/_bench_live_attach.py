@@ -143,7 +143,8 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
     return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
             "frames": len(payloads),
             "batches": h.batches, "missed": h.missed, "first_batch": first, "cachescope_events": events, "wall_s": round(wall, 3),
-            "cpu_s": round(cpu, 3), "gui_thread_cpu_s": round(gui_cpu, 3), "events_per_s_wall": round(made / wall), "events_per_s_cpu": round(made / cpu),
+            "cpu_s": round(cpu, 3), "gui_thread_cpu_s": round(gui_cpu, 3), "events_per_s_wall": round(made / wall),
+            "events_per_s_cpu": round(made / cpu),
             "cachescope_events_per_s_wall": round(events / wall),
             "longest_process_events_ms": round(longest * 1000, 1),
             "longest_process_events_cpu_ms": round(longest_cpu * 1000, 1), "stalls_over_50_ms": slow}
