@@ -1,9 +1,10 @@
 """The remote timeline and metrics on the journal route draw what the overlay holds after a
 burst, not what they drew before it: their counts are kept between redraws (only the new
 times binned) and equal a fresh count of every time, and the event route's, on every
-recorded server ticked in bites with a redraw between bites; the per-second bars and the
-tier curves are reduced to the pixels the plot has and keep each bin's peak and the last
-sample."""
+recorded server ticked in bites with a redraw between bites; so do the events' server times
+a range on the timeline maps by (read from the log's rows, kept as it grows); the
+per-second bars and the tier curves are reduced to the pixels the plot has and keep each
+bin's peak and the last sample."""
 
 from __future__ import annotations
 
@@ -69,9 +70,19 @@ def test_redraws_between_bites_end_on_what_the_overlay_holds(monkeypatch, qtbot,
         ctrl.tick()
         timeline.refresh()  # a redraw in the middle of the burst: what it kept must not go stale
         metrics.refresh()
+        timeline.x_of_seqs(np.array([0]))  # a range held on the server clock maps every redraw
         redraws += 1
     assert redraws >= 4 and len(state.log) == total
     _check_drawn(timeline, metrics, state, ref)
+    # the events' server times, kept as the log grew, are every event's own (and the event route's)
+    from engine.remote.overlay import time_of
+
+    seqs, times = timeline._event_times()
+    assert seqs.tolist() == [int(s) for s in state.log.seqs]
+    assert times.tolist() == [time_of(e) for e in state.log.events]
+    ref_view = RemoteTimeline(ref)
+    qtbot.addWidget(ref_view)
+    assert sorted(ref_view._event_times()[1].tolist()) == sorted(times.tolist())
 
 
 def test_kept_rates_equal_a_fresh_count_of_every_time(qtbot):

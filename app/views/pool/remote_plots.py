@@ -134,6 +134,32 @@ def bar_bins(secs: np.ndarray, heights: np.ndarray, pixels: int) -> tuple[np.nda
     return secs[starts], np.maximum.reduceat(heights, starts), float(k)
 
 
+def event_times(log: Any, start: int, stop: int, seqs: np.ndarray) -> np.ndarray:
+    """`time_of` of the log's events `start` to `stop` (their seqs `seqs`): from a columnar
+    log's rows where each event has one (its first row's `RemoteInfo`, one per vLLM batch
+    and tier), so no Event is made per event; from the events themselves otherwise, and
+    for an event whose info has no batch time (it stands for its own time)."""
+    col = getattr(log, "columnar", None)
+    times = np.zeros(len(seqs), np.float64)
+    pending = np.arange(len(seqs))
+    if col is not None and getattr(col, "has_remote_rows", False) and len(seqs):
+        row_seq = col.col("seq")
+        first = np.clip(np.searchsorted(row_seq, seqs), 0, max(0, len(row_seq) - 1))
+        found = row_seq[first] == seqs if len(row_seq) else np.zeros(len(seqs), bool)
+        numbers = np.where(found, col.col("b")[first], 0).astype(np.int64)
+        uniq, inv = np.unique(numbers, return_inverse=True)
+        batch = np.zeros(len(uniq), np.float64)
+        for i, u in enumerate(uniq.tolist()):
+            info = col.remote_info(u) if u > 0 else None
+            batch[i] = float(getattr(info, "batch_time", 0.0) or 0.0)
+        times = batch[inv.reshape(-1)]
+        pending = np.flatnonzero(times == 0.0)
+    events = log.events
+    for i in pending.tolist():
+        times[i] = time_of(events[start + i])
+    return times
+
+
 class _Throttled(QWidget):
     """A widget whose `refresh` runs at most every `interval` ms, however often `schedule` is called."""
 
@@ -276,14 +302,19 @@ class RemoteTimeline(_Throttled):
 
     # ---- the x axis as event seqs, for the shared range
     def _event_times(self) -> tuple[np.ndarray, np.ndarray]:
-        """Seqs and server times of the log's events (kept until the log grows)."""
+        """Seqs and server times of the log's events, kept as the log grows (only the new
+        events' times are read: a range held while a stream runs maps every redraw)."""
         log = self.state.log
         n = len(log.seqs)
-        if self._times is None or self._times[0] is not log or self._times[1] != n:
-            seqs = np.asarray(log.seqs, dtype=np.int64)
-            times = np.fromiter((time_of(e) for e in log.events), dtype=np.float64, count=n)
-            self._times = (log, n, seqs, times)
-        return self._times[2], self._times[3]
+        kept = self._times
+        if kept is None or kept[0] is not log or kept[1] > n:
+            kept = (log, 0, np.zeros(0, np.int64), np.zeros(0, np.float64))
+        if kept[1] < n:
+            seqs = np.asarray(log.seqs[kept[1]:n], dtype=np.int64)
+            times = event_times(log, kept[1], n, seqs)
+            kept = (log, n, np.concatenate((kept[2], seqs)), np.concatenate((kept[3], times)))
+        self._times = kept
+        return kept[2], kept[3]
 
     def seqs_in(self, lo: float, hi: float) -> tuple[int, int] | None:
         """First and last seq of the events published from `lo` to `hi` seconds after x = 0."""
