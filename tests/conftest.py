@@ -73,11 +73,21 @@ def pytest_collection_modifyitems(config, items):
 # that starts last ends last while the other workers idle. So the files that took longest
 # start first (measured one by one, CPU seconds under load, 2026-12-01); the rest follow by
 # number of tests, as xdist would order them. A file missing from the list only starts later.
+# The second row on: a whole -n 2 run at load 5-7 (2026-12-03), its 80 slowest tests summed
+# by file (wall s): few tests each, so by number of tests they started among the last.
 LONGEST_FILES = (
     "test_hostile_round2.py", "test_compare.py", "test_demos.py", "test_demos_perf.py",  # 155, 106, 94, 73
     "test_models.py", "test_cacheblend.py", "test_gui_shell.py", "test_weka.py",  # 47, 47, 45, 43
     "test_selftest.py", "test_weka_app.py", "test_hostile_app.py",  # 38, 37, 30
+    "test_demos_prompts.py", "test_boundaries.py", "test_compare_gui.py", "test_packaging.py",  # 40, 31, 24, 21
+    "test_window_layout.py", "test_kernel_cache.py",  # 18, 17
 )
+# Long files of few tests whose commands subscribe in a subprocess (the subscriber compiles
+# fastwire, and only the workers wait for the warm-up): not first, while the pool part may
+# still be compiling, nor last; they start among the files of about this many tests.
+MIDDLE_FILES = ("test_fleet_attach.py", "test_subscriber_close.py", "test_vllm_publish.py",  # 33, 23, 22
+                "test_attach_hostile.py", "test_sglang_attach.py")  # 17, 16
+MIDDLE_AS_TESTS = 20
 
 
 def _longest_files_first(items: list) -> list:
@@ -87,7 +97,8 @@ def _longest_files_first(items: list) -> list:
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
 
     def key(path: str) -> tuple[int, int]:
-        return rank.get(path.rsplit("/", 1)[-1], len(rank)), -len(files[path])
+        name = path.rsplit("/", 1)[-1]
+        return rank.get(name, len(rank)), -(MIDDLE_AS_TESTS if name in MIDDLE_FILES else len(files[path]))
 
     return [item for path in sorted(files, key=key) for item in files[path]]
 
