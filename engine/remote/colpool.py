@@ -1041,6 +1041,11 @@ def warm_up() -> None:
         pool = ColumnarPool("warm-up", journal=journal)
         pool.apply_many([fastwire.decode_columns(1 + i, q) for i, q in enumerate(common)])
         pool.apply(fastwire.decode_columns(0, p))
+        # a pool that grows: a new table (`_rehash`), the maps' (`_om_rehash`), the token
+        # array compacted (`_compact_tokens`), with narrow token ids and then wide ones
+        pool._reserve(4096, 1 << 16)
+        pool._reserve(0, 0, np.array([1 << 16], np.uint32))
+        pool._reserve(4096 * 4, 1 << 18)
 
 
 # ---- reading: what the reference's objects would say ---------------------------------------

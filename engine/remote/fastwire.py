@@ -263,13 +263,18 @@ _warm = False
 
 
 def warm_up() -> None:
-    """Compile (or load from the on-disk cache) the skimmer now, not on the first frame."""
+    """Compile (or load from the on-disk cache) the skimmer and the columns readers now, not on the first frame."""
     global _warm
     if _warm:
         return
     _warm = True
     _skim(np.frombuffer(encode_batch(0.0, [VllmEvent("BlockStored", (b"\x00" * 8,), None, (1, 200, 70000), 3)]),
                         np.uint8), _TOKEN_KEY, _HASH_KEY)
+    # the columns: a frame of common events (one compiled pass) and one with an event
+    # kept whole (msgspec, `_skim`, `_arrange`); a hash of 2**63 is written as a uint64
+    h = (1 << 63).to_bytes(8, "big")
+    decode_columns(0, encode_batch(0.0, [VllmEvent("BlockStored", (h,), None, (1, 200, 70000), 3)]))
+    decode_columns(0, encode_batch(0.0, [VllmEvent("BlockStored", (h,), None, (1, 2, 3), 3, lora_name="warm-up")]))
 
 
 def _optional(raw: msgspec.Raw) -> Any:
