@@ -107,3 +107,34 @@ def test_the_gui_command_paints_before_the_store_and_the_demos(tmp_path):
     # Opened and installed once the window is up, as they were before it showed.
     assert out["store"] and out["demo_guide"] and out["demo_actions"] > 1
     assert out["exit"] == 0
+
+
+def test_the_context_builds_its_runtime_once_at_the_first_read_on_the_gui_thread(qtbot, tmp_path):
+    import threading
+
+    from app.runtime.context import make_test_context
+
+    ctx = make_test_context(tmp_path)
+    try:
+        assert not ctx.runtime_ready
+        off_thread: list[BaseException] = []
+        worker = threading.Thread(target=lambda: off_thread.extend(_raised(lambda: ctx.state)))
+        worker.start()
+        worker.join()
+        assert len(off_thread) == 1 and "GUI thread" in str(off_thread[0]) and not ctx.runtime_ready
+        with qtbot.waitSignal(ctx.sigRuntimeReady, timeout=1000):
+            state = ctx.state
+        # One runtime: the state follows the bridge it was built with, the remote beside them.
+        assert ctx.bridge is state.bridge and ctx.state is state and ctx.remote is ctx.remote
+        with qtbot.assertNotEmitted(ctx.sigRuntimeReady):
+            ctx.build_runtime()
+    finally:
+        ctx.shutdown()
+
+
+def _raised(read) -> list[BaseException]:
+    try:
+        read()
+    except RuntimeError as exc:
+        return [exc]
+    return []

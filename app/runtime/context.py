@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from PySide6.QtCore import QCoreApplication, QObject, QSettings, Signal
+from PySide6.QtCore import QCoreApplication, QObject, QSettings, QThread, Signal
 
 from app.runtime.worker import ModelWorker
 
@@ -186,6 +186,10 @@ class AppContext(QObject):
         """Build the bridge, the pool state and the remote controller if not built yet."""
         if self._bridge is not None:
             return
+        if QThread.currentThread() is not self.thread():
+            # Built on a worker, its timers and signals would live on that thread.
+            raise RuntimeError("the context's bridge and pool state are built on the GUI thread first "
+                               "(call build_runtime there before a worker uses them)")
         from app.runtime.bridge import EngineBridge
         from app.runtime.remote import RemoteController
         from app.runtime.state import PoolState
