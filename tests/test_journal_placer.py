@@ -49,3 +49,40 @@ def test_the_table_grows_and_finds_every_holder():
     ref, got = _both(ops, slots, codes + codes[:n // 2], parents + [None] * (n // 2), tenants + [0] * (n // 2))
     assert got[1].tolist() == list(ref[1])
     assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
+
+
+def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
+    # the placer's arrays are int32 (a block's state ~34 B, not 60) and each is widened to
+    # int64 before a block, list or hash id past int32 would be written: here int32's top is
+    # lowered to 300, so the stream's later ticks place into widened arrays, as the reference
+    import engine.core.live_journal as lj
+
+    rng = np.random.default_rng(11)
+    n = 1200
+    codes = [int(c) for c in rng.integers(1, 1 << 63, n // 2, dtype=np.int64)] * 2  # each hash stored twice
+    parents = [codes[int(rng.integers(0, i))] if i and rng.random() < 0.5 else None for i in range(n)]
+    ops = [OP_STORED] * n + [OP_REMOVED] * (n // 3)
+    slots = rng.permutation(n).tolist() + rng.permutation(n)[:n // 3].tolist()
+    tenants = rng.integers(0, 3, n).tolist() + [0] * (n // 3)
+    codes += codes[:n // 3]
+    parents += [None] * (n // 3)
+    placer, ref_placer, nb, nb_ref, r0, kinds = _CompiledPlacer(), _Placer(), 0, 0, 0, set()
+    monkeypatch.setattr(lj, "_I32_TOP", 300)
+    for lo in range(0, len(ops), 100):  # ticks of 100 rows
+        hi = min(lo + 100, len(ops))
+        keys = list(range(lo, hi))
+        ref = _place(ref_placer, nb_ref, ops[lo:hi], slots[lo:hi], keys, 3, [0] * (hi - lo), r0,
+                     [(c, 1) for c in codes[lo:hi]], [(p, 1) if p is not None else None for p in parents[lo:hi]],
+                     tenants[lo:hi])
+        got = placer.place(
+            nb, np.array(ops[lo:hi], np.int64), np.array(slots[lo:hi], np.int64), np.array(keys, np.int64),
+            np.array(codes[lo:hi], np.uint64).view(np.int64), np.ones(hi - lo, np.int64),
+            np.array([p or 0 for p in parents[lo:hi]], np.uint64).view(np.int64),
+            np.array([1 if p is not None else 0 for p in parents[lo:hi]], np.int64),
+            np.array(tenants[lo:hi], np.int64), np.zeros(hi - lo, np.int64), 3, r0)
+        assert got[1].tolist() == list(ref[1]) and got[2].tolist() == list(ref[2])
+        assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
+        nb, nb_ref, r0 = got[3], ref[3], r0 + len(got[0])
+        kinds.add((placer.nxt.dtype.name, placer.cur.dtype.name, placer.hv.dtype.name))
+    assert ("int32", "int32", "int32") in kinds and ("int64", "int64", "int64") in kinds
+    assert placer.bwide.dtype == np.int8 and placer.hw.dtype == np.int8 and placer.bcode.dtype == np.int64

@@ -27,6 +27,7 @@ from engine.core.projection import stream_code
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
 W_U64 = 1  # engine.remote.colpool's width code of an 8-byte hash (its key is the value)
+_I32_TOP = int(np.iinfo(np.int32).max)  # a number above it needs an int64 array
 
 
 IDENTITY = np.dtype([("wide", np.uint8), ("value", np.uint64)])
@@ -63,22 +64,37 @@ def _hash_bytes(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: n
 
 
 class _Grow:
-    __slots__ = ("buf", "n")
+    """An array appended to, grown by an eighth (it grows with every block the app tracks:
+    doubling left up to half of it unused); `narrow`, if given, the type it is stored in
+    while every value fits, the whole widened once to `dtype` when one would not."""
 
-    def __init__(self, dtype: Any) -> None:
-        self.buf = np.zeros(1024, dtype)
+    __slots__ = ("buf", "n", "_dtype")
+
+    def __init__(self, dtype: Any, narrow: Any = None) -> None:
+        self._dtype = np.dtype(dtype)
+        self.buf = np.zeros(1024, narrow or dtype)
         self.n = 0
 
     def extend(self, values: np.ndarray) -> np.ndarray:
         """Append; the indexes the values got."""
+        values = np.asarray(values)
+        buf = self.buf
+        if buf.dtype != self._dtype and len(values):
+            info = np.iinfo(buf.dtype)
+            if int(values.min()) < info.min or int(values.max()) > info.max:
+                buf = self.buf = buf.astype(self._dtype)
         need = self.n + len(values)
-        if need > len(self.buf):
-            grown = np.zeros(max(need, 2 * len(self.buf)), self.buf.dtype)
-            grown[:self.n] = self.buf[:self.n]
-            self.buf = grown
-        self.buf[self.n:need] = values
+        if need > len(buf):
+            grown = np.zeros(max(need, len(buf) + len(buf) // 8), buf.dtype)
+            grown[:self.n] = buf[:self.n]
+            buf = self.buf = grown
+        buf[self.n:need] = values
         start, self.n = self.n, need
         return np.arange(start, need, dtype=np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
 
 
 class JournalKeys(KeyTable):
@@ -89,7 +105,7 @@ class JournalKeys(KeyTable):
         z = np.zeros(0, np.int64)
         super().__init__(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
         self.pools: list[Any] = []
-        self._key, self._width, self._pool = _Grow(np.uint64), _Grow(np.int64), _Grow(np.int16)
+        self._key, self._width, self._pool = _Grow(np.uint64), _Grow(np.int64, np.uint8), _Grow(np.int16)
         self._wide: dict[bytes, int] = {}  # a digest that is no 8-byte value -> its number (identities)
 
     def __len__(self) -> int:
@@ -129,12 +145,12 @@ class JournalStores(Sequence[tuple]):
 
     def __init__(self, keys: JournalKeys, compiled: bool = True) -> None:
         self._keys = keys
-        self._pool, self._local = _Grow(np.int16), _Grow(np.int64)
+        self._pool, self._local = _Grow(np.int16), _Grow(np.int64, np.int32)
         self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
         self._num_slot_ids = 0
-        self.tenants = _Grow(np.int64)  # per store: its tenant code as PoolProjection sets it
+        self.tenants = _Grow(np.int64, np.int32)  # per store: its tenant code as PoolProjection sets it
         self.plan = _Plan()  # the log's numbers once every prepared row is committed
 
     def __len__(self) -> int:
@@ -152,10 +168,12 @@ class JournalStores(Sequence[tuple]):
         table = self._slot_ids.get(pool)
         top = int(slot.max()) + 1
         if table is None or len(table) < top:
-            grown = np.full(max(top, 2 * (0 if table is None else len(table)), 1024), -1, np.int64)
-            if table is not None:
-                grown[:len(table)] = table
+            old = np.zeros(0, np.int32) if table is None else table
+            grown = np.full(max(top, len(old) + len(old) // 8, 1024), -1, old.dtype)
+            grown[:len(old)] = old
             table = self._slot_ids[pool] = grown
+        if table.dtype == np.int32 and self._num_slot_ids + len(slot) > _I32_TOP:
+            table = self._slot_ids[pool] = table.astype(np.int64)  # the numbers given would pass int32
         mine = slot[real]
         fresh = np.unique(mine[table[mine] < 0])
         table[fresh] = self._num_slot_ids + np.arange(len(fresh), dtype=np.int64)
@@ -738,23 +756,33 @@ def _unlink(head, nxt, lid, b):  # pragma: no cover - compiled
 
 
 class _CompiledPlacer:
-    """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls)."""
+    """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls). The arrays
+    that hold block, slot, list or hash-id numbers are int32 (a block's state ~34 B, not 60),
+    each widened once to int64 before a number it must hold would not fit (`_fit`)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash = _compiled()
         self.state = np.zeros(6, np.int64)
         self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
-        z = np.zeros(0, np.int64)
+        z = np.zeros(0, np.int32)
         self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
-        self.nxt, self.bslot, self.btenant, self.bcode, self.bwide, self.brank, self.lnext = (z.copy() for _ in range(7))
+        self.nxt, self.bslot, self.btenant, self.brank, self.lnext = (z.copy() for _ in range(5))
+        self.bcode = np.zeros(0, np.int64)  # a hash's code is its 8-byte value
+        self.bwide = np.zeros(0, np.int8)  # width codes are 0, 1, 2
         # (hash code, width) -> its holders' list: an open-addressing table, kept at most half full
-        self.hk, self.hw, self.hv = np.zeros(1024, np.int64), np.full(1024, -1, np.int64), np.full(1024, -1, np.int64)
+        self.hk, self.hw, self.hv = np.zeros(1024, np.int64), np.full(1024, -1, np.int8), np.full(1024, -1, np.int32)
 
     @staticmethod
-    def _fit(a: np.ndarray, n: int, fill: int = 0) -> np.ndarray:
-        if len(a) >= n:
+    def _fit(a: np.ndarray, n: int, fill: int = 0, top: int = 0) -> np.ndarray:
+        """`a` at least `n` long, grown by an eighth (as colpool's arrays): a placer's arrays
+        grow with every block held, and doubling left up to half of them unused. An int32
+        array comes back int64 once a number it will hold (any below `top`) would not fit."""
+        wide = a.dtype == np.int32 and top > _I32_TOP
+        if len(a) >= n and not wide:
             return a
-        return np.concatenate([a, np.full(max(n, 2 * len(a)) - len(a), fill, a.dtype)])
+        grown = np.full(max(n, len(a) + len(a) // 8), fill, np.int64 if wide else a.dtype)
+        grown[:len(a)] = a
+        return grown
 
     def place(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
               hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
@@ -763,22 +791,29 @@ class _CompiledPlacer:
         n_store = int(np.count_nonzero(op == OP_STORED))
         n_clear = int(np.count_nonzero(op == OP_CLEARED))
         top = nb0 + n_store
-        self.cur = self._fit(self.cur, top, -1)
+        width = int(pslot.max()) + 1 if n else 0
+        lists = int(self.state[5]) + n_store
+        # the bound of what each array holds: hash ids, blocks, slots, lists, tenants
+        self.cur = self._fit(self.cur, top, -1, int(key[-1]) + 1 if n else 0)
         self.state[1] = nb0
-        for name in ("nxt", "bslot", "btenant", "bcode", "bwide", "lnext"):
-            setattr(self, name, self._fit(getattr(self, name), top, -1))
+        for name in ("nxt", "lnext"):
+            setattr(self, name, self._fit(getattr(self, name), top, -1, top))
+        self.bslot = self._fit(self.bslot, top, -1, width)
+        self.btenant = self._fit(self.btenant, top, -1, int(tenants.max()) + 1 if n else 0)
+        self.bcode = self._fit(self.bcode, top, -1)
+        self.bwide = self._fit(self.bwide, top, -1)
         self.brank = self._fit(self.brank, top, -1)
-        self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top)
-        self.lhead = self._fit(self.lhead, int(self.state[5]) + n_store, -1)
-        need = 2 * (int(self.state[5]) + n_store)  # every list this call may make, at most half full
-        if need > len(self.hk):
-            size = 1 << (need - 1).bit_length()
-            nk, nw, nv = np.zeros(size, np.int64), np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+        self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
+        self.lhead = self._fit(self.lhead, lists, -1, top)
+        need = 2 * lists  # every list this call may make, at most half full
+        if need > len(self.hk) or (self.hv.dtype == np.int32 and lists > _I32_TOP):
+            size = max(len(self.hk), 1 << (need - 1).bit_length())
+            nv = np.full(size, -1, np.int64 if lists > _I32_TOP else self.hv.dtype)
+            nk, nw = np.zeros(size, np.int64), np.full(size, -1, np.int8)
             self.rehash(self.hk, self.hw, self.hv, nk, nw, nv)
             self.hk, self.hw, self.hv = nk, nw, nv
-        width = int(pslot.max()) + 1 if n else 0
-        self.shead = self._fit(self.shead, width, -1)
-        self.stail = self._fit(self.stail, width, -1)
+        self.shead = self._fit(self.shead, width, -1, top)
+        self.stail = self._fit(self.stail, width, -1, top)
         out = np.zeros((n + n_clear * top, 8), np.int64)
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
@@ -809,6 +844,6 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
-        z = np.zeros(1, np.int64)
-        _COMPILED[1](z, np.full(1, -1, np.int64), z, z.copy(), z.copy(), z.copy())
+        z, w, v = np.zeros(1, np.int64), np.full(1, -1, np.int8), np.full(1, -1, np.int32)
+        _COMPILED[1](z, w, v, z.copy(), w.copy(), v.copy())
     return _COMPILED

@@ -1,0 +1,106 @@
+"""What the journal route keeps per tracked block beside the log's rows: the compiled
+placer's arrays, the hash ids' and stores' columns and the slot numbering
+(`engine.core.live_journal`), counted in bytes for the bench's held stream (a fixed,
+generated vLLM stream), so the budget reached cannot grow back unseen; and the narrow
+columns widening before a value would not fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.core import live_journal
+from engine.core.live_journal import _Grow
+
+NUM_BLOCKS = 100_000
+
+# Bytes per block reached on 2026-12-03 at this scale, with a little room. Before, every
+# array int64 and grown by doubling: placer 176 (hash table 63 of it), hash ids 24, stores 24,
+# slot numbering 11; after: 85, 12, 11, 4.6.
+BUDGET = {"placer": 88.0, "keys": 12.5, "stores": 11.5, "slot_ids": 5.0}
+
+
+def _held_log():
+    from app.commands._bench_gui import _held_frames
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    log = live_journal.journal_log(16)
+    pool = journal_pool_class()("test")
+    for seq, payload in enumerate(_held_frames(NUM_BLOCKS)):
+        pool.apply(fastwire.decode_columns(seq, payload))
+        if seq % 4 == 3:  # a tick every four frames
+            live_journal.append_journal(log, pool.take_journal(), pool, "test")
+    live_journal.append_journal(log, pool.take_journal(), pool, "test")
+    return log
+
+
+def _parts(log) -> dict[str, float]:
+    col = log.columnar
+    stores = col.store_attributes
+    placer = stores.placer
+    assert isinstance(placer, live_journal._CompiledPlacer)
+    parts = {
+        "placer": sum(a.nbytes for a in vars(placer).values() if isinstance(a, np.ndarray)),
+        "keys": sum(g.nbytes for g in (col.keys._key, col.keys._width, col.keys._pool)),
+        "stores": sum(g.nbytes for g in (stores._pool, stores._local, stores.tenants)),
+        "slot_ids": sum(t.nbytes for t in stores._slot_ids.values()),
+    }
+    return {k: v / NUM_BLOCKS for k, v in parts.items()}
+
+
+def test_journal_route_bytes_per_block_stay_within_the_budget():
+    log = _held_log()
+    assert log.columnar.num_blocks == NUM_BLOCKS
+    parts = _parts(log)
+    over = {k: round(v, 1) for k, v in parts.items() if v > BUDGET[k]}
+    assert not over, (over, parts)
+
+
+def test_grow_stays_narrow_until_a_value_does_not_fit():
+    g = _Grow(np.int64, np.int32)
+    g.extend(np.arange(5000, dtype=np.int64))
+    assert g.buf.dtype == np.int32 and len(g.buf) < 2 * 5000
+    big = np.array([2**31, -1], np.int64)
+    assert g.extend(big).tolist() == [5000, 5001]
+    assert g.buf.dtype == np.int64
+    assert g.buf[:g.n].tolist() == list(range(5000)) + [2**31, -1]
+    w = _Grow(np.int64, np.uint8)
+    w.extend(np.array([0, 1, 2], np.int64))
+    assert w.buf.dtype == np.uint8
+    w.extend(np.array([-1], np.int64))
+    assert w.buf.dtype == np.int64 and w.buf[:4].tolist() == [0, 1, 2, -1]
+
+
+def test_slot_numbers_widen_before_they_would_pass_int32(monkeypatch):
+    stores = live_journal.JournalStores(live_journal.JournalKeys(), compiled=False)
+    monkeypatch.setattr(live_journal, "_I32_TOP", 10)
+    first = stores.slot_ids(0, np.array([3, 1, 3, -1], np.int64))
+    assert first.tolist() == [1, 0, 1, -1] and stores._slot_ids[0].dtype == np.int32
+    got = stores.slot_ids(0, np.array(list(range(20)), np.int64))
+    assert stores._slot_ids[0].dtype == np.int64
+    assert got[[1, 3]].tolist() == [0, 1] and sorted(got.tolist()) == list(range(20))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_held_route_numbers_do_not_depend_on_the_narrow_arrays(compiled, monkeypatch):
+    # the same stream placed with every array widened from its first tick (int32's top
+    # lowered to 0) gives the same rows as the narrow arrays do
+    from app.commands._bench_gui import _held_frames
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    def rows():
+        log = live_journal.journal_log(16, compiled=compiled)
+        pool = journal_pool_class()("test")
+        for seq, payload in enumerate(_held_frames(3000)):
+            pool.apply(fastwire.decode_columns(seq, payload))
+            if seq % 4 == 3:
+                live_journal.append_journal(log, pool.take_journal(), pool, "test")
+        live_journal.append_journal(log, pool.take_journal(), pool, "test")
+        col = log.columnar
+        return [col._cols[name][:col.num_rows].tolist() for name in sorted(col._cols)]
+
+    narrow = rows()
+    monkeypatch.setattr(live_journal, "_I32_TOP", 0)
+    assert rows() == narrow
