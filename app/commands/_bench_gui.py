@@ -711,16 +711,27 @@ def _target(value: float, target: float, lower_is_better: bool = True) -> dict[s
 
 
 def bench_app_path(quick: bool) -> dict[str, Any]:
-    """An attached server's whole path through the app (`app.runtime.live_path`): recorded
-    vLLM frames decoded, the remote pool's events handed over, and each GUI tick's batch
-    applied to the window's `PoolState` (its live columnar log), in CPU time."""
-    from app.runtime.live_path import app_path_rate
+    """An attached server's path through the app headless (`app.runtime.live_path.app_routes`):
+    recorded vLLM frames through the journal route an attach takes (the journalling pool, the
+    placer, `PoolState` at each tick) beside the event route it replaced, in CPU time."""
+    from app.runtime.live_path import app_routes
 
-    return app_path_rate(5_000 if quick else 100_000, columnar=True)
+    return app_routes(5_000 if quick else 100_000)
+
+
+def bench_attached(quick: bool) -> dict[str, Any]:
+    """An attach as a user meets it (`app.commands._bench_live_attach.compare_attached`): a
+    publisher process streams recorded vLLM frames over loopback ZMQ into a real offscreen
+    window, through the journal route and, beside it in the same window, the event route."""
+    from app.commands._bench_live_attach import compare_attached
+
+    _app()
+    return compare_attached(5_000 if quick else 100_000)
 
 
 def run_bench(quick: bool = False) -> dict[str, Any]:
     app_path = bench_app_path(quick)
+    attached = bench_attached(quick)
     redraw = bench_redraw(quick)
     remote = bench_remote_redraw(quick)
     ingest = bench_ingestion(quick)
@@ -729,6 +740,7 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     return {
         "open_trace": opened,
         "app_path": app_path,
+        "attached": attached,
         "quick": quick,
         "redraw": redraw,
         "remote_redraw": remote,
