@@ -328,7 +328,7 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
         "columnar_vs_reference_bytes_per_block": round(per_block / out["memory"]["bytes_per_block"], 3),
         "pool_vs_msgpack_unpack_only": round(pool_rate / ceiling, 3),
         "pool_vs_target": round(pool_rate / TARGET_POOL_EVENTS_PER_S, 3),
-        "app_path_vs_target": round(app_rate / TARGET_APP_EVENTS_PER_S, 3),
+        "event_route_vs_target": round(app_rate / TARGET_APP_EVENTS_PER_S, 3),
         "bytes_per_block_vs_target": round(per_block / TARGET_BYTES_PER_BLOCK, 3),
         "fleet_received_vs_sent": round(fleet["batches_received"] / max(fleet["batches_sent"], 1), 3),
         "stall_vs_target": round(fleet["longest_stall_ms"] / TARGET_STALL_MS, 3),
@@ -339,13 +339,15 @@ def run_bench(quick: bool = False, event_loop: EventLoop | None = None) -> dict[
                    "(engine.remote.colpool) into the pool (decoded per frame, applied 64 frames at a time as an "
                    "attachment's stream holds them) and for memory (columnar_memory.breakdown_bytes_per_block "
                    "says where a block's bytes go); fleet_columnar is the Attachment on columnar "
-                   "pools (each stream holding its frames until its socket runs dry, 64 frames or 2 ms); the app's "
-                   "path and the fleet still run the reference pool emitting one event per block")
+                   "pools (each stream holding its frames until its socket runs dry, 64 frames or 2 ms); "
+                   "fast_app_path and the fleet run the reference pool emitting one event per block (the event "
+                   "route); the app's own path, the journal route, is bench gui's attached and app_path")
     out["targets"] = {
         "events_per_s_into_pool": {"value": pool_rate, "target": TARGET_POOL_EVENTS_PER_S,
                                    "met": pool_rate >= TARGET_POOL_EVENTS_PER_S},
-        "events_per_s_app_path": {"value": app_rate, "target": TARGET_APP_EVENTS_PER_S,
-                                  "met": app_rate >= TARGET_APP_EVENTS_PER_S},
+        # the event route an attach took before the journal (the app's path is bench gui's)
+        "events_per_s_event_route_to_bridge": {"value": app_rate, "target": TARGET_APP_EVENTS_PER_S,
+                                               "met": app_rate >= TARGET_APP_EVENTS_PER_S},
         "bytes_per_block": {"value": per_block, "target": TARGET_BYTES_PER_BLOCK,
                             "met": per_block <= TARGET_BYTES_PER_BLOCK},
         "fleet_missed_batches": {"value": fleet["missed_batches"], "target": 0,
