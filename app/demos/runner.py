@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QDockWidget, QTextBrowser, QVBoxLayout, QWidget
 
-from app.runtime.context import AppContext, CancelToken, JobCancelled, Subject, engine_info, runner_engine_info
+from app.runtime.context import AppContext, CancelToken, JobCancelled, Subject, runner_engine_info
 from app.demos.words import finding_rows, step_details
-from app.runtime.jobs import error_sentence
 from engine.demos import DEMOS, DemoEnv, get_demo, run_demo
 from engine.core.events import EventBus
 from engine.demos.env import DemoEngine
@@ -124,6 +123,8 @@ class DemoRunner(QObject):
             return False
         if not self.ctx.open_subject(Subject("demo", demo.title, source=name)):
             return False
+        from app.runtime.bridge import engine_info  # with the live log (numpy): not at install
+
         # Until the demo builds its first engine the views show an empty pool, never the
         # previous subject's (a demo that builds none, like the 70B one, keeps it empty).
         self.ctx.attach_events(EventBus(), engine_info(block_size=16, num_blocks=0, model=None))
@@ -144,6 +145,8 @@ class DemoRunner(QObject):
         return True
 
     def _on_engine(self, engine: DemoEngine, ready: threading.Event) -> None:
+        from app.runtime.bridge import engine_info
+
         try:
             if engine.runner is not None:
                 info = runner_engine_info(engine.runner)
@@ -170,6 +173,8 @@ class DemoRunner(QObject):
         self.sigFinished.emit(result)
 
     def _failed(self, name: str, exc: BaseException) -> None:
+        from app.runtime.jobs import error_sentence  # with the trace readers (msgspec): not at install
+
         self._finish_job()
         if isinstance(exc, JobCancelled):
             if self.guide is not None:

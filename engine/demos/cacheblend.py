@@ -29,12 +29,15 @@ import inspect
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from engine.core.errors import InputError
 from engine.demos.env import Demo, DemoEnv, load_resource
+
+# torch is imported in the functions that run the model: listing the demos (the Demos menu at
+# the window's start, `cachescope demo --list`) imports this module and must not wait seconds.
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_RECOMPUTE_RATIO = 0.15  # the paper's and LMCache's default share of chunk tokens
 DEFAULT_CHECK_LAYER = 1  # LMCache's blend_check_layers = [1]
@@ -77,6 +80,8 @@ def _parts(model: Any) -> _Parts:
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -102,6 +107,8 @@ def rerotate_keys(model: Any, keys: torch.Tensor, delta: int) -> torch.Tensor:
 
 def _rotation(parts: _Parts, like: torch.Tensor, delta: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[1, 1, 1, head_dim]` of a rotation by `delta` positions."""
+    import torch
+
     cos, sin = _cos_sin(parts, like, torch.tensor([delta], dtype=torch.long))
     scale = float(getattr(parts.rotary, "attention_scaling", 1.0) or 1.0)
     return (cos / scale).unsqueeze(1).to(like.dtype), (sin / scale).unsqueeze(1).to(like.dtype)
@@ -134,6 +141,8 @@ def _new_cache(model: Any) -> Any:
 def prefill_chunk(model: Any, token_ids: Sequence[int], start: int = 0) -> ChunkKV:
     """Prefill `token_ids` alone at positions `start`.. and keep the KV of every layer
     (read from the `DynamicCache`'s layers, transformers 5.x)."""
+    import torch
+
     if not token_ids:
         raise InputError("a chunk needs at least one token")
     parts = _parts(model)
@@ -148,6 +157,8 @@ def prefill_chunk(model: Any, token_ids: Sequence[int], start: int = 0) -> Chunk
 
 def full_prefill(model: Any, token_ids: Sequence[int]) -> tuple[Any, torch.Tensor]:
     """The reference: the model's own forward over the whole prompt; (cache, last logits)."""
+    import torch
+
     parts = _parts(model)
     cache = _new_cache(model)
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
@@ -162,6 +173,8 @@ def full_prefill(model: Any, token_ids: Sequence[int]) -> tuple[Any, torch.Tenso
 
 def prefill_after(model: Any, cache: Any, token_ids: Sequence[int], start: int) -> torch.Tensor:
     """Extend `cache` (holding `start` tokens) with `token_ids`; the last position's logits."""
+    import torch
+
     parts = _parts(model)
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     positions = torch.arange(start, start + len(token_ids), dtype=torch.long).unsqueeze(0)
@@ -181,6 +194,8 @@ def _eos_ids(model: Any) -> set[int]:
 def greedy_continue(model: Any, cache: Any, logits: torch.Tensor, position: int, num_tokens: int) -> list[int]:
     """Up to `num_tokens` greedy tokens from `logits` on, decoding with `cache` at
     `position`..; stops after an end-of-sequence token (what follows it means nothing)."""
+    import torch
+
     eos = _eos_ids(model)
     out = [int(torch.argmax(logits))]
     for step in range(num_tokens - 1):
@@ -212,6 +227,8 @@ class BlendResult:
 
 def select_tokens(deviation: torch.Tensor, ratio: float) -> torch.Tensor:
     """Indices (ascending) of the `round(ratio * n)` largest deviations, ties by position."""
+    import torch
+
     k = int(round(ratio * deviation.numel()))
     if k <= 0:
         return torch.empty(0, dtype=torch.long)
@@ -247,6 +264,8 @@ def blend_prefill(model: Any, prefix: ChunkKV | None, chunks: Sequence[ChunkKV],
     the suffix are computed on the later layers, over the mixed cache. Returns the cache
     of the whole prompt and the last token's logits; decode on from there as usual.
     """
+    import torch
+
     parts = _parts(model)
     _check_args(parts, chunks, suffix_ids, recompute_ratio, check_layer)
     t0 = time.perf_counter()
@@ -359,6 +378,8 @@ def rag_pieces(tokenizer: Any, spec: dict[str, Any], order: Sequence[str],
 
 
 def _logit_stats(full: torch.Tensor, other: torch.Tensor) -> dict[str, Any]:
+    import torch
+
     pf, po = torch.log_softmax(full, -1), torch.log_softmax(other, -1)
     return {"max_abs_logit_diff": round(float((full - other).abs().max()), 4),
             "mean_abs_logit_diff": round(float((full - other).abs().mean()), 4),
@@ -370,6 +391,8 @@ def greedy_agreement(model: Any, cache: Any, logits: torch.Tensor, position: int
     """How many leading tokens a greedy decode from (`cache`, `logits`) shares with
     `reference`. Teacher-forced in one forward: greedy decoding reproduces the reference
     exactly as long as every argmax matches, so the first mismatch is where it would part."""
+    import torch
+
     if int(torch.argmax(logits)) != reference[0]:
         return 0
     if len(reference) == 1:
@@ -389,6 +412,8 @@ def greedy_agreement(model: Any, cache: Any, logits: torch.Tensor, position: int
 
 
 def _cacheblend(env: DemoEnv) -> dict[str, Any]:
+    import torch
+
     spec = load_resource("prefix_scenarios.json")["rag"]
     loaded = env.model
     model, tok = loaded.model, loaded.tokenizer

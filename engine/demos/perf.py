@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource
-from engine.core.trace import common_prefix_length
 from engine.model.chat import render_chat
 from engine.model.kv_memory import kv_bytes
 
@@ -227,6 +226,7 @@ def _deepcopy(env: DemoEnv) -> dict[str, Any]:
     import torch
     from transformers import DynamicCache
 
+    from engine.core.trace import common_prefix_length  # msgspec with it: not when the demos are listed
     from engine.demos.quantized import cache_bytes
 
     rag = load_resource("prefix_scenarios.json")["rag"]

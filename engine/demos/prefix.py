@@ -13,7 +13,6 @@ from typing import Any
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, token_diff
 from engine.core.manager import Request
 from engine.core.blocks import cdiv
-from engine.core.trace import common_prefix_length
 from engine.model.chat import message_ends, render_chat, request_positions, requests_after_edit
 
 MODEL = frozenset({"model"})
@@ -239,6 +238,8 @@ TENANT_SALT = Demo(
 
 # ---------------------------------------------------------------------------- eviction
 def _eviction(env: DemoEnv) -> dict[str, Any]:
+    from engine.core.trace import common_prefix_length  # msgspec with it: not when the demos are listed
+
     spec = _scenarios()["eviction"]
     tok = env.tokenizer
     bs = 16

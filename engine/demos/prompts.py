@@ -14,9 +14,7 @@ import json
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from engine.analysis.diff import DiffRequest, diff_requests
 from engine.core.manager import Request
-from engine.core.trace import common_prefix_length
 from engine.demos.env import RESOURCES, Demo, DemoEnv, load_resource, token_diff
 from engine.model.chat import message_ends, render_chat, render_turns, template_renders_tools
 
@@ -68,6 +66,8 @@ def tools_rendering(tok: Any) -> str:
 
 
 def _tool_order(env: DemoEnv) -> dict[str, Any]:
+    from engine.analysis.diff import DiffRequest, diff_requests  # msgspec with it: not when the demos are listed
+
     spec = _spec("tool_order")
     runner = env.runner()
     tok, bs = env.tokenizer, runner.block_size
@@ -151,6 +151,8 @@ def _ab_traffic(tok: Any, spec: dict[str, Any], arms: dict[str, str] | None) -> 
 
 
 def _ab_setting(env: DemoEnv) -> dict[str, Any]:
+    from engine.core.trace import common_prefix_length  # msgspec with it: not when the demos are listed
+
     spec = _spec("ab_setting")
     tok = env.tokenizer
     ids = [f"s{s}-t{t}" for t in (1, 2) for s in range(1, len(spec["sessions"]) + 1)]
