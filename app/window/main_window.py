@@ -4,8 +4,8 @@ It is up before the model: loading runs on the model worker with a progress bar 
 status bar. Whatever is opened becomes the one current subject (`AppContext.open_subject`),
 which asks before it replaces unsaved work. Opening files is `app.window.files`, trace
 replays `app.runtime.replays`, the model load `app.runtime.model_load`; panels live in `app.views`.
-Before the first paint the window builds only its frame (menus, toolbars, empty docks, status
-bar): the context's runtime (numpy, the remote engine), the scrub bar, the panels and the
+Before the first paint the window builds only its frame (menus, toolbars with the scrub bar,
+empty docks, status bar): the context's runtime (numpy, the remote engine), the panels and the
 model load come after it, or at their first use.
 """
 
@@ -104,7 +104,6 @@ class MainWindow(QMainWindow):
         self._replays: TraceReplays | None = None
         self._loader: ModelLoad | None = None
         self._model_load: ModelLoadMonitor | None = None
-        self._scrub_bar: QWidget | None = None
         self._load_model_at_paint = load_model
         self._at_first_paint: list[Callable[[], Any]] = []  # see `after_first_paint`
         self._at_startup_done: list[Callable[[], Any]] = []  # see `after_startup`
@@ -286,36 +285,16 @@ class MainWindow(QMainWindow):
         tb.addAction(self.act_theme)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
         self.toolbar = tb
-        # The scrub bar reads the pool state: its toolbar is here from the start (a saved
-        # layout restores it), the bar itself is added after the first paint (`scrub_bar`).
+        # The scrub bar is in the first paint (built before the docks, so that it takes the
+        # first keyboard focus at show, as it always did); it follows the pool state once the
+        # runtime is built after that paint (`ScrubBar`, sigRuntimeReady).
         bar = QToolBar("Time", self)
         bar.setObjectName("scrub_toolbar")
         bar.setMovable(False)
+        self.scrub_bar = build_panel(SCRUB_BAR, self.ctx)
+        bar.addWidget(self.scrub_bar)
         self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, bar)
         self.scrub_toolbar = bar
-
-    @property
-    def scrub_bar(self) -> QWidget:
-        """The time slider under the docks (built after the first paint, or when first asked for)."""
-        if self._scrub_bar is None:
-            self._scrub_bar = build_panel(SCRUB_BAR, self.ctx)
-            self.scrub_toolbar.addWidget(self._scrub_bar)
-            self._give_scrub_bar_first_focus()
-        return self._scrub_bar
-
-    def _give_scrub_bar_first_focus(self) -> None:
-        """Where the keyboard focus starts, as when the scrub bar was built before the docks:
-        Qt gives it at show to the first widget that takes Tab focus, then the scrub bar's
-        speed box, now a dock's scroll area, which nobody chose."""
-        focused = self.focusWidget()
-        if focused is not None and not (isinstance(focused, QScrollArea) and focused.objectName().endswith("_holder")):
-            return
-        widget = self._scrub_bar.nextInFocusChain()
-        while widget is not None and widget is not self._scrub_bar and self._scrub_bar.isAncestorOf(widget):
-            if widget.focusPolicy() & Qt.FocusPolicy.TabFocus and widget.isEnabled() and widget.isVisibleTo(self._scrub_bar):
-                widget.setFocus(Qt.FocusReason.TabFocusReason)
-                return
-            widget = widget.nextInFocusChain()
 
     def _build_docks(self) -> None:
         built = [(spec, build_panel(spec, self.ctx) if spec.object_name in EAGER_PANELS else QWidget())
@@ -402,11 +381,10 @@ class MainWindow(QMainWindow):
         QTimer.singleShot(0, self, self._build_next_startup_panel)
 
     def _bring_up(self) -> None:
-        """The runtime and the scrub bar, the model load started, the `after_first_paint` calls."""
+        """The runtime (the scrub bar follows it), the model load started, the `after_first_paint` calls."""
         if self._up:
             return
         self.ctx.build_runtime()
-        self.scrub_bar  # noqa: B018 - built on first read
         if self._load_model_at_paint:
             self._load_model_at_paint = False
             self.start_model_load()
@@ -606,6 +584,10 @@ class MainWindow(QMainWindow):
         self.act_theme.setToolTip(f"switch to the {other.lower()} theme  (Ctrl+T)")
         if save:
             self.ctx.settings.setValue("ui/theme", name)
+        # The status bar is as tall as its tallest widget in this style, the hidden Cancel
+        # button too, but only from its next layout pass, which came after the first paint
+        # (27 -> 33 px: the docks and the scrub bar moved up a turn later); laid out now.
+        QApplication.sendEvent(self.statusBar(), QEvent(QEvent.Type.LayoutRequest))
         self.ctx.sigThemeChanged.emit(name)
 
     def toggle_theme(self) -> None:

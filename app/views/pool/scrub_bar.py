@@ -4,6 +4,8 @@ Dragging scrubs `ctx.state`; the Live button follows new events again. The slide
 over positions in the log (not raw seq numbers), so gaps in seq never leave dead ranges,
 but the label names the event by its seq, the number the log, the links and the JSON use.
 Buttons jump to the previous or next miss and eviction; Play steps through the log.
+The bar is built with the window's frame, before the pool state exists (it is in the first
+paint at its final height); it follows `ctx.state` once the context's runtime is built.
 """
 
 from __future__ import annotations
@@ -13,22 +15,27 @@ from typing import TYPE_CHECKING, Callable
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSlider, QToolButton, QWidget
 
-from app.runtime.state import is_eviction, is_miss
-from app.ui.widgets import PanelView
-
 if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
+    from app.runtime.state import PoolState
 
 # Play speeds in events per second; a timer tick moves several events at the faster ones.
 SPEEDS = (10, 100, 1_000, 10_000)
 PLAY_TICK_MS = 50
 
 
-class ScrubBar(PanelView):
-    """Slider, step and jump buttons, Play with speed, Live button, "event N" label."""
+class ScrubBar(QWidget):
+    """Slider, step and jump buttons, Play with speed, Live button, "event N" label.
+
+    Not a `PanelView`, which reads `ctx.state` as it is made: `state` is None until the
+    context's runtime is built (`sigRuntimeReady`), and the bar shows an empty log until then.
+    """
 
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
-        super().__init__(ctx, parent)
+        super().__init__(parent)
+        self.ctx = ctx
+        self.state: PoolState | None = None
+        ctx.sigSubjectChanged.connect(self.show_subject)
         self.setObjectName("scrub_bar")
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setObjectName("scrub_slider")
@@ -37,10 +44,10 @@ class ScrubBar(PanelView):
         self.back = self._button("◀", "one event back", lambda: self.step(-1))
         self.forward = self._button("▶", "one event forward", lambda: self.step(1))
         self.prev_miss = self._button("◀ miss", "the previous request that missed a block",
-                                      lambda: self.jump(is_miss, False))
-        self.next_miss = self._button("miss ▶", "the next request that missed a block", lambda: self.jump(is_miss, True))
-        self.prev_evict = self._button("◀ evict", "the previous eviction", lambda: self.jump(is_eviction, False))
-        self.next_evict = self._button("evict ▶", "the next eviction", lambda: self.jump(is_eviction, True))
+                                      lambda: self._jump_to("miss", False))
+        self.next_miss = self._button("miss ▶", "the next request that missed a block", lambda: self._jump_to("miss", True))
+        self.prev_evict = self._button("◀ evict", "the previous eviction", lambda: self._jump_to("eviction", False))
+        self.next_evict = self._button("evict ▶", "the next eviction", lambda: self._jump_to("eviction", True))
         self.play = QToolButton()
         self.play.setObjectName("scrub_play")
         self.play.setText("Play")
@@ -76,6 +83,16 @@ class ScrubBar(PanelView):
         self._updating = False
         self.slider.valueChanged.connect(self._on_slider)
         self.live.clicked.connect(self._on_live)
+        self._show_count(0)
+        if ctx.runtime_ready:
+            self._follow_state()
+        else:
+            ctx.sigRuntimeReady.connect(self._follow_state)
+
+    def _follow_state(self) -> None:
+        if self.state is not None:
+            return
+        self.state = self.ctx.state
         self.state.sigChanged.connect(self.sync)
         self.sync()
 
@@ -90,7 +107,7 @@ class ScrubBar(PanelView):
         self.play.setChecked(False)
 
     def _on_slider(self, index: int) -> None:
-        if self._updating:
+        if self._updating or self.state is None:
             return
         seqs = self.state.log.seqs
         if not len(seqs):
@@ -98,6 +115,9 @@ class ScrubBar(PanelView):
         self.state.scrub_to(int(seqs[min(index, len(seqs) - 1)]))
 
     def _on_live(self, checked: bool) -> None:
+        if self.state is None:
+            self.live.setChecked(True)  # nothing to scrub yet
+            return
         if checked:
             self.play.setChecked(False)
             self.state.scrub_to(None)
@@ -109,14 +129,25 @@ class ScrubBar(PanelView):
 
     def step(self, delta: int) -> None:
         """Move `delta` events back or forward (leaving live mode)."""
+        if self.state is None:
+            return
         seqs = self.state.log.seqs
         if not len(seqs):
             return
         index = max(0, min(len(seqs) - 1, self.state.log.count_upto(self.state.current_seq) - 1 + delta))
         self.state.scrub_to(int(seqs[index]))
 
+    def _jump_to(self, what: str, forward: bool) -> int | None:
+        from app.runtime.state import is_eviction, is_miss  # the pool state (numpy): not in the first paint
+
+        return self.jump(is_miss if what == "miss" else is_eviction, forward)
+
     def jump(self, predicate: Callable[..., bool], forward: bool) -> int | None:
         """Scrub to the previous or next event matching `predicate`; its seq, or None (stays)."""
+        from app.runtime.state import is_miss
+
+        if self.state is None:
+            return None
         seq = self.state.find(predicate, forward)
         if seq is None:
             what = "miss" if predicate is is_miss else "eviction"
@@ -127,6 +158,9 @@ class ScrubBar(PanelView):
 
     # ------------------------------------------------------------------ play
     def set_playing(self, playing: bool) -> None:
+        if playing and self.state is None:
+            self.play.setChecked(False)
+            return
         if playing:
             if self.state.is_live or self.state.current_seq == self.state.log.last_seq:
                 seqs = self.state.log.seqs
@@ -141,6 +175,8 @@ class ScrubBar(PanelView):
         self.play.setText("Pause" if playing else "Play")
 
     def _tick(self) -> None:
+        if self.state is None:
+            return
         speed = int(self.speed.currentData() or SPEEDS[0])
         self._carry += speed * PLAY_TICK_MS / 1000.0
         n = int(self._carry)
@@ -155,6 +191,8 @@ class ScrubBar(PanelView):
     # ------------------------------------------------------------------ model -> view
     def sync(self) -> None:
         """Model to view: slider range and position, Live button, label."""
+        if self.state is None:
+            return
         log = self.state.log
         n = len(log)
         self._updating = True
@@ -165,11 +203,8 @@ class ScrubBar(PanelView):
             self.live.setChecked(self.state.is_live)
         finally:
             self._updating = False
-        for w in (self.slider, self.back, self.forward, self.prev_miss, self.next_miss, self.prev_evict,
-                  self.next_evict, self.play):
-            w.setEnabled(n > 0)
+        self._show_count(n)
         if n == 0:
-            self.label.setText("no events yet")
             return
         seq = self.state.current_seq
         event = log.event_at_seq(seq) if seq is not None else None
@@ -177,3 +212,11 @@ class ScrubBar(PanelView):
         where = "live" if self.state.is_live else "scrubbed"
         self.label.setText(f"event {seq:,}: {kind} ({where})" if seq is not None else f"before event {log.first_seq:,}")
         self.label.setToolTip(f"the log holds events {log.first_seq:,} to {log.last_seq:,} ({n:,} events)")
+
+    def _show_count(self, n: int) -> None:
+        """What depends only on whether the log has events: the buttons enabled, the empty label."""
+        for w in (self.slider, self.back, self.forward, self.prev_miss, self.next_miss, self.prev_evict,
+                  self.next_evict, self.play):
+            w.setEnabled(n > 0)
+        if n == 0:
+            self.label.setText("no events yet")
