@@ -104,3 +104,60 @@ def test_held_route_numbers_do_not_depend_on_the_narrow_arrays(compiled, monkeyp
     narrow = rows()
     monkeypatch.setattr(live_journal, "_I32_TOP", 0)
     assert rows() == narrow
+
+
+def test_a_rows_columns_are_27_bytes_while_their_values_fit():
+    log = _held_log()
+    col = log.columnar
+    assert sum(c.itemsize for c in col._cols.values()) == 27  # seq, a and b were int64: 39
+    assert col.nbytes() == 27 * col.num_rows
+    assert col._born_row.dtype == np.int32 and not hasattr(col, "_born_place")
+
+
+def test_columns_widen_once_before_a_value_would_not_fit():
+    from engine.core.columnar import ColumnarLog
+
+    col = ColumnarLog(4, 16)
+    narrow = np.array([[4, 0, 0, 1, 2, 3, 4, 1], [6, 1, 0, 2, -1, -7, 0, 0]], np.int64)
+    col.write_rows(narrow)
+    col.reserve(5000)  # a spare made narrow, on another thread in the app
+    wide = np.zeros((3000, 8), np.int64)
+    wide[:, 0], wide[:, 1] = 4, 2 + np.arange(3000)
+    wide[:, 5], wide[:, 6] = 2**31 + np.arange(3000), -2**40
+    col.write_rows(wide)
+    assert (col.col("seq").dtype, col.col("a").dtype, col.col("b").dtype) == (np.int32, np.int64, np.int64)
+    assert col.col("a").tolist() == [3, -7] + (2**31 + np.arange(3000)).tolist()
+    assert col.col("b").tolist() == [4, 0] + [-2**40] * 3000
+    assert col.col("seq").tolist() == [0, 1] + list(range(2, 3002))
+    big = ColumnarLog.from_columns(4, 16, [np.array([4], np.uint8), np.zeros(1, np.uint8), np.array([2**33]),
+                                           np.zeros(1), np.zeros(1), np.zeros(1), np.array([1]), np.array([-1]),
+                                           np.zeros(1, np.uint8)], col.keys, col.requests, col.final_counters, 1)
+    assert big.col("seq").dtype == np.int64 and big.col("seq").tolist() == [2**33]
+    assert big.col("a").dtype == np.int32 and big.col("b").tolist() == [-1]
+
+
+def test_a_pool_grown_past_int32_rows_keeps_its_born_rows():
+    from engine.core.columnar import TAIL_BASE, ColumnarLog
+
+    col = ColumnarLog(0, 16)
+    col.num_rows = 10
+    col._grow(3)
+    col.num_rows = 2**31 + 5  # rows numbered past int32 (no rows written: the per-block arrays only)
+    col._grow(5)
+    assert col._born_row.dtype == np.int64 and col._born_row[:6].tolist() == [10] * 4 + [2**31 + 5] * 2
+    # the free-queue place each joined at, computed from its born row (no longer kept)
+    places = col._grown_to(col.initial_state(), 2**32)[2]
+    assert places.tolist() == [TAIL_BASE + 2 * 10 - 1] * 4 + [TAIL_BASE + 2 * (2**31 + 5) - 1] * 2
+
+
+def test_a_recorded_server_scrubs_the_same_with_every_column_widened(monkeypatch):
+    # the live log's rows in int64 from the first row (the widening forced) scrub and give
+    # back the very events the narrow ones do, checked against the reference as test_live_log does
+    import engine.core.columnar as columnar
+    from tests.test_live_log import MOONCAKE, _check_scrubbing, _events_of_trace, _feed
+
+    events = _events_of_trace(MOONCAKE, 60, 4096, 512)
+    monkeypatch.setattr(columnar, "_fits32", lambda values: False)
+    col, ref = _feed(events, 0, 512, [9, 40], every_batch=False, checkpoint_rows=200)
+    assert col.columnar.col("seq").dtype == np.int64 and col.columnar.col("a").dtype == np.int64
+    _check_scrubbing(col, ref)

@@ -49,6 +49,12 @@ MISS_REASONS = ("new_content", "evicted", "salt", "model", "partial_block", "las
 _MISS_CODE = {name: i for i, name in enumerate(MISS_REASONS)}
 COLUMNS = (("kind", np.uint8), ("tier", np.uint8), ("seq", np.int64), ("request", np.int32),
            ("block", np.int32), ("hash", np.int32), ("a", np.int64), ("b", np.int64), ("flag", np.uint8))
+# the int64 columns above (the values' type: seqs number events, `a` and `b` are counts and
+# ordinals, none bounded by the format) are stored int32 while every value fits (a row 27
+# bytes, not 39), each widened once to int64 before a value would not (`_write_table`,
+# `from_columns`)
+WIDENING = frozenset({"seq", "a", "b"})
+_I32 = np.iinfo(np.int32)
 _EXT_MASK = (1 << 64) - 1
 _ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
 _GROWING_KINDS = frozenset({BlocksAllocated, RefCountsChanged, BlockStored})
@@ -294,7 +300,7 @@ class ColumnarLog:
         self.block_size = block_size
         self.keys = keys if keys is not None else KeyTable.empty()
         self.requests = requests if requests is not None else RequestTable.empty()
-        self._cols = {name: np.zeros(1024, dtype) for name, dtype in COLUMNS}
+        self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in COLUMNS}
         self.num_rows = 0
         self.num_seq = 0  # events numbered so far (the next seq)
         self.final_counters = Counters()
@@ -321,8 +327,9 @@ class ColumnarLog:
         # a live pool that grew: the first row that saw each block (-1: there from the start)
         # and the free-queue place it joined at; blocks appear in id order
         self.initial_blocks = num_blocks
-        self._born_row = np.full(num_blocks, -1, np.int64)  # capacity may exceed num_blocks
-        self._born_place = np.full(num_blocks, FREE_ABSENT, np.int64)
+        # int32 until a row number would not fit; the place a block joined at is
+        # TAIL_BASE + 2 * row - 1 (`_grow`), computed when asked for, not kept
+        self._born_row = np.full(num_blocks, -1, np.int32)  # capacity may exceed num_blocks
         self._slots: RemoteSlots | None = None  # a remote pool's slots, from its first remote event
         # a remote pool's stores, by ordinal (a stored row's `a`): parent, tokens, salt, external
         # id and tenant as each store gave them (copies of one hash may carry different ones)
@@ -334,7 +341,8 @@ class ColumnarLog:
     def from_columns(cls, num_blocks: int, block_size: int, columns: Sequence[np.ndarray], keys: KeyTable,
                      requests: RequestTable, counters: Counters, num_seq: int) -> ColumnarLog:
         log = cls(num_blocks, block_size, keys, requests)
-        log._cols = {name: _owned(col, dtype) for (name, dtype), col in zip(COLUMNS, columns)}
+        log._cols = {name: _owned(col, np.int32 if name in WIDENING and _fits32(col) else dtype)
+                     for (name, dtype), col in zip(COLUMNS, columns)}
         log.num_rows = len(columns[0])
         log.num_seq = num_seq
         log.final_counters = counters
@@ -391,11 +399,14 @@ class ColumnarLog:
         self._spare = (n0, cols)
 
     def _write_table(self, start: int, table: np.ndarray) -> None:
+        """Write `table` (int64, `_ROW_ORDER`) at row `start`, a column in `WIDENING` made
+        int64 first if a value would not fit int32 (a spare `reserve` made narrow is dropped)."""
         stop = start + len(table)
         cap = len(self._cols["kind"])
         if stop > cap:
             spare, self._spare = self._spare, None
-            if spare is not None and len(spare[1]["kind"]) >= stop:
+            if spare is not None and len(spare[1]["kind"]) >= stop and all(
+                    spare[1][name].dtype == arr.dtype for name, arr in self._cols.items()):
                 n0, cols = spare
                 for name, arr in list(self._cols.items()):
                     grown = cols[name]
@@ -408,7 +419,11 @@ class ColumnarLog:
                     grown[:start] = arr[:start]
                     self._cols[name] = grown
         for name, j in _ROW_ORDER:
-            self._cols[name][start:stop] = table[:, j]
+            values = table[:, j]
+            col = self._cols[name]
+            if name in WIDENING and col.dtype == np.int32 and not _fits32(values):
+                col = self._cols[name] = col.astype(np.int64)  # the rows written so far too
+            col[start:stop] = values
 
     def _grow(self, top: int) -> None:
         """Blocks up to `top` exist from the next row on (each joins the free queue's tail);
@@ -416,19 +431,24 @@ class ColumnarLog:
         n = self.num_blocks
         if top < n:
             return
-        if top >= len(self._born_row):
-            cap = max(top + 1, len(self._born_row) * 3 // 2, 1024)
-            extra = cap - len(self._born_row)
-            self._born_row = np.concatenate([self._born_row, np.zeros(extra, np.int64)])
-            self._born_place = np.concatenate([self._born_place, np.zeros(extra, np.int64)])
-            if self._live_keys is not None:
-                self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
         row = self.num_rows + len(self._pending) // 8  # the row the growing event makes next
+        self.fit_born_rows(top, row)
         self._born_row[n:top + 1] = row
-        self._born_place[n:top + 1] = TAIL_BASE + 2 * row - 1
         self.num_blocks = top + 1
         if self._slots is not None and not self.journal_fed:  # a journal's log places slots itself
             self._slots.grow(self.num_blocks)
+
+    def fit_born_rows(self, top: int, last_row: int) -> None:
+        """Room in the per-block arrays for blocks up to `top` (grown by half again), the
+        born rows made int64 first if `last_row` would not fit int32."""
+        if self._born_row.dtype == np.int32 and last_row > _I32.max:
+            self._born_row = self._born_row.astype(np.int64)
+        if top >= len(self._born_row):
+            cap = max(top + 1, len(self._born_row) * 3 // 2, 1024)
+            extra = cap - len(self._born_row)
+            self._born_row = np.concatenate([self._born_row, np.zeros(extra, self._born_row.dtype)])
+            if self._live_keys is not None:
+                self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
 
     def blocks_at(self, rows: int | np.ndarray) -> Any:
         """How many blocks the pool has after `rows` rows (a live pool may have grown)."""
@@ -833,7 +853,7 @@ class ColumnarLog:
         m = n - have
         return (np.concatenate([state.ref_counts, np.zeros(m, np.int32)]),
                 np.concatenate([state.hash_keys, np.full(m, -1, np.int32)]),
-                np.concatenate([state.free_pos, self._born_place[have:n]]))
+                np.concatenate([state.free_pos, TAIL_BASE + 2 * self._born_row[have:n].astype(np.int64) - 1]))
 
     def _advance(self, state: PoolArrays, start: int, stop: int) -> PoolArrays:
         """`state` (after row `start`) moved on to after row `stop`; vectorised, a new value."""
@@ -920,6 +940,13 @@ class ColumnarLog:
             rows = alloc[bounds[r]:bounds[r + 1]]
             out[self.requests.ids[r]] = tuple(block[rows[rows < n]].tolist())
         return out
+
+
+def _fits32(values: np.ndarray) -> bool:
+    """True if every value of `values` fits int32."""
+    if not len(values) or values.dtype.itemsize <= 4 and values.dtype.kind in "iu" and values.dtype != np.uint32:
+        return True
+    return _I32.min <= int(values.min()) and int(values.max()) <= _I32.max
 
 
 def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:

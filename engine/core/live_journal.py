@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.columnar import EVICTED, RESET, STORED, TAIL_BASE, KeyTable
+from engine.core.columnar import EVICTED, RESET, STORED, KeyTable
 from engine.core.events import RemoteInfo
 from engine.core.projection import stream_code
 
@@ -418,8 +418,8 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     nb0 = col.num_blocks
     if prepared.num_blocks > nb0:  # the pool grows to the new slots, each from the row that first stored it
         col._grow(prepared.num_blocks - 1)
+        col.fit_born_rows(prepared.num_blocks - 1, int(prepared.born.max()))
         col._born_row[nb0:prepared.num_blocks] = prepared.born
-        col._born_place[nb0:prepared.num_blocks] = TAIL_BASE + 2 * prepared.born - 1
     col.write_rows(table)
     col.num_seq = int(seqs[-1]) + 1
     log.rows_appended(prepared.r0, seqs, np.full(n, now, np.float64))
