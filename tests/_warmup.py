@@ -13,7 +13,8 @@ they compile the signatures the suite and the app use:
   source's columnar log (seven test files use it; `make test` no longer runs the install's
   warm-up first, so each worker would compile it);
 - pool: every recorded vLLM/SGLang fixture through the columnar pool and its wire
-  decoder, with a short removal memory and resets, and the pool's queries.
+  decoder, with a short removal memory and resets, and journalling (a frame at a time and
+  many at once), token ids that outgrow uint16 on each route, and the pool's queries.
 
 DONE is written when it ends, with "ok" or the error; the workers wait for it (the
 controller writes it if this process dies) before their first test. A failure here fails
@@ -55,7 +56,7 @@ def warm_kernel() -> None:
 
 
 def warm_pool() -> None:
-    from engine.remote import colpool, fastwire
+    from engine.remote import colpool, fastwire, wire
     from engine.remote.colpool import ColumnarPool
     from engine.remote.wire import MalformedFrame, VllmEvent, encode_batch
     from tests.test_fastwire import FIXTURES
@@ -63,6 +64,10 @@ def warm_pool() -> None:
     colpool.warm_up()
     for frames in FIXTURES.values():
         whole, short = ColumnarPool("warm-up"), ColumnarPool("warm-up-short", max_removed=64)
+        # journalling pools, a frame at a time and many at once (the attach route's): the
+        # sglang and connector fixtures give them types the plain pools do not see
+        journal, journal_many = (ColumnarPool(f"warm-up-journal-{i}", max_removed=64, journal=True) for i in (1, 2))
+        held = []
         for i, (seq, payload) in enumerate(frames):
             try:
                 batch = fastwire.decode_columns(seq, payload)
@@ -71,8 +76,15 @@ def warm_pool() -> None:
                 continue
             whole.apply(batch)
             short.apply(batch)
+            journal.apply(batch)
+            held.append(batch)
+            if len(held) == 64:
+                journal_many.apply_many(held)
+                held = []
             if i and i % 97 == 0:
                 short.reset(seq)
+                journal.take_journal()
+        journal_many.apply_many(held)
         for pool in (whole, short):
             hashes = list(pool.cached_hashes())[:64] + list(pool.departed)[:64] + [b"\x00" * 8, b"\x07" * 32]
             for h in hashes:  # a few of each kind: compiling wants the types, not the numbers
@@ -85,6 +97,29 @@ def warm_pool() -> None:
         hashes = tuple((seq * 1000 + i).to_bytes(8, "big") for i in range(1, 1001))
         stored = VllmEvent("BlockStored", hashes, None, tuple(range(16 * len(hashes))), 16)
         grow.apply(fastwire.decode_columns(seq, encode_batch(float(seq), [stored], 0)))
+    # token ids that outgrow uint16 (Llama 3's vocabulary), on every route into a pool: a
+    # frame at a time, many at once, and the reference's decoded batches
+    # (hashes with the top bit set, each block the next one's parent, and a removal)
+    def stored(i: int, first: int) -> VllmEvent:
+        return VllmEvent("BlockStored", (((1 << 63) + i).to_bytes(8, "big"),),
+                         ((1 << 63) + i - 1).to_bytes(8, "big") if i else None, tuple(range(first, first + 16)), 16)
+
+    wide_frames = [(0, encode_batch(1.0, [stored(0, 49_136), stored(1, 60_000)], 0)),
+                   (1, encode_batch(2.0, [stored(2, 128_240)], 0)),
+                   (2, encode_batch(3.0, [VllmEvent("BlockRemoved", (((1 << 63) + 1).to_bytes(8, "big"),)),
+                                          stored(3, 2**32 - 16)], 0))]
+    for journalled, route in itertools.product((False, True), ("one", "many", "reference")):
+        wide = ColumnarPool("warm-up-wide", journal=journalled)
+        decode = wire.decode_batch if route == "reference" else fastwire.decode_columns
+        batches = [decode(seq, payload) for seq, payload in wide_frames]
+        if route == "many":
+            wide.apply_many(batches[:1])
+            wide.apply_many(batches[1:])
+        else:
+            for batch in batches:
+                wide.apply(batch)
+        if journalled:
+            wide.take_journal()
     from engine.kernel.warmup import warm_journal_route
 
     warm_journal_route()  # the attach tests' placer and overlay passes (17 s compiled in each worker otherwise)
