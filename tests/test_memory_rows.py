@@ -161,3 +161,57 @@ def test_a_recorded_server_scrubs_the_same_with_every_column_widened(monkeypatch
     col, ref = _feed(events, 0, 512, [9, 40], every_batch=False, checkpoint_rows=200)
     assert col.columnar.col("seq").dtype == np.int64 and col.columnar.col("a").dtype == np.int64
     _check_scrubbing(col, ref)
+
+
+@pytest.fixture
+def journal_app_state(qtbot):
+    from app.commands._bench_gui import _held_frames
+    from app.runtime.context import make_test_context
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    ctx = make_test_context()
+    ctx.bridge.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
+    pool = journal_pool_class()("test")
+    for seq, payload in enumerate(_held_frames(20_000)):
+        pool.apply(fastwire.decode_columns(seq, payload))
+        if seq % 4 == 3:
+            rows = pool.take_journal()
+            ctx.state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+    rows = pool.take_journal()
+    ctx.state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+    yield ctx
+    ctx.shutdown()
+
+
+def test_the_timeline_keeps_event_times_as_runs(journal_app_state, qtbot):
+    # the events' server times: a run per vLLM batch (the seqs are the log's own), where an
+    # int64 seq and a float64 time were kept per event; read back they are every event's time
+    from app.views.pool.remote_plots import RemoteTimeline, event_times
+
+    state = journal_app_state.state
+    view = RemoteTimeline(state)
+    qtbot.addWidget(view)
+    n = len(state.log.seqs)
+    seqs = np.asarray(state.log.seqs, np.int64)
+    every = event_times(state.log, 0, n, seqs)
+    x = view.x_of_seqs(seqs[::97])
+    _, at, values = view._time_runs()
+    assert len(at) > 1 and (at.nbytes + values.nbytes) * 8 < n  # under a byte an event (16 before)
+    assert x.tolist() == (every[::97] - view.start).tolist()
+    got_seqs, got_times = view._event_times()
+    assert got_seqs.tolist() == seqs.tolist() and got_times.tolist() == every.tolist()
+    lo, hi = float(every.min()), float(every.max())
+    for a, b in ((lo, hi), (lo + (hi - lo) / 3, lo + (hi - lo) / 2), (hi + 1, hi + 2)):
+        inside = np.flatnonzero((every >= a) & (every <= b))
+        want = (int(seqs[inside[0]]), int(seqs[inside[-1]])) if len(inside) else None
+        assert view.seqs_in(a - view.start, b - view.start) == want
+
+
+def test_the_event_table_lists_every_event_in_4_bytes_each(journal_app_state, qtbot):
+    from app.views.pool.event_log_view import EventTableModel
+
+    state = journal_app_state.state
+    model = EventTableModel(state)
+    model.reset_log()
+    assert model.rows.dtype == np.int32 and model.rows.tolist() == list(range(len(state.log)))

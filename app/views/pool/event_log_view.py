@@ -167,7 +167,9 @@ class EventTableModel(QAbstractTableModel):
         mask = self._shared_mask()
         if getattr(log, "columnar_log", False):
             if mask is None and not (self.kind or self.request or self.text):
-                return np.arange(start, stop, dtype=np.int64)  # every event: no mask to build
+                # every event: no mask to build; int32 (4 bytes an event) while positions fit,
+                # later rows of int64 widen the whole on concatenation
+                return np.arange(start, stop, dtype=np.int32 if stop <= np.iinfo(np.int32).max else np.int64)
             keep = np.ones(stop - start, bool) if mask is None else np.asarray(mask[start:stop], bool).copy()
             if self.kind:
                 keep &= log.kind_names()[start:stop] == self.kind

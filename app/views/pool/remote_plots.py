@@ -189,7 +189,7 @@ class RemoteTimeline(_Throttled):
         self.title.setWordWrap(True)
         self.glw = PlotStack("seconds since the first event (server clock)")
         self.start = 0.0  # the server time at x = 0
-        self._times: tuple[Any, int, np.ndarray, np.ndarray] | None = None  # (log, n, seqs, times)
+        self._times: tuple[Any, int, np.ndarray, np.ndarray] | None = None  # (log, n, run starts, run times)
         self.glw.map_x(self.seqs_in, self.x_of_seqs)
         h_cached, self.p_cached = self.glw.add(stretch=3)
         # another attach (or engine) starts its clock again: a zoom into the last hides it
@@ -301,34 +301,49 @@ class RemoteTimeline(_Throttled):
         return peak_reduce(x, y, 0.0, max(1.0, right), bins=self._pixels())
 
     # ---- the x axis as event seqs, for the shared range
-    def _event_times(self) -> tuple[np.ndarray, np.ndarray]:
-        """Seqs and server times of the log's events, kept as the log grows (only the new
-        events' times are read: a range held while a stream runs maps every redraw)."""
+    def _time_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The log's event seqs (its own array, not a copy) and their server times as runs
+        (the event each run starts at, its time: a vLLM batch's events share one), kept as
+        the log grows (only the new events' times are read: a range held while a stream runs
+        maps every redraw); a few bytes a batch where a seq and a time were 16 an event."""
         log = self.state.log
         n = len(log.seqs)
         kept = self._times
         if kept is None or kept[0] is not log or kept[1] > n:
             kept = (log, 0, np.zeros(0, np.int64), np.zeros(0, np.float64))
         if kept[1] < n:
-            seqs = np.asarray(log.seqs[kept[1]:n], dtype=np.int64)
-            times = event_times(log, kept[1], n, seqs)
-            kept = (log, n, np.concatenate((kept[2], seqs)), np.concatenate((kept[3], times)))
+            times = event_times(log, kept[1], n, np.asarray(log.seqs[kept[1]:n], dtype=np.int64))
+            bits = times.view(np.int64)  # the bits compared, so -0.0 and NaN come back as read
+            change = np.ones(len(times), bool)
+            np.not_equal(bits[1:], bits[:-1], out=change[1:])
+            if len(kept[3]):
+                change[0] = bool(kept[3][-1:].view(np.int64)[0] != bits[0])
+            at = np.flatnonzero(change)
+            kept = (log, n, np.concatenate((kept[2], kept[1] + at)), np.concatenate((kept[3], times[at])))
         self._times = kept
-        return kept[2], kept[3]
+        return np.asarray(log.seqs)[:n], kept[2], kept[3]
+
+    def _event_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Seqs and server times of the log's events, one each (the runs spread out)."""
+        seqs, at, values = self._time_runs()
+        return seqs, np.repeat(values, np.diff(np.append(at, len(seqs))))
 
     def seqs_in(self, lo: float, hi: float) -> tuple[int, int] | None:
         """First and last seq of the events published from `lo` to `hi` seconds after x = 0."""
-        seqs, times = self._event_times()
-        inside = np.flatnonzero((times >= self.start + lo) & (times <= self.start + hi))
-        return (int(seqs[inside[0]]), int(seqs[inside[-1]])) if len(inside) else None
+        seqs, at, values = self._time_runs()
+        inside = np.flatnonzero((values >= self.start + lo) & (values <= self.start + hi))
+        if not len(inside):
+            return None
+        last = int(at[inside[-1] + 1]) - 1 if inside[-1] + 1 < len(at) else len(seqs) - 1
+        return int(seqs[int(at[inside[0]])]), int(seqs[last])
 
     def x_of_seqs(self, wanted: np.ndarray) -> np.ndarray:
         """Seconds after x = 0 at which the events `wanted` were published."""
-        seqs, times = self._event_times()
+        seqs, at, values = self._time_runs()
         if not len(seqs):
             return np.zeros(len(wanted))
         pos = np.clip(np.searchsorted(seqs, wanted), 0, len(seqs) - 1)
-        return times[pos] - self.start
+        return values[np.searchsorted(at, pos, side="right") - 1] - self.start
 
 
 class RemoteMetrics(_Throttled):
