@@ -1,7 +1,8 @@
 """Plot pieces every view shares: `CountAxis` (round, non-colliding ticks for counts) and
 `PlotStack` (plots in rows over one shared x axis, rows stepping out when the dock is short).
 
-What any one view plots lives with that view; only the axes and the stack live here.
+What any one view plots lives with that view; only the axes, the stack and the curves'
+reduction to the pixels they have (`peak_reduce`, the timelines' and the remote plots') live here.
 
 Every PlotStack takes the keyboard (`TIMELINE_KEYS`, listed in Help > Keyboard shortcuts):
 W / S (or + / -) zoom the x axis in and out around its centre, A / D (or the arrows) pan
@@ -40,6 +41,36 @@ PAN_STEP = 0.2  # A / D move the view by a fifth of its span
 MAX_MARKS = 4000  # matching events drawn as marks; more are merged per pixel column
 SEQ_LABEL = "event seq"
 
+
+
+# Curves are drawn from at most this many bins of events across the range shown (two
+# points each): more than the pixels of a wide screen, so nothing visible is lost.
+CURVE_BINS = 2048
+
+
+def peak_reduce(x: np.ndarray, y: np.ndarray, lo: float, hi: float, bins: int = CURVE_BINS) -> tuple[np.ndarray, np.ndarray]:
+    """`x` (sorted), `y` as at most about 2 * `bins` points across [lo, hi]: each bin's lowest
+    and highest sample; the samples just outside the range and the series' first and last
+    ones are kept, so the curve runs on past the view's edges and ends exactly where it does."""
+    n = len(x)
+    if n <= 2 * bins + 2:
+        return x, y
+    i0 = max(0, int(np.searchsorted(x, lo, side="left")) - 1)
+    i1 = min(n, int(np.searchsorted(x, hi, side="right")) + 1)
+    m = i1 - i0
+    if m <= 2 * bins:
+        xs, ys = x[i0:i1], y[i0:i1]
+    else:
+        starts = (np.arange(bins, dtype=np.int64) * m) // bins
+        seg = y[i0:i1]
+        lows, highs = np.minimum.reduceat(seg, starts), np.maximum.reduceat(seg, starts)
+        xs = np.repeat(x[i0 + starts], 2)
+        ys = np.column_stack([lows, highs]).ravel()
+    if i0 > 0:
+        xs, ys = np.concatenate(([x[0]], xs)), np.concatenate(([y[0]], ys))
+    if xs[-1] != x[-1] or ys[-1] != y[-1]:
+        xs, ys = np.concatenate((xs, [x[-1]])), np.concatenate((ys, [y[-1]]))
+    return xs, ys
 
 def nice_step(raw: float) -> float:
     """The smallest of 1, 2, 5 × 10^k that is at least `raw`."""

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from app.runtime.remote import duration_text
 from app.ui import theme
 from app.ui.colors import legend_line, swatch, tier_colors
-from app.ui.plots import PlotStack
+from app.ui.plots import PlotStack, peak_reduce
 from engine.remote.overlay import time_of
 
 # A redraw of the remote plots at most this often while events stream (the counts it draws
@@ -296,8 +296,6 @@ class RemoteTimeline(_Throttled):
         return max(200, int(self.p_cached.vb.width() * max(1.0, self.devicePixelRatioF())))
 
     def _reduce(self, x: np.ndarray, y: np.ndarray, right: float) -> tuple[np.ndarray, np.ndarray]:
-        from app.views.pool.timeline_view import peak_reduce  # the timelines' own reduction
-
         return peak_reduce(x, y, 0.0, max(1.0, right), bins=self._pixels())
 
     # ---- the x axis as event seqs, for the shared range

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from app.ui import theme
 from app.ui.export import export_button, header_row
 from app.ui.colors import block_colors, legend_line, swatch
-from app.ui.plots import PlotStack
+from app.ui.plots import CURVE_BINS, PlotStack, peak_reduce
 from app.views.pool.remote_plots import RemoteTimeline, show_remote
 from app.ui.widgets import PanelView
 
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext
 
 NUM_BINS = 120
-# Curves are drawn from at most this many bins of events across the range shown (two
-# points each): more than the pixels of a wide screen, so nothing visible is lost.
-CURVE_BINS = 2048
 # Redrawing 100K-point curves costs tens of ms: while live, at most this often.
 MIN_REDRAW_MS = 150
 
@@ -54,31 +51,6 @@ def _values(column: Any) -> np.ndarray:
     """A series column as numpy: a columnar log's as it is; a live EventLog's typed array
     copied (a view would export its buffer, and the log could not grow it any more)."""
     return column if isinstance(column, np.ndarray) else np.array(column)
-
-
-def peak_reduce(x: np.ndarray, y: np.ndarray, lo: float, hi: float, bins: int = CURVE_BINS) -> tuple[np.ndarray, np.ndarray]:
-    """`x` (sorted), `y` as at most about 2 * `bins` points across [lo, hi]: each bin's lowest
-    and highest sample; the samples just outside the range and the series' first and last
-    ones are kept, so the curve runs on past the view's edges and ends exactly where it does."""
-    n = len(x)
-    if n <= 2 * bins + 2:
-        return x, y
-    i0 = max(0, int(np.searchsorted(x, lo, side="left")) - 1)
-    i1 = min(n, int(np.searchsorted(x, hi, side="right")) + 1)
-    m = i1 - i0
-    if m <= 2 * bins:
-        xs, ys = x[i0:i1], y[i0:i1]
-    else:
-        starts = (np.arange(bins, dtype=np.int64) * m) // bins
-        seg = y[i0:i1]
-        lows, highs = np.minimum.reduceat(seg, starts), np.maximum.reduceat(seg, starts)
-        xs = np.repeat(x[i0 + starts], 2)
-        ys = np.column_stack([lows, highs]).ravel()
-    if i0 > 0:
-        xs, ys = np.concatenate(([x[0]], xs)), np.concatenate(([y[0]], ys))
-    if xs[-1] != x[-1] or ys[-1] != y[-1]:
-        xs, ys = np.concatenate((xs, [x[-1]])), np.concatenate((ys, [y[-1]]))
-    return xs, ys
 
 
 class TimelineView(PanelView):
