@@ -959,8 +959,8 @@ class _OrderedMap:
     def reserve(self, more: int) -> None:
         """Room for `more` new keys before the next compiled call."""
         live, cap = int(self.os[O_LIVE]), len(self.k)
-        if live + more > cap:
-            new = max(2 * cap, live + more + 1024)
+        if live + more > cap:  # an eighth again as many entries (doubling left up to half idle)
+            new = max(cap + cap // 8, live + more + 1024)
             order = self.ordered()
             k, w, v = self.k[order], self.w[order], self.v[order]
             self.__init__(new)
@@ -1340,8 +1340,9 @@ class ColumnarPool:
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
             size = max((9 * (live_tok + tokens)) // 8, 1024)
-            if self.journal:  # the journal's rows point into the token array: it only grows
-                out = np.zeros(max(2 * len(self.tok), used + tokens + 1024), self.tok.dtype)
+            if self.journal:  # the journal's rows point into the token array: it only grows,
+                # by an eighth (as the slots: doubling left up to half of it unused)
+                out = np.zeros(max(len(self.tok) + len(self.tok) // 8, used + tokens + 1024), self.tok.dtype)
                 out[:used] = self.tok[:used]
             else:
                 if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
@@ -1401,13 +1402,14 @@ class ColumnarPool:
         self._num_bids = nb + k
 
     def _journal_reserve(self, rows: int, stores: int) -> None:
+        # the journal's tables grow with every block held: by an eighth, not doubling
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
-            J = np.zeros((max(2 * len(self.J), r + rows + 1024), NUM_J), np.int64)
+            J = np.zeros((max(len(self.J) + len(self.J) // 8, r + rows + 1024), NUM_J), np.int64)
             J[:r] = self.J[:r]
             self.J = J
         if o + stores > len(self.JS):
-            JS = np.zeros((max(2 * len(self.JS), o + stores + 1024), NUM_JS), np.int64)
+            JS = np.zeros((max(len(self.JS) + len(self.JS) // 8, o + stores + 1024), NUM_JS), np.int64)
             JS[:o] = self.JS[:o]
             self.JS = JS
 
