@@ -35,3 +35,27 @@ def test_the_model_load_job_warms_the_live_log_after_building_the_runner(monkeyp
     assert jobs.load_model_job(None, 8, 4, lambda text, fraction: steps.append(text)) == "runner"
     assert calls == ["load", "runner", "warm_up"]
     assert steps[-1] == "readying the event log"
+
+
+def test_the_context_loads_the_live_logs_passes_off_the_gui_thread_once_its_runtime_is_built(qtbot, monkeypatch):
+    # Without it the first batch a chat, demo or stream appends loads numba and the series
+    # pass on the GUI thread (0.4-1 s frozen in bench gui's ingestion).
+    import threading
+
+    from app.runtime import context as context_module
+    from app.runtime.context import make_test_context
+
+    threads: list[str] = []
+    real = context_module._warm_live_log
+    monkeypatch.setattr(context_module, "_warm_live_log",
+                        lambda: (threads.append(threading.current_thread().name), real()))
+    ctx = make_test_context()
+    assert ctx.wait_warm(0) is False  # nothing built, nothing loading
+    ctx.build_runtime()
+    assert ctx.wait_warm(120) is True
+    assert threads == ["live-log-warm-up"]
+    loop = columnar_log._compiled_series_loop()
+    if loop is not None:
+        assert loop.signatures
+    ctx.build_runtime()  # built once, warmed once
+    assert threads == ["live-log-warm-up"]

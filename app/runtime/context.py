@@ -79,6 +79,15 @@ class BlockSelection(QObject):
         self.sigBlockSelected.emit(self.block_id)
 
 
+def _warm_live_log() -> None:
+    try:
+        from engine.core.live_log import warm_up
+
+        warm_up()
+    except Exception:  # noqa: BLE001 - a failed warm-up only means the first batch loads them
+        pass
+
+
 def __getattr__(name: str) -> Any:
     # `engine_info` lives with the bridge, which imports the live log (numpy): it is read
     # from there at its first use, so that importing the context stays light.
@@ -156,6 +165,7 @@ class AppContext(QObject):
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._bridge: EngineBridge | None = None
+        self._warm: threading.Thread | None = None  # the live log's passes loading (build_runtime)
         self._state: PoolState | None = None
         self._remote: RemoteController | None = None
         self.worker = ModelWorker(self)
@@ -200,7 +210,20 @@ class AppContext(QObject):
         self._bridge, self._state = bridge, state
         # The attached vLLM server, if any, and the tokenizer that decodes its token ids.
         self._remote = RemoteController(self)
+        # The live log's compiled passes (numba and its disk cache) load on a thread of their
+        # own now, not on the GUI thread at the first batch a chat, demo or stream appends
+        # (0.4-1 s frozen, measured by bench gui's ingestion).
+        self._warm = threading.Thread(target=_warm_live_log, name="live-log-warm-up", daemon=True)
+        self._warm.start()
         self.sigRuntimeReady.emit()
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait until the live log's compiled passes are loaded (`build_runtime` starts it);
+        True once they are."""
+        if self._warm is None:
+            return False
+        self._warm.join(timeout)
+        return not self._warm.is_alive()
 
     @property
     def runtime_ready(self) -> bool:
