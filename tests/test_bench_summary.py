@@ -74,6 +74,7 @@ def test_the_rows_are_the_benches_own_figures(recorded):
     assert table["events_per_s_app_path_to_pool_state"]["value"] == gui["app_path"]["journal_events_per_s_cpu"]
     assert table["events_per_s_app_path_to_pool_state"]["anchor"] == gui["app_path"]["event_events_per_s_cpu"]
     assert table["bytes_per_block_app_remote_pool"]["anchor"] == attach["targets"]["bytes_per_block"]["value"]
+    assert table["bytes_per_block_app_remote_pool"]["value"] == held["small"]["bytes_per_block"]  # the journal route
     assert table["fleet_longest_stall_ms"]["anchor"] == attach["fleet"]["longest_stall_ms"]
     assert table["window_up_s"]["value"] == gui["window"]["median_gui_command_s"]  # the real command
     assert table["window_up_s"]["anchor"] == gui["window"]["median_bare_qt_s"]
