@@ -1,7 +1,7 @@
 """Screenshots after an attached run on the journal route (issue 20): the bench's stream
 (`app.commands._bench_live_attach`, 50,000 vLLM events over loopback ZMQ from a publisher
 process into a 1280x800 window) applied in budgeted ticks, then the window, the hash chain
-view, the block table and the timeline, 1280x800 and 1600x1000, both themes:
+view, the block table, the timeline and the metrics, 1280x800 and 1600x1000, both themes:
     QT_QPA_PLATFORM=offscreen .venv/bin/python docs/screenshots/journal_route/shots.py [events]"""
 import sys
 import tempfile
@@ -41,7 +41,7 @@ def main(num_events: int = 50_000) -> None:
     print({k: got[k] for k in ("cachescope_events", "events_per_s_wall", "longest_process_events_ms")})
     waits = _Waits(app)
     waits.wait(1500)
-    shots.VIEWS = ("hash_chains", "block_table", "timeline")
+    shots.VIEWS = ("hash_chains", "block_table", "timeline", "metrics")
     shots._grab(waits, w, "journal_run", OUT)
     chains = w.panels["hash_chains"]
     print("chain view:", chains.summary.text()[:160])
