@@ -72,12 +72,7 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
     blob.write_bytes(b"".join(len(p).to_bytes(8, "big") + p for p in payloads))
     own = window is None
     if own:
-        from app.runtime.context import make_test_context
-        from app.window.main_window import MainWindow
-
-        window = MainWindow(make_test_context(tmp), load_model=False)
-        window.resize(1280, 800)
-        window.show()
+        window = _window(tmp)
     ctrl, state = window.remote, window.ctx.state
     ctrl.journal = journal
     settle = time.monotonic() + 30.0
@@ -140,6 +135,8 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
         proc.stdin.flush()
         proc.wait(10)
     ctrl.journal = True
+    if own:  # a window it made itself goes with it
+        _close(window)
     return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
             "frames": len(payloads),
             "batches": h.batches, "missed": h.missed, "first_batch": first, "cachescope_events": events, "wall_s": round(wall, 3),
@@ -148,6 +145,31 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             "cachescope_events_per_s_wall": round(events / wall),
             "longest_process_events_ms": round(longest * 1000, 1),
             "longest_process_events_cpu_ms": round(longest_cpu * 1000, 1), "stalls_over_50_ms": slow}
+
+
+def _window(folder: Any) -> Any:
+    """The window an attach is timed in: a 1280x800 `MainWindow` on a test context, no model."""
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
+
+    window = MainWindow(make_test_context(folder), load_model=False)
+    window.resize(1280, 800)
+    window.show()
+    return window
+
+
+def _close(window: Any) -> None:
+    """Shut the window's context down, close and delete it, not left with its timers and views
+    to redraw on the loop of the next bench (bench gui's ingestion measured its stall: 31 ->
+    209 ms with the attach's window left open)."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+    from PySide6.QtWidgets import QApplication
+
+    window.ctx.shutdown()
+    window.close()
+    window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    QApplication.processEvents()
 
 
 def _tokenizer_loading() -> bool:
@@ -229,25 +251,12 @@ def remote_plots_redraw(hours: float = 3.0, rate: float = 200.0, seed: int = 0) 
 
 def compare_attached(num_events: int = 100_000) -> dict[str, Any]:
     """Both routes of a real attach in one window, one after the other, and their ratio."""
-    from app.runtime.context import make_test_context
-    from app.window.main_window import MainWindow
     import tempfile
 
-    window = MainWindow(make_test_context(tempfile.mkdtemp(prefix="cachescope-live-path-")), load_model=False)
-    window.resize(1280, 800)
-    window.show()
+    window = _window(tempfile.mkdtemp(prefix="cachescope-live-path-"))
     ref = attached_app_rate(num_events, journal=False, window=window)
     got = attached_app_rate(num_events, journal=True, window=window)
-    window.ctx.shutdown()
-    # Closed and deleted, not left with its timers and views to redraw on the loop of the
-    # next bench (bench gui's ingestion measured its stalls: 31 -> 209 ms).
-    from PySide6.QtCore import QCoreApplication, QEvent
-    from PySide6.QtWidgets import QApplication
-
-    window.close()
-    window.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-    QApplication.processEvents()
+    _close(window)
     return {"reference": ref, "journal": got,
             "journal_vs_reference_wall": round(got["events_per_s_wall"] / max(ref["events_per_s_wall"], 1), 2),
             "journal_vs_target_500k": round(got["events_per_s_wall"] / 500_000, 3)}
