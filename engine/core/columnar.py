@@ -864,6 +864,20 @@ class ColumnarLog:
                             c.num_hash_collisions)
         if stop <= start:
             return PoolArrays(state.seq, stop, ref, hk, pos, counters)
+        loop = _compiled_advance()
+        if loop is not None:  # one pass over the rows, each applied in order (the same values)
+            got = np.zeros(7, np.int64)
+            loop(self.col("kind"), self.col("block"), self.col("a"), self.col("hash"), self.col("flag"),
+                 self.col("seq"), self.col("request"), self.requests.prompt_sizes(), start, stop,
+                 self._head_count(start), ref, hk, pos, got)
+            counters.num_requests += int(got[0])
+            counters.num_prompt_tokens += int(got[1])
+            counters.num_cached_tokens += int(got[2]) * self.block_size
+            counters.num_stored_blocks += int(got[3])
+            counters.num_evicted_blocks += int(got[4])
+            counters.num_refused_requests += int(got[5])
+            counters.num_finished_requests += int(got[6])
+            return PoolArrays(int(self.col("seq")[stop - 1]), stop, ref, hk, pos, counters)
         kind = self.col("kind")[start:stop]
         block = self.col("block")[start:stop]
         a = self.col("a")[start:stop]
@@ -967,3 +981,79 @@ def _last_write(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> No
     rev_idx = index[::-1]
     uniq, first = np.unique(rev_idx, return_index=True)
     target[uniq] = values[::-1][first]
+
+
+def _advance_loop(kind, block, a, key, flag, seq, request, sizes, start, stop, heads0, ref, hk, pos,
+                  got):  # pragma: no cover - compiled
+    """`ColumnarLog._advance`'s vectorised passes as one pass over rows [start, stop) in order
+    (so the last write to a block wins), compiled by numba: ref counts, hashes and free-queue
+    places written into `ref`, `hk`, `pos`; `got` gets (lookups, prompt tokens, hit blocks,
+    stores, evictions, refusals, finishes). A head prepend's place counts the head rows of its
+    event within the range only, as the vectorised code does when a range cuts an event."""
+    g = heads0  # head rows before this one
+    g0 = 0
+    m = 0
+    group = -1  # the first row of the current event's head rows (-1: none yet)
+    group_seq = seq[start]
+    for i in range(start, stop):
+        k = kind[i]
+        b = block[i]
+        if k == 5:  # REF
+            if b >= 0:
+                ref[b] = a[i]
+                if a[i] > 0:
+                    pos[b] = 9223372036854775807  # FREE_ABSENT: taken
+        elif k == 4:  # STORED
+            got[3] += 1
+            if b >= 0:
+                hk[b] = key[i]
+                if flag[i] == 1:
+                    pos[b] = (1 << 40) + 2 * i
+        elif k == 7:  # EVICTED
+            if b >= 0:
+                hk[b] = -1
+                got[4] += 1
+        elif k == 10:  # RESET
+            if b >= 0:
+                hk[b] = -1
+        elif k == 6:  # FREED
+            if b >= 0:
+                if flag[i] == 1:
+                    pos[b] = (1 << 40) + 2 * i
+                else:
+                    s = seq[i]
+                    if group < 0 or s != group_seq:  # the event's first head row in the range
+                        group = i
+                        group_seq = s
+                        g0 = g
+                        m = 0
+                        j = i
+                        while j < stop and seq[j] == s:
+                            if kind[j] == 6 and block[j] >= 0 and flag[j] != 1:
+                                m += 1
+                            j += 1
+                    pos[b] = -(2 * g0 + m - g)
+                    g += 1
+        elif k == 2:  # LOOKUP
+            got[0] += 1
+            got[1] += sizes[request[i]]
+            got[2] += a[i]
+        elif k == 8:  # REFUSED
+            got[5] += 1
+        elif k == 9:  # FINISHED
+            got[6] += 1
+
+
+_COMPILED: list[Any] = []
+
+
+def _compiled_advance() -> Any:
+    """`_advance_loop` compiled (cached on disk), or None without numba."""
+    if not _COMPILED:
+        try:
+            from numba import njit
+        except ImportError:
+            _COMPILED.append(None)
+        else:
+            _COMPILED.append(njit(cache=True, nogil=True)(_advance_loop))
+    return _COMPILED[0]
