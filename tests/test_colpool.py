@@ -337,10 +337,14 @@ def _reference_events(frames: list[tuple[int, bytes]], max_removed: int, reset_e
 
 
 def _journal_events(frames: list[tuple[int, bytes]], max_removed: int, reset_every: int, many: int,
-                    take_every: int = 0) -> tuple[list, ColumnarPool]:
+                    take_every: int = 0, release_min: int = 0) -> tuple[list, ColumnarPool]:
+    """The journal's rows as the reference's events; with `release_min`, each take is
+    released at once (rows dropped once that many are released) and read afterwards."""
     from engine.remote.colpool import OP_CLEARED, OP_REMOVED, OP_STORED
 
     pool = ColumnarPool("t", max_removed=max_removed, journal=True)
+    if release_min:
+        pool._release_min_rows = release_min
     parts = []
     held: list[Any] = []
     for i, (seq, payload) in enumerate(frames):
@@ -357,6 +361,8 @@ def _journal_events(frames: list[tuple[int, bytes]], max_removed: int, reset_eve
             held = []
         if take_every and i % take_every == 0:
             parts.append(pool.take_journal())
+            if release_min:
+                pool.release_journal(parts[-1].stop)
     pool.apply_many(held)
     parts.append(pool.take_journal())
     out: list[tuple] = []

@@ -76,6 +76,11 @@ its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
     j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
     j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
 
+Row numbers are global: `release_journal(row)` says a reader copied what it reads of the
+rows before `row`, and the pool drops them once enough are released (into a new array:
+rows given out before keep the old one); `journal_base` is the first row held,
+`num_journal_rows` how many there were in all, `S[S_JROWS]` how many J holds (its local
+index). Released or not, the per-store arrays and token ids are kept whole.
 A store row keeps its hash, parent hash, token ids and tenant after its slot is freed and
 reused, so a view scrubbed back still shows a removed block. With the journal on, the
 pool's token array only grows (a journalled pool's token ids are its log's: each stored
@@ -1205,8 +1210,9 @@ class JournalRows:
                  "parent_width", "token_start", "token_count", "tenant", "tokens")
 
     def __init__(self, pool: ColumnarPool, start: int) -> None:
-        self.pool, self.start, self.stop = pool, start, int(pool.S[S_JROWS])
-        J = pool.J[start:self.stop]
+        held = int(pool.S[S_JROWS])  # `start` a held row (local); start and stop are global
+        self.pool, self.start, self.stop = pool, pool.journal_base + start, pool.journal_base + held
+        J = pool.J[start:held]
         self.op, self.tier, self.slot, self.seq = J[:, J_OP], J[:, J_TIER], J[:, J_SLOT], J[:, J_SEQ]
         self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
         self.key = J[:, J_KEY].view(np.uint64)
@@ -1261,7 +1267,9 @@ class ColumnarPool:
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
         self.JS = np.zeros((1024 if journal else 0, NUM_JS), np.int64)
-        self._journal_taken = 0
+        self._journal_taken = 0  # global rows, as journal_since's
+        self.journal_base = 0  # the global number of the first row J holds (rows before it released)
+        self._journal_released_to = 0  # the furthest row a reader released
         self.SF = np.zeros(2, np.float64)
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
@@ -1765,11 +1773,56 @@ class ColumnarPool:
         self._journal_taken = rows.stop
         return rows
 
+    @property
+    def num_journal_rows(self) -> int:
+        """Rows the journal has had in all (global row numbers run 0..this-1), released or not."""
+        return self.journal_base + int(self.S[S_JROWS])
+
     def journal_since(self, row: int) -> JournalRows:
-        """The journal's rows from `row` on (numpy views; they stay valid as it grows)."""
+        """The journal's rows from global row `row` on (numpy views; they stay valid as it
+        grows and after a release)."""
         if not self.journal:
             raise ValueError("this pool keeps no journal (make it with journal=True)")
-        return JournalRows(self, max(0, min(int(row), int(self.S[S_JROWS]))))
+        row = max(0, int(row))
+        if row < self.journal_base:
+            raise ValueError(f"journal row {row:,} was released (release_journal): this pool holds its "
+                             f"rows from {self.journal_base:,} on")
+        return JournalRows(self, min(row - self.journal_base, int(self.S[S_JROWS])))
+
+    # Rows released are dropped once at least this many and at least as many as are kept
+    # (each row is then copied at most once on average, and a release per tick costs
+    # nothing while a few rows are released).
+    _release_min_rows = 1024
+
+    def release_journal(self, row: int) -> None:
+        """A reader no longer needs the journal's rows before global row `row` (it copied
+        what it reads of them): the pool may drop them, into a new array (a `JournalRows`
+        given out before stays valid: its views keep the old one). Global row numbers stay
+        as they were (`journal_base` is the first held); the per-store arrays, the token
+        ids and `SO` are kept whole. Rows already released are ignored."""
+        if not self.journal:
+            raise ValueError("this pool keeps no journal (make it with journal=True)")
+        row = int(row)
+        if row > self.num_journal_rows:
+            raise ValueError(f"journal row {row:,} is past the journal's end: it has {self.num_journal_rows:,} rows")
+        self._journal_released_to = max(self._journal_released_to, row)
+        held = int(self.S[S_JROWS])
+        drop = self._journal_released_to - self.journal_base
+        keep = held - drop
+        if drop < max(keep, self._release_min_rows):
+            return
+        # room for as many rows again as the pool held (what arrived since the last drop,
+        # about what comes before the next): no growth copies in a steady stream
+        J = np.empty((max(held + held // 8, keep + 1024), NUM_J), np.int64)
+        J[:keep] = self.J[drop:held]
+        self.J = J
+        self.S[S_JROWS] = keep
+        self.journal_base += drop
+        self._journal_released(drop)
+
+    def _journal_released(self, dropped: int) -> None:
+        """Called after the journal dropped its first `dropped` held rows (`release_journal`):
+        a subclass with arrays indexed like J shifts them by as many."""
 
     def hash_of(self, key: int, width: int) -> bytes:
         """The hash a (key, width) pair of the journal stands for (an 8-byte value or a digest)."""
