@@ -459,7 +459,7 @@ class ColumnarLog:
 
     def remote_info(self, number: int) -> Any:
         """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
-        return self._slots.infos[number - 1] if number > 0 and self._slots is not None else None
+        return self._slots.info(number) if number > 0 and self._slots is not None else None
 
     @property
     def has_remote_rows(self) -> bool:

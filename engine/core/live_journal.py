@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import EVICTED, RESET, STORED, KeyTable
-from engine.core.events import RemoteInfo
 from engine.core.projection import stream_code
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
@@ -379,21 +378,19 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     stores.tenants.extend(prepared.store_tenants)
     if col._live_keys is None:
         col._live_keys = np.full(col.num_blocks, -1, np.int32)
-    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
+    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick;
+    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
     slots = col._remote_slots()
     names = journal.tier_names
-    batches, of_batch = _unique_runs(bseq)
-    live_request, add_request = col._live_request, col.requests.add
-    occurrence = np.zeros(len(batches), np.int64)
-    for i, u in enumerate(batches.tolist()):
-        rid = f"{source}#{u}"
-        r = live_request.get(rid)
-        if r is None:
-            r = live_request[rid] = add_request(rid, None, 0)
-        occurrence[i] = r
-    request = occurrence[of_batch]
-    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
     pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
+    batches, batch_of_pair = _unique_runs(pairs >> 10)  # the pairs ascend: so do their batches
+    live_request, add_request = col._live_request, col.requests.add
+    rids = [f"{source}#{u}" for u in batches.tolist()]
+    occurrence = [live_request.get(rid) for rid in rids]
+    for i, r in enumerate(occurrence):
+        if r is None:
+            r = occurrence[i] = live_request[rids[i]] = add_request(rids[i], None, 0)
+    request = np.asarray(occurrence, np.int64)[batch_of_pair][of_pair]
     # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
     # none, or a clear outside any batch: 0, the event's own time stands for it)
     pair_time = np.zeros(len(pairs), np.float64)
@@ -401,12 +398,8 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     if times_of is not None:
         pair_time[of_pair] = times_of(journal)
         pair_time[pairs >> 10 < 0] = 0.0
-    info_id = slots.info_id
-    numbers = np.zeros(len(pairs), np.int64)
-    for i, (code, ts) in enumerate(zip(pairs.tolist(), pair_time.tolist())):
-        u, t = code >> 10, (code & 1023) - 1
-        medium = names[t] if 0 <= t < len(names) else "GPU"
-        numbers[i] = info_id(RemoteInfo(source=source, rank=rank, batch_seq=u, batch_time=ts, medium=medium))
+    media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((pairs & 1023) - 1).tolist()]
+    numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), media), np.int64)
     info = numbers[of_pair]
     seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
     table = prepared.table

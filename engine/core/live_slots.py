@@ -52,7 +52,8 @@ class RemoteSlots:
     rank and (tier, KV cache group) place of each slot, and the events' `RemoteInfo`s
     (each distinct one kept once; rows name it by number)."""
 
-    __slots__ = ("vacant", "holders", "ranks", "places", "tenants", "place_names", "infos", "_info_ids", "_last")
+    __slots__ = ("vacant", "holders", "ranks", "places", "tenants", "place_names", "infos", "_info_ids", "_last",
+                 "_field_ids")
 
     def __init__(self, vacant: list[int]) -> None:
         self.vacant = vacant  # slots a store may take, newest last (checked when taken)
@@ -61,8 +62,10 @@ class RemoteSlots:
         self.places = array("B")  # per slot, 1 + index in place_names (at most 255); 0: unknown
         self.tenants: list[str | None] = []  # per slot, as its store set it
         self.place_names: list[tuple[str, int]] = []
-        self.infos: list[RemoteInfo] = []
+        # a journal's infos stay (source, rank, batch seq, batch time, medium) until read (`info`)
+        self.infos: list[RemoteInfo | tuple] = []
         self._info_ids: dict[RemoteInfo, int] = {}
+        self._field_ids: dict[tuple, int] = {}  # a journal's infos by their fields
         # the last info and place asked for: a batch's events share one RemoteInfo object
         self._last: list[Any] = [None, 0, None, 0]
 
@@ -76,6 +79,29 @@ class RemoteSlots:
             self.infos.append(info)
             got = self._info_ids[info] = len(self.infos)
         last[0], last[1] = info, got
+        return got
+
+    def info_ids(self, source: str, rank: int, batch_seqs: list[int], batch_times: list[float],
+                 media: list[str]) -> list[int]:
+        """`info_id` of one stream's RemoteInfos given as their fields (a journal's batches
+        and tiers: thousands a second), each kept as a tuple, not an object, until read."""
+        ids, infos = self._field_ids, self.infos
+        out = []
+        for key in zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media):
+            got = ids.get(key)
+            if got is None:
+                infos.append(key)
+                got = ids[key] = len(infos)
+            out.append(got)
+        return out
+
+    def info(self, number: int) -> RemoteInfo:
+        """The RemoteInfo numbered `number` (1 + its index in `infos`)."""
+        got = self.infos[number - 1]
+        if type(got) is tuple:
+            source, rank, batch_seq, batch_time, medium = got
+            got = self.infos[number - 1] = RemoteInfo(source=source, rank=rank, batch_seq=batch_seq,
+                                                      batch_time=batch_time, medium=medium)
         return got
 
     def grow(self, num_blocks: int) -> None:

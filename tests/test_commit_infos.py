@@ -1,0 +1,29 @@
+"""A journal's RemoteInfos kept as fields (`RemoteSlots.info_ids`) until a view reads one
+(`RemoteSlots.info`): numbered as `info_id` numbers RemoteInfo objects, read back equal."""
+
+from __future__ import annotations
+
+from engine.core.events import RemoteInfo
+from engine.core.live_slots import RemoteSlots
+
+
+def test_fields_are_numbered_as_infos_and_read_back_equal():
+    slots = RemoteSlots([])
+    first = slots.info_ids("tcp://a:1", 1, [5, 5, 6], [2.5, 2.5, 3.0], ["GPU", "CPU", "GPU"])
+    assert first == [1, 2, 3]
+    # a batch taken over two ticks names the same info again: the same number
+    assert slots.info_ids("tcp://a:1", 1, [6, 7], [3.0, 4.0], ["GPU", "GPU"]) == [3, 4]
+    assert slots.info_ids("tcp://a:1", 0, [6], [3.0], ["GPU"]) == [5]  # another rank: another info
+    assert type(slots.infos[0]) is tuple  # nothing made until read
+    got = slots.info(2)
+    assert got == RemoteInfo(source="tcp://a:1", rank=1, batch_seq=5, batch_time=2.5, medium="CPU")
+    assert slots.info(2) is got
+
+
+def test_a_journal_log_reads_its_infos_as_remote_infos():
+    from tests.test_colpool import _synthetic
+    from tests.test_live_journal import _journal_fed
+
+    log = _journal_fed(_synthetic(60, 0), per_tick=5)
+    infos = [e.remote for e in log.events if e.kind in ("block_stored", "block_evicted")]
+    assert infos and all(type(i) is RemoteInfo and i.source == "tcp://10.0.0.5:5557" for i in infos)
