@@ -83,16 +83,27 @@ def nice_step(raw: float) -> float:
     return 10.0 * p10
 
 
+def smaller_step(step: float) -> float:
+    """The 1, 2, 5 × 10^k step just below `step` (5 -> 2 -> 1 -> 0.5)."""
+    p10 = 10.0 ** math.floor(math.log10(step) + 1e-9)
+    factor = round(step / p10)
+    return {5: 2.0, 2: 1.0}.get(factor, 0.5) * p10
+
+
 class CountAxis(pg.AxisItem):
     """Ticks at round values spaced so their labels never collide, whole numbers for counts.
 
     The spacing is measured, not guessed: a step is kept only when the widest label it would
     print (in the axis' own font) fits between two ticks with a gap, so "100,000" and
-    "150,000" cannot run together where "10" and "20" would have fitted.
+    "150,000" cannot run together where "10" and "20" would have fitted. A short row still
+    reads: the step shrinks (while labels fit) until two ticks carry labels, and a side
+    axis drops a tick whose label would stick out over the top of its plot, into the row
+    above (or past the stack's edge, where it is cut).
     """
 
     GAP_PX = 12  # clear space between two horizontal labels
     MAX_STEPS = 40
+    OVERHANG_PX = 2  # how far a side label may reach over its plot's top (the gap below is wider)
 
     def __init__(self, orientation: str, integer: bool = True) -> None:
         super().__init__(orientation)
@@ -121,12 +132,45 @@ class CountAxis(pg.AxisItem):
         if self.integer:
             step = max(1.0, step)
         for _ in range(self.MAX_STEPS):
-            first = math.ceil(lo / step) * step
-            values = [first + i * step for i in range(int((hi - first) // step) + 1)] or [first]
-            if step / span * size >= self.label_extent(values, step):
+            if self._fits(lo, hi, size, step):
                 break
             step = nice_step(step * 1.0001)
+        # Rounding up to a nice step can leave one tick in a short row (0 to 4,282 in 47 px
+        # took 5,000: only "0" showed): a smaller step while its labels still fit.
+        for _ in range(self.MAX_STEPS):
+            smaller = smaller_step(step)
+            if len(self._labelled(lo, hi, size, step)) >= 2 or (self.integer and smaller < 1.0) \
+                    or not self._fits(lo, hi, size, smaller):
+                break
+            step = smaller
         return [(step, 0.0)]
+
+    def tickValues(self, minVal: float, maxVal: float, size: float) -> list[tuple[float, list[float]]]:
+        levels = super().tickValues(minVal, maxVal, size)
+        if self.orientation not in ("left", "right") or self.logMode:
+            return levels
+        lo, hi = min(minVal, maxVal), max(minVal, maxVal)
+        return [(step, self._labelled(lo, hi, size, step, values)) for step, values in levels]
+
+    def _fits(self, lo: float, hi: float, size: float, step: float) -> bool:
+        """Whether labels `step` apart fit between their ticks over [lo, hi] in `size` pixels."""
+        first = math.ceil(lo / step) * step
+        values = [first + i * step for i in range(int((hi - first) // step) + 1)] or [first]
+        return step / (hi - lo) * size >= self.label_extent(values, step)
+
+    def _labelled(self, lo: float, hi: float, size: float, step: float,
+                  values: list[float] | None = None) -> list[float]:
+        """The ticks `step` apart in [lo, hi] (or `values`) whose labels stay on the plot: on a
+        side axis, not those whose label (drawn at 0.8 of a line, centred on its tick) reaches
+        more than OVERHANG_PX over the top."""
+        if values is None:
+            first = math.ceil(lo / step) * step
+            values = [first + i * step for i in range(int((hi - first) // step) + 1)]
+        if self.orientation not in ("left", "right") or size <= 0 or hi <= lo:
+            return list(values)
+        over = self._font_metrics().height() * 0.4 - self.OVERHANG_PX
+        top = hi - max(0.0, over) * (hi - lo) / size
+        return [v for v in values if v <= top]
 
     def boundingRect(self) -> QRectF:
         # with a grid pyqtgraph culls the "0" half past the axis end; let it overhang a little

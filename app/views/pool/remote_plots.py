@@ -40,6 +40,10 @@ MAX_SECONDS = 24 * 3600  # seconds of rates kept (`RemoteOverlay.per_second`'s b
 LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
     (0.01, "10 ms"), (0.1, "100 ms"), (1, "1 s"), (10, "10 s"), (60, "1 min"), (600, "10 min"),
     (3600, "1 h"), (86400, "1 day"))]
+# The lifetime axis in log10 seconds: the first bin (0-10 ms, drawn from 5 ms) to a day, and
+# room past both for half an end label ("10 ms", "1 day"): pyqtgraph drops a label that
+# would reach past the plot ("1 day" showed at no size, "10 ms" not in a 1280x800 window).
+LIFETIME_X = (-2.5, float(np.log10(86400)) + 0.4)
 
 
 def show_remote(view: Any) -> bool:
@@ -412,7 +416,7 @@ class RemoteMetrics(_Throttled):
         hi = np.log10(edges[1:])
         self.bars.setOpts(x=(lo + hi) / 2, height=counts.astype(float), width=(hi - lo) * 0.9)
         self.p_life.setYRange(0, max(1.0, float(counts.max()) if len(counts) else 1.0) * 1.1, padding=0)
-        self.p_life.setXRange(-2.3, np.log10(86400), padding=0)
+        self.p_life.setXRange(*LIFETIME_X, padding=0)
         self.hint.setVisible(num_life == 0)
         self.hint.setPos(1.0, 0.5)
         items = [("", f"<b>{len(remote.stored_times):,}</b> blocks stored"),
