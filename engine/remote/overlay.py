@@ -115,7 +115,7 @@ class RemoteOverlay:
         self._last_sample = 0.0
         self._codes = np.zeros(0, dtype=np.uint8)
         self._codes_second: float | None = None  # the stream second `_codes` was aged at
-        self._touched: list[int] = []  # slots changed since `_codes` was computed
+        self._touched = array("q")  # slots changed since `_codes` was computed
         self.revision = 0  # bumps with every observed batch
         self._counts: tuple[int, int, list[TierCount]] | None = None
         self.journal: Any = None  # a JournalFollower once journal rows are observed
@@ -234,7 +234,7 @@ class RemoteOverlay:
     def _forget_touched(self) -> None:
         """Past `MAX_TOUCHED` changed slots: the next redraw takes every slot again (`codes`
         and `cell_codes` start over) instead of a list of them."""
-        self._touched.clear()
+        self._touched = array("q")
         self._codes_second = None
         self._cells = None
 
@@ -282,9 +282,9 @@ class RemoteOverlay:
             self._codes, self._codes_second = codes, second
         elif self._touched:
             # Stores since the last full pass are the freshest blocks; removals are 0.
-            idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
+            idx = np.array(self._touched, np.int64)
             self._codes[idx] = self.base[idx]
-        self._touched.clear()
+        self._touched = array("q")
         self._cells = None  # the touched slots are spent: an aggregated grid starts over
         return self._codes[:n]
 
@@ -311,17 +311,17 @@ class RemoteOverlay:
             cells = self._cells = np.zeros(math.ceil(len(self.base) / k), np.uint8)
             self._cells_k = k
             loop(self.base, self.stored_at, edges, self._codes, cells, k, 0, n, n)
-            self._touched.clear()
+            self._touched = array("q")
             self._codes_second = self._sweep_second = second
             self._cells_n = self._sweep_at = n
             return cells[:math.ceil(n / k)], k
         if self._touched:
             # stores are the freshest blocks, removals 0: their cells take their runs' maxima again
-            idx = np.fromiter(self._touched, dtype=np.int64, count=len(self._touched))
+            idx = np.array(self._touched, np.int64)
             idx = idx[idx < n]
             self._codes[idx] = self.base[idx]
             _cells_of(self._codes, cells, k, n, np.unique(idx // k))
-            self._touched.clear()
+            self._touched = array("q")
         if n != self._cells_n:  # slots the pool gained since: their cells from the first they touch
             lo = min(n, self._cells_n) // k * k
             loop(self.base, self.stored_at, edges, self._codes, cells, k, lo, n, n)
@@ -339,21 +339,24 @@ class RemoteOverlay:
     def nbytes_by_part(self) -> dict[str, int]:
         """Bytes it holds, by part: per slot (tier, rank, store time, codes, the grid), the
         times of stores and removals and the lifetimes (one float each, for the rates), the
-        slots listed since the last redraw (a Python int each), the removal ring."""
+        slots listed since the last redraw (an int64 each), the removals remembered (table and ring)."""
         cells = self._cells.nbytes if self._cells is not None else 0
         slots = sum(a.nbytes for a in (self.tier, self.rank, self.stored_at, self.base, self._codes)) + cells
         times = sum(a.itemsize * len(a) for a in (self.stored_times, self.removed_times, self.lifetimes,
                                                    self.sample_times, *self.sample_counts))
-        ring = 0 if self.journal is None else self.journal.ring_id.nbytes + self.journal.ring_gen.nbytes
-        return {"slots": slots, "times": times, "touched": 36 * len(self._touched), "ring": ring}
+        ring = 0 if self.journal is None else self.journal.nbytes
+        touched = self._touched.itemsize * len(self._touched)
+        return {"slots": slots, "times": times, "touched": touched, "ring": ring}
 
     def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
         """Cached blocks per tier (GPU, CPU, STORAGE, then any tier vLLM adds)."""
         n = min(projection.num_blocks, len(self.base))
         if self._counts is not None and self._counts[:2] == (self.revision, n):
             return self._counts[2]
-        counts = np.bincount(self.base[:n], minlength=1 + max(len(self.tier_names), len(TIERS)) * NUM_AGES)
-        out = [TierCount(name, int(counts[self._fresh_code(code)]))
+        # `base` holds a tier's freshest code or 0: a compare per tier, not a bincount that
+        # widens every byte to an int64 first
+        base = self.base[:n]
+        out = [TierCount(name, int(np.count_nonzero(base == self._fresh_code(code))))
                for name, code in sorted(self.tier_names.items(), key=lambda kv: kv[1])]
         self._counts = (self.revision, n, out)
         return out
@@ -481,60 +484,131 @@ def journal_pool_class() -> Any:
 _MIX_TIER = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15 as int64: mixes a tier into an identity
 _WIDE_TAG = np.int64(0x5BD1E9955BD1E995)
 _MIX_STREAM = np.int64(-4417276706812531889)  # 0xC2B2AE3D27D4EB4F as int64: mixes the server and rank in
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # an identity's place in the removals' table: its top bits times this
 
 
-def _observe_loop(op, slot, t, code, fresh, ident, count, rank, tier, rank_of, stored_at, base, stored_out,
-                  removed_out, life_out, touched_out, removed, ring_id, ring_gen, st, max_removed):  # pragma: no cover
-    """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba). st: stored,
-    removed, lifetimes, touched written; generation counter; ring head, tail; stored again;
-    the row of the last clear (-1 none)."""
+def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
+    """What a tick's rows need before `_observe_loop`: the removals (the ring's room), the
+    copies clears cleared (the removal times' room), the rows naming a pool's wide hash; and
+    `seen[t] = 1` for each tier a stored or removed row names (the last entry: a tier past them)."""
+    num_removed, num_cleared, num_wide = 0, 0, 0
+    last = len(seen) - 1
     for i in range(len(op)):
         o = op[i]
+        if o == 2:
+            if store[i] > 0:
+                num_cleared += store[i]
+            continue
+        if o == 1:
+            num_removed += 1
+        t = jtier[i]
+        seen[t if 0 <= t < last else last] = 1
+        if width[i] == 2:
+            num_wide += 1
+    return num_removed, num_cleared, num_wide
+
+
+def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
+                  stored_at, base, stored_out, removed_out, life_out, touched_out, removed, shift, ring_id, ring_gen,
+                  st, max_removed):  # pragma: no cover - compiled
+    """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba): `slots` the log
+    slot of each stored and removed row, `code_of` the overlay's tier code of each journal
+    tier (the last: a tier past them), `fresh_of` each code's freshest code, `have` the
+    number of each of the pool's wide hashes. `removed` is the table of removals remembered
+    (`JournalFollower`). st: stored, removed, lifetimes, touched written; generation
+    counter; ring head, tail; stored again; the row of the last clear (-1 none); removals
+    remembered."""
+    k = 0
+    last = len(code_of) - 1
+    mask = len(removed) - 1
+    for i in range(len(op)):
+        o = op[i]
+        if o == 2:  # a clear: every copy it cleared is a removal
+            for _ in range(store[i]):
+                removed_out[st[1]] = t[i]
+                st[1] += 1
+            st[8] = i
+            continue
+        b = slots[k] if k < len(slots) else -1
+        k += 1
+        jt = jtier[i]
+        c = code_of[jt if 0 <= jt < last else last]
+        # (hash, tier, stream) as one int64 across pools: an 8-byte hash by its value, a
+        # wider one by the number of its digest
+        h = key[i]
+        if width[i] == 2:
+            h = (have[h] + 1) * np.int64(1000003) ^ _WIDE_TAG
+        h = h ^ (c * _MIX_TIER) ^ stream
+        j = np.int64((np.uint64(h) * _GOLDEN) >> shift)
+        while removed[j, 1] >= 0 and removed[j, 0] != h:
+            j = (j + 1) & mask
+        gone = -1  # the table entry to forget
         if o == 0:  # stored
             stored_out[st[0]] = t[i]
             st[0] += 1
-            h = ident[i]
-            if h in removed:
-                del removed[h]
+            if removed[j, 1] >= 0:
+                gone = j
                 st[7] += 1
-            b = slot[i]
             if b >= 0:
-                tier[b] = code[i]
+                tier[b] = c
                 rank_of[b] = rank
                 stored_at[b] = t[i]
-                base[b] = fresh[i]
+                base[b] = fresh_of[c]
                 touched_out[st[3]] = b
                 st[3] += 1
-        elif o == 1:  # removed
+        else:  # removed
             removed_out[st[1]] = t[i]
             st[1] += 1
-            h = ident[i]
-            if h not in removed:
+            if removed[j, 1] < 0:
                 g = st[4]
                 st[4] += 1
-                removed[h] = g
+                removed[j, 0] = h
+                removed[j, 1] = g
+                st[9] += 1
                 ring_id[st[6]] = h
                 ring_gen[st[6]] = g
                 st[6] += 1
-                if len(removed) > max_removed:  # forget the oldest removal still remembered
+                if st[9] > max_removed:  # forget the oldest removal still remembered
                     while st[5] < st[6]:
-                        k, g = ring_id[st[5]], ring_gen[st[5]]
+                        r, g = ring_id[st[5]], ring_gen[st[5]]
                         st[5] += 1
-                        if k in removed and removed[k] == g:
-                            del removed[k]
+                        j = np.int64((np.uint64(r) * _GOLDEN) >> shift)
+                        while removed[j, 1] >= 0 and removed[j, 0] != r:
+                            j = (j + 1) & mask
+                        if removed[j, 1] == g:
+                            gone = j
                             break
-            b = slot[i]
             if b >= 0 and base[b] != 0:
                 life_out[st[2]] = max(0.0, t[i] - stored_at[b])
                 st[2] += 1
                 base[b] = 0
                 touched_out[st[3]] = b
                 st[3] += 1
-        else:  # a clear: every copy it cleared is a removal
-            for _ in range(count[i]):
-                removed_out[st[1]] = t[i]
-                st[1] += 1
-            st[8] = i
+        if gone >= 0:  # linear probing's deletion: pull back the entries after it that may
+            st[9] -= 1  # move (their home is not in (gone, next]), so no lookup needs a tombstone
+            nxt = gone
+            while True:
+                nxt = (nxt + 1) & mask
+                if removed[nxt, 1] < 0:
+                    break
+                home = np.int64((np.uint64(removed[nxt, 0]) * _GOLDEN) >> shift)
+                if (home <= gone or home > nxt) if gone < nxt else (home <= gone and home > nxt):
+                    removed[gone, 0] = removed[nxt, 0]
+                    removed[gone, 1] = removed[nxt, 1]
+                    gone = nxt
+            removed[gone, 1] = -1
+
+
+def _rehash(old, new, shift):  # pragma: no cover - compiled
+    """The removals remembered in table `old`, placed in the larger `new` (every generation -1)."""
+    mask = len(new) - 1
+    for i in range(len(old)):
+        if old[i, 1] >= 0:
+            j = np.int64((np.uint64(old[i, 0]) * _GOLDEN) >> shift)
+            while new[j, 1] >= 0:
+                j = (j + 1) & mask
+            new[j, 0] = old[i, 0]
+            new[j, 1] = old[i, 1]
 
 
 def _cells_loop(base: np.ndarray, stored: np.ndarray, edges: np.ndarray, codes: np.ndarray, cells: np.ndarray,
@@ -578,51 +652,88 @@ def _compiled_cells() -> Any:
 _OBSERVE: list[Any] = []
 
 
-def _compiled_observe() -> Any:
+def _compiled_observe() -> tuple[Any, Any, Any]:
+    """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled."""
     if not _OBSERVE:
         from numba import njit
 
-        _OBSERVE.append(njit(cache=True, nogil=True)(_observe_loop))
+        _OBSERVE.append(tuple(njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop, _rehash)))
     return _OBSERVE[0]
 
 
 class JournalFollower:
     """What `RemoteOverlay.observe_journal` keeps between ticks: the removals remembered for
-    "stored again" (a numba dict of hash, tier and stream identities, a ring of their insertion
-    order) and the cross-pool identity of each pool's 32-byte hashes (digest -> number)."""
+    "stored again" (hash, tier and stream identities in a table of (identity, generation)
+    rows, open addressing with linear probing, generation -1 an empty row; a ring of their
+    insertion order), the cross-pool identity of each pool's 32-byte hashes (digest ->
+    number) and the overlay's tier codes of the journal's tiers. A table, not a numba dict:
+    a lookup is one row (a dict reads an index and then an entry), and at 200,000 removals
+    remembered the table is past the caches, so every tick's rows wait on those reads."""
 
     def __init__(self) -> None:
-        from numba import typed, types
-
-        self.removed = typed.Dict.empty(types.int64, types.int64)
+        self.removed = np.full((1024, 2), -1, np.int64)
         self.ring_id = np.zeros(1024, np.int64)
         self.ring_gen = np.zeros(1024, np.int64)
-        self.st = np.zeros(9, np.int64)
+        self.st = np.zeros(10, np.int64)
         self.wide: dict[bytes, int] = {}
         self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
+        self.streams: dict[tuple[str, int], np.int64] = {}  # (source, rank) -> its mix
+        # (the journal's tier names, the overlay's number of tiers) -> (code of each tier
+        # index, the last for one past them; the freshest code of each code)
+        self.codes: tuple[Any, np.ndarray, np.ndarray] | None = None
 
-    def identities(self, journal: Any, pool: Any, codes: np.ndarray) -> np.ndarray:
-        """One int64 per row naming (hash, tier, stream) across pools: an 8-byte hash by its value, a
-        wider one by the number of its digest."""
-        key = np.asarray(journal.key, np.uint64).view(np.int64)
-        width = np.asarray(journal.width, np.int64)
-        ident = key.copy()
-        wide = width == 2  # colpool.W_WIDE: a surrogate of this pool's
-        if wide.any():
-            have = self.wide_of.get(id(pool), np.zeros(0, np.int64))
-            sur = key[wide]
-            top = int(sur.max()) + 1
-            if len(have) < top:
-                have = np.concatenate([have, np.full(max(top, 2 * len(have)) - len(have), -1, np.int64)])
-            for s in np.unique(sur[have[sur] < 0]).tolist():
-                digest = pool.hash_of(s, 2)
-                have[s] = self.wide.setdefault(digest, len(self.wide))
-            self.wide_of[id(pool)] = have
-            ident[wide] = (have[sur] + 1) * np.int64(1000003) ^ _WIDE_TAG
-        stream = np.array([stream_code(pool.source, int(pool.rank)) + 1], np.int64) * _MIX_STREAM  # wraps
-        return ident ^ (codes.astype(np.int64) * _MIX_TIER) ^ stream[0]
+    @property
+    def num_remembered(self) -> int:
+        """Removals remembered for "stored again"."""
+        return int(self.st[9])
+
+    @property
+    def shift(self) -> np.uint64:
+        """What an identity's product with `_GOLDEN` is shifted right by: the table's row."""
+        return np.uint64(64 - (len(self.removed).bit_length() - 1))
+
+    def wide_numbers(self, journal: Any, pool: Any, key: np.ndarray) -> np.ndarray:
+        """The number of each of `pool`'s wide-hash surrogates among `journal`'s rows (the
+        digest's number across pools: one digest, one number)."""
+        have = self.wide_of.get(id(pool), np.zeros(0, np.int64))
+        sur = key[np.asarray(journal.width, np.int64) == 2]  # colpool.W_WIDE: a surrogate of this pool's
+        top = int(sur.max()) + 1
+        if len(have) < top:
+            have = np.concatenate([have, np.full(max(top, 2 * len(have)) - len(have), -1, np.int64)])
+        for s in np.unique(sur[have[sur] < 0]).tolist():
+            digest = pool.hash_of(s, 2)
+            have[s] = self.wide.setdefault(digest, len(self.wide))
+        self.wide_of[id(pool)] = have
+        return have
+
+    def stream_mix(self, pool: Any) -> np.int64:
+        """The term a pool's server and rank mix into its rows' identities."""
+        at = (pool.source, int(pool.rank))
+        mix = self.streams.get(at)
+        if mix is None:
+            mix = self.streams[at] = (np.array([stream_code(*at) + 1], np.int64) * _MIX_STREAM)[0]  # wraps
+        return mix
+
+    def tier_codes(self, overlay: RemoteOverlay, names: list, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the overlay's code of each journal tier, the last for a tier past `names`; the
+        freshest code of each code). A tier the rows name (`seen`) that the overlay has no
+        code for gets one first, in the journal's order (as `observe` gives them in the
+        order it meets them)."""
+        medium = [*names, None]
+        known = overlay.tier_names
+        for i in np.flatnonzero(seen).tolist():
+            if tier_of_medium(medium[i]) not in known:
+                overlay.tier_code(tier_of_medium(medium[i]))
+        cached = self.codes
+        if cached is None or cached[0] != (names, len(known)):
+            code_of = np.array([known.get(tier_of_medium(m), 0) for m in medium], np.int64)
+            fresh_of = np.array([overlay._fresh_code(c) if c else 0 for c in range(len(known) + 1)], np.int64)
+            cached = self.codes = ((list(names), len(known)), code_of, fresh_of)
+        return cached[1], cached[2]
 
     def room(self, n: int) -> None:
+        """Room for `n` more removals: in the ring, and in the table at most half full (so a
+        probe meets an empty row soon) for as many as it can hold at once."""
         st = self.st
         if st[5] > len(self.ring_id) // 2:  # drop what the ring has passed
             live = int(st[6] - st[5])
@@ -636,6 +747,18 @@ class JournalFollower:
                 grown = np.zeros(size, np.int64)
                 grown[:st[6]] = getattr(self, name)[:st[6]]
                 setattr(self, name, grown)
+        rows = len(self.removed)
+        while 2 * min(int(st[9]) + n, MAX_REMEMBERED_REMOVALS + 1) > rows:
+            rows *= 2
+        if rows > len(self.removed):
+            grown = np.full((rows, 2), -1, np.int64)
+            old, self.removed = self.removed, grown
+            _compiled_observe()[2](old, grown, self.shift)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the removals remembered: the table and the ring."""
+        return self.removed.nbytes + self.ring_id.nbytes + self.ring_gen.nbytes
 
 
 def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> None:
@@ -643,11 +766,12 @@ def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> Non
     reader holds a numpy view of it (np.frombuffer) it cannot grow in place, so it grows as
     a copy (the reader keeps the old)."""
     got = getattr(overlay, name)
+    data = memoryview(np.ascontiguousarray(values, np.float64)).cast("B")
     try:
-        got.frombytes(values.tobytes())
+        got.frombytes(data)
     except BufferError:
         grown = array("d", got)
-        grown.frombytes(values.tobytes())
+        grown.frombytes(data)
         setattr(overlay, name, grown)
 
 
@@ -658,7 +782,8 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     appended: `times` the batch time of each row (`JournalPool.times_of`), `slots` the log
     slot of each stored and removed row (`LiveColumnarLog.blocks_of_rows`). The same
     per-slot tier, rank, store time and code, rates, lifetimes and "stored again" as the
-    reference's events give, from arrays in one compiled pass."""
+    reference's events give, from arrays in two compiled passes (what the rows need, then
+    the rows), so a tick costs a few numpy calls whatever its size."""
     n = len(journal)
     if not n:
         return
@@ -668,35 +793,32 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
         follow = self.journal = JournalFollower()
     self.revision += 1
     self._grow(projection.num_blocks)
-    op = np.asarray(journal.op, np.int64)
+    scan, loop, _ = _compiled_observe()
+    op, jtier = np.asarray(journal.op, np.int64), np.asarray(journal.tier, np.int64)
+    store, width = np.asarray(journal.store, np.int64), np.asarray(journal.width, np.int64)
+    key = np.asarray(journal.key, np.uint64).view(np.int64)
     names = journal.tier_names
-    jt = np.asarray(journal.tier, np.int64)
-    code = np.zeros(n, np.int64)
-    for t in np.unique(jt[op != 2]).tolist():
-        code[jt == t] = self.tier_code(tier_of_medium(names[t] if 0 <= t < len(names) else None))
-    fresh = np.zeros(n, np.int64)
-    for c in np.unique(code[op != 2]).tolist():  # after every tier has its code
-        fresh[code == c] = self._fresh_code(c)
-    slot = np.full(n, -1, np.int64)
-    slot[op != 2] = np.asarray(slots, np.int64)
-    count = np.where(op == 2, np.asarray(journal.store, np.int64), 0)
-    ident = follow.identities(journal, pool, code)
-    follow.room(int(np.count_nonzero(op == 1)))  # the ring holds removals only
-    n_removed = n + int(count.sum())
-    stored_out, removed_out, life_out = np.zeros(n), np.zeros(n_removed), np.zeros(n)
-    touched_out = np.zeros(2 * n, np.int64)
+    seen = np.zeros(len(names) + 1, np.int64)
+    num_removed, num_cleared, num_wide = scan(op, jtier, store, width, seen)
+    code_of, fresh_of = follow.tier_codes(self, names, seen)
+    have = follow.wide_numbers(journal, pool, key) if num_wide else np.zeros(0, np.int64)
+    follow.room(num_removed)  # the ring holds removals only
+    # what the pass writes (stores, removals and clears' copies, lifetimes, slots changed)
+    stored_out, removed_out, life_out = np.empty(n), np.empty(n + num_cleared), np.empty(n)
+    touched_out = np.empty(2 * n, np.int64)
     st = follow.st
     st[:4] = 0
     st[8] = -1
-    _compiled_observe()(op, slot, np.asarray(times, np.float64), code.astype(np.uint8), fresh.astype(np.uint8),
-                        ident, count, rank, self.tier, self.rank, self.stored_at, self.base, stored_out,
-                        removed_out, life_out, touched_out, follow.removed, follow.ring_id, follow.ring_gen, st,
-                        MAX_REMEMBERED_REMOVALS)
-    for name, out, n in (("stored_times", stored_out, st[0]), ("removed_times", removed_out, st[1]),
-                         ("lifetimes", life_out, st[2])):
-        _append_floats(self, name, out[:n])
-    if self._can_touch(int(st[3])):
-        self._touched.extend(touched_out[:st[3]].tolist())
+    loop(op, jtier, key, width, store, np.asarray(slots, np.int64), np.asarray(times, np.float64), code_of,
+         fresh_of, have, follow.stream_mix(pool), rank, self.tier, self.rank, self.stored_at, self.base,
+         stored_out, removed_out, life_out, touched_out, follow.removed, follow.shift, follow.ring_id,
+         follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
+    num_stored, num_removed, num_lives, num_touched = st[:4].tolist()
+    _append_floats(self, "stored_times", stored_out[:num_stored])
+    _append_floats(self, "removed_times", removed_out[:num_removed])
+    _append_floats(self, "lifetimes", life_out[:num_lives])
+    if self._can_touch(num_touched):
+        self._touched.frombytes(memoryview(touched_out[:num_touched]).cast("B"))
     else:
         self._forget_touched()
     self.num_stored_again += int(st[7])
