@@ -578,13 +578,15 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenants, stores, brank_of, rank, r0,
                 cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, hk, hw, hv, lhead, lnext,
-                out, born, store_tenants):  # pragma: no cover - compiled
+                lfree, out, born, store_tenants):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows.
 
-    state: [vacant top, blocks, rows out, born count, stores seen, lists made]. Slot FIFOs
-    (shead/stail/nxt, by `JournalStores.slot_ids`) give a removal its oldest copy; per hash
-    a FIFO of holders (the table hk/hw/hv: (hash code, width) -> list, lhead, lnext) gives a
-    store its parent's holder."""
+    state: [vacant top, blocks, rows out, born count, stores seen, lists made, hashes in the
+    table, free lists]. Slot FIFOs (shead/stail/nxt, by `JournalStores.slot_ids`) give a
+    removal its oldest copy; per hash a FIFO of holders (the table hk/hw/hv: (hash code,
+    width) -> list, lhead, lnext) gives a store its parent's holder. A hash whose last holder
+    goes leaves the table and its list is made again (`lfree`): the table holds the hashes
+    held now, not every hash ever stored (a table that outgrew the caches cost a miss a probe)."""
     nb = state[1]
     o_n = 0
     b_n = 0
@@ -627,8 +629,13 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
             h = _ht_slot(hk, hw, hcode[i], hwide[i])
             lid = hv[h]
             if lid < 0:
-                lid = state[5]
-                state[5] += 1
+                if state[7] > 0:
+                    state[7] -= 1
+                    lid = lfree[state[7]]
+                else:
+                    lid = state[5]
+                    state[5] += 1
+                state[6] += 1
                 lhead[lid] = -1
                 hk[h] = hcode[i]
                 hw[h] = hwide[i]
@@ -658,7 +665,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                 cur[b] = -1
                 vacant[state[0]] = b
                 state[0] += 1
-                _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext)
+                _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state)
             out[o_n, 0] = 7
             out[o_n, 3] = b
             out[o_n, 4] = keys[i]
@@ -689,7 +696,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                     prev = _unlink(shead, nxt, s, x)
                     if prev != -2 and stail[s] == x:
                         stail[s] = prev
-                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lhead, lnext)
+                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state)
             if not any_held:
                 out[o_n, 0] = 10
                 out[o_n, 3] = -1
@@ -725,10 +732,38 @@ def _ht_rehash(hk, hw, hv, nk, nw, nv):  # pragma: no cover - compiled
             nv[h] = hv[i]
 
 
-def _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext):  # pragma: no cover - compiled
-    lid = hv[_ht_slot(hk, hw, bcode[b], bwide[b])]
+def _ht_delete(hk, hw, hv, h):  # pragma: no cover - compiled
+    """Empty entry `h`, the entries after it in its probe run moved back where their own probe
+    passes it (linear probing's deletion: no tombstones, so probes stay short)."""
+    mask = len(hk) - 1
+    i = h
+    j = h
+    while True:
+        j = (j + 1) & mask
+        if hw[j] == -1:
+            break
+        k = hk[j] * -7046029254386353131 + hw[j]  # its home, as `_ht_slot` finds it
+        k = (k ^ (k >> 29)) & mask
+        if (j > i and (k <= i or k > j)) or (j < i and k <= i and k > j):  # home not in (i, j]
+            hk[i] = hk[j]
+            hw[i] = hw[j]
+            hv[i] = hv[j]
+            i = j
+    hw[i] = -1
+    hv[i] = -1
+
+
+def _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state):  # pragma: no cover - compiled
+    """`b` out of its hash's holders; a hash left with none leaves the table, its list free."""
+    h = _ht_slot(hk, hw, bcode[b], bwide[b])
+    lid = hv[h]
     if lid >= 0:
         _unlink(lhead, lnext, lid, b)
+        if lhead[lid] < 0:
+            _ht_delete(hk, hw, hv, h)
+            lfree[state[7]] = lid
+            state[7] += 1
+            state[6] -= 1
 
 
 def _unlink(head, nxt, lid, b):  # pragma: no cover - compiled
@@ -755,11 +790,11 @@ class _CompiledPlacer:
 
     def __init__(self) -> None:
         self.loop, self.rehash = _compiled()
-        self.state = np.zeros(6, np.int64)
+        self.state = np.zeros(8, np.int64)
         self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
         z = np.zeros(0, np.int32)
         self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
-        self.nxt, self.bslot, self.btenant, self.brank, self.lnext = (z.copy() for _ in range(5))
+        self.nxt, self.bslot, self.btenant, self.brank, self.lnext, self.lfree = (z.copy() for _ in range(6))
         self.bcode = np.zeros(0, np.int64)  # a hash's code is its 8-byte value
         self.bwide = np.zeros(0, np.int8)  # width codes are 0, 1, 2
         # (hash code, width) -> its holders' list: an open-addressing table, kept at most half full
@@ -798,7 +833,8 @@ class _CompiledPlacer:
         self.brank = self._fit(self.brank, top, -1)
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
         self.lhead = self._fit(self.lhead, lists, -1, top)
-        need = 2 * lists  # every list this call may make, at most half full
+        self.lfree = self._fit(self.lfree, lists, 0, lists)
+        need = 2 * (int(self.state[6]) + n_store)  # every hash held after this call, at most half full
         if need > len(self.hk) or (self.hv.dtype == np.int32 and lists > _I32_TOP):
             size = max(len(self.hk), 1 << (need - 1).bit_length())
             nv = np.full(size, -1, np.int64 if lists > _I32_TOP else self.hv.dtype)
@@ -812,8 +848,8 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
                   self.cur, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
-                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lhead, self.lnext, out, born,
-                  store_tenants)
+                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lhead, self.lnext, self.lfree,
+                  out, born, store_tenants)
         table = out[:int(self.state[2])]
         table[:, 1] = table[:, 2]
         return table, store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1])
@@ -829,8 +865,9 @@ def _compiled() -> list[Any]:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _ht_slot
+        global _unlink_hash, _unlink, _ht_slot, _ht_delete
         _ht_slot = njit(cache=True, nogil=True)(_ht_slot)
+        _ht_delete = njit(cache=True, nogil=True)(_ht_delete)
         _unlink = njit(cache=True, nogil=True)(_unlink)
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
