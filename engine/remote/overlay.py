@@ -414,6 +414,8 @@ def journal_pool_class() -> Any:
     (`row_times`, what `RemoteOverlay.observe_journal` dates stores and removals by, as
     the reference dates its events by their `RemoteInfo.batch_time`). A clear from `reset`
     without a batch time is dated when it happens, as the reference's `CacheReset` is.
+    `row_times` is indexed like the pool's J (rows held, from `journal_base` on) and drops
+    what a `release_journal` drops; `times_of` takes global rows, as `JournalRows` names them.
     Made on first use: the colpool module loads numba."""
     if not _JOURNAL_POOL:
         from engine.remote import colpool
@@ -428,7 +430,7 @@ def journal_pool_class() -> Any:
                 self._in_many = False
 
             def _num_rows(self) -> int:
-                return int(self.S[colpool.S_JROWS])
+                return int(self.S[colpool.S_JROWS])  # rows held: J's and row_times' local index
 
             def _date(self, r0: int, seqs: np.ndarray, tss: np.ndarray) -> None:
                 r1 = self._num_rows()
@@ -443,6 +445,14 @@ def journal_pool_class() -> Any:
                 else:  # the batches of one call, seqs ascending: each row by its batch seq
                     at = np.searchsorted(seqs, self.J[r0:r1, colpool.J_SEQ]).clip(0, len(seqs) - 1)
                     self.row_times[r0:r1] = tss[at]
+
+            def _journal_released(self, dropped: int) -> None:
+                # a new array as long as the new J, the rows still held at its front (a copy:
+                # the old one is left as it was)
+                held = self._num_rows()
+                shifted = np.zeros(max(len(self.J), held), np.float64)
+                shifted[:held] = self.row_times[dropped:dropped + held]
+                self.row_times = shifted
 
             def apply(self, batch: Any) -> list:
                 if self._in_many:
@@ -474,8 +484,13 @@ def journal_pool_class() -> Any:
                 return out
 
             def times_of(self, journal: Any) -> np.ndarray:
-                """The batch time of each row of `journal` (a `JournalRows` of this pool), a copy."""
-                return self.row_times[journal.start:journal.stop].copy()
+                """The batch time of each row of `journal` (a `JournalRows` of this pool, its
+                rows global), a copy."""
+                base = self.journal_base
+                if journal.start < base:
+                    raise ValueError(f"journal row {journal.start:,} was released (release_journal): this pool "
+                                     f"holds its rows from {base:,} on")
+                return self.row_times[journal.start - base:journal.stop - base].copy()
 
         _JOURNAL_POOL.append(JournalPool)
     return _JOURNAL_POOL[0]
