@@ -27,3 +27,38 @@ def test_a_journal_log_reads_its_infos_as_remote_infos():
     log = _journal_fed(_synthetic(60, 0), per_tick=5)
     infos = [e.remote for e in log.events if e.kind in ("block_stored", "block_evicted")]
     assert infos and all(type(i) is RemoteInfo and i.source == "tcp://10.0.0.5:5557" for i in infos)
+
+
+def test_rows_released_by_the_pool_commit_with_the_times_taken_with_them():
+    """A pool that released the rows taken (`release_journal`) no longer dates them
+    (`times_of` refuses): `commit_journal` takes the times taken with the rows."""
+    from engine.core.live_journal import commit_journal, journal_log, prepare_journal
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(120, 3)
+    logs, refused = [], 0
+    for release in (False, True):
+        log = journal_log(16)
+        pool = journal_pool_class()("tcp://10.0.0.5:5557")
+        for i in range(0, len(frames), 7):
+            pool.apply_many([fastwire.decode_columns(seq, payload) for seq, payload in frames[i:i + 7]])
+            rows = pool.take_journal()
+            if not len(rows):
+                continue
+            times = pool.times_of(rows)
+            prepared = prepare_journal(log, rows, pool, pool.source)
+            if release:
+                pool.release_journal(rows.stop)
+                try:
+                    pool.times_of(rows)
+                except ValueError:
+                    refused += 1  # the pool dropped these rows: only the times taken date them
+                commit_journal(log, prepared, times=times)
+            else:
+                commit_journal(log, prepared)
+        logs.append(log)
+    kept, released = ([(e.kind, e.remote) for e in log.events if e.kind != "cache_reset"] for log in logs)
+    assert refused and kept == released and len(kept) > 100
+    assert len({info.batch_time for _, info in kept}) > 5

@@ -352,10 +352,13 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     return done
 
 
-def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int:
+def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times: Any = None) -> int:
     """The writing half of `append_journal`, on the thread that owns `log`: the prepared
     rows, their requests (one per vLLM batch) and RemoteInfos written, the pool grown, the
-    series and live pool moved on. How many events that made."""
+    series and live pool moved on. `times`: each row's batch time as taken with the rows
+    (`app.runtime.journal_feed.take_journal_rows`); None reads them from the pool
+    (`times_of`), which it can only while it holds them (`release_journal`). How many
+    events that made."""
     col = log.columnar
     keys, stores = col.keys, col.store_attributes
     if stores is not prepared.stores:
@@ -394,9 +397,10 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0) -> int
     # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
     # none, or a clear outside any batch: 0, the event's own time stands for it)
     pair_time = np.zeros(len(pairs), np.float64)
-    times_of = getattr(pool, "times_of", None)
-    if times_of is not None:
-        pair_time[of_pair] = times_of(journal)
+    if times is None and getattr(pool, "times_of", None) is not None:
+        times = pool.times_of(journal)
+    if times is not None:
+        pair_time[of_pair] = times
         pair_time[pairs >> 10 < 0] = 0.0
     media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((pairs & 1023) - 1).tolist()]
     numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), media), np.int64)
