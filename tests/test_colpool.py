@@ -551,7 +551,7 @@ def test_store_orders_renumbered_and_l_widened_keep_the_reference_pool():
             setattr(ColumnarPool, attr, old)
     pool = ColumnarPool("t")
     pool.apply(fastwire.decode_columns(*frames[0]))
-    assert pool.L.dtype == np.uint32 and ColumnarPool("t", journal=True).L.dtype == np.int64
+    assert pool.L.dtype == np.uint32 and ColumnarPool("t", journal=True).L.dtype == np.uint32
 
 
 def test_the_batch_table_keeps_only_the_batches_held_blocks_name():

@@ -1,7 +1,8 @@
 """engine.remote.colpool's journal releases (`ColumnarPool.release_journal`): a reader that
 copied what it reads of the rows before a row lets the pool drop them. Row numbers stay
 global, rows given out before stay readable, and the rows still held and every per-store
-array say what they said before the release."""
+array say what they said before the release. And the journal's narrow per-store rows
+(17 bytes), widened once before a value would not fit, still say what the reference emits."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from engine.bench.attach import recorded_stream
 from engine.remote import fastwire
-from engine.remote.colpool import S_JROWS, ColumnarPool
+from engine.remote.colpool import JS_NARROW, JS_WIDE, S_JROWS, ColumnarPool
+from engine.remote.wire import VllmEvent, encode_batch
 from tests.test_colpool import FIXTURES, _journal_events, _reference_events, _run, _synthetic, state
 
 ROW_FIELDS = ("op", "tier", "slot", "seq", "store", "key", "width")
@@ -133,3 +135,64 @@ def test_a_released_journal_of_a_synthetic_stream_says_what_the_reference_emits(
     got, pool = _journal_events(frames, 30, 61, 16, take_every=5, release_min=1)
     assert got == ref_events and pool.journal_base > 0
     assert state(pool) == _run(frames, False, 30, 61)[0]
+
+
+# ---- narrow per-store rows ------------------------------------------------------------
+
+def _is_wide(pool: ColumnarPool) -> bool:
+    return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype) == (JS_WIDE, np.int64, np.int64)
+
+
+def test_a_journalled_pool_keeps_17_bytes_a_store_and_narrow_slot_columns():
+    pool = ColumnarPool("t", journal=True)
+    pool.apply_many(_batches(2_000))
+    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 17
+    assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
+    j = pool.journal_since(0)
+    assert j.tokens.base is not None and np.all(np.asarray(j.token_count) == 16)
+
+
+def test_past_the_narrow_limit_a_journal_widens_once_and_says_what_the_reference_emits(monkeypatch):
+    """Token starts and store rows past what uint32 holds (the limit made small): L, JS and SO
+    widen together, and the rows taken before (narrow) and after (wide) read the reference's
+    events."""
+    frames = _synthetic(300, 3)
+    ref_events, _ = _reference_events(frames, 30, 61)
+    monkeypatch.setattr(ColumnarPool, "_narrow_limit", 2_000)
+    got, pool = _journal_events(frames, 30, 61, 16, take_every=5)
+    assert got == ref_events and _is_wide(pool)
+    assert state(pool) == _run(frames, False, 30, 61)[0]
+
+
+def _frames_of(events_per_frame: list[list[VllmEvent]]) -> list[tuple[int, bytes]]:
+    return [(seq, encode_batch(1.0 + seq, events, 0)) for seq, events in enumerate(events_per_frame)]
+
+
+def test_a_block_of_more_than_65535_token_ids_widens_the_journal_first():
+    h = [bytes(7) + bytes([i]) for i in range(4)]
+    big = tuple(range(70_000))
+    frames = _frames_of([[VllmEvent("BlockStored", (h[0],), None, tuple(range(16)), 16)],
+                         [VllmEvent("BlockStored", (h[1],), h[0], big, 70_000)],
+                         [VllmEvent("BlockStored", (h[2], h[3]), h[1], tuple(range(32)), 16)]])
+    ref_events, _ = _reference_events(frames, 100, 0)
+    for many in (1, 3):
+        got, pool = _journal_events(frames, 100, 0, many, take_every=1)
+        assert got == ref_events and _is_wide(pool)
+        assert int(pool.journal_since(0).token_count[1]) == 70_000
+
+
+def test_a_tenant_numbered_past_65535_widens_the_journal_first():
+    pool = ColumnarPool("t", journal=True)
+    names = [f"salt-{i}" for i in range(0xFFFF - 1)]
+    pool.tenant_names.extend(names)  # as if that many salts came before
+    pool._tenant_ids.update((n, i) for i, n in enumerate(names))
+    h = [bytes(7) + bytes([i]) for i in range(3)]
+    for seq, p in _frames_of([[VllmEvent("BlockStored", (h[0],), None, tuple(range(16)), 16, extra_keys=(("a",),))],
+                              [VllmEvent("BlockStored", (h[1],), h[0], tuple(range(16)), 16, extra_keys=(("b",),))],
+                              [VllmEvent("BlockStored", (h[2],), h[1], tuple(range(16)), 16)]]):
+        pool.apply(fastwire.decode_columns(seq, p))
+        if seq == 0:
+            assert pool.JS.dtype == JS_NARROW  # tenant number 65,535 is 65,535 + 1 in JS: not yet
+    j = pool.journal_since(0)
+    assert _is_wide(pool)
+    assert [pool.tenant_names[int(t) - 1] for t in j.tenant] == ["a", "b", "b"]

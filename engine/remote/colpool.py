@@ -23,11 +23,12 @@ Python object per block, per hash or per token id:
   start; a free slot keeps its old token range (its start in the batch-row column) and
   count, and a block with as many token ids stored in it (an evicting server's usual
   case) is written over that range, so eviction leaves no garbage in the token array
-  (a journalled pool, whose rows read every store's ids, always appends). Token start, batch row and order are uint32 (the orders renumbered, in order,
-  before they would pass 2**32; the columns widened once to int64 before a token start
-  would); a journalled pool, whose token array only grows, keeps them in int64. At 16
-  token ids a block that is 55 bytes a slot, 32 of token ids and 5.7 of the table (at a
-  load of 0.7), with the arrays' room to grow (an eighth) on top.
+  (a journalled pool, whose rows read every store's ids, always appends). Token start,
+  batch row and order are uint32 (the orders renumbered, in order, before they would
+  pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
+  which a journalled pool, whose token array only grows, reaches first). At 16 token ids
+  a block that is 55 bytes a slot, 32 of token ids and 5.7 of the table (at a load of
+  0.7), with the arrays' room to grow (an eighth) on top.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
@@ -75,6 +76,12 @@ its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
                                      # a clear's: how many copies it cleared
     j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
     j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
+
+The per-store arrays are fields of one packed array (17 bytes a store: uint64 parent,
+uint32 token start, uint16 token count and tenant, uint8 width; widened once, with L and
+`SO`, before a value would not fit); the rows are int64 columns of J. Read them as numpy
+arrays of those types (`np.asarray(j.tenant, np.int64)` before arithmetic that may go
+below 0).
 
 Row numbers are global: `release_journal(row)` says a reader copied what it reads of the
 rows before `row`, and the pool drops them once enough are released (into a new array:
@@ -124,11 +131,16 @@ S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, 
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES, \
     S_NTIERS, S_BID, S_TOUCHED = range(22)
 NUM_S = 22  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied
-# the journal (`ColumnarPool(journal=True)`): rows (int64) and, per stored block, its store row
+# the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
+# stored block, its store row (kept for good): packed, 17 bytes, the narrowest exact types,
+# widened once to JS_WIDE (25) before a token start would pass 2**32 - 1, a block's token
+# count 2**16 - 1 or a tenant number 2**16 - 1 (`ColumnarPool._widen`)
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
-JS_PARENT, JS_PWIDTH, JS_TOK0, JS_NTOK, JS_TENANT = range(5)
-NUM_JS = 5
+JS_NARROW = np.dtype([("parent", np.uint64), ("tok0", np.uint32), ("ntok", np.uint16), ("tenant", np.uint16),
+                      ("pwidth", np.uint8)])
+JS_WIDE = np.dtype([("parent", np.uint64), ("tok0", np.int64), ("ntok", np.uint32), ("tenant", np.uint32),
+                    ("pwidth", np.uint8)])
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2
 # per tier (int64): present, creation order, hashes, copies beyond one per hash, blocks
 # announced under the tier's own name (media), hashes without token ids
@@ -472,15 +484,16 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
 def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tenant):  # pragma: no cover
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
+    r = JS[o]
     if has_prev:
-        JS[o, JS_PARENT] = np.int64(pk)
-        JS[o, JS_PWIDTH] = pw
+        r.parent = pk
+        r.pwidth = pw
     else:
-        JS[o, JS_PARENT] = 0
-        JS[o, JS_PWIDTH] = 0
-    JS[o, JS_TOK0] = tok0
-    JS[o, JS_NTOK] = ntok
-    JS[o, JS_TENANT] = tenant + 1
+        r.parent = 0
+        r.pwidth = 0
+    r.tok0 = tok0
+    r.ntok = ntok
+    r.tenant = tenant + 1
     S[S_JSTORES] = o + 1
 
 
@@ -1042,8 +1055,10 @@ def warm_up() -> None:
                                                tuple(range(16)), 16),
                                      VllmEvent("BlockRemoved", ((i + 9 << 56).to_bytes(8, "big"),))], 0)
               for i in range(2)]
-    for journal in (False, True):
+    for journal, wide in ((False, False), (True, False), (True, True)):
         pool = ColumnarPool("warm-up", journal=journal)
+        if wide:  # past 2**32 token ids (or a pool's journal past its narrow columns): `_widen`
+            pool._widen()
         pool.apply_many([fastwire.decode_columns(1 + i, q) for i, q in enumerate(common)])
         pool.apply(fastwire.decode_columns(0, p))
         # a pool that grows: a new table (`_rehash`), the maps' (`_om_rehash`), the token
@@ -1217,8 +1232,8 @@ class JournalRows:
         self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
         self.key = J[:, J_KEY].view(np.uint64)
         JS = pool.JS[:int(pool.S[S_JSTORES])]
-        self.parent, self.parent_width = JS[:, JS_PARENT].view(np.uint64), JS[:, JS_PWIDTH]
-        self.token_start, self.token_count, self.tenant = JS[:, JS_TOK0], JS[:, JS_NTOK], JS[:, JS_TENANT]
+        self.parent, self.parent_width = JS["parent"], JS["pwidth"]
+        self.token_start, self.token_count, self.tenant = JS["tok0"], JS["ntok"], JS["tenant"]
         self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
 
     def __len__(self) -> int:
@@ -1266,7 +1281,7 @@ class ColumnarPool:
         self.S[S_MEDIA_FIRST] = -1
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
-        self.JS = np.zeros((1024 if journal else 0, NUM_JS), np.int64)
+        self.JS = np.zeros(1024 if journal else 0, JS_NARROW)
         self._journal_taken = 0  # global rows, as journal_since's
         self.journal_base = 0  # the global number of the first row J holds (rows before it released)
         self._journal_released_to = 0  # the furthest row a reader released
@@ -1285,16 +1300,17 @@ class ColumnarPool:
     def _alloc(self, cap: int) -> None:
         self.K = np.zeros((cap, 2), np.uint64)
         # uint32 while every token start, batch row and store order fits (`_narrow_room`
-        # renumbers or widens before one would not); a journalled pool's token array only
-        # grows, so its L is int64 from the start
-        self.L = np.zeros((cap, 3), np.int64 if self.journal else np.uint32)
+        # renumbers or widens before one would not; a journalled pool's token array only
+        # grows, so its token starts are the ones that pass it first)
+        self.L = np.zeros((cap, 3), np.uint32)
         self.C = np.zeros((cap, 6), np.uint32)
         self.F = np.zeros((cap, 3), np.uint8)
         self.L[:, L_TOK] = np.arange(2, cap + 2)  # the free list: slot 0, 1, ... in order
         self.L[cap - 1, L_TOK] = 0
         self.S[S_FREE] = 1
         self.tab = self._new_table(cap)
-        self.SO = np.zeros(cap if self.journal else 0, np.int64)  # journal: a slot's store row
+        # journal: a slot's store row (int64 before one would pass 2**32 - 1: `_journal_reserve`)
+        self.SO = np.zeros(cap if self.journal else 0, np.uint32)
         # the batch table: per batch that stored a block, its seq and time (a slot names its
         # row, L_BID); rows no held slot names go when it fills (`_batch_rows`)
         self.T = np.zeros(256, np.float64)
@@ -1323,9 +1339,11 @@ class ColumnarPool:
 
     # ---- room before a compiled call ---------------------------------------------------
 
-    def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None) -> None:
+    def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None, block_tokens: int | None = None
+                 ) -> None:
         """Room for `blocks` more blocks and `tokens` more token ids (`ids`: the ones that
-        come, which widen the token array once to uint32 when one is 2**16 or more)."""
+        come, which widen the token array once to uint32 when one is 2**16 or more;
+        `block_tokens`: the most one block may take, at most `tokens`)."""
         if ids is not None and len(ids) and self.tok.dtype == np.uint16 and int(ids.max()) > 0xFFFF:
             self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
@@ -1358,12 +1376,14 @@ class ColumnarPool:
                 out = np.zeros(size, self.tok.dtype)
                 self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.F), out)
             self.tok = out
-        if not self.journal:
-            self._narrow_room(blocks, tokens)
+        self._narrow_room(blocks, tokens)
         self.removed.reserve(blocks)
         self.departed_map.reserve(blocks)
         if self.journal:
             self._journal_reserve(blocks, blocks)
+            # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
+            if self.JS.dtype == JS_NARROW and (tokens if block_tokens is None else block_tokens) > 0xFFFF:
+                self._widen()
 
     # The most a uint32 column of L holds, and the store order renumbered past it (class
     # attributes, so tests can make them small).
@@ -1385,7 +1405,7 @@ class ColumnarPool:
             self.S[S_ORDER] = len(live)
         if int(self.S[S_TOKUSED]) + tokens > limit or len(self.F) + 2 > limit or self._num_bids + 2 > limit \
                 or int(self.S[S_ORDER]) + blocks > limit:
-            self.L = self.L.astype(np.int64)
+            self._widen()
 
     def _batch_rows(self, seqs: np.ndarray, tss: np.ndarray) -> None:
         """Rows of the batch table for batches about to be applied; the first is S_BID.
@@ -1403,7 +1423,7 @@ class ColumnarPool:
             self.T, self.BSEQ = T, BSEQ
             self.L[live, L_BID] = inv
         if self.L.dtype == np.uint32 and nb + k > self._narrow_limit:
-            self.L = self.L.astype(np.int64)
+            self._widen()
         self.T[nb:nb + k] = tss
         self.BSEQ[nb:nb + k] = seqs
         self.S[S_BID] = nb
@@ -1417,9 +1437,23 @@ class ColumnarPool:
             J[:r] = self.J[:r]
             self.J = J
         if o + stores > len(self.JS):
-            JS = np.zeros((max(len(self.JS) + len(self.JS) // 8, o + stores + 1024), NUM_JS), np.int64)
+            JS = np.zeros(max(len(self.JS) + len(self.JS) // 8, o + stores + 1024), self.JS.dtype)
             JS[:o] = self.JS[:o]
             self.JS = JS
+        if o + stores > self._narrow_limit:
+            self._widen()
+
+    def _widen(self) -> None:
+        """L in int64, the per-store rows in JS_WIDE and SO in int64 from now on, all at once
+        when one of them would no longer hold a value (the compiled loops get one more
+        specialization, not one per column; a pool without a journal widens its empty JS and
+        SO for the same). Rows given out before keep the narrow arrays, exact for theirs."""
+        if self.L.dtype != np.int64:
+            self.L = self.L.astype(np.int64)
+        if self.JS.dtype != JS_WIDE:
+            self.JS = self.JS.astype(JS_WIDE)
+        if self.SO.dtype != np.int64:
+            self.SO = self.SO.astype(np.int64)
 
     def _jn(self) -> tuple:
         return self.J, self.JS, self.SO
@@ -1452,6 +1486,8 @@ class ColumnarPool:
         if i is None:
             i = self._tenant_ids[name] = len(self.tenant_names)
             self.tenant_names.append(name)
+            if self.journal and i + 1 > 0xFFFF and self.JS.dtype == JS_NARROW:  # JS keeps i + 1
+                self._widen()
         return i
 
     # ---- applying ----------------------------------------------------------------------
@@ -1484,7 +1520,7 @@ class ColumnarPool:
             widths, tiers, groups, rawgpu = np.full(len(keys), W_U64, np.uint8), _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(cols.tokens), cols.tokens)
+        self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()))
         self._batch_rows(np.array([cols.seq], np.int64), np.array([cols.ts], np.float64))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
@@ -1558,7 +1594,7 @@ class ColumnarPool:
         if not len(rows):
             return
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(tokens), tokens)
+        self._reserve(nblocks, len(tokens), tokens, int(rows[:, R_NTOK].max()))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
