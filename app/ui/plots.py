@@ -35,6 +35,9 @@ HEADER_WIDTH = 78  # the column of row titles left of the plots
 AXIS_WIDTH = 44  # every left axis equally wide, so the linked x axes line up
 MIN_ROW_PX = 42  # a plot row shorter than this is unreadable: it steps out instead
 X_AXIS_PX = 40  # tick labels and title of the shared x axis
+ROW_GAP_PX = 8  # between two rows: a row's "0" and the next row's top label stay apart
+MARGIN_PX = 2  # above the first row and below the x axis
+PLOT_FRAME_PX = 2  # a PlotItem's own margins around its view box (1 px each side)
 QWIDGETSIZE_MAX = 16777215
 ZOOM_STEP = 0.8  # W keeps 80% of the span in view, S shows 125%
 PAN_STEP = 0.2  # A / D move the view by a fifth of its span
@@ -196,6 +199,32 @@ def compact_count(v: float) -> str:
     return f"{v:,.0f}"
 
 
+def row_heights(room: int, stretches: list[int], least: int) -> list[int]:
+    """`room` pixels shared among rows by their stretch, none below `least` (or an equal
+    share when the room is short of that), whole pixels, the rest to the first row."""
+    n = len(stretches)
+    if n == 0:
+        return []
+    room = max(0, int(room))
+    least = min(least, room // n)
+    heights = [0.0] * n
+    free = list(range(n))  # rows not yet held at `least`
+    while True:
+        left = room - least * (n - len(free))
+        total = sum(stretches[i] for i in free) or 1
+        low = [i for i in free if left * stretches[i] / total < least]
+        if not low:
+            for i in free:
+                heights[i] = left * stretches[i] / total
+            break
+        for i in low:
+            heights[i] = least
+            free.remove(i)
+    whole = [int(h) for h in heights]
+    whole[0] += room - sum(whole)
+    return whole
+
+
 class PlotStack(pg.GraphicsLayoutWidget):
     """Plots stacked in rows over one shared x axis, each with its title in a column of its
     own (rotated axis labels collide on short rows). Tick labels show under the last row
@@ -230,8 +259,8 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.priority: list[int] = []  # row indices, the most important first
         self.shown: list[bool] = []
         layout = self.ci.layout
-        layout.setContentsMargins(2, 2, 6, 2)
-        layout.setVerticalSpacing(8)  # a row's "0" and the next row's top label stay apart
+        layout.setContentsMargins(2, MARGIN_PX, 6, MARGIN_PX)
+        layout.setVerticalSpacing(ROW_GAP_PX)
         layout.setHorizontalSpacing(0)
         layout.setColumnFixedWidth(0, header_width)
         # The plots take the room the labels above leave and never ask for more: in a dock's
@@ -409,7 +438,7 @@ class PlotStack(pg.GraphicsLayoutWidget):
     def changeEvent(self, ev: QEvent) -> None:
         # theme.apply_theme sets the application palette: restyle with it
         super().changeEvent(ev)
-        if ev.type() == QEvent.Type.PaletteChange and hasattr(self, "_mark_x"):
+        if ev.type() == QEvent.Type.PaletteChange and hasattr(self, "_mark_x") and not getattr(self, "closed", False):
             self.apply_theme()
 
     # ------------------------------------------------------------------ the shared filter
@@ -500,16 +529,37 @@ class PlotStack(pg.GraphicsLayoutWidget):
         self.marks[i].setData(x=x, y=np.full(len(x), y0 + (y1 - y0) * 0.06))
 
     def resizeEvent(self, event: QResizeEvent | None) -> None:
-        if self.rows:
+        # GraphicsView.close clears the scene (the items' C++ objects go) and then resizes; a
+        # closed stack is restyled no more either (changeEvent)
+        if self.rows and not getattr(self, "closed", False):
             self.fit(event.size().height() if event is not None else None)
         super().resizeEvent(event)
 
     def fit(self, height: int | None = None) -> None:
-        """Show as many rows as fit `height` pixels, the most important ones."""
+        """Show as many rows as fit `height` pixels, the most important ones, and size them."""
         height = self.height() if height is None else height
-        room = max(1, (height - X_AXIS_PX) // MIN_ROW_PX)
+        # each row MIN_ROW_PX with a gap between two, the x axis under the last
+        room = max(1, (height - 2 * MARGIN_PX - X_AXIS_PX + ROW_GAP_PX) // (MIN_ROW_PX + PLOT_FRAME_PX + ROW_GAP_PX))
         keep = set(self.priority[:room])
         self.show_rows([i in keep for i in range(len(self.rows))])
+        self._size_rows(height)
+
+    def _size_rows(self, height: int) -> None:
+        """Each shown row's plot as tall as its stretch gives it, none below MIN_ROW_PX while
+        there is room. Left to Qt's layout the last row (which also holds the x axis) came out
+        shortest: 23 px under rows of 43 and 36 in a 211 px stack, unreadable."""
+        shown = [i for i, on in enumerate(self.shown) if on]
+        if not shown:
+            return
+        room = height - 2 * MARGIN_PX - X_AXIS_PX - (ROW_GAP_PX + PLOT_FRAME_PX) * len(shown) + ROW_GAP_PX
+        heights = dict(zip(shown, row_heights(room, [self.rows[i][2] for i in shown], MIN_ROW_PX)))
+        layout = self.ci.layout
+        for i in range(len(self.rows)):
+            on = i in heights
+            extra = PLOT_FRAME_PX + (X_AXIS_PX if i == shown[-1] else 0)
+            layout.setRowFixedHeight(i, heights[i] + extra if on else 0)
+            # a row stepped out takes no gap either
+            layout.setRowSpacing(i, ROW_GAP_PX if on and i < shown[-1] else 0)
 
     def show_rows(self, shown: list[bool]) -> None:
         if shown == self.shown:
