@@ -47,6 +47,6 @@ def test_a_churning_pool_keeps_a_small_table_and_finds_every_holder():
         assert got[1].tolist() == list(ref[1]), tick  # tenants: each parent's holder found
         assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3], tick
         nb, nb_ref, r0, key = got[3], ref[3], r0 + len(got[0]), key + n
-        assert int(placer.state[6]) == len({c for _, c in held})  # the hashes held now, no more
+        assert int(placer.state[5]) == len({c for _, c in held})  # the hashes held now, no more
     assert stored > 10_000 and len(held) <= 400
     assert len(placer.hk) <= 2048  # 10,000 hashes stored: the table kept the few hundred held

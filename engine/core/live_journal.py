@@ -581,16 +581,16 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 
 def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenants, stores, brank_of, rank, r0,
-                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, hk, hw, hv, lhead, lnext,
-                lfree, out, born, store_tenants):  # pragma: no cover - compiled
+                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, hk, hw, hv, lnext,
+                out, born, store_tenants):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows.
 
-    state: [vacant top, blocks, rows out, born count, stores seen, lists made, hashes in the
-    table, free lists]. Slot FIFOs (shead/stail/nxt, by `JournalStores.slot_ids`) give a
-    removal its oldest copy; per hash a FIFO of holders (the table hk/hw/hv: (hash code,
-    width) -> list, lhead, lnext) gives a store its parent's holder. A hash whose last holder
-    goes leaves the table and its list is made again (`lfree`): the table holds the hashes
-    held now, not every hash ever stored (a table that outgrew the caches cost a miss a probe)."""
+    state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table]. Slot
+    FIFOs (shead/stail/nxt, by `JournalStores.slot_ids`) give a removal its oldest copy; per
+    hash a FIFO of holders (the table hk/hw/hv: (hash code, width) -> its oldest holder, then
+    lnext) gives a store its parent's holder. A hash whose last holder goes leaves the table:
+    it holds the hashes held now, not every hash ever stored (a table that outgrew the
+    caches cost a miss a probe)."""
     nb = state[1]
     o_n = 0
     b_n = 0
@@ -622,33 +622,23 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
             cur[b] = keys[i]
             t = tenants[i]
             if has_parent[i]:
-                lid = hv[_ht_slot(hk, hw, pcode[i], pwide[i])]
-                if lid >= 0 and lhead[lid] >= 0:
-                    t = btenant[lhead[lid]]
+                x = hv[_ht_slot(hk, hw, pcode[i], pwide[i])]
+                if x >= 0:
+                    t = btenant[x]
             btenant[b] = t
             store_tenants[s_n] = t
             s_n += 1
             bcode[b] = hcode[i]
             bwide[b] = hwide[i]
             h = _ht_slot(hk, hw, hcode[i], hwide[i])
-            lid = hv[h]
-            if lid < 0:
-                if state[7] > 0:
-                    state[7] -= 1
-                    lid = lfree[state[7]]
-                else:
-                    lid = state[5]
-                    state[5] += 1
-                state[6] += 1
-                lhead[lid] = -1
+            lnext[b] = -1  # appended at the end of the hash's holders
+            x = hv[h]
+            if x < 0:
                 hk[h] = hcode[i]
                 hw[h] = hwide[i]
-                hv[h] = lid
-            lnext[b] = -1  # appended at the end of the hash's holders
-            if lhead[lid] < 0:
-                lhead[lid] = b
+                hv[h] = b
+                state[5] += 1
             else:
-                x = lhead[lid]
                 while lnext[x] >= 0:
                     x = lnext[x]
                 lnext[x] = b
@@ -669,7 +659,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                 cur[b] = -1
                 vacant[state[0]] = b
                 state[0] += 1
-                _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state)
+                _unlink_hash(b, bcode, bwide, hk, hw, hv, lnext, state)
             out[o_n, 0] = 7
             out[o_n, 3] = b
             out[o_n, 4] = keys[i]
@@ -700,7 +690,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                     prev = _unlink(shead, nxt, s, x)
                     if prev != -2 and stail[s] == x:
                         stail[s] = prev
-                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state)
+                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lnext, state)
             if not any_held:
                 out[o_n, 0] = 10
                 out[o_n, 3] = -1
@@ -757,17 +747,23 @@ def _ht_delete(hk, hw, hv, h):  # pragma: no cover - compiled
     hv[i] = -1
 
 
-def _unlink_hash(b, bcode, bwide, hk, hw, hv, lhead, lnext, lfree, state):  # pragma: no cover - compiled
-    """`b` out of its hash's holders; a hash left with none leaves the table, its list free."""
+def _unlink_hash(b, bcode, bwide, hk, hw, hv, lnext, state):  # pragma: no cover - compiled
+    """`b` out of its hash's holders; a hash left with none leaves the table."""
     h = _ht_slot(hk, hw, bcode[b], bwide[b])
-    lid = hv[h]
-    if lid >= 0:
-        _unlink(lhead, lnext, lid, b)
-        if lhead[lid] < 0:
+    x = hv[h]
+    if x == b:
+        if lnext[b] < 0:
             _ht_delete(hk, hw, hv, h)
-            lfree[state[7]] = lid
-            state[7] += 1
-            state[6] -= 1
+            state[5] -= 1
+        else:
+            hv[h] = lnext[b]
+        return
+    while x >= 0:
+        prev = x
+        x = lnext[x]
+        if x == b:
+            lnext[prev] = lnext[b]
+            return
 
 
 def _unlink(head, nxt, lid, b):  # pragma: no cover - compiled
@@ -794,14 +790,14 @@ class _CompiledPlacer:
 
     def __init__(self) -> None:
         self.loop, self.rehash = _compiled()
-        self.state = np.zeros(8, np.int64)
+        self.state = np.zeros(6, np.int64)
         self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
         z = np.zeros(0, np.int32)
-        self.vacant, self.shead, self.stail, self.lhead = z.copy(), z.copy(), z.copy(), z.copy()
-        self.nxt, self.bslot, self.btenant, self.brank, self.lnext, self.lfree = (z.copy() for _ in range(6))
+        self.vacant, self.shead, self.stail = z.copy(), z.copy(), z.copy()
+        self.nxt, self.bslot, self.btenant, self.brank, self.lnext = (z.copy() for _ in range(5))
         self.bcode = np.zeros(0, np.int64)  # a hash's code is its 8-byte value
         self.bwide = np.zeros(0, np.int8)  # width codes are 0, 1, 2
-        # (hash code, width) -> its holders' list: an open-addressing table, kept at most half full
+        # (hash code, width) -> its oldest holder: an open-addressing table, kept at most half full
         self.hk, self.hw, self.hv = np.zeros(1024, np.int64), np.full(1024, -1, np.int8), np.full(1024, -1, np.int32)
 
     @staticmethod
@@ -824,8 +820,7 @@ class _CompiledPlacer:
         n_clear = int(np.count_nonzero(op == OP_CLEARED))
         top = nb0 + n_store
         width = int(pslot.max()) + 1 if n else 0
-        lists = int(self.state[5]) + n_store
-        # the bound of what each array holds: hash ids, blocks, slots, lists, tenants
+        # the bound of what each array holds: hash ids, blocks, slots, tenants
         self.cur = self._fit(self.cur, top, -1, int(key[-1]) + 1 if n else 0)
         self.state[1] = nb0
         for name in ("nxt", "lnext"):
@@ -836,12 +831,10 @@ class _CompiledPlacer:
         self.bwide = self._fit(self.bwide, top, -1)
         self.brank = self._fit(self.brank, top, -1)
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
-        self.lhead = self._fit(self.lhead, lists, -1, top)
-        self.lfree = self._fit(self.lfree, lists, 0, lists)
-        need = 2 * (int(self.state[6]) + n_store)  # every hash held after this call, at most half full
-        if need > len(self.hk) or (self.hv.dtype == np.int32 and lists > _I32_TOP):
+        need = 2 * (int(self.state[5]) + n_store)  # every hash held after this call, at most half full
+        if need > len(self.hk) or (self.hv.dtype == np.int32 and top > _I32_TOP):
             size = max(len(self.hk), 1 << (need - 1).bit_length())
-            nv = np.full(size, -1, np.int64 if lists > _I32_TOP else self.hv.dtype)
+            nv = np.full(size, -1, np.int64 if top > _I32_TOP else self.hv.dtype)
             nk, nw = np.zeros(size, np.int64), np.full(size, -1, np.int8)
             self.rehash(self.hk, self.hw, self.hv, nk, nw, nv)
             self.hk, self.hw, self.hv = nk, nw, nv
@@ -852,8 +845,8 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
                   self.cur, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
-                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lhead, self.lnext, self.lfree,
-                  out, born, store_tenants)
+                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lnext, out, born,
+                  store_tenants)
         table = out[:int(self.state[2])]
         table[:, 1] = table[:, 2]
         return table, store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1])
