@@ -138,3 +138,34 @@ def test_a_tier_past_the_three_equals_the_event_route(per_tick):
     js, rs = _both([_tiered(120, per_tick)], per_tick)
     assert "REMOTE" in js.remote.tier_names and js.remote.tier_names == rs.remote.tier_names
     _same(js, rs, f"{per_tick} a tick", in_order=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tier_counts_moved_on_by_each_tick_equal_a_count_of_every_slot(monkeypatch, seed):
+    """After every tick (stores, removals, clears, a restart, a tier past the three) the tier
+    counts the pass moved on equal a count of every slot, and most ticks were not counted
+    over every slot."""
+    from tests.test_colpool import _synthetic
+    from tests.test_journal_app import _both
+
+    frames = [*_synthetic(60, seed), *[(60 + seq, p) for seq, p in _tiered(60, seed)]]
+    full = RemoteOverlay.tier_counts
+    num_full = []
+
+    def counted(remote, projection):
+        n = min(projection.num_blocks, len(remote.base))
+        kept = remote._counts
+        got = full(remote, projection)
+        if remote.journal is not None:  # the journal route: against a count from scratch
+            if remote._counts[:2] != (remote.revision, n) or remote._counts is not kept:
+                num_full.append(remote.revision)
+            remote._counts = None
+            assert full(remote, projection) == got, remote.revision
+        return got
+
+    monkeypatch.setattr(RemoteOverlay, "tier_counts", counted)
+    js, rs = _both([frames], 3, restart_at=70)
+    assert js.remote.tier_counts(js.projection) == rs.remote.tier_counts(rs.projection)
+    assert "REMOTE" in js.remote.tier_names and js.projection.num_resets >= 1
+    ticks = js.remote.revision
+    assert ticks > 30 and len(set(num_full)) < ticks // 2, num_full

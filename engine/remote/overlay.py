@@ -92,7 +92,7 @@ class RemoteOverlay:
     __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
-                 "_touched", "revision", "_counts", "journal", "_cells", "_cells_k", "_cells_n", "_sweep_at",
+                 "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n", "_sweep_at",
                  "_sweep_second")
 
     def __init__(self) -> None:
@@ -117,7 +117,9 @@ class RemoteOverlay:
         self._codes_second: float | None = None  # the stream second `_codes` was aged at
         self._touched = array("q")  # slots changed since `_codes` was computed
         self.revision = 0  # bumps with every observed batch
-        self._counts: tuple[int, int, list[TierCount]] | None = None
+        # tier_counts at (revision, slots): the list, and the slots per code (0 aside) it came from
+        self._counts: tuple[int, int, list[TierCount], np.ndarray] | None = None
+        self._written_top = 0  # one past the highest slot a code was ever written to
         self.journal: Any = None  # a JournalFollower once journal rows are observed
         # `cell_codes`: the aggregated grid kept between redraws (None: rebuild it), the
         # slots per cell and slots it covers, and how far the sweep that re-ages it got
@@ -148,6 +150,7 @@ class RemoteOverlay:
             if code > len(TIERS):  # one more tier shifts every code: re-derive them
                 held = self.base > 0
                 self.base[held] = 1 + (code - self.tier[held].astype(np.int64)) * NUM_AGES + NUM_AGES - 1
+                self._counts = None
             self._codes_second = None
         return code
 
@@ -216,6 +219,8 @@ class RemoteOverlay:
                 # The projection decides what a reset cleared (one rank's blocks, or all):
                 # after the batch, every slot it no longer holds is emptied here too.
                 reset = True
+        if slots:
+            self._written_top = max(self._written_top, int(max(slots)) + 1)
         if not self._can_touch(0):
             self._forget_touched()
         if reset:
@@ -246,7 +251,11 @@ class RemoteOverlay:
         counts = {c.tier: c.num_blocks for c in self.tier_counts(projection)}
         while len(self.sample_counts) < len(self.tier_names):
             self.sample_counts.append(array("q", [0] * len(self.sample_times)))
-        _append_floats(self, "sample_times", np.array([t], np.float64))
+        try:
+            self.sample_times.append(t)
+        except BufferError:  # a reader's numpy view of it is alive: grow a copy
+            self.sample_times = array("d", self.sample_times)
+            self.sample_times.append(t)
         for name, code in self.tier_names.items():
             col = self.sample_counts[code - 1]
             try:
@@ -356,9 +365,18 @@ class RemoteOverlay:
         # `base` holds a tier's freshest code or 0: a compare per tier, not a bincount that
         # widens every byte to an int64 first
         base = self.base[:n]
-        out = [TierCount(name, int(np.count_nonzero(base == self._fresh_code(code))))
+        by_code = np.zeros(256, np.int64)
+        for code in self.tier_names.values():
+            fresh = self._fresh_code(code)
+            by_code[fresh] = np.count_nonzero(base == fresh)
+        return self._count_tiers(n, by_code)
+
+    def _count_tiers(self, n: int, by_code: np.ndarray) -> list[TierCount]:
+        """`tier_counts` from the slots per code of the first `n` slots, kept for the revision."""
+        counts = by_code.tolist()
+        out = [TierCount(name, counts[self._fresh_code(code)])
                for name, code in sorted(self.tier_names.items(), key=lambda kv: kv[1])]
-        self._counts = (self.revision, n, out)
+        self._counts = (self.revision, n, out, by_code)
         return out
 
     def ranks(self, projection: PoolProjection) -> dict[int, int]:
@@ -524,15 +542,16 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
 
 
 def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
-                  stored_at, base, stored_out, removed_out, life_out, touched_out, removed, shift, ring_id, ring_gen,
-                  st, max_removed):  # pragma: no cover - compiled
+                  stored_at, base, tally, stored_out, removed_out, life_out, touched_out, removed, shift, ring_id,
+                  ring_gen, st, max_removed):  # pragma: no cover - compiled
     """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba): `slots` the log
     slot of each stored and removed row, `code_of` the overlay's tier code of each journal
     tier (the last: a tier past them), `fresh_of` each code's freshest code, `have` the
-    number of each of the pool's wide hashes. `removed` is the table of removals remembered
-    (`JournalFollower`). st: stored, removed, lifetimes, touched written; generation
-    counter; ring head, tail; stored again; the row of the last clear (-1 none); removals
-    remembered."""
+    number of each of the pool's wide hashes, `tally` what the slots per code (0 aside)
+    moved by. `removed` is the table of removals remembered (`JournalFollower`). st:
+    stored, removed, lifetimes, touched written; generation counter; ring head, tail;
+    stored again; the row of the last clear (-1 none); removals remembered; one past the
+    highest slot given a code."""
     k = 0
     last = len(code_of) - 1
     mask = len(removed) - 1
@@ -568,9 +587,13 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                 tier[b] = c
                 rank_of[b] = rank
                 stored_at[b] = t[i]
+                tally[base[b]] -= 1
                 base[b] = fresh_of[c]
+                tally[base[b]] += 1
                 touched_out[st[3]] = b
                 st[3] += 1
+                if b >= st[10]:
+                    st[10] = b + 1
         else:  # removed
             removed_out[st[1]] = t[i]
             st[1] += 1
@@ -596,6 +619,7 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
             if b >= 0 and base[b] != 0:
                 life_out[st[2]] = max(0.0, t[i] - stored_at[b])
                 st[2] += 1
+                tally[base[b]] -= 1
                 base[b] = 0
                 touched_out[st[3]] = b
                 st[3] += 1
@@ -689,13 +713,14 @@ class JournalFollower:
         self.removed = np.full((1024, 2), -1, np.int64)
         self.ring_id = np.zeros(1024, np.int64)
         self.ring_gen = np.zeros(1024, np.int64)
-        self.st = np.zeros(10, np.int64)
+        self.st = np.zeros(11, np.int64)
         self.wide: dict[bytes, int] = {}
         self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
         self.streams: dict[tuple[str, int], np.int64] = {}  # (source, rank) -> its mix
         # (the journal's tier names, the overlay's number of tiers) -> (code of each tier
-        # index, the last for one past them; the freshest code of each code)
-        self.codes: tuple[Any, np.ndarray, np.ndarray] | None = None
+        # index, the last for one past them; the freshest code of each code; the indexes
+        # of tiers the overlay has no code for)
+        self.codes: tuple[Any, np.ndarray, np.ndarray, list[int]] | None = None
 
     @property
     def num_remembered(self) -> int:
@@ -734,36 +759,48 @@ class JournalFollower:
         freshest code of each code). A tier the rows name (`seen`) that the overlay has no
         code for gets one first, in the journal's order (as `observe` gives them in the
         order it meets them)."""
-        medium = [*names, None]
         known = overlay.tier_names
-        for i in np.flatnonzero(seen).tolist():
-            if tier_of_medium(medium[i]) not in known:
-                overlay.tier_code(tier_of_medium(medium[i]))
         cached = self.codes
         if cached is None or cached[0] != (names, len(known)):
-            code_of = np.array([known.get(tier_of_medium(m), 0) for m in medium], np.int64)
-            fresh_of = np.array([overlay._fresh_code(c) if c else 0 for c in range(len(known) + 1)], np.int64)
-            cached = self.codes = ((list(names), len(known)), code_of, fresh_of)
+            cached = self._tier_codes(overlay, names)
+        if cached[3]:  # tiers the overlay has no code for yet: do the rows name one?
+            flags = seen.tolist()
+            new = [i for i in cached[3] if flags[i]]
+            if new:
+                medium = [*names, None]
+                for i in new:
+                    overlay.tier_code(tier_of_medium(medium[i]))
+                cached = self._tier_codes(overlay, names)
         return cached[1], cached[2]
+
+    def _tier_codes(self, overlay: RemoteOverlay, names: list) -> tuple:
+        known = overlay.tier_names
+        tiers = [tier_of_medium(m) for m in [*names, None]]
+        code_of = np.array([known.get(t, 0) for t in tiers], np.int64)
+        fresh_of = np.array([overlay._fresh_code(c) if c else 0 for c in range(len(known) + 1)], np.int64)
+        unknown = [i for i, t in enumerate(tiers) if t not in known]
+        self.codes = ((list(names), len(known)), code_of, fresh_of, unknown)
+        return self.codes
 
     def room(self, n: int) -> None:
         """Room for `n` more removals: in the ring, and in the table at most half full (so a
         probe meets an empty row soon) for as many as it can hold at once."""
         st = self.st
-        if st[5] > len(self.ring_id) // 2:  # drop what the ring has passed
-            live = int(st[6] - st[5])
-            self.ring_id[:live] = self.ring_id[st[5]:st[6]]
-            self.ring_gen[:live] = self.ring_gen[st[5]:st[6]]
+        head, tail, num = int(st[5]), int(st[6]), int(st[9])
+        if head > len(self.ring_id) // 2:  # drop what the ring has passed
+            live = tail - head
+            self.ring_id[:live] = self.ring_id[head:tail]
+            self.ring_gen[:live] = self.ring_gen[head:tail]
             st[5], st[6] = 0, live
-        need = int(st[6]) + n
-        if need > len(self.ring_id):
-            size = max(need, 2 * len(self.ring_id))
+            tail = live
+        if tail + n > len(self.ring_id):
+            size = max(tail + n, 2 * len(self.ring_id))
             for name in ("ring_id", "ring_gen"):
                 grown = np.zeros(size, np.int64)
-                grown[:st[6]] = getattr(self, name)[:st[6]]
+                grown[:tail] = getattr(self, name)[:tail]
                 setattr(self, name, grown)
         rows = len(self.removed)
-        while 2 * min(int(st[9]) + n, MAX_REMEMBERED_REMOVALS + 1) > rows:
+        while 2 * min(num + n, MAX_REMEMBERED_REMOVALS + 1) > rows:
             rows *= 2
         if rows > len(self.removed):
             grown = np.full((rows, 2), -1, np.int64)
@@ -806,6 +843,7 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     follow = self.journal
     if follow is None:
         follow = self.journal = JournalFollower()
+    counted, top = self._counts, self._written_top  # the tier counts of the tick before, if kept
     self.revision += 1
     self._grow(projection.num_blocks)
     scan, loop, _ = _compiled_observe()
@@ -821,13 +859,18 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     # what the pass writes (stores, removals and clears' copies, lifetimes, slots changed)
     stored_out, removed_out, life_out = np.empty(n), np.empty(n + num_cleared), np.empty(n)
     touched_out = np.empty(2 * n, np.int64)
+    tally = np.zeros(256, np.int64)
     st = follow.st
     st[:4] = 0
     st[8] = -1
+    st[10] = top
+    if counted is not None and counted[0] != self.revision - 1:
+        counted = None  # a tick it did not count came between
     loop(op, jtier, key, width, store, np.asarray(slots, np.int64), np.asarray(times, np.float64), code_of,
-         fresh_of, have, follow.stream_mix(pool), rank, self.tier, self.rank, self.stored_at, self.base,
+         fresh_of, have, follow.stream_mix(pool), rank, self.tier, self.rank, self.stored_at, self.base, tally,
          stored_out, removed_out, life_out, touched_out, follow.removed, follow.shift, follow.ring_id,
          follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
+    self._written_top = int(st[10])
     num_stored, num_removed, num_lives, num_touched = st[:4].tolist()
     _append_floats(self, "stored_times", stored_out[:num_stored])
     _append_floats(self, "removed_times", removed_out[:num_removed])
@@ -844,4 +887,10 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
         held = np.frombuffer(projection.hashed, dtype=np.uint8, count=k)
         self.base[:k][held == 0] = 0
         self._codes_second = None
+    else:
+        # the tier counts move on by what the pass changed, not a pass over every slot: while
+        # the counts of the tick before covered every slot ever given a code and this tick's too
+        n = min(projection.num_blocks, len(self.base))
+        if counted is not None and self._counts is counted and top <= counted[1] <= n and self._written_top <= n:
+            self._count_tiers(n, counted[3] + tally)
     self._sample(projection, self.now)
