@@ -85,3 +85,30 @@ def test_growth_a_little_at_a_time_gives_the_reference_pool_and_journal():
     assert np.array_equal(one.J[:r, cols], at_once.J[:r, cols])
     assert np.array_equal(one.JS[:int(one.S[S_JSTORES])], at_once.JS[:int(at_once.S[S_JSTORES])])
     assert np.array_equal(one.tok[:int(one.S[S_TOKUSED])], at_once.tok[:int(at_once.S[S_TOKUSED])])
+
+
+def test_the_removal_maps_grow_by_half_up_to_their_bound(monkeypatch):
+    """The removal and departure maps (bounded by `max_removed`) grow by half again, not an
+    eighth: each growth rehashes every key (an eighth made 29 on the way to 200,000 keys, a
+    quarter of a new pool's apply), and at the bound the room is one batch's keys, no more."""
+    from engine.remote import colpool
+
+    grown = []
+
+    def counted(otab, OK, OW, OV, n):
+        grown.append(len(OK))
+        return rehash(otab, OK, OW, OV, n)
+
+    rehash = colpool._om_rehash
+    monkeypatch.setattr(colpool, "_om_rehash", counted)
+    payloads, _, _ = recorded_stream(30_000, gpu_blocks=2_000, seed=5)
+    pool = ColumnarPool("t", max_removed=40_000)
+    most = 0
+    for i in range(0, len(payloads), 64):
+        batches = [fastwire.decode_columns(seq, payloads[seq]) for seq in range(i, min(i + 64, len(payloads)))]
+        most = max(most, sum(int(b.rows[:, fastwire.R_NHASH].sum()) for b in batches if len(b.rows)))
+        pool.apply_many(batches)
+    assert len(pool.removed) == len(pool.departed_map) == 40_000
+    assert len(grown) <= 2 * 10  # 1024 to 40,000 keys: 10 growths of a half each map, 32 of an eighth
+    for m in (pool.removed, pool.departed_map):
+        assert len(m.k) <= 40_000 + most + 1024

@@ -974,11 +974,17 @@ class _OrderedMap:
     def __len__(self) -> int:
         return int(self.os[O_LIVE])
 
-    def reserve(self, more: int) -> None:
-        """Room for `more` new keys before the next compiled call."""
+    def reserve(self, more: int, most: int | None = None) -> None:
+        """Room for `more` new keys before the next compiled call, in a map that keeps at most
+        `most` keys between calls (the pool's `max_removed`; None: no bound)."""
         live, cap = int(self.os[O_LIVE]), len(self.k)
-        if live + more > cap:  # an eighth again as many entries (doubling left up to half idle)
-            new = max(cap + cap // 8, live + more + 1024)
+        if live + more > cap:
+            # half again as many entries, but no more than the bound and one call's keys: a
+            # map is full at its bound, so the room left idle is passing (an eighth at a time
+            # was 29 rehashes on the way to 200,000 keys, a quarter of a new pool's apply)
+            new = max(cap + cap // 2, live + more + 1024)
+            if most is not None:
+                new = max(min(new, most + more + 1024), live + more)
             order = self.ordered()
             k, w, v = self.k[order], self.w[order], self.v[order]
             self.__init__(new)
@@ -1377,8 +1383,8 @@ class ColumnarPool:
                 self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.F), out)
             self.tok = out
         self._narrow_room(blocks, tokens)
-        self.removed.reserve(blocks)
-        self.departed_map.reserve(blocks)
+        self.removed.reserve(blocks, self.max_removed)
+        self.departed_map.reserve(blocks, self.max_removed)
         if self.journal:
             self._journal_reserve(blocks, blocks)
             # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
@@ -1785,8 +1791,8 @@ class ColumnarPool:
                 continue
             # room for what the clear adds and for what the rest of the batch may add
             more = int(self.TI[code, T_HASHES]) + self._batch_blocks
-            self.removed.reserve(more)
-            self.departed_map.reserve(more)
+            self.removed.reserve(more, self.max_removed)
+            self.departed_map.reserve(more, self.max_removed)
             _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.TI,
                         *self._ra(), *self._dp(), code, batch_seq, len(self.F))
         if self.details:
