@@ -183,6 +183,8 @@ def test_late_join_gap_and_garbage_reach_every_view(qtbot, win, servers):
     assert sum("on CPU, rank 0, batch 3" in d for d in details) == 1
     timeline = win.panels["timeline"]
     assert timeline.remote_view.isVisible() and not timeline.glw.isVisible()
+    # the dock is named for what it shows: a vLLM pool has no ref counts
+    assert win.docks["timeline"].windowTitle() == "Cached blocks and rates"
     qtbot.waitUntil(lambda: timeline.remote_view.stored_per_s.sum() == 5, timeout=WAIT_MS)
     # removed: block 1 from the GPU (batch 3), then the 4 cleared by AllBlocksCleared
     assert timeline.remote_view.removed_per_s.sum() == 5
@@ -388,8 +390,15 @@ def test_another_subject_ends_the_attach(qtbot, win, servers):
     (server,), port, replay = servers(1)
     attach(win, port, replay)
     assert win.ctx.subject.kind == "server" and "vLLM" in win.windowTitle()
+    win.panels["timeline"].refresh(force=True)
+    assert win.docks["timeline"].windowTitle() == "Cached blocks and rates"
     win.ctx.open_subject(Subject("trace", "a trace"), ask=False)
     assert not win.remote.is_attached and not win.act_detach.isEnabled()
+    # the dock's title follows what it shows (the views keep the last pool until a new one)
+    timeline = win.panels["timeline"]
+    timeline.refresh(force=True)
+    shows = "Cached blocks and rates" if timeline.remote_view.isVisible() else "Ref counts and evictions"
+    assert win.docks["timeline"].windowTitle() == shows
 
 
 def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_path):

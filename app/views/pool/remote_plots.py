@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDockWidget, QLabel, QVBoxLayout, QWidget
 
 from app.runtime.remote import duration_text
 from app.ui import theme
@@ -47,7 +47,9 @@ LIFETIME_X = (-2.5, float(np.log10(86400)) + 0.4)
 
 
 def show_remote(view: Any) -> bool:
-    """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then."""
+    """Swap `view`'s own plots for its `remote_view` while the pool is a remote one; True then.
+    A view with a `REMOTE_TITLE` gives its dock that title meanwhile (its own plots' title
+    names what a remote pool does not have)."""
     remote = getattr(view.state, "remote", None) is not None
     if view.remote_view.isHidden() == remote:
         # the view's own export saves its own plots, which a remote pool does not fill
@@ -56,9 +58,26 @@ def show_remote(view: Any) -> bool:
             if w is not None:
                 w.setVisible(not remote)
         view.remote_view.setVisible(remote)
+    # each time, not at the swap alone: a panel may swap before it is put in its dock
+    _retitle_dock(view, getattr(view, "REMOTE_TITLE", None) if remote else None)
     if remote:
         view.remote_view.schedule()
     return remote
+
+
+def _retitle_dock(view: QWidget, title: str | None) -> None:
+    """The title of the dock `view` sits in: `title`, or the dock's own again for None."""
+    dock = view.parentWidget()
+    while dock is not None and not isinstance(dock, QDockWidget):
+        dock = dock.parentWidget()
+    if dock is None:
+        return
+    own = dock.property("ownTitle")
+    if own is None:
+        own = dock.windowTitle()
+        dock.setProperty("ownTitle", own)
+    if dock.windowTitle() != (title or own):
+        dock.setWindowTitle(title or own)
 
 
 class _Rates:

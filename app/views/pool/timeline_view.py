@@ -56,6 +56,10 @@ def _values(column: Any) -> np.ndarray:
 class TimelineView(PanelView):
     """Three linked plots over event seq; reads `ctx.state.log.series`."""
 
+    # A remote pool's plots (cached blocks per tier, stores and removals per second) replace
+    # the ref counts and evictions this dock is named for (`show_remote`).
+    REMOTE_TITLE = "Cached blocks and rates"
+
     def __init__(self, ctx: AppContext, parent: QWidget | None = None) -> None:
         super().__init__(ctx, parent)
         self.setObjectName("timeline_view")
