@@ -800,7 +800,7 @@ class MainWindow(QMainWindow):
         self.remote_label.setVisible(attached or bool(self.remote_label.text()))
         if not attached and self.remote_label.text():
             self.remote_label.setText(self.remote_label.text().replace("vLLM ·", "vLLM (detached) ·", 1))
-            self.statusBar().showMessage("detached from the vLLM server; the views keep its last pool", 6000)
+            self.statusBar().showMessage("Detached; the views keep the last pool", 6000)
 
     def _on_remote_health(self, health: StreamHealth) -> None:  # every rank's, summed
         from app.runtime.remote import status_text
