@@ -537,12 +537,10 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
                 t = time.perf_counter()
                 pool.apply(fastwire.decode_columns(seq, payload))
                 if seq % 64 == 63:
-                    rows = pool.take_journal()
-                    state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+                    _take_journal(pool, state)
                 hold_s += time.perf_counter() - t
             t = time.perf_counter()
-            rows = pool.take_journal()
-            state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+            _take_journal(pool, state)
             hold_s += time.perf_counter() - t
             gc.collect()
             rss1 = _rss_bytes()
@@ -560,8 +558,7 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
             framed = []
             for j, payload in enumerate(_churn_frames(n, 10 if quick else 20)):
                 pool.apply(fastwire.decode_columns(n + j, payload))
-                rows = pool.take_journal()
-                state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+                _take_journal(pool, state)
                 framed.append(_draw_ms(view))
             held = state.projection.num_blocks
             if i == 0:
@@ -578,12 +575,20 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
                            "median_version_bump_ms": round(statistics.median(times), 2),
                            "max_version_bump_ms": round(max(times), 2),
                            "median_unchanged_ms": round(statistics.median(same), 2)}
-            del pool, rows
+            del pool
         finally:
             ctx.shutdown()
             _dispose(app, *([view] if view is not None else []), ctx)
             gc.collect()
     return out
+
+
+def _take_journal(pool: Any, state: Any) -> None:
+    """The pool's new journal rows into `state`, then released by the pool, as an attach's
+    tick takes them (`app.runtime.journal_feed.take_journal_rows`)."""
+    rows = pool.take_journal()
+    state.apply_journal([(rows, pool, 0, 1, pool.times_of(rows))])
+    pool.release_journal(rows.stop)
 
 
 def bench_ingestion(quick: bool) -> dict[str, Any]:

@@ -28,8 +28,10 @@ def take_journal_rows(att: Any, taken: dict[int, int], limit: int, timeout: floa
                       counted: Callable[[int], None] | None = None) -> tuple[list, bool] | None:
     """Under `att.lock`, each pool's journal rows from `taken[id(pool)]` on, at most `limit`
     rows shared between the pools with rows, as (`JournalRows`, pool, batch times); and
-    whether rows were left for later. `taken` moves on, and `counted(rows taken)` is called
-    before the lock is let go. None if the lock was not had within `timeout` seconds (-1: wait)."""
+    whether rows were left for later. `taken` moves on, the pools release the rows taken
+    (`ColumnarPool.release_journal`: nothing reads them from the pool again), and
+    `counted(rows taken)` is called before the lock is let go. None if the lock was not had
+    within `timeout` seconds (-1: wait)."""
     from engine.core.live_journal import journal_head
 
     if not att.lock.acquire(timeout=timeout):
@@ -44,6 +46,9 @@ def take_journal_rows(att: Any, taken: dict[int, int], limit: int, timeout: floa
             left = left or len(head) < len(rows)
             taken[id(pool)] = head.stop
             takes.append((head, pool, pool.times_of(head)))
+            # the app reads taken rows only through `head` (placed into its own log): the pool
+            # may drop them (`head`'s views keep the array they were cut from)
+            pool.release_journal(head.stop)
         if counted is not None:
             counted(sum(len(t[0]) for t in takes))
         return takes, left

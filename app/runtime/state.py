@@ -204,7 +204,7 @@ class PoolState(QObject):
             if block.stores is not stores or not len(block):
                 continue
             r0 = self.log.columnar.num_rows
-            made += commit_journal(self.log, block, now=now)
+            made += commit_journal(self.log, block, now=now, times=times)
             if self.remote is not None:
                 slots = self.log.blocks_of_rows(r0, array=True)
                 self.remote.observe_journal(block.journal, times, self.log.live, slots, block.pool, block.rank)
