@@ -92,8 +92,8 @@ class RemoteOverlay:
     __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
-                 "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n", "_sweep_at",
-                 "_sweep_second")
+                 "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n",
+                 "_sweep_at", "_sweep_second")
 
     def __init__(self) -> None:
         self.tier = np.zeros(0, dtype=np.uint8)
@@ -692,11 +692,14 @@ _OBSERVE: list[Any] = []
 
 
 def _compiled_observe() -> tuple[Any, Any, Any]:
-    """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled."""
+    """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled. `_rehash` is compiled (or loaded)
+    here, for its one signature: the table first grows mid-attach, not in a warm-up's few rows."""
     if not _OBSERVE:
         from numba import njit
 
-        _OBSERVE.append(tuple(njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop, _rehash)))
+        scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
+        rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
+        _OBSERVE.append((scan, loop, rehash))
     return _OBSERVE[0]
 
 
