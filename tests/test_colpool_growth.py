@@ -10,6 +10,8 @@ import numpy as np
 from engine.bench.attach import recorded_stream
 from engine.remote import fastwire
 from engine.remote.colpool import J_SLOT, NUM_J, S_JROWS, S_JSTORES, S_LIVE, S_TOKUSED, ColumnarPool
+from engine.remote.pool import RemotePool
+from engine.remote.wire import decode_batch
 from tests.test_colpool import _journal_events, _reference_events, _run, _synthetic, state
 
 # what growth may leave idle: half again what is needed, plus the 1024 of slack each keeps
@@ -112,3 +114,8 @@ def test_the_removal_maps_grow_by_half_up_to_their_bound(monkeypatch):
     assert len(grown) <= 2 * 10  # 1024 to 40,000 keys: 10 growths of a half each map, 32 of an eighth
     for m in (pool.removed, pool.departed_map):
         assert len(m.k) <= 40_000 + most + 1024
+    # grown with their entries where they were (the FIFO kept): the same keys, values and order
+    ref = RemotePool("t", max_removed=40_000)
+    for seq, p in enumerate(payloads):
+        ref.apply(decode_batch(seq, p))
+    assert pool.removed_at == ref.removed_at and pool.departed == ref.departed

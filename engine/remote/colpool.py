@@ -985,17 +985,19 @@ class _OrderedMap:
             new = max(cap + cap // 2, live + more + 1024)
             if most is not None:
                 new = max(min(new, most + more + 1024), live + more)
-            order = self.ordered()
-            k, w, v = self.k[order], self.w[order], self.v[order]
-            self.__init__(new)
-            n = len(order)
-            self.k[:n], self.w[:n], self.v[:n, :2] = k, w, v[:, :2]
-            self.v[:n, 2] = np.arange(n)
-            self.fifo[:n] = np.arange(n)
-            self.free = np.arange(new - 1, n - 1, -1, dtype=np.int32)
-            self.free = np.concatenate([self.free, np.zeros(n, np.int32)])
-            self.os[:] = (n, new - n, 0, n)
-            _om_rehash(self.tab, self.k, self.w, self.v, n)
+            # entries keep their numbers (copied whole, the FIFO as it is); the new ones go
+            # under the free ones, and the table is made again at its new size
+            k, w, v, nfree = self.k, self.w, self.v, int(self.os[O_FREE])
+            self.k, self.w = np.zeros(new, np.uint64), np.zeros(new, np.uint8)
+            self.v = np.zeros((new, 4), np.int64)
+            self.k[:cap], self.w[:cap], self.v[:cap] = k, w, v
+            free = np.empty(new, np.int32)
+            free[:new - cap] = np.arange(new - 1, cap - 1, -1, dtype=np.int32)
+            free[new - cap:new - cap + nfree] = self.free[:nfree]
+            self.free = free
+            self.os[O_FREE] = nfree + new - cap
+            self.tab = np.full(1 << int(2 * new - 1).bit_length(), -1, np.int64)
+            _om_rehash(self.tab, self.k, self.w, self.v, cap)
         if int(self.os[O_TAIL]) + more > len(self.fifo):
             order = self.ordered()
             n = len(order)
