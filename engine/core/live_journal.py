@@ -332,10 +332,13 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     tenant = _per_store(np.asarray(journal.tenant, np.int64), st_local, is_st)
     nb0 = plan.blocks
     if isinstance(stores.placer, _CompiledPlacer):
+        # contiguous copies of the journal's columns (a pool's are strided views of its rows):
+        # the compiled loop is loaded for one layout (engine.kernel.warmup), whoever made the rows
         table, store_tenants, born, nb = stores.placer.place(
             nb0, op.astype(np.int64), placed, key,
-            np.asarray(journal.key, np.uint64).view(np.int64), np.asarray(journal.width, np.int64),
-            pcode, pwide, tenant, local, who, plan.row)
+            np.ascontiguousarray(np.asarray(journal.key, np.uint64).view(np.int64)),
+            np.ascontiguousarray(journal.width, np.int64), pcode, pwide, tenant, np.ascontiguousarray(local),
+            who, plan.row)
     else:
         hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
         pk = pcode.view(np.uint64).tolist()

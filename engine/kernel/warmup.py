@@ -97,11 +97,20 @@ def warm_journal_route() -> None:
             frame.append(VllmEvent("BlockRemoved", ((i + 8 << 56).to_bytes(8, "big"),)))
         pool.apply(fastwire.decode_columns(i, encode_batch(2.0 + i, frame, 0)))
     pool.apply(fastwire.decode_columns(4, encode_batch(6.0, [VllmEvent("AllBlocksCleared")], 0)))
-    journal = pool.take_journal()
-    r0 = log.columnar.num_rows
-    commit_journal(log, prepare_journal(log, journal, pool, pool.source, 0))
-    overlay.observe_journal(journal, pool.times_of(journal), log.live, log.blocks_of_rows(r0, array=True), pool, 0)
-    overlay.cell_codes(log.live, now=7.0, max_cells=1)
+    # a tick of many rows, then one of a single row: a journal's columns are strided views of
+    # the pool's rows, but numba types a one-row view as contiguous, another signature of the
+    # overlay's passes (compiled at a quiet server's first one-row tick otherwise: ~3 s)
+    ticks = [pool.take_journal()]
+    frame = [VllmEvent("BlockStored", ((14 << 56).to_bytes(8, "big"),), None, tuple(range(16)), 16)]
+    pool.apply(fastwire.decode_columns(5, encode_batch(7.0, frame, 0)))
+    ticks.append(pool.take_journal())
+    for journal in ticks:
+        r0 = log.columnar.num_rows
+        commit_journal(log, prepare_journal(log, journal, pool, pool.source, 0))
+        overlay.observe_journal(journal, pool.times_of(journal), log.live, log.blocks_of_rows(r0, array=True),
+                                pool, 0)
+    assert len(ticks[1]) == 1
+    overlay.cell_codes(log.live, now=8.0, max_cells=1)
 
 
 PARTS: tuple[tuple[str, Callable[[], None]], ...] = (
