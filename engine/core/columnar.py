@@ -956,11 +956,18 @@ class ColumnarLog:
         return out
 
 
-def _fits32(values: np.ndarray) -> bool:
-    """True if every value of `values` fits int32."""
-    if not len(values) or values.dtype.itemsize <= 4 and values.dtype.kind in "iu" and values.dtype != np.uint32:
+def fits(values: np.ndarray, dtype: Any, margin: int = 0) -> bool:
+    """True if every value of `values` fits the integer type `dtype` with `margin` to spare
+    at both ends (`values`' own type tells, without a pass over them, when it is narrower)."""
+    if not len(values) or not margin and np.can_cast(values.dtype, dtype, "safe"):
         return True
-    return _I32.min <= int(values.min()) and int(values.max()) <= _I32.max
+    info = np.iinfo(dtype)
+    return info.min + margin <= int(values.min()) and int(values.max()) <= info.max - margin
+
+
+def _fits32(values: np.ndarray) -> bool:
+    """True if every value of `values` fits int32 (a column in `WIDENING` stays int32)."""
+    return fits(values, np.int32)
 
 
 def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:

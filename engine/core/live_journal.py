@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import EVICTED, RESET, STORED, KeyTable
+from engine.core.live_log import _Growing
 from engine.core.projection import stream_code
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
@@ -62,38 +63,14 @@ def _hash_bytes(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: n
     return out
 
 
-class _Grow:
-    """An array appended to, grown by an eighth (it grows with every block the app tracks:
-    doubling left up to half of it unused); `narrow`, if given, the type it is stored in
-    while every value fits, the whole widened once to `dtype` when one would not."""
+class _Grow(_Growing):
+    """A `_Growing` grown by an eighth: a journal log's per-row and per-store columns grow with
+    every block the app tracks, and growing by half left up to a third of them unused."""
 
-    __slots__ = ("buf", "n", "_dtype")
+    __slots__ = ()
 
     def __init__(self, dtype: Any, narrow: Any = None) -> None:
-        self._dtype = np.dtype(dtype)
-        self.buf = np.zeros(1024, narrow or dtype)
-        self.n = 0
-
-    def extend(self, values: np.ndarray) -> np.ndarray:
-        """Append; the indexes the values got."""
-        values = np.asarray(values)
-        buf = self.buf
-        if buf.dtype != self._dtype and len(values):
-            info = np.iinfo(buf.dtype)
-            if int(values.min()) < info.min or int(values.max()) > info.max:
-                buf = self.buf = buf.astype(self._dtype)
-        need = self.n + len(values)
-        if need > len(buf):
-            grown = np.zeros(max(need, len(buf) + len(buf) // 8), buf.dtype)
-            grown[:self.n] = buf[:self.n]
-            buf = self.buf = grown
-        buf[self.n:need] = values
-        start, self.n = self.n, need
-        return np.arange(start, need, dtype=np.int64)
-
-    @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
+        super().__init__(dtype, narrow, grow_by=8)
 
 
 class JournalKeys(KeyTable):

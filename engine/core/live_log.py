@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.columnar import CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog
+from engine.core.columnar import CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, fits
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
 )
@@ -40,88 +40,98 @@ _NARROW_MARGIN = 1 << 24
 
 
 class _Growing:
-    """A numpy array appended to in batches (capacity grown by half), read as a view; as
-    `ColumnarLog.reserve` does for the rows, another thread may make the larger array
-    ahead (`reserve`), so the writer copies only what it wrote since.
+    """A numpy array appended to in batches (capacity grown by `1 / grow_by`: by half for the
+    log's per-event arrays), read as a view (`view`, or `buf` up to `n`); as
+    `ColumnarLog.reserve` does for the rows, another thread may make the larger array ahead
+    (`reserve`), so the writer copies only what it wrote since.
 
     Two ways it holds less than a value a slot: `uniform` keeps no buffer while every value
     appended is the same (a remote pool's in-use, ref and token series stay 0 for its life),
     read as a zero-stride view; `narrow` (int32 for an int64 column) stores the values in the
-    narrower type while they fit in it with room to spare, and widens the whole column once
-    when a value would not (numbering and row positions: 4 bytes each until 2**31 - 2**24)."""
+    narrower type while they fit in it (an int32 with room to spare), and widens the whole
+    column once when a value would not (numbering and row positions: 4 bytes each until
+    2**31 - 2**24)."""
 
-    __slots__ = ("_buf", "n", "_spare", "_dtype", "_uniform", "_value")
+    __slots__ = ("buf", "n", "_spare", "_dtype", "_uniform", "_value", "_margin", "_grow_by")
 
-    def __init__(self, dtype: Any, narrow: Any = None, uniform: bool = False) -> None:
+    def __init__(self, dtype: Any, narrow: Any = None, uniform: bool = False, grow_by: int = 2) -> None:
         self._dtype = np.dtype(dtype)  # what the values are; the buffer may be `narrow`
-        self._buf = np.zeros(0 if uniform else 1024, narrow or dtype)
+        self.buf = np.zeros(0 if uniform else 1024, narrow or dtype)
         self.n = 0
         self._spare: tuple[int, np.ndarray] | None = None
         self._uniform = uniform
         self._value: Any = None  # the one value while uniform (None: none appended yet)
+        # a narrow int32 keeps this far from its limits (row positions and seqs may be
+        # appended a batch past the check); a narrower one (a width code in uint8) fits exactly
+        self._margin = _NARROW_MARGIN if narrow is not None and np.dtype(narrow).itemsize >= 4 else 0
+        self._grow_by = grow_by
+
+    def _grown(self, need: int) -> int:
+        return max(need, len(self.buf) + len(self.buf) // self._grow_by)
 
     def reserve(self, ahead: int) -> None:
         if self._uniform:
             return
-        buf, n0 = self._buf, self.n
+        buf, n0 = self.buf, self.n
         need = n0 + ahead
         spare = self._spare
         if need <= len(buf) or (spare is not None and len(spare[1]) >= need and spare[1].dtype == buf.dtype):
             return
-        grown = np.zeros(max(need, len(buf) + len(buf) // 2), buf.dtype)
+        grown = np.zeros(self._grown(need), buf.dtype)
         grown[:n0] = buf[:n0]
         self._spare = (n0, grown)
 
     def _fits(self, values: np.ndarray) -> bool:
         """True if `values` can be stored in the buffer's type as they are."""
-        kind = self._buf.dtype
-        if kind == self._dtype or not len(values):
-            return True
-        info = np.iinfo(kind)
-        return info.min + _NARROW_MARGIN <= int(values.min()) and int(values.max()) <= info.max - _NARROW_MARGIN
+        kind = self.buf.dtype
+        return kind == self._dtype or fits(values, kind, self._margin)
 
-    def extend(self, values: np.ndarray) -> None:
+    def extend(self, values: np.ndarray) -> np.ndarray:
+        """Append `values`; the indexes they got."""
+        values = np.asarray(values)
+        start = self.n
         if self._uniform:
             if not len(values):
-                return
+                return np.arange(start, start, dtype=np.int64)
             value = values[0] if self._value is None else self._value
             if bool(np.all(values == value)):
                 self._value = value
                 self.n += len(values)
-                return
+                return np.arange(start, self.n, dtype=np.int64)
             # a second value: from now on a buffer, its first `n` slots that one value
-            kind = self._buf.dtype if self._fits(np.array([value])) else self._dtype
-            self._buf = np.full(max(1024, self.n + len(values) + (self.n + len(values)) // 2), value, kind)
+            kind = self.buf.dtype if self._fits(np.array([value])) else self._dtype
+            self.buf = np.full(max(1024, self.n + len(values) + (self.n + len(values)) // 2), value, kind)
             self._uniform = False
         if not self._fits(values):
-            wide = np.zeros(max(1024, len(self._buf)), self._dtype)
-            wide[:self.n] = self._buf[:self.n]
-            self._buf, self._spare = wide, None
+            wide = np.zeros(max(1024, len(self.buf)), self._dtype)
+            wide[:self.n] = self.buf[:self.n]
+            self.buf, self._spare = wide, None
         need = self.n + len(values)
-        if need > len(self._buf):
+        if need > len(self.buf):
             spare, self._spare = self._spare, None
-            if spare is not None and len(spare[1]) >= need and spare[1].dtype == self._buf.dtype:
+            if spare is not None and len(spare[1]) >= need and spare[1].dtype == self.buf.dtype:
                 n0, grown = spare
-                grown[n0:self.n] = self._buf[n0:self.n]
+                grown[n0:self.n] = self.buf[n0:self.n]
             else:
-                grown = np.zeros(max(need, len(self._buf) + len(self._buf) // 2), self._buf.dtype)
-                grown[:self.n] = self._buf[:self.n]
-            self._buf = grown
-        self._buf[self.n:need] = values
+                grown = np.zeros(self._grown(need), self.buf.dtype)
+                grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n:need] = values
         self.n = need
+        return np.arange(start, need, dtype=np.int64)
 
     @property
     def view(self) -> np.ndarray:
         if self._uniform:
             value = self._dtype.type(0 if self._value is None else self._value)
             return np.broadcast_to(np.array(value, self._dtype), (self.n,))
-        return self._buf[:self.n]
+        return self.buf[:self.n]
 
     @property
     def nbytes(self) -> int:
         """The bytes it holds (its capacity, the spare included)."""
         spare = self._spare
-        return self._buf.nbytes + (spare[1].nbytes if spare is not None else 0)
+        return self.buf.nbytes + (spare[1].nbytes if spare is not None else 0)
 
 
 class _Runs:
@@ -435,7 +445,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._made_events += done
         ahead = 4 * done + self._made_events - self._seqs.n
         for arr in self._per_event_arrays():
-            arr.reserve(max(ahead, len(arr._buf) // 8))
+            arr.reserve(max(ahead, len(arr.buf) // 8))
         return PreparedRows(self, row0, table, seqs, times)
 
     def _per_event_arrays(self) -> list[_Growing]:
