@@ -1446,7 +1446,7 @@ class ColumnarPool:
             self.J = J
         if o + stores > len(self.JS):
             JS = np.zeros(max(len(self.JS) + len(self.JS) // 8, o + stores + 1024), self.JS.dtype)
-            JS[:o] = self.JS[:o]
+            JS[:o].view(np.uint8)[:] = self.JS[:o].view(np.uint8)  # as bytes: 25 times a copy by field
             self.JS = JS
         if o + stores > self._narrow_limit:
             self._widen()
