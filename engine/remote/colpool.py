@@ -11,10 +11,10 @@ Python object per block, per hash or per token id:
   reading that slot's row, so a hash not held is found absent from the table alone,
   about one cache line, where it read a row of two arrays per entry passed (3.1 entries
   at the table's load). A slot is a row of a few typed arrays: the hash, its parent's
-  hash, the tier, where its token ids start in the pool's one growing token array (uint16
-  while every id seen is below 2**16, as SmolLM2's 49,152 are; widened once to uint32 on
-  the first larger one, such as Llama 3's 128,256; read back as uint32 either way)
-  and how many there are, its store's row in the batch table (each batch that stored a
+  hash (a journalled pool's is in its store row alone), the tier, where its token ids
+  start in the pool's one growing token array (uint16 while every id seen is below
+  2**16, as SmolLM2's 49,152 are; widened once to uint32 on the first larger one, such
+  as Llama 3's 128,256; read back as uint32 either way) and how many there are, its store's row in the batch table (each batch that stored a
   block: its seq and time, once for all its blocks; rows no held block names are dropped
   as the table fills), its store order, its tenant (an index into the pool's tenant
   names), how often its hash was announced and removed on that tier, its copies in KV
@@ -119,7 +119,7 @@ from engine.remote.wire import MEDIUM_DEFAULT, VllmBatch, VllmEvent
 MAX_TIERS = 256  # tier codes, module-wide; GPU, CPU, STORAGE, REMOTE first
 MAX_GROUP = (1 << 20) - 1  # KV cache groups beyond this share its count (a server has a few)
 # slot columns
-K_KEY, K_PARENT = 0, 1                                            # uint64
+K_KEY, K_PARENT = 0, 1                                            # uint64 (a journalled pool: K_KEY only)
 # L (uint32; int64 in a journalled pool): where the slot's token ids start (a free slot:
 # the next free slot + 1, 0 none), its store's row in the batch table, its store order
 L_TOK, L_BID, L_ORDER = 0, 1, 2
@@ -587,12 +587,15 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             K[s, K_KEY] = k
             F[s, F_W] = w
             F[s, F_TIER] = t + 1
+            # (a journalled pool's K has no parent column: its store row, JS, has the parent)
             if has_prev:
-                K[s, K_PARENT] = prev_k
                 F[s, F_PW] = prev_w
+                if S[S_JON] == 0:
+                    K[s, K_PARENT] = prev_k
             else:
-                K[s, K_PARENT] = 0
                 F[s, F_PW] = 0
+                if S[S_JON] == 0:
+                    K[s, K_PARENT] = 0
             a = i * bs
             n_i = min(bs, nt - a) if bs > 0 else 0
             if n_i < 0:
@@ -1088,7 +1091,11 @@ class ColumnarBlock:
     def __init__(self, pool: ColumnarPool, s: int) -> None:
         self.block_hash = pool._bytes(int(pool.K[s, K_KEY]), int(pool.F[s, F_W]))
         pw = int(pool.F[s, F_PW])
-        self.parent_hash = pool._bytes(int(pool.K[s, K_PARENT]), pw) if pw else None
+        if pw:
+            parent = pool.JS[int(pool.SO[s])]["parent"] if pool.journal else pool.K[s, K_PARENT]
+            self.parent_hash = pool._bytes(int(parent), pw)
+        else:
+            self.parent_hash = None
         a, n = int(pool.L[s, L_TOK]), int(pool.C[s, C_NTOK])
         self.tokens = pool.tok[a:a + n].astype(np.uint32).tobytes()  # uint32 bytes, as the reference's
         bid = int(pool.L[s, L_BID])
@@ -1306,7 +1313,8 @@ class ColumnarPool:
         self._left = np.zeros(64, np.uint8)  # per hash of a removal: it left its tier
 
     def _alloc(self, cap: int) -> None:
-        self.K = np.zeros((cap, 2), np.uint64)
+        # the hash and its parent's; a journalled pool's store row (JS) has the parent: not here
+        self.K = np.zeros((cap, 1 if self.journal else 2), np.uint64)
         # uint32 while every token start, batch row and store order fits (`_narrow_room`
         # renumbers or widens before one would not; a journalled pool's token array only
         # grows, so its token starts are the ones that pass it first)
