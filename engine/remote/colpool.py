@@ -11,13 +11,14 @@ Python object per block, per hash or per token id:
   reading that slot's row, so a hash not held is found absent from the table alone,
   about one cache line, where it read a row of two arrays per entry passed (3.1 entries
   at the table's load). A slot is a row of a few typed arrays: the hash, its parent's
-  hash (a journalled pool's is in its store row alone), the tier, where its token ids
-  start in the pool's one growing token array (uint16 while every id seen is below
-  2**16, as SmolLM2's 49,152 are; widened once to uint32 on the first larger one, such
-  as Llama 3's 128,256; read back as uint32 either way) and how many there are, its store's row in the batch table (each batch that stored a
-  block: its seq and time, once for all its blocks; rows no held block names are dropped
-  as the table fills), its store order, its tenant (an index into the pool's tenant
-  names), how often its hash was announced and removed on that tier, its copies in KV
+  hash, the tier, where its token ids start in the pool's one growing token array
+  (uint16 while every id seen is below 2**16, as SmolLM2's 49,152 are; widened once to
+  uint32 on the first larger one, such as Llama 3's 128,256; read back as uint32 either
+  way) and how many there are, its store's row in the batch table (each batch that
+  stored a block: its seq and time, once for all its blocks; rows no held block names
+  are dropped as the table fills), its store order, its tenant (an index into the
+  pool's tenant names; a journalled pool keeps the parent's hash and the tenant in the
+  block's store row alone, `SO` naming it), how often its hash was announced and removed on that tier, its copies in KV
   cache group 0 and in all. Copies in other groups (sliding-window layers, rare) sit in a
   numba dict keyed by (slot, group). Free slots are a list threaded through their token
   start; a free slot keeps its old token range (its start in the batch-row column) and
@@ -123,7 +124,7 @@ K_KEY, K_PARENT = 0, 1                                            # uint64 (a jo
 # L (uint32; int64 in a journalled pool): where the slot's token ids start (a free slot:
 # the next free slot + 1, 0 none), its store's row in the batch table, its store order
 L_TOK, L_BID, L_ORDER = 0, 1, 2
-C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1; 0 = none)
+C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1, 0 none; not journalled)
 F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width code; tier + 1, 0 = free)
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
@@ -546,7 +547,10 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
                             ps = cand
                             best_born = TI[x, T_BORN]
         if ps >= 0 and tenant < 0:
-            tenant = np.int64(C[ps, C_TENANT]) - 1
+            if S[S_JON]:  # a journalled pool's C has no tenant column: its store row has it
+                tenant = np.int64(JS[SO[ps]].tenant) - 1
+            else:
+                tenant = np.int64(C[ps, C_TENANT]) - 1
     prev_k, prev_w = pk, pw
     has_prev = has_parent
     for i in range(nh):
@@ -615,7 +619,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             L[s, L_BID] = S[S_BID]
             L[s, L_ORDER] = S[S_ORDER]
             S[S_ORDER] += 1
-            C[s, C_TENANT] = tenant + 1
+            if S[S_JON] == 0:
+                C[s, C_TENANT] = tenant + 1
             C[s, C_ANN] = 1
             C[s, C_REM] = 0
             C[s, C_TOT] = 1
@@ -1101,7 +1106,7 @@ class ColumnarBlock:
         bid = int(pool.L[s, L_BID])
         self.stored_seq = int(pool.BSEQ[bid])
         self.stored_time = float(pool.T[bid])
-        ten = int(pool.C[s, C_TENANT])
+        ten = int(pool.JS[int(pool.SO[s])]["tenant"] if pool.journal else pool.C[s, C_TENANT])
         self.tenant = pool.tenant_names[ten - 1] if ten else None
         self.num_announced = int(pool.C[s, C_ANN])
         self.num_removed = int(pool.C[s, C_REM])
@@ -1319,7 +1324,8 @@ class ColumnarPool:
         # renumbers or widens before one would not; a journalled pool's token array only
         # grows, so its token starts are the ones that pass it first)
         self.L = np.zeros((cap, 3), np.uint32)
-        self.C = np.zeros((cap, 6), np.uint32)
+        # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column
+        self.C = np.zeros((cap, 5 if self.journal else 6), np.uint32)
         self.F = np.zeros((cap, 3), np.uint8)
         self.L[:, L_TOK] = np.arange(2, cap + 2)  # the free list: slot 0, 1, ... in order
         self.L[cap - 1, L_TOK] = 0
