@@ -247,6 +247,15 @@ class RequestTable:
         self._live_sizes[i] = num_prompt_tokens
         return len(self.ids) - 1
 
+    def add_many(self, request_ids: list[str]) -> range:
+        """`add` of many requests without a salt or prompt (an attached server's batches)."""
+        first = len(self.ids)
+        self.ids.extend(request_ids)
+        self._live.extend([(None, 0, ())] * len(request_ids))
+        while len(self._live) > len(self._live_sizes):  # the sizes stay 0, as zeros() made them
+            self._live_sizes = np.concatenate([self._live_sizes, np.zeros(max(1024, len(self._live_sizes)), np.int64)])
+        return range(first, len(self.ids))
+
     def set_live(self, r: int, salt: str | None, num_prompt_tokens: int, keys: tuple[int, ...]) -> None:
         self._live[r - self._n_fixed] = (salt, num_prompt_tokens, keys)
         self._live_sizes[r - self._n_fixed] = num_prompt_tokens

@@ -367,12 +367,13 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     names = journal.tier_names
     pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
     batches, batch_of_pair = _unique_runs(pairs >> 10)  # the pairs ascend: so do their batches
-    live_request, add_request = col._live_request, col.requests.add
+    live_request = col._live_request
     rids = [f"{source}#{u}" for u in batches.tolist()]
     occurrence = [live_request.get(rid) for rid in rids]
-    for i, r in enumerate(occurrence):
-        if r is None:
-            r = occurrence[i] = live_request[rids[i]] = add_request(rids[i], None, 0)
+    new = [rid for rid, r in zip(rids, occurrence) if r is None]  # a batch's first rows (the rest: a tick before)
+    if new:
+        live_request.update(zip(new, col.requests.add_many(new)))
+        occurrence = [live_request[rid] for rid in rids]
     request = np.asarray(occurrence, np.int64)[batch_of_pair][of_pair]
     # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
     # none, or a clear outside any batch: 0, the event's own time stands for it)
