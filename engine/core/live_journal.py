@@ -115,6 +115,30 @@ class JournalKeys(KeyTable):
         raise TypeError("a journal-fed log takes journal rows (append_journal), not events")
 
 
+@dataclass(slots=True, frozen=True)
+class StoreArrays:
+    """A journal's per-store arrays (`JournalRows.parent`, ... , `tokens`), without its rows:
+    kept by the log to read stores when a view asks, it does not hold on to the journal's
+    row array, which the pool drops into a new one when its rows are released."""
+
+    parent: Any
+    parent_width: Any
+    token_start: Any
+    token_count: Any
+    tenant: Any
+    tokens: Any
+
+    @classmethod
+    def of(cls, journal: Any) -> StoreArrays:
+        return cls(journal.parent, journal.parent_width, journal.token_start, journal.token_count, journal.tenant,
+                   journal.tokens)
+
+    def token_ids(self, store: int) -> np.ndarray:
+        """The token ids of store `store` (a view of the pool's token array)."""
+        a = int(self.token_start[store])
+        return self.tokens[a:a + int(self.token_count[store])]
+
+
 class JournalStores(Sequence[tuple]):
     """Per store of the log (a stored row's `a`): (parent digest, token ids, salt, external
     id, tenant) read from its pool's per-store arrays when asked for."""
@@ -122,7 +146,7 @@ class JournalStores(Sequence[tuple]):
     def __init__(self, keys: JournalKeys, compiled: bool = True) -> None:
         self._keys = keys
         self._pool, self._local = _Grow(np.int16), _Grow(np.int64, np.int32)
-        self.journals: dict[int, Any] = {}  # pool -> its latest JournalRows (the per-store arrays, whole)
+        self.journals: dict[int, StoreArrays] = {}  # pool -> its per-store arrays, whole, as of its latest rows
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
         self._num_slot_ids = 0
@@ -350,7 +374,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     if pool not in keys.pools:
         keys.pools.append(pool)
     p = keys.pools.index(pool)
-    stores.journals[p] = journal
+    stores.journals[p] = StoreArrays.of(journal)
     op = np.asarray(journal.op)
     tier = np.asarray(journal.tier, np.int64)
     bseq = np.asarray(journal.seq, np.int64)
