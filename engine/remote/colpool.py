@@ -28,8 +28,9 @@ Python object per block, per hash or per token id:
   batch row and order are uint32 (the orders renumbered, in order, before they would
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
-  a block that is 55 bytes a slot, 32 of token ids and 5.7 of the table (at a load of
-  0.7), with the arrays' room to grow (an eighth) on top.
+  a block that is 55 bytes a slot (a journalled pool's 47, its store row's number in
+  them, beside the 17 of the store row), 32 of token ids and 5.7 of the table (at a load
+  of 0.7), with the arrays' room to grow (an eighth) on top.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
