@@ -108,13 +108,18 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             # mostly measures the wait for a core
             longest_cpu = max(longest_cpu, time.thread_time() - c)
             slow += took > 0.05
-            if _finished(ctrl, len(payloads), journal):
+            h = ctrl.health()
+            with ctrl.attachment.lock:
+                last = ctrl.attachment.pools[0].last_batch_seq if ctrl.attachment.pools else None
+            if last == len(payloads) - 1 or h.missed:  # the last batch applied (or one lost)
                 if not journal:
                     window.ctx.bridge.flush(everything=True)
                     app.processEvents()
-                break
+                    break
+                if ctrl.pending_rows() == 0:  # the ticks have applied every journal row
+                    break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {ctrl.health().batches} of {len(payloads)} batches arrived")
+                raise RuntimeError(f"only {h.batches} of {len(payloads)} batches arrived")
             time.sleep(0.0005)
         wall, cpu, gui_cpu = time.perf_counter() - w0, time.process_time() - c0, time.thread_time() - g0
         if profiler is not None:
@@ -140,24 +145,6 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             "cachescope_events_per_s_wall": round(events / wall),
             "longest_process_events_ms": round(longest * 1000, 1),
             "longest_process_events_cpu_ms": round(longest_cpu * 1000, 1), "stalls_over_50_ms": slow}
-
-
-def _finished(ctrl: Any, num_frames: int, journal: bool) -> bool:
-    """True once the last batch is applied (or one was lost) and, on the journal route, the
-    ticks have applied every journal row. Asked without waiting for the attachment's lock:
-    a subscriber applying a burst holds it, so the stream is not done, and a GUI thread
-    that waited for it (2-3 ms a pass, a seventh of the run's wall time at 100K events)
-    would be timing the check, not the app, which never waits there."""
-    att = ctrl.attachment
-    if not att.lock.acquire(blocking=False):
-        return False
-    try:
-        last = att.pools[0].last_batch_seq if att.pools else None
-        if last != num_frames - 1 and not ctrl.health().missed:
-            return False
-        return not journal or ctrl.pending_rows() == 0
-    finally:
-        att.lock.release()
 
 
 def _window(folder: Any) -> Any:

@@ -21,8 +21,8 @@ MAX_READY_ROWS = 1 << 18
 # After a bite smaller than a full one the feed waits this long before the next: every block
 # costs a fixed price to place and to write (about 1 ms each: the live pool, series, overlay
 # move on), so rows arriving meanwhile make one block, not one per frame. The views hear of
-# a burst's rows every VIEW_FRAME_S (0.2 s) anyway; 16 ms (a GUI frame) made blocks half as
-# large and the window's attach spent a sixth more CPU (100K vLLM events: 1.65 -> 1.45 s).
+# a burst's rows every VIEW_FRAME_S (0.2 s) anyway; at 16 ms (a GUI frame) the window's
+# attach had about twice the blocks and its GUI thread a tenth more CPU.
 TAKE_EVERY_S = 0.05
 
 
