@@ -328,9 +328,9 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     placed = stores.slot_ids(p, slot)
     # per row, its store's parent (code, width) and tenant (0 for a row that stores nothing)
     st_local = np.where(is_st, local, 0)
-    pcode = _per_store(np.asarray(journal.parent, np.uint64).view(np.int64), st_local, is_st)
-    pwide = _per_store(np.asarray(journal.parent_width, np.int64), st_local, is_st)
-    tenant = _per_store(np.asarray(journal.tenant, np.int64), st_local, is_st)
+    pcode = _per_store(journal.parent, st_local, is_st, np.uint64).view(np.int64)
+    pwide = _per_store(journal.parent_width, st_local, is_st, np.int64)
+    tenant = _per_store(journal.tenant, st_local, is_st, np.int64)
     nb0 = plan.blocks
     if isinstance(stores.placer, _CompiledPlacer):
         # contiguous copies of the journal's columns (a pool's are strided views of its rows):
@@ -460,12 +460,15 @@ def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, np.repeat(inv.reshape(-1), np.diff(np.append(starts, len(values))))
 
 
-def _per_store(values: np.ndarray, at: np.ndarray, is_store: np.ndarray) -> np.ndarray:
-    """`values[at]` where a row stores, 0 elsewhere (a pool that stored nothing yet has no
-    per-store rows: a stream that began with removals)."""
+def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) -> np.ndarray:
+    """`values[at]` as `dtype` where a row stores, 0 elsewhere (a pool that stored nothing yet
+    has no per-store rows: a stream that began with removals). Indexed before it is converted:
+    the per-store arrays are the pool's whole (a narrow field of its packed rows), and
+    converting them first cost a pass over every store so far at every tick."""
+    values = np.asarray(values)
     if not len(values):
-        return np.zeros(len(at), values.dtype)
-    return np.where(is_store, values[at], 0).astype(values.dtype)
+        return np.zeros(len(at), dtype)
+    return np.where(is_store, values[at].astype(dtype), 0).astype(dtype, copy=False)
 
 
 class _Placer:
