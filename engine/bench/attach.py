@@ -132,9 +132,11 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
     n = max(pool.num_cached, 1)
     cap = len(pool.F)
     per = {"slots": cap, "slot_capacity_per_block": round(cap / n, 3),
-           "hash_K_key_and_parent_uint64": pool.K.nbytes / n,
+           # a journalled pool keeps the parent and the tenant in the block's store row (JS)
+           ("hash_K_key_uint64" if pool.journal else "hash_K_key_and_parent_uint64"): pool.K.nbytes / n,
            f"L_token_start_batch_row_order_{pool.L.dtype}": pool.L.nbytes / n,
-           "C_tokens_announced_removed_copies_tenant_uint32": pool.C.nbytes / n,
+           ("C_tokens_announced_removed_copies_uint32" if pool.journal
+            else "C_tokens_announced_removed_copies_tenant_uint32"): pool.C.nbytes / n,
            "F_width_tier_parent_width_uint8": pool.F.nbytes / n,
            "table_uint32_at_load": round(pool.S[colpool.S_LIVE] / (len(pool.tab) - 1), 3),
            "table": pool.tab.nbytes / n,
@@ -143,6 +145,7 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
            "batch_table_seq_and_time": (pool.T.nbytes + pool.BSEQ.nbytes) / n,
            "removed_and_departed_maps": sum(a.nbytes for m in (pool.removed, pool.departed_map)
                                             for a in (m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os)) / n,
+           "journal_rows_J_store_rows_JS_slot_stores_SO": (pool.J.nbytes + pool.JS.nbytes + pool.SO.nbytes) / n,
            "all_arrays": pool.nbytes / n}
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in per.items()}
 
