@@ -246,7 +246,7 @@ TARGETS: tuple[Target, ...] = (
     Target("bytes_per_block_app_remote_pool", "held",
            "RSS growth per tracked block of a 1,000,000-block remote vLLM pool in the app, held as an attach "
            "holds it (frames into the journalling columnar pool, its journal into the window's PoolState: pool, "
-           "log, checkpoints, tier overlay; bench held's smaller pool)", "bytes", "<= 100",
+           "log, checkpoints, tier overlay; bench held's smaller pool, in a process of its own)", "bytes", "<= 100",
            "the engine's remote pool (bench attach, same run)",
            _app_remote_bytes),
     Target("bytes_per_block_app_opened_trace", "gui",
@@ -279,7 +279,8 @@ TARGETS: tuple[Target, ...] = (
            "the window's PoolState) and drawn by the block table of a real offscreen window: redraw, median of 20",
            "ms", "< 16", "the same with a 1,000,000-block pool, same run", _held("median_ms", lambda v: v < 16)),
     Target("bytes_per_block_app_10m_pool", "held",
-           "RSS growth per block of that 10,000,000-block pool in the app (pool, log, checkpoints, tier overlay)",
+           "RSS growth per block of that 10,000,000-block pool in the app (pool, log, checkpoints, tier overlay; "
+           "in a process of its own)",
            "bytes", "<= 100", "the same with a 1,000,000-block pool, same run",
            _held("bytes_per_block", lambda v: v <= 100)),
     Target("stream_214m_blocks_memory_growth_mb", "stream",
