@@ -51,6 +51,10 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 # One replay answer is at most the server's buffer (vLLM keeps 10,000 batches by default);
 # one that runs past this many frames is not a vLLM server's, and is cut short.
 MAX_REPLAY_FRAMES = 1 << 20
+# Live frames handled in one run before the monitor, the stop flag and the join are looked
+# at again (a ZMQ disconnect is noticed at most this many frames late; `_reconnect` reads
+# what is queued before it disconnects anyway).
+DRAIN_FRAMES = 256
 
 
 def check_endpoint(endpoint: str, bind: bool = False) -> str:
@@ -611,7 +615,7 @@ class VllmSubscriber:
                     self._reconnect()
                     continue
                 if sub in ready:
-                    self.handle(sub.recv_multipart())
+                    self._drain_sub(sub)
             except Exception as exc:  # noqa: BLE001 - a callback failed; report it and keep reading
                 if isinstance(exc, zmq.ContextTerminated):
                     break
@@ -620,6 +624,22 @@ class VllmSubscriber:
             self._idle()  # stopping: what the consumer holds is applied, not dropped
         except Exception as exc:  # noqa: BLE001
             self._error(exc)
+
+    def _drain_sub(self, sub) -> None:
+        """Handle the frames queued on the SUB socket, up to DRAIN_FRAMES, without a poll
+        between them: a zmq poll of the two sockets cost more than decoding a frame. The
+        monitor, the stop flag and the join are looked at again after each run."""
+        noblock = self._zmq.NOBLOCK
+        again = self._zmq.Again
+        self.handle(sub.recv_multipart())  # the poll said one is there
+        for _ in range(DRAIN_FRAMES - 1):
+            if self._stop.is_set():
+                return
+            try:
+                frames = sub.recv_multipart(noblock)
+            except again:
+                return
+            self.handle(frames)
 
     def _idle(self) -> None:
         """Nothing queued: tell the consumer of each stream that got batches since the last
