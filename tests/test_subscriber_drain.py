@@ -53,3 +53,28 @@ def test_queued_frames_are_read_without_a_poll_each(monkeypatch):
     finally:
         sub.stop()
         server.close()
+
+
+def test_recv_parts_gives_what_recv_multipart_gives():
+    from engine.remote.subscriber import recv_parts
+
+    ctx = zmq.Context.instance()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://test-recv-parts")
+    b.connect("inproc://test-recv-parts")
+    try:
+        messages = [[b"x"], [b"", b""], [b"kv", (7).to_bytes(8, "big"), b"\x93" * 5000], [b"a", b"", b"c", b"d"]]
+        for m in messages:
+            a.send_multipart(m)
+            a.send_multipart(m)
+        for m in messages:
+            assert recv_parts(b) == b.recv_multipart() == m
+        try:
+            recv_parts(b, zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        else:
+            raise AssertionError("nothing was queued")
+    finally:
+        a.close(0)
+        b.close(0)
