@@ -300,9 +300,27 @@ class PreparedJournal:
     key0: int
     store0: int
     num_blocks: int  # the log's blocks after these
+    rows: _JournalColumns  # what the commit reads of the journal, read off the writing thread
 
     def __len__(self) -> int:
         return len(self.journal)
+
+
+@dataclass(slots=True, eq=False)
+class _JournalColumns:
+    """A journal's columns as `commit_journal` writes them, made by `prepare_journal` (off
+    the thread that owns the log, in the app): contiguous copies of the pool's strided row
+    fields, and the tick's (batch, tier) pairs, which one request and RemoteInfo each stand for."""
+
+    keys: np.ndarray  # uint64 hash code per row
+    widths: np.ndarray  # int64
+    store_local: np.ndarray  # int64 pool store number of each storing row
+    pairs: np.ndarray  # ascending (batch seq << 10) | (tier + 1), one per run of rows
+    of_pair: np.ndarray  # per row, its pair
+    batches: np.ndarray  # the pairs' batch seqs, once each
+    media: list[str]  # per pair, its tier's name
+    table_pair: np.ndarray  # per row of the log's table, its journal row's pair
+    table_batch: np.ndarray  # and its index in `batches`
 
 
 def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 0) -> PreparedJournal:
@@ -332,22 +350,39 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     pwide = _per_store(journal.parent_width, st_local, is_st, np.int64)
     tenant = _per_store(journal.tenant, st_local, is_st, np.int64)
     nb0 = plan.blocks
+    # contiguous copies of the journal's columns (a pool's are strided views of its rows):
+    # the compiled loop is loaded for one layout (engine.kernel.warmup), whoever made the rows,
+    # and the commit reads them again
+    hcode = np.ascontiguousarray(np.asarray(journal.key, np.uint64).view(np.int64))
+    hwide = np.ascontiguousarray(journal.width, np.int64)
+    local = np.ascontiguousarray(local)
     if isinstance(stores.placer, _CompiledPlacer):
-        # contiguous copies of the journal's columns (a pool's are strided views of its rows):
-        # the compiled loop is loaded for one layout (engine.kernel.warmup), whoever made the rows
         table, store_tenants, born, nb = stores.placer.place(
-            nb0, op.astype(np.int64), placed, key,
-            np.ascontiguousarray(np.asarray(journal.key, np.uint64).view(np.int64)),
-            np.ascontiguousarray(journal.width, np.int64), pcode, pwide, tenant, np.ascontiguousarray(local),
-            who, plan.row)
+            nb0, op.astype(np.int64), placed, key, hcode, hwide, pcode, pwide, tenant, local, who, plan.row)
     else:
-        hashes = list(zip(np.asarray(journal.key, np.uint64).tolist(), np.asarray(journal.width, np.int64).tolist()))
+        hashes = list(zip(hcode.view(np.uint64).tolist(), hwide.tolist()))
         pk = pcode.view(np.uint64).tolist()
         parents = [(k, w) if w else None for k, w in zip(pk, pwide.tolist())]
         table, store_tenants, born, nb = _place(stores.placer, nb0, op.tolist(), placed.tolist(), key.tolist(), who,
                                                 local.tolist(), plan.row, hashes, parents, tenant.tolist())
+    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick;
+    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
+    tier = np.asarray(journal.tier, np.int64)
+    pairs, of_pair = _unique_runs(np.asarray(journal.seq, np.int64) * 1024 + (tier + 1))
+    batches, batch_of_pair = _unique_runs(pairs >> 10)  # the pairs ascend: so do their batches
+    names = journal.tier_names
+    media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((pairs & 1023) - 1).tolist()]
+    # the table's event indexes made seqs and stores' ids here, as the commit will number them
+    # (it checks that the log's numbers are still plan's); requests and infos are the log's
+    ev = table[:, 2]
+    table_pair = of_pair[ev]
+    store_id = np.cumsum(is_st) - 1 + plan.store  # a storing row's store id (JournalStores.add)
+    table[:, 5] = np.where(table[:, 0] == STORED, store_id[ev], table[:, 5])
+    table[:, 1] = plan.seq + ev
+    rows = _JournalColumns(hcode.view(np.uint64), hwide, local[is_st], pairs, of_pair, batches, media,
+                           table_pair, batch_of_pair[table_pair])
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
-                           np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb)
+                           np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows)
     plan.row += len(table)
     plan.seq += n
     plan.key += n
@@ -375,30 +410,21 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
         keys.pools.append(pool)
     p = keys.pools.index(pool)
     stores.journals[p] = StoreArrays.of(journal)
-    op = np.asarray(journal.op)
-    tier = np.asarray(journal.tier, np.int64)
-    bseq = np.asarray(journal.seq, np.int64)
-    keys.add(p, np.asarray(journal.key, np.uint64), np.asarray(journal.width, np.int64))
-    is_st = op == OP_STORED
-    store = np.zeros(n, np.int64)
-    store[is_st] = stores.add(p, np.asarray(journal.store, np.int64)[is_st])
+    rows = prepared.rows
+    keys.add(p, rows.keys, rows.widths)
+    stores.add(p, rows.store_local)  # the ids prepare_journal wrote (store0 on, checked above)
     stores.tenants.extend(prepared.store_tenants)
     if col._live_keys is None:
         col._live_keys = np.full(col.num_blocks, -1, np.int32)
-    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick;
-    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
     slots = col._remote_slots()
-    names = journal.tier_names
-    pairs, of_pair = _unique_runs(bseq * 1024 + (tier + 1))
-    batches, batch_of_pair = _unique_runs(pairs >> 10)  # the pairs ascend: so do their batches
+    pairs, of_pair = rows.pairs, rows.of_pair
     live_request = col._live_request
-    rids = [f"{source}#{u}" for u in batches.tolist()]
+    rids = [f"{source}#{u}" for u in rows.batches.tolist()]
     occurrence = [live_request.get(rid) for rid in rids]
     new = [rid for rid, r in zip(rids, occurrence) if r is None]  # a batch's first rows (the rest: a tick before)
     if new:
         live_request.update(zip(new, col.requests.add_many(new)))
         occurrence = [live_request[rid] for rid in rids]
-    request = np.asarray(occurrence, np.int64)[batch_of_pair][of_pair]
     # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
     # none, or a clear outside any batch: 0, the event's own time stands for it)
     pair_time = np.zeros(len(pairs), np.float64)
@@ -407,16 +433,12 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     if times is not None:
         pair_time[of_pair] = times
         pair_time[pairs >> 10 < 0] = 0.0
-    media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((pairs & 1023) - 1).tolist()]
-    numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), media), np.int64)
-    info = numbers[of_pair]
+    numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), rows.media),
+                         np.int64)
     seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
-    table = prepared.table
-    table[:, 1] = seqs[table[:, 1]]  # event index -> seq
-    ev = table[:, 2].copy()
-    table[:, 2] = request[ev]
-    table[:, 5] = np.where(table[:, 0] == STORED, store[ev], table[:, 5])
-    table[:, 6] = info[ev]
+    table = prepared.table  # seqs and stores' ids written by prepare_journal
+    table[:, 2] = np.asarray(occurrence, np.int64)[rows.table_batch]
+    table[:, 6] = numbers[rows.table_pair]
     nb0 = col.num_blocks
     if prepared.num_blocks > nb0:  # the pool grows to the new slots, each from the row that first stored it
         col._grow(prepared.num_blocks - 1)
