@@ -584,9 +584,12 @@ def _array_head(buf, p):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _common_frame(buf, fb, fo, stored_ok, removed_ok):  # pragma: no cover - compiled
+def _common_frame(buf):  # pragma: no cover - compiled
     """(ok, ts, rank or -1, rows, parents, keys, tokens) of an EventBatch of common events;
-    ok False (and nothing else meaningful) for anything outside the subset above."""
+    ok False (and nothing else meaningful) for anything outside the subset above. The field
+    names and masks are module constants, frozen into the compiled code: passed as
+    arguments, numba's dispatcher typed all four again at every frame."""
+    fb, fo, stored_ok, removed_ok = _FIELD_BYTES, _FIELD_OFF, _STORED_OK, _REMOVED_OK
     n = len(buf)
     no_rows = np.empty((0, NUM_R), np.int64)
     no_u64 = np.empty(0, np.uint64)
@@ -759,8 +762,7 @@ def _common_frame(buf, fb, fo, stored_ok, removed_ok):  # pragma: no cover - com
 def common_columns(seq: int, payload: bytes) -> ColumnarBatch | None:
     """The columns of a frame of common events by one compiled pass, or None when the frame
     is anything else (then `decode_columns` reads it as before)."""
-    ok, ts, rank, rows, parents, keys, tokens = _common_frame(np.frombuffer(payload, np.uint8), _FIELD_BYTES,
-                                                              _FIELD_OFF, _STORED_OK, _REMOVED_OK)
+    ok, ts, rank, rows, parents, keys, tokens = _common_frame(np.frombuffer(payload, np.uint8))
     if not ok:
         return None
     return ColumnarBatch(seq, float(ts), None if rank < 0 else int(rank), rows, parents, keys, tokens, {}, payload)
