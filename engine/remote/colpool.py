@@ -28,7 +28,7 @@ Python object per block, per hash or per token id:
   batch row and order are uint32 (the orders renumbered, in order, before they would
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
-  a block that is 55 bytes a slot (a journalled pool's 47, its store row's number in
+  a block that is 56 bytes a slot (a journalled pool's 48, its store row's number in
   them, beside the 17 of the store row), 32 of token ids and 5.7 of the table (at a load
   of 0.7), with the arrays' room to grow (an eighth) on top.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
@@ -41,9 +41,11 @@ Python object per block, per hash or per token id:
 - `apply(batch)` takes a `fastwire.ColumnarBatch` (`fastwire.decode_columns`: the
   frame's hashes, token ids and event fields as arrays) or a `VllmBatch`. One compiled
   loop applies every run of common events (stores and removals with block hashes, a
-  parent, token ids, a block size and a GPU or CPU medium); an event naming anything
-  more (extra keys, a salt, a KV cache group, a session, details, another medium, a
-  clear) is handled by Python around the same compiled per-block functions.
+  parent, token ids, a block size and a medium, whatever its name: a connector's own,
+  `DISK` or `cpu`, is a per-pool code, kept per slot (F_RAW) as the name the reference
+  keeps in `details`); an event naming anything more (extra keys, a salt, a KV cache
+  group, a session, ownership or locality, a clear) is handled by Python around the
+  same compiled per-block functions.
 
 - `apply_many(batches)` applies batches in order as `apply` does each, but every run of
   batches made only of common events in one compiled call (`_run_frames`): what an
@@ -110,7 +112,7 @@ from numba.typed import Dict as NumbaDict
 from engine.remote import fastwire
 from engine.remote.fastwire import (
     KIND_CLEARED, KIND_REMOVED, KIND_STORED, R_HASH0, R_KIND, R_MEDIUM, R_NHASH, R_NTOK, R_PARENT, R_RARE, R_SIZE,
-    R_TOK0, ColumnarBatch,
+    R_TOK0, R_WIDTH, ColumnarBatch,
 )
 from engine.remote.pool import GroupSpec, LifetimeStats, salt_of
 from engine.remote.tiers import CPU, GPU, REMOTE, STORAGE, tier_of_medium, tier_order
@@ -126,11 +128,15 @@ K_KEY, K_PARENT = 0, 1                                            # uint64 (a jo
 # the next free slot + 1, 0 none), its store's row in the batch table, its store order
 L_TOK, L_BID, L_ORDER = 0, 1, 2
 C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1, 0 none; not journalled)
-F_W, F_TIER, F_PW = 0, 1, 2                                       # uint8 (width code; tier + 1, 0 = free)
+F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width code; tier + 1, 0 = free)
+# F_RAW: the raw medium name the slot's latest store gave when it is not the tier's own
+# (`DISK` for STORAGE, `cpu` for CPU): its code in the pool's raw names, 0 none, RAW_IN_DETAILS
+# (past MAX_RAW names) the name is in the pool's details dict, as the reference keeps it
+RAW_IN_DETAILS = 255
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
-    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_FIRST, S_JON, S_JROWS, S_JSTORES, \
+    S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_SEEN, S_JON, S_JROWS, S_JSTORES, \
     S_NTIERS, S_BID, S_TOUCHED = range(22)
 NUM_S = 22  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
@@ -144,10 +150,21 @@ JS_NARROW = np.dtype([("parent", np.uint64), ("tok0", np.uint32), ("ntok", np.ui
 JS_WIDE = np.dtype([("parent", np.uint64), ("tok0", np.int64), ("ntok", np.uint32), ("tenant", np.uint32),
                     ("pwidth", np.uint8)])
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2
-# per tier (int64): present, creation order, hashes, copies beyond one per hash, blocks
-# announced under the tier's own name (media), hashes without token ids
-T_PRESENT, T_BORN, T_HASHES, T_EXTRA, T_MEDIA, T_NOTOK, T_EXTRA_BORN = range(7)
-NUM_T = 8
+# per tier (int64): present, creation order, hashes, copies beyond one per hash, hashes
+# without token ids, when it first held an extra copy
+T_PRESENT, T_BORN, T_HASHES, T_EXTRA, T_NOTOK, T_EXTRA_BORN = range(6)
+NUM_T = 6
+# per raw medium name (int64, row = its code in the pool's raw names: 0 `GPU`, 1 `CPU`, then
+# the others in order of appearance): its tier code, the code a slot keeps for it (F_RAW:
+# 0 for the tier's own name), stores counted since the last sync; RM_ORDER's first
+# S[S_MEDIA_SEEN] rows list the codes counted in the order they were first counted
+RM_TIER, RM_SLOT, RM_COUNT, RM_ORDER = range(4)
+MAX_RAW = RAW_IN_DETAILS  # codes 0..254
+RAW_ROW = 1 << 16  # R_MEDIUM of a common event naming raw name c (>= 2) on tier t: RAW_ROW | c << 8 | t
+
+
+def _medium_row(t: int, c: int) -> int:
+    return RAW_ROW | c << 8 | t
 # ordered maps: scalars
 O_LIVE, O_FREE, O_HEAD, O_TAIL = range(4)
 
@@ -501,11 +518,13 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
-           t, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
+           t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
            next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
-    report (no copy added), 0 for a store, -1 when it names no hash. With the journal on,
-    one row per block stored (a copy of a held hash too, its token ids kept for it)."""
+    report (no copy added), 0 for a store, -1 when it names no hash. `raw`: the F_RAW code
+    of the medium's name (0 the tier's own: a copy keeps the name an earlier store gave).
+    With the journal on, one row per block stored (a copy of a held hash too, its token ids
+    kept for it)."""
     if nh == 0:
         return -1
     if TI[t, T_PRESENT] == 0:
@@ -576,6 +595,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
                 TI[t, T_EXTRA_BORN] = S[S_TIERSEQ] + 1
                 S[S_TIERSEQ] += 1
             C[s, C_ANN] += 1
+            if raw:
+                F[s, F_RAW] = raw
             if S[S_JON]:  # the journal keeps this copy's own token ids (the slot keeps the first's)
                 a = i * bs
                 n_i = min(bs, nt - a) if bs > 0 else 0
@@ -592,6 +613,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             K[s, K_KEY] = k
             F[s, F_W] = w
             F[s, F_TIER] = t + 1
+            F[s, F_RAW] = raw
             # (a journalled pool's K has no parent column: its store row, JS, has the parent)
             if has_prev:
                 F[s, F_PW] = prev_w
@@ -737,19 +759,28 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
     TI[t, T_EXTRA_BORN] = 0
 
 
+@njit(cache=True, inline="always")
+def _medium_of(m):  # pragma: no cover - compiled
+    """A common event's tier and raw name code from its R_MEDIUM (`_medium_row`)."""
+    if m >= RAW_ROW:
+        return m & 0xFF, (m >> 8) & 0xFF
+    return (1, 1) if m == 2 else (0, 0)
+
+
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
          dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
-         rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
+         rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO, RM):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
-    Python must handle (or n)."""
+    Python must handle (or n). A common event's medium is nil or `GPU` (R_MEDIUM 0, 1),
+    `CPU` (2) or the pool's raw name c on tier t (`_medium_row(t, c)`)."""
     nosalt = tiers[:0]  # a view: this function allocates nothing (no NRT)
     for i in range(start, n):
         if rows[i, R_RARE]:
             return i
         kind = rows[i, R_KIND]
-        t = 1 if rows[i, R_MEDIUM] == 2 else 0  # a common event names GPU, CPU or no medium
+        t, c = _medium_of(rows[i, R_MEDIUM])
         nh = rows[i, R_NHASH]
         h0 = rows[i, R_HASH0]
         if kind == KIND_STORED:
@@ -766,12 +797,13 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
                         nxt = rows[j, R_PARENT] != 0 and parents[j] == lk and widths_parent(rows, j) == lw
                         break
             r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
-                       t, rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
+                       t, RM[c, RM_SLOT], rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
                        rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO)
-            if r == 0:
-                if TI[t, T_MEDIA] == 0 and S[S_MEDIA_FIRST] < 0:
-                    S[S_MEDIA_FIRST] = t  # which raw name the dicts meet first (synced after a run)
-                TI[t, T_MEDIA] += nh
+            if r == 0:  # counted per raw name, into the pool's dicts after the run (`_sync`)
+                if RM[c, RM_COUNT] == 0:
+                    RM[S[S_MEDIA_SEEN], RM_ORDER] = c
+                    S[S_MEDIA_SEEN] += 1
+                RM[c, RM_COUNT] += nh
         elif kind == KIND_REMOVED:
             if stop_on_remove:
                 return i
@@ -791,10 +823,10 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, rawgpu, group, hk,
-              hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts, J, JS,
+def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, raw, rawgpu, group,
+              hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts, J, JS,
               SO):  # pragma: no cover - compiled
-    return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, rawgpu,
+    return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, raw, rawgpu,
                   group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
                   next_continues, seq, ts, J, JS, SO)
 
@@ -811,19 +843,19 @@ def _remove_py(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fr
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab, dp_k,
             dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start,
-            stop_on_remove, seq, ts, left, n, J, JS, SO):  # pragma: no cover - compiled
+            stop_on_remove, seq, ts, left, n, J, JS, SO, RM):  # pragma: no cover - compiled
     return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers,
-                groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO)
+                groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO, RM)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab,
                    dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss,
-                   left, J, JS, SO):  # pragma: no cover - compiled
+                   left, J, JS, SO, RM):  # pragma: no cover - compiled
     return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo,
                        ra_os, dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths,
-                       ftok, bounds, seqs, tss, left, J, JS, SO)
+                       ftok, bounds, seqs, tss, left, J, JS, SO, RM)
 
 
 @njit(cache=True, _nrt=False)
@@ -863,7 +895,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
     acc = np.int64(0)
     removed = 0
     for i in range(lo, hi):  # the table entries
-        t = 1 if rows[i, R_MEDIUM] == 2 else 0
+        t = _medium_of(rows[i, R_MEDIUM])[0]
         h0 = rows[i, R_HASH0]
         if rows[i, R_KIND] == KIND_REMOVED:
             removed += rows[i, R_NHASH]
@@ -878,7 +910,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
         acc += _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed)
         acc += _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed)
     for i in range(lo, hi):  # the rows they name (the entries are cached now)
-        t = 1 if rows[i, R_MEDIUM] == 2 else 0
+        t = _medium_of(rows[i, R_MEDIUM])[0]
         h0 = rows[i, R_HASH0]
         removal = rows[i, R_KIND] == KIND_REMOVED
         for j in range(h0, h0 + rows[i, R_NHASH]):
@@ -917,7 +949,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs,
-                tss, left, J, JS, SO):  # pragma: no cover - compiled
+                tss, left, J, JS, SO, RM):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
     each (rows, hashes and token ids of all frames concatenated; `widths` W_U64 for each)."""
@@ -932,7 +964,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v,
                                       dp_v, dp_fifo, dp_os, rows, parents, keys, lo, hi) & 1
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
                  dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
-                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO)
+                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1048,6 +1080,18 @@ def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
 _warm = False
 
 
+def _num_removals(rows: np.ndarray) -> int:
+    """Hashes the removals among `rows` name: what they may add to the removal maps."""
+    return int(rows[rows[:, R_KIND] == KIND_REMOVED, R_NHASH].sum())
+
+
+def _names_only_a_medium(e: VllmEvent) -> bool:
+    """Whether a store or removal says nothing beyond the common fields but its medium."""
+    return e.lora_id is None and e.lora_name is None and e.extra_keys is None and e.group_idx is None \
+        and e.kv_cache_spec_kind is None and e.locality is None and e.session_id is None and e.cache_salt is None \
+        and e.ownership is None and e.lookahead_token_ids is None and e.kv_cache_spec_sliding_window is None
+
+
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) the pool's loops now, not on the first batch."""
     global _warm
@@ -1070,7 +1114,9 @@ def warm_up() -> None:
     # the many-frames loop an attachment uses, and the journal's paths
     common = [encode_batch(2.0 + i, [VllmEvent("BlockStored", ((i + 9 << 56).to_bytes(8, "big"),), None,
                                                tuple(range(16)), 16),
-                                     VllmEvent("BlockRemoved", ((i + 9 << 56).to_bytes(8, "big"),))], 0)
+                                     VllmEvent("BlockRemoved", ((i + 9 << 56).to_bytes(8, "big"),)),
+                                     VllmEvent("BlockStored", ((i + 11 << 56).to_bytes(8, "big"),), None,
+                                               tuple(range(16)), 16, medium="DISK")], 0)
               for i in range(2)]
     for journal, wide in ((False, False), (True, False), (True, True)):
         pool = ColumnarPool("warm-up", journal=journal)
@@ -1292,14 +1338,17 @@ class ColumnarPool:
         self.hits_by_session: dict[str | None, int] = {}
         self.num_unknown_events: dict[str, int] = {}
         self.groups: dict[int, GroupSpec] = {}
-        self.details: dict[tuple[str, bytes], dict[str, Any]] = {}
+        # the reference's `details` but for a raw medium name a slot keeps (F_RAW): see `details`
+        self._details: dict[tuple[str, bytes], dict[str, Any]] = {}
+        self._raw_names: list[str] = [GPU, CPU]  # raw medium names by code (RM's rows)
+        self._raw_codes: dict[str, int] = {GPU: 0, CPU: 1}
+        self.RM = np.zeros((MAX_RAW, 4), np.int64)
+        self.RM[1, RM_TIER] = _TIER_CODES[CPU]
         self._wide: dict[bytes, int] = {}
         self._wide_bytes: list[bytes] = []
-        self._media_synced = np.zeros(MAX_TIERS, np.int64)
         self._hits_synced = 0
         self.S = np.zeros(NUM_S, np.int64)
         self.S[S_MAXREM] = max_removed
-        self.S[S_MEDIA_FIRST] = -1
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
         self.JS = np.zeros(1024 if journal else 0, JS_NARROW)
@@ -1327,7 +1376,7 @@ class ColumnarPool:
         self.L = np.zeros((cap, 3), np.uint32)
         # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column
         self.C = np.zeros((cap, 5 if self.journal else 6), np.uint32)
-        self.F = np.zeros((cap, 3), np.uint8)
+        self.F = np.zeros((cap, 4), np.uint8)
         self.L[:, L_TOK] = np.arange(2, cap + 2)  # the free list: slot 0, 1, ... in order
         self.L[cap - 1, L_TOK] = 0
         self.S[S_FREE] = 1
@@ -1362,11 +1411,12 @@ class ColumnarPool:
 
     # ---- room before a compiled call ---------------------------------------------------
 
-    def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None, block_tokens: int | None = None
-                 ) -> None:
+    def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None, block_tokens: int | None = None,
+                 removals: int | None = None) -> None:
         """Room for `blocks` more blocks and `tokens` more token ids (`ids`: the ones that
         come, which widen the token array once to uint32 when one is 2**16 or more;
-        `block_tokens`: the most one block may take, at most `tokens`)."""
+        `block_tokens`: the most one block may take, at most `tokens`) and, in the removal
+        maps, for `removals` more hashes (None: `blocks`; only a removal adds to them)."""
         if ids is not None and len(ids) and self.tok.dtype == np.uint16 and int(ids.max()) > 0xFFFF:
             self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
@@ -1400,8 +1450,9 @@ class ColumnarPool:
                 self.S[S_TOKUSED] = _compact_tokens(self.C, self.L, self.F, self.tok, len(self.F), out)
             self.tok = out
         self._narrow_room(blocks, tokens)
-        self.removed.reserve(blocks, self.max_removed)
-        self.departed_map.reserve(blocks, self.max_removed)
+        removals = blocks if removals is None else removals
+        self.removed.reserve(removals, self.max_removed)
+        self.departed_map.reserve(removals, self.max_removed)
         if self.journal:
             self._journal_reserve(blocks, blocks)
             # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
@@ -1519,6 +1570,8 @@ class ColumnarPool:
         """Apply one batch in sequence order (a `fastwire.ColumnarBatch`, or any VllmBatch);
         returns [] (the columnar pool emits no Cachescope events)."""
         cols = batch if isinstance(batch, ColumnarBatch) else fastwire.columns_of(batch)
+        if cols.events:
+            cols = self._common_media(cols)
         self.num_batches += 1
         self.last_batch_seq = cols.seq
         self.last_batch_time = cols.ts
@@ -1543,7 +1596,7 @@ class ColumnarPool:
             widths, tiers, groups, rawgpu = np.full(len(keys), W_U64, np.uint8), _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()))
+        self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()), _num_removals(rows))
         self._batch_rows(np.array([cols.seq], np.int64), np.array([cols.ts], np.float64))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
@@ -1553,7 +1606,7 @@ class ColumnarPool:
         while i < n:
             i = _run_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                      self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
-                     rawgpu, i, bool(self.details), cols.seq, cols.ts, left, n, *self._jn())
+                     rawgpu, i, bool(self._details), cols.seq, cols.ts, left, n, *self._jn(), self.RM)
             self._sync()
             if i < n:
                 self._apply_rare(cols, i, rare.get(i), keys, widths, tiers, groups, rawgpu, parents, left)
@@ -1569,6 +1622,8 @@ class ColumnarPool:
         the pool after it is the pool after applying them one by one. Returns []."""
         run: list[ColumnarBatch] = []
         for batch in batches:
+            if isinstance(batch, ColumnarBatch) and batch.events:
+                batch = self._common_media(batch)
             if isinstance(batch, ColumnarBatch) and not batch.events:
                 run.append(batch)
                 continue
@@ -1581,7 +1636,7 @@ class ColumnarPool:
         return []
 
     def _apply_run(self, run: list[ColumnarBatch]) -> None:
-        if self.details or len(run) == 1:  # removals must drop details: one by one
+        if self._details or len(run) == 1:  # removals must drop details: one by one
             for batch in run:
                 self.apply(batch)
             return
@@ -1617,14 +1672,14 @@ class ColumnarPool:
         if not len(rows):
             return
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(tokens), tokens, int(rows[:, R_NTOK].max()))
+        self._reserve(nblocks, len(tokens), tokens, int(rows[:, R_NTOK].max()), _num_removals(rows))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
         _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                     self.TI, *self._ra(), *self._dp(), rows, parents, keys, np.full(len(keys), W_U64, np.uint8),
-                    tokens, bounds, seqs, tss, self._left, *self._jn())
+                    tokens, bounds, seqs, tss, self._left, *self._jn(), self.RM)
         self._sync()
 
     def _ra(self) -> tuple:
@@ -1679,17 +1734,56 @@ class ColumnarPool:
         self._widths, self._parents, self._pws = widths, parents, pws
         return keys
 
+    def _raw_code(self, raw: str) -> int | None:
+        """The code of a raw medium name (RM's row), made on first sight; None past MAX_RAW names."""
+        c = self._raw_codes.get(raw)
+        if c is None:
+            if len(self._raw_names) >= MAX_RAW:
+                return None
+            c = self._raw_codes[raw] = len(self._raw_names)
+            self._raw_names.append(raw)
+            tier = tier_of_medium(raw)
+            self.RM[c, RM_TIER] = tier_code(tier)
+            self.RM[c, RM_SLOT] = 0 if raw == tier else c
+        return c
+
+    def _common_media(self, cols: ColumnarBatch) -> ColumnarBatch:
+        """`cols` with every event that is rare only for its medium's name (a connector's
+        `DISK`, `cpu`, `cuda:0`: fastwire decodes GPU and CPU alone) made common, its row
+        naming the pool's code c of that name (`_medium_row`), so the compiled loop applies
+        it; the batch given is left as it was."""
+        rows = cols.rows
+        common = []
+        for i, e in cols.events.items():
+            # R_MEDIUM 3: fastwire read this event's fields (a batch from `columns_of` has 0)
+            if rows[i, R_MEDIUM] == 3 and rows[i, R_WIDTH] == 8 and rows[i, R_PARENT] != 2 \
+                    and rows[i, R_KIND] in (KIND_STORED, KIND_REMOVED) and _names_only_a_medium(e):
+                c = self._raw_code(e.medium)
+                if c is not None:
+                    common.append((i, c))
+        if not common:
+            return cols
+        rows = rows.copy()
+        events = dict(cols.events)
+        for i, c in common:
+            rows[i, R_RARE] = 0
+            rows[i, R_MEDIUM] = _medium_row(int(self.RM[c, RM_TIER]), c)
+            del events[i]
+        return ColumnarBatch(cols.seq, cols.ts, cols.data_parallel_rank, rows, cols.parents, cols.keys, cols.tokens,
+                             events, cols.payload)
+
     def _sync(self) -> None:
-        """Counts the compiled loop keeps (media of the common raw names, hits without a
+        """Counts the compiled loop keeps (stores per raw medium name, hits without a
         session) into the dicts, in the order they came."""
-        first = int(self.S[S_MEDIA_FIRST])
-        self.S[S_MEDIA_FIRST] = -1
-        for code, raw in ((1, CPU), (0, GPU)) if first == 1 else ((0, GPU), (1, CPU)):
-            delta = int(self.TI[code, T_MEDIA] - self._media_synced[code])
-            if delta:
-                names = self.media.setdefault(_TIER_NAMES[code], {})
-                names[raw] = names.get(raw, 0) + delta
-                self._media_synced[code] = self.TI[code, T_MEDIA]
+        seen = int(self.S[S_MEDIA_SEEN])
+        if seen:
+            self.S[S_MEDIA_SEEN] = 0
+            RM = self.RM
+            for c in RM[:seen, RM_ORDER].tolist():
+                raw = self._raw_names[c]
+                names = self.media.setdefault(_TIER_NAMES[int(RM[c, RM_TIER])], {})
+                names[raw] = names.get(raw, 0) + int(RM[c, RM_COUNT])
+                RM[c, RM_COUNT] = 0
         delta = int(self.S[S_HITS]) - self._hits_synced
         if delta:
             self.hits_by_session[None] = self.hits_by_session.get(None, 0) + delta
@@ -1702,7 +1796,7 @@ class ColumnarPool:
         kind = int(rows[i, R_KIND])
         h0, nh = int(rows[i, R_HASH0]), int(rows[i, R_NHASH])
         if e is None:  # a common event the loop stopped at (a removal while details are kept)
-            t = 1 if rows[i, R_MEDIUM] == 2 else 0
+            t = int(_medium_of(rows[i, R_MEDIUM])[0])
             if len(widths) < len(keys):
                 widths = np.full(len(keys), W_U64, np.uint8)
             medium_name = _TIER_NAMES[t]
@@ -1720,9 +1814,9 @@ class ColumnarPool:
                 g = 0
             _remove_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
                     *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
-            if self.details:
+            if self._details:
                 for j in np.flatnonzero(left[:nh]).tolist():
-                    self.details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
+                    self._details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
         elif kind == KIND_CLEARED:
             self._clear(e.medium if e is not None else None, cols.seq)
         else:  # a type a newer server added: counted, never fatal
@@ -1739,6 +1833,8 @@ class ColumnarPool:
         group = int(groups[i])
         raw_medium = e.medium or MEDIUM_DEFAULT
         medium = tier_of_medium(raw_medium)
+        c = self._raw_code(raw_medium)
+        raw_code = int(self.RM[c, RM_SLOT]) if c is not None else 0 if raw_medium == medium else RAW_IN_DETAILS
         nxt = False
         if e.parent_block_hash is None and raw_medium == MEDIUM_DEFAULT:
             last = e.block_hashes[-1]
@@ -1754,7 +1850,7 @@ class ColumnarPool:
         if not raw and e.token_ids:
             raw = np.asarray(e.token_ids, np.uint32).tobytes()
         ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
-        self._reserve(nh, len(ftok), ftok)
+        self._reserve(nh, len(ftok), ftok, removals=0)
         salts = np.full(nh, -1, np.int64)
         salt_names: list[str] = []
         extra = e.extra_keys
@@ -1769,8 +1865,8 @@ class ColumnarPool:
         pk, pw = (self._key_new(e.parent_block_hash) if e.parent_block_hash is not None else (0, 0))
         r = _store_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
                    self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
-                   self.removed.os, t, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0, np.uint64(pk),
-                   np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
+                   self.removed.os, t, raw_code, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0,
+                   np.uint64(pk), np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
                    *self._jn())
         if r == 1:
             self.S[S_HITS] -= nh  # the loop counts hits without a session; this one names its own
@@ -1784,12 +1880,18 @@ class ColumnarPool:
             if self.groups.get(e.group_idx or 0) != spec:
                 self.groups[e.group_idx or 0] = spec
         if e.ownership is not None or e.locality is not None or e.lookahead_token_ids is not None \
-                or raw_medium != medium:
-            said = {k: v for k, v in (("medium", raw_medium if raw_medium != medium else None),
-                                      ("ownership", e.ownership), ("locality", e.locality),
+                or raw_code == RAW_IN_DETAILS:
+            said = {k: v for k, v in (("ownership", e.ownership), ("locality", e.locality),
                                       ("lookahead_token_ids", e.lookahead_token_ids)) if v is not None}
             for h in e.block_hashes:
-                self.details.setdefault((medium, h), {}).update(said)
+                d = self._details.setdefault((medium, h), {})
+                if raw_code == RAW_IN_DETAILS:
+                    d["medium"] = raw_medium
+                elif "medium" not in d and self.F[self._slot_of(h, t), F_RAW]:
+                    # where the reference's dict has the name: before what this store adds
+                    # (`_said` gives it the slot's name when read)
+                    d["medium"] = raw_medium
+                d.update(said)
         if e.cache_salt is not None:
             self.tenants.add(e.cache_salt)
         self.tenants.update(salt_names)
@@ -1812,9 +1914,9 @@ class ColumnarPool:
             self.departed_map.reserve(more, self.max_removed)
             _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.TI,
                         *self._ra(), *self._dp(), code, batch_seq, len(self.F))
-        if self.details:
-            for key in [k for k in self.details if k[0] in tiers]:
-                del self.details[key]
+        if self._details:
+            for key in [k for k in self._details if k[0] in tiers]:
+                del self._details[key]
         self.num_cleared += 1
 
     def reset(self, batch_seq: int = -1, batch_time: float = 0.0) -> list:
@@ -2047,6 +2149,26 @@ class ColumnarPool:
                                self.C[slots, C_TOT].tolist()):
                 yield medium, self._bytes(k, w), n
 
+    def _said(self, tier: str, block_hash: bytes, s: int) -> dict[str, Any]:
+        """What the reference's `details[(tier, block_hash)]` holds for the block in slot s."""
+        said = self._details.get((tier, block_hash))
+        raw = int(self.F[s, F_RAW])
+        if raw == 0 or raw == RAW_IN_DETAILS:
+            return said if said is not None else {}
+        return {**said, "medium": self._raw_names[raw]} if said else {"medium": self._raw_names[raw]}
+
+    @property
+    def details(self) -> dict[tuple[str, bytes], dict[str, Any]]:
+        """The reference's `details`: (tier, hash) -> what its stores said beyond the common
+        fields (a raw medium name, ownership, locality, lookahead token ids). Built when read."""
+        out = dict(self._details)
+        n = len(self.F)
+        raw = self.F[:n, F_RAW]
+        for s in np.flatnonzero((raw > 0) & (raw != RAW_IN_DETAILS) & (self.F[:n, F_TIER] > 0)).tolist():
+            key = (_TIER_NAMES[int(self.F[s, F_TIER]) - 1], self._bytes(int(self.K[s, K_KEY]), int(self.F[s, F_W])))
+            out[key] = self._said(*key, s)
+        return out
+
     def details_of(self, block_hash: bytes) -> dict[str, Any]:
         key = block_hash
         tiers: dict[str, dict[str, Any]] = {}
@@ -2054,7 +2176,7 @@ class ColumnarPool:
         for m in self.tiers_holding(block_hash):
             key = self.held_key(block_hash, m)
             s = self._slot_of(key, _TIER_CODES[m])
-            tiers[m] = {"copies": self.num_copies(key, m), **self.details.get((m, key), {})}
+            tiers[m] = {"copies": self.num_copies(key, m), **self._said(m, key, s)}
             if not self.C[s, C_NTOK]:
                 tiers[m]["no_token_ids"] = True
             held.append(s)
@@ -2084,7 +2206,7 @@ class ColumnarPool:
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
         arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
-                  self.J, self.JS, self.SO]
+                  self.J, self.JS, self.SO, self.RM]
         for m in (self.removed, self.departed_map):
             arrays += [m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os]
         return sum(a.nbytes for a in arrays)
