@@ -129,3 +129,17 @@ def test_details_keep_the_references_key_order():
             assert got == want
             assert [list(t.items()) for t in got["tiers"].values()] == \
                 [list(t.items()) for t in want["tiers"].values()]
+
+
+def test_a_run_of_stores_leaves_the_removal_maps_their_size():
+    """Only a removal adds to `removed_at` and `departed`: a run of stores reserves them no room
+    (it reserved one entry per block stored: 2 x 64K entries for this run)."""
+    pool = ColumnarPool("t")
+    frames = [encode_batch(1.0 + f, [VllmEvent("BlockStored", tuple(_h(1000 * f + j) for j in range(1000)), None,
+                                               tuple(range(16_000)), 16, medium=m)], 0)
+              for f, m in enumerate(["GPU", "DISK", "CPU", "GPU"] * 16)]
+    pool.apply_many([fastwire.decode_columns(f, p) for f, p in enumerate(frames)])
+    assert pool.num_cached == 64_000
+    assert len(pool.removed.k) < 10_000 and len(pool.departed_map.k) < 10_000
+    pool.apply(fastwire.decode_columns(99, encode_batch(99.0, [VllmEvent("BlockRemoved", (_h(5),))], 0)))
+    assert list(pool.removed_at) == [_h(5)]
