@@ -137,7 +137,7 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
            f"L_token_start_batch_row_order_{pool.L.dtype}": pool.L.nbytes / n,
            ("C_tokens_announced_removed_copies_uint32" if pool.journal
             else "C_tokens_announced_removed_copies_tenant_uint32"): pool.C.nbytes / n,
-           "F_width_tier_parent_width_uint8": pool.F.nbytes / n,
+           "F_width_tier_parent_width_raw_medium_uint8": pool.F.nbytes / n,
            "table_uint32_at_load": round(pool.S[colpool.S_LIVE] / (len(pool.tab) - 1), 3),
            "table": pool.tab.nbytes / n,
            f"token_ids_{pool.tok.dtype}": pool.tok.nbytes / n,
