@@ -143,3 +143,24 @@ def test_a_run_of_stores_leaves_the_removal_maps_their_size():
     assert len(pool.removed.k) < 10_000 and len(pool.departed_map.k) < 10_000
     pool.apply(fastwire.decode_columns(99, encode_batch(99.0, [VllmEvent("BlockRemoved", (_h(5),))], 0)))
     assert list(pool.removed_at) == [_h(5)]
+
+
+def test_the_raw_medium_column_comes_with_the_first_raw_name():
+    """A stream naming only GPU and CPU keeps 3 bytes a slot in F (no F_RAW column: the
+    engine's pool held 100.1 B a block with it, 99.1 without); the first connector's name adds
+    the column, zero for the slots before, and every reading still answers as the reference."""
+    pool, ref = ColumnarPool("t"), RemotePool("t")
+    plain = [encode_batch(1.0 + f, [VllmEvent("BlockStored", tuple(_h(64 * f + j) for j in range(64)), None,
+                                              tuple(range(1024)), 16, medium=m)
+                                    for m in ("GPU", "CPU")], 0) for f in range(3)]
+    for f, p in enumerate(plain):
+        pool.apply(fastwire.decode_columns(f, p))
+        ref.apply(fastwire.decode_batch(f, p))
+    assert pool.F.shape[1] == colpool.F_RAW and pool.details == ref.details == {}
+    disk = encode_batch(9.0, [VllmEvent("BlockStored", (_h(5000), _h(5001)), None, tuple(range(32)), 16,
+                                        medium="DISK")], 0)
+    pool.apply_many([fastwire.decode_columns(3, disk)])
+    ref.apply(fastwire.decode_batch(3, disk))
+    assert pool.F.shape[1] == colpool.F_RAW + 1
+    assert pool.details == ref.details and len(ref.details) == 2
+    assert [pool.details_of(_h(j)) for j in (0, 64, 5000, 5001)] == [ref.details_of(_h(j)) for j in (0, 64, 5000, 5001)]

@@ -131,7 +131,8 @@ C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenan
 F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width code; tier + 1, 0 = free)
 # F_RAW: the raw medium name the slot's latest store gave when it is not the tier's own
 # (`DISK` for STORAGE, `cpu` for CPU): its code in the pool's raw names, 0 none, RAW_IN_DETAILS
-# (past MAX_RAW names) the name is in the pool's details dict, as the reference keeps it
+# (past MAX_RAW names) the name is in the pool's details dict, as the reference keeps it.
+# F has this column only once the pool has seen such a name (`_add_raw_column`)
 RAW_IN_DETAILS = 255
 W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
@@ -595,7 +596,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
                 TI[t, T_EXTRA_BORN] = S[S_TIERSEQ] + 1
                 S[S_TIERSEQ] += 1
             C[s, C_ANN] += 1
-            if raw:
+            if raw:  # (a raw code is given only once F has its F_RAW column)
                 F[s, F_RAW] = raw
             if S[S_JON]:  # the journal keeps this copy's own token ids (the slot keeps the first's)
                 a = i * bs
@@ -613,7 +614,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             K[s, K_KEY] = k
             F[s, F_W] = w
             F[s, F_TIER] = t + 1
-            F[s, F_RAW] = raw
+            if F.shape[1] > F_RAW:  # F_RAW exists once a raw medium name was seen
+                F[s, F_RAW] = raw
             # (a journalled pool's K has no parent column: its store row, JS, has the parent)
             if has_prev:
                 F[s, F_PW] = prev_w
@@ -1376,7 +1378,9 @@ class ColumnarPool:
         self.L = np.zeros((cap, 3), np.uint32)
         # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column
         self.C = np.zeros((cap, 5 if self.journal else 6), np.uint32)
-        self.F = np.zeros((cap, 4), np.uint8)
+        # F_RAW, the fourth column, is added when the pool first sees a raw medium name
+        # (`_raw_code`): a stream that names only GPU and CPU keeps 3 bytes a slot
+        self.F = np.zeros((cap, 3), np.uint8)
         self.L[:, L_TOK] = np.arange(2, cap + 2)  # the free list: slot 0, 1, ... in order
         self.L[cap - 1, L_TOK] = 0
         self.S[S_FREE] = 1
@@ -1745,7 +1749,22 @@ class ColumnarPool:
             tier = tier_of_medium(raw)
             self.RM[c, RM_TIER] = tier_code(tier)
             self.RM[c, RM_SLOT] = 0 if raw == tier else c
+            if raw != tier:
+                self._add_raw_column()
         return c
+
+    def _add_raw_column(self) -> None:
+        """F gets its F_RAW column (0: the tier's own name) before a slot is given a raw code."""
+        if self.F.shape[1] <= F_RAW:
+            F = np.zeros((len(self.F), F_RAW + 1), np.uint8)
+            F[:, :F_RAW] = self.F
+            self.F = F
+
+    def _slot_raw(self, s: Any) -> Any:
+        """F_RAW of slot(s) s: 0 while F has no such column."""
+        if self.F.shape[1] <= F_RAW:
+            return np.zeros(len(s), np.uint8) if isinstance(s, (slice, np.ndarray)) else 0
+        return self.F[s, F_RAW]
 
     def _common_media(self, cols: ColumnarBatch) -> ColumnarBatch:
         """`cols` with every event that is rare only for its medium's name (a connector's
@@ -1835,6 +1854,8 @@ class ColumnarPool:
         medium = tier_of_medium(raw_medium)
         c = self._raw_code(raw_medium)
         raw_code = int(self.RM[c, RM_SLOT]) if c is not None else 0 if raw_medium == medium else RAW_IN_DETAILS
+        if raw_code:
+            self._add_raw_column()
         nxt = False
         if e.parent_block_hash is None and raw_medium == MEDIUM_DEFAULT:
             last = e.block_hashes[-1]
@@ -1887,7 +1908,7 @@ class ColumnarPool:
                 d = self._details.setdefault((medium, h), {})
                 if raw_code == RAW_IN_DETAILS:
                     d["medium"] = raw_medium
-                elif "medium" not in d and self.F[self._slot_of(h, t), F_RAW]:
+                elif "medium" not in d and self._slot_raw(self._slot_of(h, t)):
                     # where the reference's dict has the name: before what this store adds
                     # (`_said` gives it the slot's name when read)
                     d["medium"] = raw_medium
@@ -2152,7 +2173,7 @@ class ColumnarPool:
     def _said(self, tier: str, block_hash: bytes, s: int) -> dict[str, Any]:
         """What the reference's `details[(tier, block_hash)]` holds for the block in slot s."""
         said = self._details.get((tier, block_hash))
-        raw = int(self.F[s, F_RAW])
+        raw = int(self._slot_raw(s))
         if raw == 0 or raw == RAW_IN_DETAILS:
             return said if said is not None else {}
         return {**said, "medium": self._raw_names[raw]} if said else {"medium": self._raw_names[raw]}
@@ -2163,6 +2184,8 @@ class ColumnarPool:
         fields (a raw medium name, ownership, locality, lookahead token ids). Built when read."""
         out = dict(self._details)
         n = len(self.F)
+        if self.F.shape[1] <= F_RAW:
+            return out
         raw = self.F[:n, F_RAW]
         for s in np.flatnonzero((raw > 0) & (raw != RAW_IN_DETAILS) & (self.F[:n, F_TIER] > 0)).tolist():
             key = (_TIER_NAMES[int(self.F[s, F_TIER]) - 1], self._bytes(int(self.K[s, K_KEY]), int(self.F[s, F_W])))
