@@ -25,20 +25,14 @@ class _Sealed:
 
 def test_the_commit_reads_no_row_field_and_writes_the_same_log():
     from engine.core.live_journal import append_journal, commit_journal, journal_log, prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.overlay import journal_pool_class
     from tests.test_colpool import _synthetic
+    from tests.test_commit_infos import journal_takes
 
     frames = _synthetic(150, 4)
     logs = []
     for sealed in (False, True):
         log = journal_log(16)
-        pool = journal_pool_class()("tcp://10.0.0.5:5557")
-        for i in range(0, len(frames), 9):
-            pool.apply_many([fastwire.decode_columns(seq, payload) for seq, payload in frames[i:i + 9]])
-            rows = pool.take_journal()
-            if not len(rows):
-                continue
+        for pool, rows in journal_takes(frames, 9):
             if not sealed:
                 append_journal(log, rows, pool, pool.source)
                 continue

@@ -33,20 +33,13 @@ def test_rows_released_by_the_pool_commit_with_the_times_taken_with_them():
     """A pool that released the rows taken (`release_journal`) no longer dates them
     (`times_of` refuses): `commit_journal` takes the times taken with the rows."""
     from engine.core.live_journal import commit_journal, journal_log, prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.overlay import journal_pool_class
     from tests.test_colpool import _synthetic
 
     frames = _synthetic(120, 3)
     logs, refused = [], 0
     for release in (False, True):
         log = journal_log(16)
-        pool = journal_pool_class()("tcp://10.0.0.5:5557")
-        for i in range(0, len(frames), 7):
-            pool.apply_many([fastwire.decode_columns(seq, payload) for seq, payload in frames[i:i + 7]])
-            rows = pool.take_journal()
-            if not len(rows):
-                continue
+        for pool, rows in journal_takes(frames, 7):
             times = pool.times_of(rows)
             prepared = prepare_journal(log, rows, pool, pool.source)
             if release:
@@ -62,3 +55,17 @@ def test_rows_released_by_the_pool_commit_with_the_times_taken_with_them():
     kept, released = ([(e.kind, e.remote) for e in log.events if e.kind != "cache_reset"] for log in logs)
     assert refused and kept == released and len(kept) > 100
     assert len({info.batch_time for _, info in kept}) > 5
+
+
+def journal_takes(frames, step):
+    """A fresh journalling pool fed `step` recorded frames at a time: (pool, rows) per take
+    with rows, as a GUI tick takes them."""
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    pool = journal_pool_class()("tcp://10.0.0.5:5557")
+    for i in range(0, len(frames), step):
+        pool.apply_many([fastwire.decode_columns(seq, payload) for seq, payload in frames[i:i + step]])
+        rows = pool.take_journal()
+        if len(rows):
+            yield pool, rows
