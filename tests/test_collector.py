@@ -54,7 +54,9 @@ def test_a_background_threads_cycles_are_freed_on_the_gui_thread(window, qtbot):
     assert _Cyclic.freed_on == []  # the churning thread collected nothing
     qtbot.waitUntil(lambda: len(_Cyclic.freed_on) == 50, timeout=5000)
     assert set(_Cyclic.freed_on) == {threading.main_thread().name}
-    assert collector.active().collections[0] >= 1
+    # by the timer: a young collection, or a generation-1 one when earlier young collections
+    # had already passed that threshold (CI, 2026-12-04; twelve gc.collect(0) first: [0, 1, 0])
+    assert sum(collector.active().collections) >= 1
 
 
 def test_without_a_window_the_thread_collects_itself():
