@@ -2,14 +2,19 @@
 
 The thread blocks on its input queue, runs one job at a time in submission order, and
 reports back only through signals, which Qt delivers in the GUI thread. Stop it with
-`stop()`, which sends a stop message and waits for the thread.
+`stop()`, which sends a stop message and waits for the thread. A worker still running when
+the interpreter exits (its owner never stopped it: a script, a test, an error on the way
+out) is stopped then: Qt aborts the process (qFatal, exit status 134) when a running
+QThread is destroyed.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import traceback
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +31,17 @@ class _Job:
 
 
 _STOP = object()
+_RUNNING: "weakref.WeakSet[ModelWorker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Before the interpreter tears its objects down, stop the workers nobody stopped."""
+    for worker in list(_RUNNING):
+        try:
+            worker.stop()
+        except RuntimeError:  # its Qt objects already gone: nothing left running
+            pass
 
 
 class _Thread(QThread):
@@ -78,6 +94,7 @@ class ModelWorker(QObject):
         self._thread = _Thread(self)
         self._thread.setObjectName("cachescope-model-worker")
         self._thread.start()
+        _RUNNING.add(self)
 
     # ------------------------------------------------------------------ GUI thread API
     def submit(self, fn: Callable[..., Any], *args: Any, on_done: Callable[[Any], None] | None = None,
@@ -108,7 +125,10 @@ class ModelWorker(QObject):
             except queue.Empty:
                 break
         self._queue.put(_STOP)
-        return self._thread.wait(timeout_ms)
+        ended = self._thread.wait(timeout_ms)
+        if ended:
+            _RUNNING.discard(self)
+        return ended
 
     # ------------------------------------------------------------------ worker thread API
     def report_progress(self, text: str, fraction: float) -> None:
