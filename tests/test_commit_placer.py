@@ -49,4 +49,4 @@ def test_a_churning_pool_keeps_a_small_table_and_finds_every_holder():
         nb, nb_ref, r0, key = got[3], ref[3], r0 + len(got[0]), key + n
         assert int(placer.state[5]) == len({c for _, c in held})  # the hashes held now, no more
     assert stored > 10_000 and len(held) <= 400
-    assert len(placer.hk) <= 2048  # 10,000 hashes stored: the table kept the few hundred held
+    assert len(placer.table) <= 2048  # 10,000 hashes stored: the table kept the few hundred held

@@ -52,9 +52,10 @@ def test_the_table_grows_and_finds_every_holder():
 
 
 def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
-    # the placer's arrays are int32 (a block's state ~34 B, not 60) and each is widened to
+    # the placer's arrays are int32 (a block's record 32 B, not 64) and each is widened to
     # int64 before a block, list or hash id past int32 would be written: here int32's top is
-    # lowered to 300, so the stream's later ticks place into widened arrays, as the reference
+    # lowered to 1,250 (past the slots, below the later hash ids), so the stream's later ticks
+    # place into widened arrays, as the reference
     import engine.core.live_journal as lj
 
     rng = np.random.default_rng(11)
@@ -67,7 +68,7 @@ def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
     codes += codes[:n // 3]
     parents += [None] * (n // 3)
     placer, ref_placer, nb, nb_ref, r0, kinds = _CompiledPlacer(), _Placer(), 0, 0, 0, set()
-    monkeypatch.setattr(lj, "_I32_TOP", 300)
+    monkeypatch.setattr(lj, "_I32_TOP", 1250)
     for lo in range(0, len(ops), 100):  # ticks of 100 rows
         hi = min(lo + 100, len(ops))
         keys = list(range(lo, hi))
@@ -83,6 +84,5 @@ def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
         assert got[1].tolist() == list(ref[1]) and got[2].tolist() == list(ref[2])
         assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
         nb, nb_ref, r0 = got[3], ref[3], r0 + len(got[0])
-        kinds.add((placer.nxt.dtype.name, placer.cur.dtype.name, placer.hv.dtype.name))
-    assert ("int32", "int32", "int32") in kinds and ("int64", "int64", "int64") in kinds
-    assert placer.bwide.dtype == np.int8 and placer.hw.dtype == np.int8 and placer.bcode.dtype == np.int64
+        kinds.add((placer.blocks.dtype.name, placer.table.dtype.name))
+    assert ("int32", "int32") in kinds and ("int64", "int64") in kinds

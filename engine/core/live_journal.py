@@ -610,17 +610,30 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
     return log
 
 
-def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenants, stores, brank_of, rank, r0,
-                cur, nb0, vacant, state, shead, stail, nxt, bslot, btenant, bcode, bwide, hk, hw, hv, lnext,
-                out, born, store_tenants):  # pragma: no cover - compiled
+# A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
+# reads and writes of a block is one cache line (32 bytes while int32), not one per array:
+# the placer's state outgrows the caches, and the loop waited on a miss per field.
+B_CUR, B_RANK, B_SLOT, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(8)
+# B_RANK holds rank << 2 | the width code of the block's hash (0, 1 or 2: colpool's W_*);
+# B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
+# A row of the table of hashes (`_CompiledPlacer.table`): the code's low and high halves and
+# holder << 2 | width code (-1: an empty entry).
+T_LO, T_HI, T_HOLDER = 0, 1, 2
+
+
+def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, blocks, fifo, vacant,
+                table, state, out, born, store_tenants):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows.
 
-    state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table]. Slot
-    FIFOs (shead/stail/nxt, by `JournalStores.slot_ids`) give a removal its oldest copy; per
-    hash a FIFO of holders (the table hk/hw/hv: (hash code, width) -> its oldest holder, then
-    lnext) gives a store its parent's holder. A hash whose last holder goes leaves the table:
-    it holds the hashes held now, not every hash ever stored (a table that outgrew the
-    caches cost a miss a probe)."""
+    state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table, and
+    `_fetch_ahead`'s sum].
+    `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
+    of its copies (`fifo`: head, tail, then B_NEXT) gives a removal its oldest copy; per hash
+    a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
+    store its parent's holder. A hash whose last holder goes leaves the table: it holds the
+    hashes held now, not every hash ever stored (a table that outgrew the caches cost a miss
+    a probe)."""
+    _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table, state)
     nb = state[1]
     o_n = 0
     b_n = 0
@@ -632,7 +645,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
             while state[0] > 0:
                 state[0] -= 1
                 c = vacant[state[0]]
-                if cur[c] < 0:
+                if blocks[c, B_CUR] < 0:
                     b = c
                     break
             if b < 0:
@@ -640,38 +653,41 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
                 nb += 1
                 born[b_n] = r0 + o_n
                 b_n += 1
-            brank_of[b] = rank
             s = pslots[i]
-            bslot[b] = s
-            nxt[b] = -1
-            if shead[s] < 0:
-                shead[s] = b
+            code = hcode[i]
+            wide = hwide[i]
+            blocks[b, B_RANK] = rank * 4 + wide
+            blocks[b, B_SLOT] = s
+            blocks[b, B_NEXT] = -1
+            if fifo[s, 0] < 0:
+                fifo[s, 0] = b
             else:
-                nxt[stail[s]] = b
-            stail[s] = b
-            cur[b] = keys[i]
+                blocks[fifo[s, 1], B_NEXT] = b
+            fifo[s, 1] = b
+            blocks[b, B_CUR] = keys[i]
             t = tenants[i]
-            if has_parent[i]:
-                x = hv[_ht_slot(hk, hw, pcode[i], pwide[i])]
+            if pwide[i] > 0:
+                x = table[_ht_slot(table, pcode[i], pwide[i]), T_HOLDER]
                 if x >= 0:
-                    t = btenant[x]
-            btenant[b] = t
+                    t = blocks[x >> 2, B_TENANT]
+            blocks[b, B_TENANT] = t
             store_tenants[s_n] = t
             s_n += 1
-            bcode[b] = hcode[i]
-            bwide[b] = hwide[i]
-            h = _ht_slot(hk, hw, hcode[i], hwide[i])
-            lnext[b] = -1  # appended at the end of the hash's holders
-            x = hv[h]
+            blocks[b, B_CODE_LO] = _low_half(code)
+            blocks[b, B_CODE_HI] = code >> 32
+            blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
+            h = _ht_slot(table, code, wide)
+            x = table[h, T_HOLDER]
             if x < 0:
-                hk[h] = hcode[i]
-                hw[h] = hwide[i]
-                hv[h] = b
+                table[h, T_LO] = _low_half(code)
+                table[h, T_HI] = code >> 32
+                table[h, T_HOLDER] = b * 4 + wide
                 state[5] += 1
             else:
-                while lnext[x] >= 0:
-                    x = lnext[x]
-                lnext[x] = b
+                x >>= 2
+                while blocks[x, B_LNEXT] >= 0:
+                    x = blocks[x, B_LNEXT]
+                blocks[x, B_LNEXT] = b
             out[o_n, 0] = 4
             out[o_n, 3] = b
             out[o_n, 4] = keys[i]
@@ -681,15 +697,15 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
         elif o == 1:
             b = -1
             s = pslots[i]
-            if s >= 0 and shead[s] >= 0:
-                b = shead[s]
-                shead[s] = nxt[b]
-                if shead[s] < 0:
-                    stail[s] = -1
-                cur[b] = -1
+            if s >= 0 and fifo[s, 0] >= 0:
+                b = fifo[s, 0]
+                fifo[s, 0] = blocks[b, B_NEXT]
+                if fifo[s, 0] < 0:
+                    fifo[s, 1] = -1
+                blocks[b, B_CUR] = -1
                 vacant[state[0]] = b
                 state[0] += 1
-                _unlink_hash(b, bcode, bwide, hk, hw, hv, lnext, state)
+                _unlink_hash(b, blocks, table, state)
             out[o_n, 0] = 7
             out[o_n, 3] = b
             out[o_n, 4] = keys[i]
@@ -699,28 +715,28 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
         else:
             others = False
             for x in range(nb):
-                if cur[x] >= 0 and brank_of[x] != rank:
+                if blocks[x, B_CUR] >= 0 and blocks[x, B_RANK] >> 2 != rank:
                     others = True
                     break
             any_held = False
             for x in range(nb):
-                if cur[x] >= 0 and (not others or brank_of[x] == rank):
+                if blocks[x, B_CUR] >= 0 and (not others or blocks[x, B_RANK] >> 2 == rank):
                     any_held = True
                     out[o_n, 0] = 10
                     out[o_n, 3] = x
-                    out[o_n, 4] = cur[x]
+                    out[o_n, 4] = blocks[x, B_CUR]
                     out[o_n, 5] = stores[i]
                     out[o_n, 7] = 0
                     out[o_n, 2] = i
                     o_n += 1
-                    cur[x] = -1
+                    blocks[x, B_CUR] = -1
                     vacant[state[0]] = x
                     state[0] += 1
-                    s = bslot[x]  # out of its slot's FIFO
-                    prev = _unlink(shead, nxt, s, x)
-                    if prev != -2 and stail[s] == x:
-                        stail[s] = prev
-                    _unlink_hash(x, bcode, bwide, hk, hw, hv, lnext, state)
+                    s = blocks[x, B_SLOT]  # out of its slot's FIFO
+                    prev = _unlink(fifo, blocks, s, x)
+                    if prev != -2 and fifo[s, 1] == x:
+                        fifo[s, 1] = prev
+                    _unlink_hash(x, blocks, table, state)
             if not any_held:
                 out[o_n, 0] = 10
                 out[o_n, 3] = -1
@@ -735,110 +751,157 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, has_parent, tenan
     state[4] = s_n
 
 
-def _ht_slot(hk, hw, code, wide):  # pragma: no cover - compiled
-    """The entry of (`code`, `wide`) in the open-addressing table hk/hw/hv (a power of two
-    long, at most half full; hw -1: empty), or the empty one where it would go. An array
-    table, not a typed dict: a lookup is a multiply and (mostly) one cache line."""
-    mask = len(hk) - 1
-    h = code * -7046029254386353131 + wide  # wraps: 0x9E3779B97F4A7C15 mixes the bits
-    h = (h ^ (h >> 29)) & mask
-    while hw[h] != -1 and (hk[h] != code or hw[h] != wide):
+def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table,
+                 state):  # pragma: no cover - compiled
+    """Read, before the placing pass, the lines it will need: the vacant blocks stores take,
+    each row's hash entries and slot, a parent's holder, a removal's block. The pass follows
+    chains of reads (a slot's head, then its block, then its hash's entry) and so waits on
+    each miss in turn; here the rows are independent and the CPU has many reads in flight.
+    The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly evicted between
+    ticks: the pass took 3x as long as with it cached. Only reads: what they find does not
+    matter (a home entry may be another hash's); `state[6]` keeps their sum so they stay."""
+    acc = 0
+    for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
+        acc += blocks[vacant[j], B_CUR]
+    for i in range(len(ops)):
+        if ops[i] == 0:
+            acc += table[_ht_home(table, hcode[i], hwide[i]), T_HOLDER]
+            t = fifo[pslots[i], 1]
+            if t >= 0:
+                acc += blocks[t, B_NEXT]
+            if pwide[i] > 0:
+                x = table[_ht_home(table, pcode[i], pwide[i]), T_HOLDER]
+                if x >= 0:
+                    acc += blocks[x >> 2, B_TENANT]
+        elif ops[i] == 1 and pslots[i] >= 0:
+            b = fifo[pslots[i], 0]
+            if b >= 0:
+                acc += table[_ht_home(table, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]),
+                                      blocks[b, B_RANK] & 3), T_HOLDER]
+    state[6] = acc
+
+
+def _low_half(code):  # pragma: no cover - compiled
+    """The low 32 bits of `code` as a signed int32 value (the high ones: `code >> 32`)."""
+    return ((code & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
+def _joined(lo, hi):  # pragma: no cover - compiled
+    """The code whose halves `_low_half` and `>> 32` gave `lo` and `hi`."""
+    return (np.int64(hi) << 32) | (np.int64(lo) & 0xFFFFFFFF)
+
+
+def _ht_slot(table, code, wide):  # pragma: no cover - compiled
+    """The entry of (`code`, `wide`) in the open-addressing `table` (a power of two rows long,
+    at most half full), or the empty one where it would go. An array table, not a typed dict:
+    a lookup is a multiply and (mostly) one cache line, the key and holder in one row."""
+    mask = len(table) - 1
+    h = _ht_home(table, code, wide)
+    lo = _low_half(code)
+    hi = code >> 32
+    while True:
+        v = table[h, T_HOLDER]
+        if v == -1 or (table[h, T_LO] == lo and table[h, T_HI] == hi and (v & 3) == wide):
+            return h
         h = (h + 1) & mask
-    return h
 
 
-def _ht_rehash(hk, hw, hv, nk, nw, nv):  # pragma: no cover - compiled
-    for i in range(len(hk)):
-        if hw[i] != -1:
-            h = _ht_slot(nk, nw, hk[i], hw[i])
-            nk[h] = hk[i]
-            nw[h] = hw[i]
-            nv[h] = hv[i]
+def _ht_home(table, code, wide):  # pragma: no cover - compiled
+    """Where (`code`, `wide`)'s probe starts."""
+    h = code * -7046029254386353131 + wide  # wraps: 0x9E3779B97F4A7C15 mixes the bits
+    return (h ^ (h >> 29)) & (len(table) - 1)
 
 
-def _ht_delete(hk, hw, hv, h):  # pragma: no cover - compiled
+def _ht_rehash(table, grown):  # pragma: no cover - compiled
+    for i in range(len(table)):
+        v = table[i, T_HOLDER]
+        if v != -1:
+            h = _ht_slot(grown, _joined(table[i, T_LO], table[i, T_HI]), v & 3)
+            grown[h, T_LO] = table[i, T_LO]
+            grown[h, T_HI] = table[i, T_HI]
+            grown[h, T_HOLDER] = v
+
+
+def _ht_delete(table, h):  # pragma: no cover - compiled
     """Empty entry `h`, the entries after it in its probe run moved back where their own probe
     passes it (linear probing's deletion: no tombstones, so probes stay short)."""
-    mask = len(hk) - 1
+    mask = len(table) - 1
     i = h
     j = h
     while True:
         j = (j + 1) & mask
-        if hw[j] == -1:
+        v = table[j, T_HOLDER]
+        if v == -1:
             break
-        k = hk[j] * -7046029254386353131 + hw[j]  # its home, as `_ht_slot` finds it
-        k = (k ^ (k >> 29)) & mask
+        k = _ht_home(table, _joined(table[j, T_LO], table[j, T_HI]), v & 3)
         if (j > i and (k <= i or k > j)) or (j < i and k <= i and k > j):  # home not in (i, j]
-            hk[i] = hk[j]
-            hw[i] = hw[j]
-            hv[i] = hv[j]
+            table[i, T_LO] = table[j, T_LO]
+            table[i, T_HI] = table[j, T_HI]
+            table[i, T_HOLDER] = v
             i = j
-    hw[i] = -1
-    hv[i] = -1
+    table[i, T_HOLDER] = -1
 
 
-def _unlink_hash(b, bcode, bwide, hk, hw, hv, lnext, state):  # pragma: no cover - compiled
+def _unlink_hash(b, blocks, table, state):  # pragma: no cover - compiled
     """`b` out of its hash's holders; a hash left with none leaves the table."""
-    h = _ht_slot(hk, hw, bcode[b], bwide[b])
-    x = hv[h]
+    wide = blocks[b, B_RANK] & 3
+    h = _ht_slot(table, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), wide)
+    x = table[h, T_HOLDER] >> 2  # -1 stays -1
     if x == b:
-        if lnext[b] < 0:
-            _ht_delete(hk, hw, hv, h)
+        if blocks[b, B_LNEXT] < 0:
+            _ht_delete(table, h)
             state[5] -= 1
         else:
-            hv[h] = lnext[b]
+            table[h, T_HOLDER] = blocks[b, B_LNEXT] * 4 + wide
         return
     while x >= 0:
         prev = x
-        x = lnext[x]
+        x = blocks[x, B_LNEXT]
         if x == b:
-            lnext[prev] = lnext[b]
+            blocks[prev, B_LNEXT] = blocks[b, B_LNEXT]
             return
 
 
-def _unlink(head, nxt, lid, b):  # pragma: no cover - compiled
-    """Take `b` out of the linked list `lid` (`head[lid]`, then `nxt`); the entry before it
-    (-1: it was the head), or -2 when the list does not hold it."""
+def _unlink(fifo, blocks, s, b):  # pragma: no cover - compiled
+    """Take `b` out of slot `s`'s FIFO (`fifo[s, 0]`, then B_NEXT); the entry before it
+    (-1: it was the head), or -2 when the FIFO does not hold it."""
     prev = -1
-    x = head[lid]
+    x = fifo[s, 0]
     while x >= 0 and x != b:
         prev = x
-        x = nxt[x]
+        x = blocks[x, B_NEXT]
     if x != b:
         return -2
     if prev < 0:
-        head[lid] = nxt[b]
+        fifo[s, 0] = blocks[b, B_NEXT]
     else:
-        nxt[prev] = nxt[b]
+        blocks[prev, B_NEXT] = blocks[b, B_NEXT]
     return prev
 
 
 class _CompiledPlacer:
-    """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls). The arrays
-    that hold block, slot, list or hash-id numbers are int32 (a block's state ~34 B, not 60),
-    each widened once to int64 before a number it must hold would not fit (`_fit`)."""
+    """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
+    block (`blocks`, B_*), a (head, tail) per slot (`fifo`), the stack of vacant blocks and the
+    table of hashes held. They are int32 (a block's record 32 B), each widened once to int64
+    before a number it must hold would not fit (`_fit`)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash = _compiled()
-        self.state = np.zeros(6, np.int64)
-        self.cur = np.zeros(0, np.int32)  # per log block, the hash id it holds (-1: vacant)
-        z = np.zeros(0, np.int32)
-        self.vacant, self.shead, self.stail = z.copy(), z.copy(), z.copy()
-        self.nxt, self.bslot, self.btenant, self.brank, self.lnext = (z.copy() for _ in range(5))
-        self.bcode = np.zeros(0, np.int64)  # a hash's code is its 8-byte value
-        self.bwide = np.zeros(0, np.int8)  # width codes are 0, 1, 2
-        # (hash code, width) -> its oldest holder: an open-addressing table, kept at most half full
-        self.hk, self.hw, self.hv = np.zeros(1024, np.int64), np.full(1024, -1, np.int8), np.full(1024, -1, np.int32)
+        self.state = np.zeros(7, np.int64)
+        self.blocks = np.full((0, 8), -1, np.int32)
+        self.fifo = np.full((0, 2), -1, np.int32)
+        self.vacant = np.zeros(0, np.int32)
+        self.table = np.full((1024, 3), -1, np.int32)  # kept at most half full
 
     @staticmethod
     def _fit(a: np.ndarray, n: int, fill: int = 0, top: int = 0) -> np.ndarray:
-        """`a` at least `n` long, grown by an eighth (as colpool's arrays): a placer's arrays
-        grow with every block held, and doubling left up to half of them unused. An int32
-        array comes back int64 once a number it will hold (any below `top`) would not fit."""
+        """`a` at least `n` rows long, grown by an eighth (as colpool's arrays): a placer's
+        arrays grow with every block held, and doubling left up to half of them unused. An
+        int32 array comes back int64 once a number it will hold (any below `top`) would not fit."""
         wide = a.dtype == np.int32 and top > _I32_TOP
         if len(a) >= n and not wide:
             return a
-        grown = np.full(max(n, len(a) + len(a) // 8), fill, np.int64 if wide else a.dtype)
+        grown = np.full((max(n, len(a) + len(a) // 8), *a.shape[1:]), fill, np.int64 if wide else a.dtype)
         grown[:len(a)] = a
         return grown
 
@@ -846,37 +909,30 @@ class _CompiledPlacer:
               hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
               rank: int, r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         n = len(op)
+        if n and (int(hwide.max()) > 3 or int(hwide.min()) < 0):
+            raise ValueError("a hash's width code must be 0 to 3 (engine.remote.colpool's W_* codes)")
         n_store = int(np.count_nonzero(op == OP_STORED))
         n_clear = int(np.count_nonzero(op == OP_CLEARED))
         top = nb0 + n_store
         width = int(pslot.max()) + 1 if n else 0
-        # the bound of what each array holds: hash ids, blocks, slots, tenants
-        self.cur = self._fit(self.cur, top, -1, int(key[-1]) + 1 if n else 0)
+        # the bound of what a record holds: hash ids, blocks, slots, tenants, rank << 2 | width
+        most = max(int(key[-1]) + 1 if n else 0, top, width, int(tenants.max()) + 1 if n else 0, 4 * rank + 4)
+        self.blocks = self._fit(self.blocks, top, -1, most)
         self.state[1] = nb0
-        for name in ("nxt", "lnext"):
-            setattr(self, name, self._fit(getattr(self, name), top, -1, top))
-        self.bslot = self._fit(self.bslot, top, -1, width)
-        self.btenant = self._fit(self.btenant, top, -1, int(tenants.max()) + 1 if n else 0)
-        self.bcode = self._fit(self.bcode, top, -1)
-        self.bwide = self._fit(self.bwide, top, -1)
-        self.brank = self._fit(self.brank, top, -1)
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
         need = 2 * (int(self.state[5]) + n_store)  # every hash held after this call, at most half full
-        if need > len(self.hk) or (self.hv.dtype == np.int32 and top > _I32_TOP):
-            size = max(len(self.hk), 1 << (need - 1).bit_length())
-            nv = np.full(size, -1, np.int64 if top > _I32_TOP else self.hv.dtype)
-            nk, nw = np.zeros(size, np.int64), np.full(size, -1, np.int8)
-            self.rehash(self.hk, self.hw, self.hv, nk, nw, nv)
-            self.hk, self.hw, self.hv = nk, nw, nv
-        self.shead = self._fit(self.shead, width, -1, top)
-        self.stail = self._fit(self.stail, width, -1, top)
+        wide_holders = self.table.dtype == np.int32 and 4 * top > _I32_TOP
+        if need > len(self.table) or wide_holders:
+            size = max(len(self.table), 1 << (need - 1).bit_length())
+            grown = np.full((size, 3), -1, np.int64 if wide_holders else self.table.dtype)
+            self.rehash(self.table, grown)
+            self.table = grown
+        self.fifo = self._fit(self.fifo, width, -1, top)
         out = np.zeros((n + n_clear * top, 8), np.int64)
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
-        self.loop(op, pslot, key, hcode, hwide, pcode, pwide, pwide > 0, tenants, stores, self.brank, rank, r0,
-                  self.cur, nb0, self.vacant, self.state, self.shead, self.stail, self.nxt, self.bslot,
-                  self.btenant, self.bcode, self.bwide, self.hk, self.hw, self.hv, self.lnext, out, born,
-                  store_tenants)
+        self.loop(op, pslot, key, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, self.blocks, self.fifo,
+                  self.vacant, self.table, self.state, out, born, store_tenants)
         table = out[:int(self.state[2])]
         table[:, 1] = table[:, 2]
         return table, store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1])
@@ -892,8 +948,12 @@ def _compiled() -> list[Any]:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _ht_slot, _ht_delete
+        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_home, _fetch_ahead
+        _low_half = njit(cache=True, nogil=True)(_low_half)
+        _joined = njit(cache=True, nogil=True)(_joined)
+        _ht_home = njit(cache=True, nogil=True)(_ht_home)
         _ht_slot = njit(cache=True, nogil=True)(_ht_slot)
+        _fetch_ahead = njit(cache=True, nogil=True)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True)(_ht_delete)
         _unlink = njit(cache=True, nogil=True)(_unlink)
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
@@ -901,6 +961,6 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
-        z, w, v = np.zeros(1, np.int64), np.full(1, -1, np.int8), np.full(1, -1, np.int32)
-        _COMPILED[1](z, w, v, z.copy(), w.copy(), v.copy())
+        t = np.full((1, 3), -1, np.int32)
+        _COMPILED[1](t, t.copy())
     return _COMPILED
