@@ -541,6 +541,33 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
     return num_removed, num_cleared, num_wide
 
 
+def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base, removed,
+                   shift):  # pragma: no cover - compiled
+    """Read, before `_observe_loop`, the lines it will need: each row's home row in the
+    removals' table and its slot's tier, rank, store time and code. The table (up to 512K
+    rows, 8 MB) and the per-slot arrays are past the caches; the loop's reads wait on one
+    another (a probe, then a write it decides), here they are independent and many are in
+    flight. Only reads; their sum is returned so they are not dropped."""
+    acc = 0
+    k = 0
+    last = len(code_of) - 1
+    for i in range(len(op)):
+        if op[i] == 2:
+            continue
+        jt = jtier[i]
+        c = code_of[jt if 0 <= jt < last else last]
+        h = key[i]
+        if width[i] == 2:
+            h = (have[h] + 1) * np.int64(1000003) ^ _WIDE_TAG
+        h = h ^ (c * _MIX_TIER) ^ stream
+        acc += removed[np.int64((np.uint64(h) * _GOLDEN) >> shift), 1]
+        b = slots[k] if k < len(slots) else -1
+        k += 1
+        if b >= 0:
+            acc += base[b] + tier[b] + rank_of[b] + np.int64(stored_at[b])
+    return acc
+
+
 def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
                   stored_at, base, tally, stored_out, removed_out, life_out, touched_out, removed, shift, ring_id,
                   ring_gen, st, max_removed):  # pragma: no cover - compiled
@@ -551,7 +578,9 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
     moved by. `removed` is the table of removals remembered (`JournalFollower`). st:
     stored, removed, lifetimes, touched written; generation counter; ring head, tail;
     stored again; the row of the last clear (-1 none); removals remembered; one past the
-    highest slot given a code."""
+    highest slot given a code; `_observe_ahead`'s sum."""
+    st[11] = _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base,
+                            removed, shift)
     k = 0
     last = len(code_of) - 1
     mask = len(removed) - 1
@@ -697,6 +726,8 @@ def _compiled_observe() -> tuple[Any, Any, Any]:
     if not _OBSERVE:
         from numba import njit
 
+        global _observe_ahead
+        _observe_ahead = njit(cache=True, nogil=True)(_observe_ahead)  # called by the loop
         scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
         rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
         _OBSERVE.append((scan, loop, rehash))
@@ -716,7 +747,7 @@ class JournalFollower:
         self.removed = np.full((1024, 2), -1, np.int64)
         self.ring_id = np.zeros(1024, np.int64)
         self.ring_gen = np.zeros(1024, np.int64)
-        self.st = np.zeros(11, np.int64)
+        self.st = np.zeros(12, np.int64)
         self.wide: dict[bytes, int] = {}
         self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
         self.streams: dict[tuple[str, int], np.int64] = {}  # (source, rank) -> its mix
