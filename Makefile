@@ -54,8 +54,9 @@ test: $(INSTALLED)
 bench: $(WARM)
 	$(VENV)/bin/cachescope bench all
 
+# The README's twelve panel pictures, after real flows in a real window (about two minutes).
 screenshots: $(WARM)
-	QT_QPA_PLATFORM=offscreen $(VENV)/bin/cachescope gui --screenshot docs/screenshots
+	QT_QPA_PLATFORM=offscreen $(PY) docs/screenshots/make_screenshots.py
 
 # The desktop bundle (not part of `make test`: it takes minutes). Check it with
 # `packaging/smoke-test dist/cachescope` before a release.
