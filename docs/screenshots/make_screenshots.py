@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +54,14 @@ class Shots:
     def __init__(self, app, window, out: Path) -> None:
         self.app, self.window, self.ctx, self.out = app, window, window.ctx, out
         self.saved: list[Path] = []
+        self.exceptions: list[str] = []  # raised in a slot: Qt goes on, so the run must not
+
+        def hook(kind, value, tb) -> None:
+            frames = traceback.extract_tb(tb)
+            where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+            self.exceptions.append(f"{kind.__name__}: {value}{where}")
+
+        sys.excepthook = hook
 
     # ------------------------------------------------------------------ waiting
     def pump(self, seconds: float) -> None:
@@ -82,6 +91,8 @@ class Shots:
         self.wait_idle(flow)
 
     def check(self, flow: str) -> None:
+        if self.exceptions:
+            raise FlowFailed(f"{flow}: the app raised {self.exceptions[0]}")
         if self.ctx.errors:
             raise FlowFailed(f"{flow}: the app reported: {self.ctx.errors[-1]}")
 
@@ -267,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         shots.sweep()
         shots.semantic()
         shots.demo()
+        shots.check("the last flow")
     except FlowFailed as exc:
         sys.stderr.write(f"make_screenshots: {exc}\n")
         return 2
