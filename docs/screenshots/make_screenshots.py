@@ -1,9 +1,10 @@
 """The README's twelve panel pictures, taken after real flows in a real window offscreen.
 
-Each flow is driven as a user would: the Mooncake trace opened, a sweep run on it, a chat
-on the bundled model with its first message edited, the edit's requests in Diff, a guarded
+Each flow is driven as a user would: a chat on the bundled model with its first message
+edited, the edit's requests in Diff, the Mooncake trace opened, a sweep run on it, a guarded
 lookup in the Semantic cache, a guided demo from the Demos menu. Run by `make screenshots`;
-a flow that does not finish ends the run with status 2 and one line on stderr.
+a flow that does not finish, or an error the app reports or raises, ends the run with status
+2 and one line on stderr.
 """
 
 from __future__ import annotations
