@@ -131,6 +131,26 @@ def test_send_while_busy_queues_without_a_dialog(qtbot, view, ctx):
     assert all(m.result is not None for m in view.messages if m.role == "assistant")
 
 
+def test_a_message_sent_after_a_trace_runs_once(qtbot, view, ctx):
+    """Sending points the bridge back at the model's engine, which emits sigRunnerChanged; the
+    controller must not start the turn from that signal as well (it did: the second start
+    popped an empty queue, IndexError in _run_next, seen by make_screenshots.py)."""
+    from app.runtime.replays import TraceReplays
+    from engine.resources import resource_path
+
+    replays = TraceReplays(ctx)
+    with qtbot.waitSignal(replays.sigShown, timeout=120_000):
+        replays.start(resource_path("traces", "demo_tokens.jsonl"))
+    assert ctx.bridge.bus is not ctx.runner.manager.events  # the views show the trace
+    started: list[int] = []
+    view.chat.sigTurnStarted.connect(started.append)
+    assert view.send("Name a colour.")
+    _wait_idle(qtbot, view)
+    assert started == [1] and ctx.errors == []
+    assert [m.role for m in view.messages] == ["user", "assistant"] and view.messages[1].result is not None
+    assert ctx.bridge.bus is ctx.runner.manager.events  # the views follow the model again
+
+
 def test_import_file_replays_recorded_turns(qtbot, view, ctx, tmp_path):
     path = tmp_path / "chat.json"
     path.write_text(json.dumps({"messages": [

@@ -59,6 +59,7 @@ class ChatController(QObject):
         self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
         self.current: int | None = None  # assistant index being generated
         self._queue: list[int] = []  # user message indices still to run, in order
+        self._waiting_for_model = False  # the queue waits for sigRunnerChanged to resume it
         self._recorder: ChatRecorder | None = None
         ctx.sigRunnerChanged.connect(self._on_runner_changed)
         ctx.sigStoreClosing.connect(self._stop_recorder)
@@ -149,8 +150,12 @@ class ChatController(QObject):
             self.sigIdle.emit()
             return
         if runner is None:
+            self._waiting_for_model = True
             self.sigStatus.emit("waiting for the model to load…")
             return  # _on_runner_changed resumes
+        self._waiting_for_model = False
+        # After a trace this points the bridge back at the runner and emits sigRunnerChanged:
+        # _on_runner_changed must not start the turn this call is about to start.
         self.ctx.activate_runner()
         self.ctx.state.scrub_to(None)
         u = self._queue.pop(0)
@@ -211,7 +216,7 @@ class ChatController(QObject):
         self.sigIdle.emit()
 
     def _on_runner_changed(self, runner: Any) -> None:
-        if runner is not None and self._queue and self.current is None:
+        if runner is not None and self._waiting_for_model and self._queue and self.current is None:
             self._run_next()
 
     def _set_title(self, title: str) -> None:
