@@ -84,5 +84,5 @@ def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
         assert got[1].tolist() == list(ref[1]) and got[2].tolist() == list(ref[2])
         assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
         nb, nb_ref, r0 = got[3], ref[3], r0 + len(got[0])
-        kinds.add((placer.blocks.dtype.name, placer.table.dtype.name))
-    assert ("int32", "int32") in kinds and ("int64", "int64") in kinds
+        kinds.add(placer.blocks.dtype.name)
+    assert kinds == {"int32", "int64"}

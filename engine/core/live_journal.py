@@ -616,9 +616,10 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 B_CUR, B_RANK, B_SLOT, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(8)
 # B_RANK holds rank << 2 | the width code of the block's hash (0, 1 or 2: colpool's W_*);
 # B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
-# A row of the table of hashes (`_CompiledPlacer.table`): the code's low and high halves and
-# holder << 2 | width code (-1: an empty entry).
-T_LO, T_HI, T_HOLDER = 0, 1, 2
+# An entry of the table of hashes (`_CompiledPlacer.table`, int64): the hash's tag
+# (`_ht_tag`, whose low bits are its home entry) << 32 | its oldest holder; -1 is empty. The
+# (code, width) a tag stands for is the holder's record's: 8 bytes an entry, not 13.
+HOLDER_BITS = 0xFFFFFFFF
 
 
 def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, blocks, fifo, vacant,
@@ -667,24 +668,22 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
             blocks[b, B_CUR] = keys[i]
             t = tenants[i]
             if pwide[i] > 0:
-                x = table[_ht_slot(table, pcode[i], pwide[i]), T_HOLDER]
-                if x >= 0:
-                    t = blocks[x >> 2, B_TENANT]
+                e = table[_ht_slot(table, blocks, pcode[i], pwide[i])]
+                if e != -1:
+                    t = blocks[e & HOLDER_BITS, B_TENANT]
             blocks[b, B_TENANT] = t
             store_tenants[s_n] = t
             s_n += 1
             blocks[b, B_CODE_LO] = _low_half(code)
             blocks[b, B_CODE_HI] = code >> 32
             blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
-            h = _ht_slot(table, code, wide)
-            x = table[h, T_HOLDER]
-            if x < 0:
-                table[h, T_LO] = _low_half(code)
-                table[h, T_HI] = code >> 32
-                table[h, T_HOLDER] = b * 4 + wide
+            h = _ht_slot(table, blocks, code, wide)
+            e = table[h]
+            if e == -1:
+                table[h] = (_ht_tag(code, wide) << 32) | b
                 state[5] += 1
             else:
-                x >>= 2
+                x = e & HOLDER_BITS
                 while blocks[x, B_LNEXT] >= 0:
                     x = blocks[x, B_LNEXT]
                 blocks[x, B_LNEXT] = b
@@ -761,23 +760,23 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
     ticks: the pass took 3x as long as with it cached. Only reads: what they find does not
     matter (a home entry may be another hash's); `state[6]` keeps their sum so they stay."""
     acc = 0
+    mask = len(table) - 1
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
         acc += blocks[vacant[j], B_CUR]
     for i in range(len(ops)):
         if ops[i] == 0:
-            acc += table[_ht_home(table, hcode[i], hwide[i]), T_HOLDER]
+            acc += table[_ht_tag(hcode[i], hwide[i]) & mask]
             t = fifo[pslots[i], 1]
             if t >= 0:
                 acc += blocks[t, B_NEXT]
             if pwide[i] > 0:
-                x = table[_ht_home(table, pcode[i], pwide[i]), T_HOLDER]
-                if x >= 0:
-                    acc += blocks[x >> 2, B_TENANT]
+                e = table[_ht_tag(pcode[i], pwide[i]) & mask]
+                if e != -1:
+                    acc += blocks[e & HOLDER_BITS, B_TENANT]
         elif ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i], 0]
             if b >= 0:
-                acc += table[_ht_home(table, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]),
-                                      blocks[b, B_RANK] & 3), T_HOLDER]
+                acc += table[_ht_tag(_joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), blocks[b, B_RANK] & 3) & mask]
     state[6] = acc
 
 
@@ -791,35 +790,43 @@ def _joined(lo, hi):  # pragma: no cover - compiled
     return (np.int64(hi) << 32) | (np.int64(lo) & 0xFFFFFFFF)
 
 
-def _ht_slot(table, code, wide):  # pragma: no cover - compiled
-    """The entry of (`code`, `wide`) in the open-addressing `table` (a power of two rows long,
-    at most half full), or the empty one where it would go. An array table, not a typed dict:
-    a lookup is a multiply and (mostly) one cache line, the key and holder in one row."""
+def _ht_slot(table, blocks, code, wide):  # pragma: no cover - compiled
+    """The entry of (`code`, `wide`) in the open-addressing `table` (a power of two long, at
+    most half full), or the empty one where it would go. An array table, not a typed dict: a
+    lookup is a multiply and (mostly) one cache line; an entry whose tag matches is checked
+    against its holder's record (which the caller reads next: a parent's tenant, a removal's
+    own record)."""
     mask = len(table) - 1
-    h = _ht_home(table, code, wide)
+    tag = _ht_tag(code, wide)
+    h = tag & mask
     lo = _low_half(code)
     hi = code >> 32
     while True:
-        v = table[h, T_HOLDER]
-        if v == -1 or (table[h, T_LO] == lo and table[h, T_HI] == hi and (v & 3) == wide):
+        e = table[h]
+        if e == -1:
             return h
+        if (e >> 32) & HOLDER_BITS == tag:
+            x = e & HOLDER_BITS
+            if blocks[x, B_CODE_LO] == lo and blocks[x, B_CODE_HI] == hi and blocks[x, B_RANK] & 3 == wide:
+                return h
         h = (h + 1) & mask
 
 
-def _ht_home(table, code, wide):  # pragma: no cover - compiled
-    """Where (`code`, `wide`)'s probe starts."""
+def _ht_tag(code, wide):  # pragma: no cover - compiled
+    """(`code`, `wide`) mixed to 32 bits: its entry's tag, whose low bits are its home entry."""
     h = code * -7046029254386353131 + wide  # wraps: 0x9E3779B97F4A7C15 mixes the bits
-    return (h ^ (h >> 29)) & (len(table) - 1)
+    return (h ^ (h >> 29)) & HOLDER_BITS
 
 
 def _ht_rehash(table, grown):  # pragma: no cover - compiled
+    mask = len(grown) - 1
     for i in range(len(table)):
-        v = table[i, T_HOLDER]
-        if v != -1:
-            h = _ht_slot(grown, _joined(table[i, T_LO], table[i, T_HI]), v & 3)
-            grown[h, T_LO] = table[i, T_LO]
-            grown[h, T_HI] = table[i, T_HI]
-            grown[h, T_HOLDER] = v
+        e = table[i]
+        if e != -1:
+            h = (e >> 32) & mask
+            while grown[h] != -1:
+                h = (h + 1) & mask
+            grown[h] = e
 
 
 def _ht_delete(table, h):  # pragma: no cover - compiled
@@ -830,29 +837,27 @@ def _ht_delete(table, h):  # pragma: no cover - compiled
     j = h
     while True:
         j = (j + 1) & mask
-        v = table[j, T_HOLDER]
-        if v == -1:
+        e = table[j]
+        if e == -1:
             break
-        k = _ht_home(table, _joined(table[j, T_LO], table[j, T_HI]), v & 3)
+        k = (e >> 32) & mask  # its home
         if (j > i and (k <= i or k > j)) or (j < i and k <= i and k > j):  # home not in (i, j]
-            table[i, T_LO] = table[j, T_LO]
-            table[i, T_HI] = table[j, T_HI]
-            table[i, T_HOLDER] = v
+            table[i] = e
             i = j
-    table[i, T_HOLDER] = -1
+    table[i] = -1
 
 
 def _unlink_hash(b, blocks, table, state):  # pragma: no cover - compiled
     """`b` out of its hash's holders; a hash left with none leaves the table."""
-    wide = blocks[b, B_RANK] & 3
-    h = _ht_slot(table, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), wide)
-    x = table[h, T_HOLDER] >> 2  # -1 stays -1
+    h = _ht_slot(table, blocks, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), blocks[b, B_RANK] & 3)
+    e = table[h]
+    x = -1 if e == -1 else e & HOLDER_BITS
     if x == b:
         if blocks[b, B_LNEXT] < 0:
             _ht_delete(table, h)
             state[5] -= 1
         else:
-            table[h, T_HOLDER] = blocks[b, B_LNEXT] * 4 + wide
+            table[h] = ((e >> 32) << 32) | blocks[b, B_LNEXT]
         return
     while x >= 0:
         prev = x
@@ -881,9 +886,9 @@ def _unlink(fifo, blocks, s, b):  # pragma: no cover - compiled
 
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
-    block (`blocks`, B_*), a (head, tail) per slot (`fifo`), the stack of vacant blocks and the
-    table of hashes held. They are int32 (a block's record 32 B), each widened once to int64
-    before a number it must hold would not fit (`_fit`)."""
+    block (`blocks`, B_*), a (head, tail) per slot (`fifo`), the stack of vacant blocks, all
+    int32 (a block's record 32 B), each widened once to int64 before a number it must hold
+    would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash = _compiled()
@@ -891,7 +896,7 @@ class _CompiledPlacer:
         self.blocks = np.full((0, 8), -1, np.int32)
         self.fifo = np.full((0, 2), -1, np.int32)
         self.vacant = np.zeros(0, np.int32)
-        self.table = np.full((1024, 3), -1, np.int32)  # kept at most half full
+        self.table = np.full(1024, -1, np.int64)  # kept at most half full
 
     @staticmethod
     def _fit(a: np.ndarray, n: int, fill: int = 0, top: int = 0) -> np.ndarray:
@@ -920,11 +925,11 @@ class _CompiledPlacer:
         self.blocks = self._fit(self.blocks, top, -1, most)
         self.state[1] = nb0
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
+        if top >= HOLDER_BITS:
+            raise ValueError(f"the placer holds at most {HOLDER_BITS - 1:,} blocks, not {top:,}")
         need = 2 * (int(self.state[5]) + n_store)  # every hash held after this call, at most half full
-        wide_holders = self.table.dtype == np.int32 and 4 * top > _I32_TOP
-        if need > len(self.table) or wide_holders:
-            size = max(len(self.table), 1 << (need - 1).bit_length())
-            grown = np.full((size, 3), -1, np.int64 if wide_holders else self.table.dtype)
+        if need > len(self.table):
+            grown = np.full(1 << (need - 1).bit_length(), -1, np.int64)
             self.rehash(self.table, grown)
             self.table = grown
         self.fifo = self._fit(self.fifo, width, -1, top)
@@ -948,10 +953,10 @@ def _compiled() -> list[Any]:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_home, _fetch_ahead
+        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _fetch_ahead
         _low_half = njit(cache=True, nogil=True)(_low_half)
         _joined = njit(cache=True, nogil=True)(_joined)
-        _ht_home = njit(cache=True, nogil=True)(_ht_home)
+        _ht_tag = njit(cache=True, nogil=True)(_ht_tag)
         _ht_slot = njit(cache=True, nogil=True)(_ht_slot)
         _fetch_ahead = njit(cache=True, nogil=True)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True)(_ht_delete)
@@ -961,6 +966,6 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
-        t = np.full((1, 3), -1, np.int32)
+        t = np.full(1, -1, np.int64)
         _COMPILED[1](t, t.copy())
     return _COMPILED
