@@ -125,6 +125,7 @@ def test_a_large_pool_gets_few_checkpoints_within_the_budget_and_the_same_states
     requests = load_trace(TRACES / "mooncake_synthetic_trace.jsonl", 512)  # 718K rows
     config = ReplayConfig(block_size=512, capacity_blocks=900, concurrency=1)
     log = replay_kernel(requests, config, record=True).log
+    monkeypatch.setattr(columnar, "CHECKPOINT_MIN_ROWS", 65536)  # below the budget's spacing
     monkeypatch.setattr(columnar, "CHECKPOINT_BYTES", 16 * 900 * 3)  # room for three snapshots
     log.checkpoint_rows = None
     log.build_checkpoints()

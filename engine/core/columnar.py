@@ -2,7 +2,8 @@
 
 `ColumnarLog` holds what the Python engine's events say (engine.core.events) without an
 object per event: `kind`, `seq`, `request`, `block`, `hash` (a dense chain id; the digest
-is computed once per id, on demand), `tier` and two values `a`, `b` plus a `flag`. The
+is computed once per id, on demand) and two values `a`, `b` plus a `flag` (the kernel's
+`tier` column, always zero, is not kept). The
 replay kernel fills it directly (`from_columns`); live sources append `Event`s
 (`append_events`). `events()` gives the very `Event` objects the Python engine emitted, and
 `state_at(seq)` the pool at any event from checkpoints and vectorised code; both are held
@@ -54,6 +55,9 @@ COLUMNS = (("kind", np.uint8), ("tier", np.uint8), ("seq", np.int64), ("request"
 # bytes, not 39), each widened once to int64 before a value would not (`_write_table`,
 # `from_columns`)
 WIDENING = frozenset({"seq", "a", "b"})
+# the columns a log keeps: `tier` is not among them (no source writes it: the kernel's
+# column stays zero and `_ROW_ORDER` has none), a byte a row for nothing
+KEPT_COLUMNS = tuple((name, dtype) for name, dtype in COLUMNS if name != "tier")
 _I32 = np.iinfo(np.int32)
 _EXT_MASK = (1 << 64) - 1
 _ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
@@ -73,8 +77,10 @@ class KeyTable:
     def __init__(self, parent: np.ndarray, item: np.ndarray, tag: np.ndarray, content: np.ndarray,
                  salts: Sequence[str | None], hasher: Any, block_size: int, models: Sequence[str] = ()) -> None:
         self.parent = parent
-        self.item = item
-        self.tag = tag
+        # int32 where every value fits (a hash id or tag of a trace without models usually
+        # does): read one at a time as Python ints, or widened to int64 where computed on
+        self.item = item.astype(np.int32) if fits(item, np.int32) else item
+        self.tag = tag.astype(np.int32) if fits(tag, np.int32) else tag
         self.content = content
         self.salts = list(salts)
         self.hasher = hasher
@@ -298,6 +304,10 @@ FREE_ABSENT = np.iinfo(np.int64).max
 # above every initial place (0..num_blocks-1): places follow the order of the rows.
 TAIL_BASE = 1 << 40
 CHECKPOINT_BYTES = 512 << 20  # all of a log's pool snapshots together
+# Rows between two snapshots at the least: the compiled pass applies 262,144 rows in a few
+# milliseconds, and a snapshot (16 bytes a block) every 65,536 rows was a sixth of the
+# Mooncake trace's open in the app (25 snapshots of its 16K-block pool).
+CHECKPOINT_MIN_ROWS = 1 << 18
 
 
 class ColumnarLog:
@@ -309,7 +319,7 @@ class ColumnarLog:
         self.block_size = block_size
         self.keys = keys if keys is not None else KeyTable.empty()
         self.requests = requests if requests is not None else RequestTable.empty()
-        self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in COLUMNS}
+        self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in KEPT_COLUMNS}
         self.num_rows = 0
         self.num_seq = 0  # events numbered so far (the next seq)
         self.final_counters = Counters()
@@ -351,7 +361,7 @@ class ColumnarLog:
                      requests: RequestTable, counters: Counters, num_seq: int) -> ColumnarLog:
         log = cls(num_blocks, block_size, keys, requests)
         log._cols = {name: _owned(col, np.int32 if name in WIDENING and _fits32(col) else dtype)
-                     for (name, dtype), col in zip(COLUMNS, columns)}
+                     for (name, dtype), col in zip(COLUMNS, columns) if name in log._cols}
         log.num_rows = len(columns[0])
         log.num_seq = num_seq
         log.final_counters = counters
@@ -359,7 +369,32 @@ class ColumnarLog:
         return log
 
     def col(self, name: str) -> np.ndarray:
-        return self._cols[name][:self.num_rows]
+        try:
+            return self._cols[name][:self.num_rows]
+        except KeyError:
+            if name == "tier":  # not kept: every row's is 0
+                return np.zeros(self.num_rows, np.uint8)
+            raise
+
+    def settle(self) -> None:
+        """Copy the arrays a finished log keeps (rows, chain and request tables, request
+        index, checkpoints) into fresh allocations, one at a time. Made while the replay's
+        temporaries were all alive, they sit among them at the top of the heap and keep
+        its freed pages resident; made again once those are gone, they fill the freed
+        space and the rest can go back to the system."""
+        self._cols = {name: _fresh(arr[:self.num_rows]) for name, arr in self._cols.items()}
+        keys = self.keys
+        keys.parent, keys.item, keys.tag, keys.content = (
+            _fresh(keys.parent), _fresh(keys.item), _fresh(keys.tag), _fresh(keys.content))
+        req = self.requests
+        req._keys, req._koff, req._nfull = _fresh(req._keys), _fresh(req._koff), _fresh(req._nfull)
+        req._salt_ids, req._nprompt = _fresh(req._salt_ids), _fresh(req._nprompt)
+        if self._req_index is not None:
+            rows, value = self._req_index
+            self._req_index = (rows, tuple(_fresh(a) for a in value))
+        for state in self._cp_states:
+            state.ref_counts, state.hash_keys, state.free_pos = (
+                _fresh(state.ref_counts), _fresh(state.hash_keys), _fresh(state.free_pos))
 
     def __len__(self) -> int:
         """Events in the log (rows are per block; several rows may share one seq)."""
@@ -731,7 +766,7 @@ class ColumnarLog:
         """The rows as the Python engine's `Event` objects (with `time` for every event)."""
         stop = self.num_rows if stop_row is None else min(stop_row, self.num_rows)
         # only the rows asked for become Python values (a view builds one event at a time)
-        c = {name: self.col(name)[start_row:stop] for name, _ in COLUMNS}
+        c = {name: self.col(name)[start_row:stop] for name, _ in KEPT_COLUMNS}
         kind, seq, req, block = c["kind"].tolist(), c["seq"].tolist(), c["request"].tolist(), c["block"].tolist()
         key, a, b, flag = c["hash"].tolist(), c["a"].tolist(), c["b"].tolist(), c["flag"].tolist()
         reqs, keys, bs = self.requests, self.keys, self.block_size
@@ -810,12 +845,12 @@ class ColumnarLog:
 
     def build_checkpoints(self, every: int | None = None) -> None:
         """A snapshot every `every` rows (default: at most 64 snapshots, no more than
-        CHECKPOINT_BYTES of them in all, and none closer than 65,536 rows), so `state_at`
+        CHECKPOINT_BYTES of them in all, and none closer than CHECKPOINT_MIN_ROWS), so `state_at`
         applies at most one interval. A snapshot is 16 bytes a block: 64 of a 9.3M-block
         pool were 9.5 GB, so a large pool gets fewer, farther apart."""
         per_snapshot = 16 * max(1, self.num_blocks)
         most = max(1, min(64, CHECKPOINT_BYTES // per_snapshot))
-        every = every or self.checkpoint_rows or max(65536, self.num_rows // most + 1)
+        every = every or self.checkpoint_rows or max(CHECKPOINT_MIN_ROWS, self.num_rows // most + 1)
         self._request_index()
         self.checkpoint_rows = every
         state = self.initial_state()
@@ -947,6 +982,8 @@ class ColumnarLog:
         finish[req[m]] = rows[m]
         alloc = np.flatnonzero((kind == ALLOCATED) & (self.col("block") >= 0))
         alloc = alloc[np.argsort(req[alloc], kind="stable")]
+        if self.num_rows <= _I32.max:  # row numbers, kept for as long as the log
+            alloc = alloc.astype(np.int32)
         bounds = np.searchsorted(req[alloc], np.arange(n_req + 1))
         value = (start, finish, alloc, bounds)
         self._req_index = (self.num_rows, value)
@@ -988,6 +1025,11 @@ def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
     if base is not None and getattr(base, "nbytes", 0) > arr.nbytes:
         arr = arr.copy()
     return arr
+
+
+def _fresh(arr: np.ndarray) -> np.ndarray:
+    """A copy of `arr` in a new allocation (the old one freed when its last reference goes)."""
+    return np.array(arr, copy=True)
 
 
 def _last_write(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:

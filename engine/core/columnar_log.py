@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.core.columnar import (
     ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, RESET, STARTED,
-    STORED, ColumnarLog, PoolArrays,
+    STORED, ColumnarLog, PoolArrays, fits,
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
@@ -269,10 +269,13 @@ class ColumnarEventLog:
             loop = _compiled_series_loop()
             s = self._compute_series() if loop is None else self._compiled_series(loop)
             # each count in the narrowest type that holds it (a pool of 16K blocks in int16),
-            # about half the bytes of the int32 and int64 the pass returns
-            self._series = EventSeries(s.seq, *(narrowest(a, np.int16, np.int32) for a in (
-                s.in_use, s.cached_free, s.empty, s.max_ref, s.evicted, s.cached_tokens, s.prompt_tokens)),
-                s.refusal_seqs, s.reset_seqs)
+            # about half the bytes of the int32 and int64 the pass returns; `empty`, never
+            # summed with another, in int16 whenever it fits (a pool of 16,384 blocks)
+            in_use, cached_free, max_ref, evicted, cached, prompt = (narrowest(a, np.int16, np.int32) for a in (
+                s.in_use, s.cached_free, s.max_ref, s.evicted, s.cached_tokens, s.prompt_tokens))
+            empty = s.empty.astype(np.int16) if fits(s.empty, np.int16) else narrowest(s.empty, np.int32)
+            self._series = EventSeries(s.seq, in_use, cached_free, empty, max_ref, evicted, cached, prompt,
+                                       s.refusal_seqs, s.reset_seqs)
         return self._series
 
     def _compiled_series(self, loop: Any) -> EventSeries:
@@ -735,7 +738,7 @@ class ArrayProjection:
         ev = self.log._index.get("evicted_rows")
         if ev is None:
             kind, block = self.log.columnar.col("kind"), self.log.columnar.col("block")
-            ev = np.flatnonzero(((kind == EVICTED) | (kind == RESET)) & (block >= 0))
+            ev = _row_numbers(((kind == EVICTED) | (kind == RESET)) & (block >= 0))
             self.log._index["evicted_rows"] = ev
         return ev
 
@@ -746,7 +749,10 @@ class ArrayProjection:
             ev = self.log._index.get("eviction_rows")  # evictions only: a reset is not one
             if ev is None:
                 col = self.log.columnar
-                ev = np.flatnonzero((col.col("kind") == EVICTED) & (col.col("block") >= 0))
+                if not np.any(self.log.kinds == RESET):  # the same rows as `_evicted_rows`: one array
+                    ev = self._evicted_rows()
+                else:
+                    ev = _row_numbers((col.col("kind") == EVICTED) & (col.col("block") >= 0))
                 self.log._index["eviction_rows"] = ev
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
             got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
@@ -1169,6 +1175,12 @@ class _Names(Sequence[str]):
         return isinstance(other, Sequence) and len(other) == len(self) and list(other) == list(self)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _row_numbers(mask: np.ndarray) -> np.ndarray:
+    """The rows where `mask` holds, int32 while row numbers fit (an index kept with the log)."""
+    rows = np.flatnonzero(mask)
+    return rows.astype(np.int32) if len(mask) <= np.iinfo(np.int32).max else rows
 
 
 def narrowest(values: np.ndarray, *types: Any) -> np.ndarray:

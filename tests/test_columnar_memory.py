@@ -1,0 +1,98 @@
+"""What a trace's columnar log keeps once the app has opened it, and that keeping less
+changes no reading: `settle` (the arrays made again after the replay's temporaries are
+gone), the narrow key table and request index, the eviction rows kept once, the 16K-block
+pool's `empty` series in int16, and no `tier` column. Each read is compared with the
+reference projection or with the same log before the change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+
+from engine.core.columnar import ALLOCATED, EVICTED, KEPT_COLUMNS, ColumnarLog
+from engine.core.columnar_log import ColumnarEventLog
+from engine.core.replay import ReplayConfig
+from engine.core.trace import read_trace
+from engine.kernel import replay_kernel
+from engine.resources import RESOURCES
+from tests.test_columnar import assert_views_equal, reference_states, view_of
+
+TRACES = RESOURCES / "traces"
+
+
+def _log(name: str, block_size: int, capacity: int, limit: int) -> ColumnarLog:
+    requests = list(itertools.islice(read_trace(TRACES / name, block_size), limit))
+    log = replay_kernel(requests, ReplayConfig(block_size=block_size, capacity_blocks=capacity), record=True).log
+    assert log is not None
+    return log
+
+
+def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
+    keys, req = log.keys, log.requests
+    out = [log.col(name) for name in log._cols]
+    out += [keys.parent, keys.item, keys.tag, keys.content, req._keys, req._koff, req._nfull, req._salt_ids,
+            req._nprompt, *log._req_index[1]]
+    for state in log._cp_states:
+        out += [state.ref_counts, state.hash_keys, state.free_pos]
+    return out
+
+
+def test_settle_copies_every_kept_array_and_every_reading_stays_the_reference():
+    for name, bs, capacity, limit in (("demo_tokens.jsonl", 16, 40, 400),
+                                      ("mooncake_conversation_trace.jsonl", 512, 300, 600)):
+        log = _log(name, bs, capacity, limit)
+        log.build_checkpoints(every=997)  # several snapshots to move
+        before = _kept_arrays(log)
+        copies = [a.copy() for a in before]
+        events = list(log.events())
+        log.settle()
+        after = _kept_arrays(log)
+        assert len(after) == len(before)
+        for old, new, copy in zip(before, after, copies):
+            assert not np.shares_memory(old, new)
+            assert new.dtype == copy.dtype and np.array_equal(new, copy)
+        assert list(log.events()) == events
+        rng = random.Random(5)
+        seqs = sorted({rng.randrange(len(log)) for _ in range(10)} | {0, len(log) - 1})
+        ref = reference_states(events, capacity, bs, seqs)
+        for seq in reversed(seqs):
+            assert_views_equal(view_of(log, seq), ref[seq])
+
+
+def test_a_log_keeps_no_tier_column_and_narrow_tables_read_the_same_values():
+    log = _log("mooncake_conversation_trace.jsonl", 512, 300, 600)
+    assert "tier" not in log._cols and [n for n, _ in KEPT_COLUMNS] == list(log._cols)
+    keys = log.keys
+    assert keys.item.dtype == np.int32 and keys.tag.dtype == np.int32  # the trace's ids fit
+    wide = type(keys)(keys.parent, keys.item.astype(np.int64), keys.tag.astype(np.int64), keys.content,
+                      keys.salts, keys.hasher, keys.block_size, keys.models)
+    ids = np.arange(len(keys))
+    assert [keys.digest(k) for k in ids.tolist()] == [wide.digest(k) for k in ids.tolist()]
+    assert np.array_equal(keys.root_salt_ids(ids), wide.root_salt_ids(ids))
+    big = np.array([1 << 40, 3], np.int64)
+    assert type(keys)(keys.parent[:2], big, big, keys.content, keys.salts, keys.hasher, 512).item.dtype == np.int64
+    start, finish, alloc, bounds = log._request_index()
+    assert alloc.dtype == np.int32
+    kind = log.col("kind")
+    rows = np.flatnonzero((kind == ALLOCATED) & (log.col("block") >= 0))
+    assert np.array_equal(alloc, rows[np.argsort(log.col("request")[rows], kind="stable")])
+
+
+def test_eviction_rows_are_kept_once_and_empty_is_int16_for_a_16k_block_pool():
+    log = _log("mooncake_conversation_trace.jsonl", 512, 16384, 4000)
+    view = ColumnarEventLog(log)
+    view.warm()
+    live = view.live
+    ev = view._index["evicted_rows"]
+    assert view._index["eviction_rows"] is ev and ev.dtype == np.int32  # no cache reset in a trace
+    kind, block = log.col("kind"), log.col("block")
+    assert np.array_equal(ev, np.flatnonzero((kind == EVICTED) & (block >= 0)))
+    assert live.last_eviction_seq == (int(log.col("seq")[ev[-1]]) if len(ev) else -1)
+    s = view.series
+    assert s.empty.dtype == np.int16
+    expect = log.num_blocks - s.in_use.astype(np.int64) - s.cached_free.astype(np.int64)
+    assert int(expect.max()) == 16384  # past int16's half range: `narrowest` would keep int32
+    assert np.array_equal(s.empty.astype(np.int64), expect)
