@@ -34,7 +34,7 @@ def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
     keys, req = log.keys, log.requests
     out = [log.col(name) for name in log._cols]
     out += [keys.parent, keys.item, keys.tag, keys.content, req._keys, req._koff, req._nfull, req._salt_ids,
-            req._nprompt, *log._req_index[1]]
+            req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair)]
     for state in log._cp_states:
         out += [state.ref_counts, state.hash_keys, state.free_pos]
     return out
@@ -64,7 +64,8 @@ def test_settle_copies_every_kept_array_and_every_reading_stays_the_reference():
 
 def test_a_log_keeps_no_tier_column_and_narrow_tables_read_the_same_values():
     log = _log("mooncake_conversation_trace.jsonl", 512, 300, 600)
-    assert "tier" not in log._cols and [n for n, _ in KEPT_COLUMNS] == list(log._cols)
+    assert "tier" not in log._cols
+    assert sorted(n for n, _ in KEPT_COLUMNS) == sorted([*log._cols, *log._sparse])
     keys = log.keys
     assert keys.item.dtype == np.int32 and keys.tag.dtype == np.int32  # the trace's ids fit
     wide = type(keys)(keys.parent, keys.item.astype(np.int64), keys.tag.astype(np.int64), keys.content,
@@ -96,3 +97,25 @@ def test_eviction_rows_are_kept_once_and_empty_is_int16_for_a_16k_block_pool():
     expect = log.num_blocks - s.in_use.astype(np.int64) - s.cached_free.astype(np.int64)
     assert int(expect.max()) == 16384  # past int16's half range: `narrowest` would keep int32
     assert np.array_equal(s.empty.astype(np.int64), expect)
+
+
+def test_the_sparse_b_column_reads_as_the_whole_one_and_is_made_whole_before_a_write():
+    requests = list(itertools.islice(read_trace(TRACES / "mooncake_conversation_trace.jsonl", 512), 600))
+    config = ReplayConfig(block_size=512, capacity_blocks=300)
+    log = replay_kernel(requests, config, record=True).log
+    rows, values = log._sparse["b"]
+    assert "b" not in log._cols and rows.dtype == np.int32 and np.all(values != 0)
+    assert 0 < len(rows) < log.num_rows // 8  # lookups only
+    dense = log.col("b")
+    assert dense.dtype == np.int32 and np.array_equal(np.flatnonzero(dense), rows)
+    for start, stop in ((0, log.num_rows), (5, 5), (int(rows[3]), int(rows[3]) + 1), (int(rows[3]) + 1, 900)):
+        assert np.array_equal(log.values_at("b", slice(start, stop)), dense[start:stop])
+    picks = np.random.default_rng(2).integers(0, log.num_rows, 500)
+    picks = np.concatenate([picks, rows[:20], [log.num_rows - 1, 0]])
+    assert np.array_equal(log.values_at("b", picks), dense[picks])
+    assert int(log.values_at("b", int(rows[7]))) == int(dense[rows[7]])
+    assert log.nbytes() < 23 * log.num_rows  # 22 B a row and the lookups' b
+    table = np.zeros((1, 8), np.int64)
+    table[0] = (1, len(log) + 5, 0, -1, -1, 0, 123, 0)  # a started row with b set
+    log.write_rows(table)
+    assert not log._sparse and np.array_equal(log.col("b")[:-1], dense) and int(log.col("b")[-1]) == 123

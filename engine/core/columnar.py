@@ -58,6 +58,9 @@ WIDENING = frozenset({"seq", "a", "b"})
 # the columns a log keeps: `tier` is not among them (no source writes it: the kernel's
 # column stays zero and `_ROW_ORDER` has none), a byte a row for nothing
 KEPT_COLUMNS = tuple((name, dtype) for name, dtype in COLUMNS if name != "tier")
+# columns a finished log (`from_columns`) keeps as their nonzero rows and values when those
+# take under a quarter of the column's bytes: `b` (only lookups and refusals set it)
+SPARSE_COLUMNS = ("b",)
 _I32 = np.iinfo(np.int32)
 _EXT_MASK = (1 << 64) - 1
 _ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
@@ -320,6 +323,7 @@ class ColumnarLog:
         self.keys = keys if keys is not None else KeyTable.empty()
         self.requests = requests if requests is not None else RequestTable.empty()
         self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in KEPT_COLUMNS}
+        self._sparse: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (rows, values): `values_at`
         self.num_rows = 0
         self.num_seq = 0  # events numbered so far (the next seq)
         self.final_counters = Counters()
@@ -363,6 +367,8 @@ class ColumnarLog:
         log._cols = {name: _owned(col, np.int32 if name in WIDENING and _fits32(col) else dtype)
                      for (name, dtype), col in zip(COLUMNS, columns) if name in log._cols}
         log.num_rows = len(columns[0])
+        for name in SPARSE_COLUMNS:
+            log._make_sparse(name)
         log.num_seq = num_seq
         log.final_counters = counters
         log.build_checkpoints()
@@ -372,9 +378,51 @@ class ColumnarLog:
         try:
             return self._cols[name][:self.num_rows]
         except KeyError:
+            if name in self._sparse:  # made whole for the caller: `values_at` reads a part
+                rows, values = self._sparse[name]
+                out = np.zeros(self.num_rows, values.dtype)
+                out[rows] = values
+                return out
             if name == "tier":  # not kept: every row's is 0
                 return np.zeros(self.num_rows, np.uint8)
             raise
+
+    def values_at(self, name: str, index: slice | np.ndarray | int) -> np.ndarray:
+        """`col(name)[index]` for a slice (step 1) or row numbers, without making a sparse
+        column whole."""
+        sparse = self._sparse.get(name)
+        if sparse is None:
+            return self.col(name)[index]
+        rows, values = sparse
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(self.num_rows)
+            out = np.zeros(max(0, stop - start), values.dtype)
+            lo, hi = np.searchsorted(rows, (start, stop))
+            out[rows[lo:hi] - start] = values[lo:hi]
+            return out
+        index = np.asarray(index)
+        if not len(rows):
+            return np.zeros(index.shape, values.dtype)
+        at = np.minimum(np.searchsorted(rows, index), len(rows) - 1)
+        return np.where(rows[at] == index, values[at], 0).astype(values.dtype)
+
+    def _make_sparse(self, name: str) -> None:
+        col = self.col(name)
+        rows = np.flatnonzero(col)
+        if 4 * len(rows) * (rows.itemsize + col.itemsize) >= col.nbytes:
+            return
+        if self.num_rows <= _I32.max:
+            rows = rows.astype(np.int32)
+        self._sparse[name] = (rows, col[rows])
+        del self._cols[name]
+
+    def _densify(self) -> None:
+        """The sparse columns whole again, before rows are written (a finished log appended to)."""
+        cap = len(self._cols["kind"])
+        for name, (rows, values) in self._sparse.items():
+            col = self._cols[name] = np.zeros(cap, values.dtype)
+            col[rows] = values
+        self._sparse = {}
 
     def settle(self) -> None:
         """Copy the arrays a finished log keeps (rows, chain and request tables, request
@@ -383,6 +431,7 @@ class ColumnarLog:
         its freed pages resident; made again once those are gone, they fill the freed
         space and the rest can go back to the system."""
         self._cols = {name: _fresh(arr[:self.num_rows]) for name, arr in self._cols.items()}
+        self._sparse = {name: (_fresh(rows), _fresh(values)) for name, (rows, values) in self._sparse.items()}
         keys = self.keys
         keys.parent, keys.item, keys.tag, keys.content = (
             _fresh(keys.parent), _fresh(keys.item), _fresh(keys.tag), _fresh(keys.content))
@@ -401,7 +450,8 @@ class ColumnarLog:
         return self.num_seq
 
     def nbytes(self) -> int:
-        return sum(a[:self.num_rows].nbytes for a in self._cols.values())
+        return sum(a[:self.num_rows].nbytes for a in self._cols.values()) + sum(
+            rows.nbytes + values.nbytes for rows, values in self._sparse.values())
 
     def _row(self, kind: int, seq: int, request: int, block: int = -1, key: int = -1, a: int = 0, b: int = 0,
              flag: int = 0) -> None:
@@ -428,6 +478,8 @@ class ColumnarLog:
         (an engine thread, after `prepare_events`): the larger columns are allocated and
         the rows written by now copied there, so the writing thread, when its columns fill,
         copies only the rows it wrote since (`_write_table`) instead of the whole log."""
+        if self._sparse:
+            self._densify()
         cap = len(self._cols["kind"])
         need = max(self.num_made, self.num_rows) + rows
         spare = self._spare
@@ -446,6 +498,8 @@ class ColumnarLog:
         """Write `table` (int64, `_ROW_ORDER`) at row `start`, a column in `WIDENING` made
         int64 first if a value would not fit int32 (a spare `reserve` made narrow is dropped)."""
         stop = start + len(table)
+        if self._sparse:
+            self._densify()
         cap = len(self._cols["kind"])
         if stop > cap:
             spare, self._spare = self._spare, None
@@ -766,7 +820,7 @@ class ColumnarLog:
         """The rows as the Python engine's `Event` objects (with `time` for every event)."""
         stop = self.num_rows if stop_row is None else min(stop_row, self.num_rows)
         # only the rows asked for become Python values (a view builds one event at a time)
-        c = {name: self.col(name)[start_row:stop] for name, _ in KEPT_COLUMNS}
+        c = {name: self.values_at(name, slice(start_row, stop)) for name, _ in KEPT_COLUMNS}
         kind, seq, req, block = c["kind"].tolist(), c["seq"].tolist(), c["request"].tolist(), c["block"].tolist()
         key, a, b, flag = c["hash"].tolist(), c["a"].tolist(), c["b"].tolist(), c["flag"].tolist()
         reqs, keys, bs = self.requests, self.keys, self.block_size

@@ -1286,7 +1286,7 @@ def _compiled_series_loop() -> Any:
 def _miss_of_row(col: ColumnarLog, i: int) -> MissInfo:
     """The `MissInfo` a lookup row stands for (as `ColumnarLog.events` builds it)."""
     reason = MISS_REASONS[int(col.col("flag")[i])]
-    extra = int(col.col("b")[i])
+    extra = int(col.values_at("b", i))
     salts = col.keys.salts
     return MissInfo(reason=reason, first_miss_block=int(col.col("block")[i]),
                     divergence_token=extra if reason == "new_content" else None,
