@@ -174,6 +174,9 @@ class JournalStores(Sequence[tuple]):
             table = self._slot_ids[pool] = grown
         if table.dtype == np.int32 and self._num_slot_ids + len(slot) > _I32_TOP:
             table = self._slot_ids[pool] = table.astype(np.int64)  # the numbers given would pass int32
+        if isinstance(self.placer, _CompiledPlacer):
+            self._num_slot_ids = self.placer.number_slots(table, slot, out, self._num_slot_ids)
+            return out
         mine = slot[real]
         fresh = np.unique(mine[table[mine] < 0])
         table[fresh] = self._num_slot_ids + np.arange(len(fresh), dtype=np.int64)
@@ -867,6 +870,27 @@ def _unlink_hash(b, blocks, table, state):  # pragma: no cover - compiled
             return
 
 
+def _number_slots(table, slot, out, num):  # pragma: no cover - compiled
+    """`JournalStores.slot_ids` in one pass (compiled): a pool slot `table` has no number for
+    (-1) gets the next, in slot order; `out` each row's number (-1 stays -1). The numbers
+    given after this call."""
+    fresh = np.empty(len(slot), np.int64)
+    n = 0
+    for i in range(len(slot)):
+        s = slot[i]
+        if s >= 0 and table[s] == -1:
+            table[s] = -2  # met: once in `fresh`
+            fresh[n] = s
+            n += 1
+    fresh = np.sort(fresh[:n])
+    for j in range(n):
+        table[fresh[j]] = num + j
+    for i in range(len(slot)):
+        s = slot[i]
+        out[i] = table[s] if s >= 0 else -1
+    return num + n
+
+
 def _unlink(fifo, blocks, s, b):  # pragma: no cover - compiled
     """Take `b` out of slot `s`'s FIFO (`fifo[s, 0]`, then B_NEXT); the entry before it
     (-1: it was the head), or -2 when the FIFO does not hold it."""
@@ -891,7 +915,7 @@ class _CompiledPlacer:
     would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
-        self.loop, self.rehash = _compiled()
+        self.loop, self.rehash, self.number_slots = _compiled()
         self.state = np.zeros(7, np.int64)
         self.blocks = np.full((0, 8), -1, np.int32)
         self.fifo = np.full((0, 2), -1, np.int32)
@@ -947,7 +971,8 @@ _COMPILED: list[Any] = []
 
 
 def _compiled() -> list[Any]:
-    """[`_place_loop`, `_ht_rehash`] compiled by numba (cached on disk), or [] without numba."""
+    """[`_place_loop`, `_ht_rehash`, `_number_slots`] compiled by numba (cached on disk), or []
+    without numba."""
     if not _COMPILED:
         try:
             from numba import njit
@@ -964,6 +989,7 @@ def _compiled() -> list[Any]:
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
+        _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
