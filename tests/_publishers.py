@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -29,7 +30,8 @@ def recorded_frames(path: Path, **match) -> list[list[bytes]]:
 @contextmanager
 def attach_window(qtbot, tmp_path: Path) -> Iterator[MainWindow]:
     """A main window without a model, shown at 1280x800 on a test context in `tmp_path`;
-    detached from whatever the test attached, and its context shut down, afterwards."""
+    detached from whatever the test attached, its context shut down, and the tokenizer
+    loads its attaches started finished, afterwards."""
     ctx = make_test_context(tmp_path)
     w = MainWindow(ctx, load_model=False)
     qtbot.addWidget(w)
@@ -40,3 +42,16 @@ def attach_window(qtbot, tmp_path: Path) -> Iterator[MainWindow]:
     finally:
         w.remote.detach()
         ctx.shutdown()
+        _wait_for_tokenizer_loads()
+
+
+def _wait_for_tokenizer_loads(timeout_s: float = 120.0) -> None:
+    """An attach loads the server's tokenizer on a thread of its own (RemoteController.
+    _load_tokenizer), which a short test outlives by seconds. Left running, it allocates,
+    turns gc off and on and freezes every object (app.runtime.jobs.collector_paused) in
+    the middle of the worker's next test: test_collector, run after an attach test, saw
+    its objects counted (a young collection where none was due)."""
+    for t in threading.enumerate():
+        if t.name == "attach-tokenizer":
+            t.join(timeout_s)
+            assert not t.is_alive(), f"the attach's tokenizer load still runs after {timeout_s:g} s"
