@@ -119,3 +119,26 @@ def test_the_sparse_b_column_reads_as_the_whole_one_and_is_made_whole_before_a_w
     table[0] = (1, len(log) + 5, 0, -1, -1, 0, 123, 0)  # a started row with b set
     log.write_rows(table)
     assert not log._sparse and np.array_equal(log.col("b")[:-1], dense) and int(log.col("b")[-1]) == 123
+
+
+def test_settling_the_warmed_event_log_keeps_its_series_indexes_and_events():
+    log = _log("mooncake_conversation_trace.jsonl", 512, 300, 800)
+    view = ColumnarEventLog(log)
+    view.warm()
+    series = {f: getattr(view.series, f).copy() for f in view.series.__slots__}
+    index = {k: v.copy() for k, v in view._index.items() if isinstance(v, np.ndarray)}
+    starts, ends, seqs, kinds = view.starts.copy(), view.ends.copy(), view.seqs.copy(), view.kinds.copy()
+    events = list(view.events[:50]) + list(view.events[-50:])
+    old_series = view.series
+    view.settle()
+    assert view.series is old_series and view.series.seq is view.seqs
+    for f, before in series.items():
+        got = getattr(view.series, f)
+        assert got.dtype == before.dtype and np.array_equal(got, before), f
+    for k, before in index.items():
+        assert np.array_equal(view._index[k], before), k
+    for got, before in ((view.starts, starts), (view.ends, ends), (view.seqs, seqs), (view.kinds, kinds)):
+        assert got.dtype == before.dtype and np.array_equal(got, before)
+    assert np.shares_memory(view.starts, view.ends)  # two views of one array, as before
+    view.events._cache.clear()
+    assert list(view.events[:50]) + list(view.events[-50:]) == events

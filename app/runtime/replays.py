@@ -97,10 +97,10 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
             result = run.result.to_dict(with_requests=False)
             recorded = run.log
             del arrays, requests, run  # before the series and indexes are built in their place
-            recorded.settle()  # the log's arrays moved down into the space the replay freed
             _release_freed_memory()
             columnar = ColumnarEventLog(recorded, time=time.time())
             columnar.warm()  # series, live state, indexes: here, on the worker, not on the first paint
+            columnar.settle()  # the arrays kept moved down into the space the passes freed
             _release_freed_memory()
             check()
             result["config"]["trace"] = str(path)

@@ -438,6 +438,23 @@ class ColumnarEventLog:
         live.last_eviction_seq  # noqa: B018
         live.by_hash  # noqa: B018 - the digests of every cached block, for the hash chains
 
+    def settle(self) -> None:
+        """`ColumnarLog.settle` for what `warm` built too (series, per-event arrays, indexes):
+        each array made again now that the passes' temporaries are freed, so the heap's
+        freed pages below them can go back to the system."""
+        self.columnar.settle()
+        bounds = np.append(self.starts, self.ends[-1:]) if len(self.starts) else np.zeros(1, self.starts.dtype)
+        self.starts, self.ends = bounds[:-1], bounds[1:]
+        self.seqs, self.kinds = self.seqs.copy(), self.kinds.copy()
+        s = self._series
+        if s is not None:
+            s.seq = self.seqs  # one array, as `series` made it
+            for field in dataclasses.fields(s)[1:]:
+                setattr(s, field.name, getattr(s, field.name).copy())
+        for key, value in list(self._index.items()):
+            if isinstance(value, np.ndarray):
+                self._index[key] = value.copy()
+
     # ------------------------------------------------------------------ indexes, built once
     def request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per request occurrence: its started, lookup and finished rows (num_rows when none)."""
