@@ -142,3 +142,16 @@ def test_settling_the_warmed_event_log_keeps_its_series_indexes_and_events():
     assert np.shares_memory(view.starts, view.ends)  # two views of one array, as before
     view.events._cache.clear()
     assert list(view.events[:50]) + list(view.events[-50:]) == events
+
+
+def test_row_events_are_int32_and_name_each_rows_event():
+    log = _log("mooncake_conversation_trace.jsonl", 512, 300, 800)
+    view = ColumnarEventLog(log)
+    got = view.row_events()
+    assert got.dtype == np.int32 and len(got) == log.num_rows
+    seq = log.col("seq")
+    assert np.array_equal(view.seqs[got], seq)  # each row's event has the row's seq
+    positions = np.array([3, 10, 11, 400])
+    kind, block = log.col("kind"), log.col("block")
+    named = np.isin(kind, (ALLOCATED, 4, 5, 6, EVICTED)) & (block >= 0) & np.isin(got, positions)
+    assert np.array_equal(view.touched_blocks(positions, len(view)), np.unique(block[named]))

@@ -255,10 +255,13 @@ class ColumnarEventLog:
         return np.unique(block[m]).astype(np.int64)
 
     def row_events(self) -> np.ndarray:
-        """Per row of the columns, the position of the event it belongs to (int64)."""
+        """Per row of the columns, the position of the event it belongs to (int32 while the
+        positions fit: 4 bytes a row, kept once the statistics or a filter asked for it)."""
         r = self._index.get("row_events")
         if r is None:
-            r = np.repeat(np.arange(len(self.starts), dtype=np.int64), self.ends - self.starts)
+            n = len(self.starts)
+            r = np.repeat(np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64),
+                          self.ends - self.starts)
             self._index["row_events"] = r
         return r
 
