@@ -16,6 +16,7 @@ from types import ModuleType
 
 import app.commands
 from app import version
+from app.runtime import allocator
 from engine.core.errors import InputError, one_line
 
 
@@ -77,6 +78,7 @@ def build_parser(modules: list[ModuleType] | None = None) -> argparse.ArgumentPa
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    allocator.tune()  # before the command allocates: freed large arrays go back to the system
     if not argv:
         argv = ["gui"]
     only = command_module(argv[0])

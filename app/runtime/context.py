@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, QSettings, QThread, Signal
 
+from app.runtime import allocator
 from app.runtime.worker import ModelWorker
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ class AppContext(QObject):
     def __init__(self, settings: QSettings | None = None, store: Any = None,
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        allocator.tune()  # a window's process gives its outgrown arrays back (cachescope does it first)
         self._bridge: EngineBridge | None = None
         self._warm: threading.Thread | None = None  # the live log's passes loading (build_runtime)
         self._state: PoolState | None = None
