@@ -158,9 +158,25 @@ def _start_numba_warmup(config) -> None:
 
 def _wait_for_warmup(parts) -> None:
     dones = dict(zip(_WARMUP_PARTS, os.environ[_WARMUP_ENV].split(os.pathsep)))
-    deadline = time.monotonic() + _WARMUP_WAIT_S
+    start = time.monotonic()
+    deadline = start + _WARMUP_WAIT_S
     while not all(Path(dones[part]).exists() for part in parts) and time.monotonic() < deadline:
         time.sleep(0.1)
+    _extend_test_timeout(time.monotonic() - start)
+
+
+def _extend_test_timeout(seconds: float) -> None:
+    """The wait for the warm-up does not count against the waiting test's pytest-timeout
+    (300 s, pyproject.toml): the pool part took 305-324 s on a loaded machine, and a test
+    whose first compiled call waited for it would be killed mid-wait. pytest-timeout's
+    signal method arms ITIMER_REAL for the test; it is moved on by the wait."""
+    import signal
+
+    if seconds < 0.5 or threading.current_thread() is not threading.main_thread():
+        return
+    remaining, interval = signal.getitimer(signal.ITIMER_REAL)
+    if remaining > 0:
+        signal.setitimer(signal.ITIMER_REAL, remaining + seconds, interval)
 
 
 # The modules whose compiled functions the pool part of the warm-up compiles; every other
