@@ -23,11 +23,19 @@ back as it was.
     window = MainWindow(ctx)      # install(window) is called by the window itself
     ...
     window.close()                # the last one: gc.isenabled() is what it was before
+
+Background jobs that allocate a lot pause automatic collection too (`app.runtime.jobs.
+collector_paused`, on their own thread). Each window's collector and each paused job is a
+hold (`hold_automatic` / `give_back_automatic`): automatic collection comes back only when
+the last hold is given back, and only if it was on before the first. A job that ended under
+a window opened meanwhile once switched it back on there; two overlapping jobs, the first to
+end switched it on under the second.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer
 
@@ -36,6 +44,31 @@ INTERVAL_MS = 100
 # the oldest generation since the last one exceed this share of those that survived it.
 FULL_COLLECTION_SHARE = 0.25
 
+_holds_lock = threading.Lock()
+_holds = 0
+_enabled_before_holds = True
+
+
+def hold_automatic() -> None:
+    """Automatic collection off until the matching `give_back_automatic` (any thread)."""
+    global _holds, _enabled_before_holds
+    with _holds_lock:
+        if _holds == 0:
+            _enabled_before_holds = gc.isenabled()
+        _holds += 1
+        gc.disable()
+
+
+def give_back_automatic() -> None:
+    """End one hold; the last one switches automatic collection back on if it was on."""
+    global _holds
+    with _holds_lock:
+        if _holds == 0:
+            raise RuntimeError("give_back_automatic without hold_automatic")
+        _holds -= 1
+        if _holds == 0 and _enabled_before_holds:
+            gc.enable()
+
 
 class GuiThreadCollector(QObject):
     """Collects on a timer of the thread it lives in, with the interpreter's thresholds."""
@@ -43,14 +76,14 @@ class GuiThreadCollector(QObject):
     def __init__(self, parent: QObject | None = None, interval_ms: int = INTERVAL_MS) -> None:
         super().__init__(parent)
         self.threshold = gc.get_threshold()
-        self.was_enabled = gc.isenabled()
         self.collections = [0, 0, 0]  # per generation, for tests and `--debug`
         # long_lived_total and long_lived_pending of gcmodule.c, counted from Python: the
         # oldest generation's size after a full collection, and what the generation-1
         # collections promoted into it since (the young objects walked, less those freed).
         self.long_lived_total = len(gc.get_objects(2))
         self.long_lived_pending = 0
-        gc.disable()
+        hold_automatic()
+        self._holding = True
         self._timer = QTimer(self, interval=interval_ms, timeout=self.check)
         self._timer.start()
 
@@ -76,8 +109,9 @@ class GuiThreadCollector(QObject):
 
     def stop(self) -> None:
         self._timer.stop()
-        if self.was_enabled:
-            gc.enable()
+        if self._holding:
+            self._holding = False
+            give_back_automatic()
 
 
 _collector: GuiThreadCollector | None = None

@@ -1,0 +1,59 @@
+"""Holds on automatic collection (app.runtime.collector): a window's collector and each
+background job paused by `jobs.collector_paused` hold it off; it comes back only with the
+last hold. H4 (2026-12-04) found a job ending under a window opened meanwhile switched it
+back on there, and two overlapping jobs the first to end switched it on under the second."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from app.runtime import collector
+from app.runtime.jobs import collector_paused
+from app.runtime.context import make_test_context
+from app.window.main_window import MainWindow
+
+
+def test_a_job_that_ends_under_a_window_leaves_collection_to_the_window(qtbot, tmp_path):
+    assert gc.isenabled()
+    started, finish = threading.Event(), threading.Event()
+
+    def job() -> None:
+        with collector_paused():
+            started.set()
+            finish.wait(30)
+
+    t = threading.Thread(target=job)
+    t.start()
+    started.wait(30)
+    ctx = make_test_context(tmp_path)
+    w = MainWindow(ctx, load_model=False)
+    qtbot.addWidget(w)
+    w.show()
+    finish.set()
+    t.join()
+    assert not gc.isenabled()  # the window's collector still holds it
+    w.close()
+    assert gc.isenabled()
+    ctx.shutdown()
+
+
+def test_overlapping_jobs_hold_it_off_until_the_last_ends():
+    assert gc.isenabled()
+    first, second = collector_paused(), collector_paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second job still runs
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_off_before_the_first_hold_stays_off():
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
