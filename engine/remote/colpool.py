@@ -1120,6 +1120,34 @@ def _num_removals(rows: np.ndarray) -> int:
     return int(rows[rows[:, R_KIND] == KIND_REMOVED, R_NHASH].sum())
 
 
+@njit(cache=True)
+def _join_starts(rows, sizes):  # pragma: no cover - compiled
+    """Frames' rows concatenated (frame f: sizes[f] = its rows, hashes, token ids): each row's
+    token and hash starts moved past the frames before it. Returns (blocks, the most token
+    ids a row names, the most hashes a row names, hashes the removals name)."""
+    r = 0
+    hash0 = np.int64(0)
+    tok0 = np.int64(0)
+    blocks = np.int64(0)
+    most_tokens = np.int64(0)
+    most_hashes = np.int64(0)
+    removals = np.int64(0)
+    for f in range(len(sizes)):
+        for _ in range(sizes[f, 0]):
+            rows[r, R_TOK0] += tok0
+            rows[r, R_HASH0] += hash0
+            nh = rows[r, R_NHASH]
+            blocks += nh
+            most_hashes = max(most_hashes, nh)
+            most_tokens = max(most_tokens, rows[r, R_NTOK])
+            if rows[r, R_KIND] == KIND_REMOVED:
+                removals += nh
+            r += 1
+        hash0 += sizes[f, 1]
+        tok0 += sizes[f, 2]
+    return blocks, most_tokens, most_hashes, removals
+
+
 def _names_only_a_medium(e: VllmEvent) -> bool:
     """Whether a store or removal says nothing beyond the common fields but its medium."""
     return e.lora_id is None and e.lora_name is None and e.extra_keys is None and e.group_idx is None \
@@ -1677,30 +1705,29 @@ class ColumnarPool:
             for batch in run:
                 self.apply(batch)
             return
-        nrows = [len(b.rows) for b in run]
-        bounds = np.zeros(len(run) + 1, np.int64)
-        np.cumsum(nrows, out=bounds[1:])
         seqs = np.array([b.seq for b in run], np.int64)
         tss = np.array([b.ts for b in run], np.float64)
-        if not bounds[-1]:
-            self._run_columns(bounds[:0], None, None, None, bounds, seqs, tss)
-            return
         full = [b for b in run if len(b.rows)]
+        if not full:
+            self._run_columns(seqs[:0], None, None, None, np.zeros(len(run) + 1, np.int64), seqs, tss)
+            return
         rows = np.concatenate([b.rows for b in full])
         keys = np.concatenate([b.keys for b in full])
         tokens = np.concatenate([b.tokens for b in full])
         parents = np.concatenate([b.parents for b in full])
-        nk = np.array([len(b.keys) for b in full], np.int64)
-        nt = np.array([len(b.tokens) for b in full], np.int64)
-        per = np.array([len(b.rows) for b in full], np.int64)
-        rows[:, R_TOK0] += np.repeat(np.cumsum(nt) - nt, per)
-        rows[:, R_HASH0] += np.repeat(np.cumsum(nk) - nk, per)
-        self._run_columns(rows, parents, keys, tokens, bounds, seqs, tss)
+        # one compiled pass for the starts' fix-ups and the figures _reserve needs: numpy's
+        # repeat, cumsum and four strided reductions over rows cost more than the pass
+        sizes = np.array([(len(b.rows), len(b.keys), len(b.tokens)) for b in full], np.int64)
+        per = np.array([len(b.rows) for b in run], np.int64)
+        bounds = np.zeros(len(run) + 1, np.int64)
+        np.cumsum(per, out=bounds[1:])
+        self._run_columns(rows, parents, keys, tokens, bounds, seqs, tss, _join_starts(rows, sizes))
 
     def _run_columns(self, rows: np.ndarray, parents: Any, keys: Any, tokens: Any, bounds: np.ndarray,
-                     seqs: np.ndarray, tss: np.ndarray) -> None:
+                     seqs: np.ndarray, tss: np.ndarray, figures: tuple | None = None) -> None:
         """Frames of common events in one compiled call: frame f is rows bounds[f]..bounds[f+1]-1
-        (hashes and token ids of all frames concatenated, the rows' starts counting from 0)."""
+        (hashes and token ids of all frames concatenated, the rows' starts counting from 0);
+        `figures`: what `_join_starts` returns for rows, when it has read them."""
         self.num_batches += len(seqs)
         self.last_batch_seq = int(seqs[-1])
         self.last_batch_time = float(tss[-1])
@@ -1708,9 +1735,12 @@ class ColumnarPool:
         self._cache.clear()
         if not len(rows):
             return
-        nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(tokens), tokens, int(rows[:, R_NTOK].max()), _num_removals(rows))
-        most = int(rows[:, R_NHASH].max())
+        if figures is None:
+            figures = (int(rows[:, R_NHASH].sum()), int(rows[:, R_NTOK].max()), int(rows[:, R_NHASH].max()),
+                       _num_removals(rows))
+        nblocks, most_tokens, most, removals = figures
+        self._batch_blocks = nblocks
+        self._reserve(nblocks, len(tokens), tokens, most_tokens, removals)
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
