@@ -7,7 +7,6 @@ richer conversation formats (OpenAI, ShareGPT, Anthropic) live in `engine.store.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -49,8 +48,30 @@ def _within_limits(value: Any) -> bool:
     return True  # str, float (msgspec refuses one out of range), bool, None
 
 
-def fast_loads(raw: bytes) -> Any:
+class SharedInts:
+    """The shared ints by value, for the lines of one trace read (`read_trace` makes one).
+
+    Built on the first list with ids on both sides of the table's end (5 MB) and kept for the
+    read's next lines, so a trace of such lines builds it once; dropped with the read, so an
+    opened trace does not keep it for the life of the process.
+    """
+
+    __slots__ = ("_by_value",)
+
+    def __init__(self) -> None:
+        self._by_value: dict[int, int] | None = None
+
+    def by_value(self) -> dict[int, int]:
+        if self._by_value is None:
+            self._by_value = dict(zip(_SHARED_INTS, _SHARED_INTS))
+        return self._by_value
+
+
+def fast_loads(raw: bytes, shared: SharedInts | None = None) -> Any:
     """The JSON value of one trace line, or None to say "ask `validation.loads`".
+
+    `shared` carries the by-value map of the shared ints from one line to the next (a reader
+    of many lines passes one; without it a line that needs the map builds its own).
 
     Equal to `validation.loads` wherever it answers: a line that might nest too deep, is not
     UTF-8, is not JSON msgspec reads, or holds an integer longer than `validation` allows,
@@ -75,24 +96,18 @@ def fast_loads(raw: bytes) -> Any:
         elif not _within_limits(item):
             return None
     for key, low, high in id_lists:
-        value[key] = _shared(value[key], low, high)
+        value[key] = _shared(value[key], low, high, shared)
     return value
 
 
-def _shared(ids: list[int], low: int, high: int) -> list[int]:
+def _shared(ids: list[int], low: int, high: int, shared: SharedInts | None) -> list[int]:
     """`ids` (from `low` to `high`) with each one `validation.loads` shares taken from its table."""
     if low >= 0 and high < len(_SHARED_INTS):
         return list(map(_SHARED_INTS.__getitem__, ids))  # token ids of a small vocabulary
     if low >= len(_SHARED_INTS) or high < 0:
         return ids
-    lookup = _shared_by_value()
+    lookup = (shared or SharedInts()).by_value()
     return list(map(lookup.get, ids, ids))  # some fit, some not: still at C speed
-
-
-@lru_cache(maxsize=1)
-def _shared_by_value() -> dict[int, int]:
-    """The shared ints by value (5 MB, built on the first list with ids on both sides of the table's end)."""
-    return dict(zip(_SHARED_INTS, _SHARED_INTS))
 
 
 @dataclass(slots=True, frozen=True)
@@ -161,13 +176,14 @@ def read_trace(path: str | Path, block_size: int | None = None) -> Iterator[Trac
     """
     name = str(path)
     index = 0
+    shared = SharedInts()
     with v.open_input(path, "trace file", max_bytes=None) as fh:
         for line_no, raw in v.iter_lines(fh, name, MAX_LINE_BYTES):
             if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte order mark, as import accepts
             if not raw.strip():
                 continue
-            obj = fast_loads(raw)
+            obj = fast_loads(raw, shared)
             if obj is None:
                 obj = v.loads(raw, name, line_no)
             del raw  # hold one form of a line at a time: a 50 MB line is 8M ids
