@@ -7,7 +7,11 @@ from __future__ import annotations
 from engine.bench.attach import BridgeLike, fleet_streams
 
 
-def test_a_small_loopback_fleet_is_received_whole_through_the_qt_loop():
+def test_a_small_loopback_fleet_is_received_whole_through_the_qt_loop(qapp):
+    # qapp: qt_loop makes a QCoreApplication when there is no application, and a GUI test
+    # later in the same worker then aborted the process making its first widget ("Must
+    # construct a QApplication before a QWidget"; found 2026-12-04 running the pool's test
+    # files in one process)
     from app.commands._bench_attach import qt_loop
 
     out = fleet_streams(num_streams=3, rate=500, seconds=1.0, event_loop=qt_loop)
