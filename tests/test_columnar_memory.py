@@ -7,13 +7,14 @@ reference projection or with the same log before the change.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
 import numpy as np
 
 from engine.core.columnar import ALLOCATED, EVICTED, KEPT_COLUMNS, ColumnarLog
-from engine.core.columnar_log import ColumnarEventLog
+from engine.core.columnar_log import ColumnarEventLog, EventSeries, _compiled_series_loop
 from engine.core.replay import ReplayConfig
 from engine.core.trace import read_trace
 from engine.kernel import replay_kernel
@@ -125,7 +126,7 @@ def test_settling_the_warmed_event_log_keeps_its_series_indexes_and_events():
     log = _log("mooncake_conversation_trace.jsonl", 512, 300, 800)
     view = ColumnarEventLog(log)
     view.warm()
-    series = {f: getattr(view.series, f).copy() for f in view.series.__slots__}
+    series = {f.name: getattr(view.series, f.name).copy() for f in dataclasses.fields(EventSeries)}
     index = {k: v.copy() for k, v in view._index.items() if isinstance(v, np.ndarray)}
     starts, ends, seqs, kinds = view.starts.copy(), view.ends.copy(), view.seqs.copy(), view.kinds.copy()
     events = list(view.events[:50]) + list(view.events[-50:])
@@ -155,3 +156,20 @@ def test_row_events_are_int32_and_name_each_rows_event():
     kind, block = log.col("kind"), log.col("block")
     named = np.isin(kind, (ALLOCATED, 4, 5, 6, EVICTED)) & (block >= 0) & np.isin(got, positions)
     assert np.array_equal(view.touched_blocks(positions, len(view)), np.unique(block[named]))
+
+
+def test_the_token_sums_are_made_when_read_and_match_the_compiled_pass():
+    # No view reads cached_tokens and prompt_tokens: an opened (warmed, settled) log keeps
+    # neither until asked, then makes them equal to what the series pass computes.
+    log = _log("mooncake_conversation_trace.jsonl", 512, 300, 800)
+    view = ColumnarEventLog(log)
+    view.warm()
+    view.settle()
+    series = view.series
+    for name in ("cached_tokens", "prompt_tokens"):
+        assert getattr(EventSeries, name).__get__(series) is None, name
+    reference = view._compiled_series(_compiled_series_loop())
+    assert np.array_equal(series.cached_tokens, reference.cached_tokens)
+    assert np.array_equal(series.prompt_tokens, reference.prompt_tokens)
+    assert series.prompt_tokens[-1] > series.cached_tokens[-1] > 0
+    assert series.cached_tokens.dtype == np.int32  # the narrowest that holds the sums, as before

@@ -57,6 +57,31 @@ class EventSeries:
         return len(self.seq)
 
 
+def _made_when_read(name: str) -> property:
+    """A field of `LogSeries` left None until read, then made by its log."""
+    field = getattr(EventSeries, name)  # the slot's descriptor
+
+    def get(self: LogSeries) -> np.ndarray:
+        if field.__get__(self, LogSeries) is None:
+            self.cached_tokens, self.prompt_tokens = self._log._token_series()
+        return field.__get__(self, LogSeries)
+
+    return property(get, field.__set__)
+
+
+class LogSeries(EventSeries):
+    """The series of a finished log. Its running token sums (`cached_tokens`, `prompt_tokens`:
+    3.85 MB over the Mooncake trace, read by no view) are made when first read, not kept."""
+
+    __slots__ = ("_log",)
+    cached_tokens = _made_when_read("cached_tokens")
+    prompt_tokens = _made_when_read("prompt_tokens")
+
+    def __init__(self, log: ColumnarEventLog, *fields: Any) -> None:
+        super().__init__(*fields)
+        self._log = log
+
+
 class LazyEvents(Sequence[Event]):
     """The log's events by position, each built from its rows when asked for (a few cached)."""
 
@@ -274,12 +299,28 @@ class ColumnarEventLog:
             # each count in the narrowest type that holds it (a pool of 16K blocks in int16),
             # about half the bytes of the int32 and int64 the pass returns; `empty`, never
             # summed with another, in int16 whenever it fits (a pool of 16,384 blocks)
-            in_use, cached_free, max_ref, evicted, cached, prompt = (narrowest(a, np.int16, np.int32) for a in (
-                s.in_use, s.cached_free, s.max_ref, s.evicted, s.cached_tokens, s.prompt_tokens))
+            in_use, cached_free, max_ref, evicted = (narrowest(a, np.int16, np.int32) for a in (
+                s.in_use, s.cached_free, s.max_ref, s.evicted))
             empty = s.empty.astype(np.int16) if fits(s.empty, np.int16) else narrowest(s.empty, np.int32)
-            self._series = EventSeries(s.seq, in_use, cached_free, empty, max_ref, evicted, cached, prompt,
-                                       s.refusal_seqs, s.reset_seqs)
+            self._series = LogSeries(self, s.seq, in_use, cached_free, empty, max_ref, evicted, None, None,
+                                     s.refusal_seqs, s.reset_seqs)
         return self._series
+
+    def _token_series(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cached and prompt tokens summed over the lookups up to each event, in the
+        narrowest type that holds them (`EventSeries.cached_tokens`, `prompt_tokens`)."""
+        log = self.columnar
+        look = np.flatnonzero(log.col("kind") == LOOKUP)
+        at_look = np.searchsorted(look, self.ends - 1, side="right") - 1
+
+        def after_lookups(values: np.ndarray) -> np.ndarray:
+            total = np.cumsum(values, dtype=np.int64)
+            return np.where(at_look >= 0, total[np.maximum(at_look, 0)], 0) if len(total) else \
+                np.zeros(len(self.ends), np.int64)
+
+        cached = after_lookups(log.col("a")[look] * self.block_size)
+        prompt = after_lookups(log.requests.prompt_sizes()[log.col("request")[look]])
+        return narrowest(cached, np.int16, np.int32), narrowest(prompt, np.int16, np.int32)
 
     def _compiled_series(self, loop: Any) -> EventSeries:
         """The series from one compiled pass over the rows (`_series_loop`), where numba is
@@ -325,17 +366,7 @@ class ColumnarEventLog:
         in_use = after_each_event(use)
         cached_free = after_each_event(cf)
         evicted = after_each_event(evicted_now)
-        look = np.flatnonzero(kind == LOOKUP)
-        at_look = np.searchsorted(look, last, side="right") - 1
-        sizes = log.requests.prompt_sizes()
-
-        def after_lookups(values: np.ndarray) -> np.ndarray:
-            total = np.cumsum(values, dtype=np.int64)
-            return np.where(at_look >= 0, total[np.maximum(at_look, 0)], 0) if len(total) else \
-                np.zeros(len(last), np.int64)
-
-        prompt = after_lookups(sizes[log.col("request")[look]])
-        cached = after_lookups(a[look] * self.block_size)
+        cached, prompt = self._token_series()
         ref_rows = rows[is_ref]
         max_ref = self._max_ref_series(ref_rows, ref_before[is_ref], new_ref[is_ref], last)
         narrow = np.int32
@@ -453,7 +484,9 @@ class ColumnarEventLog:
         if s is not None:
             s.seq = self.seqs  # one array, as `series` made it
             for field in dataclasses.fields(s)[1:]:
-                setattr(s, field.name, getattr(s, field.name).copy())
+                value = getattr(EventSeries, field.name).__get__(s)  # a token sum not yet made stays so
+                if value is not None:
+                    setattr(s, field.name, value.copy())
         for key, value in list(self._index.items()):
             if isinstance(value, np.ndarray):
                 self._index[key] = value.copy()
