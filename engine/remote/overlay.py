@@ -547,7 +547,9 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
     removals' table and its slot's tier, rank, store time and code. The table (up to 512K
     rows, 8 MB) and the per-slot arrays are past the caches; the loop's reads wait on one
     another (a probe, then a write it decides), here they are independent and many are in
-    flight. Only reads; their sum is returned so they are not dropped."""
+    flight. Only reads; their sum is returned so they are not dropped. The row's identity is
+    the loop's own six lines, repeated: a compiled helper returning (identity, code) to both
+    made the commit 8-10% slower (0.095 -> 0.105 s per 100K vLLM events, 2026-12-04)."""
     acc = 0
     k = 0
     last = len(code_of) - 1
