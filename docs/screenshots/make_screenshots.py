@@ -272,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     shots = Shots(app, window, args.out)
     try:
         shots.load_model()
-        # The chat first: a first message sent while a trace is the subject raises in
-        # ChatController._run_next (re-entered through activate_runner), though the turn runs.
+        # The chat first, so its pictures show the model's pool (a message sent while a
+        # trace is open raised in ChatController._run_next until 6509b0d fixed it)
         shots.chat()
         shots.trace()
         shots.sweep()
