@@ -1486,8 +1486,8 @@ class ColumnarPool:
             self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
         cap = len(self.F)
-        if live + blocks > cap:  # an eighth again as many slots: at most a ninth of them idle
-            new = max(cap + cap // 8, live + blocks + 1024)
+        if live + blocks > cap:
+            new = max(cap + self._growth(cap, self._slots_small), live + blocks + 1024)
             n = cap
             for name in ("K", "L", "C", "F") + (("SO",) if self.journal else ()):
                 old = getattr(self, name)
@@ -1503,10 +1503,11 @@ class ColumnarPool:
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
-            size = max((9 * (live_tok + tokens)) // 8, 1024)
+            size = max(live_tok + tokens + self._growth(live_tok + tokens, self._tokens_small), 1024)
             if self.journal:  # the journal's rows point into the token array: it only grows,
-                # by an eighth (as the slots: doubling left up to half of it unused)
-                out = np.zeros(max(len(self.tok) + len(self.tok) // 8, used + tokens + 1024), self.tok.dtype)
+                # by a fraction (as the slots: doubling left up to half of it unused)
+                out = np.zeros(max(len(self.tok) + self._growth(len(self.tok), self._tokens_small),
+                                   used + tokens + 1024), self.tok.dtype)
                 out[:used] = self.tok[:used]
             else:
                 if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
@@ -1523,6 +1524,20 @@ class ColumnarPool:
             # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
             if self.JS.dtype == JS_NARROW and (tokens if block_tokens is None else block_tokens) > 0xFFFF:
                 self._widen()
+
+    # Below these sizes an array grows by half again, above them by an eighth: a new pool
+    # reaches its size in a few growths (each copies every slot and rehashes the table: an
+    # eighth at a time made 15 of them on the way to 36,000 blocks, a third of the apply),
+    # and a large one keeps at most a ninth of its room idle (at most 32K slots, 1.9 MB,
+    # 512K token ids, 1 MB, and 32K journal rows, 1.8 MB, idle below them).
+    _slots_small = 1 << 16
+    _tokens_small = 1 << 20
+    _rows_small = 1 << 16
+
+    @staticmethod
+    def _growth(size: int, small: int) -> int:
+        """How many more an array of `size` gets when it grows (`size` below `small`: half again)."""
+        return size // 2 if size < small else size // 8
 
     # The most a uint32 column of L holds, and the store order renumbered past it (class
     # attributes, so tests can make them small).
@@ -1569,14 +1584,16 @@ class ColumnarPool:
         self._num_bids = nb + k
 
     def _journal_reserve(self, rows: int, stores: int) -> None:
-        # the journal's tables grow with every block held: by an eighth, not doubling
+        # the journal's tables grow with every block held: by a fraction (`_growth`), not doubling
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
-            J = np.zeros((max(len(self.J) + len(self.J) // 8, r + rows + 1024), NUM_J), np.int64)
+            J = np.zeros((max(len(self.J) + self._growth(len(self.J), self._rows_small), r + rows + 1024), NUM_J),
+                         np.int64)
             J[:r] = self.J[:r]
             self.J = J
         if o + stores > len(self.JS):
-            JS = np.zeros(max(len(self.JS) + len(self.JS) // 8, o + stores + 1024), self.JS.dtype)
+            JS = np.zeros(max(len(self.JS) + self._growth(len(self.JS), self._rows_small), o + stores + 1024),
+                          self.JS.dtype)
             JS[:o].view(np.uint8)[:] = self.JS[:o].view(np.uint8)  # as bytes: 25 times a copy by field
             self.JS = JS
         if o + stores > self._narrow_limit:
