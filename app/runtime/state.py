@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
+from app.runtime.allocator import release_freed
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import Event
 from engine.core.live_log import LiveColumnarLog
@@ -50,6 +51,11 @@ def is_eviction(event: Event) -> bool:
 # far apart (scrubbing replays at most one interval).
 REMOTE_CHECKPOINTS = 4
 REMOTE_CHECKPOINT_EVENTS = 1 << 17
+# A tick of an attached server's journal this many rows or more hands the heap's freed
+# pages back (app.runtime.allocator.release_freed, ~1.5 ms): its temporaries of 0.5-4 MiB,
+# under the mmap threshold, stayed resident as holes (bench held's ticks of 524,288 rows:
+# 25-30 B a block at 1M). A tick of the attach route (~4,400 rows) never pays for it.
+RELEASE_ROWS = 1 << 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -208,6 +214,8 @@ class PoolState(QObject):
             if self.remote is not None:
                 slots = self.log.blocks_of_rows(r0, array=True)
                 self.remote.observe_journal(block.journal, times, self.log.live, slots, block.pool, block.rank)
+        if made >= RELEASE_ROWS:
+            release_freed()
         self.journal_seconds = time.perf_counter() - started  # the append and overlay, not the views
         if not made:
             return 0

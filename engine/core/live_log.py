@@ -322,6 +322,7 @@ class LiveColumnarLog(ColumnarEventLog):
         # the series pass's state between batches: per block ref count and hash held,
         # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt)
         self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
+        self._any_ref = False  # a ref row appended yet (an attached server's log has none)
         self._held = np.zeros(max(1, num_blocks), np.uint8)
         self._hist = np.zeros(2, np.int64)
         self._acc = np.zeros(6, np.int64)
@@ -492,7 +493,9 @@ class LiveColumnarLog(ColumnarEventLog):
             # are matched on the events (app.runtime.selection), not on these columns
             self.columns_answer_filters = False
         self._series_on(r0, ends)
-        self._live_arrays = col._advance(self._live_arrays, r0, r1)
+        live = self._live_arrays = col._advance(self._live_arrays, r0, r1)
+        if not self._any_ref:  # no request ever held a block (a remote pool's): no array of zeros kept
+            live.ref_counts = np.broadcast_to(np.int32(0), live.ref_counts.shape)
         col._head_marks[r1] = col._head_count(r1)
         if r0 and r0 not in col._cp_rows:
             col._head_marks.pop(r0, None)
@@ -505,16 +508,21 @@ class LiveColumnarLog(ColumnarEventLog):
         col = self.columnar
         width = col.num_blocks
         if width > len(self._ref):
-            # grown by half into zeroed pages: the room not used yet costs no resident memory
+            # grown by half into zeroed pages: the room not used yet costs no resident memory;
+            # ref counts no row has set are left untouched (zeroed pages read, never resident)
             cap = max(width, len(self._ref) + len(self._ref) // 2)
-            for name in ("_ref", "_held"):
+            for name in ("_ref", "_held") if self._any_ref else ("_held",):
                 old = getattr(self, name)
                 grown = np.zeros(cap, old.dtype)
                 grown[:len(old)] = old
                 setattr(self, name, grown)
+            if not self._any_ref:
+                self._ref = np.zeros(cap, np.int32)
         kind, a = col.col("kind"), col.col("a")
         new = kind[r0:] == REF
-        top = int(a[r0:][new].max()) if new.any() else 0
+        any_new = bool(new.any())
+        self._any_ref = self._any_ref or any_new
+        top = int(a[r0:][new].max()) if any_new else 0
         if top + 2 > len(self._hist):
             self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
         nblocks = col.blocks_at(ends)
