@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.core.columnar import (
     ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, RESET, STARTED,
-    STORED, ColumnarLog, PoolArrays, fits,
+    STORED, ColumnarLog, PoolArrays, as_key, fits,
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
@@ -196,10 +196,10 @@ class ColumnarEventLog:
         """How many events have `event.seq <= seq` (all of them for None)."""
         if seq is None:
             return len(self.seqs)
-        return int(np.searchsorted(self.seqs, seq, side="right"))
+        return int(np.searchsorted(self.seqs, as_key(seq, self.seqs), side="right"))
 
     def position_of(self, seq: int) -> int | None:
-        i = int(np.searchsorted(self.seqs, seq))
+        i = int(np.searchsorted(self.seqs, as_key(seq, self.seqs)))
         return i if i < len(self.seqs) and int(self.seqs[i]) == seq else None
 
     def event_at_seq(self, seq: int) -> Event | None:
@@ -244,10 +244,10 @@ class ColumnarEventLog:
         if here is None:
             here = int(self.seqs[0]) - 1
         if forward:
-            i = int(np.searchsorted(self.seqs, here, side="right"))
+            i = int(np.searchsorted(self.seqs, as_key(here, self.seqs), side="right"))
             hits = np.flatnonzero(mask[i:])
             return int(self.seqs[i + hits[0]]) if len(hits) else None
-        i = int(np.searchsorted(self.seqs, here, side="left"))
+        i = int(np.searchsorted(self.seqs, as_key(here, self.seqs), side="left"))
         hits = np.flatnonzero(mask[:i])
         return int(self.seqs[hits[-1]]) if len(hits) else None
 
@@ -487,9 +487,13 @@ class ColumnarEventLog:
                 value = getattr(EventSeries, field.name).__get__(s)  # a token sum not yet made stays so
                 if value is not None:
                     setattr(s, field.name, value.copy())
+        copies: dict[int, np.ndarray] = {}  # an array two indexes share stays one (evictions' rows)
         for key, value in list(self._index.items()):
             if isinstance(value, np.ndarray):
-                self._index[key] = value.copy()
+                got = copies.get(id(value))
+                if got is None:
+                    got = copies[id(value)] = value.copy()
+                self._index[key] = got
 
     # ------------------------------------------------------------------ indexes, built once
     def request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
