@@ -312,8 +312,9 @@ class PreparedJournal:
 @dataclass(slots=True, eq=False)
 class _JournalColumns:
     """A journal's columns as `commit_journal` writes them, made by `prepare_journal` (off
-    the thread that owns the log, in the app): contiguous copies of the pool's strided row
-    fields, and the tick's (batch, tier) pairs, which one request and RemoteInfo each stand for."""
+    the thread that owns the log, in the app): the journal's hash fields (views of the pool's
+    rows, which it never writes again: `release_journal` drops them into a new array), and the
+    tick's (batch, tier) pairs, which one request and RemoteInfo each stand for."""
 
     keys: np.ndarray  # uint64 hash code per row
     widths: np.ndarray  # int64
@@ -340,56 +341,55 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
         plan.pools.append(pool)
     p = plan.pools.index(pool)
     n = len(journal)
-    op = np.asarray(journal.op)
-    slot = np.asarray(journal.slot, np.int64)
-    is_st = op == OP_STORED
-    key = plan.key + np.arange(n, dtype=np.int64)  # the hash ids keys.add will give
+    # the journal's columns as they are (a pool's: strided views of its rows, read in place)
+    op = np.asarray(journal.op, np.int64)
     local = np.asarray(journal.store, np.int64)
+    hcode = np.asarray(journal.key, np.uint64).view(np.int64)
+    hwide = np.asarray(journal.width, np.int64)
     who = stream_code(source, rank)  # whose blocks a clear takes
-    placed = stores.slot_ids(p, slot)
-    # per row, its store's parent (code, width) and tenant (0 for a row that stores nothing)
-    st_local = np.where(is_st, local, 0)
-    pcode = _per_store(journal.parent, st_local, is_st, np.uint64).view(np.int64)
-    pwide = _per_store(journal.parent_width, st_local, is_st, np.int64)
-    tenant = _per_store(journal.tenant, st_local, is_st, np.int64)
+    placed = stores.slot_ids(p, np.asarray(journal.slot, np.int64))
+    seq, tier = np.asarray(journal.seq, np.int64), np.asarray(journal.tier, np.int64)
     nb0 = plan.blocks
-    # contiguous copies of the journal's columns (a pool's are strided views of its rows):
-    # the compiled loop is loaded for one layout (engine.kernel.warmup), whoever made the rows,
-    # and the commit reads them again
-    hcode = np.ascontiguousarray(np.asarray(journal.key, np.uint64).view(np.int64))
-    hwide = np.ascontiguousarray(journal.width, np.int64)
-    local = np.ascontiguousarray(local)
     if isinstance(stores.placer, _CompiledPlacer):
-        table, store_tenants, born, nb = stores.placer.place(
-            nb0, op.astype(np.int64), placed, key, hcode, hwide, pcode, pwide, tenant, local, who, plan.row)
+        scan = stores.placer.scan(op, seq, tier, local, hwide)
+        # each store's parent (code, width) and tenant, read from the pool's per-store arrays
+        pcode = _of_stores(journal.parent, scan.store_local, np.uint64).view(np.int64)
+        pwide = _of_stores(journal.parent_width, scan.store_local, np.int64)
+        tenant = _of_stores(journal.tenant, scan.store_local, np.int64)
+        table, store_tenants, born, nb, table_pair, table_batch = stores.placer.place_rows(
+            nb0, op, placed, plan.key, hcode, hwide, pcode, pwide, tenant, local, who, plan.row, plan.seq,
+            plan.store, scan)
     else:
+        scan = _scan_numpy(op, seq, tier, local, hwide)
+        is_st = op == OP_STORED
+        # per row, its store's parent (code, width) and tenant (0 for a row that stores nothing)
+        st_local = np.where(is_st, local, 0)
+        pk = _per_store(journal.parent, st_local, is_st, np.uint64).tolist()
+        pw = _per_store(journal.parent_width, st_local, is_st, np.int64).tolist()
+        parents = [(k, w) if w else None for k, w in zip(pk, pw)]
         hashes = list(zip(hcode.view(np.uint64).tolist(), hwide.tolist()))
-        pk = pcode.view(np.uint64).tolist()
-        parents = [(k, w) if w else None for k, w in zip(pk, pwide.tolist())]
+        key = plan.key + np.arange(n, dtype=np.int64)  # the hash ids keys.add will give
         table, store_tenants, born, nb = _place(stores.placer, nb0, op.tolist(), placed.tolist(), key.tolist(), who,
-                                                local.tolist(), plan.row, hashes, parents, tenant.tolist())
-    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick;
-    # a (batch, tier) pair as one integer: a 1-D unique, not one over rows of two columns
-    tier = np.asarray(journal.tier, np.int64)
-    pairs, of_pair = _unique_runs(np.asarray(journal.seq, np.int64) * 1024 + (tier + 1))
-    batches, batch_of_pair = _unique_runs(pairs >> 10)  # the pairs ascend: so do their batches
+                                                local.tolist(), plan.row, hashes, parents,
+                                                _per_store(journal.tenant, st_local, is_st, np.int64).tolist())
+        # the table's event indexes made seqs and stores' ids here, as the commit will number them
+        ev = table[:, 2]
+        table_pair = scan.of_pair[ev]
+        table_batch = scan.batch_of_pair[table_pair]
+        store_id = np.cumsum(is_st) - 1 + plan.store  # a storing row's store id (JournalStores.add)
+        table[:, 5] = np.where(table[:, 0] == STORED, store_id[ev], table[:, 5])
+        table[:, 1] = plan.seq + ev
+    # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
     names = journal.tier_names
-    media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((pairs & 1023) - 1).tolist()]
-    # the table's event indexes made seqs and stores' ids here, as the commit will number them
-    # (it checks that the log's numbers are still plan's); requests and infos are the log's
-    ev = table[:, 2]
-    table_pair = of_pair[ev]
-    store_id = np.cumsum(is_st) - 1 + plan.store  # a storing row's store id (JournalStores.add)
-    table[:, 5] = np.where(table[:, 0] == STORED, store_id[ev], table[:, 5])
-    table[:, 1] = plan.seq + ev
-    rows = _JournalColumns(hcode.view(np.uint64), hwide, local[is_st], pairs, of_pair, batches, media,
-                           table_pair, batch_of_pair[table_pair])
+    media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((scan.pairs & 1023) - 1).tolist()]
+    rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.store_local, scan.pairs, scan.of_pair, scan.batches,
+                           media, table_pair, table_batch)
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
                            np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows)
     plan.row += len(table)
     plan.seq += n
     plan.key += n
-    plan.store += int(np.count_nonzero(is_st))
+    plan.store += len(scan.store_local)
     plan.blocks = nb
     return done
 
@@ -494,6 +494,89 @@ def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) ->
     if not len(values):
         return np.zeros(len(at), dtype)
     return np.where(is_store, values[at].astype(dtype), 0).astype(dtype, copy=False)
+
+
+def _of_stores(values: Any, stores: np.ndarray, dtype: Any) -> np.ndarray:
+    """A pool's per-store field (`values`, its whole array) at `stores`, as `dtype`; indexed
+    before it is converted (converting the whole field first cost a pass over every store so far)."""
+    values = np.asarray(values)
+    return values[stores].astype(dtype, copy=False) if len(stores) else np.zeros(0, dtype)
+
+
+@dataclass(slots=True, eq=False)
+class _JournalScan:
+    """What `prepare_journal` reads of a tick's rows before placing them (`_scan_loop`, or
+    `_scan_numpy` for the Python placer): the storing rows' pool store numbers, the (batch,
+    tier) pairs (`(seq << 10) | (tier + 1)`, ascending, one per run of rows) and each row's,
+    the pairs' batches and each pair's, and the counts and width codes' range the placer's
+    room and checks need."""
+
+    store_local: np.ndarray
+    pairs: np.ndarray
+    of_pair: np.ndarray
+    batches: np.ndarray
+    batch_of_pair: np.ndarray
+    num_stored: int
+    num_cleared: int
+    width_range: tuple[int, int]
+
+
+def _scan_numpy(op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
+                width: np.ndarray) -> _JournalScan:
+    """`_scan_loop` with numpy, any order of pairs (theirs sorted, as `np.unique` gives)."""
+    is_st = op == OP_STORED
+    pairs, of_pair = _unique_runs(seq * 1024 + (tier + 1))
+    batches, batch_of_pair = _unique_runs(pairs >> 10)
+    wr = (int(width.min()), int(width.max())) if len(width) else (0, 0)
+    return _JournalScan(store[is_st].astype(np.int64), pairs, of_pair, batches, batch_of_pair,
+                        int(np.count_nonzero(is_st)), int(np.count_nonzero(op == OP_CLEARED)), wr)
+
+
+def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches, batch_of_pair,
+               st):  # pragma: no cover - compiled
+    """`_scan_numpy` in one pass (compiled) while the pairs ascend (a pool's batches do), which
+    st[6] says (0: they do not, and batches are not made). st: stores, clears, the width codes'
+    least and most, pairs, batches, ascending."""
+    n_st = 0
+    n_clear = 0
+    wmin = width[0] if len(width) else 0
+    wmax = wmin
+    m = -1
+    ascend = 1
+    for i in range(len(op)):
+        o = op[i]
+        if o == 0:
+            store_local[n_st] = store[i]
+            n_st += 1
+        elif o == 2:
+            n_clear += 1
+        w = width[i]
+        if w < wmin:
+            wmin = w
+        if w > wmax:
+            wmax = w
+        v = seq[i] * 1024 + tier[i] + 1
+        if m < 0 or v != pairs[m]:
+            if m >= 0 and v < pairs[m]:
+                ascend = 0
+            m += 1
+            pairs[m] = v
+        of_pair[i] = m
+    nb = 0
+    if ascend:
+        for j in range(m + 1):
+            b = pairs[j] >> 10
+            if nb == 0 or b != batches[nb - 1]:
+                batches[nb] = b
+                nb += 1
+            batch_of_pair[j] = nb - 1
+    st[0] = n_st
+    st[1] = n_clear
+    st[2] = wmin
+    st[3] = wmax
+    st[4] = m + 1
+    st[5] = nb
+    st[6] = ascend
 
 
 class _Placer:
@@ -625,9 +708,13 @@ B_CUR, B_RANK, B_SLOT, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(8
 HOLDER_BITS = 0xFFFFFFFF
 
 
-def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, blocks, fifo, vacant,
-                table, state, out, born, store_tenants):  # pragma: no cover - compiled
-    """`_place` over arrays (compiled by numba): the same choices, the same rows.
+def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
+                batch_of_pair, blocks, fifo, vacant, table, state, out, table_pair, table_batch, born,
+                store_tenants):  # pragma: no cover - compiled
+    """`_place` over arrays (compiled by numba): the same choices, the same rows, and what
+    `prepare_journal` adds to them: each row's seq (`seq0` on) and a store's id (`store0` on),
+    its (batch, tier) pair and batch (`table_pair`, `table_batch`). Row i's hash id is
+    `key0 + i`; `pcode`, `pwide` and `tenants` are per store, in the rows' order.
 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table, and
     `_fetch_ahead`'s sum].
@@ -668,15 +755,14 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
             else:
                 blocks[fifo[s, 1], B_NEXT] = b
             fifo[s, 1] = b
-            blocks[b, B_CUR] = keys[i]
-            t = tenants[i]
-            if pwide[i] > 0:
-                e = table[_ht_slot(table, blocks, pcode[i], pwide[i])]
+            blocks[b, B_CUR] = key0 + i
+            t = tenants[s_n]
+            if pwide[s_n] > 0:
+                e = table[_ht_slot(table, blocks, pcode[s_n], pwide[s_n])]
                 if e != -1:
                     t = blocks[e & HOLDER_BITS, B_TENANT]
             blocks[b, B_TENANT] = t
             store_tenants[s_n] = t
-            s_n += 1
             blocks[b, B_CODE_LO] = _low_half(code)
             blocks[b, B_CODE_HI] = code >> 32
             blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
@@ -690,12 +776,10 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
                 while blocks[x, B_LNEXT] >= 0:
                     x = blocks[x, B_LNEXT]
                 blocks[x, B_LNEXT] = b
-            out[o_n, 0] = 4
-            out[o_n, 3] = b
-            out[o_n, 4] = keys[i]
-            out[o_n, 7] = 1
-            out[o_n, 2] = i
+            _put_row(out, table_pair, table_batch, o_n, 4, i, b, key0 + i, store0 + s_n, 1, seq0, of_pair,
+                     batch_of_pair)
             o_n += 1
+            s_n += 1
         elif o == 1:
             b = -1
             s = pslots[i]
@@ -708,11 +792,7 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
                 vacant[state[0]] = b
                 state[0] += 1
                 _unlink_hash(b, blocks, table, state)
-            out[o_n, 0] = 7
-            out[o_n, 3] = b
-            out[o_n, 4] = keys[i]
-            out[o_n, 7] = 0
-            out[o_n, 2] = i
+            _put_row(out, table_pair, table_batch, o_n, 7, i, b, key0 + i, 0, 0, seq0, of_pair, batch_of_pair)
             o_n += 1
         else:
             others = False
@@ -724,12 +804,8 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
             for x in range(nb):
                 if blocks[x, B_CUR] >= 0 and (not others or blocks[x, B_RANK] >> 2 == rank):
                     any_held = True
-                    out[o_n, 0] = 10
-                    out[o_n, 3] = x
-                    out[o_n, 4] = blocks[x, B_CUR]
-                    out[o_n, 5] = stores[i]
-                    out[o_n, 7] = 0
-                    out[o_n, 2] = i
+                    _put_row(out, table_pair, table_batch, o_n, 10, i, x, blocks[x, B_CUR], stores[i], 0, seq0,
+                             of_pair, batch_of_pair)
                     o_n += 1
                     blocks[x, B_CUR] = -1
                     vacant[state[0]] = x
@@ -740,12 +816,8 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
                         fifo[s, 1] = prev
                     _unlink_hash(x, blocks, table, state)
             if not any_held:
-                out[o_n, 0] = 10
-                out[o_n, 3] = -1
-                out[o_n, 4] = -1
-                out[o_n, 5] = stores[i]
-                out[o_n, 7] = 0
-                out[o_n, 2] = i
+                _put_row(out, table_pair, table_batch, o_n, 10, i, -1, -1, stores[i], 0, seq0, of_pair,
+                         batch_of_pair)
                 o_n += 1
     state[1] = nb
     state[2] = o_n
@@ -753,10 +825,27 @@ def _place_loop(ops, pslots, keys, hcode, hwide, pcode, pwide, tenants, stores, 
     state[4] = s_n
 
 
+def _put_row(out, table_pair, table_batch, o, kind, i, b, key, a, flag, seq0, of_pair,
+             batch_of_pair):  # pragma: no cover - compiled
+    """Row `o` of the placer's table, every column (`ColumnarLog.write_rows`' layout: the
+    request and info the commit writes), made by journal row `i`."""
+    out[o, 0] = kind
+    out[o, 1] = seq0 + i
+    out[o, 2] = i
+    out[o, 3] = b
+    out[o, 4] = key
+    out[o, 5] = a
+    out[o, 6] = 0
+    out[o, 7] = flag
+    p = of_pair[i]
+    table_pair[o] = p
+    table_batch[o] = batch_of_pair[p]
+
+
 def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table,
                  state):  # pragma: no cover - compiled
     """Read, before the placing pass, the lines it will need: the vacant blocks stores take,
-    each row's hash entries and slot, a parent's holder, a removal's block. The pass follows
+    each row's hash entries and slot, a parent's holder (`pcode`, `pwide`: per store), a removal's block. The pass follows
     chains of reads (a slot's head, then its block, then its hash's entry) and so waits on
     each miss in turn; here the rows are independent and the CPU has many reads in flight.
     The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly evicted between
@@ -766,16 +855,18 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
     mask = len(table) - 1
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
         acc += blocks[vacant[j], B_CUR]
+    s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
             acc += table[_ht_tag(hcode[i], hwide[i]) & mask]
             t = fifo[pslots[i], 1]
             if t >= 0:
                 acc += blocks[t, B_NEXT]
-            if pwide[i] > 0:
-                e = table[_ht_tag(pcode[i], pwide[i]) & mask]
+            if pwide[s_n] > 0:
+                e = table[_ht_tag(pcode[s_n], pwide[s_n]) & mask]
                 if e != -1:
                     acc += blocks[e & HOLDER_BITS, B_TENANT]
+            s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i], 0]
             if b >= 0:
@@ -915,7 +1006,7 @@ class _CompiledPlacer:
     would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
-        self.loop, self.rehash, self.number_slots = _compiled()
+        self.loop, self.rehash, self.number_slots, self.scan_loop = _compiled()
         self.state = np.zeros(7, np.int64)
         self.blocks = np.full((0, 8), -1, np.int32)
         self.fifo = np.full((0, 2), -1, np.int32)
@@ -934,18 +1025,34 @@ class _CompiledPlacer:
         grown[:len(a)] = a
         return grown
 
-    def place(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
-              hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
-              rank: int, r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def scan(self, op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
+             width: np.ndarray) -> _JournalScan:
+        """What a tick's rows need before they are placed (`_JournalScan`), in one compiled pass."""
         n = len(op)
-        if n and (int(hwide.max()) > 3 or int(hwide.min()) < 0):
+        out = np.empty((5, n), np.int64)
+        st = np.zeros(7, np.int64)
+        self.scan_loop(op, seq, tier, store, width, out[0], out[1], out[2], out[3], out[4], st)
+        num_stored, num_cleared, wmin, wmax, num_pairs, num_batches, ascend = st.tolist()
+        if not ascend:  # pairs out of order (not a pool's batches): sorted as np.unique sorts them
+            return _scan_numpy(op, seq, tier, store, width)
+        return _JournalScan(out[0, :num_stored], out[1, :num_pairs], out[2], out[3, :num_batches],
+                            out[4, :num_pairs], num_stored, num_cleared, (wmin, wmax))
+
+    def place_rows(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key0: int, hcode: np.ndarray,
+                   hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray,
+                   stores: np.ndarray, rank: int, r0: int, seq0: int, store0: int,
+                   scan: _JournalScan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
+        """The rows of a tick's journal rows placed (`_place_loop`): the log's table, each
+        store's tenant, the row each new block is born at, the blocks after, and each table
+        row's (batch, tier) pair and batch. `pcode`, `pwide`, `tenants` are per store."""
+        n = len(op)
+        if n and (scan.width_range[1] > 3 or scan.width_range[0] < 0):
             raise ValueError("a hash's width code must be 0 to 3 (engine.remote.colpool's W_* codes)")
-        n_store = int(np.count_nonzero(op == OP_STORED))
-        n_clear = int(np.count_nonzero(op == OP_CLEARED))
+        n_store, n_clear = scan.num_stored, scan.num_cleared
         top = nb0 + n_store
         width = int(pslot.max()) + 1 if n else 0
         # the bound of what a record holds: hash ids, blocks, slots, tenants, rank << 2 | width
-        most = max(int(key[-1]) + 1 if n else 0, top, width, int(tenants.max()) + 1 if n else 0, 4 * rank + 4)
+        most = max(key0 + n, top, width, int(tenants.max()) + 1 if len(tenants) else 0, 4 * rank + 4)
         self.blocks = self._fit(self.blocks, top, -1, most)
         self.state[1] = nb0
         self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
@@ -957,28 +1064,49 @@ class _CompiledPlacer:
             self.rehash(self.table, grown)
             self.table = grown
         self.fifo = self._fit(self.fifo, width, -1, top)
-        out = np.zeros((n + n_clear * top, 8), np.int64)
+        rows = n + n_clear * top
+        out = np.empty((rows, 8), np.int64)  # every column written by the loop
+        pairs = np.empty((2, rows), np.int64)
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
-        self.loop(op, pslot, key, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, self.blocks, self.fifo,
-                  self.vacant, self.table, self.state, out, born, store_tenants)
-        table = out[:int(self.state[2])]
-        table[:, 1] = table[:, 2]
-        return table, store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1])
+        self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
+                  scan.batch_of_pair, self.blocks, self.fifo, self.vacant, self.table, self.state, out, pairs[0],
+                  pairs[1], born, store_tenants)
+        k = int(self.state[2])
+        return (out[:k], store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1]),
+                pairs[0, :k], pairs[1, :k])
+
+    def place(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
+              hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
+              rank: int, r0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """`place_rows` given per row what it takes per store (`_place`'s arguments as
+        arrays, consecutive hash ids), each row its own batch: (table, tenants, born, blocks)."""
+        op = np.asarray(op, np.int64)
+        n = len(op)
+        key0 = int(key[0]) if n else 0
+        if not np.array_equal(key, key0 + np.arange(n)):
+            raise ValueError("the placer numbers hash ids in row order: key must count up by one")
+        is_st = op == OP_STORED
+        zeros = np.zeros(n, np.int64)
+        scan = _scan_numpy(op, zeros, zeros, np.asarray(stores, np.int64), np.asarray(hwide, np.int64))
+        got = self.place_rows(nb0, op, pslot, key0, hcode, hwide, np.ascontiguousarray(pcode[is_st]),
+                              np.ascontiguousarray(pwide[is_st]), np.ascontiguousarray(tenants[is_st]), stores,
+                              rank, r0, 0, 0, scan)
+        return got[:4]
 
 
 _COMPILED: list[Any] = []
 
 
 def _compiled() -> list[Any]:
-    """[`_place_loop`, `_ht_rehash`, `_number_slots`] compiled by numba (cached on disk), or []
-    without numba."""
+    """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`] compiled by numba (cached
+    on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _fetch_ahead
+        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _fetch_ahead, _put_row
         _low_half = njit(cache=True, nogil=True)(_low_half)
         _joined = njit(cache=True, nogil=True)(_joined)
         _ht_tag = njit(cache=True, nogil=True)(_ht_tag)
@@ -987,9 +1115,11 @@ def _compiled() -> list[Any]:
         _ht_delete = njit(cache=True, nogil=True)(_ht_delete)
         _unlink = njit(cache=True, nogil=True)(_unlink)
         _unlink_hash = njit(cache=True, nogil=True)(_unlink_hash)
+        _put_row = njit(cache=True, nogil=True)(_put_row)
         _COMPILED.append(njit(cache=True, nogil=True)(_place_loop))
         _COMPILED.append(njit(cache=True, nogil=True)(_ht_rehash))
         _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
+        _COMPILED.append(njit(cache=True, nogil=True)(_scan_loop))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
