@@ -255,6 +255,37 @@ def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False)
+def _find_or_hole(tab, K, F, k, w, t):  # pragma: no cover - compiled
+    """`_find`, and where the hash would go when absent: (slot, -1) when held, else (-1, the
+    table entry) that `_tab_put` fills (the first empty entry from its home: linear probing
+    inserts there), so a store of a new hash probes the table once, not twice."""
+    size = len(tab) - 1
+    sb = _slot_bits(tab)
+    x = _mix(k, w, t)
+    i = _home(x, size)
+    want = _fingerprint(x, sb)
+    smask = (np.int64(1) << sb) - 1
+    tt = t + 1
+    while True:
+        e = np.int64(tab[i])
+        if e == 0:
+            return np.int64(-1), i
+        if (e >> sb) == want:
+            s = (e & smask) - 1
+            if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
+                return s, np.int64(-1)
+        i += 1
+        if i == size:
+            i = 0
+
+
+@njit(cache=True, inline="always")
+def _tab_put(tab, i, k, w, t, s):  # pragma: no cover - compiled
+    """Slot s, holding hash (k, w) on tier t, into empty table entry i (`_find_or_hole`'s)."""
+    tab[i] = np.uint32((_fingerprint(_mix(k, w, t), _slot_bits(tab)) << _slot_bits(tab)) | (s + 1))
+
+
+@njit(cache=True, _nrt=False)
 def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
     size = len(tab) - 1
     sb = _slot_bits(tab)
@@ -583,7 +614,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             tenant = salts[i]
         k = hk[h0 + i]
         w = hw[h0 + i]
-        s = _find(tab, K, F, k, w, t)
+        s, hole = _find_or_hole(tab, K, F, k, w, t)
         if s >= 0:  # held already: one more copy
             cur = _copies_in(C, G, s, group)
             if group and C[s, C_TOT] == 1 and C[s, C_C0] == 1:
@@ -658,7 +689,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
                 _set_group(G, s, group, 1)
             else:
                 C[s, C_C0] = 1
-            _tab_insert(tab, K, F, s)
+            _tab_put(tab, hole, k, w, t, s)  # (nothing changed the table since the probe)
             S[S_LIVE] += 1
             TI[t, T_HASHES] += 1
             if n_i == 0:
@@ -1075,23 +1106,15 @@ class _OrderedMap:
             self.tab = np.full(1 << int(2 * new - 1).bit_length(), -1, np.int64)
             _om_rehash(self.tab, self.k, self.w, self.v, cap)
         if int(self.os[O_TAIL]) + more > len(self.fifo):
-            order = self.ordered()
-            n = len(order)
-            size = max(len(self.fifo), 2 * (n + more) + 1024)
-            self.fifo = np.full(size, -1, np.int32)
-            self.fifo[:n] = order
-            self.v[order, 2] = np.arange(n)
-            self.os[O_HEAD], self.os[O_TAIL] = 0, n
+            n = int(self.os[O_LIVE])
+            fifo = np.full(max(len(self.fifo), 2 * (n + more) + 1024), -1, np.int32)
+            self.os[O_HEAD], self.os[O_TAIL] = 0, _om_refifo(self.fifo, self.w, self.v, self.os, fifo)
+            self.fifo = fifo
 
     def ordered(self) -> np.ndarray:
         """Live entries, oldest first."""
-        head, tail = int(self.os[O_HEAD]), int(self.os[O_TAIL])
-        e = self.fifo[head:tail].astype(np.int64)
-        pos = np.arange(head, tail)
-        ok = (e >= 0)
-        e, pos = e[ok], pos[ok]
-        ok = (self.w[e] > 0) & (self.v[e, 2] == pos)
-        return e[ok]
+        out = np.empty(int(self.os[O_LIVE]), np.int64)
+        return out[:_om_ordered(self.fifo, self.w, self.v, self.os, out)]
 
     def get(self, k: int, w: int) -> tuple[int, int] | None:
         e = _om_find(self.tab, self.k, self.w, np.uint64(k), np.uint8(w)) if len(self) else -1
@@ -1110,6 +1133,33 @@ def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
             while otab[i] >= 0:
                 i = (i + 1) & mask
             otab[i] = (h << 32) | e
+
+
+@njit(cache=True, nogil=True)
+def _om_ordered(ofifo, OW, OV, OS, out):  # pragma: no cover - compiled
+    """A map's live entries, oldest first, into `out`; how many. (numpy's masks over a full
+    map's FIFO, 400,000 positions, were a millisecond a call, one per map every ~100,000 removals.)"""
+    n = 0
+    for q in range(OS[O_HEAD], OS[O_TAIL]):
+        e = ofifo[q]
+        if e >= 0 and OW[e] and OV[e, 2] == q and n < len(out):
+            out[n] = e
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _om_refifo(ofifo, OW, OV, OS, out):  # pragma: no cover - compiled
+    """A map's live entries, oldest first, to the start of a new FIFO `out`, each entry's
+    position moved with it; how many."""
+    n = 0
+    for q in range(OS[O_HEAD], OS[O_TAIL]):
+        e = ofifo[q]
+        if e >= 0 and OW[e] and OV[e, 2] == q:
+            out[n] = e
+            OV[e, 2] = n
+            n += 1
+    return n
 
 
 _warm = False
@@ -1192,6 +1242,7 @@ def warm_up() -> None:
         pool._reserve(4096, 1 << 16)
         pool._reserve(0, 0, np.array([1 << 16], np.uint32))
         pool._reserve(4096 * 4, 1 << 18)
+    pool.removed.ordered()  # what `removed_at` and `departed` read (`_om_ordered`)
 
 
 # ---- reading: what the reference's objects would say ---------------------------------------
@@ -1418,6 +1469,10 @@ class ColumnarPool:
         self._journal_taken = 0  # global rows, as journal_since's
         self.journal_base = 0  # the global number of the first row J holds (rows before it released)
         self._journal_released_to = 0  # the furthest row a reader released
+        # rows that arrived between the last drops (`release_journal`), oldest first (none
+        # before the first), and the rows kept at the last: the journal's room after a drop
+        self._journal_arrivals: tuple[int, ...] = (0,) * self._journal_drops_seen
+        self._journal_kept = 0
         self.SF = np.zeros(2, np.float64)
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
@@ -1728,13 +1783,14 @@ class ColumnarPool:
         if not full:
             self._run_columns(seqs[:0], None, None, None, np.zeros(len(run) + 1, np.int64), seqs, tss)
             return
-        rows = np.concatenate([b.rows for b in full])
-        keys = np.concatenate([b.keys for b in full])
-        tokens = np.concatenate([b.tokens for b in full])
-        parents = np.concatenate([b.parents for b in full])
+        rows, keys, tokens = [b.rows for b in full], [b.keys for b in full], [b.tokens for b in full]
         # one compiled pass for the starts' fix-ups and the figures _reserve needs: numpy's
-        # repeat, cumsum and four strided reductions over rows cost more than the pass
-        sizes = np.array([(len(b.rows), len(b.keys), len(b.tokens)) for b in full], np.int64)
+        # repeat, cumsum and four strided reductions over rows cost more than the pass (the
+        # sizes from three lists of lengths: from a list of tuples they took twice as long)
+        sizes = np.array([len(a) for a in rows] + [len(a) for a in keys] + [len(a) for a in tokens],
+                         np.int64).reshape(3, -1).T.copy()
+        rows, keys, tokens = np.concatenate(rows), np.concatenate(keys), np.concatenate(tokens)
+        parents = np.concatenate([b.parents for b in full])
         per = np.array([len(b.rows) for b in run], np.int64)
         bounds = np.zeros(len(run) + 1, np.int64)
         np.cumsum(per, out=bounds[1:])
@@ -2055,6 +2111,8 @@ class ColumnarPool:
     # (each row is then copied at most once on average, and a release per tick costs
     # nothing while a few rows are released).
     _release_min_rows = 1024
+    # The drops whose arrivals size the journal after a drop (their median)
+    _journal_drops_seen = 8
 
     def release_journal(self, row: int) -> None:
         """A reader no longer needs the journal's rows before global row `row` (it copied
@@ -2073,12 +2131,19 @@ class ColumnarPool:
         keep = held - drop
         if drop < max(keep, self._release_min_rows):
             return
-        # room for as many rows again as the pool held (what arrived since the last drop,
-        # about what comes before the next): no growth copies in a steady stream
-        J = np.empty((max(held + held // 8, keep + 1024), NUM_J), np.int64)
+        # room for what a steady stream brings between two drops: the median of the rows that
+        # arrived between the recent ones (a quarter more for their spread), so a stream whose
+        # drops each follow about as many rows makes no growth copy, and a burst (a server's
+        # whole cache stored at once, taken in a bite or two) is not kept as room once it was
+        # dropped (room for as many rows again as the pool held kept 33.6 MB, 30 B a block,
+        # after the 1M blocks of bench gui's held pool were taken in two bites)
+        self._journal_arrivals = self._journal_arrivals[1:] + (held - self._journal_kept,)
+        steady = sorted(self._journal_arrivals)[len(self._journal_arrivals) // 2]
+        J = np.empty((keep + max(steady + steady // 4, 1024), NUM_J), np.int64)
         J[:keep] = self.J[drop:held]
         self.J = J
         self.S[S_JROWS] = keep
+        self._journal_kept = keep
         self.journal_base += drop
         self._journal_released(drop)
 

@@ -1,0 +1,89 @@
+"""The room a `ColumnarPool`'s journal keeps after `release_journal` drops its rows: what a
+steady stream brings between two drops, not a one-off burst's peak (which stayed allocated
+for good: 30 B a block in bench gui's 1M-block held pool, every row taken and released)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.bench.attach import recorded_stream
+from engine.remote import fastwire
+from engine.remote.colpool import NUM_J, S_JROWS, ColumnarPool
+from engine.remote.pool import RemotePool
+from engine.remote.wire import decode_batch
+
+HOLD = 64  # frames applied at once, as an attachment applies them
+
+
+def _frames(num_events: int, gpu_blocks: int, seed: int) -> list:
+    payloads, _, _ = recorded_stream(num_events, gpu_blocks=gpu_blocks, seed=seed)
+    return [fastwire.decode_columns(seq, p) for seq, p in enumerate(payloads)]
+
+
+def _columns(rows) -> np.ndarray:
+    return np.column_stack([rows.op, rows.tier, rows.slot, rows.seq, rows.store, rows.key.view(np.int64), rows.width])
+
+
+def test_a_burst_taken_and_released_leaves_no_room_for_another():
+    """A server's whole cache stored at once (no evictions) and taken in two bites: once every
+    row is released the journal keeps a little room, not as many rows again as the bites."""
+    frames = _frames(12_000, 1 << 22, seed=7)
+    pool = ColumnarPool("t", journal=True)
+    half = len(frames) // 2
+    taken = []
+    for part in (frames[:half], frames[half:]):
+        pool.apply_many(part)
+        rows = pool.take_journal()
+        taken.append(_columns(rows))
+        pool.release_journal(rows.stop)
+    assert pool.num_journal_rows > 40_000 and int(pool.S[S_JROWS]) == 0
+    assert len(pool.J) <= 1024 + pool._release_min_rows
+    # the rows taken in bites are the rows of a pool that never released any
+    whole = ColumnarPool("t", journal=True)
+    whole.apply_many(frames)
+    assert np.array_equal(np.concatenate(taken), _columns(whole.take_journal()))
+    ref = RemotePool("t")
+    for seq, f in enumerate(frames):
+        ref.apply(decode_batch(seq, f.payload))
+    assert pool.num_cached == ref.num_cached and pool.cached_hashes() == ref.cached_hashes()
+
+
+def test_a_steady_stream_keeps_the_room_it_needs_between_drops():
+    """Evicting frames taken and released after every 64: after the first drops the journal
+    holds each bite's rows without growing (a growth copies every row held), and its room
+    is about one bite's rows, not more."""
+    frames = _frames(60_000, 30_000, seed=8)
+    pool = ColumnarPool("t", journal=True)
+    grew = cycles = 0
+    bites = []
+    for n, i in enumerate(range(0, len(frames), HOLD)):
+        J = pool.J
+        pool.apply_many(frames[i:i + HOLD])
+        rows = pool.take_journal()
+        bites.append(len(rows))
+        if n >= pool._journal_drops_seen and i + HOLD < len(frames):
+            cycles += 1
+            grew += pool.J is not J
+        pool.release_journal(rows.stop)
+    assert cycles > 50 and grew <= cycles // 10, (grew, cycles)
+    assert len(pool.J) <= 1.5 * max(bites[-pool._journal_drops_seen:]) + 1024
+    assert pool.J.shape[1] == NUM_J and int(pool.S[S_JROWS]) == 0
+
+
+def test_a_burst_in_a_steady_stream_is_room_for_a_few_drops_only():
+    """One bite ten times the others: the room after the next drops follows the usual bites
+    again once the burst is older than the drops that size it."""
+    frames = _frames(40_000, 30_000, seed=9)
+    pool = ColumnarPool("t", journal=True)
+    sizes = []
+    i = 0
+    for n in range(30):
+        step = HOLD * (10 if n == 12 else 1)
+        pool.apply_many(frames[i:i + step])
+        i += step
+        rows = pool.take_journal()
+        pool.release_journal(rows.stop)
+        sizes.append((len(rows), len(pool.J)))
+    usual = max(b for b, _ in sizes[-5:])
+    assert sizes[12][0] > 5 * usual
+    assert all(room <= 1.5 * usual + 1024 for _, room in sizes[12:])
