@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.columnar import CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, fits
+from engine.core.columnar import (
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays, fits,
+)
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
 )
@@ -255,6 +257,42 @@ _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32),
            ("evicted", np.int32), ("cached_tokens", np.int64), ("prompt_tokens", np.int64))
 
 
+class _LiveColumns(ColumnarLog):
+    """A live log's columns, whose live pool (`moving`) is moved on in its own arrays, grown
+    by a quarter when the pool outgrows them: `ColumnarLog._advance` gives every other state
+    (checkpoints, scrubs) copies, as before. A copy of the whole pool a batch was 16 bytes a
+    block each GUI tick (160 MB at 10M blocks), and each freed copy under the mmap threshold
+    (app.runtime.allocator) stayed in the heap as a hole the next, larger one did not fit.
+    A projection of the live pool is therefore good until the next batch: a state kept
+    longer (a scrub, a snapshot) is a copy (`LiveColumnarLog.state_at`, `snapshot`)."""
+
+    moving: PoolArrays | None = None  # the live pool: its arrays are views of `_bufs`
+    _bufs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def _grown_to(self, state: PoolArrays, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if state is not self.moving or self._bufs is None:
+            return super()._grown_to(state, stop)
+        ref, hk, pos = self._bufs
+        have, n = len(state.hash_keys), self.blocks_at(stop)
+        if n > len(hk):
+            cap = max(n, len(hk) + len(hk) // 4)
+            grown = np.zeros(cap, ref.dtype)  # zeroed pages: a count never set is never resident
+            if state.ref_counts.strides[0]:  # a zero-stride view: every count is 0, nothing to copy
+                grown[:have] = ref[:have]
+            ref = grown
+            hk, pos = (np.concatenate([old[:have], np.empty(cap - have, old.dtype)]) for old in (hk, pos))
+            self._bufs = (ref, hk, pos)
+        # each new block as `ColumnarLog._grown_to` adds it: no hash, at the free queue's tail from its row
+        hk[have:n] = -1
+        pos[have:n] = TAIL_BASE + 2 * self._born_row[have:n].astype(np.int64) - 1
+        return ref[:n], hk[:n], pos[:n]
+
+    def start_moving(self, state: PoolArrays) -> None:
+        """Move `state` (a fresh one, shared with nothing) on in place from now on."""
+        self._bufs = (state.ref_counts, state.hash_keys, state.free_pos)
+        self.moving = state
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class PreparedRows:
     """Rows made for a run of events (`LiveColumnarLog.prepare`), not yet written: the int64
@@ -303,7 +341,7 @@ class LiveColumnarLog(ColumnarEventLog):
             raise ValueError(f"a pool cannot have {num_blocks} blocks")
         if block_size < 1:
             raise ValueError(f"block size must be at least 1, not {block_size}")
-        col = ColumnarLog(num_blocks, block_size)
+        col = _LiveColumns(num_blocks, block_size)
         self.columnar = col
         self.time = 0.0
         self.block_size = block_size
@@ -319,6 +357,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._index: dict[str, Any] = {}
         self._live: ArrayProjection | None = None
         self._live_arrays = col.initial_state()
+        col.start_moving(self._live_arrays)
         # the series pass's state between batches: per block ref count and hash held,
         # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt)
         self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
@@ -330,7 +369,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self.max_checkpoints = max(2, max_checkpoints)
         self.columns_answer_filters = True  # until a row the filter's columns do not describe
         col._cp_rows = [0]
-        col._cp_states = [self._live_arrays]
+        col._cp_states = [col.initial_state()]  # not the live pool's: that one moves
 
     # ------------------------------------------------------------------ what the base class reads
     @property
@@ -493,9 +532,10 @@ class LiveColumnarLog(ColumnarEventLog):
             # are matched on the events (app.runtime.selection), not on these columns
             self.columns_answer_filters = False
         self._series_on(r0, ends)
-        live = self._live_arrays = col._advance(self._live_arrays, r0, r1)
+        live = self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
         if not self._any_ref:  # no request ever held a block (a remote pool's): no array of zeros kept
             live.ref_counts = np.broadcast_to(np.int32(0), live.ref_counts.shape)
+        col.moving = live
         col._head_marks[r1] = col._head_count(r1)
         if r0 and r0 not in col._cp_rows:
             col._head_marks.pop(r0, None)
@@ -594,6 +634,8 @@ class LiveColumnarLog(ColumnarEventLog):
         col = self.columnar
         frozen = ColumnarLog.__new__(ColumnarLog)
         frozen.__dict__.update(col.__dict__)
+        frozen.__dict__.pop("moving", None)
+        frozen.__dict__.pop("_bufs", None)
         frozen._cols = dict(col._cols)
         frozen._cp_rows, frozen._cp_states = list(col._cp_rows), list(col._cp_states)
         frozen._head_marks = dict(col._head_marks)
@@ -601,8 +643,23 @@ class LiveColumnarLog(ColumnarEventLog):
         frozen.final_counters = self._live_arrays.counters
         out = ColumnarEventLog(frozen, self.time)
         out._series = self.series
-        out._live = ArrayProjection(out, self._live_arrays, len(self.seqs))
+        out._live = ArrayProjection(out, _copied(self._live_arrays), len(self.seqs))
         return out
+
+    def state_at(self, seq: int | None, base: Any = None) -> ArrayProjection:  # type: ignore[override]
+        """`ColumnarEventLog.state_at`; the pool at the last event, asked for by its seq (a
+        scrub there), is a copy of the live one, which the next batch moves on in place."""
+        got = super().state_at(seq, base)
+        if seq is None or got is not self.live:
+            return got
+        return ArrayProjection(self, _copied(self._live_arrays), got.num_events)
+
+
+def _copied(state: PoolArrays) -> PoolArrays:
+    """`state` with arrays of its own (a zero-stride view stays one: nothing writes it)."""
+    ref = state.ref_counts if not state.ref_counts.strides[0] else state.ref_counts.copy()
+    return PoolArrays(state.seq, state.num_rows, ref, state.hash_keys.copy(), state.free_pos.copy(),
+                      dataclasses.replace(state.counters))
 
 
 def _thinned(states: list[Any]) -> list[Any]:
