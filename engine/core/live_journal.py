@@ -716,8 +716,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     its (batch, tier) pair and batch (`table_pair`, `table_batch`). Row i's hash id is
     `key0 + i`; `pcode`, `pwide` and `tenants` are per store, in the rows' order.
 
-    state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table, and
-    `_fetch_ahead`'s sum].
+    state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
+    (unused)].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
     of its copies (`fifo`: head, tail, then B_NEXT) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
@@ -844,34 +844,48 @@ def _put_row(out, table_pair, table_batch, o, kind, i, b, key, a, flag, seq0, of
 
 def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table,
                  state):  # pragma: no cover - compiled
-    """Read, before the placing pass, the lines it will need: the vacant blocks stores take,
-    each row's hash entries and slot, a parent's holder (`pcode`, `pwide`: per store), a removal's block. The pass follows
-    chains of reads (a slot's head, then its block, then its hash's entry) and so waits on
-    each miss in turn; here the rows are independent and the CPU has many reads in flight.
-    The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly evicted between
-    ticks: the pass took 3x as long as with it cached. Only reads: what they find does not
-    matter (a home entry may be another hash's); `state[6]` keeps their sum so they stay."""
-    acc = 0
+    """Ask, before the placing pass, for the lines it will need, in three passes of
+    prefetches (`_prefetch`: no wait), each reading only what the one before brought: the
+    vacant blocks stores take, each row's slot (`fifo`) and hash entries, a parent's; then the
+    blocks those name (a slot's tail or oldest copy, a parent's holder); then the hash entry
+    of each block a removal takes. The placing pass follows chains of reads (a slot's head,
+    then its block, then its hash's entry) and so waits on each miss in turn; here the rows
+    are independent. The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly
+    evicted between ticks. `pcode`, `pwide`: per store."""
     mask = len(table) - 1
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
-        acc += blocks[vacant[j], B_CUR]
+        _prefetch(blocks, vacant[j])
     s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
-            acc += table[_ht_tag(hcode[i], hwide[i]) & mask]
+            _prefetch(table, _ht_tag(hcode[i], hwide[i]) & mask)
+            _prefetch(fifo, pslots[i])
+            if pwide[s_n] > 0:
+                _prefetch(table, _ht_tag(pcode[s_n], pwide[s_n]) & mask)
+            s_n += 1
+        elif ops[i] == 1 and pslots[i] >= 0:
+            _prefetch(fifo, pslots[i])
+    s_n = 0
+    for i in range(len(ops)):
+        if ops[i] == 0:
             t = fifo[pslots[i], 1]
             if t >= 0:
-                acc += blocks[t, B_NEXT]
+                _prefetch(blocks, t)
             if pwide[s_n] > 0:
                 e = table[_ht_tag(pcode[s_n], pwide[s_n]) & mask]
                 if e != -1:
-                    acc += blocks[e & HOLDER_BITS, B_TENANT]
+                    _prefetch(blocks, e & HOLDER_BITS)
             s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i], 0]
             if b >= 0:
-                acc += table[_ht_tag(_joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), blocks[b, B_RANK] & 3) & mask]
-    state[6] = acc
+                _prefetch(blocks, b)
+    for i in range(len(ops)):
+        if ops[i] == 1 and pslots[i] >= 0:
+            b = fifo[pslots[i], 0]
+            if b >= 0:
+                code = _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI])
+                _prefetch(table, _ht_tag(code, blocks[b, B_RANK] & 3) & mask)
 
 
 def _low_half(code):  # pragma: no cover - compiled
@@ -1095,6 +1109,44 @@ class _CompiledPlacer:
         return got[:4]
 
 
+_PREFETCH: list[Any] = []
+
+
+def prefetch_intrinsic() -> Any:
+    """`_prefetch(arr, i)` for compiled code (numba's intrinsic, made once): ask the CPU for
+    the cache line of arr[i] (of row i, for a 2-D array) and go on, no value, no wait,
+    nothing written (i must be a valid index: it is not checked). A pass of loads instead
+    holds the CPU's window on each miss (engine.remote.colpool keeps its own copy)."""
+    if not _PREFETCH:
+        from llvmlite import ir
+        from numba import types
+        from numba.core import cgutils
+        from numba.extending import intrinsic
+
+        @intrinsic
+        def prefetch(typingctx, arr, i):  # pragma: no cover - compiled
+            def codegen(context, builder, signature, args):
+                aryty, ity = signature.args
+                ary = context.make_array(aryty)(context, builder, args[0])
+                zero = context.get_constant(types.intp, 0)
+                at = [context.cast(builder, args[1], ity, types.intp)] + [zero] * (aryty.ndim - 1)
+                ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
+                                                shape=cgutils.unpack_tuple(builder, ary.shape),
+                                                strides=cgutils.unpack_tuple(builder, ary.strides),
+                                                layout=aryty.layout, inds=at, wraparound=False)
+                i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+                fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+                fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+                # a read (0), kept in every cache level (3), of data (1)
+                builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                  ir.Constant(i32, 1)])
+                return context.get_dummy_value()
+            return types.void(arr, i), codegen
+
+        _PREFETCH.append(prefetch)
+    return _PREFETCH[0]
+
+
 _COMPILED: list[Any] = []
 
 
@@ -1107,10 +1159,12 @@ def _compiled() -> list[Any]:
         except ImportError:
             return _COMPILED
         global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _fetch_ahead, _put_row
+        global _prefetch
         _low_half = njit(cache=True, nogil=True)(_low_half)
         _joined = njit(cache=True, nogil=True)(_joined)
         _ht_tag = njit(cache=True, nogil=True)(_ht_tag)
         _ht_slot = njit(cache=True, nogil=True)(_ht_slot)
+        _prefetch = prefetch_intrinsic()
         _fetch_ahead = njit(cache=True, nogil=True)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True)(_ht_delete)
         _unlink = njit(cache=True, nogil=True)(_unlink)
