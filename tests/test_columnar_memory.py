@@ -35,7 +35,8 @@ def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
     keys, req = log.keys, log.requests
     out = [log.col(name) for name in log._cols]
     out += [keys.parent, keys.item, keys.tag, keys.content, req._keys, req._koff, req._nfull, req._salt_ids,
-            req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair)]
+            req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair),
+            *log._per_event.values(), *([] if log.event_bounds is None else [log.event_bounds])]
     for state in log._cp_states:
         out += [state.ref_counts, state.hash_keys, state.free_pos]
     return out
@@ -66,7 +67,7 @@ def test_settle_copies_every_kept_array_and_every_reading_stays_the_reference():
 def test_a_log_keeps_no_tier_column_and_narrow_tables_read_the_same_values():
     log = _log("mooncake_conversation_trace.jsonl", 512, 300, 600)
     assert "tier" not in log._cols
-    assert sorted(n for n, _ in KEPT_COLUMNS) == sorted([*log._cols, *log._sparse])
+    assert sorted(n for n, _ in KEPT_COLUMNS) == sorted([*log._cols, *log._sparse, *log._per_event])
     keys = log.keys
     assert keys.item.dtype == np.int32 and keys.tag.dtype == np.int32  # the trace's ids fit
     wide = type(keys)(keys.parent, keys.item.astype(np.int64), keys.tag.astype(np.int64), keys.content,

@@ -1,5 +1,6 @@
 """What an opened trace's log keeps of its rows: the `hash` column as the stores' and
-evictions' rows only (every other row's is -1), and one copy of an index two names share
+evictions' rows only (every other row's is -1), `seq` and `request` as one value per event
+(shared with the event log's per-event arrays), and one copy of an index two names share
 after `settle`. Each reading is compared with the same replay kept whole.
 """
 
@@ -26,8 +27,9 @@ MOONCAKE = RESOURCES / "traces" / "mooncake_conversation_trace.jsonl"
 
 def _log(monkeypatch=None, whole: bool = False):
     requests = list(itertools.islice(read_trace(MOONCAKE, 512), 800))
-    if whole:  # the hash column kept whole, as before
+    if whole:  # the hash, seq and request columns kept whole, as before
         monkeypatch.setattr(columnar, "SPARSE_COLUMNS", {"b": 0})
+        monkeypatch.setattr(columnar, "PER_EVENT_COLUMNS", ())
     log = replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=300), record=True).log
     if whole:
         monkeypatch.undo()
@@ -71,13 +73,58 @@ def test_the_hash_column_is_kept_sparse_and_reads_as_the_whole_one(monkeypatch):
     assert _same(dataclasses.asdict(compute_columnar(a)), dataclasses.asdict(compute_columnar(b)))
 
 
+def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkeypatch):
+    log, whole = _log(), _log(monkeypatch, whole=True)
+    assert sorted(log._per_event) == ["request", "seq"] and not {"seq", "request"} & set(log._cols)
+    assert whole.event_bounds is None and "seq" in whole._cols
+    n, num_events, num_hashed = log.num_rows, len(log), len(log._sparse["hash"][0])
+    # 4 + 4 bytes a row (int32 seq and request) become 4 + 4 an event and its first row's 4;
+    # the hash's 4 a row, 4 + 4 a store or eviction
+    assert log.nbytes() == whole.nbytes() - 12 * n + 12 * num_events + 4 + 8 * num_hashed
+    for name in ("seq", "request"):
+        dense = whole.col(name)
+        assert log.col(name).dtype == dense.dtype and np.array_equal(log.col(name), dense)
+        bounds = log.event_bounds
+        edges = [int(bounds[1]), int(bounds[1]) + 1, int(bounds[40]) - 1]
+        for start, stop in ((0, n), (3, 3), (0, 1), (edges[0], edges[1]), (edges[1], edges[2]), (5, n - 2), (n - 1, n)):
+            assert np.array_equal(log.values_at(name, slice(start, stop)), dense[start:stop])
+            assert np.array_equal(log.rows_window(name, start, stop)[start:stop], dense[start:stop])
+        picks = np.random.default_rng(9).integers(0, n, 700)
+        assert np.array_equal(log.values_at(name, picks), dense[picks])
+        assert all(int(log.values_at(name, int(i))) == int(dense[i]) for i in picks[:50].tolist() + [0, n - 1])
+    for seq in [-1, 0, 1, 77, len(log) // 2, len(log) - 1, len(log), 2**40, None]:
+        assert log.rows_upto(seq) == whole.rows_upto(seq)
+    a, b = ColumnarEventLog(log), ColumnarEventLog(whole)
+    assert np.shares_memory(a.starts, log.event_bounds) and a.seqs is log._per_event["seq"]
+    for name in ("starts", "ends", "seqs", "kinds"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert np.array_equal(a.request_of_events(), b.request_of_events())
+    a.warm()
+    b.warm()
+    a.settle()
+    assert np.shares_memory(a.starts, log.event_bounds) and a.series.seq is log._per_event["seq"]
+    for seq in (None, len(log) // 3, 5):
+        pa, pb = a.state_at(seq), b.state_at(seq)
+        assert [pa.record(r) for r in range(len(log.requests))] == [pb.record(r) for r in range(len(log.requests))]
+        assert np.array_equal(pa.evicted_seq, pb.evicted_seq) and pa.last_eviction_seq == pb.last_eviction_seq
+        assert pa.last_request_id == pb.last_request_id
+        assert [pa.block_info(i) for i in range(0, log.num_blocks, 7)] == \
+               [pb.block_info(i) for i in range(0, log.num_blocks, 7)]
+    assert [f.name for f in dataclasses.fields(a.series)
+            if not np.array_equal(getattr(a.series, f.name), getattr(b.series, f.name))] == []
+
+
 def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     log = _log()
-    before = log.col("hash")
+    before = {name: log.col(name) for name in ("hash", "seq", "request")}
     table = np.zeros((1, 8), np.int64)
     table[0] = (1, len(log) + 3, 0, -1, -1, 0, 0, 0)  # a started row: no hash
     log.write_rows(table)
-    assert "hash" in log._cols and np.array_equal(log.col("hash"), np.append(before, -1))
+    assert "hash" in log._cols and np.array_equal(log.col("hash"), np.append(before["hash"], -1))
+    assert not log._per_event and log.event_bounds is None
+    assert np.array_equal(log.col("seq"), np.append(before["seq"], len(log) + 3))
+    assert np.array_equal(log.col("request"), np.append(before["request"], 0))
+    assert log.rows_upto(len(log) + 3) == log.num_rows and log.rows_upto(len(log) + 2) == log.num_rows - 1
 
 
 def test_settle_keeps_an_index_two_names_share_once():

@@ -65,6 +65,11 @@ KEPT_COLUMNS = tuple((name, dtype) for name, dtype in COLUMNS if name != "tier")
 # `rows_window`): nothing on a scrub or a series pass makes one whole. name -> the value
 # every other row holds
 SPARSE_COLUMNS = {"b": 0, "hash": -1}
+# columns a finished log keeps as one value per event (every row of an event has its seq and
+# its request): 12.8 MB of rows over the Mooncake trace become its 481,145 events' seqs and
+# requests, and the events' first rows (`ColumnarEventLog` shares both arrays); read as rows
+# with `values_at`, or made whole by `col`
+PER_EVENT_COLUMNS = ("seq", "request")
 _I32 = np.iinfo(np.int32)
 _EXT_MASK = (1 << 64) - 1
 _ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
@@ -328,6 +333,8 @@ class ColumnarLog:
         self.requests = requests if requests is not None else RequestTable.empty()
         self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in KEPT_COLUMNS}
         self._sparse: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (rows, values): `values_at`
+        self._per_event: dict[str, np.ndarray] = {}  # name -> a value per event (PER_EVENT_COLUMNS)
+        self.event_bounds: np.ndarray | None = None  # with `_per_event`: each event's first row, then num_rows
         self.num_rows = 0
         self.num_seq = 0  # events numbered so far (the next seq)
         self.final_counters = Counters()
@@ -373,6 +380,7 @@ class ColumnarLog:
         log.num_rows = len(columns[0])
         for name in SPARSE_COLUMNS:
             log._make_sparse(name)
+        log._make_per_event()
         log.num_seq = num_seq
         log.final_counters = counters
         log.build_checkpoints()
@@ -382,6 +390,9 @@ class ColumnarLog:
         try:
             return self._cols[name][:self.num_rows]
         except KeyError:
+            per_event = self._per_event.get(name)
+            if per_event is not None:  # made whole for the caller: `values_at` reads a part
+                return np.repeat(per_event, np.diff(self.event_bounds))
             if name in self._sparse:  # made whole for the caller: `values_at` reads a part
                 rows, values = self._sparse[name]
                 out = np.full(self.num_rows, SPARSE_COLUMNS[name], values.dtype)
@@ -394,6 +405,9 @@ class ColumnarLog:
     def values_at(self, name: str, index: slice | np.ndarray | int) -> np.ndarray:
         """`col(name)[index]` for a slice (step 1) or row numbers, without making a sparse
         column whole."""
+        per_event = self._per_event.get(name)
+        if per_event is not None:
+            return self._event_values(per_event, index)
         sparse = self._sparse.get(name)
         if sparse is None:
             return self.col(name)[index]
@@ -416,12 +430,45 @@ class ColumnarLog:
         pass over those rows reads): the column itself when whole; for a sparse one, `stop`
         long with only [start, stop) written (the rows before are never read, nor their
         pages touched), so a pass over one checkpoint's interval does not make it whole."""
-        sparse = self._sparse.get(name)
-        if sparse is None:
+        if name not in self._sparse and name not in self._per_event:
             return self.col(name)
-        out = np.empty(stop, sparse[1].dtype)
-        out[start:stop] = self.values_at(name, slice(start, stop))
+        part = self.values_at(name, slice(start, stop))
+        out = np.empty(stop, part.dtype)
+        out[start:stop] = part
         return out
+
+    def _event_values(self, per_event: np.ndarray, index: slice | np.ndarray | int) -> np.ndarray:
+        """A per-event column's values at rows `index` (a slice of step 1, or row numbers)."""
+        bounds = self.event_bounds
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(self.num_rows)
+            if stop <= start:
+                return per_event[:0].copy()
+            first = int(np.searchsorted(bounds, as_key(start, bounds), side="right")) - 1
+            last = int(np.searchsorted(bounds, as_key(stop, bounds), side="left"))
+            return np.repeat(per_event[first:last], np.diff(np.clip(bounds[first:last + 1], start, stop)))
+        if np.ndim(index) == 0:
+            return per_event[int(np.searchsorted(bounds, as_key(int(index), bounds), side="right")) - 1]
+        return per_event[np.searchsorted(bounds, np.asarray(index), side="right") - 1]
+
+    def _make_per_event(self) -> None:
+        """Keep `PER_EVENT_COLUMNS` as a value per event where every row of an event agrees."""
+        n = self.num_rows
+        if not n:
+            return
+        seq = self._cols["seq"][:n]
+        same = seq[1:] == seq[:-1]  # a row of the same event as the row before
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        bounds = np.append(starts, n)
+        self.event_bounds = bounds.astype(np.int32) if n <= _I32.max else bounds
+        for name in PER_EVENT_COLUMNS:
+            col = self._cols[name][:n]
+            if name != "seq" and not np.array_equal(col[1:][same], col[:-1][same]):
+                continue  # rows of one event that differ (no source makes them): kept whole
+            self._per_event[name] = col[starts]
+            del self._cols[name]
+        if not self._per_event:
+            self.event_bounds = None
 
     def _make_sparse(self, name: str) -> None:
         col = self.col(name)
@@ -434,8 +481,15 @@ class ColumnarLog:
         del self._cols[name]
 
     def _densify(self) -> None:
-        """The sparse columns whole again, before rows are written (a finished log appended to)."""
+        """The sparse and per-event columns whole again, before rows are written (a finished
+        log appended to)."""
         cap = len(self._cols["kind"])
+        for name in list(self._per_event):
+            rows = self.col(name)
+            col = self._cols[name] = np.zeros(cap, rows.dtype)
+            col[:self.num_rows] = rows
+            del self._per_event[name]
+        self.event_bounds = None
         for name, (rows, values) in self._sparse.items():
             col = self._cols[name] = np.full(cap, SPARSE_COLUMNS[name], values.dtype)
             col[rows] = values
@@ -449,6 +503,9 @@ class ColumnarLog:
         space and the rest can go back to the system."""
         self._cols = {name: _fresh(arr[:self.num_rows]) for name, arr in self._cols.items()}
         self._sparse = {name: (_fresh(rows), _fresh(values)) for name, (rows, values) in self._sparse.items()}
+        self._per_event = {name: _fresh(values) for name, values in self._per_event.items()}
+        if self.event_bounds is not None:
+            self.event_bounds = _fresh(self.event_bounds)
         keys = self.keys
         keys.parent, keys.item, keys.tag, keys.content = (
             _fresh(keys.parent), _fresh(keys.item), _fresh(keys.tag), _fresh(keys.content))
@@ -468,7 +525,9 @@ class ColumnarLog:
 
     def nbytes(self) -> int:
         return sum(a[:self.num_rows].nbytes for a in self._cols.values()) + sum(
-            rows.nbytes + values.nbytes for rows, values in self._sparse.values())
+            rows.nbytes + values.nbytes for rows, values in self._sparse.values()) + sum(
+            values.nbytes for values in self._per_event.values()) + (
+            self.event_bounds.nbytes if self.event_bounds is not None else 0)
 
     def _row(self, kind: int, seq: int, request: int, block: int = -1, key: int = -1, a: int = 0, b: int = 0,
              flag: int = 0) -> None:
@@ -495,7 +554,7 @@ class ColumnarLog:
         (an engine thread, after `prepare_events`): the larger columns are allocated and
         the rows written by now copied there, so the writing thread, when its columns fill,
         copies only the rows it wrote since (`_write_table`) instead of the whole log."""
-        if self._sparse:
+        if self._sparse or self._per_event:
             self._densify()
         cap = len(self._cols["kind"])
         need = max(self.num_made, self.num_rows) + rows
@@ -515,7 +574,7 @@ class ColumnarLog:
         """Write `table` (int64, `_ROW_ORDER`) at row `start`, a column in `WIDENING` made
         int64 first if a value would not fit int32 (a spare `reserve` made narrow is dropped)."""
         stop = start + len(table)
-        if self._sparse:
+        if self._sparse or self._per_event:
             self._densify()
         cap = len(self._cols["kind"])
         if stop > cap:
@@ -906,6 +965,9 @@ class ColumnarLog:
         """How many rows belong to events with seq <= `seq` (all for None)."""
         if seq is None:
             return self.num_rows
+        per_event = self._per_event.get("seq")
+        if per_event is not None:  # the first row of the first event after `seq`
+            return int(self.event_bounds[np.searchsorted(per_event, as_key(seq, per_event), side="right")])
         return int(np.searchsorted(self.col("seq"), as_key(seq, self.col("seq")), side="right"))
 
     # ------------------------------------------------------------------ projection
@@ -983,7 +1045,8 @@ class ColumnarLog:
         if loop is not None:  # one pass over the rows, each applied in order (the same values)
             got = np.zeros(7, np.int64)
             loop(self.col("kind"), self.col("block"), self.col("a"), self.rows_window("hash", start, stop),
-                 self.col("flag"), self.col("seq"), self.col("request"), self.requests.prompt_sizes(), start, stop,
+                 self.col("flag"), self.rows_window("seq", start, stop), self.rows_window("request", start, stop),
+                 self.requests.prompt_sizes(), start, stop,
                  self._head_count(start), ref, hk, pos, got)
             counters.num_requests += int(got[0])
             counters.num_prompt_tokens += int(got[1])
@@ -992,11 +1055,11 @@ class ColumnarLog:
             counters.num_evicted_blocks += int(got[4])
             counters.num_refused_requests += int(got[5])
             counters.num_finished_requests += int(got[6])
-            return PoolArrays(int(self.col("seq")[stop - 1]), stop, ref, hk, pos, counters)
+            return PoolArrays(int(self.values_at("seq", stop - 1)), stop, ref, hk, pos, counters)
         kind = self.col("kind")[start:stop]
         block = self.col("block")[start:stop]
         a = self.col("a")[start:stop]
-        seqs = self.col("seq")[start:stop]
+        seqs = self.values_at("seq", slice(start, stop))
         named = block >= 0  # a live event naming no block has one row with block -1
         # ref counts: the last ref row of each block wins
         m = (kind == REF) & named
@@ -1028,7 +1091,8 @@ class ColumnarLog:
         look = kind == LOOKUP
         sizes = self.requests.prompt_sizes()
         counters.num_requests += int(np.count_nonzero(look))
-        counters.num_prompt_tokens += int(sizes[self.col("request")[start:stop][look]].sum()) if look.any() else 0
+        counters.num_prompt_tokens += int(sizes[self.values_at("request", slice(start, stop))[look]].sum()) \
+            if look.any() else 0
         counters.num_cached_tokens += int(a[look].sum()) * self.block_size
         counters.num_stored_blocks += int(np.count_nonzero(kind == STORED))
         counters.num_evicted_blocks += int(np.count_nonzero((kind == EVICTED) & named))

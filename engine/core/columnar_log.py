@@ -160,21 +160,31 @@ class ColumnarEventLog:
         self.columnar = log
         self.time = time
         self.block_size = log.block_size
-        seq = log.col("seq")
-        if len(seq):
-            starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
-        else:
-            starts = np.zeros(0, np.int64)
-        # each event's first row, and one on its last row's end: two views of one array, int32
-        # while the rows fit (an event's rows follow the one before's)
-        bounds = narrowest(np.append(starts, log.num_rows), np.int32)
-        self.starts, self.ends = bounds[:-1], bounds[1:]
-        self.seqs = narrowest(seq[starts], np.int32)
-        self.kinds = log.col("kind")[starts]  # kind code per event
+        self._share_events()
+        self.kinds = log.col("kind")[self.starts]  # kind code per event
         self.events = LazyEvents(self)
         self._series: EventSeries | None = None
         self._live: ArrayProjection | None = None
         self._index: dict[str, Any] = {}
+
+    def _share_events(self) -> None:
+        """`starts`, `ends` (each event's first row, and one on its last row's end: two views
+        of one array, int32 while the rows fit) and `seqs`: a finished log's own per-event
+        arrays where it keeps them (`ColumnarLog.event_bounds`), made from its rows otherwise."""
+        log = self.columnar
+        if log.event_bounds is not None and "seq" in log._per_event:
+            bounds, seqs = log.event_bounds, log._per_event["seq"]
+        else:
+            seq = log.col("seq")
+            if len(seq):
+                starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+            else:
+                starts = np.zeros(0, np.int64)
+            bounds = np.append(starts, log.num_rows)
+            seqs = seq[starts]
+        bounds = narrowest(bounds, np.int32)
+        self.starts, self.ends = bounds[:-1], bounds[1:]
+        self.seqs = narrowest(seqs, np.int32)
 
     # ------------------------------------------------------------------ EventLog's reads
     def __len__(self) -> int:
@@ -264,7 +274,7 @@ class ColumnarEventLog:
 
     def request_of_events(self) -> np.ndarray:
         """The request occurrence of each event (every event names one)."""
-        return self.columnar.col("request")[self.starts]
+        return self.columnar.values_at("request", self.starts)
 
     def touched_blocks(self, positions: np.ndarray, upto: int) -> np.ndarray:
         """Block ids the events at `positions` (those before position `upto`) name, sorted."""
@@ -319,7 +329,7 @@ class ColumnarEventLog:
                 np.zeros(len(self.ends), np.int64)
 
         cached = after_lookups(log.col("a")[look] * self.block_size)
-        prompt = after_lookups(log.requests.prompt_sizes()[log.col("request")[look]])
+        prompt = after_lookups(log.requests.prompt_sizes()[log.values_at("request", look)])
         return narrowest(cached, np.int16, np.int32), narrowest(prompt, np.int16, np.int32)
 
     def _compiled_series(self, loop: Any) -> EventSeries:
@@ -477,9 +487,13 @@ class ColumnarEventLog:
         each array made again now that the passes' temporaries are freed, so the heap's
         freed pages below them can go back to the system."""
         self.columnar.settle()
-        bounds = np.append(self.starts, self.ends[-1:]) if len(self.starts) else np.zeros(1, self.starts.dtype)
-        self.starts, self.ends = bounds[:-1], bounds[1:]
-        self.seqs, self.kinds = self.seqs.copy(), self.kinds.copy()
+        if self.columnar.event_bounds is not None and "seq" in self.columnar._per_event:
+            self._share_events()  # the log's arrays, made again by its settle
+        else:
+            bounds = np.append(self.starts, self.ends[-1:]) if len(self.starts) else np.zeros(1, self.starts.dtype)
+            self.starts, self.ends = bounds[:-1], bounds[1:]
+            self.seqs = self.seqs.copy()
+        self.kinds = self.kinds.copy()
         s = self._series
         if s is not None:
             s.seq = self.seqs  # one array, as `series` made it
@@ -787,7 +801,7 @@ class ArrayProjection:
             ev = self._evicted_rows()
             ev = ev[:int(np.searchsorted(ev, self.arrays.num_rows))]
             got = np.full(self.num_blocks, -1, np.int64)
-            got[col.col("block")[ev]] = col.col("seq")[ev]  # rows in seq order: a block's last wins
+            got[col.col("block")[ev]] = col.values_at("seq", ev)  # rows in seq order: a block's last wins
             self._cache["evicted_seq"] = got
         return got
 
@@ -812,7 +826,7 @@ class ArrayProjection:
                     ev = _row_numbers((col.col("kind") == EVICTED) & (col.col("block") >= 0))
                 self.log._index["eviction_rows"] = ev
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
-            got = self._cache["last_eviction"] = int(self.log.columnar.col("seq")[ev[i]]) if i >= 0 else -1
+            got = self._cache["last_eviction"] = int(self.log.columnar.values_at("seq", ev[i])) if i >= 0 else -1
         return got
 
     def _last_ref_row(self, b: int) -> int | None:
@@ -1093,15 +1107,15 @@ class ArrayProjection:
         if rows is None:
             rows = self.log._index["start_lookup_rows"] = np.flatnonzero((kind == STARTED) | (kind == LOOKUP))
         i = int(np.searchsorted(rows, n)) - 1
-        return col.requests.ids[int(col.col("request")[rows[i]])] if i >= 0 else None
+        return col.requests.ids[int(col.values_at("request", rows[i]))] if i >= 0 else None
 
     def record(self, r: int) -> RequestRecord:
         """Occurrence `r`'s record as `PoolProjection` keeps it at this state."""
         col = self.log.columnar
         reqs, keys, n = col.requests, col.keys, self.arrays.num_rows
         started, looked, finished = self.log.request_index()
-        seq = col.col("seq")
-        rec = RequestRecord(reqs.ids[r], reqs.salt(r), reqs.num_prompt_tokens(r), int(seq[started[r]]))
+        rec = RequestRecord(reqs.ids[r], reqs.salt(r), reqs.num_prompt_tokens(r),
+                            int(col.values_at("seq", started[r])))
         fields: dict[str, Any] = {}
         if looked[r] < n:
             i = int(looked[r])
@@ -1111,7 +1125,7 @@ class ArrayProjection:
                           miss=_miss_of_row(col, i))
         if finished[r] < n:
             i = int(finished[r])
-            fields.update(finished_seq=int(seq[i]), num_tokens_with_kv=int(col.col("a")[i]),
+            fields.update(finished_seq=int(col.values_at("seq", i)), num_tokens_with_kv=int(col.col("a")[i]),
                           aborted=bool(col.col("flag")[i]))
         return dataclasses.replace(rec, **fields) if fields else rec
 
@@ -1173,7 +1187,7 @@ class ArrayProjection:
         b = block_id
         row = self._last_ref_row(b)
         clock = int(self.log.use_clock()[row]) if row is not None else 0
-        last_seq = int(self.log.columnar.col("seq")[row]) if row is not None else None
+        last_seq = int(self.log.columnar.values_at("seq", row)) if row is not None else None
         ev = int(self.evicted_seq[b])
         return BlockInfo(b, int(self.ref_counts[b]), self.hashes[b], self.parents[b], self.token_ids[b],
                          self.salts[b], self.external_ids[b], self.free_rank(b), clock, tenant=self.tenants[b],
@@ -1207,7 +1221,7 @@ class _PerBlock(Sequence[int]):
             return [self[i] for i in range(*b.indices(len(self)))]
         row = self._proj._last_ref_row(int(b))
         if self._what == "seq":
-            return int(self._proj.log.columnar.col("seq")[row]) if row is not None else -1
+            return int(self._proj.log.columnar.values_at("seq", row)) if row is not None else -1
         return int(self._proj.log.use_clock()[row]) if row is not None else 0
 
 
