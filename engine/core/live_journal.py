@@ -65,12 +65,23 @@ def _hash_bytes(pools: list[Any], pool_of: np.ndarray, key: np.ndarray, width: n
 
 class _Grow(_Growing):
     """A `_Growing` grown by an eighth: a journal log's per-row and per-store columns grow with
-    every block the app tracks, and growing by half left up to a third of them unused."""
+    every block the app tracks, and growing by half left up to a third of them unused. With
+    `uniform`, no buffer while every value is one (one pool's rows, 8-byte hashes' width):
+    read it through `view`."""
 
     __slots__ = ()
 
-    def __init__(self, dtype: Any, narrow: Any = None) -> None:
-        super().__init__(dtype, narrow, grow_by=8)
+    def __init__(self, dtype: Any, narrow: Any = None, uniform: bool = False) -> None:
+        super().__init__(dtype, narrow, uniform=uniform, grow_by=8)
+
+    def extend_same(self, value: int, n: int) -> None:
+        """Append `value` `n` times; while the column holds that one value, without an array."""
+        if self._uniform and (self._value is None or self._value == value):
+            if n:
+                self._value = self._dtype.type(value)
+                self.n += n
+            return
+        self.extend(np.full(n, value, self._dtype))
 
 
 class JournalKeys(KeyTable):
@@ -81,29 +92,30 @@ class JournalKeys(KeyTable):
         z = np.zeros(0, np.int64)
         super().__init__(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
         self.pools: list[Any] = []
-        self._key, self._width, self._pool = _Grow(np.uint64), _Grow(np.int64, np.uint8), _Grow(np.int16)
+        self._key = _Grow(np.uint64)
+        self._width, self._pool = _Grow(np.int64, np.uint8, uniform=True), _Grow(np.int16, uniform=True)
         self._wide: dict[bytes, int] = {}  # a digest that is no 8-byte value -> its number (identities)
 
     def __len__(self) -> int:
         return self._key.n
 
     def add(self, pool: int, keys: np.ndarray, widths: np.ndarray) -> np.ndarray:
-        self._pool.extend(np.full(len(keys), pool, np.int16))
+        self._pool.extend_same(pool, len(keys))
         self._width.extend(widths)
         return self._key.extend(keys)
 
     def digest(self, key: int) -> bytes:
-        return self.pools[int(self._pool.buf[key])].hash_of(int(self._key.buf[key]), int(self._width.buf[key]))
+        return self.pools[int(self._pool.view[key])].hash_of(int(self._key.buf[key]), int(self._width.view[key]))
 
     def identities(self, ids: np.ndarray) -> np.ndarray:
         """Per id a code equal for equal digests (`hash_identity`)."""
         ids = np.asarray(ids, np.int64)
-        return hash_identity(self.pools, self._pool.buf[ids], self._key.buf[ids], self._width.buf[ids], self._wide)
+        return hash_identity(self.pools, self._pool.view[ids], self._key.buf[ids], self._width.view[ids], self._wide)
 
     def digests(self, ids: np.ndarray) -> list[bytes]:
         """`digest` of many ids at once."""
         ids = np.asarray(ids, np.int64)
-        return _hash_bytes(self.pools, self._pool.buf[ids], self._key.buf[ids], self._width.buf[ids])
+        return _hash_bytes(self.pools, self._pool.view[ids], self._key.buf[ids], self._width.view[ids])
 
     def parent_of(self, key: int) -> int:
         return -1  # each store's parent is in JournalStores
@@ -145,7 +157,7 @@ class JournalStores(Sequence[tuple]):
 
     def __init__(self, keys: JournalKeys, compiled: bool = True) -> None:
         self._keys = keys
-        self._pool, self._local = _Grow(np.int16), _Grow(np.int64, np.int32)
+        self._pool, self._local = _Grow(np.int16, uniform=True), _Grow(np.int64, np.int32)
         self.journals: dict[int, StoreArrays] = {}  # pool -> its per-store arrays, whole, as of its latest rows
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
@@ -185,13 +197,13 @@ class JournalStores(Sequence[tuple]):
         return out
 
     def add(self, pool: int, local: np.ndarray) -> np.ndarray:
-        self._pool.extend(np.full(len(local), pool, np.int16))
+        self._pool.extend_same(pool, len(local))
         return self._local.extend(local)
 
     def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per store its pool and its parent's journal (key, width), read from each pool's arrays."""
         stores = np.asarray(stores, np.int64)
-        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
+        pool_of, local = self._pool.view[stores], self._local.buf[stores]
         key = np.zeros(len(stores), np.uint64)
         width = np.zeros(len(stores), np.int64)
         for p in np.unique(pool_of).tolist():
@@ -208,7 +220,7 @@ class JournalStores(Sequence[tuple]):
     def tokens(self, stores: np.ndarray) -> list[tuple[int, ...]]:
         """The token ids (`self[i][1]`) of many stores at once."""
         out = []
-        for p, s in zip(self._pool.buf[stores].tolist(), self._local.buf[stores].tolist()):
+        for p, s in zip(self._pool.view[stores].tolist(), self._local.buf[stores].tolist()):
             out.append(tuple(self.journals[p].token_ids(s).tolist()))
         return out
 
@@ -220,7 +232,7 @@ class JournalStores(Sequence[tuple]):
         """The salt (`self[i][2]`) of many stores at once."""
         stores = np.asarray(stores, np.int64)
         out: list[str | None] = [None] * len(stores)
-        pool_of, local = self._pool.buf[stores], self._local.buf[stores]
+        pool_of, local = self._pool.view[stores], self._local.buf[stores]
         for p in np.unique(pool_of).tolist():
             at = np.flatnonzero(pool_of == p)
             codes = np.asarray(self.journals[p].tenant, np.int64)[local[at]]
@@ -235,14 +247,14 @@ class JournalStores(Sequence[tuple]):
         out: list[str | None] = [None] * len(stores)
         codes = self.tenants.buf[stores]
         for i in np.flatnonzero(codes).tolist():
-            names = self._keys.pools[int(self._pool.buf[stores[i]])].tenant_names
+            names = self._keys.pools[int(self._pool.view[stores[i]])].tenant_names
             out[i] = names[int(codes[i]) - 1]
         return out
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        p, s = int(self._pool.buf[i]), int(self._local.buf[i])
+        p, s = int(self._pool.view[i]), int(self._local.buf[i])
         j = self.journals[p]
         pool = self._keys.pools[p]
         width = int(j.parent_width[s])
