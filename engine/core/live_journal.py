@@ -1091,7 +1091,9 @@ class _CompiledPlacer:
             self.table = grown
         self.fifo = self._fit(self.fifo, width, -1, top)
         rows = n + n_clear * top
-        out = np.empty((rows, 8), np.int64)  # every column written by the loop
+        # every column written by the loop; column-major, so the log's columns are copied from
+        # contiguous ones (`ColumnarLog.write_rows`) and the commit's writes of two are too
+        out = np.empty((8, rows), np.int64).T
         pairs = np.empty((2, rows), np.int64)
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
