@@ -75,13 +75,13 @@ def test_the_hash_column_is_kept_sparse_and_reads_as_the_whole_one(monkeypatch):
 
 def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkeypatch):
     log, whole = _log(), _log(monkeypatch, whole=True)
-    assert sorted(log._per_event) == ["request", "seq"] and not {"seq", "request"} & set(log._cols)
+    assert sorted(log._per_event) == ["kind", "request", "seq"] and not {"seq", "request", "kind"} & set(log._cols)
     assert whole.event_bounds is None and "seq" in whole._cols
     n, num_events, num_hashed = log.num_rows, len(log), len(log._sparse["hash"][0])
-    # 4 + 4 bytes a row (int32 seq and request) become 4 + 4 an event and its first row's 4;
+    # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 4 + 1 an event and its first row's 4;
     # the hash's 4 a row, 4 + 4 a store or eviction
-    assert log.nbytes() == whole.nbytes() - 12 * n + 12 * num_events + 4 + 8 * num_hashed
-    for name in ("seq", "request"):
+    assert log.nbytes() == whole.nbytes() - 13 * n + 13 * num_events + 4 + 8 * num_hashed
+    for name in ("seq", "request", "kind"):
         dense = whole.col(name)
         assert log.col(name).dtype == dense.dtype and np.array_equal(log.col(name), dense)
         bounds = log.event_bounds
@@ -96,6 +96,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
         assert log.rows_upto(seq) == whole.rows_upto(seq)
     a, b = ColumnarEventLog(log), ColumnarEventLog(whole)
     assert np.shares_memory(a.starts, log.event_bounds) and a.seqs is log._per_event["seq"]
+    assert a.kinds is log._per_event["kind"]
     for name in ("starts", "ends", "seqs", "kinds"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert np.array_equal(a.request_of_events(), b.request_of_events())
@@ -116,7 +117,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
 
 def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     log = _log()
-    before = {name: log.col(name) for name in ("hash", "seq", "request")}
+    before = {name: log.col(name) for name in ("hash", "seq", "request", "kind")}
     table = np.zeros((1, 8), np.int64)
     table[0] = (1, len(log) + 3, 0, -1, -1, 0, 0, 0)  # a started row: no hash
     log.write_rows(table)
@@ -124,6 +125,7 @@ def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     assert not log._per_event and log.event_bounds is None
     assert np.array_equal(log.col("seq"), np.append(before["seq"], len(log) + 3))
     assert np.array_equal(log.col("request"), np.append(before["request"], 0))
+    assert np.array_equal(log.col("kind"), np.append(before["kind"], 1))
     assert log.rows_upto(len(log) + 3) == log.num_rows and log.rows_upto(len(log) + 2) == log.num_rows - 1
 
 

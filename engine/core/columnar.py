@@ -65,11 +65,11 @@ KEPT_COLUMNS = tuple((name, dtype) for name, dtype in COLUMNS if name != "tier")
 # `rows_window`): nothing on a scrub or a series pass makes one whole. name -> the value
 # every other row holds
 SPARSE_COLUMNS = {"b": 0, "hash": -1}
-# columns a finished log keeps as one value per event (every row of an event has its seq and
-# its request): 12.8 MB of rows over the Mooncake trace become its 481,145 events' seqs and
-# requests, and the events' first rows (`ColumnarEventLog` shares both arrays); read as rows
-# with `values_at`, or made whole by `col`
-PER_EVENT_COLUMNS = ("seq", "request")
+# columns a finished log keeps as one value per event (every row of an event has its seq, its
+# request and its kind): 14.4 MB of rows over the Mooncake trace become its 481,145 events'
+# seqs, requests and kinds, and the events' first rows (`ColumnarEventLog` shares them but
+# the requests); read as rows with `values_at`, or made whole by `col`
+PER_EVENT_COLUMNS = ("seq", "request", "kind")
 _I32 = np.iinfo(np.int32)
 _EXT_MASK = (1 << 64) - 1
 _ROW_ORDER = (("kind", 0), ("seq", 1), ("request", 2), ("block", 3), ("hash", 4), ("a", 5), ("b", 6), ("flag", 7))
@@ -483,7 +483,7 @@ class ColumnarLog:
     def _densify(self) -> None:
         """The sparse and per-event columns whole again, before rows are written (a finished
         log appended to)."""
-        cap = len(self._cols["kind"])
+        cap = len(self._cols["block"])  # every column kept whole has the same room
         for name in list(self._per_event):
             rows = self.col(name)
             col = self._cols[name] = np.zeros(cap, rows.dtype)
@@ -1018,7 +1018,7 @@ class ColumnarLog:
         if got is not None:
             return got
         start = max((r for r in marks if r <= stop), default=0)
-        kind, flag, block = (self.col(name)[start:stop] for name in ("kind", "flag", "block"))
+        kind, flag, block = (self.values_at(name, slice(start, stop)) for name in ("kind", "flag", "block"))
         return marks.get(start, 0) + int(np.count_nonzero((kind == FREED) & (flag == 0) & (block >= 0)))
 
     def _grown_to(self, state: PoolArrays, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1044,7 +1044,8 @@ class ColumnarLog:
         loop = _compiled_advance()
         if loop is not None:  # one pass over the rows, each applied in order (the same values)
             got = np.zeros(7, np.int64)
-            loop(self.col("kind"), self.col("block"), self.col("a"), self.rows_window("hash", start, stop),
+            loop(self.rows_window("kind", start, stop), self.col("block"), self.col("a"),
+                 self.rows_window("hash", start, stop),
                  self.col("flag"), self.rows_window("seq", start, stop), self.rows_window("request", start, stop),
                  self.requests.prompt_sizes(), start, stop,
                  self._head_count(start), ref, hk, pos, got)
@@ -1056,7 +1057,7 @@ class ColumnarLog:
             counters.num_refused_requests += int(got[5])
             counters.num_finished_requests += int(got[6])
             return PoolArrays(int(self.values_at("seq", stop - 1)), stop, ref, hk, pos, counters)
-        kind = self.col("kind")[start:stop]
+        kind = self.values_at("kind", slice(start, stop))
         block = self.col("block")[start:stop]
         a = self.col("a")[start:stop]
         seqs = self.values_at("seq", slice(start, stop))

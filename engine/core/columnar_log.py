@@ -161,7 +161,6 @@ class ColumnarEventLog:
         self.time = time
         self.block_size = log.block_size
         self._share_events()
-        self.kinds = log.col("kind")[self.starts]  # kind code per event
         self.events = LazyEvents(self)
         self._series: EventSeries | None = None
         self._live: ArrayProjection | None = None
@@ -169,11 +168,14 @@ class ColumnarEventLog:
 
     def _share_events(self) -> None:
         """`starts`, `ends` (each event's first row, and one on its last row's end: two views
-        of one array, int32 while the rows fit) and `seqs`: a finished log's own per-event
-        arrays where it keeps them (`ColumnarLog.event_bounds`), made from its rows otherwise."""
+        of one array, int32 while the rows fit), `seqs` and `kinds`: a finished log's own
+        per-event arrays where it keeps them (`ColumnarLog.event_bounds`), made from its rows
+        otherwise."""
         log = self.columnar
         if log.event_bounds is not None and "seq" in log._per_event:
             bounds, seqs = log.event_bounds, log._per_event["seq"]
+            kinds = log._per_event.get("kind")
+            self.kinds = kinds if kinds is not None else log.col("kind")[bounds[:-1]]  # kind code per event
         else:
             seq = log.col("seq")
             if len(seq):
@@ -182,6 +184,7 @@ class ColumnarEventLog:
                 starts = np.zeros(0, np.int64)
             bounds = np.append(starts, log.num_rows)
             seqs = seq[starts]
+            self.kinds = log.col("kind")[starts]
         bounds = narrowest(bounds, np.int32)
         self.starts, self.ends = bounds[:-1], bounds[1:]
         self.seqs = narrowest(seqs, np.int32)
@@ -492,8 +495,7 @@ class ColumnarEventLog:
         else:
             bounds = np.append(self.starts, self.ends[-1:]) if len(self.starts) else np.zeros(1, self.starts.dtype)
             self.starts, self.ends = bounds[:-1], bounds[1:]
-            self.seqs = self.seqs.copy()
-        self.kinds = self.kinds.copy()
+            self.seqs, self.kinds = self.seqs.copy(), self.kinds.copy()
         s = self._series
         if s is not None:
             s.seq = self.seqs  # one array, as `series` made it
