@@ -15,7 +15,7 @@ import numpy as np
 from engine.analysis.statistics_columnar import compute_columnar
 from engine.core import columnar
 from engine.core.columnar import EVICTED, STORED
-from engine.core.columnar_log import ColumnarEventLog
+from engine.core.columnar_log import ColumnarEventLog, EventSeries, _compiled_series_loop
 from engine.core.replay import ReplayConfig
 from engine.core.trace import read_trace
 from engine.kernel import replay_kernel
@@ -48,21 +48,25 @@ def _same(x, y) -> bool:
     return x == y
 
 
-def test_the_hash_column_is_kept_sparse_and_reads_as_the_whole_one(monkeypatch):
+def test_the_hash_and_a_columns_are_kept_sparse_and_read_as_the_whole_ones(monkeypatch):
     log, whole = _log(), _log(monkeypatch, whole=True)
-    assert "hash" in log._sparse and "hash" not in log._cols and "hash" in whole._cols
-    rows, values = log._sparse["hash"]
-    dense = whole.col("hash")
     kind = whole.col("kind")
-    assert np.array_equal(rows, np.flatnonzero((kind == STORED) | (kind == EVICTED)))  # the rows that carry one
-    assert np.all(values >= 0) and log.nbytes() < whole.nbytes() - whole.num_rows
-    got = log.col("hash")
-    assert got.dtype == dense.dtype and np.array_equal(got, dense)
-    for start, stop in ((0, log.num_rows), (7, 7), (int(rows[2]), int(rows[2]) + 1), (int(rows[2]) + 1, 5000)):
-        assert np.array_equal(log.values_at("hash", slice(start, stop)), dense[start:stop])
-        assert np.array_equal(log.rows_window("hash", start, stop)[start:stop], dense[start:stop])
-    picks = np.concatenate([np.random.default_rng(4).integers(0, log.num_rows, 500), rows[:30], [0, log.num_rows - 1]])
-    assert np.array_equal(log.values_at("hash", picks), dense[picks])
+    for name, fill in (("hash", -1), ("a", 0)):
+        assert name in log._sparse and name not in log._cols and name in whole._cols
+        rows, values = log._sparse[name]
+        dense = whole.col(name)
+        assert np.array_equal(rows, np.flatnonzero(dense != fill)) and np.all(values != fill)
+        if name == "hash":  # the rows that carry one
+            assert np.array_equal(rows, np.flatnonzero((kind == STORED) | (kind == EVICTED)))
+        got = log.col(name)
+        assert got.dtype == dense.dtype and np.array_equal(got, dense)
+        for start, stop in ((0, log.num_rows), (7, 7), (int(rows[2]), int(rows[2]) + 1), (int(rows[2]) + 1, 5000)):
+            assert np.array_equal(log.values_at(name, slice(start, stop)), dense[start:stop])
+            assert np.array_equal(log.rows_window(name, start, stop)[start:stop], dense[start:stop])
+        picks = np.concatenate([np.random.default_rng(4).integers(0, log.num_rows, 500), rows[:30],
+                                [0, log.num_rows - 1]])
+        assert np.array_equal(log.values_at(name, picks), dense[picks])
+        assert all(int(log.values_at(name, i)) == int(dense[i]) for i in picks[:40].tolist())
     assert list(log.events()) == list(whole.events())
     log.build_checkpoints(every=1009)  # many intervals: each scrub passes over a part of the rows
     whole.build_checkpoints(every=1009)
@@ -77,10 +81,11 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     log, whole = _log(), _log(monkeypatch, whole=True)
     assert sorted(log._per_event) == ["kind", "request", "seq"] and not {"seq", "request", "kind"} & set(log._cols)
     assert whole.event_bounds is None and "seq" in whole._cols
-    n, num_events, num_hashed = log.num_rows, len(log), len(log._sparse["hash"][0])
+    n, num_events = log.num_rows, len(log)
+    num_set = len(log._sparse["hash"][0]) + len(log._sparse["a"][0])
     # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 4 + 1 an event and its first row's 4;
-    # the hash's 4 a row, 4 + 4 a store or eviction
-    assert log.nbytes() == whole.nbytes() - 13 * n + 13 * num_events + 4 + 8 * num_hashed
+    # the hash's and a's 4 + 4 a row, 4 + 4 a row that sets one
+    assert log.nbytes() == whole.nbytes() - 17 * n + 13 * num_events + 4 + 8 * num_set
     for name in ("seq", "request", "kind"):
         dense = whole.col(name)
         assert log.col(name).dtype == dense.dtype and np.array_equal(log.col(name), dense)
@@ -127,6 +132,17 @@ def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     assert np.array_equal(log.col("request"), np.append(before["request"], 0))
     assert np.array_equal(log.col("kind"), np.append(before["kind"], 1))
     assert log.rows_upto(len(log) + 3) == log.num_rows and log.rows_upto(len(log) + 2) == log.num_rows - 1
+
+
+def test_the_series_empty_count_is_made_when_read_and_equals_the_pass():
+    view = ColumnarEventLog(_log())
+    view.warm()
+    view.settle()
+    s = view.series
+    assert EventSeries.empty.__get__(s) is None  # not kept
+    raw = view._compiled_series(_compiled_series_loop())  # the pass's own int32 sums
+    assert s.empty.dtype == np.int16 and np.array_equal(s.empty, raw.empty)
+    assert np.array_equal(s.empty.astype(np.int64) + s.in_use + s.cached_free, np.full(len(view), 300))
 
 
 def test_settle_keeps_an_index_two_names_share_once():

@@ -69,13 +69,27 @@ def _made_when_read(name: str) -> property:
     return property(get, field.__set__)
 
 
+def _empty_when_read() -> property:
+    """`LogSeries.empty`, made each time it is read (the pass's own sum: the pool's blocks less
+    those in use and cached free), never kept."""
+    field = EventSeries.empty  # the slot's descriptor
+
+    def get(self: LogSeries) -> np.ndarray:
+        got = field.__get__(self, LogSeries)
+        return self._log._empty_series(self.in_use, self.cached_free) if got is None else got
+
+    return property(get, field.__set__)
+
+
 class LogSeries(EventSeries):
     """The series of a finished log. Its running token sums (`cached_tokens`, `prompt_tokens`:
-    3.85 MB over the Mooncake trace, read by no view) are made when first read, not kept."""
+    3.85 MB over the Mooncake trace, read by no view) are made when first read, not kept;
+    `empty` (0.96 MB, read by no view but the export) each time it is read."""
 
     __slots__ = ("_log",)
     cached_tokens = _made_when_read("cached_tokens")
     prompt_tokens = _made_when_read("prompt_tokens")
+    empty = _empty_when_read()
 
     def __init__(self, log: ColumnarEventLog, *fields: Any) -> None:
         super().__init__(*fields)
@@ -310,14 +324,19 @@ class ColumnarEventLog:
             loop = _compiled_series_loop()
             s = self._compute_series() if loop is None else self._compiled_series(loop)
             # each count in the narrowest type that holds it (a pool of 16K blocks in int16),
-            # about half the bytes of the int32 and int64 the pass returns; `empty`, never
-            # summed with another, in int16 whenever it fits (a pool of 16,384 blocks)
+            # about half the bytes of the int32 and int64 the pass returns; `empty` made when read
             in_use, cached_free, max_ref, evicted = (narrowest(a, np.int16, np.int32) for a in (
                 s.in_use, s.cached_free, s.max_ref, s.evicted))
-            empty = s.empty.astype(np.int16) if fits(s.empty, np.int16) else narrowest(s.empty, np.int32)
-            self._series = LogSeries(self, s.seq, in_use, cached_free, empty, max_ref, evicted, None, None,
+            self._series = LogSeries(self, s.seq, in_use, cached_free, None, max_ref, evicted, None, None,
                                      s.refusal_seqs, s.reset_seqs)
         return self._series
+
+    def _empty_series(self, in_use: np.ndarray, cached_free: np.ndarray) -> np.ndarray:
+        """`EventSeries.empty` from the series' other counts, as the series pass sums it (the
+        log's pool size throughout), in int16 whenever it fits (never summed with another: a
+        pool of 16,384 blocks)."""
+        empty = self.columnar.num_blocks - in_use.astype(np.int64) - cached_free
+        return empty.astype(np.int16) if fits(empty, np.int16) else narrowest(empty, np.int32)
 
     def _token_series(self) -> tuple[np.ndarray, np.ndarray]:
         """The cached and prompt tokens summed over the lookups up to each event, in the
@@ -331,7 +350,7 @@ class ColumnarEventLog:
             return np.where(at_look >= 0, total[np.maximum(at_look, 0)], 0) if len(total) else \
                 np.zeros(len(self.ends), np.int64)
 
-        cached = after_lookups(log.col("a")[look] * self.block_size)
+        cached = after_lookups(log.values_at("a", look) * self.block_size)
         prompt = after_lookups(log.requests.prompt_sizes()[log.values_at("request", look)])
         return narrowest(cached, np.int16, np.int32), narrowest(prompt, np.int16, np.int32)
 
@@ -858,7 +877,7 @@ class ArrayProjection:
         stores = self.log.columnar.store_attributes
         if stores is not None:  # a remote pool: what the slot's own store said
             row = self._store_row(b)
-            return stores[int(self.log.columnar.col("a")[row])][(0, 0, 1, 2, 3, 4)[which]]
+            return stores[int(self.log.columnar.values_at("a", row))][(0, 0, 1, 2, 3, 4)[which]]
         if which == _TENANT:
             return self._tenant(key)
         parent, tokens, salt, ext = keys.attributes(key)
@@ -937,7 +956,7 @@ class ArrayProjection:
         stores = self.log.columnar.store_attributes
         if stores is None:
             return [self._attribute(b, which) for b in np.asarray(blocks, np.int64).tolist()]
-        a = self.log.columnar.col("a")[self.store_rows(blocks)]
+        a = self.log.columnar.values_at("a", self.store_rows(blocks))
         read = getattr(stores, many, None)
         return read(a) if read is not None else [stores[i][field] for i in a.tolist()]
 
@@ -963,7 +982,7 @@ class ArrayProjection:
         uniq, first_at = np.unique(ident, return_index=True)
         order = np.argsort(first_at, kind="stable")  # by_hash order: as first held
         first = held[first_at[order]]
-        a = self.log.columnar.col("a")[self.store_rows(first)]
+        a = self.log.columnar.values_at("a", self.store_rows(first))
         parent = stores.parent_identities(a)
         has = parent["wide"] != 2
         at = np.searchsorted(uniq, parent).clip(0, max(0, len(uniq) - 1))
@@ -1121,13 +1140,13 @@ class ArrayProjection:
         fields: dict[str, Any] = {}
         if looked[r] < n:
             i = int(looked[r])
-            hits = int(col.col("a")[i])
+            hits = int(col.values_at("a", i))
             fields.update(num_cached_tokens=hits * self.block_size, num_hit_blocks=hits,
                           block_hashes=tuple(keys.digest(k) for k in reqs.hash_keys(r)),
                           miss=_miss_of_row(col, i))
         if finished[r] < n:
             i = int(finished[r])
-            fields.update(finished_seq=int(col.values_at("seq", i)), num_tokens_with_kv=int(col.col("a")[i]),
+            fields.update(finished_seq=int(col.values_at("seq", i)), num_tokens_with_kv=int(col.values_at("a", i)),
                           aborted=bool(col.col("flag")[i]))
         return dataclasses.replace(rec, **fields) if fields else rec
 
@@ -1160,7 +1179,7 @@ class ArrayProjection:
         occ = self.looked_up()
         col = self.log.columnar
         _, looked, _ = self.log.request_index()
-        cached = col.col("a")[looked[occ]].astype(float) * self.block_size
+        cached = col.values_at("a", looked[occ]).astype(float) * self.block_size
         prompt = col.requests.prompt_sizes()[occ].astype(float)
         return _Names(col.requests.ids, occ), cached, prompt - cached
 
