@@ -402,7 +402,9 @@ class LiveColumnarLog(ColumnarEventLog):
         self.block_size = block_size
         # each event's first row and, one on, one past its last (events' rows are contiguous)
         self._bounds = _Growing(np.int64, narrow=np.int32)
-        self._seqs = _Growing(np.int64, narrow=np.int32)
+        # each event's seq: none of its own while every event has one row (an attached
+        # server's journal, one row a block operation): the row seq column is it then
+        self._seqs: _Growing | None = None
         self._kinds, self._times = _Growing(np.uint8, uniform=True), _Runs()
         self._columns = {name: _Growing(dtype, narrow=np.int32 if dtype == np.int64 else None, uniform=True)
                          for name, dtype in _SERIES}
@@ -441,7 +443,9 @@ class LiveColumnarLog(ColumnarEventLog):
 
     @property
     def seqs(self) -> np.ndarray:  # type: ignore[override]
-        return self._seqs.view
+        if self._seqs is not None:
+            return self._seqs.view
+        return self.columnar.col("seq")[:max(0, self._bounds.n - 1)]
 
     @property
     def kinds(self) -> np.ndarray:  # type: ignore[override]
@@ -455,7 +459,7 @@ class LiveColumnarLog(ColumnarEventLog):
     @property
     def live(self) -> ArrayProjection:  # type: ignore[override]
         if self._live is None:
-            self._live = ArrayProjection(self, self._live_arrays, len(self._seqs.view))
+            self._live = ArrayProjection(self, self._live_arrays, len(self.seqs))
         return self._live
 
     def build(self, start: int, stop: int) -> Iterator[Event]:
@@ -542,13 +546,13 @@ class LiveColumnarLog(ColumnarEventLog):
         # room ahead for what waits to be written and as much again, made here, not there
         col.reserve(max(4 * len(table), len(col._cols["kind"]) // 8))
         self._made_events += done
-        ahead = 4 * done + self._made_events - self._seqs.n
+        ahead = 4 * done + self._made_events - len(self.seqs)
         for arr in self._per_event_arrays():
             arr.reserve(max(ahead, len(arr.buf) // 8))
         return PreparedRows(self, row0, table, seqs, times)
 
     def _per_event_arrays(self) -> list[_Growing]:
-        return [self._bounds, self._seqs, self._kinds, *self._columns.values()]
+        return [g for g in (self._bounds, self._seqs, self._kinds, *self._columns.values()) if g is not None]
 
     def extend_prepared(self, prepared: Iterable[PreparedRows]) -> None:
         """Write rows `prepare` made, in the order they were made: the columns, then the
@@ -581,7 +585,11 @@ class LiveColumnarLog(ColumnarEventLog):
         if self._bounds.n and int(self._bounds.view[-1]) != r0:
             raise ValueError(f"rows {r0} on follow row {int(self._bounds.view[-1])}: every row belongs to an event")
         self._bounds.extend(np.append(starts[1:] if self._bounds.n else starts, r1))
-        self._seqs.extend(seqs)
+        if self._seqs is None and r1 - r0 != len(seqs):  # an event of several rows: seqs of their own
+            self._seqs = _Growing(np.int64, narrow=np.int32)
+            self._seqs.extend(col.col("seq")[:r0])  # the events before, one row each
+        if self._seqs is not None:
+            self._seqs.extend(seqs)
         self._kinds.extend(kinds)
         self._times.extend(times)
         self._refusals.extend(seqs[kinds == REFUSED])
