@@ -519,7 +519,7 @@ def _of_stores(values: Any, stores: np.ndarray, dtype: Any) -> np.ndarray:
 class _JournalScan:
     """What `prepare_journal` reads of a tick's rows before placing them (`_scan_loop`, or
     `_scan_numpy` for the Python placer): the storing rows' pool store numbers, the (batch,
-    tier) pairs (`(seq << 10) | (tier + 1)`, ascending, one per run of rows) and each row's,
+    tier) pairs (`(seq << 10) | (tier + 1)`: the values of its runs of rows, sorted, once each) and each row's,
     the pairs' batches and each pair's, and the counts and width codes' range the placer's
     room and checks need."""
 
@@ -535,7 +535,7 @@ class _JournalScan:
 
 def _scan_numpy(op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
                 width: np.ndarray) -> _JournalScan:
-    """`_scan_loop` with numpy, any order of pairs (theirs sorted, as `np.unique` gives)."""
+    """`_scan_loop` with numpy (the Python placer's)."""
     is_st = op == OP_STORED
     pairs, of_pair = _unique_runs(seq * 1024 + (tier + 1))
     batches, batch_of_pair = _unique_runs(pairs >> 10)
@@ -546,15 +546,15 @@ def _scan_numpy(op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.nda
 
 def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches, batch_of_pair,
                st):  # pragma: no cover - compiled
-    """`_scan_numpy` in one pass (compiled) while the pairs ascend (a pool's batches do), which
-    st[6] says (0: they do not, and batches are not made). st: stores, clears, the width codes'
-    least and most, pairs, batches, ascending."""
+    """`_scan_numpy` in one pass (compiled): the runs of equal pairs, then, when the runs do
+    not ascend (a batch's tiers interleave), their values sorted and numbered as `np.unique`
+    numbers them. st: stores, clears, the width codes' least and most, pairs, batches."""
     n_st = 0
     n_clear = 0
     wmin = width[0] if len(width) else 0
     wmax = wmin
     m = -1
-    ascend = 1
+    ascend = True
     for i in range(len(op)):
         o = op[i]
         if o == 0:
@@ -570,25 +570,38 @@ def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches
         v = seq[i] * 1024 + tier[i] + 1
         if m < 0 or v != pairs[m]:
             if m >= 0 and v < pairs[m]:
-                ascend = 0
+                ascend = False
             m += 1
             pairs[m] = v
         of_pair[i] = m
-    nb = 0
-    if ascend:
+    if not ascend:
+        order = np.argsort(pairs[:m + 1])
+        number = np.empty(m + 1, np.int64)  # per run, its value's place among the values
+        u = -1
         for j in range(m + 1):
-            b = pairs[j] >> 10
-            if nb == 0 or b != batches[nb - 1]:
-                batches[nb] = b
-                nb += 1
-            batch_of_pair[j] = nb - 1
+            v = pairs[order[j]]
+            if u < 0 or v != batch_of_pair[u]:
+                u += 1
+                batch_of_pair[u] = v  # (as scratch: the sorted values)
+            number[order[j]] = u
+        for j in range(u + 1):
+            pairs[j] = batch_of_pair[j]
+        for i in range(len(op)):
+            of_pair[i] = number[of_pair[i]]
+        m = u
+    nb = 0
+    for j in range(m + 1):
+        b = pairs[j] >> 10
+        if nb == 0 or b != batches[nb - 1]:
+            batches[nb] = b
+            nb += 1
+        batch_of_pair[j] = nb - 1
     st[0] = n_st
     st[1] = n_clear
     st[2] = wmin
     st[3] = wmax
     st[4] = m + 1
     st[5] = nb
-    st[6] = ascend
 
 
 class _Placer:
@@ -1056,11 +1069,9 @@ class _CompiledPlacer:
         """What a tick's rows need before they are placed (`_JournalScan`), in one compiled pass."""
         n = len(op)
         out = np.empty((5, n), np.int64)
-        st = np.zeros(7, np.int64)
+        st = np.zeros(6, np.int64)
         self.scan_loop(op, seq, tier, store, width, out[0], out[1], out[2], out[3], out[4], st)
-        num_stored, num_cleared, wmin, wmax, num_pairs, num_batches, ascend = st.tolist()
-        if not ascend:  # pairs out of order (not a pool's batches): sorted as np.unique sorts them
-            return _scan_numpy(op, seq, tier, store, width)
+        num_stored, num_cleared, wmin, wmax, num_pairs, num_batches = st.tolist()
         return _JournalScan(out[0, :num_stored], out[1, :num_pairs], out[2], out[3, :num_batches],
                             out[4, :num_pairs], num_stored, num_cleared, (wmin, wmax))
 
