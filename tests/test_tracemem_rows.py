@@ -1,7 +1,8 @@
-"""What an opened trace's log keeps of its rows: the `hash` column as the stores' and
-evictions' rows only (every other row's is -1), `seq` and `request` as one value per event
-(shared with the event log's per-event arrays), and one copy of an index two names share
-after `settle`. Each reading is compared with the same replay kept whole.
+"""What an opened trace's log keeps of its rows: `hash` and `a` as the rows that set them
+only (the stores' and evictions' hashes), `seq`, `request` and `kind` as one value per event
+(shared with the event log's per-event arrays), `block` in int16; the series' `empty` made
+when read; one copy of an index two names share after `settle`. Each reading is compared
+with the same replay kept whole.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ MOONCAKE = RESOURCES / "traces" / "mooncake_conversation_trace.jsonl"
 
 def _log(monkeypatch=None, whole: bool = False):
     requests = list(itertools.islice(read_trace(MOONCAKE, 512), 800))
-    if whole:  # the hash, seq and request columns kept whole, as before
+    if whole:  # the hash, a, seq, request and kind columns kept whole, block in int32, as before
         monkeypatch.setattr(columnar, "SPARSE_COLUMNS", {"b": 0})
         monkeypatch.setattr(columnar, "PER_EVENT_COLUMNS", ())
+        monkeypatch.setattr(columnar, "NARROW_COLUMNS", {})
     log = replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=300), record=True).log
     if whole:
         monkeypatch.undo()
@@ -84,9 +86,11 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     n, num_events = log.num_rows, len(log)
     num_set = len(log._sparse["hash"][0]) + len(log._sparse["a"][0])
     # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 4 + 1 an event and its first row's 4;
-    # the hash's and a's 4 + 4 a row, 4 + 4 a row that sets one
-    assert log.nbytes() == whole.nbytes() - 17 * n + 13 * num_events + 4 + 8 * num_set
-    for name in ("seq", "request", "kind"):
+    # the hash's and a's 4 + 4 a row, 4 + 4 a row that sets one; the block's 4 a row, 2
+    assert log.nbytes() == whole.nbytes() - 19 * n + 13 * num_events + 4 + 8 * num_set
+    assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
+    assert log.kept("block").dtype == np.int16 and np.array_equal(log.kept("block"), whole.col("block"))
+    for name in ("seq", "request", "kind", "block"):
         dense = whole.col(name)
         assert log.col(name).dtype == dense.dtype and np.array_equal(log.col(name), dense)
         bounds = log.event_bounds
@@ -99,6 +103,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
         assert all(int(log.values_at(name, int(i))) == int(dense[i]) for i in picks[:50].tolist() + [0, n - 1])
     for seq in [-1, 0, 1, 77, len(log) // 2, len(log) - 1, len(log), 2**40, None]:
         assert log.rows_upto(seq) == whole.rows_upto(seq)
+        assert log.running_at(seq) == whole.running_at(seq)
     a, b = ColumnarEventLog(log), ColumnarEventLog(whole)
     assert np.shares_memory(a.starts, log.event_bounds) and a.seqs is log._per_event["seq"]
     assert a.kinds is log._per_event["kind"]
@@ -122,7 +127,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
 
 def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     log = _log()
-    before = {name: log.col(name) for name in ("hash", "seq", "request", "kind")}
+    before = {name: log.col(name) for name in ("hash", "seq", "request", "kind", "block")}
     table = np.zeros((1, 8), np.int64)
     table[0] = (1, len(log) + 3, 0, -1, -1, 0, 0, 0)  # a started row: no hash
     log.write_rows(table)
@@ -131,6 +136,7 @@ def test_a_write_after_the_sparse_hash_makes_it_whole_with_minus_one():
     assert np.array_equal(log.col("seq"), np.append(before["seq"], len(log) + 3))
     assert np.array_equal(log.col("request"), np.append(before["request"], 0))
     assert np.array_equal(log.col("kind"), np.append(before["kind"], 1))
+    assert log._cols["block"].dtype == np.int32 and np.array_equal(log.col("block"), np.append(before["block"], -1))
     assert log.rows_upto(len(log) + 3) == log.num_rows and log.rows_upto(len(log) + 2) == log.num_rows - 1
 
 

@@ -822,7 +822,7 @@ class ArrayProjection:
             ev = self._evicted_rows()
             ev = ev[:int(np.searchsorted(ev, self.arrays.num_rows))]
             got = np.full(self.num_blocks, -1, np.int64)
-            got[col.col("block")[ev]] = col.values_at("seq", ev)  # rows in seq order: a block's last wins
+            got[col.values_at("block", ev)] = col.values_at("seq", ev)  # rows in seq order: a block's last wins
             self._cache["evicted_seq"] = got
         return got
 
@@ -937,7 +937,7 @@ class ArrayProjection:
             else:
                 stored = np.flatnonzero(col.col("kind")[:self.arrays.num_rows] == STORED)
                 at = np.full(self.num_blocks, -1, np.int64)
-                at[col.col("block")[stored]] = stored  # the last store of each block wins
+                at[col.values_at("block", stored)] = stored  # the last store of each block wins
                 stored_at = at[held]
             got = self._cache["held_in_store_order"] = held[np.argsort(stored_at, kind="stable")]
         return got
@@ -1086,7 +1086,7 @@ class ArrayProjection:
         _, _, alloc, bounds = self.log.columnar._request_index()
         live = np.flatnonzero((started < n) & (finished >= n))
         live = live[np.argsort(started[live], kind="stable")]
-        block = self.log.columnar.col("block")
+        block = self.log.columnar.kept("block")
         ids = self.log.columnar.requests.ids
         out: dict[str, tuple[int, ...]] = {}
         for r in live.tolist():
@@ -1380,7 +1380,7 @@ def _miss_of_row(col: ColumnarLog, i: int) -> MissInfo:
     reason = MISS_REASONS[int(col.col("flag")[i])]
     extra = int(col.values_at("b", i))
     salts = col.keys.salts
-    return MissInfo(reason=reason, first_miss_block=int(col.col("block")[i]),
+    return MissInfo(reason=reason, first_miss_block=int(col.values_at("block", i)),
                     divergence_token=extra if reason == "new_content" else None,
                     evicted_by_seq=(None if extra < 0 else extra) if reason == "evicted" else None,
                     other_salt=(("" if extra < 0 else salts[extra] or "") if reason == "salt" else None))
