@@ -9,7 +9,8 @@ every server's pools as an `engine.remote.fleet.Fleet`. The app wraps it in Qt s
 the CLI prints. No Qt.
 
 Columnar pools (`AttachOptions(columnar=True)`) with nobody listening per batch
-(`on_batch` None) hold each stream's decoded batches and apply them many at once
+(`on_batch` None) hold each stream's decoded batches (handed over a run of queued frames
+at a time: the subscriber's `on_batches`) and apply them many at once
 (`ColumnarPool.apply_many`: one compiled call per run): when the stream has no frame
 queued any more (the subscriber's `on_idle`), when HOLD_FRAMES batches or HOLD_BYTES of
 frames are held or the oldest has waited HOLD_SECONDS, and always before a restart or a
@@ -55,12 +56,22 @@ class _Held:
         self.since = 0.0
 
     def add(self, batch: Any) -> None:
-        if not self.batches:
-            self.since = time.monotonic()
-        self.batches.append(batch)
-        self.nbytes += len(batch.payload or b"")
-        if len(self.batches) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES \
-                or time.monotonic() - self.since >= HOLD_SECONDS:
+        self.add_many([batch])
+
+    def add_many(self, batches: list[Any]) -> None:
+        """Batches that follow on, in order (a run the subscriber read at once), applied
+        as `add` would apply them one by one."""
+        held = self.batches
+        now = time.monotonic()
+        if not held:
+            self.since = now
+        for batch in batches:
+            held.append(batch)
+            self.nbytes += len(batch.payload or b"")
+            if len(held) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES:
+                self.flush()
+                held, self.since = self.batches, now
+        if held and now - self.since >= HOLD_SECONDS:
             self.flush()
 
     def flush(self) -> None:
@@ -231,7 +242,8 @@ class Attachment:
                     on_health=self._health_handler(), refill_timeout=self.options.refill_timeout,
                     max_frame_bytes=self.options.max_frame_bytes,
                     demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder(),
-                    on_idle=held.flush if held is not None else None)
+                    on_idle=held.flush if held is not None else None,
+                    on_batches=held.add_many if held is not None else None)
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -321,7 +333,8 @@ class Attachment:
                     bind=True, rank=spec.rank, source=name, on_restart=self._restart_handler(pool, held),
                     on_notice=self._notice_handler(pool, held), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
-                    socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None)
+                    socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None,
+                    on_batches=held.add_many if held is not None else None)
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)

@@ -107,12 +107,10 @@ from collections import OrderedDict
 from typing import Any, Iterator
 
 import numpy as np
-from llvmlite import ir as llvm_ir
 from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
 from numba.typed import Dict as NumbaDict
 
+from engine.core.live_journal import prefetch_intrinsic
 from engine.remote import fastwire
 from engine.remote.fastwire import (
     KIND_CLEARED, KIND_REMOVED, KIND_STORED, R_HASH0, R_KIND, R_MEDIUM, R_NHASH, R_NTOK, R_PARENT, R_RARE, R_SIZE,
@@ -234,34 +232,17 @@ def _fingerprint(x, sb):  # pragma: no cover - compiled
 def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, or -1. An entry whose fingerprint differs is
     passed over without reading its slot's row: an absent hash reads the table alone."""
-    size = len(tab) - 1
-    sb = _slot_bits(tab)
-    x = _mix(k, w, t)
-    i = _home(x, size)
-    want = _fingerprint(x, sb)
-    smask = (np.int64(1) << sb) - 1
-    tt = t + 1
-    while True:
-        e = np.int64(tab[i])
-        if e == 0:
-            return -1
-        if (e >> sb) == want:
-            s = (e & smask) - 1
-            if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
-                return s
-        i += 1
-        if i == size:
-            i = 0
+    return _find_x(tab, K, F, k, w, t, _mix(k, w, t))
 
 
 @njit(cache=True, _nrt=False)
-def _find_or_hole(tab, K, F, k, w, t):  # pragma: no cover - compiled
-    """`_find`, and where the hash would go when absent: (slot, -1) when held, else (-1, the
-    table entry) that `_tab_put` fills (the first empty entry from its home: linear probing
-    inserts there), so a store of a new hash probes the table once, not twice."""
+def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
+    """The slot holding hash (k, w) on tier t, its mix x = `_mix(k, w, t)` given, and where
+    the hash would go when absent: (slot, -1) when held, else (-1, the table entry) that
+    `_tab_put` fills (the first empty entry from its home: linear probing inserts there),
+    so a store of a new hash probes the table once, not twice."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
-    x = _mix(k, w, t)
     i = _home(x, size)
     want = _fingerprint(x, sb)
     smask = (np.int64(1) << sb) - 1
@@ -279,10 +260,16 @@ def _find_or_hole(tab, K, F, k, w, t):  # pragma: no cover - compiled
             i = 0
 
 
+@njit(cache=True, _nrt=False)
+def _find_x(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
+    """`_find` given x = `_mix(k, w, t)` (a caller that needs x again computes it once)."""
+    return _find_or_hole(tab, K, F, k, w, t, x)[0]
+
+
 @njit(cache=True, inline="always")
-def _tab_put(tab, i, k, w, t, s):  # pragma: no cover - compiled
-    """Slot s, holding hash (k, w) on tier t, into empty table entry i (`_find_or_hole`'s)."""
-    tab[i] = np.uint32((_fingerprint(_mix(k, w, t), _slot_bits(tab)) << _slot_bits(tab)) | (s + 1))
+def _tab_put(tab, i, x, s):  # pragma: no cover - compiled
+    """Slot s, its hash mixed to x, into empty table entry i (`_find_or_hole`'s)."""
+    tab[i] = np.uint32((_fingerprint(x, _slot_bits(tab)) << _slot_bits(tab)) | (s + 1))
 
 
 @njit(cache=True, _nrt=False)
@@ -299,12 +286,13 @@ def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False)
-def _tab_delete(tab, K, F, s):  # pragma: no cover - compiled
-    """Take slot s out of the table (backward-shift deletion: no tombstones)."""
+def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
+    """Take slot s, its hash mixed to x, out of the table (backward-shift deletion: no
+    tombstones)."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
     smask = (np.int64(1) << sb) - 1
-    i = _home(_mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1), size)
+    i = _home(x, size)
     while (np.int64(tab[i]) & smask) != s + 1:
         i += 1
         if i == size:
@@ -347,9 +335,9 @@ def _om_hash(k, w):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False)
-def _om_find(otab, OK, OW, k, w):  # pragma: no cover - compiled
+def _om_find(otab, OK, OW, k, w, h):  # pragma: no cover - compiled
+    """The entry of (k, w), whose `_om_hash` is h, or -1."""
     mask = len(otab) - 1
-    h = _om_hash(k, w)
     i = h & mask
     while True:
         x = otab[i]
@@ -403,19 +391,20 @@ def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - co
 
 
 @njit(cache=True, _nrt=False)
-def _om_delete(otab, OK, OW, OV, ofree, OS, k, w):  # pragma: no cover - compiled
+def _om_delete(otab, OK, OW, OV, ofree, OS, k, w, h):  # pragma: no cover - compiled
     if OS[O_LIVE] == 0:
         return
-    e = _om_find(otab, OK, OW, k, w)
+    e = _om_find(otab, OK, OW, k, w, h)
     if e >= 0:
         _om_remove(otab, OK, OW, OV, ofree, OS, e)
 
 
 @njit(cache=True, _nrt=False)
-def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim):  # pragma: no cover
-    """Set (or with `add`, add to) the values of (k, w); a new key goes last. With `trim`,
-    the oldest entries go while more than `maxn` are held (OrderedDict.popitem(last=False))."""
-    e = _om_find(otab, OK, OW, k, w)
+def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, h, v0, v1, add, maxn, trim):  # pragma: no cover
+    """Set (or with `add`, add to) the values of (k, w), whose `_om_hash` is h (both maps
+    hash a key alike: a caller hashes it once); a new key goes last. With `trim`, the
+    oldest entries go while more than `maxn` are held (OrderedDict.popitem(last=False))."""
+    e = _om_find(otab, OK, OW, k, w, h)
     if e >= 0:
         if add:
             OV[e, 0] += v0
@@ -431,7 +420,6 @@ def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, v0, v1, add, maxn, trim
     OV[e, 0] = v0
     OV[e, 1] = v1
     OV[e, 2] = OS[O_TAIL]
-    h = _om_hash(k, w)
     OV[e, 3] = h
     ofifo[OS[O_TAIL]] = e
     OS[O_TAIL] += 1
@@ -506,11 +494,12 @@ def _drop_groups(G, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, no_cpython_wrapper=True)
-def _free_slot(tab, K, L, C, F, T, G, S, TI, s):  # pragma: no cover - compiled
+def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compiled
+    """Slot s, its hash mixed to x, leaves the pool."""
     t = np.int64(F[s, F_TIER]) - 1
     if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1):
         _drop_groups(G, s)
-    _tab_delete(tab, K, F, s)
+    _tab_delete(tab, K, F, s, x)
     TI[t, T_HASHES] -= 1
     if C[s, C_NTOK] == 0:
         TI[t, T_NOTOK] -= 1
@@ -614,7 +603,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             tenant = salts[i]
         k = hk[h0 + i]
         w = hw[h0 + i]
-        s, hole = _find_or_hole(tab, K, F, k, w, t)
+        x = _mix(k, w, t)
+        s, hole = _find_or_hole(tab, K, F, k, w, t, x)
         if s >= 0:  # held already: one more copy
             cur = _copies_in(C, G, s, group)
             if group and C[s, C_TOT] == 1 and C[s, C_C0] == 1:
@@ -689,7 +679,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
                 _set_group(G, s, group, 1)
             else:
                 C[s, C_C0] = 1
-            _tab_put(tab, hole, k, w, t, s)  # (nothing changed the table since the probe)
+            _tab_put(tab, hole, x, s)  # (nothing changed the table since the probe)
             S[S_LIVE] += 1
             TI[t, T_HASHES] += 1
             if n_i == 0:
@@ -697,7 +687,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
                 _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
-        _om_delete(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, k, w)
+        _om_delete(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
     return 0
@@ -716,13 +706,15 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
     for i in range(nh):
         k = hk[h0 + i]
         w = hw[h0 + i]
-        s = _find(tab, K, F, k, w, t) if present else -1
+        x = _mix(k, w, t)
+        y = _om_hash(k, w)
+        s = _find_x(tab, K, F, k, w, t, x) if present else -1
         if S[S_JON]:
             _journal_row(J, S, OP_REMOVED, t, s, batch_seq, SO[s] if s >= 0 else -1, k, w)
         if s < 0:
             S[S_UNKNOWN] += 1
-            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
-            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, not fast)
+            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
             left[i] = 1
             continue
         last = False
@@ -730,7 +722,7 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
         if common:
             if group > 0:  # one copy, in group 0: not this group's
                 S[S_UNKNOWN] += 1
-                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
                 continue
             last = True
         else:
@@ -738,7 +730,7 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
             cnt = _copies_in(C, G, s, g) if g >= 0 else 0
             if cnt == 0:
                 S[S_UNKNOWN] += 1
-                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, 0, 1, True, maxn, True)
+                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
                 continue
             if g == 0:
                 C[s, C_C0] -= 1
@@ -757,10 +749,10 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
                 if seconds > SF[1]:
                     SF[1] = seconds
             S[S_LIFE_N] += 1
-            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
+            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, np.int64(C[s, C_ANN]),
                        np.int64(C[s, C_REM]) + 1, True, maxn, True)
-            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, not fast)
-            _free_slot(tab, K, L, C, F, T, G, S, TI, s)
+            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, not fast)
+            _free_slot(tab, K, L, C, F, T, G, S, TI, s, x)
             left[i] = 1
     S[S_REMOVED] += nh
     if fast:
@@ -787,10 +779,11 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
     maxn = S[S_MAXREM]
     for s in slots[np.argsort(orders)]:
         k, w = K[s, K_KEY], F[s, F_W]
-        _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, batch_seq, 0, False, maxn, True)
-        _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, np.int64(C[s, C_ANN]),
+        y = _om_hash(k, w)
+        _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, True)
+        _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, np.int64(C[s, C_ANN]),
                    np.int64(C[s, C_REM]), True, maxn, True)
-        _free_slot(tab, K, L, C, F, T, G, S, TI, s)
+        _free_slot(tab, K, L, C, F, T, G, S, TI, s, _mix(k, w, t))
     TI[t, T_PRESENT] = 0
     TI[t, T_EXTRA] = 0
     TI[t, T_EXTRA_BORN] = 0
@@ -895,26 +888,10 @@ def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra
                        ftok, bounds, seqs, tss, left, J, JS, SO, RM)
 
 
-@intrinsic
-def _prefetch(typingctx, arr, i):  # pragma: no cover - compiled
-    """Ask the CPU for the cache line of arr[i] (of row i, for a 2-D array) and go on: no
-    value, no wait, nothing written (i must be a valid index: it is not checked)."""
-    def codegen(context, builder, signature, args):
-        aryty, ity = signature.args
-        ary = context.make_array(aryty)(context, builder, args[0])
-        zero = context.get_constant(types.intp, 0)
-        at = [context.cast(builder, args[1], ity, types.intp)] + [zero] * (aryty.ndim - 1)
-        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                        inds=at, wraparound=False)
-        i8p, i32 = llvm_ir.IntType(8).as_pointer(), llvm_ir.IntType(32)
-        fnty = llvm_ir.FunctionType(llvm_ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        # a read (0), kept in every cache level (3), of data (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), llvm_ir.Constant(i32, 0), llvm_ir.Constant(i32, 3),
-                          llvm_ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(arr, i), codegen
+# Ask the CPU for the cache line of arr[i] (of row i, for a 2-D array) and go on: no value,
+# no wait, nothing written (i must be a valid index: it is not checked). The placer's and
+# the overlay's passes ask the same way.
+_prefetch = prefetch_intrinsic()
 
 
 @njit(cache=True, _nrt=False)
@@ -1059,6 +1036,21 @@ def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
     return u
 
 
+def _grow_rows(owner: Any, name: str, rows: int) -> None:
+    """The array `owner.<name>` with `rows` rows, the new ones zero: resized where it lies
+    (realloc, which moves a large block's pages rather than copying them and faulting in
+    new ones: the copies were half of a growing pool's apply at a sixteenth a growth)
+    unless anything else refers to it (numpy checks), else copied into a new one."""
+    shape = (rows,) + getattr(owner, name).shape[1:]
+    try:
+        getattr(owner, name).resize(shape)
+    except ValueError:  # a view or another reference to it: copied, as those keep the old one
+        old = getattr(owner, name)
+        arr = np.zeros(shape, old.dtype)
+        arr[:len(old)] = old
+        setattr(owner, name, arr)
+
+
 def _new_group_dict() -> Any:
     return NumbaDict.empty(key_type=types.int64, value_type=types.int64)
 
@@ -1092,19 +1084,20 @@ class _OrderedMap:
             new = max(cap + cap // 2, live + more + 1024)
             if most is not None:
                 new = max(min(new, most + more + 1024), live + more)
-            # entries keep their numbers (copied whole, the FIFO as it is); the new ones go
-            # under the free ones, and the table is made again at its new size
-            k, w, v, nfree = self.k, self.w, self.v, int(self.os[O_FREE])
-            self.k, self.w = np.zeros(new, np.uint64), np.zeros(new, np.uint8)
-            self.v = np.zeros((new, 4), np.int64)
-            self.k[:cap], self.w[:cap], self.v[:cap] = k, w, v
+            # entries keep their numbers (resized or copied whole, the FIFO as it is); the new
+            # ones go under the free ones, and the table is made again when its size changes
+            nfree = int(self.os[O_FREE])
+            for name in ("k", "w", "v"):
+                _grow_rows(self, name, new)
             free = np.empty(new, np.int32)
             free[:new - cap] = np.arange(new - 1, cap - 1, -1, dtype=np.int32)
             free[new - cap:new - cap + nfree] = self.free[:nfree]
             self.free = free
             self.os[O_FREE] = nfree + new - cap
-            self.tab = np.full(1 << int(2 * new - 1).bit_length(), -1, np.int64)
-            _om_rehash(self.tab, self.k, self.w, self.v, cap)
+            size = 1 << int(2 * new - 1).bit_length()
+            if size != len(self.tab):  # (entries keep their numbers: a table of the same size stays)
+                self.tab = np.full(size, -1, np.int64)
+                _om_rehash(self.tab, self.k, self.w, self.v, cap)
         if int(self.os[O_TAIL]) + more > len(self.fifo):
             n = int(self.os[O_LIVE])
             fifo = np.full(max(len(self.fifo), 2 * (n + more) + 1024), -1, np.int32)
@@ -1117,8 +1110,13 @@ class _OrderedMap:
         return out[:_om_ordered(self.fifo, self.w, self.v, self.os, out)]
 
     def get(self, k: int, w: int) -> tuple[int, int] | None:
-        e = _om_find(self.tab, self.k, self.w, np.uint64(k), np.uint8(w)) if len(self) else -1
+        e = _om_get(self.tab, self.k, self.w, np.uint64(k), np.uint8(w)) if len(self) else -1
         return None if e < 0 else (int(self.v[e, 0]), int(self.v[e, 1]))
+
+
+@njit(cache=True)
+def _om_get(otab, OK, OW, k, w):  # pragma: no cover - compiled
+    return _om_find(otab, OK, OW, k, w, _om_hash(k, w))
 
 
 @njit(cache=True)
@@ -1170,6 +1168,15 @@ def _num_removals(rows: np.ndarray) -> int:
     return int(rows[rows[:, R_KIND] == KIND_REMOVED, R_NHASH].sum())
 
 
+@njit(cache=True, inline="always")
+def _count_row(rows, r, blocks, most_tokens, most_hashes, removals):  # pragma: no cover - compiled
+    """Joined row r added to the figures `_join_starts` and `_join_data` return."""
+    nh = rows[r, R_NHASH]
+    if rows[r, R_KIND] == KIND_REMOVED:
+        removals += nh
+    return blocks + nh, max(most_tokens, rows[r, R_NTOK]), max(most_hashes, nh), removals
+
+
 @njit(cache=True)
 def _join_starts(rows, sizes):  # pragma: no cover - compiled
     """Frames' rows concatenated (frame f: sizes[f] = its rows, hashes, token ids): each row's
@@ -1178,24 +1185,45 @@ def _join_starts(rows, sizes):  # pragma: no cover - compiled
     r = 0
     hash0 = np.int64(0)
     tok0 = np.int64(0)
-    blocks = np.int64(0)
-    most_tokens = np.int64(0)
-    most_hashes = np.int64(0)
-    removals = np.int64(0)
+    blocks = most_tokens = most_hashes = removals = np.int64(0)  # `_count_row`'s figures
     for f in range(len(sizes)):
         for _ in range(sizes[f, 0]):
             rows[r, R_TOK0] += tok0
             rows[r, R_HASH0] += hash0
-            nh = rows[r, R_NHASH]
-            blocks += nh
-            most_hashes = max(most_hashes, nh)
-            most_tokens = max(most_tokens, rows[r, R_NTOK])
-            if rows[r, R_KIND] == KIND_REMOVED:
-                removals += nh
+            blocks, most_tokens, most_hashes, removals = _count_row(rows, r, blocks, most_tokens, most_hashes,
+                                                                    removals)
             r += 1
         hash0 += sizes[f, 1]
         tok0 += sizes[f, 2]
     return blocks, most_tokens, most_hashes, removals
+
+
+@njit(cache=True)
+def _join_data(rows, data, sizes, parents):  # pragma: no cover - compiled
+    """`_join_starts` for frames of the one-pass reader joined by their `data` (frame f:
+    sizes[f] = its rows, hashes, token ids, words of data): each row's hash start moved to
+    its hashes in the joined data, its token start to its token ids in the joined data's
+    uint32 view, its parent gathered into `parents`. Returns `_join_starts`'s figures and
+    the largest token id."""
+    r = 0
+    at = np.int64(0)
+    blocks = most_tokens = most_hashes = removals = np.int64(0)  # `_count_row`'s figures
+    most_id = np.uint64(0)
+    ids = data.view(np.uint32)
+    for f in range(len(sizes)):
+        m, nk, nt = sizes[f, 0], sizes[f, 1], sizes[f, 2]
+        t0 = 2 * (at + m + nk)
+        for j in range(t0, t0 + nt):
+            most_id = max(most_id, np.uint64(ids[j]))
+        for j in range(m):
+            parents[r] = data[at + j]
+            rows[r, R_TOK0] += t0
+            rows[r, R_HASH0] += at + m
+            blocks, most_tokens, most_hashes, removals = _count_row(rows, r, blocks, most_tokens, most_hashes,
+                                                                    removals)
+            r += 1
+        at += sizes[f, 3]
+    return blocks, most_tokens, most_hashes, removals, most_id
 
 
 def _names_only_a_medium(e: VllmEvent) -> bool:
@@ -1243,6 +1271,10 @@ def warm_up() -> None:
         pool._reserve(0, 0, np.array([1 << 16], np.uint32))
         pool._reserve(4096 * 4, 1 << 18)
     pool.removed.ordered()  # what `removed_at` and `departed` read (`_om_ordered`)
+    # a run of frames the one-pass reader read whole, joined by their data (`_join_data`)
+    plain = [encode_batch(4.0 + i, [VllmEvent("BlockStored", ((i + 13 << 56).to_bytes(8, "big"),), None,
+                                              tuple(range(16)), 16)], 0) for i in range(2)]
+    ColumnarPool("warm-up").apply_many([fastwire.decode_columns(3 + i, q) for i, q in enumerate(plain)])
 
 
 # ---- reading: what the reference's objects would say ---------------------------------------
@@ -1545,16 +1577,16 @@ class ColumnarPool:
             new = max(cap + self._growth(cap, self._slots_small), live + blocks + 1024)
             n = cap
             for name in ("K", "L", "C", "F") + (("SO",) if self.journal else ()):
-                old = getattr(self, name)
-                arr = np.zeros((new,) + old.shape[1:], old.dtype)
-                arr[:n] = old
-                setattr(self, name, arr)
+                _grow_rows(self, name, new)
             # the new slots, in order, go before the free ones
             self.L[n:new, L_TOK] = np.arange(n + 2, new + 2)
             self.L[new - 1, L_TOK] = self.S[S_FREE]
             self.S[S_FREE] = n + 1
-            self.tab = self._new_table(new)
-            _rehash(self.tab, self.K, self.F, n)
+            if self._table_size(new) > len(self.tab) - 1:
+                # a large pool's table is made for an eighth more slots than it has: its slots
+                # grow by a sixteenth, the table (5.7 bytes a slot) is made again every other time
+                self.tab = self._new_table(new + new // 8 if new >= 8 * self._slots_small else new)
+                _rehash(self.tab, self.K, self.F, n)
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
@@ -1564,6 +1596,10 @@ class ColumnarPool:
                 out = np.zeros(max(len(self.tok) + self._growth(len(self.tok), self._tokens_small),
                                    used + tokens + 1024), self.tok.dtype)
                 out[:used] = self.tok[:used]
+            elif used - live_tok <= used // 64:  # next to no garbage: a plain copy, no compaction
+                # (a walk over every slot that cost as much as the copies' page faults)
+                _grow_rows(self, "tok", max(used + tokens + self._growth(used + tokens, self._tokens_small), 1024))
+                out = self.tok
             else:
                 if live_tok * 2 < used and live_tok + tokens <= len(self.tok):
                     size = len(self.tok)  # mostly garbage: compact in place of growing
@@ -1580,19 +1616,22 @@ class ColumnarPool:
             if self.JS.dtype == JS_NARROW and (tokens if block_tokens is None else block_tokens) > 0xFFFF:
                 self._widen()
 
-    # Below these sizes an array grows by half again, above them by an eighth: a new pool
-    # reaches its size in a few growths (each copies every slot and rehashes the table: an
-    # eighth at a time made 15 of them on the way to 36,000 blocks, a third of the apply),
-    # and a large one keeps at most a ninth of its room idle (at most 32K slots, 1.9 MB,
-    # 512K token ids, 1 MB, and 32K journal rows, 1.8 MB, idle below them).
+    # Below these sizes an array grows by half again, up to 8 times them by an eighth, above
+    # by a sixteenth: a new pool reaches its size in a few growths (each copies every slot
+    # and rehashes the table: an eighth at a time made 15 of them on the way to 36,000
+    # blocks, a third of the apply), and a large one keeps at most a seventeenth of its room
+    # idle. At 16 token ids a block, a held block is 93.3 bytes with no room (55 of slot,
+    # 5.7 of table, 32 of token ids); an eighth idle in slots and token ids was up to 105,
+    # a sixteenth is at most 99.1 at any size (`bench attach`'s columnar_memory, 1M blocks)
     _slots_small = 1 << 16
     _tokens_small = 1 << 20
     _rows_small = 1 << 16
 
     @staticmethod
     def _growth(size: int, small: int) -> int:
-        """How many more an array of `size` gets when it grows (`size` below `small`: half again)."""
-        return size // 2 if size < small else size // 8
+        """How many more an array of `size` gets when it grows (`size` below `small`: half
+        again; below 8 * `small`: an eighth; above: a sixteenth)."""
+        return size // 2 if size < small else size // 8 if size < 8 * small else size // 16
 
     # The most a uint32 column of L holds, and the store order renumbered past it (class
     # attributes, so tests can make them small).
@@ -1624,13 +1663,19 @@ class ColumnarPool:
         nb = self._num_bids
         if nb + k > len(self.T):
             live = np.flatnonzero(self.F[:, F_TIER] > 0)
-            used, inv = np.unique(self.L[live, L_BID], return_inverse=True)
+            bids = self.L[live, L_BID]
+            # the rows held slots name, in order, and their new numbers (a mark per row, not a
+            # sort of every slot's row: np.unique's was most of this)
+            named = np.zeros(nb, np.bool_)
+            named[bids] = True
+            used = np.flatnonzero(named)
+            renumber = np.cumsum(named) - 1
             nb = len(used)
             size = len(self.T) if 2 * (nb + k) <= len(self.T) else max(2 * len(self.T), 2 * (nb + k))
             T, BSEQ = np.zeros(size, np.float64), np.zeros(size, np.int64)
             T[:nb], BSEQ[:nb] = self.T[used], self.BSEQ[used]
             self.T, self.BSEQ = T, BSEQ
-            self.L[live, L_BID] = inv
+            self.L[live, L_BID] = renumber[bids]
         if self.L.dtype == np.uint32 and nb + k > self._narrow_limit:
             self._widen()
         self.T[nb:nb + k] = tss
@@ -1783,6 +1828,21 @@ class ColumnarPool:
         if not full:
             self._run_columns(seqs[:0], None, None, None, np.zeros(len(run) + 1, np.int64), seqs, tss)
             return
+        if all(b.data is not None for b in full):  # every frame from the one-pass reader: its data joined
+            sizes = np.array([len(b.rows) for b in full] + [b.num_keys for b in full]
+                             + [b.num_tokens for b in full] + [len(b.data) for b in full],
+                             np.int64).reshape(4, -1).T.copy()
+            rows, data = np.concatenate([b.rows for b in full]), np.concatenate([b.data for b in full])
+            parents = np.empty(len(rows), np.uint64)
+            *figures, most_id = _join_data(rows, data, sizes, parents)
+            per = np.array([len(b.rows) for b in run], np.int64)
+            bounds = np.zeros(len(run) + 1, np.int64)
+            np.cumsum(per, out=bounds[1:])
+            # the token ids are the joined data's uint32 view, hashes and parents between them:
+            # how many and the largest are given, not read from it
+            self._run_columns(rows, parents, data, data.view(np.uint32), bounds, seqs, tss, tuple(figures),
+                              int(sizes[:, 2].sum()), int(most_id))
+            return
         rows, keys, tokens = [b.rows for b in full], [b.keys for b in full], [b.tokens for b in full]
         # one compiled pass for the starts' fix-ups and the figures _reserve needs: numpy's
         # repeat, cumsum and four strided reductions over rows cost more than the pass (the
@@ -1797,7 +1857,8 @@ class ColumnarPool:
         self._run_columns(rows, parents, keys, tokens, bounds, seqs, tss, _join_starts(rows, sizes))
 
     def _run_columns(self, rows: np.ndarray, parents: Any, keys: Any, tokens: Any, bounds: np.ndarray,
-                     seqs: np.ndarray, tss: np.ndarray, figures: tuple | None = None) -> None:
+                     seqs: np.ndarray, tss: np.ndarray, figures: tuple | None = None, num_tokens: int | None = None,
+                     most_id: int | None = None) -> None:
         """Frames of common events in one compiled call: frame f is rows bounds[f]..bounds[f+1]-1
         (hashes and token ids of all frames concatenated, the rows' starts counting from 0);
         `figures`: what `_join_starts` returns for rows, when it has read them."""
@@ -1813,7 +1874,10 @@ class ColumnarPool:
                        _num_removals(rows))
         nblocks, most_tokens, most, removals = figures
         self._batch_blocks = nblocks
-        self._reserve(nblocks, len(tokens), tokens, most_tokens, removals)
+        if num_tokens is None:
+            self._reserve(nblocks, len(tokens), tokens, most_tokens, removals)
+        else:  # (`tokens` a view of more than token ids: `_apply_run`'s joined data)
+            self._reserve(nblocks, num_tokens, np.array([most_id], np.uint64), most_tokens, removals)
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)

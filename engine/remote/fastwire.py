@@ -501,13 +501,44 @@ class ColumnarBatch:
     every event when the batch came from the reference reader), so nothing is decoded
     twice; `batch()` builds the whole `VllmBatch` when someone needs it."""
 
-    __slots__ = ("seq", "ts", "data_parallel_rank", "rows", "parents", "keys", "tokens", "events", "payload")
+    __slots__ = ("seq", "ts", "data_parallel_rank", "rows", "_parents", "_keys", "_tokens", "events", "payload",
+                 "data", "num_keys", "num_tokens")
 
-    def __init__(self, seq: int, ts: float, rank: int | None, rows: np.ndarray, parents: np.ndarray,
-                 keys: np.ndarray, tokens: np.ndarray, events: dict[int, VllmEvent], payload: bytes | None) -> None:
+    def __init__(self, seq: int, ts: float, rank: int | None, rows: np.ndarray, parents: np.ndarray | None,
+                 keys: np.ndarray | None, tokens: np.ndarray | None, events: dict[int, VllmEvent],
+                 payload: bytes | None, data: np.ndarray | None = None, num_keys: int = 0,
+                 num_tokens: int = 0) -> None:
         self.seq, self.ts, self.data_parallel_rank = seq, ts, rank
-        self.rows, self.parents, self.keys, self.tokens = rows, parents, keys, tokens
+        self.rows, self._parents, self._keys, self._tokens = rows, parents, keys, tokens
         self.events, self.payload = events, payload
+        # the one-pass reader's frame: parents, hashes and token ids in one uint64 array,
+        # `data` (one parent a row, then the hashes, then the token ids as uint32, two a
+        # word); the three arrays are views of it, made when first read (`ColumnarPool.
+        # apply_many` joins the frames' `data` and reads none of them)
+        self.data, self.num_keys, self.num_tokens = data, num_keys, num_tokens
+
+    def _views(self) -> None:
+        m, nk = len(self.rows), self.num_keys
+        self._parents, self._keys = self.data[:m], self.data[m:m + nk]
+        self._tokens = self.data[m + nk:].view(np.uint32)[:self.num_tokens]
+
+    @property
+    def parents(self) -> np.ndarray:
+        if self._parents is None:
+            self._views()
+        return self._parents
+
+    @property
+    def keys(self) -> np.ndarray:
+        if self._keys is None:
+            self._views()
+        return self._keys
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            self._views()
+        return self._tokens
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -585,40 +616,45 @@ def _array_head(buf, p):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _common_frame(buf):  # pragma: no cover - compiled
-    """(ok, ts, rank or -1, rows, parents, keys, tokens) of an EventBatch of common events;
-    ok False (and nothing else meaningful) for anything outside the subset above. The field
-    names and masks are module constants, frozen into the compiled code: passed as
-    arguments, numba's dispatcher typed all four again at every frame."""
+    """(ok, ts, rank or -1, rows, data, hashes, token ids) of an EventBatch of common events:
+    `data` holds one parent a row, the hashes, then the token ids as uint32, two a word
+    (`ColumnarBatch.data`: each array handed back to Python cost as much as three views,
+    and a run of frames is joined with one concatenation, not three); ok False (and
+    nothing else meaningful) for anything outside the subset above. The field names and
+    masks are module constants, frozen into the compiled code: passed as arguments,
+    numba's dispatcher typed all four again at every frame."""
     fb, fo, stored_ok, removed_ok = _FIELD_BYTES, _FIELD_OFF, _STORED_OK, _REMOVED_OK
     n = len(buf)
     no_rows = np.empty((0, NUM_R), np.int64)
-    no_u64 = np.empty(0, np.uint64)
-    no_tok = np.empty(0, np.uint32)
+    no_data = np.empty(0, np.uint64)
     if n < 11 or not (buf[0] == 0x92 or buf[0] == 0x93) or buf[1] != 0xCB:
-        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        return False, 0.0, -1, no_rows, no_data, 0, 0
     has_rank = buf[0] == 0x93
     raw = np.empty(8, np.uint8)
     for j in range(8):
         raw[j] = buf[9 - j]
     ts = raw.view(np.float64)[0]
     if not np.isfinite(ts):
-        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        return False, 0.0, -1, no_rows, no_data, 0, 0
     p = 10
     h, m = _array_head(buf, p)
     if h < 0:
-        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+        return False, 0.0, -1, no_rows, no_data, 0, 0
     p += h
     if m > n // 18 + 1:  # a common event takes at least 18 bytes (a map, its "type", a kind):
-        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok  # a forged count, not arrays for it
+        return False, 0.0, -1, no_rows, no_data, 0, 0  # a forged count, not arrays for it
     rows = np.zeros((m, NUM_R), np.int64)
-    parents = np.zeros(m, np.uint64)
-    keys = np.empty(n // 9 + 1, np.uint64)
-    tokens = np.empty(n, np.uint32)
+    tok_at = m + n // 9 + 1  # the parents, room for every hash the frame may hold, its token ids
+    data = np.empty(tok_at + (n + 1) // 2, np.uint64)
+    parents = data[:m]
+    parents[:] = 0
+    keys = data[m:tok_at]
+    tokens = data[tok_at:].view(np.uint32)
     nk = 0
     ntok = 0
     for i in range(m):
         if p >= n:
-            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            return False, 0.0, -1, no_rows, no_data, 0, 0
         b = buf[p]
         if 0x80 <= b <= 0x8F:
             pairs = np.int64(b & 0x0F)
@@ -631,24 +667,24 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 | buf[p + 4]
             p += 5
         else:
-            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            return False, 0.0, -1, no_rows, no_data, 0, 0
         seen = np.int64(0)
         kind = -1
         rows[i, R_HASH0] = nk
         for _ in range(pairs):
             if p >= n:
-                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                return False, 0.0, -1, no_rows, no_data, 0, 0
             b = buf[p]
             h, items, size = _head(buf, p)
             if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
-                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                return False, 0.0, -1, no_rows, no_data, 0, 0
             f = _field_id(buf, p, h, size, fb, fo)
             if f < 0 or (seen >> f) & 1:
-                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                return False, 0.0, -1, no_rows, no_data, 0, 0
             seen |= np.int64(1) << f
             p += h + size
             if p >= n:
-                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                return False, 0.0, -1, no_rows, no_data, 0, 0
             b = buf[p]
             if f == 0 or f == 5:  # type, medium: one of a few literal strings
                 if f == 5 and b == 0xC0:
@@ -656,7 +692,7 @@ def _common_frame(buf):  # pragma: no cover - compiled
                     continue
                 h, items, size = _head(buf, p)
                 if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 if f == 0 and _str_is(buf, p, h, size, _V_STORED):
                     kind = KIND_STORED
                 elif f == 0 and _str_is(buf, p, h, size, _V_REMOVED):
@@ -666,19 +702,19 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 elif f == 5 and _str_is(buf, p, h, size, _V_CPU):
                     rows[i, R_MEDIUM] = 2
                 else:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 p += h + size
             elif f == 1:  # block_hashes: 8-byte integers
                 h, c = _array_head(buf, p)
                 if h < 0 or p + h + 9 * c > n:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 p += h
                 rows[i, R_NHASH] = c
                 rows[i, R_WIDTH] = 8 if c else 0
                 for _ in range(c):
                     b = buf[p]
                     if b != 0xCF and b != 0xD3:
-                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                        return False, 0.0, -1, no_rows, no_data, 0, 0
                     v = np.uint64(0)
                     for j in range(1, 9):
                         v = (v << np.uint64(8)) | np.uint64(buf[p + j])
@@ -691,13 +727,13 @@ def _common_frame(buf):  # pragma: no cover - compiled
                     continue
                 h, c = _array_head(buf, p)
                 if h < 0:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 p += h
                 rows[i, R_TOK0] = ntok
                 rows[i, R_NTOK] = c
                 for _ in range(c):
                     if p >= n:
-                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                        return False, 0.0, -1, no_rows, no_data, 0, 0
                     b = buf[p]
                     if b < 0x80:
                         tokens[ntok] = b
@@ -713,7 +749,7 @@ def _common_frame(buf):  # pragma: no cover - compiled
                             | (np.uint32(buf[p + 3]) << 8) | buf[p + 4]
                         p += 5
                     else:
-                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                        return False, 0.0, -1, no_rows, no_data, 0, 0
                     ntok += 1
             elif f == 2 or f == 4:  # parent_block_hash, block_size: nil or an integer
                 if b == 0xC0:
@@ -721,51 +757,55 @@ def _common_frame(buf):  # pragma: no cover - compiled
                     continue
                 ok, v = _int_at(buf, p)
                 if not ok:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 if f == 2:
                     rows[i, R_PARENT] = 1
                     parents[i] = v
                 else:
                     if b == 0xD3 or np.int64(v) < 0 or v >= (1 << 40):
-                        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                        return False, 0.0, -1, no_rows, no_data, 0, 0
                     rows[i, R_SIZE] = np.int64(v)
                 h, items, size = _head(buf, p)
                 p += h + size
             else:  # any other field: nil, or the event is not a common one
                 if b != 0xC0:
-                    return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                    return False, 0.0, -1, no_rows, no_data, 0, 0
                 p += 1
         if kind < 0 or (seen & ~(stored_ok if kind == KIND_STORED else removed_ok)) != 0:
-            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            return False, 0.0, -1, no_rows, no_data, 0, 0
         rows[i, R_KIND] = kind
     rank = np.int64(-1)
     if has_rank:
         if p >= n:
-            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            return False, 0.0, -1, no_rows, no_data, 0, 0
         b = buf[p]
         if b == 0xC0:
             p += 1
         elif b < 0x80 or b == 0xCC or b == 0xCD or b == 0xCE:
             ok, v = _int_at(buf, p)
             if not ok:
-                return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+                return False, 0.0, -1, no_rows, no_data, 0, 0
             rank = np.int64(v)
             h, items, size = _head(buf, p)
             p += h + size
         else:
-            return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
+            return False, 0.0, -1, no_rows, no_data, 0, 0
     if p != n:
-        return False, 0.0, -1, no_rows, no_u64, no_u64, no_tok
-    return True, ts, rank, rows, parents, keys[:nk], tokens[:ntok]
+        return False, 0.0, -1, no_rows, no_data, 0, 0
+    packed = data[m + nk:].view(np.uint32)  # the token ids moved down to right after the hashes
+    for j in range(ntok):
+        packed[j] = tokens[j]
+    return True, ts, rank, rows, data[:m + nk + (ntok + 1) // 2], nk, ntok
 
 
 def common_columns(seq: int, payload: bytes) -> ColumnarBatch | None:
     """The columns of a frame of common events by one compiled pass, or None when the frame
     is anything else (then `decode_columns` reads it as before)."""
-    ok, ts, rank, rows, parents, keys, tokens = _common_frame(np.frombuffer(payload, np.uint8))
+    ok, ts, rank, rows, data, nk, ntok = _common_frame(np.frombuffer(payload, np.uint8))
     if not ok:
         return None
-    return ColumnarBatch(seq, float(ts), None if rank < 0 else int(rank), rows, parents, keys, tokens, {}, payload)
+    return ColumnarBatch(seq, float(ts), None if rank < 0 else int(rank), rows, None, None, None, {}, payload,
+                         data, nk, ntok)
 
 
 def _columns(seq: int, payload: bytes) -> ColumnarBatch:

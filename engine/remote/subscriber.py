@@ -51,10 +51,11 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 # One replay answer is at most the server's buffer (vLLM keeps 10,000 batches by default);
 # one that runs past this many frames is not a vLLM server's, and is cut short.
 MAX_REPLAY_FRAMES = 1 << 20
-# Live frames handled in one run before the monitor, the stop flag and the join are looked
-# at again (a ZMQ disconnect is noticed at most this many frames late; `_reconnect` reads
-# what is queued before it disconnects anyway).
+# Live frames read in one run before the monitor, the stop flag and the join are looked at
+# again (a ZMQ disconnect is noticed at most this many frames late; `_reconnect` reads what
+# is queued before it disconnects anyway), and the frame bytes a run reads at most.
 DRAIN_FRAMES = 256
+DRAIN_BYTES = 4 << 20
 
 
 def check_endpoint(endpoint: str, bind: bool = False) -> str:
@@ -151,7 +152,9 @@ class VllmSubscriber:
     `on_health(health)` after each of these with a copy of the counters, and `on_idle()`
     once the frames queued on its sockets are all handled, before it blocks waiting for
     more (and once more when it stops): a consumer that holds batches to apply many at
-    once applies them there, so nothing it holds waits for the next frame.
+    once applies them there, so nothing it holds waits for the next frame. With
+    `on_batches(batches)` and no `on_health`, queued live batches that simply follow on
+    are handed over as one list, in order, instead of one `on_batch` each.
     `refill_timeout` is the longest silence (no frame) of the replay socket in one answer.
 
     `demux(topic)` (bind mode, llm-d's centralized mode) makes the stream of a topic of the
@@ -168,7 +171,8 @@ class VllmSubscriber:
                  clock: Callable[[], float] = time.time,
                  demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True,
                  decode: Callable[[int, bytes], object] | None = None,
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None,
+                 on_batches: Callable[[list], None] | None = None) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -182,6 +186,7 @@ class VllmSubscriber:
         self.topic = topic.encode()
         self.bind = bind
         self.on_batch = on_batch
+        self.on_batches = on_batches
         self.on_restart = on_restart
         self.on_notice = on_notice
         self.on_health = on_health
@@ -196,7 +201,7 @@ class VllmSubscriber:
         self._live_seq: int | None = None
         self._last_at = time.monotonic()  # when the last batch was delivered
         self._low: list[list[bytes]] = []  # live frames below the last seq: a restart, if RESTART_RUN in a row
-        self._held: deque[list[bytes]] = deque()
+        self._held: deque[list[bytes]] = deque()  # live frames read, not handled yet
         self._demux = demux
         self.streams: dict[bytes, VllmSubscriber] = {}  # demux: topic -> its stream
         self.num_other_topics = 0  # frames whose topic only began with ours (ZMQ's prefix match)
@@ -352,16 +357,20 @@ class VllmSubscriber:
             self._malformed(str(exc))
             return False
         self.on_batch(batch)
-        self._busy = True
-        h = self.health
-        h.batches += 1
         if replayed:
-            h.refilled += 1
-        h.last_seq = seq
-        h.lag_s = self.clock() - batch.ts
-        self._last_at = time.monotonic()
+            self.health.refilled += 1
+        self._count(seq, batch.ts, 1)
         self._report()
         return True
+
+    def _count(self, seq: int, ts: float, num: int) -> None:
+        """`num` batches delivered, the last numbered `seq` and sent at `ts`."""
+        self._busy = True
+        h = self.health
+        h.batches += num
+        h.last_seq = seq
+        h.lag_s = self.clock() - ts
+        self._last_at = time.monotonic()
 
     def _refill(self, start: int, upto: int) -> bool:
         """Fetch batches `start..upto-1` from the replay socket, asking again from the first
@@ -639,19 +648,85 @@ class VllmSubscriber:
 
     def _drain_sub(self, sub) -> None:
         """Handle the frames queued on the SUB socket, up to DRAIN_FRAMES, without a poll
-        between them: a zmq poll of the two sockets cost more than decoding a frame. The
-        monitor, the stop flag and the join are looked at again after each run."""
+        between them (a zmq poll of the two sockets cost more than decoding a frame): read
+        what is queued (at most DRAIN_BYTES at once), handle it (`handle_many`), and again
+        while frames keep coming. The monitor, the stop flag and the join are looked at
+        again after each DRAIN_FRAMES."""
         noblock = self._zmq.NOBLOCK
         again = self._zmq.Again
-        self.handle(recv_parts(sub))  # the poll said one is there
-        for _ in range(DRAIN_FRAMES - 1):
-            if self._stop.is_set():
+        messages = [recv_parts(sub)]  # the poll said one is there
+        num_bytes, num_read = len(messages[0][-1]), 1
+        while True:
+            while num_read < DRAIN_FRAMES and num_bytes < DRAIN_BYTES:
+                try:
+                    frames = recv_parts(sub, noblock)
+                except again:
+                    break
+                messages.append(frames)
+                num_bytes += len(frames[-1])
+                num_read += 1
+            self.handle_many(messages)
+            if num_read >= DRAIN_FRAMES or self._stop.is_set():
                 return
-            try:
+            try:  # what came while those were handled
                 frames = recv_parts(sub, noblock)
             except again:
                 return
-            self.handle(frames)
+            messages, num_bytes, num_read = [frames], len(frames[-1]), num_read + 1
+
+    def handle_many(self, messages: list[list[bytes]]) -> None:
+        """PUB messages in the order they came, each as `handle` takes it; but a run of them
+        that simply follows on (this stream's topic, each the number after the last batch,
+        each well-formed) is decoded and delivered at once: one hand-off to `on_batches`
+        (when set, and nobody listens per batch on `on_health`) and one count of the run.
+        Whatever else (the first batch, a gap, a number back or far ahead, a malformed
+        frame, another topic, a shared socket's pods) goes through `handle`. What is not
+        handled (stopping, or a callback raised) is kept, first in line, for `_run`."""
+        i, num = 0, len(messages)
+        try:
+            while i < num and not self._stop.is_set():
+                batches = self._follow_on(messages, i)
+                if not batches:
+                    i += 1
+                    self.handle(messages[i - 1])
+                elif self.on_batches is not None and self.on_health is None:
+                    i += len(batches)
+                    self.on_batches(batches)
+                    self._count(self.health.last_seq + len(batches), batches[-1].ts, len(batches))
+                    self._live_seq = self.health.last_seq
+                else:
+                    for batch in batches:
+                        i += 1
+                        self.on_batch(batch)
+                        self._count(self.health.last_seq + 1, batch.ts, 1)
+                        self._live_seq = self.health.last_seq
+                        self._report()
+        finally:
+            if i < num:
+                self._held.extendleft(reversed(messages[i:]))
+
+    def _follow_on(self, messages: list[list[bytes]], start: int) -> list:
+        """The batches of messages[start:] that follow on from the last one, decoded, up to
+        the first that does not (the rules `handle` applies to each frame all pass for
+        these: the next number is neither a gap, nor back, nor a jump)."""
+        last = self.health.last_seq
+        if last is None or self._low or self._demux is not None:
+            return []
+        topic, decode = self.topic, self._decode
+        batches = []
+        for i in range(start, len(messages)):
+            frames = messages[i]
+            if len(frames) != 3 or len(frames[1]) != 8 or (topic and frames[0] != topic):
+                break
+            seq = last + 1
+            if int.from_bytes(frames[1], "big", signed=True) != seq:
+                break
+            try:
+                batches.append(decode(seq, bytes(frames[2])))
+            except MalformedFrame:
+                break  # `handle` counts it
+            last = seq
+        return batches
 
     def _idle(self) -> None:
         """Nothing queued: tell the consumer of each stream that got batches since the last
