@@ -36,7 +36,9 @@ def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
     out = [log.col(name) for name in log._cols]
     out += [keys.parent, keys.item, keys.tag, keys.content, req._keys, req._koff, req._nfull, req._salt_ids,
             req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair),
-            *log._per_event.values(), *([] if log.event_bounds is None else [log.event_bounds])]
+            *log._sparse_base.values(),
+            *(a for v in log._per_event.values() for a in ((v.at, v.values) if hasattr(v, "at") else (v,))),
+            *([] if log.event_bounds is None else [log.event_bounds])]  # a column kept as runs: its two arrays
     for state in log._cp_states:
         out += [state.ref_counts, state.hash_keys, state.free_pos]
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_heldmem_live import _same
+from tests.test_heldmem_live import _same, local_log
 
 
 @pytest.fixture(autouse=True)
@@ -37,25 +37,8 @@ def _local_log(num_requests: int):
     """A 2,048-block local pool's log (requests of 9 blocks taken and freed: a few hundred
     blocks change between two checkpoints, so their differences are kept, not whole
     arrays), checkpoints from 64 rows apart, and a function appending more requests."""
-    from engine.core.events import EventBus
-    from engine.core.hashing import BlockHasher
-    from engine.core.live_log import LiveColumnarLog
-    from engine.core.manager import PrefixCacheManager, Request
-
-    bus = EventBus()
-    events: list = []
-    bus.subscribe(events.append)
-    manager = PrefixCacheManager(2048, 4, BlockHasher(seed=0), bus)
-    log = LiveColumnarLog(2048, 4, checkpoint_rows=64, max_checkpoints=4)
-
-    def more(first: int, last: int) -> None:
-        for i in range(first, last):
-            manager.allocate(Request(f"r{i}", [(13 * i + j) % 9973 for j in range(36)]))
-            manager.finish(f"r{i}")
-            log.extend(events[len(log):])
-
-    more(0, num_requests)
-    return log, more
+    return local_log(2048, lambda i: [(13 * i + j) % 9973 for j in range(36)], num_requests,
+                     checkpoint_rows=64, max_checkpoints=4)
 
 
 def test_scrubs_of_a_pool_whose_blocks_change_after_the_newest_checkpoint():

@@ -76,8 +76,10 @@ def test_what_is_kept_past_a_batch_does_not_move_with_the_live_pool(held):
     _same(state.log.state_at(int(state.log.last_seq)), state.log.live)
 
 
-def _local_pool(num_requests: int, checkpoint_rows: int | None = None):
-    """A local 8-block pool's log after `num_requests` requests, its manager and events."""
+def local_log(num_blocks: int, tokens, num_requests: int, **log_options):
+    """A local `num_blocks`-block pool's log (block size 4) after `num_requests` requests,
+    request i's tokens `tokens(i)`, each taken and freed, and a function `more(first, last)`
+    that appends requests first..last-1."""
     from engine.core.events import EventBus
     from engine.core.hashing import BlockHasher
     from engine.core.live_log import LiveColumnarLog
@@ -86,17 +88,22 @@ def _local_pool(num_requests: int, checkpoint_rows: int | None = None):
     bus = EventBus()
     events: list = []
     bus.subscribe(events.append)
-    manager = PrefixCacheManager(8, 4, BlockHasher(seed=0), bus)
-    log = LiveColumnarLog(8, 4, checkpoint_rows=checkpoint_rows)
+    manager = PrefixCacheManager(num_blocks, 4, BlockHasher(seed=0), bus)
+    log = LiveColumnarLog(num_blocks, 4, **log_options)
 
     def more(first: int, last: int) -> None:
         for i in range(first, last):
-            manager.allocate(Request(f"r{i}", list(range(10 * i, 10 * i + 13))))
+            manager.allocate(Request(f"r{i}", tokens(i)))
             manager.finish(f"r{i}")
             log.extend(events[len(log):])
 
     more(0, num_requests)
     return log, more
+
+
+def _local_pool(num_requests: int, checkpoint_rows: int | None = None):
+    """A local 8-block pool's log after `num_requests` requests of 13 tokens."""
+    return local_log(8, lambda i: list(range(10 * i, 10 * i + 13)), num_requests, checkpoint_rows=checkpoint_rows)
 
 
 def test_a_scrub_to_the_last_event_stays_there_in_a_pool_that_does_not_grow():

@@ -9,24 +9,39 @@ import dataclasses
 import numpy as np
 
 
-def test_one_row_events_read_their_seqs_from_the_rows_then_a_reset_gives_them_their_own():
-    from app.commands._bench_gui import _remote_events
-    from engine.core.events import CacheReset
+def one_row_log(events):
+    """A live log of the first 2,000 of a remote pool's `events` (one row each), in two batches."""
     from engine.core.live_log import LiveColumnarLog
 
-    events = _remote_events(3_000)
     log = LiveColumnarLog(0, 16)
     log.extend(events[:1_000])
     log.extend(events[1_000:2_000])
-    assert log._seqs is None and log.columnar.num_rows == len(log) == 2_000
-    assert np.shares_memory(log.seqs, log.columnar.col("seq"))
-    assert log.seqs.tolist() == [e.seq for e in events[:2_000]]
-    bytes_before = log.nbytes_by_part()["events"]
+    return log
+
+
+def then_a_reset(log, events):
+    """`log` given a cache reset of its 2,000 blocks (an event of 2,000 rows), then the rest of
+    `events`, their seqs moved on by one: (the reset, the events after it)."""
+    from engine.core.events import CacheReset
 
     reset = CacheReset(seq=2_000, time=events[1_999].time, num_blocks_cleared=2_000, remote=events[1_999].remote)
     moved = [dataclasses.replace(e, seq=e.seq + 1) for e in events[2_000:]]
     log.extend([reset])
     log.extend(moved)
+    return reset, moved
+
+
+def test_one_row_events_read_their_seqs_from_the_rows_then_a_reset_gives_them_their_own():
+    from app.commands._bench_gui import _remote_events
+
+    events = _remote_events(3_000)
+    log = one_row_log(events)
+    assert log._seqs is None and log.columnar.num_rows == len(log) == 2_000
+    assert np.shares_memory(log.seqs, log.columnar.col("seq"))
+    assert log.seqs.tolist() == [e.seq for e in events[:2_000]]
+    bytes_before = log.nbytes_by_part()["events"]
+
+    reset, moved = then_a_reset(log, events)
     assert log._seqs is not None and log.columnar.num_rows > len(log)
     want = [e.seq for e in events[:2_000]] + [2_000] + [e.seq for e in moved]
     assert log.seqs.tolist() == want

@@ -57,7 +57,9 @@ def test_the_hash_and_a_columns_are_kept_sparse_and_read_as_the_whole_ones(monke
         assert name in log._sparse and name not in log._cols and name in whole._cols
         rows, values = log._sparse[name]
         dense = whole.col(name)
-        assert np.array_equal(rows, np.flatnonzero(dense != fill)) and np.all(values != fill)
+        base = log._sparse_base.get(name)  # `a`: a byte a row, and as rows the values a byte does not hold
+        kept = dense != fill if base is None else (dense < 0) | (dense > 255)
+        assert np.array_equal(rows, np.flatnonzero(kept)) and np.all(values != fill)
         if name == "hash":  # the rows that carry one
             assert np.array_equal(rows, np.flatnonzero((kind == STORED) | (kind == EVICTED)))
         got = log.col(name)
@@ -85,9 +87,13 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     assert whole.event_bounds is None and "seq" in whole._cols
     n, num_events = log.num_rows, len(log)
     num_set = len(log._sparse["hash"][0]) + len(log._sparse["a"][0])
-    # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 4 + 1 an event and its first row's 4;
-    # the hash's and a's 4 + 4 a row, 4 + 4 a row that sets one; the block's 4 a row, 2
-    assert log.nbytes() == whole.nbytes() - 19 * n + 13 * num_events + 4 + 8 * num_set
+    # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 1 an event and its first row's 4,
+    # the requests 4 + 4 a run of one request's events; the hash's and a's 4 + 4 a row, 4 + 4 a row that
+    # sets one (a's only where a byte does not hold it, a byte a row besides); the block's 4 a row, 2
+    runs = log._per_event["request"]
+    assert runs.nbytes == 8 * len(runs.at) < 4 * num_events
+    assert log._sparse_base["a"].nbytes == n
+    assert log.nbytes() == whole.nbytes() - 19 * n + 9 * num_events + runs.nbytes + 4 + 8 * num_set + n
     assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
     assert log.kept("block").dtype == np.int16 and np.array_equal(log.kept("block"), whole.col("block"))
     for name in ("seq", "request", "kind", "block"):

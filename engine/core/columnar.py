@@ -71,6 +71,9 @@ SPARSE_COLUMNS = {"b": 0, "hash": -1, "a": 0}
 # seqs, requests and kinds, and the events' first rows (`ColumnarEventLog` shares them but
 # the requests); read as rows with `values_at`, or made whole by `col`
 PER_EVENT_COLUMNS = ("seq", "request", "kind")
+# per-event columns `ColumnarEventLog` shares as arrays (its seqs and kinds); the others may be
+# kept as runs (`_EventRuns`)
+_SHARED_PER_EVENT = frozenset({"seq", "kind"})
 # columns a finished log stores in a narrower type while every value fits, read in their own
 # (`col`, `values_at`, `rows_window` widen what they return): block ids, int16 for a pool of up
 # to 32,767 blocks (the Mooncake trace's 16,384: 3.2 MB less). A write widens them first.
@@ -338,6 +341,9 @@ class ColumnarLog:
         self.requests = requests if requests is not None else RequestTable.empty()
         self._cols = {name: np.zeros(1024, np.int32 if name in WIDENING else dtype) for name, dtype in KEPT_COLUMNS}
         self._sparse: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (rows, values): `values_at`
+        # name -> a byte a row under a sparse column whose fill is 0: the rows of `_sparse`
+        # are then only those whose value a byte does not hold (`_make_sparse`)
+        self._sparse_base: dict[str, np.ndarray] = {}
         self._per_event: dict[str, np.ndarray] = {}  # name -> a value per event (PER_EVENT_COLUMNS)
         self.event_bounds: np.ndarray | None = None  # with `_per_event`: each event's first row, then num_rows
         self.num_rows = 0
@@ -349,6 +355,7 @@ class ColumnarLog:
         # head prepends of the free queue before some rows (row -> count), so that moving
         # a state on from a row does not count them over from the first row again
         self._head_marks: dict[int, int] = {0: 0}
+        self._heads_after: tuple[int, int] | None = None  # (row, head prepends before it) the last pass counted
         # live appends: the current hash of each block and request id -> its latest row
         self._live_keys: np.ndarray | None = None
         self._live_request: dict[str, int] = {}
@@ -403,7 +410,7 @@ class ColumnarLog:
                 return np.repeat(per_event, np.diff(self.event_bounds))
             if name in self._sparse:  # made whole for the caller: `values_at` reads a part
                 rows, values = self._sparse[name]
-                out = np.full(self.num_rows, SPARSE_COLUMNS[name], values.dtype)
+                out = self._filled(name, slice(None), values.dtype)
                 out[rows] = values
                 return out
             if name == "tier":  # not kept: every row's is 0
@@ -423,16 +430,16 @@ class ColumnarLog:
                 return self.col(name)[index]
             return _widened(name, kept[:self.num_rows][index])
         rows, values = sparse
-        fill = SPARSE_COLUMNS[name]
         if isinstance(index, slice):
             start, stop, _ = index.indices(self.num_rows)
-            out = np.full(max(0, stop - start), fill, values.dtype)
+            out = self._filled(name, slice(start, max(start, stop)), values.dtype)
             lo, hi = np.searchsorted(rows, (start, stop))
             out[rows[lo:hi] - start] = values[lo:hi]
             return out
         index = np.asarray(index)
+        fill = self._filled(name, index, values.dtype)
         if not len(rows):
-            return np.full(index.shape, fill, values.dtype)
+            return fill
         at = np.minimum(np.searchsorted(rows, index), len(rows) - 1)
         return np.where(rows[at] == index, values[at], fill).astype(values.dtype)
 
@@ -487,24 +494,53 @@ class ColumnarLog:
             col = self._cols[name][:n]
             if name != "seq" and not np.array_equal(col[1:][same], col[:-1][same]):
                 continue  # rows of one event that differ (no source makes them): kept whole
-            self._per_event[name] = col[starts]
+            values = col[starts]
+            self._per_event[name] = values if name in _SHARED_PER_EVENT else _EventRuns.of(values)
             del self._cols[name]
         if not self._per_event:
             self.event_bounds = None
 
     def _make_sparse(self, name: str) -> None:
+        """Keep column `name` the smallest of three ways: whole; as the rows whose value is not
+        its fill and their values; or (a fill of 0) a byte a row and, as those rows, the ones
+        whose value a byte does not hold (the Mooncake trace's `a`: ref counts of 1 and
+        lookups' hit counts of a few hundred at most, but finishes' token counts)."""
         col = self.col(name)
-        rows = np.flatnonzero(col != SPARSE_COLUMNS[name])
-        if self.num_rows <= _I32.max:
-            rows = rows.astype(np.int32)
-        if len(rows) * (rows.itemsize + col.itemsize) >= col.nbytes:
+        fill = SPARSE_COLUMNS[name]
+        wide = np.int32 if self.num_rows <= _I32.max else np.int64
+        rows = np.flatnonzero(col != fill).astype(wide)
+        per_row = rows.itemsize + col.itemsize
+        best = min(col.nbytes, len(rows) * per_row)
+        base = None
+        if fill == 0 and col.itemsize > 1:
+            small = (col >= 0) & (col <= 255)
+            over = np.flatnonzero(~small).astype(wide)
+            if self.num_rows + len(over) * per_row < best:
+                rows, base = over, np.where(small, col, 0).astype(np.uint8)
+                best = self.num_rows + len(over) * per_row
+        if best >= col.nbytes:
             return
         self._sparse[name] = (rows, col[rows])
+        if base is not None:
+            self._sparse_base[name] = base
         del self._cols[name]
 
+    def _filled(self, name: str, index: Any, dtype: Any) -> np.ndarray:
+        """A sparse column's value at `index` (a slice, rows, a row) before its rows are laid
+        over it: its fill, or its byte a row (`_sparse_base`)."""
+        base = self._sparse_base.get(name)
+        if base is not None:
+            return base[:self.num_rows][index].astype(dtype)
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(self.num_rows)
+            return np.full(max(0, stop - start), SPARSE_COLUMNS[name], dtype)
+        return np.full(np.shape(index), SPARSE_COLUMNS[name], dtype)
+
     def _densify(self) -> None:
-        """The sparse and per-event columns whole again, before rows are written (a finished
-        log appended to)."""
+        """The sparse, per-event and narrow columns whole again, before rows are written (a
+        finished log appended to); nothing to do for a log whose columns all are."""
+        if not (self._sparse or self._per_event or self._has_narrow()):
+            return
         cap = len(self._cols["block"])  # every column kept whole has the same room
         for name, (narrow, read) in NARROW_COLUMNS.items():
             if name in self._cols and self._cols[name].dtype == narrow:
@@ -517,8 +553,9 @@ class ColumnarLog:
         self.event_bounds = None
         for name, (rows, values) in self._sparse.items():
             col = self._cols[name] = np.full(cap, SPARSE_COLUMNS[name], values.dtype)
+            col[:self.num_rows] = self._filled(name, slice(None), values.dtype)
             col[rows] = values
-        self._sparse = {}
+        self._sparse, self._sparse_base = {}, {}
 
     def settle(self) -> None:
         """Copy the arrays a finished log keeps (rows, chain and request tables, request
@@ -528,7 +565,9 @@ class ColumnarLog:
         space and the rest can go back to the system."""
         self._cols = {name: _fresh(arr[:self.num_rows]) for name, arr in self._cols.items()}
         self._sparse = {name: (_fresh(rows), _fresh(values)) for name, (rows, values) in self._sparse.items()}
-        self._per_event = {name: _fresh(values) for name, values in self._per_event.items()}
+        self._sparse_base = {name: _fresh(base) for name, base in self._sparse_base.items()}
+        self._per_event = {name: values.fresh() if isinstance(values, _EventRuns) else _fresh(values)
+                           for name, values in self._per_event.items()}
         if self.event_bounds is not None:
             self.event_bounds = _fresh(self.event_bounds)
         keys = self.keys
@@ -551,6 +590,7 @@ class ColumnarLog:
     def nbytes(self) -> int:
         return sum(a[:self.num_rows].nbytes for a in self._cols.values()) + sum(
             rows.nbytes + values.nbytes for rows, values in self._sparse.values()) + sum(
+            base.nbytes for base in self._sparse_base.values()) + sum(
             values.nbytes for values in self._per_event.values()) + (
             self.event_bounds.nbytes if self.event_bounds is not None else 0)
 
@@ -579,8 +619,7 @@ class ColumnarLog:
         (an engine thread, after `prepare_events`): the larger columns are allocated and
         the rows written by now copied there, so the writing thread, when its columns fill,
         copies only the rows it wrote since (`_write_table`) instead of the whole log."""
-        if self._sparse or self._per_event or self._has_narrow():
-            self._densify()
+        self._densify()
         cap = len(self._cols["kind"])
         need = max(self.num_made, self.num_rows) + rows
         spare = self._spare
@@ -599,8 +638,7 @@ class ColumnarLog:
         """Write `table` (int64, `_ROW_ORDER`) at row `start`, a column in `WIDENING` made
         int64 first if a value would not fit int32 (a spare `reserve` made narrow is dropped)."""
         stop = start + len(table)
-        if self._sparse or self._per_event or self._has_narrow():
-            self._densify()
+        self._densify()
         cap = len(self._cols["kind"])
         if stop > cap:
             spare, self._spare = self._spare, None
@@ -653,8 +691,24 @@ class ColumnarLog:
         """How many blocks the pool has after `rows` rows (a live pool may have grown)."""
         if self.num_blocks == self.initial_blocks:
             return self.num_blocks if np.ndim(rows) == 0 else np.full(np.shape(rows), self.num_blocks, np.int64)
-        got = np.searchsorted(self._born_row[:self.num_blocks], rows, side="left")
-        return int(got) if np.ndim(rows) == 0 else got.astype(np.int64)
+        born = self._born_row[:self.num_blocks]
+        if np.ndim(rows) == 0:  # a Python int beside int32 born rows: numpy would convert them all first
+            return int(np.searchsorted(born, as_key(rows, born), side="left"))
+        return np.searchsorted(born, rows, side="left").astype(np.int64)
+
+    def blocks_after_rows(self, r0: int, r1: int) -> np.ndarray:
+        """`blocks_at` after each row of [r0, r1) (at r0 + 1 up to r1), counted on from the
+        first: a tick's 4,400 binary searches were ~40 us, the births among them a few."""
+        if self.num_blocks == self.initial_blocks or r1 <= r0:
+            return np.full(max(0, r1 - r0), self.num_blocks, np.int64)
+        born = self._born_row[:self.num_blocks]
+        lo, hi = (int(np.searchsorted(born, as_key(r, born), side="left")) for r in (r0 + 1, r1))
+        if hi == lo:
+            return np.full(r1 - r0, lo, np.int64)
+        # a block born at row r counts from r + 1 on (`blocks_at`: born rows before it)
+        out = np.bincount(born[lo:hi] - r0, minlength=r1 - r0).astype(np.int64)
+        out[0] += lo
+        return np.cumsum(out, out=out)
 
     def remote_info(self, number: int) -> Any:
         """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
@@ -1042,6 +1096,9 @@ class ColumnarLog:
         got = marks.get(stop)
         if got is not None:
             return got
+        last = self._heads_after
+        if last is not None and last[0] == stop:  # counted by the compiled pass that moved a state there
+            return last[1]
         start = max((r for r in marks if r <= stop), default=0)
         kind, flag, block = (self.values_at(name, slice(start, stop)) for name in ("kind", "flag", "block"))
         return marks.get(start, 0) + int(np.count_nonzero((kind == FREED) & (flag == 0) & (block >= 0)))
@@ -1055,7 +1112,12 @@ class ColumnarLog:
         m = n - have
         return (np.concatenate([state.ref_counts, np.zeros(m, np.int32)]),
                 np.concatenate([state.hash_keys, np.full(m, -1, np.int32)]),
-                np.concatenate([state.free_pos, TAIL_BASE + 2 * self._born_row[have:n].astype(np.int64) - 1]))
+                np.concatenate([state.free_pos, self._born_free_pos(have, n)]))
+
+    def _born_free_pos(self, have: int, n: int) -> np.ndarray:
+        """The free-queue positions of blocks have..n-1 as a live pool gains them: each at the
+        queue's tail from the row it was born at."""
+        return TAIL_BASE + 2 * self._born_row[have:n].astype(np.int64) - 1
 
     def _advance(self, state: PoolArrays, start: int, stop: int) -> PoolArrays:
         """`state` (after row `start`) moved on to after row `stop`; vectorised, a new value."""
@@ -1068,13 +1130,15 @@ class ColumnarLog:
             return PoolArrays(state.seq, stop, ref, hk, pos, counters)
         loop = _compiled_advance()
         if loop is not None:  # one pass over the rows, each applied in order (the same values)
-            got = np.zeros(7, np.int64)
+            got = np.zeros(8, np.int64)
+            heads0 = self._head_count(start)
             loop(self.rows_window("kind", start, stop), self.rows_window("block", start, stop),
                  self.rows_window("a", start, stop),
                  self.rows_window("hash", start, stop),
                  self.col("flag"), self.rows_window("seq", start, stop), self.rows_window("request", start, stop),
                  self.requests.prompt_sizes(), start, stop,
-                 self._head_count(start), ref, hk, pos, got)
+                 heads0, ref, hk, pos, got)
+            self._heads_after = (stop, heads0 + int(got[7]))
             counters.num_requests += int(got[0])
             counters.num_prompt_tokens += int(got[1])
             counters.num_cached_tokens += int(got[2]) * self.block_size
@@ -1204,6 +1268,68 @@ def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
     return arr
 
 
+class _EventRuns:
+    """A per-event column kept as runs of equal values (the event where each run starts, and
+    its value) where that is under half its bytes: a trace's events come request by request,
+    so the Mooncake trace's 481,145 request numbers are 12,031 runs (1.9 MB -> 96 KB).
+    Indexed as the array it stands for (a slice of step 1, an event, event numbers);
+    `np.asarray` makes it whole."""
+
+    __slots__ = ("at", "values", "n")
+
+    def __init__(self, at: np.ndarray, values: np.ndarray, n: int) -> None:
+        self.at, self.values, self.n = at, values, n
+
+    @staticmethod
+    def of(values: np.ndarray) -> np.ndarray | _EventRuns:
+        """`values` as runs if they take less than half the bytes so, else as they are."""
+        if len(values) < 2:
+            return values
+        at = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+        at = at.astype(np.int32) if len(values) <= _I32.max else at
+        if 2 * len(at) * (at.itemsize + values.itemsize) >= values.nbytes:
+            return values
+        return _EventRuns(at, values[at], len(values))
+
+    def fresh(self) -> _EventRuns:
+        return _EventRuns(_fresh(self.at), _fresh(self.values), self.n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.at.nbytes + self.values.nbytes
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = np.repeat(self.values, np.diff(np.append(self.at, self.n)))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.n)
+            if step != 1:
+                return np.asarray(self)[index]
+            if stop <= start:
+                return self.values[:0].copy()
+            at = self.at
+            first = int(np.searchsorted(at, as_key(start, at), side="right")) - 1
+            last = int(np.searchsorted(at, as_key(stop - 1, at), side="right"))
+            bounds = np.clip(at[first:last], start, stop) - start
+            return np.repeat(self.values[first:last], np.diff(np.append(bounds, stop - start)))
+        if np.ndim(index) == 0:
+            i = int(index)
+            if not -self.n <= i < self.n:
+                raise IndexError(f"event {i} is not among {self.n}")
+            i %= self.n
+            return self.values[int(np.searchsorted(self.at, as_key(i, self.at), side="right")) - 1]
+        return self.values[np.searchsorted(self.at, np.asarray(index), side="right") - 1]
+
+
 def _fresh(arr: np.ndarray) -> np.ndarray:
     """A copy of `arr` in a new allocation (the old one freed when its last reference goes)."""
     return np.array(arr, copy=True)
@@ -1223,8 +1349,9 @@ def _advance_loop(kind, block, a, key, flag, seq, request, sizes, start, stop, h
     """`ColumnarLog._advance`'s vectorised passes as one pass over rows [start, stop) in order
     (so the last write to a block wins), compiled by numba: ref counts, hashes and free-queue
     places written into `ref`, `hk`, `pos`; `got` gets (lookups, prompt tokens, hit blocks,
-    stores, evictions, refusals, finishes). A head prepend's place counts the head rows of its
-    event within the range only, as the vectorised code does when a range cuts an event."""
+    stores, evictions, refusals, finishes, head prepends). A head prepend's place counts the
+    head rows of its event within the range only, as the vectorised code does when a range
+    cuts an event."""
     g = heads0  # head rows before this one
     g0 = 0
     m = 0
@@ -1269,6 +1396,8 @@ def _advance_loop(kind, block, a, key, flag, seq, request, sizes, start, stop, h
                             j += 1
                     pos[b] = -(2 * g0 + m - g)
                     g += 1
+                    if flag[i] == 0:  # as `ColumnarLog._head_count` counts them
+                        got[7] += 1
         elif k == 2:  # LOOKUP
             got[0] += 1
             got[1] += sizes[request[i]]

@@ -104,7 +104,7 @@ class LazyEvents(Sequence[Event]):
         self._cache: dict[int, Event] = {}
 
     def __len__(self) -> int:
-        return len(self._log.starts)
+        return len(self._log)  # the events (a live log of one-row events keeps no starts)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
@@ -323,10 +323,12 @@ class ColumnarEventLog:
         if self._series is None:
             loop = _compiled_series_loop()
             s = self._compute_series() if loop is None else self._compiled_series(loop)
-            # each count in the narrowest type that holds it (a pool of 16K blocks in int16),
-            # about half the bytes of the int32 and int64 the pass returns; `empty` made when read
-            in_use, cached_free, max_ref, evicted = (narrowest(a, np.int16, np.int32) for a in (
-                s.in_use, s.cached_free, s.max_ref, s.evicted))
+            # each count in the narrowest type that holds it (a pool of 16K blocks in int16, a
+            # top ref count of a few in int8), about half the bytes of the int32 and int64 the
+            # pass returns; `empty` made when read
+            in_use, cached_free, evicted = (narrowest(a, np.int16, np.int32) for a in (
+                s.in_use, s.cached_free, s.evicted))
+            max_ref = narrowest(s.max_ref, np.int8, np.int16, np.int32)
             self._series = LogSeries(self, s.seq, in_use, cached_free, None, max_ref, evicted, None, None,
                                      s.refusal_seqs, s.reset_seqs)
         return self._series

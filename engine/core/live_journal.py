@@ -1141,7 +1141,8 @@ def prefetch_intrinsic() -> Any:
     """`_prefetch(arr, i)` for compiled code (numba's intrinsic, made once): ask the CPU for
     the cache line of arr[i] (of row i, for a 2-D array) and go on, no value, no wait,
     nothing written (i must be a valid index: it is not checked). A pass of loads instead
-    holds the CPU's window on each miss (engine.remote.colpool keeps its own copy)."""
+    holds the CPU's window on each miss (the columnar pool's and the overlay's passes
+    use it too)."""
     if not _PREFETCH:
         from llvmlite import ir
         from numba import types

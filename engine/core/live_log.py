@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays, fits,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
@@ -135,6 +135,11 @@ class _Growing:
         """The bytes it holds (its capacity, the spare included)."""
         spare = self._spare
         return self.buf.nbytes + (spare[1].nbytes if spare is not None else 0)
+
+
+def _numbers(start: int, stop: int) -> np.ndarray:
+    """start, start + 1, ... stop - 1 in int32 while they fit (as `_Growing` keeps row numbers)."""
+    return np.arange(start, stop, dtype=np.int32 if stop < np.iinfo(np.int32).max - _NARROW_MARGIN else np.int64)
 
 
 class _Runs:
@@ -339,7 +344,7 @@ class _LiveColumns(ColumnarLog):
             self._bufs = (ref, hk, pos)
         # each new block as `ColumnarLog._grown_to` adds it: no hash, at the free queue's tail from its row
         hk[have:n] = -1
-        pos[have:n] = TAIL_BASE + 2 * self._born_row[have:n].astype(np.int64) - 1
+        pos[have:n] = self._born_free_pos(have, n)
         return ref[:n], hk[:n], pos[:n]
 
     def start_moving(self, state: PoolArrays) -> None:
@@ -400,8 +405,11 @@ class LiveColumnarLog(ColumnarEventLog):
         self.columnar = col
         self.time = 0.0
         self.block_size = block_size
-        # each event's first row and, one on, one past its last (events' rows are contiguous)
-        self._bounds = _Growing(np.int64, narrow=np.int32)
+        # each event's first row and, one on, one past its last (events' rows are contiguous):
+        # none while every event has one row, from the first (an attached server's journal):
+        # event i is row i then, and `_one_row_events` counts them
+        self._bounds: _Growing | None = None
+        self._one_row_events = 0
         # each event's seq: none of its own while every event has one row (an attached
         # server's journal, one row a block operation): the row seq column is it then
         self._seqs: _Growing | None = None
@@ -435,17 +443,29 @@ class LiveColumnarLog(ColumnarEventLog):
     # ------------------------------------------------------------------ what the base class reads
     @property
     def starts(self) -> np.ndarray:  # type: ignore[override]
-        return self._bounds.view[:-1]
+        if self._bounds is not None:
+            return self._bounds.view[:-1]
+        return _numbers(0, self._one_row_events)
 
     @property
     def ends(self) -> np.ndarray:  # type: ignore[override]
-        return self._bounds.view[1:]
+        if self._bounds is not None:
+            return self._bounds.view[1:]
+        return _numbers(1, self._one_row_events + 1)
 
     @property
     def seqs(self) -> np.ndarray:  # type: ignore[override]
         if self._seqs is not None:
             return self._seqs.view
-        return self.columnar.col("seq")[:max(0, self._bounds.n - 1)]
+        return self.columnar.col("seq")[:self._num_events()]
+
+    def _num_events(self) -> int:
+        return self._one_row_events if self._bounds is None else max(0, self._bounds.n - 1)
+
+    def event_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        if self._bounds is not None:
+            return super().event_of_rows(rows)
+        return np.clip(np.asarray(rows, np.int64), -1, self._one_row_events - 1)  # event i is row i
 
     @property
     def kinds(self) -> np.ndarray:  # type: ignore[override]
@@ -459,7 +479,14 @@ class LiveColumnarLog(ColumnarEventLog):
     @property
     def live(self) -> ArrayProjection:  # type: ignore[override]
         if self._live is None:
-            self._live = ArrayProjection(self, self._live_arrays, len(self.seqs))
+            live = ArrayProjection(self, self._live_arrays, len(self.seqs))
+            if not self._any_ref and len(live.log.seqs):
+                # no request ever held a block (a remote pool's): every block holding a hash is
+                # cached free, which the series counts, so no whole-pool pass is made per tick
+                # (a 10M-block pool's three were ~10 ms of each redraw's summary)
+                cached = int(self._columns["cached_free"].view[-1])
+                live._cache["counts"] = (0, cached, cached)
+            self._live = live
         return self._live
 
     def build(self, start: int, stop: int) -> Iterator[Event]:
@@ -467,7 +494,9 @@ class LiveColumnarLog(ColumnarEventLog):
         if stop <= start:
             return
         times = self._times[start:stop].tolist()
-        events = self.columnar.events(0.0, int(self.starts[start]), int(self.ends[stop - 1]))
+        bounds = self._bounds
+        first, last = (start, stop) if bounds is None else (int(bounds.buf[start]), int(bounds.buf[stop]))
+        events = self.columnar.events(0.0, first, last)
         for e, t in zip(events, times):
             yield e if e.time == t else dataclasses.replace(e, time=t)
 
@@ -578,13 +607,27 @@ class LiveColumnarLog(ColumnarEventLog):
         the events' index, the series, the live pool and the checkpoints move on."""
         col = self.columnar
         r1 = col.num_rows
-        row_seq = col.col("seq")[r0:r1]
-        starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
-        ends = np.append(starts[1:], r1)
-        kinds = col.col("kind")[starts]
-        if self._bounds.n and int(self._bounds.view[-1]) != r0:
-            raise ValueError(f"rows {r0} on follow row {int(self._bounds.view[-1])}: every row belongs to an event")
-        self._bounds.extend(np.append(starts[1:] if self._bounds.n else starts, r1))
+        if r1 - r0 == len(seqs):  # an event a row (a journal's): no run of the seqs to find
+            ends = np.arange(r0 + 1, r1 + 1, dtype=np.int64)
+            kinds = col.col("kind")[r0:r1]
+        else:
+            row_seq = col.col("seq")[r0:r1]
+            starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
+            ends = np.append(starts[1:], r1)
+            kinds = col.col("kind")[starts]
+        bounds = self._bounds
+        last = self._one_row_events if bounds is None else int(bounds.view[-1]) if bounds.n else None
+        if last and last != r0:
+            raise ValueError(f"rows {r0} on follow row {last}: every row belongs to an event")
+        if bounds is None and (r1 - r0 != len(seqs) or r0 != self._one_row_events):
+            # an event of several rows (or rows not from the first): bounds of their own
+            bounds = self._bounds = _Growing(np.int64, narrow=np.int32)
+            if self._one_row_events:
+                bounds.extend(np.arange(self._one_row_events + 1, dtype=np.int64))
+        if bounds is None:
+            self._one_row_events = r1
+        else:
+            bounds.extend(ends if bounds.n else np.append(r0, ends))
         if self._seqs is None and r1 - r0 != len(seqs):  # an event of several rows: seqs of their own
             self._seqs = _Growing(np.int64, narrow=np.int32)
             self._seqs.extend(col.col("seq")[:r0])  # the events before, one row each
@@ -633,7 +676,8 @@ class LiveColumnarLog(ColumnarEventLog):
         top = int(a[r0:][new].max()) if any_new else 0
         if top + 2 > len(self._hist):
             self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
-        nblocks = col.blocks_at(ends)
+        r1 = int(ends[-1]) if len(ends) else r0
+        nblocks = col.blocks_after_rows(r0, r1) if len(ends) == r1 - r0 else col.blocks_at(ends)
         loop = _compiled_series_loop() or _series_loop
         out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, nblocks,
                    self._ref, self._held, self._hist, self._acc, self.block_size)
