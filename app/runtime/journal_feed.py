@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Callable
 
 # The feed places ahead of the GUI tick by at most this many rows (a window that cannot keep
@@ -24,6 +25,20 @@ MAX_READY_ROWS = 1 << 18
 # a burst's rows every VIEW_FRAME_S (0.2 s) anyway; at 16 ms (a GUI frame) the window's
 # attach had about twice the blocks and its GUI thread a tenth more CPU.
 TAKE_EVERY_S = 0.05
+# ... except when a burst ends: the feed looks at the pools every QUIET_S while it waits, and
+# takes at once when rows wait, none came since the last look (the stream paused) and the
+# stream was busy (QUIET_ROWS rows or more wait, or its last bite had as many), so a burst's
+# last rows are not left waiting the rest of TAKE_EVERY_S. A steady stream keeps adding rows
+# between two looks, and a slow one brings fewer: both still take every TAKE_EVERY_S.
+QUIET_S = 0.004
+QUIET_ROWS = 2048
+
+
+def untaken_rows(att: Any, taken: dict[int, int]) -> int:
+    """Journal rows the attachment's pools have journalled that no take has taken yet
+    (`taken`: id(pool) -> its rows taken so far); read under the attachment's lock for a
+    count that does not move while it is read."""
+    return sum(pool.num_journal_rows - taken.get(id(pool), 0) for pool in att.pools)
 
 
 def take_journal_rows(att: Any, taken: dict[int, int], limit: int, timeout: float = -1,
@@ -75,6 +90,7 @@ class JournalFeed:
         self.num_prepared = 0
         self.num_committed = 0
         self.error: BaseException | None = None
+        self._last_bite = 0  # rows the last step took
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="journal-placer", daemon=True)
@@ -110,11 +126,33 @@ class JournalFeed:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self.num_ready >= MAX_READY_ROWS or self.step() < self.bite():
+                if self.num_ready >= MAX_READY_ROWS:
                     self._wake.wait(TAKE_EVERY_S)
                     self._wake.clear()
+                elif self.step() < self.bite():
+                    self._rest()
         except BaseException as exc:  # noqa: BLE001 - kept for the GUI thread to report
             self.error = exc
+
+    def _rest(self) -> None:
+        """Wait up to TAKE_EVERY_S for rows to gather, less when a burst has ended."""
+        end = time.monotonic() + TAKE_EVERY_S
+        seen = self._journalled()
+        while not self._wake.wait(max(0.0, min(QUIET_S, end - time.monotonic()))):
+            if time.monotonic() >= end:
+                return
+            now = self._journalled()
+            if now == seen:
+                waiting = now - sum(self.taken.get(id(p), 0) for p in self.att.pools)
+                if waiting >= QUIET_ROWS or (waiting > 0 and self._last_bite >= QUIET_ROWS):
+                    return
+            seen = now
+        self._wake.clear()
+
+    def _journalled(self) -> int:
+        """Rows the pools have journalled in all, read without the lock (only this thread
+        releases rows, so the count is whole; a batch being applied shows up at the next look)."""
+        return sum(pool.num_journal_rows for pool in self.att.pools)
 
     def step(self) -> int:
         """Take and place one bite; the rows placed (0: nothing new)."""
@@ -122,6 +160,7 @@ class JournalFeed:
 
         got = take_journal_rows(self.att, self.taken, max(1, int(self.bite())), counted=self._count_taken)
         if got is None or not got[0]:
+            self._last_bite = 0
             return 0
         made = 0
         for journal, pool, times in got[0]:
@@ -129,6 +168,7 @@ class JournalFeed:
             self.num_prepared += len(journal)  # before it is in `ready`: popped rows are prepared ones
             self.ready.append((prepared, times))
             made += len(journal)
+        self._last_bite = made
         return made
 
     def _count_taken(self, rows: int) -> None:

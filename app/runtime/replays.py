@@ -12,14 +12,13 @@ status bar.
 
 from __future__ import annotations
 
-import ctypes
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from app.runtime.allocator import release_freed
 from app.runtime.bridge import engine_info
 from app.runtime.context import JobCancelled, Subject
 from app.runtime.jobs import error_sentence, trace_block_size
@@ -84,7 +83,7 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
         # without them: the parsed trace's id tuples never all live at once.
         arrays = prepare(requests, block_size, keep_content=False)
         requests = arrays.requests
-        _release_freed_memory()
+        release_freed()  # the parsed ids freed: else the window holds the peak
         if capacity_blocks is None:
             capacity_blocks = capacity_of(requests, block_size)
         config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
@@ -97,11 +96,11 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
             result = run.result.to_dict(with_requests=False)
             recorded = run.log
             del arrays, requests, run  # before the series and indexes are built in their place
-            _release_freed_memory()
+            release_freed()  # the replay's temporaries, likewise
             columnar = ColumnarEventLog(recorded, time=time.time())
             columnar.warm()  # series, live state, indexes: here, on the worker, not on the first paint
             columnar.settle()  # the arrays kept moved down into the space the passes freed
-            _release_freed_memory()
+            release_freed()  # the passes' temporaries
             check()
             result["config"]["trace"] = str(path)
             return result, columnar
@@ -133,17 +132,6 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
     log.extend(chunk)
     result.config["trace"] = str(path)
     return result.to_dict(with_requests=False), log
-
-
-def _release_freed_memory() -> None:
-    """Hand the heap pages the replay's temporaries freed back to the system (glibc keeps
-    them otherwise, and the window would hold a trace's peak for as long as it is open)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # another C library: nothing to hand back this way
-        pass
 
 
 class TraceReplays(QObject):

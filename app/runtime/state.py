@@ -227,6 +227,11 @@ class PoolState(QObject):
             self.notify()
         return made
 
+    @property
+    def unnotified(self) -> bool:
+        """True if journal rows were appended that the views have not heard of (`notify`)."""
+        return self._unnotified
+
     def notify(self) -> None:
         """Tell the views (`sigChanged`) of journal rows appended without a signal, if any."""
         if self._unnotified:

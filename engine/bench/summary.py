@@ -250,8 +250,9 @@ TARGETS: tuple[Target, ...] = (
            "the engine's remote pool (bench attach, same run)",
            _app_remote_bytes),
     Target("bytes_per_block_app_opened_trace", "gui",
-           "RSS growth of the app opening the Mooncake trace, numba's fixed load (measured apart) taken out, per "
-           "distinct block of the trace (the log, its checkpoints, series and views)", "bytes", "<= 100",
+           "RSS growth of the app opening the Mooncake trace a moment after its window is up, what the first use of "
+           "the kernel loads (numba's compiled code, measured apart) taken out, per distinct block of the trace "
+           "(the log, its checkpoints, series and views)", "bytes", "<= 100",
            "the log's event rows alone, per distinct block", _opened_trace_bytes),
     Target("fleet_missed_batches", "attach",
            "64 loopback ZMQ streams at 2,500 vLLM events/s each into one Attachment, the app's bridge on a Qt "

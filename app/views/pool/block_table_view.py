@@ -256,7 +256,7 @@ class BlockTableView(PanelView):
             return
         self.cols, self.rows, self.cell_px = cols, rows, px
         img = np.empty((rows * px, cols * px, 4), dtype=np.uint8)
-        img[:] = _rgba(self.colors["background"])  # gaps between cells stay background
+        img.view(np.uint32).fill(_rgba(self.colors["background"]).view(np.uint32)[0])  # gaps stay background
         self._img = img
         self._rect_dirty = True  # the rect maps image pixels to cells once the image is set
         self._fit_view()
@@ -338,19 +338,22 @@ class BlockTableView(PanelView):
         self._resize_grid()
         self.cell_colors = colors
         n, cols, rows, px = len(colors), self.cols, self.rows, self.cell_px
-        if px == 1:  # one pixel per cell: fill the image as 32-bit words, no 5-D view
-            flat = self._img.reshape(-1, 4).view(np.uint32).reshape(-1)
-            flat[:n] = colors.view(np.uint32).reshape(-1)
-            flat[n:] = _rgba(self.colors["background"]).view(np.uint32)[0]
+        # a pixel is one 32-bit word (RGBA bytes): the image is filled a word at a time
+        background = _rgba(self.colors["background"]).view(np.uint32)[0]
+        words = colors.view(np.uint32).reshape(-1)
+        if px == 1:  # one pixel per cell
+            flat = self._img.view(np.uint32).reshape(-1)
+            flat[:n] = words
+            flat[n:] = background
             self._finish_redraw(p)
             return
-        cells = np.empty((rows * cols, 4), dtype=np.uint8)
-        cells[:] = _rgba(self.colors["background"])
-        cells[:n] = colors
-        cells = cells.reshape(rows, cols, 4)
+        cells = np.empty(rows * cols, dtype=np.uint32)
+        cells[:n] = words
+        cells[n:] = background
+        cells = cells.reshape(rows, cols)
         inner = px - 1 if px >= 3 else px  # one pixel of gap when cells are big enough to show it
-        view = self._img.reshape(rows, px, cols, px, 4)
-        view[:, :inner, :, :inner, :] = cells[:, None, :, None, :]
+        view = self._img.view(np.uint32).reshape(rows, px, cols, px)
+        view[:, :inner, :, :inner] = cells[:, None, :, None]
         self._finish_redraw(p)
 
     def _finish_redraw(self, p: PoolProjection) -> None:
