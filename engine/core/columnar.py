@@ -652,7 +652,9 @@ class ColumnarLog:
             else:
                 new_cap = max(stop, cap + cap // 2)
                 for name, arr in list(self._cols.items()):
-                    grown = np.zeros(new_cap, arr.dtype)
+                    # not zeroed (a memset of the whole): the rows are written next, and every
+                    # reader stops at `num_rows`
+                    grown = np.empty(new_cap, arr.dtype)
                     grown[:start] = arr[:start]
                     self._cols[name] = grown
         for name, j in _ROW_ORDER:

@@ -81,7 +81,7 @@ class _Grow(_Growing):
                 self._value = self._dtype.type(value)
                 self.n += n
             return
-        self.extend(np.full(n, value, self._dtype))
+        self.append(np.full(n, value, self._dtype))
 
 
 class JournalKeys(KeyTable):
@@ -99,10 +99,10 @@ class JournalKeys(KeyTable):
     def __len__(self) -> int:
         return self._key.n
 
-    def add(self, pool: int, keys: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    def add(self, pool: int, keys: np.ndarray, widths: np.ndarray) -> None:
         self._pool.extend_same(pool, len(keys))
-        self._width.extend(widths)
-        return self._key.extend(keys)
+        self._width.append(widths)
+        self._key.append(keys)
 
     def digest(self, key: int) -> bytes:
         return self.pools[int(self._pool.view[key])].hash_of(int(self._key.buf[key]), int(self._width.view[key]))
@@ -196,9 +196,9 @@ class JournalStores(Sequence[tuple]):
         out[real] = table[mine]
         return out
 
-    def add(self, pool: int, local: np.ndarray) -> np.ndarray:
+    def add(self, pool: int, local: np.ndarray) -> None:
         self._pool.extend_same(pool, len(local))
-        return self._local.extend(local)
+        self._local.append(local)
 
     def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per store its pool and its parent's journal (key, width), read from each pool's arrays."""
@@ -428,7 +428,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     rows = prepared.rows
     keys.add(p, rows.keys, rows.widths)
     stores.add(p, rows.store_local)  # the ids prepare_journal wrote (store0 on, checked above)
-    stores.tenants.extend(prepared.store_tenants)
+    stores.tenants.append(prepared.store_tenants)
     if col._live_keys is None:
         col._live_keys = np.full(col.num_blocks, -1, np.int32)
     slots = col._remote_slots()
@@ -461,7 +461,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
         col._born_row[nb0:prepared.num_blocks] = prepared.born
     col.write_rows(table)
     col.num_seq = int(seqs[-1]) + 1
-    log.rows_appended(prepared.r0, seqs, np.full(n, now, np.float64))
+    log.rows_appended(prepared.r0, seqs, float(now))  # one time for the tick's rows
     return n
 
 

@@ -91,16 +91,22 @@ class _Growing:
 
     def extend(self, values: np.ndarray) -> np.ndarray:
         """Append `values`; the indexes they got."""
-        values = np.asarray(values)
         start = self.n
+        self.append(values)
+        return np.arange(start, self.n, dtype=np.int64)
+
+    def append(self, values: np.ndarray) -> None:
+        """`extend` without the indexes, which most callers never read (a journal tick made
+        an array of them per column, ~16 a tick)."""
+        values = np.asarray(values)
         if self._uniform:
             if not len(values):
-                return np.arange(start, start, dtype=np.int64)
+                return
             value = values[0] if self._value is None else self._value
-            if bool(np.all(values == value)):
+            if bool((values == value).all()):
                 self._value = value
                 self.n += len(values)
-                return np.arange(start, self.n, dtype=np.int64)
+                return
             # a second value: from now on a buffer, its first `n` slots that one value
             kind = self.buf.dtype if self._fits(np.array([value])) else self._dtype
             self.buf = np.full(max(1024, self.n + len(values) + (self.n + len(values)) // 2), value, kind)
@@ -116,12 +122,13 @@ class _Growing:
                 n0, grown = spare
                 grown[n0:self.n] = self.buf[n0:self.n]
             else:
-                grown = np.zeros(self._grown(need), self.buf.dtype)
+                # not zeroed: the copy writes the values, and nothing reads past `n` (a zeroed
+                # one was a memset of the whole, the heap's recycled pages under the mmap threshold)
+                grown = np.empty(self._grown(need), self.buf.dtype)
                 grown[:self.n] = self.buf[:self.n]
             self.buf = grown
         self.buf[self.n:need] = values
         self.n = need
-        return np.arange(start, need, dtype=np.int64)
 
     @property
     def view(self) -> np.ndarray:
@@ -164,9 +171,20 @@ class _Runs:
         change[0] = not len(last) or bool(last.view(np.int64)[0] != bits[0])
         np.not_equal(bits[1:], bits[:-1], out=change[1:])
         at = np.flatnonzero(change)
-        self._at.extend(self.n + at)
-        self._values.extend(values[at])
+        self._at.append(self.n + at)
+        self._values.append(values[at])
         self.n += len(values)
+
+    def extend_same(self, value: float, n: int) -> None:
+        """`extend` by `n` copies of `value` (the rows of a journal tick share its time)."""
+        if n <= 0:
+            return
+        value = np.float64(value)
+        last = self._values.view[-1:]
+        if not len(last) or last.view(np.int64)[0] != value.view(np.int64):
+            self._at.append(np.array([self.n], np.int64))
+            self._values.append(np.array([value], np.float64))
+        self.n += n
 
     def __getitem__(self, span: slice) -> np.ndarray:
         start, stop, _ = span.indices(self.n)
@@ -602,9 +620,10 @@ class LiveColumnarLog(ColumnarEventLog):
         times = parts[0].times if len(parts) == 1 else np.concatenate([p.times for p in parts])
         self.rows_appended(r0, seqs, times)
 
-    def rows_appended(self, r0: int, seqs: np.ndarray, times: np.ndarray) -> None:
+    def rows_appended(self, r0: int, seqs: np.ndarray, times: np.ndarray | float) -> None:
         """Rows from `r0` on were written to the columns (one event per seq of `seqs`):
-        the events' index, the series, the live pool and the checkpoints move on."""
+        the events' index, the series, the live pool and the checkpoints move on. `times`:
+        each event's time, or one time for all of them."""
         col = self.columnar
         r1 = col.num_rows
         if r1 - r0 == len(seqs):  # an event a row (a journal's): no run of the seqs to find
@@ -627,16 +646,19 @@ class LiveColumnarLog(ColumnarEventLog):
         if bounds is None:
             self._one_row_events = r1
         else:
-            bounds.extend(ends if bounds.n else np.append(r0, ends))
+            bounds.append(ends if bounds.n else np.append(r0, ends))
         if self._seqs is None and r1 - r0 != len(seqs):  # an event of several rows: seqs of their own
             self._seqs = _Growing(np.int64, narrow=np.int32)
             self._seqs.extend(col.col("seq")[:r0])  # the events before, one row each
         if self._seqs is not None:
-            self._seqs.extend(seqs)
-        self._kinds.extend(kinds)
-        self._times.extend(times)
-        self._refusals.extend(seqs[kinds == REFUSED])
-        self._resets.extend(seqs[kinds == RESET])
+            self._seqs.append(seqs)
+        self._kinds.append(kinds)
+        if np.ndim(times):
+            self._times.extend(times)
+        else:
+            self._times.extend_same(times, len(seqs))
+        self._refusals.append(seqs[kinds == REFUSED])
+        self._resets.append(seqs[kinds == RESET])
         if self.columns_answer_filters and (col.has_remote_rows or int(kinds.max()) >= RESET):
             # tiers, ranks and servers of a remote pool, resets and other engines' events
             # are matched on the events (app.runtime.selection), not on these columns
@@ -682,7 +704,7 @@ class LiveColumnarLog(ColumnarEventLog):
         out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, nblocks,
                    self._ref, self._held, self._hist, self._acc, self.block_size)
         for (name, _), values in zip(_SERIES, out):
-            self._columns[name].extend(values)
+            self._columns[name].append(values)
 
     def _checkpoint_on(self) -> None:
         """A snapshot every `checkpoint_rows` rows; past the budget, every other one goes."""
@@ -763,10 +785,10 @@ class LiveColumnarLog(ColumnarEventLog):
         fresh = fresh[once]
         marks[fresh] = 1
         idx, values = self._patch
-        idx.extend(fresh)
+        idx.append(fresh)
         live = self._live_arrays
         for name, grow in values.items():
-            grow.extend(getattr(live, name)[fresh])
+            grow.append(getattr(live, name)[fresh])
         cp.parts = {name: (idx.view, grow.view) for name, grow in values.items()}
         if idx.n * _PATCH_BYTES > 16 * cp.num_blocks // 3:
             states = self.columnar._cp_states
