@@ -67,21 +67,12 @@ class _Grow(_Growing):
     """A `_Growing` grown by an eighth: a journal log's per-row and per-store columns grow with
     every block the app tracks, and growing by half left up to a third of them unused. With
     `uniform`, no buffer while every value is one (one pool's rows, 8-byte hashes' width):
-    read it through `view`."""
+    read it through `view` (`append_same` appends one value many times)."""
 
     __slots__ = ()
 
     def __init__(self, dtype: Any, narrow: Any = None, uniform: bool = False) -> None:
         super().__init__(dtype, narrow, uniform=uniform, grow_by=8)
-
-    def extend_same(self, value: int, n: int) -> None:
-        """Append `value` `n` times; while the column holds that one value, without an array."""
-        if self._uniform and (self._value is None or self._value == value):
-            if n:
-                self._value = self._dtype.type(value)
-                self.n += n
-            return
-        self.append(np.full(n, value, self._dtype))
 
 
 class JournalKeys(KeyTable):
@@ -100,7 +91,7 @@ class JournalKeys(KeyTable):
         return self._key.n
 
     def add(self, pool: int, keys: np.ndarray, widths: np.ndarray) -> None:
-        self._pool.extend_same(pool, len(keys))
+        self._pool.append_same(pool, len(keys))
         self._width.append(widths)
         self._key.append(keys)
 
@@ -197,7 +188,7 @@ class JournalStores(Sequence[tuple]):
         return out
 
     def add(self, pool: int, local: np.ndarray) -> None:
-        self._pool.extend_same(pool, len(local))
+        self._pool.append_same(pool, len(local))
         self._local.append(local)
 
     def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

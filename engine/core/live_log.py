@@ -130,6 +130,15 @@ class _Growing:
         self.buf[self.n:need] = values
         self.n = need
 
+    def append_same(self, value: Any, n: int) -> None:
+        """Append `value` `n` times; while the column holds that one value, without an array."""
+        if self._uniform and (self._value is None or self._value == value):
+            if n:
+                self._value = self._dtype.type(value)
+                self.n += n
+            return
+        self.append(np.full(n, value, self._dtype))
+
     @property
     def view(self) -> np.ndarray:
         if self._uniform:
@@ -698,13 +707,16 @@ class LiveColumnarLog(ColumnarEventLog):
         top = int(a[r0:][new].max()) if any_new else 0
         if top + 2 > len(self._hist):
             self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
-        r1 = int(ends[-1]) if len(ends) else r0
-        nblocks = col.blocks_after_rows(r0, r1) if len(ends) == r1 - r0 else col.blocks_at(ends)
+        # the pool's size after each event, counted in the pass from the blocks' born rows
+        born = col._born_row[:col.num_blocks]
         loop = _compiled_series_loop() or _series_loop
-        out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, nblocks,
-                   self._ref, self._held, self._hist, self._acc, self.block_size)
-        for (name, _), values in zip(_SERIES, out):
-            self._columns[name].append(values)
+        out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, born,
+                   col.blocks_at(r0), self._ref, self._held, self._hist, self._acc, self.block_size)
+        for (name, _), values, same in zip(_SERIES, out[:7], out[7].tolist()):
+            if same and len(values):  # a count that did not move (a remote pool's in use, top ref, tokens)
+                self._columns[name].append_same(values[0], len(values))
+            else:
+                self._columns[name].append(values)
 
     def _checkpoint_on(self) -> None:
         """A snapshot every `checkpoint_rows` rows; past the budget, every other one goes."""
