@@ -58,7 +58,10 @@ Python object per block, per hash or per token id:
   at a time (the attachment's lock).
   They are compiled without numba's reference counting (`_nrt=False`): with it, every
   call of a helper took and dropped a reference (an atomic add and subtract) on each of
-  its ~40 array arguments, about half of the loop's time. Python calls them through
+  its ~40 array arguments, about half of the loop's time. The per-block helpers (a table
+  probe or deletion, a map's operations, a slot freed, a journal row) are inlined into
+  their callers (`inline="always"`): a call still passed ~50 words of array arguments on
+  the stack, and the maps' calls nested four deep. Python calls them through
   `*_py` entries that keep it (unboxing the group dict needs it), once per call.
 
 Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
@@ -228,14 +231,14 @@ def _fingerprint(x, sb):  # pragma: no cover - compiled
     return np.int64(x & ((np.uint64(1) << np.uint64(32 - sb)) - np.uint64(1)))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, or -1. An entry whose fingerprint differs is
     passed over without reading its slot's row: an absent hash reads the table alone."""
     return _find_x(tab, K, F, k, w, t, _mix(k, w, t))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, its mix x = `_mix(k, w, t)` given, and where
     the hash would go when absent: (slot, -1) when held, else (-1, the table entry) that
@@ -260,7 +263,7 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
             i = 0
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _find_x(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
     """`_find` given x = `_mix(k, w, t)` (a caller that needs x again computes it once)."""
     return _find_or_hole(tab, K, F, k, w, t, x)[0]
@@ -285,7 +288,7 @@ def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
     tab[i] = np.uint32((_fingerprint(x, sb) << sb) | (s + 1))
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
     """Take slot s, its hash mixed to x, out of the table (backward-shift deletion: no
     tombstones)."""
@@ -334,7 +337,7 @@ def _om_hash(k, w):  # pragma: no cover - compiled
     return np.int64(_mix(k, w, -1) & _OM_BITS)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_find(otab, OK, OW, k, w, h):  # pragma: no cover - compiled
     """The entry of (k, w), whose `_om_hash` is h, or -1."""
     mask = len(otab) - 1
@@ -350,7 +353,7 @@ def _om_find(otab, OK, OW, k, w, h):  # pragma: no cover - compiled
         i = (i + 1) & mask
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
     mask = len(otab) - 1
     i = OV[e, 3] & mask
@@ -370,7 +373,7 @@ def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
             i = j
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
     _om_tab_delete(otab, OV, e)
     OW[e] = 0
@@ -379,7 +382,7 @@ def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
     OS[O_LIVE] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - compiled
     while OS[O_HEAD] < OS[O_TAIL]:
         e = ofifo[OS[O_HEAD]]
@@ -390,7 +393,7 @@ def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - co
             return
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_delete(otab, OK, OW, OV, ofree, OS, k, w, h):  # pragma: no cover - compiled
     if OS[O_LIVE] == 0:
         return
@@ -399,7 +402,7 @@ def _om_delete(otab, OK, OW, OV, ofree, OS, k, w, h):  # pragma: no cover - comp
         _om_remove(otab, OK, OW, OV, ofree, OS, e)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, h, v0, v1, add, maxn, trim):  # pragma: no cover
     """Set (or with `add`, add to) the values of (k, w), whose `_om_hash` is h (both maps
     hash a key alike: a caller hashes it once); a new key goes last. With `trim`, the
@@ -434,7 +437,7 @@ def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, h, v0, v1, add, maxn, t
             _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _om_trim(otab, OK, OW, OV, ofree, ofifo, OS, maxn):  # pragma: no cover - compiled
     while OS[O_LIVE] > maxn:
         _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
@@ -493,7 +496,7 @@ def _drop_groups(G, s):  # pragma: no cover - compiled
             del G[k]
 
 
-@njit(cache=True, _nrt=False, no_cpython_wrapper=True)
+@njit(cache=True, _nrt=False, no_cpython_wrapper=True, inline="always")
 def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compiled
     """Slot s, its hash mixed to x, leaves the pool."""
     t = np.int64(F[s, F_TIER]) - 1
@@ -511,7 +514,7 @@ def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compil
     S[S_LIVE] -= 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compiled
     r = S[S_JROWS]
     J[r, J_OP] = op
@@ -524,7 +527,7 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
     S[S_JROWS] = r + 1
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tenant):  # pragma: no cover
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
@@ -913,20 +916,19 @@ def _touch_oldest(otab, ow, ov, fifo, os, num, home):  # pragma: no cover - comp
 @njit(cache=True, _nrt=False)
 def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os,
               rows, parents, keys, lo, hi):  # pragma: no cover - compiled
-    """Prefetch, before events lo..hi-1 of common events use them, the table entries and
-    rows their hashes will probe: the home entry of each hash (and parent) in the pool's
-    table and the two maps', and the maps' oldest entries that the removals will drop;
-    then, reading those entries, the rows of the entry with the hash's fingerprint (and,
-    for a removal, of the entries after it that its backward shift reads) and the maps'
-    rows and home entries. The run's own probes, each waiting for the one before, then
-    find them in the cache (on this VM a dependent random read costs about 190 ns, an
-    independent one about 14). Prefetches, not loads: a load that misses holds the
-    CPU's window of instructions until it comes (the pass read each of these before, and
-    cost about what it saved: 0.301 s against 0.325 s without it, 0.252 s prefetching,
-    for 200K recorded events). Reads only."""
+    """Prefetch, before events lo..hi-1 of common events use them, the table entries their
+    hashes will probe: the home entry of each hash (and parent) in the pool's table and
+    the two maps', and the maps' oldest entries that the removals will drop, then their
+    home entries. The run's own probes, each waiting for the one before, then find them
+    in the cache (on this VM a dependent random read costs about 190 ns, an independent
+    one about 14). Prefetches, not loads: a load that misses holds the CPU's window of
+    instructions until it comes (the pass read each of these before, and cost about what
+    it saved: 0.301 s against 0.325 s without it, 0.252 s prefetching, for 200K recorded
+    events). A second pass that read the table entries to prefetch the slots' rows they
+    name cost more than it saved once the helpers were inlined (its reads waited on the
+    entries the first pass asked for): 0.2415 -> 0.2316 s without it. Reads only (the slots'
+    arrays, K, L, C, F, and the maps' keys are no longer read: kept in the signature)."""
     size = len(tab) - 1
-    sb = _slot_bits(tab)
-    smask = (np.int64(1) << sb) - 1
     ra_mask = len(ra_tab) - 1
     dp_mask = len(dp_tab) - 1
     removed = 0
@@ -946,44 +948,6 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
     if removed:
         _touch_oldest(ra_tab, ra_w, ra_v, ra_fifo, ra_os, removed, False)
         _touch_oldest(dp_tab, dp_w, dp_v, dp_fifo, dp_os, removed, False)
-    for i in range(lo, hi):  # the rows they name
-        t = _medium_of(rows[i, R_MEDIUM])[0]
-        h0 = rows[i, R_HASH0]
-        removal = rows[i, R_KIND] == KIND_REMOVED
-        for j in range(h0, h0 + rows[i, R_NHASH]):
-            k = keys[j]
-            x = _mix(k, W_U64, t)
-            want = _fingerprint(x, sb)
-            p = _home(x, size)
-            found = False
-            for _ in range(size):
-                e = np.int64(tab[p])
-                if e == 0:
-                    break
-                if found or (e >> sb) == want:
-                    s = (e & smask) - 1
-                    _prefetch(K, s)
-                    _prefetch(F, s)
-                    if not found:
-                        _prefetch(C, s)
-                        _prefetch(L, s)
-                        found = True
-                        if not removal:
-                            break
-                p += 1
-                if p == size:
-                    p = 0
-            y = _om_hash(k, W_U64)
-            x = ra_tab[y & ra_mask]
-            if x >= 0 and (x >> 32) == y:
-                e = x & 0xFFFFFFFF
-                _prefetch(ra_k, e)
-                _prefetch(ra_v, e)
-            x = dp_tab[y & dp_mask]
-            if x >= 0 and (x >> 32) == y:
-                e = x & 0xFFFFFFFF
-                _prefetch(dp_k, e)
-                _prefetch(dp_v, e)
     if removed:
         _touch_oldest(ra_tab, ra_w, ra_v, ra_fifo, ra_os, removed, True)
         _touch_oldest(dp_tab, dp_w, dp_v, dp_fifo, dp_os, removed, True)
