@@ -1,0 +1,104 @@
+"""What the journal route's commit appends a tick at a time, kept as cheaply as it is
+appended: the hash keys in fixed chunks (`engine.core.live_journal._Chunks`, no copy of the
+whole as the column grows), a tick's one time as one run (`_Runs.extend_same`), a count that
+did not move as one value (`_Growing.append_same`); each must read back what was appended,
+on a recorded vLLM stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.core.live_journal import CHUNK_VALUES, _Chunks
+from engine.core.live_log import _Growing, _Runs
+
+
+def test_chunks_read_back_every_value_across_chunk_bounds():
+    rng = np.random.default_rng(5)
+    col, parts = _Chunks(np.uint64), []
+    for k in (0, 7, CHUNK_VALUES - 7, 1, 2 * CHUNK_VALUES + 3, 4_196):
+        part = rng.integers(0, 1 << 63, k, dtype=np.int64).astype(np.uint64)
+        col.append(part)
+        parts.append(part)
+    want = np.concatenate(parts)
+    assert col.n == len(want) and np.array_equal(col.view, want)
+    ids = rng.integers(-len(want), len(want), 20_000)
+    assert np.array_equal(col.take(ids), want[ids])  # numpy's indexing, negatives included
+    edges = [CHUNK_VALUES - 1, CHUNK_VALUES, 2 * CHUNK_VALUES, len(want) - 1, -1]
+    assert [int(col.take(i)) for i in edges] == [int(want[i]) for i in edges]
+    with pytest.raises(IndexError):
+        col.take(len(want))
+    with pytest.raises(IndexError):
+        col.take(np.array([0, len(want)]))
+    assert col.nbytes - want.nbytes < CHUNK_VALUES * 8  # room: less than one chunk
+
+
+def test_one_value_appended_many_times_reads_back_as_given():
+    runs, parts = _Runs(), []
+    for value, n in ((1.5, 3), (1.5, 4), (-0.0, 2), (0.0, 1), (np.nan, 2), (np.nan, 0), (7.25, 5)):
+        runs.extend_same(value, n)
+        parts.append(np.full(n, value))
+    runs.extend(np.array([7.25, 8.0]))
+    parts.append(np.array([7.25, 8.0]))
+    want = np.concatenate(parts)
+    assert np.array_equal(runs[0:runs.n].view(np.int64), want.view(np.int64))  # -0.0 and NaN bit for bit
+    assert runs._values.view.tolist()[-2:] == [7.25, 8.0] and len(runs._values.view) == 6  # a run a value
+    col = _Growing(np.int64, narrow=np.int32, uniform=True)
+    col.append_same(0, 5_000)
+    assert col.nbytes == 0 and len(col.view) == 5_000
+    col.append_same(3, 2)
+    col.append(np.array([4, 0], np.int64))
+    assert col.view.tolist() == [0] * 5_000 + [3, 3, 4, 0]
+
+
+@pytest.fixture(scope="module")
+def journalled():
+    """A recorded stream placed tick by tick into a journal-fed log (past one chunk of hash
+    keys), and every tick's journal keys and widths as taken."""
+    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.live_path import FRAMES_PER_TICK, _Pools
+    from app.runtime.state import PoolState
+    from engine.bench.attach import recorded_stream
+    from engine.core.live_journal import prepare_journal
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    payloads, _, _ = recorded_stream(9_000, gpu_blocks=2_000)
+    pool = journal_pool_class()("test")
+    att = _Pools([pool])
+    state = PoolState()
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
+    taken: dict[int, int] = {}
+    keys, widths = [], []
+    for start in range(0, len(payloads), FRAMES_PER_TICK):
+        with att.lock:
+            pool.apply_many([fastwire.decode_columns(s, payloads[s])
+                             for s in range(start, min(len(payloads), start + FRAMES_PER_TICK))])
+        got = take_journal_rows(att, taken, 1 << 30)
+        for head, _, _ in got[0]:
+            keys.append(np.asarray(head.key, np.uint64).copy())
+            widths.append(np.asarray(head.width, np.int64).copy())
+        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]],
+                             notify=False)
+    return state.log, pool, np.concatenate(keys), np.concatenate(widths)
+
+
+def test_a_journal_logs_hash_keys_are_the_journals_across_chunks(journalled):
+    log, pool, keys, widths = journalled
+    table = log.columnar.keys
+    assert len(table) == len(keys) > CHUNK_VALUES + 1  # past the first chunk
+    assert np.array_equal(table._key.view, keys)
+    ids = np.array([0, CHUNK_VALUES - 1, CHUNK_VALUES, len(keys) - 1], np.int64)
+    ids = ids[widths[ids] > 0]
+    assert table.digests(ids) == [pool.hash_of(int(keys[i]), int(widths[i])) for i in ids]
+    assert [table.digest(int(i)) for i in ids] == [pool.hash_of(int(keys[i]), int(widths[i])) for i in ids]
+
+
+def test_counts_that_never_move_keep_no_array(journalled):
+    log, _, _, _ = journalled
+    s = log.series
+    for name in ("in_use", "max_ref", "cached_tokens", "prompt_tokens"):  # no request holds a remote block
+        assert log._columns[name].nbytes == 0 and not np.asarray(getattr(s, name)).any(), name
+    assert len(s.cached_free) == len(log) and int(np.asarray(s.evicted)[-1]) > 0
+    size = log.columnar.blocks_at(np.asarray(log.ends, np.int64))
+    assert np.array_equal(np.asarray(s.empty), size - np.asarray(s.in_use) - np.asarray(s.cached_free))
