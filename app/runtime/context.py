@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QObject, QSettings, QThread, Signal
+from shiboken6 import Shiboken
 
 from app.runtime import allocator
 from app.runtime.worker import ModelWorker
@@ -164,7 +165,16 @@ class AppContext(QObject):
 
     def __init__(self, settings: QSettings | None = None, store: Any = None,
                  suppress_dialogs: bool = False, parent: QObject | None = None) -> None:
-        super().__init__(parent)
+        # Owned by the application until `shutdown`, not by this Python object: Python's cyclic
+        # collector runs on whichever thread allocates (the model worker, a subscriber, the
+        # live log's warm-up), and a context it freed was destroyed there with its children;
+        # the bridge's frame timer, still running in one never shut down, cannot be stopped
+        # from that thread, fired on the freed bridge and crashed the GUI thread in
+        # processEvents. One never shut down now lives as long as the application.
+        app = QCoreApplication.instance() if parent is None else None
+        super().__init__(parent if parent is not None else app)
+        self._owned_by_app = app is not None
+        self._gui_thread = threading.get_ident()
         allocator.tune()  # a window's process gives its outgrown arrays back (cachescope does it first)
         self._bridge: EngineBridge | None = None
         self._warm: threading.Thread | None = None  # the live log's passes loading (build_runtime)
@@ -408,6 +418,18 @@ class AppContext(QObject):
             self.close_store()
         except Exception:  # noqa: BLE001 - closing must not block shutdown
             pass
+        if self._owned_by_app:  # stopped: it goes when the last Python reference does (see __del__)
+            self._owned_by_app = False
+            self.setParent(None)
+
+    def __del__(self) -> None:
+        # The last reference went on another thread (its collection found the context in a
+        # cycle): the context is deleted on its own thread, at its next pass of the event
+        # loop, and this wrapper lets go of it without deleting it here.
+        if getattr(self, "_gui_thread", None) not in (None, threading.get_ident()) and Shiboken.isValid(self) \
+                and Shiboken.ownedByPython(self):
+            self.deleteLater()
+            Shiboken.invalidate(self)
 
 
 def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> AppContext:
