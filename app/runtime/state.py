@@ -209,11 +209,9 @@ class PoolState(QObject):
         for block, times in prepared:
             if block.stores is not stores or not len(block):
                 continue
-            r0 = self.log.columnar.num_rows
             made += commit_journal(self.log, block, now=now, times=times)
-            if self.remote is not None:
-                slots = self.log.blocks_of_rows(r0, array=True)
-                self.remote.observe_journal(block.journal, times, self.log.live, slots, block.pool, block.rank)
+            if self.remote is not None:  # the slots of the stored and removed rows, as placed
+                self.remote.observe_journal(block.journal, times, self.log.live, block.slots, block.pool, block.rank)
         if made >= RELEASE_ROWS:
             release_freed()
         self.journal_seconds = time.perf_counter() - started  # the append and overlay, not the views

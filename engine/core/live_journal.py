@@ -383,6 +383,9 @@ class PreparedJournal:
     store0: int
     num_blocks: int  # the log's blocks after these
     rows: _JournalColumns  # what the commit reads of the journal, read off the writing thread
+    # the block of each stored and removed row (-1: none), in row order: what the remote
+    # overlay follows (`LiveColumnarLog.blocks_of_rows` of these rows once written)
+    slots: np.ndarray
 
     def __len__(self) -> int:
         return len(self.journal)
@@ -436,7 +439,7 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
         pcode = _of_stores(journal.parent, scan.store_local, np.uint64).view(np.int64)
         pwide = _of_stores(journal.parent_width, scan.store_local, np.int64)
         tenant = _of_stores(journal.tenant, scan.store_local, np.int64)
-        table, store_tenants, born, nb, table_pair, table_batch = stores.placer.place_rows(
+        table, store_tenants, born, nb, table_pair, table_batch, slots = stores.placer.place_rows(
             nb0, op, placed, plan.key, hcode, hwide, pcode, pwide, tenant, local, who, plan.row, plan.seq,
             plan.store, scan)
     else:
@@ -459,13 +462,15 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
         store_id = np.cumsum(is_st) - 1 + plan.store  # a storing row's store id (JournalStores.add)
         table[:, 5] = np.where(table[:, 0] == STORED, store_id[ev], table[:, 5])
         table[:, 1] = plan.seq + ev
+        kind = table[:, 0]
+        slots = table[:, 3][(kind == STORED) | (kind == EVICTED)]
     # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
     names = journal.tier_names
     media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((scan.pairs & 1023) - 1).tolist()]
     rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.width_range, scan.store_local, scan.pairs,
                            scan.of_pair, scan.batches, media, table_pair, table_batch)
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
-                           np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows)
+                           np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows, slots)
     plan.row += len(table)
     plan.seq += n
     plan.key += n
@@ -518,7 +523,6 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
         pair_time[pairs >> 10 < 0] = 0.0
     numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), rows.media),
                          np.int64)
-    seqs = prepared.seq0 + np.arange(n, dtype=np.int64)
     table = prepared.table  # seqs and stores' ids written by prepare_journal
     table[:, 2] = np.asarray(occurrence, np.int64)[rows.table_batch]
     table[:, 6] = numbers[rows.table_pair]
@@ -528,6 +532,8 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
         col.fit_born_rows(prepared.num_blocks - 1, int(prepared.born.max()))
         col._born_row[nb0:prepared.num_blocks] = prepared.born
     col.write_rows(table)
+    # each event's seq: the rows' own (as written) while each row is an event (a clear's rows share one)
+    seqs = col.col("seq")[prepared.r0:] if len(table) == n else prepared.seq0 + np.arange(n, dtype=np.int64)
     col.num_seq = int(seqs[-1]) + 1
     log.rows_appended(prepared.r0, seqs, float(now))  # one time for the tick's rows
     return n
@@ -803,14 +809,15 @@ HOLDER_BITS = 0xFFFFFFFF
 
 def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
                 batch_of_pair, blocks, fifo, vacant, table, state, out, table_pair, table_batch, born,
-                store_tenants):  # pragma: no cover - compiled
+                store_tenants, slots_out):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows, and what
     `prepare_journal` adds to them: each row's seq (`seq0` on) and a store's id (`store0` on),
-    its (batch, tier) pair and batch (`table_pair`, `table_batch`). Row i's hash id is
+    its (batch, tier) pair and batch (`table_pair`, `table_batch`), and the block of each
+    stored and removed row (`slots_out`, -1: none), what the overlay follows. Row i's hash id is
     `key0 + i`; `pcode`, `pwide` and `tenants` are per store, in the rows' order.
 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
-    (unused)].
+    stored and removed rows].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
     of its copies (`fifo`: head, tail, then B_NEXT) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
@@ -822,6 +829,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     o_n = 0
     b_n = 0
     s_n = 0
+    m_n = 0
     for i in range(len(ops)):
         o = ops[i]
         if o == 0:
@@ -873,6 +881,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                      batch_of_pair)
             o_n += 1
             s_n += 1
+            slots_out[m_n] = b
+            m_n += 1
         elif o == 1:
             b = -1
             s = pslots[i]
@@ -887,6 +897,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                 _unlink_hash(b, blocks, table, state)
             _put_row(out, table_pair, table_batch, o_n, 7, i, b, key0 + i, 0, 0, seq0, of_pair, batch_of_pair)
             o_n += 1
+            slots_out[m_n] = b
+            m_n += 1
         else:
             others = False
             for x in range(nb):
@@ -916,6 +928,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     state[2] = o_n
     state[3] = b_n
     state[4] = s_n
+    state[6] = m_n
 
 
 def _put_row(out, table_pair, table_batch, o, kind, i, b, key, a, flag, seq0, of_pair,
@@ -1146,10 +1159,12 @@ class _CompiledPlacer:
     def place_rows(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key0: int, hcode: np.ndarray,
                    hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray,
                    stores: np.ndarray, rank: int, r0: int, seq0: int, store0: int,
-                   scan: _JournalScan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
+                   scan: _JournalScan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.ndarray,
+                                                np.ndarray]:
         """The rows of a tick's journal rows placed (`_place_loop`): the log's table, each
-        store's tenant, the row each new block is born at, the blocks after, and each table
-        row's (batch, tier) pair and batch. `pcode`, `pwide`, `tenants` are per store."""
+        store's tenant, the row each new block is born at, the blocks after, each table
+        row's (batch, tier) pair and batch, and the block of each stored and removed row.
+        `pcode`, `pwide`, `tenants` are per store."""
         n = len(op)
         if n and (scan.width_range[1] > 3 or scan.width_range[0] < 0):
             raise ValueError("a hash's width code must be 0 to 3 (engine.remote.colpool's W_* codes)")
@@ -1176,12 +1191,13 @@ class _CompiledPlacer:
         pairs = np.empty((2, rows), np.int64)
         born = np.zeros(max(1, n_store), np.int64)
         store_tenants = np.zeros(max(1, n_store), np.int64)
+        slots = np.empty(n, np.int64)
         self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
                   scan.batch_of_pair, self.blocks, self.fifo, self.vacant, self.table, self.state, out, pairs[0],
-                  pairs[1], born, store_tenants)
+                  pairs[1], born, store_tenants, slots)
         k = int(self.state[2])
         return (out[:k], store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1]),
-                pairs[0, :k], pairs[1, :k])
+                pairs[0, :k], pairs[1, :k], slots[:int(self.state[6])])
 
     def place(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key: np.ndarray, hcode: np.ndarray,
               hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray, stores: np.ndarray,
