@@ -401,6 +401,7 @@ class _JournalColumns:
     keys: np.ndarray  # uint64 hash code per row
     widths: np.ndarray  # int64
     width_range: tuple[int, int]  # the widths' least and most
+    num_cleared: int  # clear rows (a clear's rows' `a` is the pool's count of copies it cleared)
     store_local: np.ndarray  # int64 pool store number of each storing row
     pairs: np.ndarray  # ascending (batch seq << 10) | (tier + 1), one per run of rows
     of_pair: np.ndarray  # per row, its pair
@@ -467,8 +468,8 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
     names = journal.tier_names
     media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((scan.pairs & 1023) - 1).tolist()]
-    rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.width_range, scan.store_local, scan.pairs,
-                           scan.of_pair, scan.batches, media, table_pair, table_batch)
+    rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.width_range, scan.num_cleared, scan.store_local,
+                           scan.pairs, scan.of_pair, scan.batches, media, table_pair, table_batch)
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
                            np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows, slots)
     plan.row += len(table)
@@ -531,7 +532,10 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
         col._grow(prepared.num_blocks - 1)
         col.fit_born_rows(prepared.num_blocks - 1, int(prepared.born.max()))
         col._born_row[nb0:prepared.num_blocks] = prepared.born
-    col.write_rows(table)
+    # seqs, stores' ids and info numbers: int32 while these bounds are (no pass over them)
+    fit32 = not rows.num_cleared and max(prepared.seq0 + n, prepared.store0 + len(rows.store_local),
+                                         len(slots.infos)) <= _I32_TOP
+    col.write_rows(table, fit32)
     # each event's seq: the rows' own (as written) while each row is an event (a clear's rows share one)
     seqs = col.col("seq")[prepared.r0:] if len(table) == n else prepared.seq0 + np.arange(n, dtype=np.int64)
     col.num_seq = int(seqs[-1]) + 1
