@@ -59,3 +59,4 @@ def test_the_context_loads_the_live_logs_passes_off_the_gui_thread_once_its_runt
         assert loop.signatures
     ctx.build_runtime()  # built once, warmed once
     assert threads == ["live-log-warm-up"]
+    ctx.shutdown()  # its bridge timer stops here, on the GUI thread, not when a collection frees it
