@@ -437,9 +437,7 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     if isinstance(stores.placer, _CompiledPlacer):
         scan = stores.placer.scan(op, seq, tier, local, hwide)
         # each store's parent (code, width) and tenant, read from the pool's per-store arrays
-        pcode = _of_stores(journal.parent, scan.store_local, np.uint64).view(np.int64)
-        pwide = _of_stores(journal.parent_width, scan.store_local, np.int64)
-        tenant = _of_stores(journal.tenant, scan.store_local, np.int64)
+        pcode, pwide, tenant = stores.placer.store_fields(journal, scan.store_local)
         table, store_tenants, born, nb, table_pair, table_batch, slots = stores.placer.place_rows(
             nb0, op, placed, plan.key, hcode, hwide, pcode, pwide, tenant, local, who, plan.row, plan.seq,
             plan.store, scan)
@@ -586,11 +584,16 @@ def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) ->
     return np.where(is_store, values[at].astype(dtype), 0).astype(dtype, copy=False)
 
 
-def _of_stores(values: Any, stores: np.ndarray, dtype: Any) -> np.ndarray:
-    """A pool's per-store field (`values`, its whole array) at `stores`, as `dtype`; indexed
-    before it is converted (converting the whole field first cost a pass over every store so far)."""
-    values = np.asarray(values)
-    return values[stores].astype(dtype, copy=False) if len(stores) else np.zeros(0, dtype)
+def _store_fields_loop(parent, pwidth, tenant, stores, out):  # pragma: no cover - compiled
+    """Each store's parent (its code's bits as an int64), parent width and tenant, from a
+    pool's packed per-store arrays (unaligned views of 17- or 25-byte records), into `out`'s
+    three rows: one pass, where three numpy gathers and conversions each walked the strided
+    records (2.3 -> 0.65 ms per 100K vLLM events, 2026-12-04)."""
+    for i in range(len(stores)):
+        s = stores[i]
+        out[0, i] = parent[s]
+        out[1, i] = pwidth[s]
+        out[2, i] = tenant[s]
 
 
 @dataclass(slots=True, eq=False)
@@ -1130,7 +1133,7 @@ class _CompiledPlacer:
     would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
-        self.loop, self.rehash, self.number_slots, self.scan_loop = _compiled()
+        self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop = _compiled()
         self.state = np.zeros(7, np.int64)
         self.blocks = np.full((0, 8), -1, np.int32)
         self.fifo = np.full((0, 2), -1, np.int32)
@@ -1159,6 +1162,12 @@ class _CompiledPlacer:
         num_stored, num_cleared, wmin, wmax, num_pairs, num_batches = st.tolist()
         return _JournalScan(out[0, :num_stored], out[1, :num_pairs], out[2], out[3, :num_batches],
                             out[4, :num_pairs], num_stored, num_cleared, (wmin, wmax))
+
+    def store_fields(self, journal: Any, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(parent code, parent width, tenant) of each of `journal`'s pool stores `stores`, int64."""
+        out = np.empty((3, len(stores)), np.int64)
+        self.fields_loop(journal.parent, journal.parent_width, journal.tenant, stores, out)
+        return out[0], out[1], out[2]
 
     def place_rows(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key0: int, hcode: np.ndarray,
                    hwide: np.ndarray, pcode: np.ndarray, pwide: np.ndarray, tenants: np.ndarray,
@@ -1265,8 +1274,8 @@ _COMPILED: list[Any] = []
 
 
 def _compiled() -> list[Any]:
-    """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`] compiled by numba (cached
-    on disk), or [] without numba."""
+    """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`]
+    compiled by numba (cached on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
@@ -1294,8 +1303,15 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
         _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
         _COMPILED.append(njit(cache=True, nogil=True)(_scan_loop))
+        _COMPILED.append(njit(cache=True, nogil=True)(_store_fields_loop))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
         _COMPILED[1](t, t.copy())
+        # and the store fields' reader for both record layouts (engine.remote.colpool's
+        # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
+        # type): a pool widens its records mid-attach, not in a warm-up
+        for tenant in (np.uint16, np.uint32):
+            rec = np.zeros(2, [("parent", np.uint64), ("tenant", tenant), ("pwidth", np.uint8)])
+            _COMPILED[4](rec["parent"], rec["pwidth"], rec["tenant"], np.zeros(1, np.int64), np.empty((3, 1), np.int64))
     return _COMPILED

@@ -1,0 +1,71 @@
+"""The compiled placer reads each stored row's parent (code, width) and tenant from the
+pool's packed per-store records in one compiled pass (`_CompiledPlacer.store_fields`), where
+three numpy gathers read them before: the same int64s, on a recorded vLLM stream's journal
+and on both record layouts (a parent code past 2**63, a tenant past 2**15), and the reader
+is compiled for both layouts when the placer is (a pool widens its records mid-attach)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+
+
+def _gathered(journal, stores):
+    """What prepare_journal read before: numpy gathers, then the int64 conversions."""
+    return (np.asarray(journal.parent)[stores].view(np.int64),
+            np.asarray(journal.parent_width)[stores].astype(np.int64),
+            np.asarray(journal.tenant)[stores].astype(np.int64))
+
+
+def test_store_fields_match_the_gathers_on_a_recorded_stream():
+    from engine.bench.attach import recorded_stream
+    from engine.core.live_journal import _CompiledPlacer
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+
+    payloads, _, _ = recorded_stream(3_000, gpu_blocks=300)
+    pool = journal_pool_class()("test")
+    placer = _CompiledPlacer()
+    rng = np.random.default_rng(7)
+    checked = parents = 0
+    for start in range(0, len(payloads), 16):
+        pool.apply_many([fastwire.decode_columns(s, payloads[s]) for s in range(start, min(len(payloads), start + 16))])
+        journal = pool.take_journal()
+        stores = np.asarray(journal.store, np.int64)[np.asarray(journal.op) == 0]
+        if not len(stores):
+            continue
+        # the tick's stores, and any earlier ones in any order, repeated
+        for picked in (stores, rng.integers(0, int(stores.max()) + 1, 64)):
+            got, want = placer.store_fields(journal, picked), _gathered(journal, picked)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), start
+        parents += int(np.count_nonzero(_gathered(journal, stores)[1]))
+        checked += 1
+    assert checked > 10 and parents > 0  # stores under a parent were read
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_store_fields_on_both_record_layouts(wide):
+    from engine.core.live_journal import _CompiledPlacer, _compiled
+    from engine.remote.colpool import JS_NARROW, JS_WIDE
+
+    layout = JS_WIDE if wide else JS_NARROW
+    records = np.zeros(500, layout)
+    rng = np.random.default_rng(3)
+    records["parent"] = rng.integers(0, 2**64 - 1, len(records), dtype=np.uint64, endpoint=True)
+    records["parent"][:3] = [2**64 - 1, 2**63, 0]
+    records["pwidth"] = rng.integers(0, 3, len(records))
+    records["tenant"] = rng.integers(0, np.iinfo(records["tenant"].dtype).max, len(records), endpoint=True)
+
+    class Journal:
+        parent, parent_width, tenant = records["parent"], records["pwidth"], records["tenant"]
+
+    fields = _compiled()[4]
+    compiled_before = len(fields.signatures)
+    stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, len(records), 300)]).astype(np.int64)
+    got = _CompiledPlacer().store_fields(Journal, stores)
+    want = _gathered(Journal, stores)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert got[0][0] == -1 and got[0][1] == -2**63  # a parent code's bits, as the int64 view
+    assert len(fields.signatures) == compiled_before  # the warm-up compiled this layout's reader
