@@ -1366,35 +1366,23 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
         cached_out[e] = cached
         prompt_out[e] = prompt
     acc[0], acc[1], acc[2], acc[3], acc[4], acc[5] = in_use, cached_free, evicted, best, cached, prompt
+    # which series did not move over these events (appended as one value: `_Growing.append_same`)
     same = np.ones(7, np.int8)
     for j in range(1, n_ev):
         if in_use_out[j] != in_use_out[0]:
             same[0] = 0
-            break
-    for j in range(1, n_ev):
         if free_out[j] != free_out[0]:
             same[1] = 0
-            break
-    for j in range(1, n_ev):
         if empty_out[j] != empty_out[0]:
             same[2] = 0
-            break
-    for j in range(1, n_ev):
         if ref_out[j] != ref_out[0]:
             same[3] = 0
-            break
-    for j in range(1, n_ev):
         if ev_out[j] != ev_out[0]:
             same[4] = 0
-            break
-    for j in range(1, n_ev):
         if cached_out[j] != cached_out[0]:
             same[5] = 0
-            break
-    for j in range(1, n_ev):
         if prompt_out[j] != prompt_out[0]:
             same[6] = 0
-            break
     return in_use_out, free_out, empty_out, ref_out, ev_out, cached_out, prompt_out, same
 
 
