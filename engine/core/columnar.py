@@ -700,20 +700,6 @@ class ColumnarLog:
             return int(np.searchsorted(born, as_key(rows, born), side="left"))
         return np.searchsorted(born, rows, side="left").astype(np.int64)
 
-    def blocks_after_rows(self, r0: int, r1: int) -> np.ndarray:
-        """`blocks_at` after each row of [r0, r1) (at r0 + 1 up to r1), counted on from the
-        first: a tick's 4,400 binary searches were ~40 us, the births among them a few."""
-        if self.num_blocks == self.initial_blocks or r1 <= r0:
-            return np.full(max(0, r1 - r0), self.num_blocks, np.int64)
-        born = self._born_row[:self.num_blocks]
-        lo, hi = (int(np.searchsorted(born, as_key(r, born), side="left")) for r in (r0 + 1, r1))
-        if hi == lo:
-            return np.full(r1 - r0, lo, np.int64)
-        # a block born at row r counts from r + 1 on (`blocks_at`: born rows before it)
-        out = np.bincount(born[lo:hi] - r0, minlength=r1 - r0).astype(np.int64)
-        out[0] += lo
-        return np.cumsum(out, out=out)
-
     def remote_info(self, number: int) -> Any:
         """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
         return self._slots.info(number) if number > 0 and self._slots is not None else None
