@@ -104,11 +104,10 @@ def warm_journal_route() -> None:
     frame = [VllmEvent("BlockStored", ((14 << 56).to_bytes(8, "big"),), None, tuple(range(16)), 16)]
     pool.apply(fastwire.decode_columns(5, encode_batch(7.0, frame, 0)))
     ticks.append(pool.take_journal())
-    for journal in ticks:
-        r0 = log.columnar.num_rows
-        commit_journal(log, prepare_journal(log, journal, pool, pool.source, 0))
-        overlay.observe_journal(journal, pool.times_of(journal), log.live, log.blocks_of_rows(r0, array=True),
-                                pool, 0)
+    for journal in ticks:  # as `PoolState.apply_prepared` commits a tick and hands the overlay its slots
+        prepared = prepare_journal(log, journal, pool, pool.source, 0)
+        commit_journal(log, prepared)
+        overlay.observe_journal(journal, pool.times_of(journal), log.live, prepared.slots, pool, 0)
     assert len(ticks[1]) == 1
     overlay.cell_codes(log.live, now=8.0, max_cells=1)
 
