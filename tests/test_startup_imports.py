@@ -124,7 +124,9 @@ def _run(code: str, *args: str, tmp_path: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr[-3000:]  # what went up to Qt's handler (a panel's build that raised)
+    return out
 
 
 def test_the_benched_window_paints_before_anything_heavy_is_imported(tmp_path):
@@ -135,7 +137,7 @@ def test_the_benched_window_paints_before_anything_heavy_is_imported(tmp_path):
     # What was put off is built after the first paint: the pool state (numpy) and every
     # panel the window shows at start; nothing moved when they came.
     assert out["runtime"] and out["numpy_after"]
-    assert {"conversation", "block_table", "timeline", "metrics", "event_log"} <= set(out["built"])
+    assert {"conversation", "block_table", "timeline", "metrics", "event_log"} <= set(out["built"]), out["stderr"]
     assert out["places_at_paint"]["scrub_toolbar"][3] > 0
     assert out["places_at_paint"] == out["places_after"]
 

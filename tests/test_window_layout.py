@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QTabBar
+from PySide6.QtWidgets import QTabBar, QWidget
 
 from app.runtime.context import make_test_context
 from app.demos.runner import install_demos
@@ -249,5 +249,70 @@ def test_a_deferred_panel_is_told_the_subject_it_missed_and_only_then(qtbot, tmp
         qtbot.addWidget(early)
         qtbot.addWidget(late)
         qtbot.addWidget(panels["at_start"])
+    finally:
+        ctx.shutdown()
+
+
+def test_a_panel_whose_build_raises_a_key_error_is_not_taken_for_absent(qapp, tmp_path):
+    """`PanelMap.get` returns the default only for a name it does not have. A KeyError
+    raised while a put-off panel is built goes up (Mapping's own `get` turned it into None
+    and left the panel unbuilt without a word: a start-up panel went missing so, once in
+    25 starts under load), and the panel is built when next asked for."""
+    from app.window.panels import BOTTOM, PanelMap, PanelSpec
+
+    ctx = make_test_context(tmp_path)
+    try:
+        fails = [KeyError("raised inside the build")]
+
+        def build(name: str) -> None:
+            if fails:
+                raise fails.pop()
+            panels.add(name, QWidget())
+
+        panels = PanelMap(build, ctx)
+        panels.defer(PanelSpec("Flaky", "flaky", "unused:Probe", BOTTOM, lazy=True))
+        assert panels.get("absent", "default") == "default"
+        with pytest.raises(KeyError, match="raised inside the build"):
+            panels.get("flaky")
+        assert not panels.is_built("flaky") and "flaky" in panels
+        widget = panels.get("flaky")
+        assert isinstance(widget, QWidget) and panels.is_built("flaky")
+        widget.deleteLater()
+    finally:
+        ctx.shutdown()
+
+
+def test_a_start_up_panel_that_raises_does_not_stop_the_others(qtbot, tmp_path, monkeypatch):
+    """The window builds its start-up panels one per turn of the event loop; one whose build
+    raises is reported (the error goes up to Qt's handler) and the ones after it are still
+    built, then the calls waiting for the start-up run."""
+    import app.window.main_window as main_window
+
+    real = main_window.build_panel
+    failed: list[str] = []
+
+    def build_panel(spec, ctx):
+        if getattr(spec, "object_name", None) == "conversation" and not failed:
+            failed.append(spec.object_name)
+            raise KeyError("raised inside the conversation panel's build")
+        return real(spec, ctx)
+
+    monkeypatch.setattr(main_window, "build_panel", build_panel)
+    ctx = make_test_context(tmp_path)
+    window = main_window.MainWindow(ctx, load_model=False)
+    qtbot.addWidget(window)
+    try:
+        after: list[bool] = []
+        window.after_startup(lambda: after.append(True))
+        startup = list(window._startup)
+        assert "conversation" in startup and startup[-1] != "conversation"
+        window.show()
+        with qtbot.captureExceptions() as raised:
+            qtbot.waitUntil(lambda: window.startup_done and bool(after), timeout=30_000)
+        assert failed == ["conversation"]
+        assert [str(e[1]) for e in raised] == ["\"raised inside the conversation panel's build\""]
+        assert all(window.panels.is_built(n) for n in startup if n != "conversation")
+        assert not window.panels.is_built("conversation")
+        assert window.panels["conversation"] is not None and window.panels.is_built("conversation")
     finally:
         ctx.shutdown()

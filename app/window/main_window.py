@@ -392,14 +392,21 @@ class MainWindow(QMainWindow):
         self._up = True
 
     def _build_next_startup_panel(self) -> None:
+        """Build the next start-up panel and post the one after it. A panel that raises is
+        not taken for built: the error goes up (`build_panel`), the rest are still built
+        and the panel is built when first shown; `startup_done` waits for it no longer."""
         while self._startup and self.panels.is_built(self._startup[0]):
             self._startup.pop(0)
-        if self._startup:
-            self.panels.get(self._startup.pop(0))
-        if self._startup:
-            QTimer.singleShot(0, self, self._build_next_startup_panel)
-        else:
+        if not self._startup:
             _run_all(self._at_startup_done)
+            return
+        try:
+            self.panels[self._startup.pop(0)]
+        finally:
+            if self._startup:
+                QTimer.singleShot(0, self, self._build_next_startup_panel)
+            else:
+                _run_all(self._at_startup_done)
 
     @property
     def startup_done(self) -> bool:
@@ -410,9 +417,8 @@ class MainWindow(QMainWindow):
         """Build at once the start-up panels not built yet (tests, screenshots, benches), with
         what waits for the first paint or for them (`after_first_paint`, `after_startup`)."""
         self._bring_up()
-        for name in list(self._startup):
-            self.panels.get(name)
-        self._startup.clear()
+        while self._startup:
+            self.panels[self._startup.pop(0)]
         _run_all(self._at_startup_done)
 
     def _build_deferred_panel(self, name: str) -> None:

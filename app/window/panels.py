@@ -110,6 +110,12 @@ class PanelMap(Mapping[str, QWidget]):
             self._build(name)
         return self._built[name]
 
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        """The panel (built if it was put off), or `default` if there is no such panel. Not
+        Mapping's `get`: that would also return `default` when building the panel raised a
+        KeyError, leaving it unbuilt without a word."""
+        return self[name] if name in self else default
+
     def __contains__(self, name: object) -> bool:  # Mapping's default would build it
         return name in self._built or name in self._pending
 
