@@ -69,14 +69,15 @@ def _made_when_read(name: str) -> property:
     return property(get, field.__set__)
 
 
-def _empty_when_read() -> property:
-    """`LogSeries.empty`, made each time it is read (the pass's own sum: the pool's blocks less
-    those in use and cached free), never kept."""
-    field = EventSeries.empty  # the slot's descriptor
+def _made_each_read(name: str) -> property:
+    """A field of `LogSeries` made each time it is read while it is None, never kept."""
+    field = getattr(EventSeries, name)  # the slot's descriptor
+    make = {"empty": lambda s: s._log._empty_series(s.in_use, s.cached_free),
+            "evicted": lambda s: s._log._evicted_series()}[name]
 
     def get(self: LogSeries) -> np.ndarray:
         got = field.__get__(self, LogSeries)
-        return self._log._empty_series(self.in_use, self.cached_free) if got is None else got
+        return make(self) if got is None else got
 
     return property(get, field.__set__)
 
@@ -84,12 +85,15 @@ def _empty_when_read() -> property:
 class LogSeries(EventSeries):
     """The series of a finished log. Its running token sums (`cached_tokens`, `prompt_tokens`:
     3.85 MB over the Mooncake trace, read by no view) are made when first read, not kept;
-    `empty` (0.96 MB, read by no view but the export) each time it is read."""
+    `empty` (the pool's blocks less those in use and cached free: 0.96 MB, read by no view but
+    the export) and `evicted` (the evictions' rows counted at each event's end: 1.9 MB, read
+    by the timeline once a draw) each time they are read."""
 
     __slots__ = ("_log",)
     cached_tokens = _made_when_read("cached_tokens")
     prompt_tokens = _made_when_read("prompt_tokens")
-    empty = _empty_when_read()
+    empty = _made_each_read("empty")
+    evicted = _made_each_read("evicted")
 
     def __init__(self, log: ColumnarEventLog, *fields: Any) -> None:
         super().__init__(*fields)
@@ -329,6 +333,11 @@ class ColumnarEventLog:
             in_use, cached_free, evicted = (narrowest(a, np.int16, np.int32) for a in (
                 s.in_use, s.cached_free, s.evicted))
             max_ref = narrowest(s.max_ref, np.int8, np.int16, np.int32)
+            # the pass counts an eviction row whose block was free (every one a trace's
+            # manager writes): when it counted them all, the count after each event is read
+            # from the rows (kept for the live state's last eviction anyway), not kept
+            if (int(evicted[-1]) if len(evicted) else 0) == len(self.eviction_rows()):
+                evicted = None
             self._series = LogSeries(self, s.seq, in_use, cached_free, None, max_ref, evicted, None, None,
                                      s.refusal_seqs, s.reset_seqs)
         return self._series
@@ -339,6 +348,34 @@ class ColumnarEventLog:
         pool of 16,384 blocks)."""
         empty = self.columnar.num_blocks - in_use.astype(np.int64) - cached_free
         return empty.astype(np.int16) if fits(empty, np.int16) else narrowest(empty, np.int32)
+
+    def _evicted_series(self) -> np.ndarray:
+        """`EventSeries.evicted` from the eviction rows (each event counts those before its
+        end), in the type the series pass's count narrows to."""
+        counts = np.searchsorted(self.eviction_rows(), self.ends, side="left")
+        return narrowest(counts, np.int16, np.int32)
+
+    def eviction_rows(self) -> np.ndarray:
+        """The rows of the evictions (a cache reset's rows are not), in row order; the same
+        array as the live state's evicted rows while the log has no reset."""
+        ev = self._index.get("eviction_rows")
+        if ev is None:
+            if not np.any(self.kinds == RESET):
+                ev = self._evicted_rows()
+            else:
+                col = self.columnar
+                ev = _row_numbers((col.col("kind") == EVICTED) & (col.col("block") >= 0))
+            self._index["eviction_rows"] = ev
+        return ev
+
+    def _evicted_rows(self) -> np.ndarray:
+        """The rows that take a block's hash away (evictions and cache resets), in row order."""
+        ev = self._index.get("evicted_rows")
+        if ev is None:
+            kind, block = self.columnar.col("kind"), self.columnar.col("block")
+            ev = _row_numbers(((kind == EVICTED) | (kind == RESET)) & (block >= 0))
+            self._index["evicted_rows"] = ev
+        return ev
 
     def _token_series(self) -> tuple[np.ndarray, np.ndarray]:
         """The cached and prompt tokens summed over the lookups up to each event, in the
@@ -829,25 +866,13 @@ class ArrayProjection:
         return got
 
     def _evicted_rows(self) -> np.ndarray:
-        ev = self.log._index.get("evicted_rows")
-        if ev is None:
-            kind, block = self.log.columnar.col("kind"), self.log.columnar.col("block")
-            ev = _row_numbers(((kind == EVICTED) | (kind == RESET)) & (block >= 0))
-            self.log._index["evicted_rows"] = ev
-        return ev
+        return self.log._evicted_rows()
 
     @property
     def last_eviction_seq(self) -> int:
         got = self._cache.get("last_eviction")
         if got is None:
-            ev = self.log._index.get("eviction_rows")  # evictions only: a reset is not one
-            if ev is None:
-                col = self.log.columnar
-                if not np.any(self.log.kinds == RESET):  # the same rows as `_evicted_rows`: one array
-                    ev = self._evicted_rows()
-                else:
-                    ev = _row_numbers((col.col("kind") == EVICTED) & (col.col("block") >= 0))
-                self.log._index["eviction_rows"] = ev
+            ev = self.log.eviction_rows()  # evictions only: a reset is not one
             i = int(np.searchsorted(ev, self.arrays.num_rows)) - 1
             got = self._cache["last_eviction"] = int(self.log.columnar.values_at("seq", ev[i])) if i >= 0 else -1
         return got
