@@ -89,7 +89,7 @@ class RemoteOverlay:
     redraw of a steady million-block pool costs one pass over a byte per block.
     """
 
-    __slots__ = ("tier", "rank", "stored_at", "base", "stored_times", "removed_times", "lifetimes",
+    __slots__ = ("tier", "rank", "stored_at", "base", "_stored_times", "_removed_times", "_lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
                  "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n",
@@ -100,9 +100,9 @@ class RemoteOverlay:
         self.rank = np.zeros(0, dtype=np.uint16)
         self.stored_at = np.zeros(0, dtype=np.float64)
         self.base = np.zeros(0, dtype=np.uint8)
-        self.stored_times = array("d")  # event time of every stored block
-        self.removed_times = array("d")  # event time of every removed block
-        self.lifetimes = array("d")  # seconds from stored to removed, per removed block
+        self._stored_times = _Floats()  # event time of every stored block (`stored_times`)
+        self._removed_times = _Floats()  # event time of every removed block (`removed_times`)
+        self._lifetimes = _Floats()  # seconds from stored to removed, per removed block (`lifetimes`)
         self.num_stored_again = 0  # stored after the server had removed it: computed twice
         self.num_restarts = 0
         self.last_reset_time: float | None = None
@@ -228,9 +228,7 @@ class RemoteOverlay:
             held = np.frombuffer(projection.hashed, dtype=np.uint8, count=n)
             base[:n][held == 0] = 0
             self._codes_second = None
-        last_time = max(self.stored_times[-1] if self.stored_times else 0.0,
-                        self.removed_times[-1] if self.removed_times else 0.0)
-        self._sample(projection, last_time)
+        self._sample(projection, self.now)
 
     def _can_touch(self, more: int) -> bool:
         """True while `more` changed slots fit beside those remembered (`MAX_TOUCHED`)."""
@@ -266,10 +264,35 @@ class RemoteOverlay:
 
     # ------------------------------------------------------------------ reading
     @property
+    def stored_times(self) -> array:
+        """The event time of every stored block, an array('d') (a reader's numpy view of it
+        stays as it was: the array grows as a copy while one is alive)."""
+        return self._stored_times.read()
+
+    @property
+    def removed_times(self) -> array:
+        """The event time of every removed block (a clear: one per copy it cleared), as `stored_times`."""
+        return self._removed_times.read()
+
+    @property
+    def lifetimes(self) -> array:
+        """Seconds from stored to removed of every removed copy, as `stored_times`."""
+        return self._lifetimes.read()
+
+    @property
+    def num_stored(self) -> int:
+        """Blocks stored (`len(stored_times)`, without reading them)."""
+        return len(self._stored_times)
+
+    @property
+    def num_removed(self) -> int:
+        """Blocks removed (`len(removed_times)`, without reading them)."""
+        return len(self._removed_times)
+
+    @property
     def now(self) -> float:
         """The stream's clock: the time of its newest stored or removed block."""
-        return max(self.stored_times[-1] if self.stored_times else 0.0,
-                   self.removed_times[-1] if self.removed_times else 0.0)
+        return max(self._stored_times.last(), self._removed_times.last())
 
     def codes(self, projection: PoolProjection, now: float | None = None) -> np.ndarray:
         """One uint8 per slot: 0 empty, else 1 + tier rank * NUM_AGES + freshness.
@@ -351,8 +374,8 @@ class RemoteOverlay:
         slots listed since the last redraw (an int64 each), the removals remembered (table and ring)."""
         cells = self._cells.nbytes if self._cells is not None else 0
         slots = sum(a.nbytes for a in (self.tier, self.rank, self.stored_at, self.base, self._codes)) + cells
-        times = sum(a.itemsize * len(a) for a in (self.stored_times, self.removed_times, self.lifetimes,
-                                                   self.sample_times, *self.sample_counts))
+        times = sum(a.nbytes for a in (self._stored_times, self._removed_times, self._lifetimes)) + \
+            sum(a.itemsize * len(a) for a in (self.sample_times, *self.sample_counts))
         ring = 0 if self.journal is None else self.journal.nbytes
         touched = self._touched.itemsize * len(self._touched)
         return {"slots": slots, "times": times, "touched": touched, "ring": ring}
@@ -856,9 +879,13 @@ class JournalFollower:
 
 
 def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> None:
-    """Append to the overlay's array('d') `name` (times, lifetimes, samples' times); while a
-    reader holds a numpy view of it (np.frombuffer) it cannot grow in place, so it grows as
-    a copy (the reader keeps the old)."""
+    """Append to the overlay's floats `name` (times, lifetimes, samples' times); while a
+    reader holds a numpy view of an array('d') (np.frombuffer) it cannot grow in place, so
+    it grows as a copy (the reader keeps the old)."""
+    kept = getattr(overlay, "_" + name, None)
+    if isinstance(kept, _Floats):
+        kept.append(values)
+        return
     got = getattr(overlay, name)
     data = memoryview(np.ascontiguousarray(values, np.float64)).cast("B")
     try:
@@ -867,6 +894,70 @@ def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> Non
         grown = array("d", got)
         grown.frombytes(data)
         setattr(overlay, name, grown)
+
+
+class _Floats:
+    """Floats appended a tick at a time and read (as an array('d')) at most once a redraw:
+    appended into numpy chunks, moved to the array when it is read. An array('d') appended
+    to at every tick grew by a sixteenth, each time a realloc that copied it whole (~3 ms of
+    a journal tick's CPU per 100K vLLM events); here a tick writes its values once into room
+    it has, and the array takes a read's worth in one append. A new chunk holds a sixteenth
+    of the values (at least 1,024, at most `FLOAT_CHUNK`): the room is what the array's was."""
+
+    __slots__ = ("_array", "_chunks", "_at", "_n")
+
+    def __init__(self) -> None:
+        self._array = array("d")
+        self._chunks: list[np.ndarray] = []  # values not in the array yet, the last one filling
+        self._at = 0  # values in the last chunk
+        self._n = 0  # values in the chunks
+
+    def __len__(self) -> int:
+        return len(self._array) + self._n
+
+    def append(self, values: np.ndarray) -> None:
+        values = np.asarray(values, np.float64)
+        done, k = 0, len(values)
+        while done < k:
+            if not self._chunks or self._at == len(self._chunks[-1]):
+                size = min(FLOAT_CHUNK, max(1024, (len(self) + k - done) // 16))
+                self._chunks.append(np.empty(size, np.float64))
+                self._at = 0
+            chunk, at = self._chunks[-1], self._at
+            m = min(len(chunk) - at, k - done)
+            chunk[at:at + m] = values[done:done + m]
+            done += m
+            self._at += m
+            self._n += m
+
+    def last(self) -> float:
+        """The newest value (0.0 if none)."""
+        if self._n:
+            return float(self._chunks[-1][self._at - 1])
+        return self._array[-1] if self._array else 0.0
+
+    def read(self) -> array:
+        """Every value, an array('d'): the array, the chunks' values appended first (as a
+        copy while a reader's numpy view of it is alive)."""
+        if self._n:
+            last = self._chunks[-1][:self._at]
+            data = np.concatenate([*self._chunks[:-1], last]) if len(self._chunks) > 1 else last
+            raw = memoryview(data).cast("B")
+            try:
+                self._array.frombytes(raw)
+            except BufferError:
+                grown = array("d", self._array)
+                grown.frombytes(raw)
+                self._array = grown
+            self._chunks, self._at, self._n = [], 0, 0
+        return self._array
+
+    @property
+    def nbytes(self) -> int:
+        return self._array.itemsize * len(self._array) + sum(c.nbytes for c in self._chunks)
+
+
+FLOAT_CHUNK = 1 << 15  # 256 KiB of float64
 
 
 def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, projection: Any,
