@@ -52,3 +52,61 @@ def test_an_eviction_the_pass_does_not_count_keeps_the_count():
     assert int(raw.evicted[-1]) < len(view.eviction_rows())  # not every one counted
     s = view.series
     assert EventSeries.evicted.__get__(s) is not None and np.array_equal(s.evicted, raw.evicted)
+
+
+def test_a_replays_seqs_are_kept_as_their_first_and_count_and_read_as_the_array():
+    import copy
+
+    from engine.core.columnar import Consecutive
+
+    log = _log()
+    kept = log._per_event["seq"]
+    assert isinstance(kept, Consecutive) and kept.nbytes == 0 and len(kept) == len(log) == log.num_seq
+    whole = copy.copy(log)  # the same log with its seqs as the array they stand for
+    whole._per_event = {**log._per_event, "seq": np.asarray(kept)}
+    assert np.array_equal(whole._per_event["seq"], np.arange(len(log))) and whole._per_event["seq"].dtype == np.int32
+    a, b = ColumnarEventLog(log), ColumnarEventLog(whole)
+    assert a.seqs is kept and a.series.seq is kept
+    n = len(log)
+    rng = np.random.default_rng(7)
+    picks = np.concatenate([rng.integers(0, n, 200), [0, n - 1, -1, -n]])
+    assert np.array_equal(a.seqs[picks], b.seqs[picks]) and a.seqs[picks].dtype == b.seqs.dtype
+    mask = rng.random(n) < 0.3
+    assert np.array_equal(a.seqs[mask], b.seqs[mask])
+    for sl in (slice(None), slice(5, 90), slice(n - 3, n + 10), slice(40, 4), slice(None, None, 7), slice(None, None, -3)):
+        assert np.array_equal(a.seqs[sl], b.seqs[sl]), sl
+    for i in (0, 17, n - 1, -1, np.int64(9)):
+        assert a.seqs[i] == b.seqs[i] and type(a.seqs[i]) is type(b.seqs[i])
+    for bad in (n, -n - 1):
+        for s in (a.seqs, b.seqs):
+            try:
+                s[bad]
+            except IndexError:
+                pass
+            else:
+                raise AssertionError(bad)
+    probes = [-5, -1, 0, 1, 2, n // 2, n - 2, n - 1, n, n + 9, 2**40, -2**40]
+    for side in ("left", "right"):
+        assert np.array_equal(np.searchsorted(a.seqs, probes, side=side), np.searchsorted(b.seqs, probes, side=side))
+        edges = np.linspace(-1.5, n + 0.5, 37)
+        assert np.array_equal(np.searchsorted(a.seqs, edges, side=side), np.searchsorted(b.seqs, edges, side=side))
+    for seq in probes[:-2]:
+        assert a.count_upto(seq) == b.count_upto(seq) and a.position_of(seq) == b.position_of(seq)
+        assert log.rows_upto(seq) == whole.rows_upto(seq)
+    assert np.array_equal(log.col("seq"), whole.col("seq"))
+    assert np.array_equal(log.values_at("seq", slice(3, 900)), whole.values_at("seq", slice(3, 900)))
+    assert list(a.seqs) == list(b.seqs) == a.seqs.tolist() == list(range(n))
+    for here in (None, 0, n // 3, n - 1):
+        for forward in (True, False):
+            assert a.find(a.eviction_mask(), forward, here) == b.find(b.eviction_mask(), forward, here)
+    for seq in (0, n // 2, n - 2):
+        pa, pb = a.state_at(seq), b.state_at(seq)
+        assert pa.seq == pb.seq == seq and np.array_equal(pa.ref_counts, pb.ref_counts)
+    assert list(a.events[:40]) == list(b.events[:40]) and list(a.events[-40:]) == list(b.events[-40:])
+    assert np.array_equal(a.series.refusal_seqs, b.series.refusal_seqs)
+    log.settle()
+    assert log._per_event["seq"] is kept  # nothing to copy
+    # a log whose seqs skip one keeps them as an array
+    gap = np.arange(10, dtype=np.int32)
+    gap[5:] += 1
+    assert Consecutive.of(gap) is gap

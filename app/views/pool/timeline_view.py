@@ -23,6 +23,7 @@ from app.ui.export import export_button, header_row
 from app.ui.colors import block_colors, legend_line, swatch
 from app.ui.plots import CURVE_BINS, PlotStack, peak_reduce
 from app.views.pool.remote_plots import RemoteTimeline, show_remote
+from engine.core.columnar import Consecutive
 from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
@@ -48,9 +49,11 @@ def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_
 
 
 def _values(column: Any) -> np.ndarray:
-    """A series column as numpy: a columnar log's as it is; a live EventLog's typed array
-    copied (a view would export its buffer, and the log could not grow it any more)."""
-    return column if isinstance(column, np.ndarray) else np.array(column)
+    """A series column as numpy: a columnar log's as it is (its seqs may be a `Consecutive`,
+    which the reduction and the bins index and search as the array it stands for, not made
+    whole); a live EventLog's typed array copied (a view would export its buffer, and the
+    log could not grow it any more)."""
+    return column if isinstance(column, (np.ndarray, Consecutive)) else np.array(column)
 
 
 class TimelineView(PanelView):
