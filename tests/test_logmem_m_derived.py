@@ -110,3 +110,55 @@ def test_a_replays_seqs_are_kept_as_their_first_and_count_and_read_as_the_array(
     gap = np.arange(10, dtype=np.int32)
     gap[5:] += 1
     assert Consecutive.of(gap) is gap
+
+
+def test_the_hash_rows_are_kept_as_the_events_they_begin_and_read_as_the_rows():
+    import copy
+
+    from engine.core.columnar import EVICTED, EventRows
+
+    log = _log()
+    rows, values = log._sparse["hash"]
+    kind = log.col("kind")
+    want = np.flatnonzero((kind == STORED) | (kind == EVICTED)).astype(np.int32)
+    assert isinstance(rows, EventRows) and rows.nbytes * 16 < want.nbytes and len(rows) == len(want) == len(values)
+    assert np.array_equal(np.asarray(rows), want) and np.asarray(rows).dtype == want.dtype
+    rng = np.random.default_rng(3)
+    for a, b in [*np.sort(rng.integers(0, len(want) + 1, (200, 2)), axis=1).tolist(), (0, len(want)), (5, 5), (9, 2)]:
+        assert np.array_equal(rows[a:b], want[a:b]), (a, b)
+    for k in [*range(70), len(want) - 1, -1, -len(want)]:
+        assert rows[k] == want[k]
+    for bad in (len(want), -len(want) - 1):
+        try:
+            rows[bad]
+        except IndexError:
+            pass
+        else:
+            raise AssertionError(bad)
+    picks = rng.integers(0, len(want), 300)
+    assert np.array_equal(rows[picks], want[picks])
+    probes = np.concatenate([rng.integers(-9, log.num_rows + 9, 3000), want[:64], want[-64:] + 1, [0, log.num_rows, 2**40]])
+    for side in ("left", "right"):
+        assert np.array_equal(np.searchsorted(rows, probes, side=side), np.searchsorted(want, probes, side=side))
+        assert all(np.searchsorted(rows, int(p), side=side) == np.searchsorted(want, int(p), side=side)
+                   for p in probes[:80].tolist())
+    # the column read through them is the one kept with its rows as an array
+    whole = copy.copy(log)
+    whole._sparse = {**log._sparse, "hash": (want, values)}
+    assert np.array_equal(log.col("hash"), whole.col("hash"))
+    for start, stop in ((0, log.num_rows), (int(want[7]), int(want[7]) + 1), (int(want[7]) + 1, 9000), (11, 11)):
+        assert np.array_equal(log.values_at("hash", slice(start, stop)), whole.values_at("hash", slice(start, stop)))
+        assert np.array_equal(log.rows_window("hash", start, stop)[start:stop], whole.col("hash")[start:stop])
+    at = rng.integers(0, log.num_rows, 500)
+    assert np.array_equal(log.values_at("hash", at), whole.values_at("hash", at))
+    assert list(log.events()) == list(whole.events())
+    for seq in (0, len(log) // 3, len(log) - 1):
+        sa, sb = log.state_at(seq), whole.state_at(seq)
+        assert np.array_equal(sa.hash_keys, sb.hash_keys) and np.array_equal(sa.free_order(), sb.free_order())
+    log.settle()  # the bits copied, the rows read over the settled event bounds
+    settled = log._sparse["hash"][0]
+    assert isinstance(settled, EventRows) and settled.bounds is log.event_bounds
+    assert np.array_equal(np.asarray(settled), want)
+    # a log whose hashed rows are not the first rows of those events keeps them as rows
+    assert isinstance(EventRows.of(want[1:], log.event_bounds, np.isin(log._per_event["kind"], (STORED, EVICTED))),
+                      np.ndarray)
