@@ -38,6 +38,10 @@ MAX_CELLS = 1 << 18
 SWEEP_SLOTS = 1 << 18
 LARGE_POOL = 100_000
 MAX_REMEMBERED_REMOVALS = 200_000  # for "stored again": bounded, as the engine's pool bounds its own
+# The removals' table (`JournalFollower.room`) grows to hold as many more removals as this
+# many ticks like the one that grows it would bring (about a second of GUI frames), at most
+# the size MAX_REMEMBERED_REMOVALS takes: a fast stream's table reaches it in two steps, not ten.
+ROOM_TICKS = 64
 SAMPLE_EVERY_S = 0.25
 # Slots changed since the last redraw are remembered for an update of those cells alone, up
 # to this many: past it a redraw takes the whole pool again (a compiled pass, as the first
@@ -849,7 +853,11 @@ class JournalFollower:
 
     def room(self, n: int) -> None:
         """Room for `n` more removals: in the ring, and in the table at most half full (so a
-        probe meets an empty row soon) for as many as it can hold at once."""
+        probe meets an empty row soon) for as many as it can hold at once, and for `ROOM_TICKS`
+        more ticks of `n`. Doubling at each tick that needed it, a fast stream's table was
+        made ten times on its way to 8 MB (512K rows), each a new array's page faults (huge
+        pages compacted for those of 4 MB and more) and a rehash of the old: 7-110 ms of CPU
+        per 100K vLLM events of an attach's start, against ~4 ms in two steps."""
         st = self.st
         head, tail, num = int(st[5]), int(st[6]), int(st[9])
         if head > len(self.ring_id) // 2:  # drop what the ring has passed
@@ -865,7 +873,7 @@ class JournalFollower:
                 grown[:tail] = getattr(self, name)[:tail]
                 setattr(self, name, grown)
         rows = len(self.removed)
-        while 2 * min(num + n, MAX_REMEMBERED_REMOVALS + 1) > rows:
+        while 2 * min(num + n * ROOM_TICKS, MAX_REMEMBERED_REMOVALS + 1) > rows:
             rows *= 2
         if rows > len(self.removed):
             grown = np.full((rows, 2), -1, np.int64)
