@@ -162,3 +162,17 @@ def test_the_hash_rows_are_kept_as_the_events_they_begin_and_read_as_the_rows():
     # a log whose hashed rows are not the first rows of those events keeps them as rows
     assert isinstance(EventRows.of(want[1:], log.event_bounds, np.isin(log._per_event["kind"], (STORED, EVICTED))),
                       np.ndarray)
+
+
+def test_the_find_masks_are_made_when_asked_not_kept_and_match_the_events():
+    from app.runtime.state import is_eviction, is_miss
+
+    view = ColumnarEventLog(_log())
+    view.warm()
+    view.settle()
+    events = list(view.events)
+    for mask, predicate in ((view.miss_mask(), is_miss), (view.eviction_mask(), is_eviction)):
+        want = np.array([predicate(e) for e in events])
+        assert want.sum() > 100 and np.array_equal(mask, want)
+    assert view.find(view.miss_mask(), True, None) == next(e.seq for e in events if is_miss(e))
+    assert not {"miss_mask", "eviction_mask"} & set(view._index)  # a byte an event each, not kept
