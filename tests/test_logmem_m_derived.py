@@ -176,3 +176,25 @@ def test_the_find_masks_are_made_when_asked_not_kept_and_match_the_events():
         assert want.sum() > 100 and np.array_equal(mask, want)
     assert view.find(view.miss_mask(), True, None) == next(e.seq for e in events if is_miss(e))
     assert not {"miss_mask", "eviction_mask"} & set(view._index)  # a byte an event each, not kept
+
+
+def test_a_replays_hash_chains_are_laid_out_from_its_chain_ids_as_from_by_hash():
+    from tests.test_chain_layout import _same_layout
+
+    view = ColumnarEventLog(_log(800, 300))
+    view.warm()
+    view.settle()
+    assert "by_hash_map" not in view.live._cache  # warm computed the digests, kept no dict of them
+    for seq in (None, len(view) // 2, 40):
+        p = view.state_at(seq)
+        got = p.chain_index()
+        assert got is not None and "by_hash_map" not in p._cache
+        hashes, first, par, has = got
+        by = p.by_hash  # the reference, read block by block
+        assert hashes == list(by) and first.tolist() == [v[0] for v in by.values()]
+        parents = p.parents_of(first)
+        index = {h: i for i, h in enumerate(hashes)}
+        assert has.tolist() == [q is not None for q in parents]
+        assert par.tolist() == [-1 if q is None else index.get(q, -1) for q in parents]
+        assert 0 < int(has.sum()) and 0 < int((par >= 0).sum()) < len(par)  # roots, and parents not cached
+        _same_layout(p, f"replay at {seq}")
