@@ -34,10 +34,13 @@ Python object per block, per hash or per token id:
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
-  insertion-ordered maps of their own: a table, value columns and a FIFO of entries. A
-  table entry carries 31 bits of its key's hash beside the entry's index, so a probe
-  passes other keys and a deletion shifts entries back without reading their rows (the
-  maps hold 200,000 keys: each row read was a cache miss).
+  insertion-ordered maps over one set of entries (`_RemovalMaps`): one table, the
+  entries' key and value columns, and a FIFO for each map. A hash that leaves a tier is
+  one probe and at most one new entry for both maps (in vLLM's streams they hold the
+  same keys in the same order), and an entry is freed once both maps dropped it. A table
+  entry carries 31 bits of its key's hash beside the entry's index, so a probe passes
+  other keys and a deletion shifts entries back without reading their rows (the maps
+  hold 200,000 keys: each row read was a cache miss).
 - `apply(batch)` takes a `fastwire.ColumnarBatch` (`fastwire.decode_columns`: the
   frame's hashes, token ids and event fields as arrays) or a `VllmBatch`. One compiled
   loop applies every run of common events (stores and removals with block hashes, a
@@ -62,9 +65,9 @@ Python object per block, per hash or per token id:
   probe or deletion, a map's operations, a slot freed, a journal row) are inlined into
   their callers (`inline="always"`): a call still passed ~50 words of array arguments on
   the stack, and the maps' calls nested four deep. All but one: a map's oldest entry
-  popped (`_om_pop_oldest`, only past `max_removed`) stays a call, or each of the eight
-  inlined `_om_upsert`s carries its loops (a cold `warm_up()` 69 -> 49 s of CPU, the
-  apply unchanged). Python calls them through
+  popped (`_om_pop_oldest`, only past `max_removed`) stays a call, or each inlined site
+  of the maps' operations carries its loops (a cold `warm_up()` 69 -> 49 s of CPU with
+  eight sites, the apply unchanged). Python calls them through
   `*_py` entries that keep it (unboxing the group dict needs it), once per call.
 
 Reading (`tiers`, `find`, `held`, `details_of`, ...) builds the same plain values as the
@@ -174,8 +177,13 @@ RAW_ROW = 1 << 16  # R_MEDIUM of a common event naming raw name c (>= 2) on tier
 
 def _medium_row(t: int, c: int) -> int:
     return RAW_ROW | c << 8 | t
-# ordered maps: scalars
-O_LIVE, O_FREE, O_HEAD, O_TAIL = range(4)
+# the removal maps (`_RemovalMaps`): an entry's columns (int64): removed_at's batch seq,
+# departed's announced and removed counts, its FIFO position in each map (-1: not in it), its
+# key's `_om_hash`; the entries' scalars; each map's scalars
+V_SEQ, V_ANN, V_REM, V_RPOS, V_DPOS, V_HASH = range(6)
+NUM_V = 6
+E_LIVE, E_FREE = range(2)
+O_LIVE, O_HEAD, O_TAIL = range(3)
 
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
@@ -328,9 +336,13 @@ def _rehash(tab, K, F, n):  # pragma: no cover - compiled
             _tab_insert(tab, K, F, s)
 
 
-# ordered maps (removed_at, departed): entries with key, width, two values, a FIFO slot and
-# 31 bits of the key's mixed hash. A table entry is (those bits << 32) | entry: a probe
-# passes another key's entry, and a deletion shifts entries back, without reading a row.
+# the removal maps (removed_at, departed): one set of entries for both, one table. An entry
+# is a key (hash, width), the maps' values (removed_at's batch seq, departed's announced and
+# removed counts), its position in each map's FIFO (-1: not in that map) and 31 bits of the
+# key's mixed hash. A table entry is (those bits << 32) | entry: a probe passes another key's
+# entry, and a deletion shifts entries back, without reading a row. A key that leaves a tier
+# goes into both maps at once (one probe, one entry) and an entry is freed when it has left
+# both: in vLLM's streams the two maps hold the same keys in the same order.
 
 _OM_BITS = np.uint64(0x7FFFFFFF)
 
@@ -359,7 +371,7 @@ def _om_find(otab, OK, OW, k, w, h):  # pragma: no cover - compiled
 @njit(cache=True, _nrt=False, inline="always")
 def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
     mask = len(otab) - 1
-    i = OV[e, 3] & mask
+    i = OV[e, V_HASH] & mask
     while (otab[i] & 0xFFFFFFFF) != e:
         i = (i + 1) & mask
     otab[i] = -1
@@ -377,73 +389,97 @@ def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_remove(otab, OK, OW, OV, ofree, OS, e):  # pragma: no cover - compiled
-    _om_tab_delete(otab, OV, e)
-    OW[e] = 0
-    ofree[OS[O_FREE]] = e
-    OS[O_FREE] += 1
+def _om_leave(otab, OW, OV, ofree, ES, OS, e, pos, other):  # pragma: no cover - compiled
+    """Entry e leaves the map whose FIFO positions are OV's column `pos` (OS its scalars); it
+    is freed when it is not in the other map (column `other`) either."""
+    OV[e, pos] = -1
     OS[O_LIVE] -= 1
+    if OV[e, other] < 0:
+        _om_tab_delete(otab, OV, e)
+        OW[e] = 0
+        ofree[ES[E_FREE]] = e
+        ES[E_FREE] += 1
+        ES[E_LIVE] -= 1
 
 
 @njit(cache=True, _nrt=False)  # a call: see the module docstring (compile time)
-def _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS):  # pragma: no cover - compiled
+def _om_pop_oldest(otab, OW, OV, ofree, ES, ofifo, OS, pos, other):  # pragma: no cover - compiled
+    """The oldest key of one map leaves it (OrderedDict.popitem(last=False))."""
     while OS[O_HEAD] < OS[O_TAIL]:
-        e = ofifo[OS[O_HEAD]]
-        pos = OS[O_HEAD]
+        q = OS[O_HEAD]
+        e = ofifo[q]
         OS[O_HEAD] += 1
-        if e >= 0 and OW[e] and OV[e, 2] == pos:
-            _om_remove(otab, OK, OW, OV, ofree, OS, e)
+        if e >= 0 and OV[e, pos] == q:  # (else a key that left this map since: passed over)
+            _om_leave(otab, OW, OV, ofree, ES, OS, e, pos, other)
             return
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_delete(otab, OK, OW, OV, ofree, OS, k, w, h):  # pragma: no cover - compiled
-    if OS[O_LIVE] == 0:
-        return
-    e = _om_find(otab, OK, OW, k, w, h)
-    if e >= 0:
-        _om_remove(otab, OK, OW, OV, ofree, OS, e)
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _om_upsert(otab, OK, OW, OV, ofree, ofifo, OS, k, w, h, v0, v1, add, maxn, trim):  # pragma: no cover
-    """Set (or with `add`, add to) the values of (k, w), whose `_om_hash` is h (both maps
-    hash a key alike: a caller hashes it once); a new key goes last. With `trim`, the
-    oldest entries go while more than `maxn` are held (OrderedDict.popitem(last=False))."""
-    e = _om_find(otab, OK, OW, k, w, h)
-    if e >= 0:
-        if add:
-            OV[e, 0] += v0
-            OV[e, 1] += v1
-        else:
-            OV[e, 0] = v0
-            OV[e, 1] = v1
-        return
-    OS[O_FREE] -= 1
-    e = ofree[OS[O_FREE]]
-    OK[e] = k
-    OW[e] = w
-    OV[e, 0] = v0
-    OV[e, 1] = v1
-    OV[e, 2] = OS[O_TAIL]
-    OV[e, 3] = h
+def _om_join(OV, ofifo, OS, e, pos):  # pragma: no cover - compiled
+    """Entry e into one map, last, unless it is in it; whether it came in."""
+    if OV[e, pos] >= 0:
+        return False
+    OV[e, pos] = OS[O_TAIL]
     ofifo[OS[O_TAIL]] = e
     OS[O_TAIL] += 1
     OS[O_LIVE] += 1
-    mask = len(otab) - 1
-    i = h & mask
-    while otab[i] >= 0:
-        i = (i + 1) & mask
-    otab[i] = (h << 32) | e
-    if trim:
-        while OS[O_LIVE] > maxn:
-            _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_trim(otab, OK, OW, OV, ofree, ofifo, OS, maxn):  # pragma: no cover - compiled
-    while OS[O_LIVE] > maxn:
-        _om_pop_oldest(otab, OK, OW, OV, ofree, ofifo, OS)
+def _om_note(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, dp_fifo, dp_os, k, w, h, seq, a, r, to_ra, maxn,
+             trim_ra):  # pragma: no cover - compiled
+    """A key (k, w), whose `_om_hash` is h (a caller hashes it once), left a tier: `a` announced
+    and `r` removed added to its `departed` counts and, with `to_ra`, `removed_at` set to
+    batch `seq`; a key new to a map goes last in it. Then each map drops its oldest keys
+    while it holds more than `maxn` (`removed_at` only with `trim_ra`: the reference's fast
+    path trims it once, at the end of a removal)."""
+    e = _om_find(otab, OK, OW, k, w, h)
+    if e < 0:
+        ES[E_FREE] -= 1
+        e = ofree[ES[E_FREE]]
+        OK[e] = k
+        OW[e] = w
+        OV[e, V_RPOS] = -1
+        OV[e, V_DPOS] = -1
+        OV[e, V_HASH] = h
+        ES[E_LIVE] += 1
+        mask = len(otab) - 1
+        i = h & mask
+        while otab[i] >= 0:
+            i = (i + 1) & mask
+        otab[i] = (h << 32) | e
+    if to_ra:
+        _om_join(OV, ra_fifo, ra_os, e, V_RPOS)
+        OV[e, V_SEQ] = seq
+    if _om_join(OV, dp_fifo, dp_os, e, V_DPOS):
+        OV[e, V_ANN] = a
+        OV[e, V_REM] = r
+    else:
+        OV[e, V_ANN] += a
+        OV[e, V_REM] += r
+    if to_ra and trim_ra:
+        while ra_os[O_LIVE] > maxn:
+            _om_pop_oldest(otab, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
+    while dp_os[O_LIVE] > maxn:
+        _om_pop_oldest(otab, OW, OV, ofree, ES, dp_fifo, dp_os, V_DPOS, V_RPOS)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _om_unremove(otab, OK, OW, OV, ofree, ES, ra_os, k, w, h):  # pragma: no cover - compiled
+    """A key stored again leaves `removed_at` (its `departed` counts stay)."""
+    if ra_os[O_LIVE] == 0:
+        return
+    e = _om_find(otab, OK, OW, k, w, h)
+    if e >= 0 and OV[e, V_RPOS] >= 0:
+        _om_leave(otab, OW, OV, ofree, ES, ra_os, e, V_RPOS, V_DPOS)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _om_trim(otab, OW, OV, ofree, ES, ra_fifo, ra_os, maxn):  # pragma: no cover - compiled
+    """`removed_at` drops its oldest keys while it holds more than `maxn`."""
+    while ra_os[O_LIVE] > maxn:
+        _om_pop_oldest(otab, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
 
 
 # the blocks
@@ -548,7 +584,7 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
-def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
            t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
            next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
@@ -693,16 +729,15 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_f
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
                 _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
-        _om_delete(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, k, w, _om_hash(k, w))
+        _om_unremove(om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
     return 0
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
-def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-            dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
-            left, J, SO):  # pragma: no cover - compiled
+def _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os,
+            t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
     """One BlockRemoved (`RemotePool._removed`, not emitting). `group` -1 is None; `left[i]`
     is set to 1 for each hash that is no longer on the tier after it. With the journal
     on, one row per hash named (held or not: the reference emits a BlockEvicted for each)."""
@@ -713,61 +748,61 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
         k = hk[h0 + i]
         w = hw[h0 + i]
         x = _mix(k, w, t)
-        y = _om_hash(k, w)
         s = _find_x(tab, K, F, k, w, t, x) if present else -1
         if S[S_JON]:
             _journal_row(J, S, OP_REMOVED, t, s, batch_seq, SO[s] if s >= 0 else -1, k, w)
+        # what the removal maps note (`_om_note`): announced and removed added to departed's
+        # counts and, when the hash left the tier (or was never on it), removed_at's seq
+        a, r, to_ra = np.int64(0), np.int64(1), False
         if s < 0:
             S[S_UNKNOWN] += 1
-            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, not fast)
-            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
+            to_ra = True
             left[i] = 1
-            continue
-        last = False
-        common = C[s, C_TOT] == 1 and C[s, C_C0] == 1
-        if common:
-            if group > 0:  # one copy, in group 0: not this group's
-                S[S_UNKNOWN] += 1
-                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
-                continue
-            last = True
         else:
-            g = group if group >= 0 else _first_group(C, G, s)
-            cnt = _copies_in(C, G, s, g) if g >= 0 else 0
-            if cnt == 0:
-                S[S_UNKNOWN] += 1
-                _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, 0, 1, True, maxn, True)
-                continue
-            if g == 0:
-                C[s, C_C0] -= 1
+            last = False
+            common = C[s, C_TOT] == 1 and C[s, C_C0] == 1
+            if common:
+                if group > 0:  # one copy, in group 0: not this group's
+                    S[S_UNKNOWN] += 1
+                else:
+                    last = True
             else:
-                _set_group(G, s, g, cnt - 1)
-            C[s, C_TOT] -= 1
-            if C[s, C_TOT] == 0:
-                last = True
-            else:
-                TI[t, T_EXTRA] -= 1
-                C[s, C_REM] += 1
-        if last:
-            seconds = ts - T[L[s, L_BID]]
-            if seconds > 0:
-                SF[0] += seconds
-                if seconds > SF[1]:
-                    SF[1] = seconds
-            S[S_LIFE_N] += 1
-            _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, np.int64(C[s, C_ANN]),
-                       np.int64(C[s, C_REM]) + 1, True, maxn, True)
-            _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, not fast)
-            _free_slot(tab, K, L, C, F, T, G, S, TI, s, x)
-            left[i] = 1
+                g = group if group >= 0 else _first_group(C, G, s)
+                cnt = _copies_in(C, G, s, g) if g >= 0 else 0
+                if cnt == 0:
+                    S[S_UNKNOWN] += 1
+                else:
+                    if g == 0:
+                        C[s, C_C0] -= 1
+                    else:
+                        _set_group(G, s, g, cnt - 1)
+                    C[s, C_TOT] -= 1
+                    if C[s, C_TOT] == 0:
+                        last = True
+                    else:  # copies left: the hash stays, neither map notes it
+                        TI[t, T_EXTRA] -= 1
+                        C[s, C_REM] += 1
+                        continue
+            if last:
+                seconds = ts - T[L[s, L_BID]]
+                if seconds > 0:
+                    SF[0] += seconds
+                    if seconds > SF[1]:
+                        SF[1] = seconds
+                S[S_LIFE_N] += 1
+                a, r, to_ra = np.int64(C[s, C_ANN]), np.int64(C[s, C_REM]) + 1, True
+                _free_slot(tab, K, L, C, F, T, G, S, TI, s, x)
+                left[i] = 1
+        _om_note(om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os, k, w, _om_hash(k, w),
+                 batch_seq, a, r, to_ra, maxn, not fast)
     S[S_REMOVED] += nh
     if fast:
-        _om_trim(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, maxn)
+        _om_trim(om_tab, om_w, om_v, om_free, om_es, ra_fifo, ra_os, maxn)
 
 
 @njit(cache=True, nogil=True)
-def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, batch_seq, n):  # pragma: no cover
+def _clear_tier(tab, K, L, C, F, T, G, S, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os,
+                t, batch_seq, n):  # pragma: no cover
     """Every hash of tier t leaves it, in the order they were stored."""
     tt = t + 1
     count = 0
@@ -785,10 +820,8 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, ra_tab, ra_k, ra_w, ra_v, ra_free,
     maxn = S[S_MAXREM]
     for s in slots[np.argsort(orders)]:
         k, w = K[s, K_KEY], F[s, F_W]
-        y = _om_hash(k, w)
-        _om_upsert(ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, k, w, y, batch_seq, 0, False, maxn, True)
-        _om_upsert(dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, k, w, y, np.int64(C[s, C_ANN]),
-                   np.int64(C[s, C_REM]), True, maxn, True)
+        _om_note(om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os, k, w, _om_hash(k, w),
+                 batch_seq, np.int64(C[s, C_ANN]), np.int64(C[s, C_REM]), True, maxn, True)
         _free_slot(tab, K, L, C, F, T, G, S, TI, s, _mix(k, w, t))
     TI[t, T_PRESENT] = 0
     TI[t, T_EXTRA] = 0
@@ -804,9 +837,9 @@ def _medium_of(m):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
-def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-         dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups,
-         rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO, RM):  # pragma: no cover - compiled
+def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+         dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
+         JS, SO, RM):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
     Python must handle (or n). A common event's medium is nil or `GPU` (R_MEDIUM 0, 1),
@@ -832,7 +865,7 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
                     if rows[j, R_KIND] == KIND_STORED and rgj and gj == 0:
                         nxt = rows[j, R_PARENT] != 0 and parents[j] == lk and widths_parent(rows, j) == lw
                         break
-            r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os,
+            r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
                        t, RM[c, RM_SLOT], rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
                        rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO)
             if r == 0:  # counted per raw name, into the pool's dicts after the run (`_sync`)
@@ -843,9 +876,8 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
         elif kind == KIND_REMOVED:
             if stop_on_remove:
                 return i
-            _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                    dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left,
-                    J, SO)
+            _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+                    dp_os, t, -1, keys, widths, h0, nh, seq, ts, left, J, SO)
         else:
             return i
     return n
@@ -859,39 +891,36 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_fre
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, raw, rawgpu, group,
-              hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts, J, JS,
-              SO):  # pragma: no cover - compiled
-    return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_os, t, raw, rawgpu,
-                  group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
+def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw, rawgpu,
+              group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts,
+              J, JS, SO):  # pragma: no cover - compiled
+    return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw,
+                  rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
                   next_continues, seq, ts, J, JS, SO)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _remove_py(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab, dp_k,
-               dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J,
-               SO):  # pragma: no cover - compiled
-    return _remove(tab, K, L, C, F, T, G, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                   dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts,
-                   left, J, SO)
+def _remove_py(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+               dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
+    return _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+                   dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab, dp_k,
-            dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start,
-            stop_on_remove, seq, ts, left, n, J, JS, SO, RM):  # pragma: no cover - compiled
-    return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers,
-                groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J, JS, SO, RM)
+def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+            dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
+            JS, SO, RM):  # pragma: no cover - compiled
+    return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq,
+                ts, left, n, J, JS, SO, RM)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os, dp_tab,
-                   dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss,
-                   left, J, JS, SO, RM):  # pragma: no cover - compiled
-    return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo,
-                       ra_os, dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths,
-                       ftok, bounds, seqs, tss, left, J, JS, SO, RM)
+def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                   dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO,
+                   RM):  # pragma: no cover - compiled
+    return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                       dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, RM)
 
 
 # Ask the CPU for the cache line of arr[i] (of row i, for a 2-D array) and go on: no value,
@@ -902,15 +931,15 @@ _prefetch = prefetch_intrinsic()
 
 @njit(cache=True, _nrt=False)
 def _touch_oldest(otab, ow, ov, fifo, os, num, home):  # pragma: no cover - compiled
-    """Prefetch the `num` oldest entries of an ordered map (the ones a full map drops next)
-    or, with `home`, their home entries in its table (which read the entries: once those
-    are on their way)."""
+    """Prefetch the entries of a removal map's `num` oldest keys (the ones a full map drops
+    next) or, with `home`, their home entries in the maps' table (which read the entries:
+    once those are on their way)."""
     mask = len(otab) - 1
     for q in range(os[O_HEAD], min(os[O_HEAD] + num, os[O_TAIL])):
         e = fifo[q]
         if e >= 0:
             if home:
-                _prefetch(otab, ov[e, 3] & mask)
+                _prefetch(otab, ov[e, V_HASH] & mask)
             else:
                 _prefetch(ow, e)
                 _prefetch(ov, e)
@@ -921,19 +950,19 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
               rows, parents, keys, lo, hi):  # pragma: no cover - compiled
     """Prefetch, before events lo..hi-1 of common events use them, the table entries their
     hashes will probe: the home entry of each hash (and parent) in the pool's table and
-    the two maps', and the maps' oldest entries that the removals will drop, then their
-    home entries. The run's own probes, each waiting for the one before, then find them
-    in the cache (on this VM a dependent random read costs about 190 ns, an independent
-    one about 14). Prefetches, not loads: a load that misses holds the CPU's window of
-    instructions until it comes (the pass read each of these before, and cost about what
-    it saved: 0.301 s against 0.325 s without it, 0.252 s prefetching, for 200K recorded
-    events). A second pass that read the table entries to prefetch the slots' rows they
-    name cost more than it saved once the helpers were inlined (its reads waited on the
-    entries the first pass asked for): 0.2415 -> 0.2316 s without it. Reads only (the slots'
-    arrays, K, L, C, F, and the maps' keys are no longer read: kept in the signature)."""
+    the removal maps' (one table for both: `dp_tab` is `ra_tab`, `dp_k` `ra_k`, ...), and
+    the maps' oldest entries that the removals will drop, then their home entries. The
+    run's own probes, each waiting for the one before, then find them in the cache (on
+    this VM a dependent random read costs about 190 ns, an independent one about 14).
+    Prefetches, not loads: a load that misses holds the CPU's window of instructions until
+    it comes (the pass read each of these before, and cost about what it saved: 0.301 s
+    against 0.325 s without it, 0.252 s prefetching, for 200K recorded events). A second
+    pass that read the table entries to prefetch the slots' rows they name cost more than
+    it saved once the helpers were inlined (its reads waited on the entries the first pass
+    asked for): 0.2415 -> 0.2316 s without it. Reads only (the slots' arrays, K, L, C, F,
+    and the maps' keys are no longer read: kept in the signature)."""
     size = len(tab) - 1
     ra_mask = len(ra_tab) - 1
-    dp_mask = len(dp_tab) - 1
     removed = 0
     for i in range(lo, hi):  # the table entries
         t = _medium_of(rows[i, R_MEDIUM])[0]
@@ -945,7 +974,6 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
             _prefetch(tab, _home(_mix(k, W_U64, t), size))
             y = _om_hash(k, W_U64)
             _prefetch(ra_tab, y & ra_mask)
-            _prefetch(dp_tab, y & dp_mask)
         if rows[i, R_PARENT]:
             _prefetch(tab, _home(_mix(parents[i], W_U64, t), size))
     if removed:
@@ -957,9 +985,9 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
-def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs,
-                tss, left, J, JS, SO, RM):  # pragma: no cover - compiled
+def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO,
+                RM):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
     each (rows, hashes and token ids of all frames concatenated; `widths` W_U64 for each)."""
@@ -970,11 +998,11 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v,
         lo, hi = bounds[f], bounds[f + 1]
         S[S_BID] = bid0 + f
         if hi > lo:
-            _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w, dp_v, dp_fifo,
+            _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
                       dp_os, rows, parents, keys, lo, hi)
-            _run(tab, K, L, C, F, T, G, tok, S, SF, TI, ra_tab, ra_k, ra_w, ra_v, ra_free, ra_fifo, ra_os,
-                 dp_tab, dp_k, dp_w, dp_v, dp_free, dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64,
-                 empty_i64, empty_u8, lo, False, seqs[f], tss[f], left, hi, J, JS, SO, RM)
+            _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                 dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, False, seqs[f],
+                 tss[f], left, hi, J, JS, SO, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1022,63 +1050,117 @@ def _new_group_dict() -> Any:
     return NumbaDict.empty(key_type=types.int64, value_type=types.int64)
 
 
-class _OrderedMap:
-    """An insertion-ordered map of hashes (k, w) to two int64 values, in arrays."""
+class _RemovalMaps:
+    """The entries of both removal maps (`removed_at`, `departed`) and their one table, in
+    arrays; each map is an `_OrderedMap` over them (its FIFO and scalars)."""
 
-    __slots__ = ("tab", "k", "w", "v", "free", "fifo", "os")
+    __slots__ = ("tab", "k", "w", "v", "free", "es", "removed", "departed")
 
     def __init__(self, cap: int = 1024) -> None:
         # a power of two, load <= 1/2; -1 empty, else (31 bits of the key's hash << 32) | entry
         self.tab = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int64)
         self.k = np.zeros(cap, np.uint64)
-        self.w = np.zeros(cap, np.uint8)
-        self.v = np.zeros((cap, 4), np.int64)  # two values, FIFO position, the key's hash bits
+        self.w = np.zeros(cap, np.uint8)  # the key's width code, 0: a free entry
+        self.v = np.full((cap, NUM_V), -1, np.int64)  # V_*: values, FIFO positions, the key's hash bits
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
-        self.fifo = np.full(2 * cap, -1, np.int32)
-        self.os = np.array([0, cap, 0, 0], np.int64)
+        self.es = np.array([0, cap], np.int64)  # E_LIVE, E_FREE
+        self.removed = _OrderedMap(self, V_RPOS, V_SEQ, -1, cap)
+        self.departed = _OrderedMap(self, V_DPOS, V_ANN, V_REM, cap)
 
     def __len__(self) -> int:
-        return int(self.os[O_LIVE])
+        return int(self.es[E_LIVE])
+
+    def compiled(self) -> tuple:
+        """What the compiled loops take: the entries, then each map's FIFO and scalars."""
+        return (self.tab, self.k, self.w, self.v, self.free, self.es, self.removed.fifo, self.removed.os,
+                self.departed.fifo, self.departed.os)
 
     def reserve(self, more: int, most: int | None = None) -> None:
-        """Room for `more` new keys before the next compiled call, in a map that keeps at most
-        `most` keys between calls (the pool's `max_removed`; None: no bound)."""
-        live, cap = int(self.os[O_LIVE]), len(self.k)
+        """Room for `more` new keys before the next compiled call, in maps that keep at most
+        `most` keys each between calls (the pool's `max_removed`; None: no bound)."""
+        live, cap = int(self.es[E_LIVE]), len(self.k)
         if live + more > cap:
             # half again as many entries, but no more than the bound and one call's keys: a
             # map is full at its bound, so the room left idle is passing (an eighth at a time
-            # was 29 rehashes on the way to 200,000 keys, a quarter of a new pool's apply)
+            # was 29 rehashes on the way to 200,000 keys, a quarter of a new pool's apply).
+            # Both maps hold the same keys in vLLM's streams; keys stored again after they
+            # left (in departed, not removed_at) can take the entries up to twice the bound
             new = max(cap + cap // 2, live + more + 1024)
             if most is not None:
-                new = max(min(new, most + more + 1024), live + more)
-            # entries keep their numbers (resized or copied whole, the FIFO as it is); the new
-            # ones go under the free ones, and the table is made again when its size changes
-            nfree = int(self.os[O_FREE])
+                top = most if live <= most else min(2 * most, live + live // 2)
+                new = max(min(new, top + more + 1024), live + more)
+            # entries keep their numbers (resized or copied whole, the FIFOs as they are); the
+            # new ones go under the free ones, and the table is made again when its size changes
+            nfree = int(self.es[E_FREE])
             for name in ("k", "w", "v"):
                 _grow_rows(self, name, new)
+            self.v[cap:] = -1
             free = np.empty(new, np.int32)
             free[:new - cap] = np.arange(new - 1, cap - 1, -1, dtype=np.int32)
             free[new - cap:new - cap + nfree] = self.free[:nfree]
             self.free = free
-            self.os[O_FREE] = nfree + new - cap
+            self.es[E_FREE] = nfree + new - cap
             size = 1 << int(2 * new - 1).bit_length()
             if size != len(self.tab):  # (entries keep their numbers: a table of the same size stays)
                 self.tab = np.full(size, -1, np.int64)
                 _om_rehash(self.tab, self.k, self.w, self.v, cap)
+        self.removed.fifo_room(more)
+        self.departed.fifo_room(more)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.tab, self.k, self.w, self.v, self.free, self.es, self.removed.fifo,
+                                      self.removed.os, self.departed.fifo, self.departed.os))
+
+
+class _OrderedMap:
+    """One removal map, insertion-ordered, of hashes (k, w) to two int64 values: a FIFO of the
+    shared entries (`_RemovalMaps`) and its scalars; an entry is in it while its FIFO position
+    (column `pos`) is not -1. `tab`, `k`, `w`, `v` and `free` are the shared arrays."""
+
+    __slots__ = ("entries", "pos", "values", "fifo", "os")
+
+    def __init__(self, entries: _RemovalMaps, pos: int, v0: int, v1: int, cap: int) -> None:
+        self.entries = entries
+        self.pos, self.values = pos, (v0, v1)  # v1 -1: the second value is always 0
+        self.fifo = np.full(2 * cap, -1, np.int32)
+        self.os = np.zeros(3, np.int64)  # O_LIVE, O_HEAD, O_TAIL
+
+    tab = property(lambda self: self.entries.tab)
+    k = property(lambda self: self.entries.k)
+    w = property(lambda self: self.entries.w)
+    v = property(lambda self: self.entries.v)
+    free = property(lambda self: self.entries.free)
+
+    def __len__(self) -> int:
+        return int(self.os[O_LIVE])
+
+    def fifo_room(self, more: int) -> None:
+        """Room in the FIFO for `more` keys to come in: its keys moved to the start of a new one."""
         if int(self.os[O_TAIL]) + more > len(self.fifo):
             n = int(self.os[O_LIVE])
             fifo = np.full(max(len(self.fifo), 2 * (n + more) + 1024), -1, np.int32)
-            self.os[O_HEAD], self.os[O_TAIL] = 0, _om_refifo(self.fifo, self.w, self.v, self.os, fifo)
+            self.os[O_HEAD], self.os[O_TAIL] = 0, _om_refifo(self.fifo, self.entries.v, self.os, self.pos, fifo)
             self.fifo = fifo
 
     def ordered(self) -> np.ndarray:
         """Live entries, oldest first."""
         out = np.empty(int(self.os[O_LIVE]), np.int64)
-        return out[:_om_ordered(self.fifo, self.w, self.v, self.os, out)]
+        return out[:_om_ordered(self.fifo, self.entries.v, self.os, self.pos, out)]
+
+    def columns(self, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two values of entries `e`."""
+        v0, v1 = self.values
+        v = self.entries.v
+        return v[e, v0], (v[e, v1] if v1 >= 0 else np.zeros(len(e), np.int64))
 
     def get(self, k: int, w: int) -> tuple[int, int] | None:
-        e = _om_get(self.tab, self.k, self.w, np.uint64(k), np.uint8(w)) if len(self) else -1
-        return None if e < 0 else (int(self.v[e, 0]), int(self.v[e, 1]))
+        m = self.entries
+        e = _om_get(m.tab, m.k, m.w, np.uint64(k), np.uint8(w)) if len(self) else -1
+        if e < 0 or m.v[e, self.pos] < 0:
+            return None
+        v0, v1 = self.values
+        return int(m.v[e, v0]), (int(m.v[e, v1]) if v1 >= 0 else 0)
 
 
 @njit(cache=True)
@@ -1093,7 +1175,7 @@ def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
     for e in range(n):
         if OW[e]:
             h = _om_hash(OK[e], OW[e])
-            OV[e, 3] = h
+            OV[e, V_HASH] = h
             i = h & mask
             while otab[i] >= 0:
                 i = (i + 1) & mask
@@ -1101,28 +1183,29 @@ def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _om_ordered(ofifo, OW, OV, OS, out):  # pragma: no cover - compiled
-    """A map's live entries, oldest first, into `out`; how many. (numpy's masks over a full
-    map's FIFO, 400,000 positions, were a millisecond a call, one per map every ~100,000 removals.)"""
+def _om_ordered(ofifo, OV, OS, pos, out):  # pragma: no cover - compiled
+    """A map's live entries (FIFO positions: OV's column `pos`), oldest first, into `out`;
+    how many. (numpy's masks over a full map's FIFO, 400,000 positions, were a millisecond
+    a call, one per map every ~100,000 removals.)"""
     n = 0
     for q in range(OS[O_HEAD], OS[O_TAIL]):
         e = ofifo[q]
-        if e >= 0 and OW[e] and OV[e, 2] == q and n < len(out):
+        if e >= 0 and OV[e, pos] == q and n < len(out):
             out[n] = e
             n += 1
     return n
 
 
 @njit(cache=True, nogil=True)
-def _om_refifo(ofifo, OW, OV, OS, out):  # pragma: no cover - compiled
+def _om_refifo(ofifo, OV, OS, pos, out):  # pragma: no cover - compiled
     """A map's live entries, oldest first, to the start of a new FIFO `out`, each entry's
     position moved with it; how many."""
     n = 0
     for q in range(OS[O_HEAD], OS[O_TAIL]):
         e = ofifo[q]
-        if e >= 0 and OW[e] and OV[e, 2] == q:
+        if e >= 0 and OV[e, pos] == q:
             out[n] = e
-            OV[e, 2] = n
+            OV[e, pos] = n
             n += 1
     return n
 
@@ -1477,8 +1560,8 @@ class ColumnarPool:
         self.G = _new_group_dict()
         self._alloc(capacity)
         self.tok = np.zeros(max(capacity * 16, 1024), np.uint16)  # widened to uint32 on the first id >= 2**16
-        self.removed = _OrderedMap()
-        self.departed_map = _OrderedMap()
+        self.maps = _RemovalMaps()
+        self.removed, self.departed_map = self.maps.removed, self.maps.departed  # removed_at's, departed's
         self._cache: dict[Any, Any] = {}
         self._revision = 0
         self._batch_blocks = 0
@@ -1575,8 +1658,7 @@ class ColumnarPool:
             self.tok = out
         self._narrow_room(blocks, tokens)
         removals = blocks if removals is None else removals
-        self.removed.reserve(removals, self.max_removed)
-        self.departed_map.reserve(removals, self.max_removed)
+        self.maps.reserve(removals, self.max_removed)
         if self.journal:
             self._journal_reserve(blocks, blocks)
             # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
@@ -1764,7 +1846,7 @@ class ColumnarPool:
         i = 0
         while i < n:
             i = _run_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                     self.TI, *self._ra(), *self._dp(), rows, parents, keys, widths, cols.tokens, tiers, groups,
+                     self.TI, *self.maps.compiled(), rows, parents, keys, widths, cols.tokens, tiers, groups,
                      rawgpu, i, bool(self._details), cols.seq, cols.ts, left, n, *self._jn(), self.RM)
             self._sync()
             if i < n:
@@ -1859,17 +1941,10 @@ class ColumnarPool:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
         _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                    self.TI, *self._ra(), *self._dp(), rows, parents, keys, np.full(len(keys), W_U64, np.uint8),
+                    self.TI, *self.maps.compiled(), rows, parents, keys, np.full(len(keys), W_U64, np.uint8),
                     tokens, bounds, seqs, tss, self._left, *self._jn(), self.RM)
         self._sync()
 
-    def _ra(self) -> tuple:
-        m = self.removed
-        return m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os
-
-    def _dp(self) -> tuple:
-        m = self.departed_map
-        return m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os
 
     def _rare_columns(self, cols: ColumnarBatch, keys: np.ndarray, widths: np.ndarray, tiers: np.ndarray,
                       groups: np.ndarray, rawgpu: np.ndarray) -> np.ndarray:
@@ -2009,7 +2084,7 @@ class ColumnarPool:
             if g < 0 and group_idx is not None:
                 g = 0
             _remove_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
-                    *self._ra(), *self._dp(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
+                    *self.maps.compiled(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
             if self._details:
                 for j in np.flatnonzero(left[:nh]).tolist():
                     self._details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
@@ -2062,10 +2137,9 @@ class ColumnarPool:
         tenant = self._tenant_id(e.cache_salt)
         pk, pw = (self._key_new(e.parent_block_hash) if e.parent_block_hash is not None else (0, 0))
         r = _store_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                   self.TI, self.removed.tab, self.removed.k, self.removed.w, self.removed.v, self.removed.free,
-                   self.removed.os, t, raw_code, bool(rawgpu[i]), group, keys, widths, h0, nh, 1 if pw else 0,
-                   np.uint64(pk), np.uint8(pw), ftok, 0, len(ftok), e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts,
-                   *self._jn())
+                      self.TI, *self.maps.compiled()[:6], self.removed.os, t, raw_code, bool(rawgpu[i]), group, keys,
+                      widths, h0, nh, 1 if pw else 0, np.uint64(pk), np.uint8(pw), ftok, 0, len(ftok),
+                      e.block_size or 0, tenant, salts, nxt, cols.seq, cols.ts, *self._jn())
         if r == 1:
             self.S[S_HITS] -= nh  # the loop counts hits without a session; this one names its own
             self.hits_by_session[e.session_id] = self.hits_by_session.get(e.session_id, 0) + nh
@@ -2108,10 +2182,9 @@ class ColumnarPool:
                 continue
             # room for what the clear adds and for what the rest of the batch may add
             more = int(self.TI[code, T_HASHES]) + self._batch_blocks
-            self.removed.reserve(more, self.max_removed)
-            self.departed_map.reserve(more, self.max_removed)
+            self.maps.reserve(more, self.max_removed)
             _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.TI,
-                        *self._ra(), *self._dp(), code, batch_seq, len(self.F))
+                        *self.maps.compiled(), code, batch_seq, len(self.F))
         if self._details:
             for key in [k for k in self._details if k[0] in tiers]:
                 del self._details[key]
@@ -2261,14 +2334,14 @@ class ColumnarPool:
         m = self.removed
         e = m.ordered()
         return OrderedDict((self._bytes(int(k), int(w)), (None, int(v))) for k, w, v in
-                           zip(m.k[e], m.w[e], m.v[e, 0]))
+                           zip(m.k[e], m.w[e], m.columns(e)[0]))
 
     @property
     def departed(self) -> OrderedDict[bytes, list[int]]:
         m = self.departed_map
         e = m.ordered()
         return OrderedDict((self._bytes(int(k), int(w)), [int(a), int(r)]) for k, w, a, r in
-                           zip(m.k[e], m.w[e], m.v[e, 0], m.v[e, 1]))
+                           zip(m.k[e], m.w[e], *m.columns(e)))
 
     @property
     def num_cached(self) -> int:
@@ -2416,9 +2489,7 @@ class ColumnarPool:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
         arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
                   self.J, self.JS, self.SO, self.RM]
-        for m in (self.removed, self.departed_map):
-            arrays += [m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os]
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + self.maps.nbytes
 
 
 __all__ = ["ColumnarPool", "ColumnarBlock", "JournalRows", "tier_code", "warm_up", "OP_STORED", "OP_REMOVED",
