@@ -198,3 +198,28 @@ def test_a_replays_hash_chains_are_laid_out_from_its_chain_ids_as_from_by_hash()
         assert par.tolist() == [-1 if q is None else index.get(q, -1) for q in parents]
         assert 0 < int(has.sum()) and 0 < int((par >= 0).sum()) < len(par)  # roots, and parents not cached
         _same_layout(p, f"replay at {seq}")
+
+
+def test_the_requests_allocations_are_kept_as_events_and_give_the_block_tables_of_the_rows():
+    from engine.core.columnar import ALLOCATED
+
+    log = _log(800, 300)
+    start, finish, alloc, bounds = log._request_spans()
+    assert log._alloc_by_event and len(alloc) < len(log.requests) * 3  # events, not rows
+    kind, req, block = log.col("kind"), log.col("request"), log.col("block")
+    rows = np.flatnonzero((kind == ALLOCATED) & (block >= 0))
+    rows = rows[np.argsort(req[rows], kind="stable")]
+    _, _, got_rows, got_bounds = log._request_index()  # the rows, made from the events
+    assert got_rows.dtype == np.int32 and np.array_equal(got_rows, rows)
+    assert np.array_equal(got_bounds, np.searchsorted(req[rows], np.arange(len(log.requests) + 1)))
+    view = ColumnarEventLog(log)
+    ids = log.requests.ids
+    rng = np.random.default_rng(5)
+    for seq in [0, 1, len(log) - 1, *rng.integers(0, len(log), 25).tolist()]:
+        n = log.rows_upto(seq)
+        want = {}
+        for r in np.flatnonzero((start < n) & (finish >= n)).tolist():
+            mine = rows[req[rows] == r]
+            want[ids[r]] = tuple(block[mine[mine < n]].tolist())
+        assert log.running_at(seq) == want and view.state_at(seq).running == want, seq
+    assert any(len(t) > 1 for t in want.values())

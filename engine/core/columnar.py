@@ -365,6 +365,7 @@ class ColumnarLog:
         self._live_keys: np.ndarray | None = None
         self._live_request: dict[str, int] = {}
         self._req_index: tuple | None = None
+        self._alloc_by_event = False  # `_req_index` groups allocation events, not rows (`_request_spans`)
         self._others: dict[int, Event] = {}  # seq -> a live event the columns do not describe
         # rows made, not yet written (`_flush`): `num_rows` counts written rows only, so rows
         # made on an engine thread (`prepare_events`) are invisible until the GUI thread writes them
@@ -1074,7 +1075,7 @@ class ColumnarLog:
         per_snapshot = 16 * max(1, self.num_blocks)
         most = max(1, min(64, CHECKPOINT_BYTES // per_snapshot))
         every = every or self.checkpoint_rows or max(CHECKPOINT_MIN_ROWS, self.num_rows // most + 1)
-        self._request_index()
+        self._request_spans()
         self.checkpoint_rows = every
         state = self.initial_state()
         self._cp_rows = [0]
@@ -1202,9 +1203,12 @@ class ColumnarLog:
         counters.num_finished_requests += int(np.count_nonzero(kind == FINISHED))
         return PoolArrays(int(seqs[-1]), stop, ref, hk, pos, counters)
 
-    def _request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _request_spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per request: the row that started it, the row that finished it (num_rows when
-        none yet); and the allocation rows grouped by request (row numbers, group starts)."""
+        none yet); and its allocations grouped by request (group starts): as the allocation
+        events of a finished log that keeps a request and a kind per event
+        (`_alloc_by_event`: 20,318 events over the Mooncake trace, not its 296,787 rows,
+        1.1 MB less), else as the allocation rows naming a block."""
         cached = getattr(self, "_req_index", None)
         if cached is not None and cached[0] == self.num_rows:
             return cached[1]
@@ -1217,26 +1221,69 @@ class ColumnarLog:
         finish = np.full(n_req, self.num_rows, np.int64)
         m = kind == FINISHED
         finish[req[m]] = rows[m]
-        alloc = np.flatnonzero((kind == ALLOCATED) & (self.col("block") >= 0))
-        alloc = alloc[np.argsort(req[alloc], kind="stable")]
-        if self.num_rows <= _I32.max:  # row numbers, kept for as long as the log
+        kinds, event_req = self._per_event.get("kind"), self._per_event.get("request")
+        self._alloc_by_event = self.event_bounds is not None and kinds is not None and event_req is not None
+        if self._alloc_by_event:
+            alloc = np.flatnonzero(kinds == ALLOCATED)
+            of = np.asarray(event_req[alloc])
+        else:
+            alloc = np.flatnonzero((kind == ALLOCATED) & (self.col("block") >= 0))
+            of = req[alloc]
+        order = np.argsort(of, kind="stable")
+        alloc, of = alloc[order], of[order]
+        if self.num_rows <= _I32.max:  # row or event numbers, kept for as long as the log
             alloc = alloc.astype(np.int32)
-        bounds = np.searchsorted(req[alloc], np.arange(n_req + 1))
+        bounds = np.searchsorted(of, np.arange(n_req + 1))
         value = (start, finish, alloc, bounds)
         self._req_index = (self.num_rows, value)
         return value
 
+    def _request_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`_request_spans` with the allocations as rows naming a block (row numbers, group
+        starts), made from the events when the log keeps those."""
+        start, finish, alloc, bounds = self._request_spans()
+        if not self._alloc_by_event:
+            return start, finish, alloc, bounds
+        heads = self.event_bounds
+        lo, hi = heads[alloc].astype(np.int64), heads[alloc.astype(np.int64) + 1].astype(np.int64)
+        size = hi - lo
+        rows = np.repeat(lo - np.cumsum(size) + size, size) + np.arange(int(size.sum()))
+        group = np.repeat(np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)), size)
+        named = self.kept("block")[rows] >= 0
+        rows, group = rows[named], group[named]
+        rows = rows.astype(np.int32) if self.num_rows <= _I32.max else rows
+        return start, finish, rows, np.searchsorted(group, np.arange(len(bounds)))
+
+    def block_tables(self, reqs: Sequence[int], n: int) -> list[tuple[int, ...]]:
+        """The block table of each of requests `reqs` after the rows before `n`: the blocks
+        its allocations named, in row order."""
+        _, _, alloc, bounds = self._request_spans()
+        block = self.kept("block")
+        out = []
+        if not self._alloc_by_event:
+            for r in reqs:
+                rows = alloc[bounds[r]:bounds[r + 1]]
+                out.append(tuple(block[rows[rows < n]].tolist()))
+            return out
+        heads = self.event_bounds
+        for r in reqs:
+            table: list[int] = []
+            for e in alloc[bounds[r]:bounds[r + 1]].tolist():  # in row order
+                lo = int(heads[e])
+                if lo >= n:
+                    break
+                part = block[lo:min(int(heads[e + 1]), n)]
+                table += part[part >= 0].tolist()
+            out.append(tuple(table))
+        return out
+
     def running_at(self, seq: int | None) -> dict[str, tuple[int, ...]]:
         """Request id -> block table of the requests running after `seq`."""
         n = self.rows_upto(seq)
-        start, finish, alloc, bounds = self._request_index()
-        live = np.flatnonzero((start < n) & (finish >= n))
-        block = self.kept("block")
-        out: dict[str, tuple[int, ...]] = {}
-        for r in live.tolist():
-            rows = alloc[bounds[r]:bounds[r + 1]]
-            out[self.requests.ids[r]] = tuple(block[rows[rows < n]].tolist())
-        return out
+        start, finish, _, _ = self._request_spans()
+        live = np.flatnonzero((start < n) & (finish >= n)).tolist()
+        ids = self.requests.ids
+        return {ids[r]: table for r, table in zip(live, self.block_tables(live, n))}
 
 
 def fits(values: np.ndarray, dtype: Any, margin: int = 0) -> bool:

@@ -541,7 +541,7 @@ class ColumnarEventLog:
         live = self.live
         self.start_order()
         self.id_codes()
-        self.columnar._request_index()
+        self.columnar._request_spans()
         live.looked_up()
         live.last_eviction_seq  # noqa: B018
         live.chain_index()  # the digests of every cached block, for the hash chains
@@ -1139,16 +1139,10 @@ class ArrayProjection:
     def _running(self) -> dict[str, tuple[int, ...]]:
         n = self.arrays.num_rows
         started, _, finished = self.log.request_index()
-        _, _, alloc, bounds = self.log.columnar._request_index()
         live = np.flatnonzero((started < n) & (finished >= n))
-        live = live[np.argsort(started[live], kind="stable")]
-        block = self.log.columnar.kept("block")
+        live = live[np.argsort(started[live], kind="stable")].tolist()
         ids = self.log.columnar.requests.ids
-        out: dict[str, tuple[int, ...]] = {}
-        for r in live.tolist():
-            rows = alloc[bounds[r]:bounds[r + 1]]
-            out[ids[r]] = tuple(block[rows[rows < n]].tolist())
-        return out
+        return {ids[r]: table for r, table in zip(live, self.log.columnar.block_tables(live, n))}
 
     def owners(self, block_id: int) -> tuple[str, ...]:
         return tuple(rid for rid, table in self.running.items() if block_id in table)
