@@ -223,3 +223,40 @@ def test_the_requests_allocations_are_kept_as_events_and_give_the_block_tables_o
             want[ids[r]] = tuple(block[mine[mine < n]].tolist())
         assert log.running_at(seq) == want and view.state_at(seq).running == want, seq
     assert any(len(t) > 1 for t in want.values())
+
+
+def test_the_flag_column_is_a_bit_a_row_and_its_miss_reasons_apart():
+    import copy
+
+    from tests.test_columnar import assert_views_equal, view_of
+
+    log = _log()
+    assert "flag" not in log._cols and "flag" in log._bit_base
+    rows, values = log._sparse["flag"]
+    bits = log._sparse_base["flag"]
+    assert bits.nbytes == (log.num_rows + 7) // 8 and np.all(values > 1) and len(values) > 50  # the miss reasons
+    whole = copy.copy(log)  # the same log with the flags kept whole
+    dense = log.col("flag")
+    whole._cols = {**log._cols, "flag": dense.copy()}
+    whole._sparse = {k: v for k, v in log._sparse.items() if k != "flag"}
+    whole._sparse_base = {k: v for k, v in log._sparse_base.items() if k != "flag"}
+    whole._bit_base = set()
+    assert dense.dtype == np.uint8 and 0 < int((dense == 1).sum()) < log.num_rows
+    assert np.array_equal(dense, whole.col("flag"))
+    rng = np.random.default_rng(9)
+    for start, stop in [(0, log.num_rows), (3, 3), (int(rows[0]), int(rows[0]) + 1), (5, 13), (8, 16), (7, 9001),
+                        *np.sort(rng.integers(0, log.num_rows + 1, (40, 2)), axis=1).tolist()]:
+        assert np.array_equal(log.values_at("flag", slice(start, stop)), dense[start:stop]), (start, stop)
+        assert np.array_equal(log.rows_window("flag", start, stop)[start:stop], dense[start:stop])
+    picks = np.concatenate([rows[:20], rng.integers(0, log.num_rows, 400), [0, log.num_rows - 1, -1, -5]])
+    assert np.array_equal(log.values_at("flag", picks), dense[picks])
+    assert [int(log.values_at("flag", int(i))) for i in picks[:60]] == dense[picks[:60]].tolist()
+    assert list(log.events()) == list(whole.events())
+    for seq in (0, len(log) // 3, len(log) - 2):
+        assert_views_equal(view_of(log, seq), view_of(whole, seq))
+    log.settle()
+    assert np.array_equal(log.col("flag"), dense)
+    table = np.zeros((1, 8), np.int64)
+    table[0] = (9, len(log) + 3, 0, -1, -1, 0, 0, 1)  # an aborted finish written after: the column whole again
+    log.write_rows(table)
+    assert "flag" in log._cols and not log._bit_base and np.array_equal(log.col("flag"), np.append(dense, 1))

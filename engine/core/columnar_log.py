@@ -1197,7 +1197,7 @@ class ArrayProjection:
         if finished[r] < n:
             i = int(finished[r])
             fields.update(finished_seq=int(col.values_at("seq", i)), num_tokens_with_kv=int(col.values_at("a", i)),
-                          aborted=bool(col.col("flag")[i]))
+                          aborted=bool(col.values_at("flag", i)))
         return dataclasses.replace(rec, **fields) if fields else rec
 
     def looked_up(self) -> np.ndarray:
@@ -1451,7 +1451,7 @@ def _compiled_series_loop() -> Any:
 
 def _miss_of_row(col: ColumnarLog, i: int) -> MissInfo:
     """The `MissInfo` a lookup row stands for (as `ColumnarLog.events` builds it)."""
-    reason = MISS_REASONS[int(col.col("flag")[i])]
+    reason = MISS_REASONS[int(col.values_at("flag", i))]
     extra = int(col.values_at("b", i))
     salts = col.keys.salts
     return MissInfo(reason=reason, first_miss_block=int(col.values_at("block", i)),
