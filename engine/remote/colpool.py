@@ -212,6 +212,12 @@ def tier_code(tier: str) -> int:
 
 # ---- the compiled part ----------------------------------------------------------------
 
+# Ask the CPU for the cache line of arr[i] (of row i, for a 2-D array) and go on: no value,
+# no wait, nothing written (i must be a valid index: it is not checked). The placer's and
+# the overlay's passes ask the same way.
+_prefetch = prefetch_intrinsic()
+
+
 @njit(cache=True, inline="always")
 def _mix(k, w, t):  # pragma: no cover - compiled
     x = k ^ (np.uint64(w) << _S56) ^ (np.uint64(t + 1) * _GOLD)
@@ -278,6 +284,31 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
 def _find_x(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
     """`_find` given x = `_mix(k, w, t)` (a caller that needs x again computes it once)."""
     return _find_or_hole(tab, K, F, k, w, t, x)[0]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _touch_slot(tab, K, L, C, F, x):  # pragma: no cover - compiled
+    """Prefetch the row (K, L, C, F) of the first slot whose table entry, from the home of
+    mix x, has x's fingerprint (the slot `_find_x` reads first; another hash's only on a
+    fingerprint collision), reading the table alone. Nothing when the hash is absent."""
+    size = len(tab) - 1
+    sb = _slot_bits(tab)
+    i = _home(x, size)
+    want = _fingerprint(x, sb)
+    while True:
+        e = np.int64(tab[i])
+        if e == 0:
+            return
+        if (e >> sb) == want:
+            s = (e & ((np.int64(1) << sb) - 1)) - 1
+            _prefetch(K, s)
+            _prefetch(L, s)
+            _prefetch(C, s)
+            _prefetch(F, s)
+            return
+        i += 1
+        if i == size:
+            i = 0
 
 
 @njit(cache=True, inline="always")
@@ -583,6 +614,16 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
     S[S_JSTORES] = o + 1
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _copy_ids(tok, u, ftok, f, n):  # pragma: no cover - compiled
+    """n token ids from ftok[f:] to tok[u:] by unsigned indices: numba adds no wraparound
+    for a negative index to them, so the loop is loads and stores (with it, a gather and
+    a word extracted per id)."""
+    d, s = np.uint64(u), np.uint64(f)
+    for j in range(np.uint64(n)):
+        tok[d + j] = ftok[s + j]
+
+
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
            t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
@@ -671,8 +712,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 if n_i < 0:
                     n_i = 0
                 u = S[S_TOKUSED]
-                for j in range(n_i):
-                    tok[u + j] = ftok[t0 + a + j]
+                _copy_ids(tok, u, ftok, t0 + a, n_i)
                 S[S_TOKUSED] = u + n_i
                 _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
         else:
@@ -703,8 +743,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 u = np.int64(L[s, L_BID])
             else:
                 S[S_TOKUSED] = u + n_i
-            for j in range(n_i):
-                tok[u + j] = ftok[t0 + a + j]
+            _copy_ids(tok, u, ftok, t0 + a, n_i)
             L[s, L_TOK] = u
             C[s, C_NTOK] = n_i
             S[S_TOKLIVE] += n_i
@@ -744,6 +783,11 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free,
     maxn = S[S_MAXREM]
     fast = group <= 0  # the reference's fast path: removed_at trimmed once, at the end
     present = TI[t, T_PRESENT]
+    if present:
+        # the rows of the slots the hashes name, asked for side by side before the loop
+        # below reads them one after another (a slot's K, C, L and F were ~half of it)
+        for i in range(nh):
+            _touch_slot(tab, K, L, C, F, _mix(hk[h0 + i], hw[h0 + i], t))
     for i in range(nh):
         k = hk[h0 + i]
         w = hw[h0 + i]
@@ -922,11 +966,6 @@ def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om
     return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                        dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, RM)
 
-
-# Ask the CPU for the cache line of arr[i] (of row i, for a 2-D array) and go on: no value,
-# no wait, nothing written (i must be a valid index: it is not checked). The placer's and
-# the overlay's passes ask the same way.
-_prefetch = prefetch_intrinsic()
 
 
 @njit(cache=True, _nrt=False)
