@@ -260,3 +260,27 @@ def test_the_flag_column_is_a_bit_a_row_and_its_miss_reasons_apart():
     table[0] = (9, len(log) + 3, 0, -1, -1, 0, 0, 1)  # an aborted finish written after: the column whole again
     log.write_rows(table)
     assert "flag" in log._cols and not log._bit_base and np.array_equal(log.col("flag"), np.append(dense, 1))
+
+
+def test_the_eviction_rows_are_kept_as_the_events_they_begin():
+    from engine.core.columnar import EventRows
+
+    view = ColumnarEventLog(_log())
+    view.warm()
+    ev = view.eviction_rows()
+    kind, block, seq = view.columnar.col("kind"), view.columnar.col("block"), view.columnar.col("seq")
+    want = np.flatnonzero((kind == EVICTED) & (block >= 0)).astype(np.int32)
+    assert isinstance(ev, EventRows) and ev is view._index["evicted_rows"] and ev.nbytes * 8 < want.nbytes
+    assert np.array_equal(ev, want) and ev.dtype == want.dtype
+    view.settle()
+    ev = view.eviction_rows()
+    assert ev.bounds is view.columnar.event_bounds and ev is view._index["evicted_rows"]  # one copy, settled bounds
+    for n in (0, int(want[0]), int(want[0]) + 1, view.columnar.num_rows // 2, view.columnar.num_rows):
+        p = view.state_at(int(seq[n - 1]) if n else -1)
+        before = want[want < p.arrays.num_rows]
+        blocks = np.full(p.num_blocks, -1, np.int64)
+        blocks[block[before]] = seq[before]
+        assert np.array_equal(p.evicted_seq, blocks)
+        assert p.last_eviction_seq == (int(seq[before[-1]]) if len(before) else -1)
+    raw = view._compiled_series(_compiled_series_loop())
+    assert np.array_equal(view.series.evicted, raw.evicted)

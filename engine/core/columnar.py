@@ -1535,6 +1535,10 @@ class EventRows:
     def __len__(self) -> int:
         return self.n
 
+    def events(self) -> np.ndarray:
+        """A bool per event: whether its first row is one of the rows."""
+        return np.unpackbits(self.words.view(np.uint8), bitorder="little")[:len(self.bounds) - 1].view(bool)
+
     def _events_in(self, first: int, stop: int) -> np.ndarray:
         """The set events among events [first, stop)."""
         if stop <= first:
