@@ -143,8 +143,8 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
            f"token_ids_{pool.tok.dtype}": pool.tok.nbytes / n,
            "token_ids_used_per_block": round(int(pool.S[colpool.S_TOKUSED]) / n, 2),
            "batch_table_seq_and_time": (pool.T.nbytes + pool.BSEQ.nbytes) / n,
-           "removed_and_departed_maps": sum(a.nbytes for m in (pool.removed, pool.departed_map)
-                                            for a in (m.tab, m.k, m.w, m.v, m.free, m.fifo, m.os)) / n,
+           # one set of entries, table and values for both maps, a FIFO each (colpool._RemovalMaps)
+           "removed_and_departed_maps": pool.maps.nbytes / n,
            "journal_rows_J_store_rows_JS_slot_stores_SO": (pool.J.nbytes + pool.JS.nbytes + pool.SO.nbytes) / n,
            "all_arrays": pool.nbytes / n}
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in per.items()}
