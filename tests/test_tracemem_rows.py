@@ -1,6 +1,7 @@
 """What an opened trace's log keeps of its rows: `hash` and `a` as the rows that set them
-only (the stores' and evictions' hashes), `seq`, `request` and `kind` as one value per event
-(shared with the event log's per-event arrays), `block` in int16; the series' `empty` made
+only (the stores' and evictions' hashes, where as a bit an event), `seq`, `request` and `kind`
+as one value per event (shared with the event log's per-event arrays; the seqs, 0, 1, 2, ...,
+as their first and count), the flag as a bit a row, `block` in int16; the series' `empty` made
 when read; one copy of an index two names share after `settle`. Each reading is compared
 with the same replay kept whole.
 """
@@ -86,14 +87,24 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     assert sorted(log._per_event) == ["kind", "request", "seq"] and not {"seq", "request", "kind"} & set(log._cols)
     assert whole.event_bounds is None and "seq" in whole._cols
     n, num_events = log.num_rows, len(log)
-    num_set = len(log._sparse["hash"][0]) + len(log._sparse["a"][0])
-    # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become 4 + 1 an event and its first row's 4,
-    # the requests 4 + 4 a run of one request's events; the hash's and a's 4 + 4 a row, 4 + 4 a row that
-    # sets one (a's only where a byte does not hold it, a byte a row besides); the block's 4 a row, 2
+    hash_rows, hash_values = log._sparse["hash"]
+    a_rows, _ = log._sparse["a"]
+    flag_rows, flag_values = log._sparse["flag"]
+    # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become the kind's 1 an event and its first
+    # row's 4 (the seqs 0, 1, 2, ... keep no array: a Consecutive), the requests 4 + 4 a run of one
+    # request's events; the hash's 4 a row become 4 a row that sets one and, for where, a bit an event
+    # (EventRows: each store and eviction sets the one row of its event); a's 4 a row a byte a row and
+    # 4 + 4 a row a byte does not hold; the flag's byte a row a bit a row and 4 + 1 a row whose flag is
+    # neither 0 nor 1 (a lookup's miss reason); the block's 4 a row 2
     runs = log._per_event["request"]
     assert runs.nbytes == 8 * len(runs.at) < 4 * num_events
-    assert log._sparse_base["a"].nbytes == n
-    assert log.nbytes() == whole.nbytes() - 19 * n + 9 * num_events + runs.nbytes + 4 + 8 * num_set + n
+    assert log._per_event["seq"].nbytes == 0 and isinstance(log._per_event["seq"], columnar.Consecutive)
+    assert isinstance(hash_rows, columnar.EventRows) and hash_rows.nbytes < len(hash_values) < num_events
+    assert log._sparse_base["a"].nbytes == n and log._sparse_base["flag"].nbytes == (n + 7) // 8
+    assert np.all(flag_values > 1) and len(flag_rows) < n // 100
+    assert log.nbytes() == (whole.nbytes() - 20 * n + 5 * num_events + 4 + runs.nbytes
+                            + hash_rows.nbytes + 4 * len(hash_values) + 8 * len(a_rows) + n
+                            + (n + 7) // 8 + 5 * len(flag_rows))
     assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
     assert log.kept("block").dtype == np.int16 and np.array_equal(log.kept("block"), whole.col("block"))
     for name in ("seq", "request", "kind", "block"):
