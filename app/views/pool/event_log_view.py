@@ -121,8 +121,23 @@ def _describe(event: Event, state: PoolState | None) -> str:
     return ""
 
 
+def _joined(rows: Any, found: Any) -> Any:
+    """`found` appended to `rows`; two runs of consecutive positions that meet stay one run
+    (an unfiltered log that grows keeps no array), anything else becomes an array."""
+    if not len(rows):
+        return found
+    if not len(found):
+        return rows
+    from engine.core.columnar import Consecutive  # a columnar log's module: loaded with the log
+
+    if isinstance(rows, Consecutive) and isinstance(found, Consecutive) and rows.first + rows.n == found.first:
+        return Consecutive(rows.first, rows.n + found.n, np.promote_types(rows.dtype, found.dtype))
+    return np.concatenate([np.asarray(rows), np.asarray(found)])
+
+
 class EventTableModel(QAbstractTableModel):
-    """Rows are positions in the log that pass the filter (an int64 array); grows as the
+    """Rows are positions in the log that pass the filter (an int64 array; with no filter on
+    a columnar log, an `engine.core.columnar.Consecutive` read as 0..n-1); grows as the
     log grows. On a columnar log the kind and request boxes and the shared filter are
     matched on its columns, and an `Event` is built only for a row the table shows."""
 
@@ -167,9 +182,11 @@ class EventTableModel(QAbstractTableModel):
         mask = self._shared_mask()
         if getattr(log, "columnar_log", False):
             if mask is None and not (self.kind or self.request or self.text):
-                # every event: no mask to build; int32 (4 bytes an event) while positions fit,
-                # later rows of int64 widen the whole on concatenation
-                return np.arange(start, stop, dtype=np.int32 if stop <= np.iinfo(np.int32).max else np.int64)
+                # every event: the rows are start, start + 1, ... kept as their first and count
+                # (1.9 MB as int32 over the Mooncake trace), read as the array they stand for
+                from engine.core.columnar import Consecutive
+
+                return Consecutive(start, stop - start, np.int32 if stop <= np.iinfo(np.int32).max else np.int64)
             keep = np.ones(stop - start, bool) if mask is None else np.asarray(mask[start:stop], bool).copy()
             if self.kind:
                 keep &= log.kind_names()[start:stop] == self.kind
@@ -191,7 +208,7 @@ class EventTableModel(QAbstractTableModel):
         n = len(self.state.log.events)
         found = self._found(self._scanned, n)
         self._scanned = n
-        self.rows = np.concatenate([self.rows, found]) if len(self.rows) else found
+        self.rows = _joined(self.rows, found)
         return found
 
     def reset_log(self) -> None:
@@ -215,7 +232,7 @@ class EventTableModel(QAbstractTableModel):
         found = self._found(self._scanned, n)
         if len(found):
             self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
-            self.rows = np.concatenate([self.rows, found])
+            self.rows = _joined(self.rows, found)
             self._scanned = n
             self.endInsertRows()
         else:
