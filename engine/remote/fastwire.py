@@ -676,7 +676,10 @@ def _common_frame(buf):  # pragma: no cover - compiled
             if p >= n:
                 return False, 0.0, -1, no_rows, no_data, 0, 0
             b = buf[p]
-            h, items, size = _head(buf, p)
+            if 0xA0 <= b <= 0xBF:  # a fixstr, as every field name is written: `_head`'s answer
+                h, size = np.int64(1), np.int64(b & 0x1F)
+            else:
+                h, items, size = _head(buf, p)
             if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
                 return False, 0.0, -1, no_rows, no_data, 0, 0
             f = _field_id(buf, p, h, size, fb, fo)
@@ -691,7 +694,10 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 if f == 5 and b == 0xC0:
                     p += 1
                     continue
-                h, items, size = _head(buf, p)
+                if 0xA0 <= b <= 0xBF:  # a fixstr: `_head`'s answer
+                    h, size = np.int64(1), np.int64(b & 0x1F)
+                else:
+                    h, items, size = _head(buf, p)
                 if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
                     return False, 0.0, -1, no_rows, no_data, 0, 0
                 if f == 0 and _str_is(buf, p, h, size, _V_STORED):
