@@ -1148,7 +1148,7 @@ class _RemovalMaps:
             self.es[E_FREE] = nfree + new - cap
             size = 1 << int(2 * new - 1).bit_length()
             if size != len(self.tab):  # (entries keep their numbers: a table of the same size stays)
-                self.tab = np.full(size, -1, np.int64)
+                self.tab = np.empty(size, np.int64)  # (`_om_rehash` fills it with -1 first)
                 _om_rehash(self.tab, self.k, self.w, self.v, cap)
         self.removed.fifo_room(more)
         self.departed.fifo_room(more)
@@ -1668,13 +1668,17 @@ class ColumnarPool:
     # ---- room before a compiled call ---------------------------------------------------
 
     def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None, block_tokens: int | None = None,
-                 removals: int | None = None) -> None:
+                 removals: int | None = None, most_id: int | None = None) -> None:
         """Room for `blocks` more blocks and `tokens` more token ids (`ids`: the ones that
-        come, which widen the token array once to uint32 when one is 2**16 or more;
-        `block_tokens`: the most one block may take, at most `tokens`) and, in the removal
-        maps, for `removals` more hashes (None: `blocks`; only a removal adds to them)."""
-        if ids is not None and len(ids) and self.tok.dtype == np.uint16 and int(ids.max()) > 0xFFFF:
-            self.tok = self.tok.astype(np.uint32)
+        come, or `most_id` the largest of them, which widen the token array once to uint32
+        when one is 2**16 or more; `block_tokens`: the most one block may take, at most
+        `tokens`) and, in the removal maps, for `removals` more hashes (None: `blocks`; only
+        a removal adds to them)."""
+        if self.tok.dtype == np.uint16:
+            if most_id is None and ids is not None and len(ids):
+                most_id = int(ids.max())
+            if most_id is not None and most_id > 0xFFFF:
+                self.tok = self.tok.astype(np.uint32)
         live = int(self.S[S_LIVE])
         cap = len(self.F)
         if live + blocks > cap:
@@ -1940,8 +1944,8 @@ class ColumnarPool:
             return
         # each figure a frame's attribute read by map (C), not a comprehension: 14,000 frames
         # took ~5 ms in comprehensions, a tenth of the Python around the compiled call
-        seqs = np.array(list(map(_SEQ, run)), np.int64)
-        tss = np.array(list(map(_TS, run)), np.float64)
+        seqs = np.fromiter(map(_SEQ, run), np.int64, len(run))
+        tss = np.fromiter(map(_TS, run), np.float64, len(run))
         rows = list(map(_ROWS, run))
         per = list(map(len, rows))
         bounds = np.zeros(len(run) + 1, np.int64)
@@ -1996,7 +2000,7 @@ class ColumnarPool:
         if num_tokens is None:
             self._reserve(nblocks, len(tokens), tokens, most_tokens, removals)
         else:  # (`tokens` a view of more than token ids: `_apply_run`'s joined data)
-            self._reserve(nblocks, num_tokens, np.array([most_id], np.uint64), most_tokens, removals)
+            self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id)
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
