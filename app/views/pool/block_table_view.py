@@ -358,7 +358,10 @@ class BlockTableView(PanelView):
 
     def _finish_redraw(self, p: PoolProjection) -> None:
         cols, rows = self.cols, self.rows
-        self.image.setImage(self._img, autoLevels=False, levels=(0, 255))
+        # no levels: pyqtgraph shows the RGBA bytes as they are (a QImage over _img); levels of
+        # (0, 255), the same picture, made it copy the image into a buffer of its own (1 MB
+        # for a 16K-block pool's cells of 4x4 pixels) at each paint
+        self.image.setImage(self._img, autoLevels=False, levels=None)
         if self._rect_dirty:
             self.image.setRect(QRectF(0, 0, cols, rows))
             self._rect_dirty = False
