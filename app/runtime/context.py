@@ -22,6 +22,7 @@ from PySide6.QtCore import QCoreApplication, QObject, QSettings, QThread, Signal
 from shiboken6 import Shiboken
 
 from app.runtime import allocator
+from app.runtime.imports import BACKGROUND_IMPORTS, import_shared
 from app.runtime.worker import ModelWorker
 
 if TYPE_CHECKING:
@@ -83,9 +84,10 @@ class BlockSelection(QObject):
 
 def _warm_live_log() -> None:
     try:
-        from engine.core.live_log import warm_up
+        with BACKGROUND_IMPORTS:  # not importing numba at the same moment as the model load
+            from engine.core.live_log import warm_up
 
-        warm_up()
+            warm_up()
     except Exception:  # noqa: BLE001 - a failed warm-up only means the first batch loads them
         pass
 
@@ -225,6 +227,7 @@ class AppContext(QObject):
         # The live log's compiled passes (numba and its disk cache) load on a thread of their
         # own now, not on the GUI thread at the first batch a chat, demo or stream appends
         # (0.4-1 s frozen, measured by bench gui's ingestion).
+        import_shared()  # not imported by both threads at once
         self._warm = threading.Thread(target=_warm_live_log, name="live-log-warm-up", daemon=True)
         self._warm.start()
         self.sigRuntimeReady.emit()

@@ -99,21 +99,25 @@ def collector_paused() -> Iterator[None]:
 
 def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
     """Worker-thread job: load (converting on first run) the model and build a runner."""
-    import torch
+    from app.runtime.imports import BACKGROUND_IMPORTS
 
-    torch.set_num_threads(model_threads())
-    from engine.core.events import EventBus
-    from engine.model.loader import load_model
-    from engine.model.runner import ModelRunner
+    # Not importing at the same moment as the live log's warm-up: torch, transformers (the
+    # load imports them) and numba (warm_up) are imported with the lock held.
+    with BACKGROUND_IMPORTS:
+        import torch
 
-    loaded = load_model(model, progress=progress)
-    progress("building the KV pool", 0.98)
-    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
-    # the event log's compiled passes load here, not at the first chat message on the GUI thread
-    from engine.core.live_log import warm_up
+        torch.set_num_threads(model_threads())
+        from engine.core.events import EventBus
+        from engine.core.live_log import warm_up
+        from engine.model.loader import load_model
+        from engine.model.runner import ModelRunner
 
-    progress("readying the event log", 0.99)
-    warm_up()
+        loaded = load_model(model, progress=progress)
+        progress("building the KV pool", 0.98)
+        runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=block_size, seed=0, events=EventBus())
+        # the event log's compiled passes load here, not at the first chat message on the GUI thread
+        progress("readying the event log", 0.99)
+        warm_up()
     return runner
 
 
