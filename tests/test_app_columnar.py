@@ -33,13 +33,20 @@ def slice_path(tmp_path):
     return path
 
 
-def _reference_state(path: Path) -> PoolState:
-    """The path before: Python engine events, through batches of 1,000 into a PoolState."""
+def reference_events(path: Path) -> list:
+    """The Python engine's events for the trace at `path` in a pool of NUM_BLOCKS."""
     bs = trace_block_size(path)
     events: list = []
     bus = EventBus()
     bus.subscribe(events.append)
     replay(load_trace(path, bs), ReplayConfig(block_size=bs, capacity_blocks=NUM_BLOCKS, seed=0), bus)
+    return events
+
+
+def _reference_state(path: Path) -> PoolState:
+    """The path before: Python engine events, through batches of 1,000 into a PoolState."""
+    bs = trace_block_size(path)
+    events = reference_events(path)
     state = PoolState(columnar=False)
     state.set_engine({"block_size": bs, "num_blocks": NUM_BLOCKS})
     for i in range(0, len(events), 1000):

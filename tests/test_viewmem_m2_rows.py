@@ -5,38 +5,13 @@ engine's log shown in the same view."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
 
 from app.runtime.context import make_test_context
 from app.runtime.jobs import trace_block_size
 from app.runtime.replays import kernel_replay_job
 from engine.core.columnar import Consecutive
-from engine.core.events import EventBus
-from engine.core.replay import ReplayConfig, replay
-from engine.core.trace import load_trace
-
-MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
-NUM_BLOCKS = 400  # small enough that the slice evicts
-
-
-@pytest.fixture
-def slice_path(tmp_path):
-    path = tmp_path / "mooncake_300.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(300), src)))
-    return path
-
-
-def _reference_events(path: Path) -> list:
-    bs = trace_block_size(path)
-    events: list = []
-    bus = EventBus()
-    bus.subscribe(events.append)
-    replay(load_trace(path, bs), ReplayConfig(block_size=bs, capacity_blocks=NUM_BLOCKS, seed=0), bus)
-    return events
+from tests.test_app_columnar import NUM_BLOCKS, reference_events, slice_path  # noqa: F401 - slice_path: a fixture
 
 
 def _shown(view) -> list[tuple]:
@@ -52,7 +27,7 @@ def _views(qtbot, tmp_path, slice_path):
     ref_ctx.state.set_engine({"block_size": bs, "num_blocks": NUM_BLOCKS})
     ref_view = EventLogView(ref_ctx)
     qtbot.addWidget(ref_view)
-    events = _reference_events(slice_path)
+    events = reference_events(slice_path)
     for i in range(0, len(events), 1000):
         ref_ctx.state.apply_events(events[i:i + 1000])
     ctx = make_test_context(tmp_path / "col")
