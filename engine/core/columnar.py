@@ -1348,7 +1348,33 @@ def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
     return arr
 
 
-class _EventRuns:
+class _AsArray:
+    """What `_EventRuns`, `Consecutive` and `EventRows` share: indexed as the array they stand
+    for. A slice of step 1 is `_span(start, stop)` (start < stop), one index `_at(i)` (0 <= i
+    < n, a negative one counted from the end, one out of range an IndexError as numpy's),
+    anything else (index arrays, masks, other steps) `_take`, by default on the whole array."""
+
+    __slots__ = ()
+    _unit = "event"  # what an index counts, for the IndexError
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.n)
+            if step != 1:
+                return np.asarray(self)[index]
+            return self._span(start, stop) if start < stop else np.zeros(0, self.dtype)
+        if np.ndim(index) == 0:
+            i = int(index)
+            if not -self.n <= i < self.n:
+                raise IndexError(f"{self._unit} {i} is not among {self.n}")
+            return self._at(i % self.n)
+        return self._take(np.asarray(index))
+
+    def _take(self, index: np.ndarray) -> np.ndarray:
+        return np.asarray(self)[index]
+
+
+class _EventRuns(_AsArray):
     """A per-event column kept as runs of equal values (the event where each run starts, and
     its value) where that is under half its bytes: a trace's events come request by request,
     so the Mooncake trace's 481,145 request numbers are 12,031 runs (1.9 MB -> 96 KB).
@@ -1389,28 +1415,21 @@ class _EventRuns:
         whole = np.repeat(self.values, np.diff(np.append(self.at, self.n)))
         return whole if dtype is None else whole.astype(dtype)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self.n)
-            if step != 1:
-                return np.asarray(self)[index]
-            if stop <= start:
-                return self.values[:0].copy()
-            at = self.at
-            first = int(np.searchsorted(at, as_key(start, at), side="right")) - 1
-            last = int(np.searchsorted(at, as_key(stop - 1, at), side="right"))
-            bounds = np.clip(at[first:last], start, stop) - start
-            return np.repeat(self.values[first:last], np.diff(np.append(bounds, stop - start)))
-        if np.ndim(index) == 0:
-            i = int(index)
-            if not -self.n <= i < self.n:
-                raise IndexError(f"event {i} is not among {self.n}")
-            i %= self.n
-            return self.values[int(np.searchsorted(self.at, as_key(i, self.at), side="right")) - 1]
-        return self.values[np.searchsorted(self.at, np.asarray(index), side="right") - 1]
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        at = self.at
+        first = int(np.searchsorted(at, as_key(start, at), side="right")) - 1
+        last = int(np.searchsorted(at, as_key(stop - 1, at), side="right"))
+        bounds = np.clip(at[first:last], start, stop) - start
+        return np.repeat(self.values[first:last], np.diff(np.append(bounds, stop - start)))
+
+    def _at(self, i: int) -> Any:
+        return self.values[int(np.searchsorted(self.at, as_key(i, self.at), side="right")) - 1]
+
+    def _take(self, index: np.ndarray) -> np.ndarray:
+        return self.values[np.searchsorted(self.at, index, side="right") - 1]
 
 
-class Consecutive:
+class Consecutive(_AsArray):
     """A per-event column whose values count up by one from the first (a replayed trace's
     seqs, 0, 1, 2, ...: 1.9 MB over the Mooncake trace's 481,145 events), kept as its first
     value and length. Read as the array it stands for: indexed (an event, a slice, event
@@ -1461,17 +1480,13 @@ class Consecutive:
     def max(self) -> Any:
         return self[-1]
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self.n)
-            return np.arange(self.first + start, self.first + stop, step, dtype=self.dtype) if step > 0 \
-                else self.__array__()[index]
-        if isinstance(index, (int, np.integer)):
-            i = int(index)
-            if not -self.n <= i < self.n:
-                raise IndexError(f"event {i} is not among {self.n}")
-            return self.dtype.type(self.first + i % self.n)
-        index = np.asarray(index)
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(self.first + start, self.first + stop, dtype=self.dtype)
+
+    def _at(self, i: int) -> Any:
+        return self.dtype.type(self.first + i)
+
+    def _take(self, index: np.ndarray) -> np.ndarray:
         if index.dtype == bool:
             if index.shape != (self.n,):
                 raise IndexError(f"a mask of {index.shape} over {self.n} events")
@@ -1490,7 +1505,7 @@ class Consecutive:
         return out if out.ndim else np.intp(out)
 
 
-class EventRows:
+class EventRows(_AsArray):
     """The rows of a sparse column kept as the events they begin (`ColumnarLog.event_bounds`):
     a bit an event and a count of the set bits before every 64 (~0.3 bytes an event) instead
     of a row number each. The Mooncake trace's hashes are set on its stores' and evictions'
@@ -1564,20 +1579,13 @@ class EventRows:
         whole = self.bounds[self._events_in(0, len(self.bounds) - 1)]
         return whole if dtype is None else whole.astype(dtype)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self.n)
-            if step != 1:
-                return np.asarray(self)[index]
-            if stop <= start:
-                return self.bounds[:0].copy()
-            return self.bounds[self._events_in(self._event_of(start), self._event_of(stop - 1) + 1)]
-        if isinstance(index, (int, np.integer)):
-            k = int(index)
-            if not -self.n <= k < self.n:
-                raise IndexError(f"row {k} is not among {self.n}")
-            return self.bounds[self._event_of(k % self.n)]
-        return np.asarray(self)[index]
+    _unit = "row"
+
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        return self.bounds[self._events_in(self._event_of(start), self._event_of(stop - 1) + 1)]
+
+    def _at(self, k: int) -> Any:
+        return self.bounds[self._event_of(k)]
 
     def searchsorted(self, v: Any, side: str = "left", sorter: Any = None) -> Any:
         """How many of the rows come before `v` (`side` "left") or up to it ("right")."""
