@@ -20,17 +20,14 @@ from app.runtime.state import PoolState
 from engine.core.events import EventBus
 from engine.core.replay import ReplayConfig, replay
 from engine.core.trace import load_trace
+from tests._traces import MOONCAKE, trace_head
 
-MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 NUM_BLOCKS = 400  # small enough that the slice evicts
 
 
 @pytest.fixture
 def slice_path(tmp_path):
-    path = tmp_path / "mooncake_300.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(300), src)))
-    return path
+    return trace_head(tmp_path, 300)
 
 
 def reference_events(path: Path) -> list:

@@ -25,6 +25,7 @@ from engine.analysis.filter_language import parse  # noqa: E402
 from engine.core.events import EventBus  # noqa: E402
 from engine.core.replay import ReplayConfig, replay  # noqa: E402
 from engine.core.trace import load_trace  # noqa: E402
+from tests._traces import trace_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "traces" / "demo_tokens.jsonl"
@@ -470,7 +471,6 @@ def test_a_range_on_the_metrics_timeline_of_an_opened_trace(qtbot, ctx, events):
     assert shared.range == _own_span(events, set(names[2:4]))
 
 
-MOONCAKE = ROOT / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.mark.parametrize("text, middle", [("", False), ("kind:evicted or kind:lookup", True)])
@@ -486,9 +486,7 @@ def test_statistics_of_an_opened_trace_count_its_whole_columnar_log(qtbot, ctx, 
     monkeypatch.setattr(statistics_view, "MAX_EVENTS", 1000)
     from engine.analysis.statistics import compute
 
-    path = tmp_path / "mooncake_300.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(300), src)))
+    path = trace_head(tmp_path, 300)
     replays = TraceReplays(ctx)
     with qtbot.waitSignal(replays.sigShown, timeout=120_000):
         replays.start(path, num_blocks=400)

@@ -4,15 +4,14 @@ request's own hit rate, as the request columns give it, wherever the view is mov
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
 from app.runtime.context import make_test_context
 from app.runtime.jobs import trace_block_size
 from app.runtime.replays import kernel_replay_job
+from tests._traces import trace_head
 
-MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 NUM_REQUESTS = 2000
 NUM_BLOCKS = 2000
 
@@ -37,9 +36,7 @@ def _in_view(view, n: int) -> range:
 def test_dots_cover_the_view_not_every_request(qtbot, tmp_path):
     from app.views.pool.metrics_view import MAX_BARS, MetricsView
 
-    path = tmp_path / "mooncake_2000.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(NUM_REQUESTS), src)))
+    path = trace_head(tmp_path, NUM_REQUESTS)
     ctx = make_test_context(tmp_path / "ctx")
     try:
         view = MetricsView(ctx)

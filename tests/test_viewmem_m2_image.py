@@ -3,7 +3,6 @@ keeps no rendered copy of its own, and the picture is the one levels of (0, 255)
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 from PySide6.QtGui import QImage
@@ -11,8 +10,8 @@ from PySide6.QtGui import QImage
 from app.runtime.context import make_test_context
 from app.runtime.jobs import trace_block_size
 from app.runtime.replays import kernel_replay_job
+from tests._traces import trace_head
 
-MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 NUM_BLOCKS = 6000  # cells of 4x4 pixels with a gap, the Mooncake trace's 16K-block pool's layout
 
 
@@ -24,9 +23,7 @@ def _pixels(view) -> np.ndarray:
 def test_the_grid_is_drawn_without_a_copy_and_as_with_levels(qtbot, tmp_path):
     from app.views.pool.block_table_view import BlockTableView
 
-    path = tmp_path / "mooncake_1500.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(1500), src)))
+    path = trace_head(tmp_path, 1500)
     ctx = make_test_context(tmp_path / "ctx")
     try:
         view = BlockTableView(ctx)

@@ -4,7 +4,6 @@ then the watch ends."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject
 from PySide6.QtWidgets import QLabel
@@ -12,8 +11,8 @@ from PySide6.QtWidgets import QLabel
 import app.runtime.replays as replays_mod
 from app.runtime.context import make_test_context
 from app.runtime.replays import TraceReplays
+from tests._traces import trace_head
 
-MOONCAKE = Path(__file__).resolve().parents[1] / "resources" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 class _Paints(QObject):
@@ -28,9 +27,7 @@ class _Paints(QObject):
 
 
 def test_freed_pages_go_back_after_the_paints_that_follow_an_open(qtbot, tmp_path, monkeypatch):
-    path = tmp_path / "mooncake_200.jsonl"
-    with MOONCAKE.open("rb") as src:
-        path.write_bytes(b"".join(line for _, line in zip(range(200), src)))
+    path = trace_head(tmp_path, 200)
     releases: list[int] = []
     paints = _Paints()
     QCoreApplication.instance().installEventFilter(paints)
