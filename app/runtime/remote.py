@@ -50,6 +50,7 @@ MIN_TICK_ROWS = 2048
 # redraw of the block table and the plots is a pass of the event loop the stream waits on).
 VIEW_FRAME_S = 0.2
 LOCK_WAIT_S = 0.002  # a tick waits this long for the attachment's lock, then leaves it to the next
+POLL_SKIPS = 4  # health polls that may go without the lock before one waits for it (a second)
 SETTINGS_KEY = "attach/settings"
 MAX_BLOCK_SIZE = 4096
 # vLLM's defaults with the replay socket on the next port; the topic the docs suggest.
@@ -197,6 +198,7 @@ class RemoteController(QObject):
         self.attachment: Any = None  # engine.remote.Attachment, kept after detach (the last pools)
         self.tokenizer: Any = None  # the server's tokenizer once loaded; None: the model's
         self.last_health = StreamHealth("vLLM")
+        self._polls_skipped = 0  # health polls in a row that did not get the attachment's lock
         self.last_settings: AttachSettings | None = None  # the last attach's, kept after detach
         self.recorded_fleet: Fleet | None = None  # a recorded capture's pools, shown offline
         self.recorded_settings: AttachSettings | None = None
@@ -496,8 +498,22 @@ class RemoteController(QObject):
         return total_health(self.attachment.health(), "vLLM")
 
     def _poll(self) -> None:
-        self.last_health = self.health()
-        self.sigHealth.emit(self.last_health)
+        """The streams' health for the status bar, every HEALTH_MS. It waits for the
+        attachment's lock at most LOCK_WAIT_S, as a tick does (a GUI pass waited on it while a
+        subscriber applied a run of frames, tens of ms): the last health stays until the next
+        poll, and after POLL_SKIPS polls in a row without the lock, one waits for it."""
+        if self.attachment is None:
+            got = StreamHealth("vLLM")
+        else:
+            wait = -1 if self._polls_skipped >= POLL_SKIPS else LOCK_WAIT_S
+            streams = self.attachment.health(wait)
+            if streams is None:
+                self._polls_skipped += 1
+                return
+            got = total_health(streams, "vLLM")
+        self._polls_skipped = 0
+        self.last_health = got
+        self.sigHealth.emit(got)
 
     # ------------------------------------------------------------------ tokenizer
     def _load_tokenizer(self, folder: str) -> None:

@@ -283,9 +283,15 @@ class Attachment:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def health(self) -> list[StreamHealth]:
-        with self.lock:
+    def health(self, timeout: float = -1) -> list[StreamHealth] | None:
+        """Each stream's health, copied under `lock`; None if the lock was not had within
+        `timeout` seconds (-1: wait; a subscriber holds it while it applies a run of frames)."""
+        if not self.lock.acquire(timeout=timeout):
+            return None
+        try:
             return [s.health.copy() for s in self.subscribers]
+        finally:
+            self.lock.release()
 
     def fleet(self) -> Fleet:
         """Every server's pools (call under `lock` while attached). A bound endpoint whose
