@@ -491,26 +491,23 @@ class RemoteController(QObject):
             self.sigMessage.emit(f"{pool.source}: {message}")
 
     # ------------------------------------------------------------------ health
-    def health(self) -> StreamHealth:
-        """Every stream's health, summed (`engine.remote.total_health`)."""
+    def health(self, timeout: float = -1) -> StreamHealth | None:
+        """Every stream's health, summed (`engine.remote.total_health`); None if the
+        attachment's lock was not had within `timeout` seconds (-1: wait)."""
         if self.attachment is None:
             return StreamHealth("vLLM")
-        return total_health(self.attachment.health(), "vLLM")
+        streams = self.attachment.health(timeout)
+        return None if streams is None else total_health(streams, "vLLM")
 
     def _poll(self) -> None:
         """The streams' health for the status bar, every HEALTH_MS. It waits for the
         attachment's lock at most LOCK_WAIT_S, as a tick does (a GUI pass waited on it while a
         subscriber applied a run of frames, tens of ms): the last health stays until the next
         poll, and after POLL_SKIPS polls in a row without the lock, one waits for it."""
-        if self.attachment is None:
-            got = StreamHealth("vLLM")
-        else:
-            wait = -1 if self._polls_skipped >= POLL_SKIPS else LOCK_WAIT_S
-            streams = self.attachment.health(wait)
-            if streams is None:
-                self._polls_skipped += 1
-                return
-            got = total_health(streams, "vLLM")
+        got = self.health(-1 if self._polls_skipped >= POLL_SKIPS else LOCK_WAIT_S)
+        if got is None:
+            self._polls_skipped += 1
+            return
         self._polls_skipped = 0
         self.last_health = got
         self.sigHealth.emit(got)

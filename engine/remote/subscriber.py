@@ -216,6 +216,8 @@ class VllmSubscriber:
         # `decode(seq, payload)` makes what `on_batch` gets: a VllmBatch by default, or
         # `fastwire.decode_columns`' ColumnarBatch for a columnar pool
         self._decode = decode or fastwire.decode_batch
+        # a run of frames in one call when the decoder is fastwire's columns (`_follow_on`)
+        self._decode_run = fastwire.decode_columns_many if self._decode is fastwire.decode_columns else None
         self._ctx = zmq.Context.instance()
         self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
@@ -725,18 +727,15 @@ class VllmSubscriber:
             payloads.append(bytes(frames[2]))
         if not payloads:
             return []
-        from engine.remote import fastwire  # loaded by __init__ already
-
-        decode = self._decode
-        if decode is fastwire.decode_columns:  # the run in one compiled call, as bench attach times it
+        if self._decode_run is not None:  # the run in one compiled call, as bench attach times it
             try:
-                return fastwire.decode_columns_many(last + 1, payloads)
+                return self._decode_run(last + 1, payloads)
             except MalformedFrame:
                 pass  # one of them is: those before it, one at a time
         batches = []
         for j, payload in enumerate(payloads):
             try:
-                batches.append(decode(last + 1 + j, payload))
+                batches.append(self._decode(last + 1 + j, payload))
             except MalformedFrame:
                 break  # `handle` counts it
         return batches
