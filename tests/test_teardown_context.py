@@ -81,3 +81,28 @@ spin(50)
 assert destroyed_on == ["MainThread"], destroyed_on
 """)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+
+def test_a_test_context_removes_its_settings_folder():
+    """make_test_context's own temporary folder goes with the context, or at exit for one
+    never let go of (1,034 of them had piled up in /tmp over a day of test runs)."""
+    done = run_child("""
+from pathlib import Path
+ctx = make_test_context()
+folder = Path(ctx.settings.fileName()).parent
+ctx.settings.setValue("probe", 1)
+ctx.settings.sync()
+assert (folder / "settings.ini").exists()
+ctx.shutdown()
+del ctx
+gc.collect()
+spin(50)
+print("gone after the context:", not folder.exists())
+kept = make_test_context()  # held to the end: removed at exit
+print("kept", Path(kept.settings.fileName()).parent)
+""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "gone after the context: True" in done.stdout
+    kept = Path(done.stdout.split("kept ", 1)[1].strip())
+    assert kept.name.startswith("cachescope-test-") and not kept.exists()

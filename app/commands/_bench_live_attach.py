@@ -14,6 +14,7 @@ stream (`remote_plots_redraw`).
 from __future__ import annotations
 
 import gc
+import shutil
 import time
 from typing import Any
 
@@ -134,9 +135,13 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
         proc.stdin.write("done\n")
         proc.stdin.flush()
         proc.wait(10)
+        blob.unlink(missing_ok=True)  # 25 MB a run, left in /tmp by every bench until this
+        if not own:
+            shutil.rmtree(tmp, ignore_errors=True)
     ctrl.journal = True
-    if own:  # a window it made itself goes with it
+    if own:  # a window it made itself goes with it, and its folder (settings.ini) after it
         _close(window)
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
             "frames": len(payloads),
             "batches": h.batches, "missed": h.missed, "first_batch": first, "cachescope_events": events, "wall_s": round(wall, 3),
@@ -253,10 +258,12 @@ def compare_attached(num_events: int = 100_000) -> dict[str, Any]:
     """Both routes of a real attach in one window, one after the other, and their ratio."""
     import tempfile
 
-    window = _window(tempfile.mkdtemp(prefix="cachescope-live-path-"))
+    folder = tempfile.mkdtemp(prefix="cachescope-live-path-")
+    window = _window(folder)
     ref = attached_app_rate(num_events, journal=False, window=window)
     got = attached_app_rate(num_events, journal=True, window=window)
     _close(window)
+    shutil.rmtree(folder, ignore_errors=True)
     return {"reference": ref, "journal": got,
             "journal_vs_reference_wall": round(got["events_per_s_wall"] / max(ref["events_per_s_wall"], 1), 2),
             "journal_vs_target_500k": round(got["events_per_s_wall"] / 500_000, 3)}

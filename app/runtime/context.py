@@ -11,9 +11,11 @@ window does not need to come up.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -438,11 +440,15 @@ class AppContext(QObject):
 def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> AppContext:
     """A ready context for pytest-qt tests: bridge, state and worker, no model, no dialogs.
 
-    Settings go to an INI file in `tmp_dir` (a fresh temporary directory by default), so
-    tests never touch the user's real settings.
+    Settings go to an INI file in `tmp_dir` (a fresh temporary directory by default, removed
+    with the context or at exit, as `tempfile.TemporaryDirectory` does), so tests never touch
+    the user's real settings and leave nothing behind.
     """
     if QCoreApplication.instance() is None:
         raise RuntimeError("create a QApplication first (pytest-qt's qapp or qtbot fixture)")
     folder = Path(tmp_dir) if tmp_dir is not None else Path(tempfile.mkdtemp(prefix="cachescope-test-"))
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
-    return AppContext(settings=settings, store=store, suppress_dialogs=True)
+    ctx = AppContext(settings=settings, store=store, suppress_dialogs=True)
+    if tmp_dir is None:
+        weakref.finalize(ctx, shutil.rmtree, folder, True)
+    return ctx
