@@ -19,12 +19,12 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.ui import theme
-from app.ui.export import export_button, header_row
 from app.ui.colors import block_colors, legend_line, swatch
+from app.ui.export import export_button, header_row
 from app.ui.plots import CURVE_BINS, PlotStack, peak_reduce
+from app.ui.widgets import PanelView
 from app.views.pool.remote_plots import RemoteTimeline, show_remote
 from engine.core.columnar import Consecutive
-from app.ui.widgets import PanelView
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
