@@ -13,6 +13,7 @@ GUI tick's journal rows from arrays (`observe_journal`, one compiled pass).
 from __future__ import annotations
 
 import math
+import operator
 import time
 from array import array
 from dataclasses import dataclass
@@ -452,6 +453,7 @@ def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray
 # ---- the journal route (`ColumnarPool(journal=True)` into the app's live columnar log) ----
 
 _JOURNAL_POOL: list[Any] = []
+_SEQ_OF, _TS_OF = operator.attrgetter("seq"), operator.attrgetter("ts")
 
 
 def journal_pool_class() -> Any:
@@ -485,10 +487,19 @@ def journal_pool_class() -> Any:
                     grown = np.zeros(max(r1, 2 * len(self.row_times)), np.float64)
                     grown[:r0] = self.row_times[:r0]
                     self.row_times = grown
-                if len(seqs) == 1:
+                n = len(seqs)
+                if n == 1:
                     self.row_times[r0:r1] = tss[0]
+                    return
+                first = int(seqs[0])
+                if int(seqs[-1]) - first == n - 1:
+                    # numbers that follow on (a subscriber's run): a row's batch is its seq
+                    # less the first; what searchsorted finds, without its strided search
+                    # (a fifth of this wrapper's time at 64 frames a call)
+                    at = self.J[r0:r1, colpool.J_SEQ] - first
+                    tss.take(at, out=self.row_times[r0:r1], mode="clip")
                 else:  # the batches of one call, seqs ascending: each row by its batch seq
-                    at = np.searchsorted(seqs, self.J[r0:r1, colpool.J_SEQ]).clip(0, len(seqs) - 1)
+                    at = np.searchsorted(seqs, self.J[r0:r1, colpool.J_SEQ]).clip(0, n - 1)
                     self.row_times[r0:r1] = tss[at]
 
             def _journal_released(self, dropped: int) -> None:
@@ -508,8 +519,8 @@ def journal_pool_class() -> Any:
                 return out
 
             def apply_many(self, batches: list) -> list:
-                seqs = np.array([b.seq for b in batches], np.int64)
-                if len(seqs) > 1 and not np.all(np.diff(seqs) > 0):
+                seqs = np.fromiter(map(_SEQ_OF, batches), np.int64, len(batches))
+                if len(seqs) > 1 and not (seqs[1:] > seqs[:-1]).all():
                     for b in batches:
                         self.apply(b)
                     return []
@@ -519,7 +530,8 @@ def journal_pool_class() -> Any:
                     super().apply_many(batches)
                 finally:
                     self._in_many = False
-                self._date(r0, seqs, np.array([b.ts for b in batches], np.float64))
+                if self._num_rows() > r0:  # the batches' times read only when they made rows
+                    self._date(r0, seqs, np.fromiter(map(_TS_OF, batches), np.float64, len(batches)))
                 return []
 
             def reset(self, batch_seq: int = -1, batch_time: float = 0.0) -> list:
