@@ -561,3 +561,26 @@ def test_the_journal_route_draws_what_the_event_route_draws(qtbot, win, servers,
             # other): the same stores and removals, however the seconds cut them
             d["stored_per_s"], d["removed_per_s"] = sum(d["stored_per_s"]), sum(d["removed_per_s"])
     assert got == ref
+
+
+def test_a_second_attach_takes_the_tokenizer_already_loaded(qtbot, win, servers, monkeypatch):
+    """The tokenizer is loaded once per folder: loading it held the GIL for up to 290 ms at
+    a time, and each attach froze the window that long to load the same one again."""
+    import engine.model.loader as loader
+
+    loads = []
+    real = loader.load_tokenizer
+    monkeypatch.setattr(loader, "load_tokenizer", lambda folder=None: loads.append(folder) or real(folder))
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=30000)
+    first = win.remote.tokenizer
+    win.detach_remote()
+    heard = []
+    win.remote.sigTokenizer.connect(heard.append)
+    attach(win, port, replay)
+    assert win.remote.tokenizer is None  # told at the next pass of the loop, as a load tells
+    qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=5000)
+    assert win.remote.tokenizer is first and heard == [first]
+    assert loads == [None]
+    assert first.decode(first.encode("cached blocks", add_special_tokens=False)) == "cached blocks"

@@ -197,6 +197,9 @@ class RemoteController(QObject):
         self.settings: AttachSettings | None = None
         self.attachment: Any = None  # engine.remote.Attachment, kept after detach (the last pools)
         self.tokenizer: Any = None  # the server's tokenizer once loaded; None: the model's
+        # the tokenizers loaded, by folder ("": the default model's), for the next attach:
+        # a load holds the GIL for 90-290 ms at a time (the window froze that long at each attach)
+        self._tokenizers: dict[str, Any] = {}
         self.last_health = StreamHealth("vLLM")
         self._polls_skipped = 0  # health polls in a row that did not get the attachment's lock
         self.last_settings: AttachSettings | None = None  # the last attach's, kept after detach
@@ -514,13 +517,24 @@ class RemoteController(QObject):
 
     # ------------------------------------------------------------------ tokenizer
     def _load_tokenizer(self, folder: str) -> None:
-        """Load the chosen tokenizer on a thread of its own (the model worker may be busy)."""
+        """Load the chosen tokenizer on a thread of its own (the model worker may be busy),
+        once per folder: a later attach with the same one takes it as loaded, at the next
+        pass of the event loop (as a load's signal comes). Loading it holds the GIL for up
+        to 290 ms at a time (transformers' and the Rust tokenizer's set-up), a freeze of the
+        window that each attach had."""
         from engine.model.loader import load_tokenizer
+
+        self.tokenizer = None
+        loaded = self._tokenizers.get(folder)
+        if loaded is not None:
+            QTimer.singleShot(0, self, lambda: self.sigTokenizer.emit(loaded))
+            return
 
         def run() -> None:
             try:
                 with collector_paused():  # no collection on this thread (see app.runtime.jobs)
                     tok = load_tokenizer(folder or None)
+                self._tokenizers[folder] = tok
             except Exception as exc:  # noqa: BLE001 - shown as a message; ids still show
                 try:
                     self.sigMessage.emit(f"The tokenizer could not be loaded ({exc}); token ids are shown instead of text.")
@@ -532,7 +546,6 @@ class RemoteController(QObject):
             except RuntimeError:  # the window closed while it loaded
                 pass
 
-        self.tokenizer = None
         threading.Thread(target=run, name="attach-tokenizer", daemon=True).start()
 
     def _set_tokenizer(self, tok: Any) -> None:
