@@ -803,15 +803,19 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 
 # A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
-# reads and writes of a block is one cache line (32 bytes while int32), not one per array:
-# the placer's state outgrows the caches, and the loop waited on a miss per field.
-B_CUR, B_RANK, B_SLOT, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(8)
+# reads and writes of a block is one or two cache lines (28 bytes while int32), not one per
+# array: the placer's state outgrows the caches, and the loop waited on a miss per field.
+B_CUR, B_RANK, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(7)
 # B_RANK holds rank << 2 | the width code of the block's hash (0, 1 or 2: colpool's W_*);
 # B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
+# Its slot is not kept: only a clear needs it, and a clear mends every slot's FIFO at once.
 # An entry of the table of hashes (`_CompiledPlacer.table`, int64): the hash's tag
-# (`_ht_tag`, whose low bits are its home entry) << 32 | its oldest holder; -1 is empty. The
-# (code, width) a tag stands for is the holder's record's: 8 bytes an entry, not 13.
+# (`_ht_tag`, whose high bits choose its home entry: `_ht_home`) << 32 | its oldest holder; -1 is
+# empty. The (code, width) a tag stands for is the holder's record's: 8 bytes an entry, not 13.
 HOLDER_BITS = 0xFFFFFFFF
+# The table of hashes is kept at most TABLE_LOAD full and grown by an eighth (any length, not
+# a power of two: at twice the hashes held, a power of two was 16 to 32 bytes a hash).
+TABLE_LOAD = 2 / 3
 
 
 def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
@@ -826,7 +830,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
     stored and removed rows].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
-    of its copies (`fifo`: head, tail, then B_NEXT) gives a removal its oldest copy; per hash
+    of its copies (`fifo`: its oldest, then B_NEXT) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
     store its parent's holder. A hash whose last holder goes leaves the table: it holds the
     hashes held now, not every hash ever stored (a table that outgrew the caches cost a miss
@@ -856,13 +860,14 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             code = hcode[i]
             wide = hwide[i]
             blocks[b, B_RANK] = rank * 4 + wide
-            blocks[b, B_SLOT] = s
             blocks[b, B_NEXT] = -1
-            if fifo[s, 0] < 0:
-                fifo[s, 0] = b
-            else:
-                blocks[fifo[s, 1], B_NEXT] = b
-            fifo[s, 1] = b
+            x = fifo[s]
+            if x < 0:
+                fifo[s] = b
+            else:  # after the slot's last copy (mostly none: a slot's copy goes before it is stored again)
+                while blocks[x, B_NEXT] >= 0:
+                    x = blocks[x, B_NEXT]
+                blocks[x, B_NEXT] = b
             blocks[b, B_CUR] = key0 + i
             t = tenants[s_n]
             if pwide[s_n] > 0:
@@ -893,11 +898,9 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
         elif o == 1:
             b = -1
             s = pslots[i]
-            if s >= 0 and fifo[s, 0] >= 0:
-                b = fifo[s, 0]
-                fifo[s, 0] = blocks[b, B_NEXT]
-                if fifo[s, 0] < 0:
-                    fifo[s, 1] = -1
+            if s >= 0 and fifo[s] >= 0:
+                b = fifo[s]
+                fifo[s] = blocks[b, B_NEXT]
                 blocks[b, B_CUR] = -1
                 vacant[state[0]] = b
                 state[0] += 1
@@ -922,12 +925,10 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                     blocks[x, B_CUR] = -1
                     vacant[state[0]] = x
                     state[0] += 1
-                    s = blocks[x, B_SLOT]  # out of its slot's FIFO
-                    prev = _unlink(fifo, blocks, s, x)
-                    if prev != -2 and fifo[s, 1] == x:
-                        fifo[s, 1] = prev
                     _unlink_hash(x, blocks, table, state)
-            if not any_held:
+            if any_held:
+                _mend_fifos(fifo, blocks)
+            else:
                 _put_row(out, table_pair, table_batch, o_n, 10, i, -1, -1, stores[i], 0, seq0, of_pair,
                          batch_of_pair)
                 o_n += 1
@@ -965,40 +966,40 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
     then its block, then its hash's entry) and so waits on each miss in turn; here the rows
     are independent. The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly
     evicted between ticks. `pcode`, `pwide`: per store."""
-    mask = len(table) - 1
+    size = len(table)
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
         _prefetch(blocks, vacant[j])
     s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
-            _prefetch(table, _ht_tag(hcode[i], hwide[i]) & mask)
+            _prefetch(table, _ht_home(_ht_tag(hcode[i], hwide[i]), size))
             _prefetch(fifo, pslots[i])
             if pwide[s_n] > 0:
-                _prefetch(table, _ht_tag(pcode[s_n], pwide[s_n]) & mask)
+                _prefetch(table, _ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size))
             s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
             _prefetch(fifo, pslots[i])
     s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
-            t = fifo[pslots[i], 1]
+            t = fifo[pslots[i]]  # a store's slot's oldest copy: mostly its last too
             if t >= 0:
                 _prefetch(blocks, t)
             if pwide[s_n] > 0:
-                e = table[_ht_tag(pcode[s_n], pwide[s_n]) & mask]
+                e = table[_ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size)]
                 if e != -1:
                     _prefetch(blocks, e & HOLDER_BITS)
             s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
-            b = fifo[pslots[i], 0]
+            b = fifo[pslots[i]]
             if b >= 0:
                 _prefetch(blocks, b)
     for i in range(len(ops)):
         if ops[i] == 1 and pslots[i] >= 0:
-            b = fifo[pslots[i], 0]
+            b = fifo[pslots[i]]
             if b >= 0:
                 code = _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI])
-                _prefetch(table, _ht_tag(code, blocks[b, B_RANK] & 3) & mask)
+                _prefetch(table, _ht_home(_ht_tag(code, blocks[b, B_RANK] & 3), size))
 
 
 def _low_half(code):  # pragma: no cover - compiled
@@ -1012,14 +1013,14 @@ def _joined(lo, hi):  # pragma: no cover - compiled
 
 
 def _ht_slot(table, blocks, code, wide):  # pragma: no cover - compiled
-    """The entry of (`code`, `wide`) in the open-addressing `table` (a power of two long, at
-    most half full), or the empty one where it would go. An array table, not a typed dict: a
+    """The entry of (`code`, `wide`) in the open-addressing `table` (linear probing, at most
+    TABLE_LOAD full), or the empty one where it would go. An array table, not a typed dict: a
     lookup is a multiply and (mostly) one cache line; an entry whose tag matches is checked
     against its holder's record (which the caller reads next: a parent's tenant, a removal's
     own record)."""
-    mask = len(table) - 1
+    size = len(table)
     tag = _ht_tag(code, wide)
-    h = tag & mask
+    h = _ht_home(tag, size)
     lo = _low_half(code)
     hi = code >> 32
     while True:
@@ -1030,38 +1031,51 @@ def _ht_slot(table, blocks, code, wide):  # pragma: no cover - compiled
             x = e & HOLDER_BITS
             if blocks[x, B_CODE_LO] == lo and blocks[x, B_CODE_HI] == hi and blocks[x, B_RANK] & 3 == wide:
                 return h
-        h = (h + 1) & mask
+        h += 1
+        if h == size:
+            h = 0
 
 
 def _ht_tag(code, wide):  # pragma: no cover - compiled
-    """(`code`, `wide`) mixed to 32 bits: its entry's tag, whose low bits are its home entry."""
+    """(`code`, `wide`) mixed to 32 bits: its entry's tag, whose high bits choose its home entry."""
     h = code * -7046029254386353131 + wide  # wraps: 0x9E3779B97F4A7C15 mixes the bits
     return (h ^ (h >> 29)) & HOLDER_BITS
 
 
+def _ht_home(tag, size):  # pragma: no cover - compiled
+    """The home entry of `tag` in a table of `size` entries (below 2**31): the tag scaled to
+    the size (a multiply and a shift, not a modulo), so the table is any length and a
+    rehash writes the entries in the order it reads them."""
+    return (tag * size) >> 32
+
+
 def _ht_rehash(table, grown):  # pragma: no cover - compiled
-    mask = len(grown) - 1
+    size = len(grown)
     for i in range(len(table)):
         e = table[i]
         if e != -1:
-            h = (e >> 32) & mask
+            h = _ht_home((e >> 32) & HOLDER_BITS, size)
             while grown[h] != -1:
-                h = (h + 1) & mask
+                h += 1
+                if h == size:
+                    h = 0
             grown[h] = e
 
 
 def _ht_delete(table, h):  # pragma: no cover - compiled
     """Empty entry `h`, the entries after it in its probe run moved back where their own probe
     passes it (linear probing's deletion: no tombstones, so probes stay short)."""
-    mask = len(table) - 1
+    size = len(table)
     i = h
     j = h
     while True:
-        j = (j + 1) & mask
+        j += 1
+        if j == size:
+            j = 0
         e = table[j]
         if e == -1:
             break
-        k = (e >> 32) & mask  # its home
+        k = _ht_home((e >> 32) & HOLDER_BITS, size)  # its home
         if (j > i and (k <= i or k > j)) or (j < i and k <= i and k > j):  # home not in (i, j]
             table[i] = e
             i = j
@@ -1109,48 +1123,59 @@ def _number_slots(table, slot, out, num):  # pragma: no cover - compiled
     return num + n
 
 
-def _unlink(fifo, blocks, s, b):  # pragma: no cover - compiled
-    """Take `b` out of slot `s`'s FIFO (`fifo[s, 0]`, then B_NEXT); the entry before it
-    (-1: it was the head), or -2 when the FIFO does not hold it."""
-    prev = -1
-    x = fifo[s, 0]
-    while x >= 0 and x != b:
-        prev = x
-        x = blocks[x, B_NEXT]
-    if x != b:
-        return -2
-    if prev < 0:
-        fifo[s, 0] = blocks[b, B_NEXT]
-    else:
-        blocks[prev, B_NEXT] = blocks[b, B_NEXT]
-    return prev
+def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
+    """Each slot's FIFO without the copies a clear just made vacant (B_CUR -1): every copy
+    a FIFO holds is held until then, and a record does not keep its slot."""
+    for s in range(len(fifo)):
+        x = fifo[s]
+        while x >= 0 and blocks[x, B_CUR] < 0:
+            x = blocks[x, B_NEXT]
+        fifo[s] = x
+        while x >= 0:
+            y = blocks[x, B_NEXT]
+            while y >= 0 and blocks[y, B_CUR] < 0:
+                y = blocks[y, B_NEXT]
+            blocks[x, B_NEXT] = y
+            x = y
 
 
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
-    block (`blocks`, B_*), a (head, tail) per slot (`fifo`), the stack of vacant blocks, all
-    int32 (a block's record 32 B), each widened once to int64 before a number it must hold
-    would not fit (`_fit`); and the table of hashes held (int64 entries)."""
+    block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
+    all int32 (a block's record 28 B), each widened once to int64 before a number it must
+    hold would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop = _compiled()
         self.state = np.zeros(7, np.int64)
-        self.blocks = np.full((0, 8), -1, np.int32)
-        self.fifo = np.full((0, 2), -1, np.int32)
+        self.blocks = np.full((0, 7), -1, np.int32)
+        self.fifo = np.full(0, -1, np.int32)
         self.vacant = np.zeros(0, np.int32)
-        self.table = np.full(1024, -1, np.int64)  # kept at most half full
+        self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
 
-    @staticmethod
-    def _fit(a: np.ndarray, n: int, fill: int = 0, top: int = 0) -> np.ndarray:
-        """`a` at least `n` rows long, grown by an eighth (as colpool's arrays): a placer's
-        arrays grow with every block held, and doubling left up to half of them unused. An
-        int32 array comes back int64 once a number it will hold (any below `top`) would not fit."""
+    def _fit(self, name: str, n: int, fill: int = 0, top: int = 0) -> None:
+        """The array `self.<name>` at least `n` rows long, grown by an eighth (as colpool's
+        arrays: a placer's arrays grow with every block held, and doubling left up to half of
+        them unused) where it lies (realloc, as colpool's `_grow_rows`: the old and the grown
+        array were both held at the peak, and the freed one stayed in the heap), the new rows
+        `fill`. An int32 array is made int64 once a number it will hold (any below `top`)
+        would not fit."""
+        a = getattr(self, name)
         wide = a.dtype == np.int32 and top > _I32_TOP
         if len(a) >= n and not wide:
-            return a
-        grown = np.full((max(n, len(a) + len(a) // 8), *a.shape[1:]), fill, np.int64 if wide else a.dtype)
-        grown[:len(a)] = a
-        return grown
+            return
+        if wide:
+            setattr(self, name, a.astype(np.int64))
+        have, rows = len(a), max(n, len(a) + len(a) // 8)
+        del a
+        try:
+            getattr(self, name).resize((rows, *getattr(self, name).shape[1:]))
+        except ValueError:  # another reference to it (numpy checks): copied, as that one keeps the old
+            old = getattr(self, name)
+            grown = np.empty((rows, *old.shape[1:]), old.dtype)
+            grown[:have] = old
+            setattr(self, name, grown)
+        getattr(self, name)[have:] = fill
 
     def scan(self, op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
              width: np.ndarray) -> _JournalScan:
@@ -1184,19 +1209,22 @@ class _CompiledPlacer:
         n_store, n_clear = scan.num_stored, scan.num_cleared
         top = nb0 + n_store
         width = int(pslot.max()) + 1 if n else 0
-        # the bound of what a record holds: hash ids, blocks, slots, tenants, rank << 2 | width
-        most = max(key0 + n, top, width, int(tenants.max()) + 1 if len(tenants) else 0, 4 * rank + 4)
-        self.blocks = self._fit(self.blocks, top, -1, most)
+        # the bound of what a record holds: hash ids, blocks, tenants, rank << 2 | width
+        most = max(key0 + n, top, int(tenants.max()) + 1 if len(tenants) else 0, 4 * rank + 4)
+        self._fit("blocks", top, -1, most)
         self.state[1] = nb0
-        self.vacant = self._fit(self.vacant, int(self.state[0]) + n + n_clear * top, 0, top)
+        self._fit("vacant", int(self.state[0]) + n + n_clear * top, 0, top)
         if top >= HOLDER_BITS:
             raise ValueError(f"the placer holds at most {HOLDER_BITS - 1:,} blocks, not {top:,}")
-        need = 2 * (int(self.state[5]) + n_store)  # every hash held after this call, at most half full
+        need = int((int(self.state[5]) + n_store) / TABLE_LOAD) + 1  # every hash held after this call
         if need > len(self.table):
-            grown = np.full(1 << (need - 1).bit_length(), -1, np.int64)
+            size = max(need, len(self.table) + len(self.table) // 8)
+            if size >= 1 << 31:  # `_ht_home`'s product must fit 63 bits
+                raise ValueError(f"the placer holds at most {int(TABLE_LOAD * (1 << 31)):,} hashes at once")
+            grown = np.full(size, -1, np.int64)
             self.rehash(self.table, grown)
             self.table = grown
-        self.fifo = self._fit(self.fifo, width, -1, top)
+        self._fit("fifo", width, -1, top)
         rows = n + n_clear * top
         # every column written by the loop; column-major, so the log's columns are copied from
         # contiguous ones (`ColumnarLog.write_rows`) and the commit's writes of two are too
@@ -1281,7 +1309,8 @@ def _compiled() -> list[Any]:
             from numba import njit
         except ImportError:
             return _COMPILED
-        global _unlink_hash, _unlink, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _fetch_ahead, _put_row
+        global _unlink_hash, _mend_fifos, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _ht_home
+        global _fetch_ahead, _put_row
         global _prefetch
         # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
         # they allocate nothing, and every array they touch is held by the caller. With them,
@@ -1292,11 +1321,12 @@ def _compiled() -> list[Any]:
         _low_half = njit(cache=True, nogil=True, _nrt=False)(_low_half)
         _joined = njit(cache=True, nogil=True, _nrt=False)(_joined)
         _ht_tag = njit(cache=True, nogil=True, _nrt=False)(_ht_tag)
+        _ht_home = njit(cache=True, nogil=True, _nrt=False)(_ht_home)
         _ht_slot = njit(cache=True, nogil=True, _nrt=False)(_ht_slot)
         _prefetch = prefetch_intrinsic()
         _fetch_ahead = njit(cache=True, nogil=True, _nrt=False)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True, _nrt=False)(_ht_delete)
-        _unlink = njit(cache=True, nogil=True, _nrt=False)(_unlink)
+        _mend_fifos = njit(cache=True, nogil=True, _nrt=False)(_mend_fifos)
         _unlink_hash = njit(cache=True, nogil=True, _nrt=False)(_unlink_hash)
         _put_row = njit(cache=True, nogil=True, _nrt=False)(_put_row)
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
