@@ -584,3 +584,26 @@ def test_a_second_attach_takes_the_tokenizer_already_loaded(qtbot, win, servers,
     assert win.remote.tokenizer is first and heard == [first]
     assert loads == [None]
     assert first.decode(first.encode("cached blocks", add_special_tokens=False)) == "cached blocks"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("model, loads_one", [("default_model", False), ("tiny_model", True)])
+def test_an_attach_takes_the_default_models_tokenizer_from_the_window(qtbot, win, servers, monkeypatch, request,
+                                                                      model, loads_one):
+    """The default model's tokenizer is the window's model's when that model is the default
+    one (SmolLM2 loaded by `make run`): not loaded again (a first attach froze the window up
+    to 290 ms for it); another model's is not taken for it."""
+    import types
+
+    import engine.model.loader as loader
+
+    loaded = request.getfixturevalue(model)
+    loads = []
+    real = loader.load_tokenizer
+    monkeypatch.setattr(loader, "load_tokenizer", lambda folder=None: loads.append(folder) or real(folder))
+    monkeypatch.setattr(win.ctx, "runner", types.SimpleNamespace(loaded=loaded, tokenizer=loaded.tokenizer))
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=30000)
+    assert loads == ([None] if loads_one else [])
+    assert (win.remote.tokenizer is loaded.tokenizer) is not loads_one

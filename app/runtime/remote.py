@@ -526,7 +526,10 @@ class RemoteController(QObject):
 
         self.tokenizer = None
         loaded = self._tokenizers.get(folder)
+        if loaded is None and not folder:  # the default model's: the window's model's, if that is the one loaded
+            loaded = _default_model_tokenizer(getattr(self.host, "runner", None))
         if loaded is not None:
+            self._tokenizers[folder] = loaded
             QTimer.singleShot(0, self, lambda: self.sigTokenizer.emit(loaded))
             return
 
@@ -554,6 +557,19 @@ class RemoteController(QObject):
 
     def stop(self) -> None:
         self.detach()
+
+
+def _default_model_tokenizer(runner: Any) -> Any:
+    """The tokenizer of `runner`'s model if that is the default model (`resolve_model(None)`), else None."""
+    from engine.model.loader import model_identity, resolve_model
+
+    loaded = getattr(runner, "loaded", None)
+    if loaded is None:
+        return None
+    try:
+        return loaded.tokenizer if loaded.model_id == model_identity(resolve_model(None)) else None
+    except Exception:  # noqa: BLE001 - no default model to compare with: loaded on the thread as before
+        return None
 
 
 class TokenizerHost(Protocol):

@@ -392,6 +392,15 @@ def _ignore(message: str, fraction: float) -> None:
     pass
 
 
+def model_identity(source: ModelSource) -> str:
+    """What `LoadedModel.model_id` is for a model from `source`: a .gguf file by its name and
+    size, a folder or hub id by where it is."""
+    if source.kind == "gguf":
+        path = Path(source.location)
+        return f"gguf:{path.name}:{path.stat().st_size}"
+    return f"{source.kind}:{source.location}"
+
+
 def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -401,10 +410,9 @@ def _load(source: ModelSource, progress: Progress, _retried: bool = False) -> Lo
         with _gguf_read_once(install=False):  # a first start converts both from one parse
             tokenizer_location = str(_gguf_tokenizer_dir(path, progress))
             weights_location = str(_gguf_model_dir(path, progress))
-        model_id = f"gguf:{path.name}:{path.stat().st_size}"
     else:
         tokenizer_location = weights_location = source.location
-        model_id = f"{source.kind}:{source.location}"
+    model_id = model_identity(source)
     progress("loading weights", 0.9)
     from transformers.utils import logging as hf_logging
 
