@@ -138,6 +138,61 @@ class _Chunks:
         return sum(c.nbytes for c in self._chunks)
 
 
+class _Steps:
+    """A column of ints kept as its runs that count up by one, each run's first position and
+    value (a journal log's pool store numbers: a pool numbers its stores in order, so a
+    pool's ticks make one run, 4 bytes a store otherwise); once runs would take more than
+    the values themselves, the values (`_Grow`, int32 while they fit). Read by position (`take`)."""
+
+    __slots__ = ("_start", "_first", "_last", "_values", "n")
+
+    def __init__(self) -> None:
+        self._start, self._first = _Grow(np.int64, np.int32), _Grow(np.int64)
+        self._last = -2  # the last value (-2: none, so no first value continues a run)
+        self._values: _Grow | None = None  # the values, once runs did not pay
+        self.n = 0
+
+    def append(self, values: np.ndarray) -> None:
+        values = np.asarray(values, np.int64)
+        k = len(values)
+        if not k:
+            return
+        if self._values is not None:
+            self._values.append(values)
+            self.n += k
+            return
+        breaks = np.flatnonzero(np.diff(values) != 1) + 1
+        at = breaks if int(values[0]) == self._last + 1 else np.concatenate(([0], breaks))
+        if 16 * (len(self._start.view) + len(at)) > 4 * (self.n + k) + 4096:  # runs cost more than values
+            kept = _Grow(np.int64, np.int32)
+            kept.append(self.take(np.arange(self.n)))
+            kept.append(values)
+            self._values = kept
+            self._start, self._first = _Grow(np.int64, uniform=True), _Grow(np.int64, uniform=True)  # runs dropped
+        else:
+            self._start.append(self.n + at)
+            self._first.append(values[at])
+        self._last = int(values[-1])
+        self.n += k
+
+    def take(self, ids: Any) -> Any:
+        """The values at positions `ids` (an int, or an array of them)."""
+        if self._values is not None:
+            return self._values.view[ids]
+        ids = np.asarray(ids, np.int64)
+        ids = np.where(ids < 0, ids + self.n, ids)  # a negative one counts from the end, as numpy's
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
+            raise IndexError(f"positions past a column of {self.n}")
+        start = self._start.view
+        r = np.searchsorted(start, ids, side="right") - 1
+        out = self._first.view[r] + (ids - start[r])
+        return int(out) if out.ndim == 0 else out
+
+    @property
+    def nbytes(self) -> int:
+        return self._values.nbytes if self._values is not None else self._start.nbytes + self._first.nbytes
+
+
 CHUNK_SHIFT = 15
 CHUNK_VALUES = 1 << CHUNK_SHIFT  # 256 KiB of 8-byte values
 
@@ -221,12 +276,13 @@ class JournalStores(Sequence[tuple]):
 
     def __init__(self, keys: JournalKeys, compiled: bool = True) -> None:
         self._keys = keys
-        self._pool, self._local = _Grow(np.int16, uniform=True), _Grow(np.int64, np.int32)
+        self._pool, self._local = _Grow(np.int16, uniform=True), _Steps()
         self.journals: dict[int, StoreArrays] = {}  # pool -> its per-store arrays, whole, as of its latest rows
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
         self._num_slot_ids = 0
-        self.tenants = _Grow(np.int64, np.int32)  # per store: its tenant code as PoolProjection sets it
+        # per store: its tenant code as PoolProjection sets it (no buffer while every store has one)
+        self.tenants = _Grow(np.int64, np.int32, uniform=True)
         self.plan = _Plan()  # the log's numbers once every prepared row is committed
 
     def __len__(self) -> int:
@@ -270,7 +326,7 @@ class JournalStores(Sequence[tuple]):
     def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per store its pool and its parent's journal (key, width), read from each pool's arrays."""
         stores = np.asarray(stores, np.int64)
-        pool_of, local = self._pool.view[stores], self._local.buf[stores]
+        pool_of, local = self._pool.view[stores], self._local.take(stores)
         key = np.zeros(len(stores), np.uint64)
         width = np.zeros(len(stores), np.int64)
         for p in np.unique(pool_of).tolist():
@@ -287,7 +343,7 @@ class JournalStores(Sequence[tuple]):
     def tokens(self, stores: np.ndarray) -> list[tuple[int, ...]]:
         """The token ids (`self[i][1]`) of many stores at once."""
         out = []
-        for p, s in zip(self._pool.view[stores].tolist(), self._local.buf[stores].tolist()):
+        for p, s in zip(self._pool.view[stores].tolist(), self._local.take(stores).tolist()):
             out.append(tuple(self.journals[p].token_ids(s).tolist()))
         return out
 
@@ -299,7 +355,7 @@ class JournalStores(Sequence[tuple]):
         """The salt (`self[i][2]`) of many stores at once."""
         stores = np.asarray(stores, np.int64)
         out: list[str | None] = [None] * len(stores)
-        pool_of, local = self._pool.view[stores], self._local.buf[stores]
+        pool_of, local = self._pool.view[stores], self._local.take(stores)
         for p in np.unique(pool_of).tolist():
             at = np.flatnonzero(pool_of == p)
             codes = np.asarray(self.journals[p].tenant, np.int64)[local[at]]
@@ -312,7 +368,7 @@ class JournalStores(Sequence[tuple]):
         """The tenant (`self[i][4]`) of many stores at once."""
         stores = np.asarray(stores, np.int64)
         out: list[str | None] = [None] * len(stores)
-        codes = self.tenants.buf[stores]
+        codes = self.tenants.view[stores]
         for i in np.flatnonzero(codes).tolist():
             names = self._keys.pools[int(self._pool.view[stores[i]])].tenant_names
             out[i] = names[int(codes[i]) - 1]
@@ -321,12 +377,12 @@ class JournalStores(Sequence[tuple]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        p, s = int(self._pool.view[i]), int(self._local.buf[i])
+        p, s = int(self._pool.view[i]), int(self._local.take(i))
         j = self.journals[p]
         pool = self._keys.pools[p]
         width = int(j.parent_width[s])
         parent = pool.hash_of(int(j.parent[s]), width) if width else None
-        t, t_set = int(j.tenant[s]), int(self.tenants.buf[i])
+        t, t_set = int(j.tenant[s]), int(self.tenants.view[i])
         salt = pool.tenant_names[t - 1] if t else None
         tenant = pool.tenant_names[t_set - 1] if t_set else None
         return parent, tuple(j.token_ids(s).tolist()), salt, None, tenant
