@@ -114,7 +114,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_, is_not
 from typing import Any, Iterator
 
 import numpy as np
@@ -124,8 +124,9 @@ from numba.typed import Dict as NumbaDict
 from engine.core.live_journal import prefetch_intrinsic
 from engine.remote import fastwire
 from engine.remote.fastwire import (
-    KIND_CLEARED, KIND_REMOVED, KIND_STORED, R_HASH0, R_KIND, R_MEDIUM, R_NHASH, R_NTOK, R_PARENT, R_RARE, R_SIZE,
-    R_TOK0, R_WIDTH, ColumnarBatch,
+    KIND_CLEARED, KIND_REMOVED, KIND_STORED, M_DATA0, M_KEYS, M_MOST_HASHES, M_MOST_ID, M_MOST_TOKENS, M_REMOVALS,
+    M_ROW0, M_ROWS, M_TOKENS, R_HASH0, R_KIND, R_MEDIUM, R_NHASH, R_NTOK, R_PARENT, R_RARE, R_SIZE, R_TOK0, R_WIDTH,
+    ColumnarBatch, DecodedRun,
 )
 from engine.remote.pool import GroupSpec, LifetimeStats, salt_of
 from engine.remote.tiers import CPU, GPU, REMOTE, STORAGE, tier_of_medium, tier_order
@@ -199,6 +200,7 @@ _EMPTY_I64 = np.zeros(0, np.int64)
 # a frame's attributes, read by `map` over a run of frames (`ColumnarPool._apply_run`)
 _SEQ, _TS, _ROWS, _DATA = attrgetter("seq"), attrgetter("ts"), attrgetter("rows"), attrgetter("data")
 _NUM_KEYS, _NUM_TOKENS, _IS_NOT = attrgetter("num_keys"), attrgetter("num_tokens"), is_not
+_RUN, _RUN_AT, _EVENTS = attrgetter("run"), attrgetter("run_at"), attrgetter("events")
 _TIER_CODES: dict[str, int] = {GPU: 0, CPU: 1, STORAGE: 2, REMOTE: 3}
 _TIER_NAMES: list[str] = [GPU, CPU, STORAGE, REMOTE]
 
@@ -1052,6 +1054,61 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
 
 
+@njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
+def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                 dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO,
+                 RM):  # pragma: no cover - compiled
+    """`_run_frames` of frames f0.. of one `fastwire.decode_columns_many` call, read where
+    its compiled pass left them (`DecodedRun`: frame f's rows from meta[f, M_ROW0], its
+    parents, hashes and token ids in `data` from meta[f, M_DATA0], `words` its uint32
+    view), each frame's arrays a view: nothing is joined or copied first. `widths`: W_U64
+    for at least a frame's hashes."""
+    empty_u8 = widths[:0]
+    empty_i64 = seqs[:0]
+    bid0 = S[S_BID]
+    for f in range(len(seqs)):
+        g = f0 + f
+        S[S_BID] = bid0 + f
+        m = meta[g, M_ROWS]
+        if m > 0:
+            r, d, nk = meta[g, M_ROW0], meta[g, M_DATA0], meta[g, M_KEYS]
+            fr, parents, keys = rows[r:r + m], data[d:d + m], data[d + m:d + m + nk]
+            ftok = words[2 * (d + m + nk):]
+            _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
+                      dp_os, fr, parents, keys, 0, m)
+            _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                 dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, 0, False, seqs[f],
+                 tss[f], left, m, J, JS, SO, RM)
+            if S[S_LIVE] == 0 and S[S_JON] == 0:
+                S[S_TOKUSED] = 0
+                C[:, C_NTOK] = 0  # no free slot's token range is kept past this
+
+
+@njit(cache=True, nogil=True, _nrt=True)
+def _run_decoded_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                    dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO,
+                    RM):  # pragma: no cover - compiled
+    return _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo,
+                        ra_os, dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, RM)
+
+
+@njit(cache=True)
+def _decoded_figures(meta, f0, f1):  # pragma: no cover - compiled
+    """Of frames f0..f1-1 of a `DecodedRun`: (rows, blocks, the most token ids and hashes a
+    row names, hashes the removals name, token ids, the largest token id), summed from
+    what its compiled pass noted per frame."""
+    num_rows = blocks = most_tokens = most_hashes = removals = num_tokens = most_id = np.int64(0)
+    for f in range(f0, f1):
+        num_rows += meta[f, M_ROWS]
+        blocks += meta[f, M_KEYS]
+        most_tokens = max(most_tokens, meta[f, M_MOST_TOKENS])
+        most_hashes = max(most_hashes, meta[f, M_MOST_HASHES])
+        removals += meta[f, M_REMOVALS]
+        num_tokens += meta[f, M_TOKENS]
+        most_id = max(most_id, meta[f, M_MOST_ID])
+    return num_rows, blocks, most_tokens, most_hashes, removals, num_tokens, most_id
+
+
 @njit(cache=True, inline="always")
 def widths_parent(rows, j):  # pragma: no cover - compiled
     """The width code of event j's parent: a common event's parent is an 8-byte hash."""
@@ -1362,11 +1419,17 @@ def warm_up() -> None:
                                      VllmEvent("BlockStored", ((i + 11 << 56).to_bytes(8, "big"),), None,
                                                tuple(range(16)), 16, medium="DISK")], 0)
               for i in range(2)]
+    # frames of common events only, as `decode_columns_many` reads a run of them (`_run_decoded`)
+    decoded = [encode_batch(3.0 + i, [VllmEvent("BlockStored", ((i + 15 << 56).to_bytes(8, "big"),), None,
+                                                tuple(range(16)), 16),
+                                      VllmEvent("BlockRemoved", ((i + 15 << 56).to_bytes(8, "big"),))], 0)
+               for i in range(2)]
     for journal, wide in ((False, False), (True, False), (True, True)):
         pool = ColumnarPool("warm-up", journal=journal)
         if wide:  # past 2**32 token ids (or a pool's journal past its narrow columns): `_widen`
             pool._widen()
         pool.apply_many([fastwire.decode_columns(1 + i, q) for i, q in enumerate(common)])
+        pool.apply_many(fastwire.decode_columns_many(3, decoded))
         pool.apply(fastwire.decode_columns(0, p))
         # a pool that grows: a new table (`_rehash`), the maps' (`_om_rehash`), the token
         # array compacted (`_compact_tokens`), with narrow token ids and then wide ones
@@ -1918,7 +1981,13 @@ class ColumnarPool:
     def apply_many(self, batches: list[ColumnarBatch | VllmBatch]) -> list:
         """Apply batches in sequence order, as `apply` applies each one, but every run of
         batches made only of common events (no event kept whole) in one compiled call;
-        the pool after it is the pool after applying them one by one. Returns []."""
+        the pool after it is the pool after applying them one by one; consecutive frames of
+        one `fastwire.decode_columns_many` call (an attachment's usual run) from the arrays
+        that call read them into (`_apply_decoded`). Returns []."""
+        decoded = getattr(batches[0], "run", None) if batches else None
+        if decoded is not None and not self._details and self._one_run(decoded, batches):
+            self._apply_decoded(decoded, batches)
+            return []
         run: list[ColumnarBatch] = []
         for batch in batches:
             if isinstance(batch, ColumnarBatch):
@@ -1937,10 +2006,52 @@ class ColumnarPool:
             self._apply_run(run)
         return []
 
+    @staticmethod
+    def _one_run(decoded: DecodedRun, batches: list) -> bool:
+        """Whether `batches` are consecutive frames of `decoded`, none of them with an event kept whole."""
+        f0 = batches[0].run_at
+        return all(map(is_, map(_RUN, batches), repeat(decoded))) and not any(map(_EVENTS, batches)) \
+            and list(map(_RUN_AT, batches)) == list(range(f0, f0 + len(batches)))
+
+    def _apply_decoded(self, decoded: DecodedRun, run: list[ColumnarBatch]) -> None:
+        """Consecutive frames of common events of one `decode_columns_many` call in one
+        compiled call (`_run_decoded`), from its arrays as they are: the figures room is made
+        by were noted per frame by its pass (`_decoded_figures`), no frame's arrays are read
+        or joined in Python."""
+        f0 = run[0].run_at
+        k = len(run)
+        seqs = np.fromiter(map(_SEQ, run), np.int64, k)
+        tss = decoded.tss[f0:f0 + k]
+        num_rows, nblocks, most_tokens, most, removals, num_tokens, most_id = _decoded_figures(decoded.meta, f0,
+                                                                                                f0 + k)
+        self.num_batches += k
+        self.last_batch_seq = int(seqs[-1])
+        self.last_batch_time = float(tss[-1])
+        self._revision += 1
+        self._cache.clear()
+        if not num_rows:
+            return
+        self._batch_blocks = nblocks
+        self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id)
+        if len(self._left) < most:
+            self._left = np.zeros(2 * most, np.uint8)
+        self._batch_rows(seqs, tss)
+        if len(self._u64_widths) < nblocks:  # (only read: one array of W_U64 kept for every call)
+            self._u64_widths = np.full(2 * nblocks, W_U64, np.uint8)
+        data = decoded.data
+        _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+                        self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data, data.view(np.uint32),
+                        self._u64_widths, f0, seqs, tss, self._left, *self._jn(), self.RM)
+        self._sync()
+
     def _apply_run(self, run: list[ColumnarBatch]) -> None:
         if self._details or len(run) == 1:  # removals must drop details: one by one
             for batch in run:
                 self.apply(batch)
+            return
+        decoded = run[0].run
+        if decoded is not None and self._one_run(decoded, run):
+            self._apply_decoded(decoded, run)
             return
         # each figure a frame's attribute read by map (C), not a comprehension: 14,000 frames
         # took ~5 ms in comprehensions, a tenth of the Python around the compiled call

@@ -503,12 +503,12 @@ class ColumnarBatch:
     twice; `batch()` builds the whole `VllmBatch` when someone needs it."""
 
     __slots__ = ("seq", "ts", "data_parallel_rank", "rows", "_parents", "_keys", "_tokens", "events", "payload",
-                 "data", "num_keys", "num_tokens")
+                 "data", "num_keys", "num_tokens", "run", "run_at")
 
     def __init__(self, seq: int, ts: float, rank: int | None, rows: np.ndarray, parents: np.ndarray | None,
                  keys: np.ndarray | None, tokens: np.ndarray | None, events: dict[int, VllmEvent],
                  payload: bytes | None, data: np.ndarray | None = None, num_keys: int = 0,
-                 num_tokens: int = 0) -> None:
+                 num_tokens: int = 0, run: DecodedRun | None = None, run_at: int = 0) -> None:
         self.seq, self.ts, self.data_parallel_rank = seq, ts, rank
         self.rows, self._parents, self._keys, self._tokens = rows, parents, keys, tokens
         self.events, self.payload = events, payload
@@ -517,6 +517,9 @@ class ColumnarBatch:
         # word); the three arrays are views of it, made when first read (`ColumnarPool.
         # apply_many` joins the frames' `data` and reads none of them)
         self.data, self.num_keys, self.num_tokens = data, num_keys, num_tokens
+        # the `decode_columns_many` call that read it (`DecodedRun`) and its frame there; None
+        # for a batch read alone or by the reference
+        self.run, self.run_at = run, run_at
 
     def _views(self) -> None:
         m, nk = len(self.rows), self.num_keys
@@ -616,46 +619,48 @@ def _array_head(buf, p):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _common_frame(buf):  # pragma: no cover - compiled
-    """(ok, ts, rank or -1, rows, data, hashes, token ids) of an EventBatch of common events:
-    `data` holds one parent a row, the hashes, then the token ids as uint32, two a word
-    (`ColumnarBatch.data`: each array handed back to Python cost as much as three views,
-    and a run of frames is joined with one concatenation, not three); ok False (and
-    nothing else meaningful) for anything outside the subset above. The field names and
-    masks are module constants, frozen into the compiled code: passed as arguments,
-    numba's dispatcher typed all four again at every frame."""
+def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
+    """Read an EventBatch of common events into out_rows[r0:] and out_data[d0:] (room for
+    n // 18 + 1 rows and n // 18 + 1 + n // 9 + 1 + (n + 1) // 2 words, n its bytes):
+    (ok, ts, rank or -1, rows, hashes, token ids, words of data, then the figures a pool
+    reserves room by: the most token ids and hashes an event names, the hashes removals
+    name, the largest token id). Its `data` holds one parent a row, the hashes, then the
+    token ids as uint32, two a word (`ColumnarBatch.data`). ok False (and nothing else
+    meaningful, the room's content undefined) for anything outside the subset above. The
+    field names and masks are module constants, frozen into the compiled code: passed as
+    arguments, numba's dispatcher typed all four again at every frame."""
     fb, fo, stored_ok, removed_ok = _FIELD_BYTES, _FIELD_OFF, _STORED_OK, _REMOVED_OK
     n = len(buf)
-    no_rows = np.empty((0, NUM_R), np.int64)
-    no_data = np.empty(0, np.uint64)
     if n < 11 or not (buf[0] == 0x92 or buf[0] == 0x93) or buf[1] != 0xCB:
-        return False, 0.0, -1, no_rows, no_data, 0, 0
+        return _NOT_COMMON
     has_rank = buf[0] == 0x93
     raw = np.empty(8, np.uint8)
     for j in range(8):
         raw[j] = buf[9 - j]
     ts = raw.view(np.float64)[0]
     if not np.isfinite(ts):
-        return False, 0.0, -1, no_rows, no_data, 0, 0
+        return _NOT_COMMON
     p = 10
     h, m = _array_head(buf, p)
     if h < 0:
-        return False, 0.0, -1, no_rows, no_data, 0, 0
+        return _NOT_COMMON
     p += h
     if m > n // 18 + 1:  # a common event takes at least 18 bytes (a map, its "type", a kind):
-        return False, 0.0, -1, no_rows, no_data, 0, 0  # a forged count, not arrays for it
-    rows = np.zeros((m, NUM_R), np.int64)
+        return _NOT_COMMON  # a forged count, not arrays for it
+    rows = out_rows[r0:r0 + m]
+    rows[:] = 0
+    data = out_data[d0:]
     tok_at = m + n // 9 + 1  # the parents, room for every hash the frame may hold, its token ids
-    data = np.empty(tok_at + (n + 1) // 2, np.uint64)
     parents = data[:m]
     parents[:] = 0
     keys = data[m:tok_at]
     tokens = data[tok_at:].view(np.uint32)
     nk = 0
     ntok = 0
+    most_tokens = most_hashes = removals = np.int64(0)
     for i in range(m):
         if p >= n:
-            return False, 0.0, -1, no_rows, no_data, 0, 0
+            return _NOT_COMMON
         b = buf[p]
         if 0x80 <= b <= 0x8F:
             pairs = np.int64(b & 0x0F)
@@ -668,27 +673,27 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 | buf[p + 4]
             p += 5
         else:
-            return False, 0.0, -1, no_rows, no_data, 0, 0
+            return _NOT_COMMON
         seen = np.int64(0)
         kind = -1
         rows[i, R_HASH0] = nk
         for _ in range(pairs):
             if p >= n:
-                return False, 0.0, -1, no_rows, no_data, 0, 0
+                return _NOT_COMMON
             b = buf[p]
             if 0xA0 <= b <= 0xBF:  # a fixstr, as every field name is written: `_head`'s answer
                 h, size = np.int64(1), np.int64(b & 0x1F)
             else:
                 h, items, size = _head(buf, p)
             if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
-                return False, 0.0, -1, no_rows, no_data, 0, 0
+                return _NOT_COMMON
             f = _field_id(buf, p, h, size, fb, fo)
             if f < 0 or (seen >> f) & 1:
-                return False, 0.0, -1, no_rows, no_data, 0, 0
+                return _NOT_COMMON
             seen |= np.int64(1) << f
             p += h + size
             if p >= n:
-                return False, 0.0, -1, no_rows, no_data, 0, 0
+                return _NOT_COMMON
             b = buf[p]
             if f == 0 or f == 5:  # type, medium: one of a few literal strings
                 if f == 5 and b == 0xC0:
@@ -699,7 +704,7 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 else:
                     h, items, size = _head(buf, p)
                 if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 if f == 0 and _str_is(buf, p, h, size, _V_STORED):
                     kind = KIND_STORED
                 elif f == 0 and _str_is(buf, p, h, size, _V_REMOVED):
@@ -709,19 +714,19 @@ def _common_frame(buf):  # pragma: no cover - compiled
                 elif f == 5 and _str_is(buf, p, h, size, _V_CPU):
                     rows[i, R_MEDIUM] = 2
                 else:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 p += h + size
             elif f == 1:  # block_hashes: 8-byte integers
                 h, c = _array_head(buf, p)
                 if h < 0 or p + h + 9 * c > n:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 p += h
                 rows[i, R_NHASH] = c
                 rows[i, R_WIDTH] = 8 if c else 0
                 for _ in range(c):
                     b = buf[p]
                     if b != 0xCF and b != 0xD3:
-                        return False, 0.0, -1, no_rows, no_data, 0, 0
+                        return _NOT_COMMON
                     v = np.uint64(0)
                     for j in range(1, 9):
                         v = (v << np.uint64(8)) | np.uint64(buf[p + j])
@@ -734,13 +739,13 @@ def _common_frame(buf):  # pragma: no cover - compiled
                     continue
                 h, c = _array_head(buf, p)
                 if h < 0:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 p += h
                 rows[i, R_TOK0] = ntok
                 rows[i, R_NTOK] = c
                 for _ in range(c):
                     if p >= n:
-                        return False, 0.0, -1, no_rows, no_data, 0, 0
+                        return _NOT_COMMON
                     b = buf[p]
                     if b < 0x80:
                         tokens[ntok] = b
@@ -756,7 +761,7 @@ def _common_frame(buf):  # pragma: no cover - compiled
                             | (np.uint32(buf[p + 3]) << 8) | buf[p + 4]
                         p += 5
                     else:
-                        return False, 0.0, -1, no_rows, no_data, 0, 0
+                        return _NOT_COMMON
                     ntok += 1
             elif f == 2 or f == 4:  # parent_block_hash, block_size: nil or an integer
                 if b == 0xC0:
@@ -764,45 +769,75 @@ def _common_frame(buf):  # pragma: no cover - compiled
                     continue
                 ok, v = _int_at(buf, p)
                 if not ok:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 if f == 2:
                     rows[i, R_PARENT] = 1
                     parents[i] = v
                 else:
                     if b == 0xD3 or np.int64(v) < 0 or v >= (1 << 40):
-                        return False, 0.0, -1, no_rows, no_data, 0, 0
+                        return _NOT_COMMON
                     rows[i, R_SIZE] = np.int64(v)
                 h, items, size = _head(buf, p)
                 p += h + size
             else:  # any other field: nil, or the event is not a common one
                 if b != 0xC0:
-                    return False, 0.0, -1, no_rows, no_data, 0, 0
+                    return _NOT_COMMON
                 p += 1
         if kind < 0 or (seen & ~(stored_ok if kind == KIND_STORED else removed_ok)) != 0:
-            return False, 0.0, -1, no_rows, no_data, 0, 0
+            return _NOT_COMMON
         rows[i, R_KIND] = kind
+        c = rows[i, R_NHASH]
+        if kind == KIND_REMOVED:
+            removals += c
+        most_hashes = max(most_hashes, c)
+        most_tokens = max(most_tokens, rows[i, R_NTOK])
     rank = np.int64(-1)
     if has_rank:
         if p >= n:
-            return False, 0.0, -1, no_rows, no_data, 0, 0
+            return _NOT_COMMON
         b = buf[p]
         if b == 0xC0:
             p += 1
         elif b < 0x80 or b == 0xCC or b == 0xCD or b == 0xCE:
             ok, v = _int_at(buf, p)
             if not ok:
-                return False, 0.0, -1, no_rows, no_data, 0, 0
+                return _NOT_COMMON
             rank = np.int64(v)
             h, items, size = _head(buf, p)
             p += h + size
         else:
-            return False, 0.0, -1, no_rows, no_data, 0, 0
+            return _NOT_COMMON
     if p != n:
-        return False, 0.0, -1, no_rows, no_data, 0, 0
+        return _NOT_COMMON
     packed = data[m + nk:].view(np.uint32)  # the token ids moved down to right after the hashes
+    most_id = np.uint32(0)
     for j in range(ntok):
-        packed[j] = tokens[j]
-    return True, ts, rank, rows, data[:m + nk + (ntok + 1) // 2], nk, ntok
+        v = tokens[j]
+        packed[j] = v
+        most_id = max(most_id, v)
+    return True, ts, rank, m, nk, ntok, m + nk + (ntok + 1) // 2, most_tokens, most_hashes, removals, \
+        np.int64(most_id)
+
+
+_NOT_COMMON = (False, 0.0, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # `_frame_into`'s answer for any other frame
+
+
+@njit(cache=True, nogil=True)
+def _common_frame(buf):  # pragma: no cover - compiled
+    """(ok, ts, rank or -1, rows, data, hashes, token ids) of an EventBatch of common events
+    (`_frame_into` into arrays of its own; ok False: nothing else meaningful)."""
+    n = len(buf)
+    m = np.int64(0)
+    if n >= 11:
+        m = max(_array_head(buf, 10)[1], 0)
+    if m > n // 18 + 1:
+        m = 0  # a forged count: `_frame_into` refuses it
+    rows = np.zeros((m, NUM_R), np.int64)
+    data = np.empty(m + n // 9 + 1 + (n + 1) // 2, np.uint64)
+    ok, ts, rank, m, nk, ntok, w, _, _, _, _ = _frame_into(buf, rows, 0, data, 0)
+    if not ok:
+        return False, 0.0, -1, rows[:0], data[:0], 0, 0
+    return True, ts, rank, rows, data[:w], nk, ntok
 
 
 def common_columns(seq: int, payload: bytes) -> ColumnarBatch | None:
@@ -815,20 +850,29 @@ def common_columns(seq: int, payload: bytes) -> ColumnarBatch | None:
                          data, nk, ntok)
 
 
+# `_common_frames`' meta columns, per frame: ok (1: a frame of common events, read), its
+# rank (-1: none), its rows' start in the run's rows and their count, its hashes and token
+# ids, its words' start in the run's data and their count, then `_frame_into`'s figures:
+# hashes its removals name, the most token ids and hashes an event names, the largest id
+M_OK, M_RANK, M_ROW0, M_ROWS, M_KEYS, M_TOKENS, M_DATA0, M_WORDS, M_REMOVALS, M_MOST_TOKENS, M_MOST_HASHES, \
+    M_MOST_ID = range(12)
+NUM_M = 12
+
+
 @njit(cache=True, nogil=True)
 def _common_frames(big, offs):  # pragma: no cover - compiled
     """`_common_frame` of each frame f = big[offs[f]:offs[f + 1]], in one call: (meta, ts,
-    rows, data); meta[f] = (ok, rank, its rows' start in `rows`, its row count, hashes, token
-    ids, its words' start in `data`, their count), its rows and data as `_common_frame` gives
-    them. A frame that is not ok has no rows nor words. One call for a run of frames: a call
-    from Python with its arrays and tuple handed back cost ~3 us, about what reading a frame
-    of vLLM's usual ~14 events costs."""
+    rows, data), meta[f] its `M_*` columns, its rows and data as `_common_frame` gives
+    them, each read straight into the run's two arrays (views of their room: no copy of
+    them is made). A frame that is not ok has no rows nor words. One call for a run of
+    frames: a call from Python with its arrays and tuple handed back cost ~3 us, about what
+    reading a frame of vLLM's usual ~14 events costs."""
     f = len(offs) - 1
-    meta = np.zeros((f, 8), np.int64)
+    meta = np.zeros((f, NUM_M), np.int64)
     tss = np.zeros(f, np.float64)
     room_rows = np.int64(0)
     room_data = np.int64(0)
-    for i in range(f):  # bounds `_common_frame` keeps to: a row per 18 bytes, a word per 2
+    for i in range(f):  # bounds `_frame_into` keeps to: a row per 18 bytes, a word per 2
         n = offs[i + 1] - offs[i]
         room_rows += n // 18 + 1
         room_data += n // 18 + 1 + n // 9 + 1 + (n + 1) // 2
@@ -837,47 +881,63 @@ def _common_frames(big, offs):  # pragma: no cover - compiled
     r = np.int64(0)
     d = np.int64(0)
     for i in range(f):
-        ok, ts, rank, fr, fd, nk, ntok = _common_frame(big[offs[i]:offs[i + 1]])
-        meta[i, 2] = r
-        meta[i, 6] = d
+        ok, ts, rank, m, nk, ntok, w, most_tokens, most_hashes, removals, most_id = _frame_into(
+            big[offs[i]:offs[i + 1]], rows, r, data, d)
+        meta[i, M_ROW0] = r
+        meta[i, M_DATA0] = d
         if not ok:
             continue
-        m = len(fr)
-        w = len(fd)
-        rows[r:r + m] = fr
-        data[d:d + w] = fd
-        meta[i, 0] = 1
-        meta[i, 1] = rank
-        meta[i, 3] = m
-        meta[i, 4] = nk
-        meta[i, 5] = ntok
-        meta[i, 7] = w
+        meta[i, M_OK] = 1
+        meta[i, M_RANK] = rank
+        meta[i, M_ROWS] = m
+        meta[i, M_KEYS] = nk
+        meta[i, M_TOKENS] = ntok
+        meta[i, M_WORDS] = w
+        meta[i, M_REMOVALS] = removals
+        meta[i, M_MOST_TOKENS] = most_tokens
+        meta[i, M_MOST_HASHES] = most_hashes
+        meta[i, M_MOST_ID] = most_id
         tss[i] = ts
         r += m
         d += w
-    return meta, tss, rows[:r].copy(), data[:d].copy()
+    return meta, tss, rows[:r], data[:d]
+
+
+class DecodedRun:
+    """What one `decode_columns_many` call read by its compiled pass, shared by the run's
+    batches (`ColumnarBatch.run`): `meta` (`M_*` columns a frame), times, rows and data.
+    `ColumnarPool.apply_many` applies consecutive frames of one run from these arrays as
+    they are: no join of the batches' views."""
+
+    __slots__ = ("meta", "tss", "rows", "data")
+
+    def __init__(self, meta: np.ndarray, tss: np.ndarray, rows: np.ndarray, data: np.ndarray) -> None:
+        self.meta, self.tss, self.rows, self.data = meta, tss, rows, data
 
 
 def decode_columns_many(first_seq: int, payloads: list[bytes]) -> list[ColumnarBatch]:
     """`[decode_columns(first_seq + i, p) for i, p in enumerate(payloads)]` (and the same
     MalformedFrame from the first bad frame), its frames of common events read by one
     compiled call (`_common_frames`); their rows and data are views of two arrays shared
-    by the run's batches."""
+    by the run's batches, which name it (`run`, `run_at`: the frame's index in it)."""
     if not payloads:
         return []
     sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
     offs = np.zeros(len(payloads) + 1, np.int64)
     np.cumsum(sizes, out=offs[1:])
     meta, tss, rows, data = _common_frames(np.frombuffer(b"".join(payloads), np.uint8), offs)
+    run = DecodedRun(meta, tss, rows, data)
     out = []
     seq = first_seq
-    for (ok, rank, r, m, nk, ntok, d, w), ts, payload in zip(meta.tolist(), tss.tolist(), payloads):
+    at = 0
+    for (ok, rank, r, m, nk, ntok, d, w), ts, payload in zip(meta[:, :M_REMOVALS].tolist(), tss.tolist(), payloads):
         if ok:
             out.append(ColumnarBatch(seq, ts, None if rank < 0 else rank, rows[r:r + m], None, None, None, {},
-                                     payload, data[d:d + w], nk, ntok))
+                                     payload, data[d:d + w], nk, ntok, run, at))
         else:
             out.append(_uncommon_columns(seq, payload))
         seq += 1
+        at += 1
     return out
 
 
