@@ -110,7 +110,9 @@ class TimelineView(PanelView):
         self.p_evict.addItem(self.no_evictions, ignoreBounds=True)
         for curve in (self.c_cached, self.c_used, self.c_in_use, self.c_ref):
             curve.setClipToView(True)
-        self._full: tuple[np.ndarray, ...] | None = None  # x and the curves' y, every event
+        # x and the columns the curves' y are made of, every event (the log's own arrays:
+        # the cached curve, in use + cached free, is made for each reduction, not kept)
+        self._full: tuple[Any, ...] | None = None
         self._reduced_for: tuple[float, float] | None = None
         self.p_blocks.vb.sigXRangeChanged.connect(self._on_x_range)
         self.cursors = [pg.InfiniteLine(angle=90, movable=False) for _ in self.plots]
@@ -220,9 +222,9 @@ class TimelineView(PanelView):
         # integers as the log keeps them: only the reduced curves become floats
         x = _values(s.seq)
         used = _values(s.in_use)
-        cached = used + _values(s.cached_free)
+        cached_free = _values(s.cached_free)
         max_ref = _values(s.max_ref)
-        self._full = (x, cached, used, max_ref)
+        self._full = (x, cached_free, used, max_ref)
         if not len(x):
             # nothing to range over (a usage log, a fresh engine): an empty axis from 0, not
             # the last log's, and the auto range still on for the events to come
@@ -230,7 +232,7 @@ class TimelineView(PanelView):
             self.glw.show_all()
         self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
         self.pool_size = self.state.projection.num_blocks
-        held = float(cached.max()) if len(cached) else 0.0
+        held = float((used + cached_free).max()) if len(x) else 0.0
         # 0-based counts scaled to the data; a little room on top for the markers. The pool
         # line joins the view only when it is near the data (else it would flatten it again).
         top = max(1.0, held)
@@ -264,9 +266,9 @@ class TimelineView(PanelView):
         """The curves' data: the whole series reduced to the bins of [lo, hi]."""
         if self._full is None:
             return
-        x, cached, used, max_ref = self._full
+        x, cached_free, used, max_ref = self._full
         self._reduced_for = (lo, hi)
-        xs, ys = peak_reduce(x, cached, lo, hi)
+        xs, ys = peak_reduce(x, used + cached_free, lo, hi)
         self.c_cached.setData(xs.astype(float), ys.astype(float))
         xs, ys = (a.astype(float) for a in peak_reduce(x, used, lo, hi))
         self.c_used.setData(xs, ys)
