@@ -22,6 +22,7 @@ stream's last few batches (at most those bounds) not applied yet while frames ke
 from __future__ import annotations
 
 import math
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ MAX_DATA_PARALLEL = 1024
 HOLD_FRAMES = 64  # batches a columnar stream holds at most before applying them
 HOLD_BYTES = 4 << 20  # frame bytes held at most
 HOLD_SECONDS = 0.002  # the longest a held batch waits while frames keep coming
+_PAYLOAD = operator.attrgetter("payload")
 
 
 class _Held:
@@ -60,18 +62,30 @@ class _Held:
 
     def add_many(self, batches: list[Any]) -> None:
         """Batches that follow on, in order (a run the subscriber read at once), applied
-        as `add` would apply them one by one."""
-        held = self.batches
+        as `add` would apply them one by one: held a part at a time, each part what fills
+        HOLD_FRAMES (one by one only in a part that would reach HOLD_BYTES)."""
         now = time.monotonic()
-        if not held:
+        if not self.batches:
             self.since = now
-        for batch in batches:
-            held.append(batch)
-            self.nbytes += len(batch.payload or b"")
-            if len(held) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES:
-                self.flush()
-                held, self.since = self.batches, now
-        if held and now - self.since >= HOLD_SECONDS:
+        at = 0
+        while at < len(batches):
+            part = batches[at:at + max(1, HOLD_FRAMES - len(self.batches))]
+            at += len(part)
+            nbytes = sum(map(len, filter(None, map(_PAYLOAD, part))))
+            if self.nbytes + nbytes < HOLD_BYTES:
+                self.batches += part
+                self.nbytes += nbytes
+                if len(self.batches) >= HOLD_FRAMES:
+                    self.flush()
+                    self.since = now
+                continue
+            for batch in part:
+                self.batches.append(batch)
+                self.nbytes += len(batch.payload or b"")
+                if len(self.batches) >= HOLD_FRAMES or self.nbytes >= HOLD_BYTES:
+                    self.flush()
+                    self.since = now
+        if self.batches and now - self.since >= HOLD_SECONDS:
             self.flush()
 
     def flush(self) -> None:
