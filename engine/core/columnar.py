@@ -695,13 +695,11 @@ class ColumnarLog:
                     grown[n0:start] = arr[n0:start]
                     self._cols[name] = grown
             else:
-                new_cap = max(stop, cap + cap // 2)
-                for name, arr in list(self._cols.items()):
-                    # not zeroed (a memset of the whole): the rows are written next, and every
-                    # reader stops at `num_rows`
-                    grown = np.empty(new_cap, arr.dtype)
-                    grown[:start] = arr[:start]
-                    self._cols[name] = grown
+                # grown where they lie (`regrow`), so by an eighth: grown by half, a column was
+                # up to a third unused; every reader stops at `num_rows`
+                new_cap = max(stop, cap + cap // 8)
+                for name in list(self._cols):
+                    regrow(self._cols, name, new_cap, start)
         for name, j in _ROW_ORDER:
             values = table[:, j]
             col = self._cols[name]
@@ -728,11 +726,14 @@ class ColumnarLog:
         if self._born_row.dtype == np.int32 and last_row > _I32.max:
             self._born_row = self._born_row.astype(np.int64)
         if top >= len(self._born_row):
-            cap = max(top + 1, len(self._born_row) * 3 // 2, 1024)
-            extra = cap - len(self._born_row)
-            self._born_row = np.concatenate([self._born_row, np.zeros(extra, self._born_row.dtype)])
-            if self._live_keys is not None:
-                self._live_keys = np.concatenate([self._live_keys, np.full(extra, -1, np.int32)])
+            have = len(self._born_row)
+            cap = max(top + 1, have * 3 // 2, 1024)  # grown where they lie (`regrow`)
+            regrow(self, "_born_row", cap, have)
+            self._born_row[have:] = 0
+            if self._live_keys is not None:  # made num_blocks long, maybe shorter than the born rows
+                keys = len(self._live_keys)
+                regrow(self, "_live_keys", keys + cap - have, keys)
+                self._live_keys[keys:] = -1
 
     def blocks_at(self, rows: int | np.ndarray) -> Any:
         """How many blocks the pool has after `rows` rows (a live pool may have grown)."""
@@ -753,8 +754,8 @@ class ColumnarLog:
 
     def _remote_slots(self) -> RemoteSlots:
         if self._slots is None:
-            cur = self._live_keys
-            vacant = [b for b in range(self.num_blocks - 1, -1, -1) if cur[b] < 0]
+            cur = self._live_keys  # None on a journal's log (its placer places the copies): all vacant
+            vacant = [b for b in range(self.num_blocks - 1, -1, -1) if cur is None or cur[b] < 0]
             self._slots = RemoteSlots(vacant)
             self._slots.grow(self.num_blocks)
         return self._slots
@@ -1306,6 +1307,26 @@ class ColumnarLog:
         live = np.flatnonzero((start < n) & (finish >= n)).tolist()
         ids = self.requests.ids
         return {ids[r]: table for r, table in zip(live, self.block_tables(live, n))}
+
+
+def regrow(owner: Any, name: str, size: int, keep: int) -> None:
+    """The 1-D array `owner.<name>` (`owner[name]` of a dict) made `size` long, its first
+    `keep` values kept: resized where it lies (realloc, which moves a large block's pages
+    rather than copying them, as colpool's `_grow_rows`) unless anything else refers to it
+    (numpy checks: a view a reader kept), else copied into a new one. Past `keep` the values
+    are unset. A copy held the old array and the grown one at once at the peak, and the
+    freed one, under the heap's mmap threshold, stayed a hole the next, larger one did not fit."""
+    at_key = isinstance(owner, dict)
+    try:
+        (owner[name] if at_key else getattr(owner, name)).resize(size)
+    except ValueError:  # another reference to it, or not its own memory: copied, as that one keeps the old
+        old = owner[name] if at_key else getattr(owner, name)
+        grown = np.empty(size, old.dtype)
+        grown[:keep] = old[:keep]
+        if at_key:
+            owner[name] = grown
+        else:
+            setattr(owner, name, grown)
 
 
 def fits(values: np.ndarray, dtype: Any, margin: int = 0) -> bool:

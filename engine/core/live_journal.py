@@ -557,8 +557,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     keys.add(p, rows.keys, rows.widths, rows.width_range)
     stores.add(p, rows.store_local)  # the ids prepare_journal wrote (store0 on, checked above)
     stores.tenants.append(prepared.store_tenants)
-    if col._live_keys is None:
-        col._live_keys = np.full(col.num_blocks, -1, np.int32)
+    # no `_live_keys` (4 bytes a block, never written here: the placer holds what each block holds)
     slots = col._remote_slots()
     pairs, of_pair = rows.pairs, rows.of_pair
     live_request = col._live_request

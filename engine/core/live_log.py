@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits, regrow,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
@@ -121,12 +121,9 @@ class _Growing:
             if spare is not None and len(spare[1]) >= need and spare[1].dtype == self.buf.dtype:
                 n0, grown = spare
                 grown[n0:self.n] = self.buf[n0:self.n]
-            else:
-                # not zeroed: the copy writes the values, and nothing reads past `n` (a zeroed
-                # one was a memset of the whole, the heap's recycled pages under the mmap threshold)
-                grown = np.empty(self._grown(need), self.buf.dtype)
-                grown[:self.n] = self.buf[:self.n]
-            self.buf = grown
+                self.buf = grown
+            else:  # where it lies, unless a reader holds a view of it (`regrow`): no copy beside it
+                regrow(self, "buf", self._grown(need), self.n)
         self.buf[self.n:need] = values
         self.n = need
 
