@@ -103,5 +103,6 @@ def test_a_held_block_takes_28_bytes_a_slot_4_and_a_hash_at_most_12_and_a_bit():
     assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 7
     assert placer.blocks.nbytes <= 28 * n * 9 // 8  # grown by an eighth at most past what it holds
     assert placer.fifo.ndim == 1 and placer.fifo.nbytes <= 4 * n * 9 // 8
+    assert placer.vacant.nbytes == 0  # no room made for what removals free: none came (was a row's each)
     # a power of two at most half full: 262,144 or 524,288 entries for 200,000 hashes
     assert n / TABLE_LOAD < len(placer.table) <= n / TABLE_LOAD * 9 / 8 + 1

@@ -1268,7 +1268,9 @@ class _CompiledPlacer:
         most = max(key0 + n, top, int(tenants.max()) + 1 if len(tenants) else 0, 4 * rank + 4)
         self._fit("blocks", top, -1, most)
         self.state[1] = nb0
-        self._fit("vacant", int(self.state[0]) + n + n_clear * top, 0, top)
+        # the stack of vacant blocks: those now, and what this call's removals and clears free
+        # (room for a row each was 2 bytes a block held at bench held's ticks of 524K stores)
+        self._fit("vacant", int(self.state[0]) + n - n_store + n_clear * top, 0, top)
         if top >= HOLDER_BITS:
             raise ValueError(f"the placer holds at most {HOLDER_BITS - 1:,} blocks, not {top:,}")
         need = int((int(self.state[5]) + n_store) / TABLE_LOAD) + 1  # every hash held after this call
