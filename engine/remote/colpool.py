@@ -1143,7 +1143,10 @@ def _grow_rows(owner: Any, name: str, rows: int) -> None:
     except ValueError:  # a view or another reference to it: copied, as those keep the old one
         old = getattr(owner, name)
         arr = np.zeros(shape, old.dtype)
-        arr[:len(old)] = old
+        if old.dtype.names:  # a packed row type (JS): as bytes, 25 times a copy by field
+            arr[:len(old)].view(np.uint8)[:] = old.view(np.uint8)
+        else:
+            arr[:len(old)] = old
         setattr(owner, name, arr)
 
 
@@ -1763,10 +1766,11 @@ class ColumnarPool:
             live_tok = int(self.S[S_TOKLIVE])
             size = max(live_tok + tokens + self._growth(live_tok + tokens, self._tokens_small), 1024)
             if self.journal:  # the journal's rows point into the token array: it only grows,
-                # by a fraction (as the slots: doubling left up to half of it unused)
-                out = np.zeros(max(len(self.tok) + self._copied_growth(len(self.tok), self._tokens_small),
-                                   used + tokens + 1024), self.tok.dtype)
-                out[:used] = self.tok[:used]
+                # by a fraction (as the slots: doubling left up to half of it unused), copied
+                # while a reader holds a view of it (`JournalRows.tokens`)
+                _grow_rows(self, "tok", max(len(self.tok) + self._copied_growth(len(self.tok), self._tokens_small),
+                                            used + tokens + 1024))
+                out = self.tok
             elif used - live_tok <= used // 64:  # next to no garbage: a plain copy, no compaction
                 # (a walk over every slot that cost as much as the copies' page faults)
                 _grow_rows(self, "tok", max(used + tokens + self._growth(used + tokens, self._tokens_small), 1024))
@@ -1799,9 +1803,10 @@ class ColumnarPool:
 
     @staticmethod
     def _copied_growth(size: int, small: int) -> int:
-        """`_growth` for an array that is copied whole into a new one each time it grows, never
-        resized in place (a journalled pool's token ids and store rows: readers hold views of
-        them): half again up to 8 times `small`, then a sixteenth. An eighth at a time was ~17
+        """`_growth` for an array that is copied whole into a new one when it grows while a
+        reader holds a view of it (a journalled pool's token ids and store rows: `_grow_rows`
+        resizes them in place only when none does): half again up to 8 times `small`, then a
+        sixteenth. An eighth at a time was ~17
         copies (and a new array's page faults each) on the way to 8M token ids, most of a
         journalled pool's room-making: 200K recorded events into a journalled pool, taking
         and releasing its rows after every 64 frames, 0.3033 -> 0.2848 s (median of 9)."""
@@ -1865,17 +1870,13 @@ class ColumnarPool:
 
     def _journal_reserve(self, rows: int, stores: int) -> None:
         # the journal's tables grow with every block held: by a fraction (`_growth`), not doubling
+        # (resized where they lie unless a reader holds a view of them: `_grow_rows`)
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
-            J = np.zeros((max(len(self.J) + self._growth(len(self.J), self._rows_small), r + rows + 1024), NUM_J),
-                         np.int64)
-            J[:r] = self.J[:r]
-            self.J = J
+            _grow_rows(self, "J", max(len(self.J) + self._growth(len(self.J), self._rows_small), r + rows + 1024))
         if o + stores > len(self.JS):
-            JS = np.zeros(max(len(self.JS) + self._copied_growth(len(self.JS), self._rows_small), o + stores + 1024),
-                          self.JS.dtype)
-            JS[:o].view(np.uint8)[:] = self.JS[:o].view(np.uint8)  # as bytes: 25 times a copy by field
-            self.JS = JS
+            _grow_rows(self, "JS", max(len(self.JS) + self._copied_growth(len(self.JS), self._rows_small),
+                                       o + stores + 1024))
         if o + stores > self._narrow_limit:
             self._widen()
 
