@@ -502,24 +502,50 @@ class ColumnarBatch:
     every event when the batch came from the reference reader), so nothing is decoded
     twice; `batch()` builds the whole `VllmBatch` when someone needs it."""
 
-    __slots__ = ("seq", "ts", "data_parallel_rank", "rows", "_parents", "_keys", "_tokens", "events", "payload",
-                 "data", "num_keys", "num_tokens", "run", "run_at")
+    __slots__ = ("seq", "ts", "data_parallel_rank", "_rows", "_parents", "_keys", "_tokens", "events", "payload",
+                 "_data", "num_keys", "num_tokens", "run", "run_at")
 
     def __init__(self, seq: int, ts: float, rank: int | None, rows: np.ndarray, parents: np.ndarray | None,
                  keys: np.ndarray | None, tokens: np.ndarray | None, events: dict[int, VllmEvent],
                  payload: bytes | None, data: np.ndarray | None = None, num_keys: int = 0,
                  num_tokens: int = 0, run: DecodedRun | None = None, run_at: int = 0) -> None:
         self.seq, self.ts, self.data_parallel_rank = seq, ts, rank
-        self.rows, self._parents, self._keys, self._tokens = rows, parents, keys, tokens
+        self._rows, self._parents, self._keys, self._tokens = rows, parents, keys, tokens
         self.events, self.payload = events, payload
         # the one-pass reader's frame: parents, hashes and token ids in one uint64 array,
         # `data` (one parent a row, then the hashes, then the token ids as uint32, two a
         # word); the three arrays are views of it, made when first read (`ColumnarPool.
         # apply_many` joins the frames' `data` and reads none of them)
-        self.data, self.num_keys, self.num_tokens = data, num_keys, num_tokens
-        # the `decode_columns_many` call that read it (`DecodedRun`) and its frame there; None
-        # for a batch read alone or by the reference
+        self._data, self.num_keys, self.num_tokens = data, num_keys, num_tokens
+        # the `decode_columns_many` call that read it (`DecodedRun`) and its frame there (its
+        # rows and data, None until first read, are views of the run's: `apply_many` reads
+        # neither, and making them was a third of the call's Python); None for a batch read
+        # alone or by the reference
         self.run, self.run_at = run, run_at
+
+    def _run_views(self) -> None:
+        r0, m, d0, w = self.run.meta[self.run_at, [M_ROW0, M_ROWS, M_DATA0, M_WORDS]].tolist()
+        self._rows, self._data = self.run.rows[r0:r0 + m], self.run.data[d0:d0 + w]
+
+    @property
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._run_views()
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: np.ndarray) -> None:
+        self._rows = rows
+
+    @property
+    def data(self) -> np.ndarray | None:
+        if self._data is None and self.run is not None:
+            self._run_views()
+        return self._data
+
+    @data.setter
+    def data(self, data: np.ndarray | None) -> None:
+        self._data = data
 
     def _views(self) -> None:
         m, nk = len(self.rows), self.num_keys
@@ -927,18 +953,11 @@ def decode_columns_many(first_seq: int, payloads: list[bytes]) -> list[ColumnarB
     np.cumsum(sizes, out=offs[1:])
     meta, tss, rows, data = _common_frames(np.frombuffer(b"".join(payloads), np.uint8), offs)
     run = DecodedRun(meta, tss, rows, data)
-    out = []
-    seq = first_seq
-    at = 0
-    for (ok, rank, r, m, nk, ntok, d, w), ts, payload in zip(meta[:, :M_REMOVALS].tolist(), tss.tolist(), payloads):
-        if ok:
-            out.append(ColumnarBatch(seq, ts, None if rank < 0 else rank, rows[r:r + m], None, None, None, {},
-                                     payload, data[d:d + w], nk, ntok, run, at))
-        else:
-            out.append(_uncommon_columns(seq, payload))
-        seq += 1
-        at += 1
-    return out
+    return [ColumnarBatch(seq, ts, None if rank < 0 else rank, None, None, None, None, {}, payload, None, nk, ntok,
+                          run, at) if ok else _uncommon_columns(seq, payload)
+            for at, (seq, (ok, rank, nk, ntok), ts, payload)
+            in enumerate(zip(range(first_seq, first_seq + len(payloads)),
+                             meta[:, [M_OK, M_RANK, M_KEYS, M_TOKENS]].tolist(), tss.tolist(), payloads))]
 
 
 def _columns(seq: int, payload: bytes) -> ColumnarBatch:
