@@ -10,9 +10,11 @@ recorded end marker.
 from __future__ import annotations
 
 import json
-from collections import Counter
+import os
 import socket
+import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -607,3 +609,23 @@ def test_an_attach_takes_the_default_models_tokenizer_from_the_window(qtbot, win
     qtbot.waitUntil(lambda: win.remote.tokenizer is not None, timeout=30000)
     assert loads == ([None] if loads_one else [])
     assert (win.remote.tokenizer is loaded.tokenizer) is not loads_one
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads have their own priority on Linux")
+def test_the_attachs_threads_run_below_the_gui_thread(qtbot, win, servers):
+    """The subscriber's and the placer's threads give way to the window's passes on a busy
+    machine (app.runtime.remote.BACKGROUND_NICE): read back from the kernel."""
+    from app.runtime.remote import BACKGROUND_NICE
+
+    (server,), port, replay = servers(1)
+    attach(win, port, replay)
+    join(qtbot, win, server, seq=1)
+    gui = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    names = {}
+    for t in threading.enumerate():
+        if t.name.startswith(("vllm-sub", "journal-placer")):
+            names[t.name.split()[0]] = os.getpriority(os.PRIO_PROCESS, t.native_id)
+    want = {"vllm-sub": min(19, gui + BACKGROUND_NICE)}
+    if win.remote.journalling and win.remote.placing_thread:
+        want["journal-placer"] = min(19, gui + BACKGROUND_NICE)
+    assert names == want and "journal-placer" in want  # the window takes the journal route

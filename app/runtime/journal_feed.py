@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from engine.core.threads import lower_priority
+
 # The feed places ahead of the GUI tick by at most this many rows (a window that cannot keep
 # up is not handed an unbounded backlog: the rest waits in the pools' journals).
 MAX_READY_ROWS = 1 << 18
@@ -83,8 +85,9 @@ class JournalFeed:
     each counter written by one thread only. `error` is the exception that stopped the
     thread, if one did."""
 
-    def __init__(self, att: Any, log: Any, taken: dict[int, int], bite: Callable[[], int]) -> None:
+    def __init__(self, att: Any, log: Any, taken: dict[int, int], bite: Callable[[], int], nice: int = 0) -> None:
         self.att, self.log, self.taken, self.bite = att, log, taken, bite
+        self.nice = nice  # the thread's priority below the GUI thread's (`engine.core.threads`)
         self.ready: collections.deque[tuple[Any, Any]] = collections.deque()
         self.num_taken = 0
         self.num_prepared = 0
@@ -124,6 +127,7 @@ class JournalFeed:
         return item
 
     def _run(self) -> None:
+        lower_priority(self.nice)
         try:
             while not self._stop.is_set():
                 if self.num_ready >= MAX_READY_ROWS:

@@ -50,6 +50,10 @@ MIN_TICK_ROWS = 2048
 # redraw of the block table and the plots is a pass of the event loop the stream waits on).
 VIEW_FRAME_S = 0.2
 LOCK_WAIT_S = 0.002  # a tick waits this long for the attachment's lock, then leaves it to the next
+# The attach's threads (subscribers, placer) run this many steps below the GUI thread (Linux,
+# `engine.core.threads`): on a busy 2-core machine the window's passes waited for a core
+# behind them (a pass's wall time was 2-5x its CPU time, most of it on a run queue).
+BACKGROUND_NICE = 10
 POLL_SKIPS = 4  # health polls that may go without the lock before one waits for it (a second)
 SETTINGS_KEY = "attach/settings"
 MAX_BLOCK_SIZE = 4096
@@ -283,9 +287,9 @@ class RemoteController(QObject):
         journal = self.uses_journal(settings)
         if journal:
             attachment = Attachment(dataclasses.replace(opts, columnar=True), on_notice=self._on_notice, events=bus,
-                                    journal=True)
+                                    journal=True, nice=BACKGROUND_NICE)
         else:
-            attachment = Attachment(opts, on_notice=self._on_notice, events=bus)
+            attachment = Attachment(opts, on_notice=self._on_notice, events=bus, nice=BACKGROUND_NICE)
         self.journalling = journal
         self._taken = {}
         self._tell = False
@@ -308,7 +312,7 @@ class RemoteController(QObject):
         self._timer.start()
         if journal:
             if self.placing_thread:
-                self._feed = JournalFeed(attachment, self.host.state.log, self._taken, self._limit)
+                self._feed = JournalFeed(attachment, self.host.state.log, self._taken, self._limit, BACKGROUND_NICE)
                 self._feed.start()
             self._tick_timer.start()
         self._load_tokenizer(settings.tokenizer)

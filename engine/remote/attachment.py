@@ -236,6 +236,9 @@ class Attachment:
     # as `engine.remote.overlay.journal_pool_class` makes it, with each journal row's batch
     # time) for a reader that takes them under `lock` (`take_journal`), as the app's live log does.
     journal: bool = False
+    # Steps below the starting thread's priority its subscriber threads run at (Linux; see
+    # `engine.core.threads`): the app's window keeps them below its GUI thread.
+    nice: int = 0
 
     def __post_init__(self) -> None:
         self.combined = CombinedPool(self.pools)
@@ -257,7 +260,7 @@ class Attachment:
                     max_frame_bytes=self.options.max_frame_bytes,
                     demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder(),
                     on_idle=held.flush if held is not None else None,
-                    on_batches=held.add_many if held is not None else None)
+                    on_batches=held.add_many if held is not None else None, nice=self.nice)
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -354,7 +357,7 @@ class Attachment:
                     on_notice=self._notice_handler(pool, held), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
                     socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None,
-                    on_batches=held.add_many if held is not None else None)
+                    on_batches=held.add_many if held is not None else None, nice=self.nice)
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)

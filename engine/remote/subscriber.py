@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from engine.core.errors import InputError
+from engine.core.threads import lower_priority
 from engine.remote.fleet import server_of_topic
 from engine.remote.wire import MalformedFrame, VllmBatch, parse_pub, parse_replay, seq_frame
 
@@ -204,7 +205,7 @@ class VllmSubscriber:
                  demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True,
                  decode: Callable[[int, bytes], object] | None = None,
                  on_idle: Callable[[], None] | None = None,
-                 on_batches: Callable[[list], None] | None = None) -> None:
+                 on_batches: Callable[[list], None] | None = None, nice: int = 0) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -250,6 +251,7 @@ class VllmSubscriber:
         self._decode = decode or fastwire.decode_batch
         # a run of frames in one call when the decoder is fastwire's columns (`_follow_on`)
         self._decode_run = fastwire.decode_columns_many if self._decode is fastwire.decode_columns else None
+        self.nice = nice  # its thread's priority below the starter's (`engine.core.threads`): a window's GUI thread
         self._ctx = zmq.Context.instance()
         self.num_reconnects = 0
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
@@ -643,6 +645,7 @@ class VllmSubscriber:
             self.on_health(self.health.copy())
 
     def _run(self) -> None:
+        lower_priority(self.nice)
         zmq = self._zmq
         sub = self._sub
         # Until the replay socket has answered (a server that is not up yet) and while nothing

@@ -1,0 +1,33 @@
+"""The CPU priority of a background thread, below the thread that draws.
+
+A desktop app keeps its work threads below its GUI thread (Qt's `QThread.LowPriority`,
+macOS's utility QoS), so that when both are ready to run on a busy machine the window's
+pass of the event loop goes first and the work waits a moment. On Linux each thread is a
+task with its own nice value (`setpriority(PRIO_PROCESS, thread id)`); elsewhere this does
+nothing. Raising it back needs privileges, so it is for threads that do one job and end (a
+subscriber's, a placer's), never for a pool's threads shared with other work.
+
+    def run():
+        lower_priority(BACKGROUND_NICE)  # first thing on the thread
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+
+def lower_priority(nice: int) -> int | None:
+    """Lower the calling thread's priority by `nice` steps (Linux); its nice value after,
+    or None where threads have none of their own (other systems) or it could not be set."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return None
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:  # a sandbox without setpriority: the thread runs as it was
+        return None
