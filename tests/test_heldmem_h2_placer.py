@@ -1,8 +1,9 @@
 """The journal route's compiled placer (`engine.core.live_journal._CompiledPlacer`) in fewer
 bytes a held block: its record without the block's slot (a clear mends the slots' FIFOs
-instead), a slot's oldest copy only (a store walks to its last), a table of hashes of any
-length at most TABLE_LOAD full. Held to its Python reference (`_place`) on streams of two
-ranks that store copies into slots that hold some, remove, and clear, and its bytes counted."""
+instead) and with its tenant, rank and width in one field, a slot's oldest copy only (a
+store walks to its last), a table of hashes of any length at most TABLE_LOAD full. Held to
+its Python reference (`_place`) on streams of three ranks (one past the first rank bits)
+that store copies into slots that hold some, remove, and clear, and its bytes counted."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine.core.live_journal import (
 )
 
 COLS = [0, 1, 2, 3, 4, 7]  # kind, event, event, block, hash id, flag (the rest the commit fills)
-RANKS = {3: 0, 5: 1000}  # rank -> its first placer slot (each pool's slots are its own)
+RANKS = {3: 0, 5: 1000, 37: 2000}  # rank -> its first placer slot (each pool's slots are its own)
 
 
 def _tick(rng, rank, held, n):
@@ -65,7 +66,7 @@ def test_copies_in_one_slot_removals_and_clears_place_as_the_reference():
     placer, ref_placer = _CompiledPlacer(), _Placer()
     nb, r0, key, num_cleared, num_many = 0, 0, 0, 0, 0
     for tick in range(300):
-        rank = int(rng.choice(list(RANKS)))
+        rank = int(rng.choice([3, 5] if tick < 100 else list(RANKS)))  # 37: past the first rank bits, later
         ops, slots, codes, widths, parents, tenants = _tick(rng, rank, held, int(rng.integers(1, 120)))
         n = len(ops)
         keys = list(range(key, key + n))
@@ -83,10 +84,11 @@ def test_copies_in_one_slot_removals_and_clears_place_as_the_reference():
         num_cleared += ops.count(OP_CLEARED)
         num_many += sum(len(cs) > 1 for r in held.values() for cs in r.values())
     assert num_cleared >= 20 and num_many > 1000  # the paths this file is for were taken
+    assert int(placer.state[7]) == 6  # rank 37 came after 100 ticks: every record's tenant moved up
     assert int(placer.state[5]) == len({c for r in held.values() for cs in r.values() for c in cs})
 
 
-def test_a_held_block_takes_28_bytes_a_slot_4_and_a_hash_at_most_12_and_a_bit():
+def test_a_held_block_takes_24_bytes_a_slot_4_and_a_hash_at_most_12_and_a_bit():
     placer = _CompiledPlacer()
     rng = np.random.default_rng(4)
     n, tick = 200_000, 4096
@@ -100,8 +102,8 @@ def test_a_held_block_takes_28_bytes_a_slot_4_and_a_hash_at_most_12_and_a_bit():
         assert (got[1] == 1).all()  # each store's parent (the one before) found, and its tenant
         nb = got[3]
     assert nb == n and int(placer.state[5]) == n
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 7
-    assert placer.blocks.nbytes <= 28 * n * 9 // 8  # grown by an eighth at most past what it holds
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 6
+    assert placer.blocks.nbytes <= 24 * n * 9 // 8  # grown by an eighth at most past what it holds
     assert placer.fifo.ndim == 1 and placer.fifo.nbytes <= 4 * n * 9 // 8
     assert placer.vacant.nbytes == 0  # no room made for what removals free: none came (was a row's each)
     # a power of two at most half full: 262,144 or 524,288 entries for 200,000 hashes

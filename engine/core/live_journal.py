@@ -858,10 +858,11 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 
 # A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
-# reads and writes of a block is one or two cache lines (28 bytes while int32), not one per
+# reads and writes of a block is one or two cache lines (24 bytes while int32), not one per
 # array: the placer's state outgrows the caches, and the loop waited on a miss per field.
-B_CUR, B_RANK, B_NEXT, B_TENANT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(7)
-# B_RANK holds rank << 2 | the width code of the block's hash (0, 1 or 2: colpool's W_*);
+B_CUR, B_OWN, B_NEXT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(6)
+# B_OWN holds tenant << (RB + 2) | rank << 2 | the width code of the block's hash (0, 1 or 2:
+# colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
 # B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
 # Its slot is not kept: only a clear needs it, and a clear mends every slot's FIFO at once.
 # An entry of the table of hashes (`_CompiledPlacer.table`, int64): the hash's tag
@@ -883,7 +884,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     `key0 + i`; `pcode`, `pwide` and `tenants` are per store, in the rows' order.
 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
-    stored and removed rows].
+    stored and removed rows, B_OWN's rank bits].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
     of its copies (`fifo`: its oldest, then B_NEXT) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
@@ -892,6 +893,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     a probe)."""
     _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table, state)
     nb = state[1]
+    rb = state[7]
+    ranks = (1 << rb) - 1
     o_n = 0
     b_n = 0
     s_n = 0
@@ -914,7 +917,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             s = pslots[i]
             code = hcode[i]
             wide = hwide[i]
-            blocks[b, B_RANK] = rank * 4 + wide
+            blocks[b, B_OWN] = (rank << 2) | wide  # its tenant below, once its parent is looked up
             blocks[b, B_NEXT] = -1
             x = fifo[s]
             if x < 0:
@@ -928,8 +931,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             if pwide[s_n] > 0:
                 e = table[_ht_slot(table, blocks, pcode[s_n], pwide[s_n])]
                 if e != -1:
-                    t = blocks[e & HOLDER_BITS, B_TENANT]
-            blocks[b, B_TENANT] = t
+                    t = blocks[e & HOLDER_BITS, B_OWN] >> (rb + 2)
+            blocks[b, B_OWN] = (t << (rb + 2)) | (rank << 2) | wide
             store_tenants[s_n] = t
             blocks[b, B_CODE_LO] = _low_half(code)
             blocks[b, B_CODE_HI] = code >> 32
@@ -967,12 +970,12 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
         else:
             others = False
             for x in range(nb):
-                if blocks[x, B_CUR] >= 0 and blocks[x, B_RANK] >> 2 != rank:
+                if blocks[x, B_CUR] >= 0 and (blocks[x, B_OWN] >> 2) & ranks != rank:
                     others = True
                     break
             any_held = False
             for x in range(nb):
-                if blocks[x, B_CUR] >= 0 and (not others or blocks[x, B_RANK] >> 2 == rank):
+                if blocks[x, B_CUR] >= 0 and (not others or (blocks[x, B_OWN] >> 2) & ranks == rank):
                     any_held = True
                     _put_row(out, table_pair, table_batch, o_n, 10, i, x, blocks[x, B_CUR], stores[i], 0, seq0,
                              of_pair, batch_of_pair)
@@ -1023,7 +1026,7 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
     evicted between ticks. `pcode`, `pwide`: per store."""
     size = len(table)
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
-        _prefetch(blocks, vacant[j])
+        _prefetch_record(blocks, vacant[j])
     s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
@@ -1039,22 +1042,30 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
         if ops[i] == 0:
             t = fifo[pslots[i]]  # a store's slot's oldest copy: mostly its last too
             if t >= 0:
-                _prefetch(blocks, t)
+                _prefetch_record(blocks, t)
             if pwide[s_n] > 0:
                 e = table[_ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size)]
                 if e != -1:
-                    _prefetch(blocks, e & HOLDER_BITS)
+                    _prefetch_record(blocks, e & HOLDER_BITS)
             s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i]]
             if b >= 0:
-                _prefetch(blocks, b)
+                _prefetch_record(blocks, b)
     for i in range(len(ops)):
         if ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i]]
             if b >= 0:
                 code = _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI])
-                _prefetch(table, _ht_home(_ht_tag(code, blocks[b, B_RANK] & 3), size))
+                _prefetch(table, _ht_home(_ht_tag(code, blocks[b, B_OWN] & 3), size))
+
+
+def _prefetch_record(blocks, b):  # pragma: no cover - compiled
+    """`_prefetch` of block `b`'s record, both its cache lines: a record of 24 bytes crosses
+    a line's end at one block in four, and a fetch of its first line only left a wait on the
+    second (a churning pool's placing was a quarter slower)."""
+    _prefetch(blocks, b)
+    _prefetch_at(blocks, b, blocks.shape[1] - 1)
 
 
 def _low_half(code):  # pragma: no cover - compiled
@@ -1084,7 +1095,7 @@ def _ht_slot(table, blocks, code, wide):  # pragma: no cover - compiled
             return h
         if (e >> 32) & HOLDER_BITS == tag:
             x = e & HOLDER_BITS
-            if blocks[x, B_CODE_LO] == lo and blocks[x, B_CODE_HI] == hi and blocks[x, B_RANK] & 3 == wide:
+            if blocks[x, B_CODE_LO] == lo and blocks[x, B_CODE_HI] == hi and blocks[x, B_OWN] & 3 == wide:
                 return h
         h += 1
         if h == size:
@@ -1139,7 +1150,7 @@ def _ht_delete(table, h):  # pragma: no cover - compiled
 
 def _unlink_hash(b, blocks, table, state):  # pragma: no cover - compiled
     """`b` out of its hash's holders; a hash left with none leaves the table."""
-    h = _ht_slot(table, blocks, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), blocks[b, B_RANK] & 3)
+    h = _ht_slot(table, blocks, _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI]), blocks[b, B_OWN] & 3)
     e = table[h]
     x = -1 if e == -1 else e & HOLDER_BITS
     if x == b:
@@ -1197,13 +1208,15 @@ def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
     block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
-    all int32 (a block's record 28 B), each widened once to int64 before a number it must
+    all int32 (a block's record 24 B), each widened once to int64 before a number it must
     hold would not fit (`_fit`); and the table of hashes held (int64 entries)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop = _compiled()
-        self.state = np.zeros(7, np.int64)
-        self.blocks = np.full((0, 7), -1, np.int32)
+        self.state = np.zeros(8, np.int64)
+        self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
+        self.most_tenant = 0  # the highest tenant code a record holds
+        self.blocks = np.full((0, 6), -1, np.int32)
         self.fifo = np.full(0, -1, np.int32)
         self.vacant = np.zeros(0, np.int32)
         self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
@@ -1231,6 +1244,14 @@ class _CompiledPlacer:
             grown[:have] = old
             setattr(self, name, grown)
         getattr(self, name)[have:] = fill
+
+    def _own_bits(self, nb: int, rb: int) -> None:
+        """B_OWN of the first `nb` records re-laid with `rb` rank bits (a rank that did not fit
+        came: a stream's code counts the process's streams)."""
+        own = self.blocks[:nb, B_OWN].astype(np.int64)
+        old = int(self.state[7]) + 2
+        self.blocks[:nb, B_OWN] = ((own >> old) << (rb + 2)) | (own & ((1 << old) - 1))
+        self.state[7] = rb
 
     def scan(self, op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
              width: np.ndarray) -> _JournalScan:
@@ -1264,9 +1285,16 @@ class _CompiledPlacer:
         n_store, n_clear = scan.num_stored, scan.num_cleared
         top = nb0 + n_store
         width = int(pslot.max()) + 1 if n else 0
-        # the bound of what a record holds: hash ids, blocks, tenants, rank << 2 | width
-        most = max(key0 + n, top, int(tenants.max()) + 1 if len(tenants) else 0, 4 * rank + 4)
+        if len(tenants) and int(tenants.min()) < 0:
+            raise ValueError("a tenant code must be 0 or more (the journal's: its tenant's index + 1, 0 none)")
+        rb = max(int(self.state[7]), rank.bit_length())
+        if len(tenants):
+            self.most_tenant = max(self.most_tenant, int(tenants.max()))
+        # the bound of what a record holds: hash ids, blocks, tenant << (rb + 2) | rank << 2 | width
+        most = max(key0 + n, top, (self.most_tenant + 1) << (rb + 2))
         self._fit("blocks", top, -1, most)
+        if rb > self.state[7]:  # a rank past the bits: every record's tenant moved up
+            self._own_bits(nb0, rb)
         self.state[1] = nb0
         # the stack of vacant blocks: those now, and what this call's removals and clears free
         # (room for a row each was 2 bytes a block held at bench held's ticks of 524K stores)
@@ -1317,6 +1345,43 @@ class _CompiledPlacer:
 
 
 _PREFETCH: list[Any] = []
+_PREFETCH_AT: list[Any] = []
+
+
+def _prefetch_codegen(context, builder, aryty, ary, at):  # pragma: no cover - compiled
+    """The call of llvm.prefetch on the address of `ary[at]`: a read (0), kept in every cache
+    level (3), of data (1)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                    strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                    inds=at, wraparound=False)
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
+def prefetch_at_intrinsic() -> Any:
+    """`_prefetch_at(arr, i, j)` for compiled code: `prefetch_intrinsic`'s ask for the cache
+    line of arr[i, j] of a 2-D array (i and j must be valid: not checked)."""
+    if not _PREFETCH_AT:
+        from numba import types
+        from numba.extending import intrinsic
+
+        @intrinsic
+        def prefetch_at(typingctx, arr, i, j):  # pragma: no cover - compiled
+            def codegen(context, builder, signature, args):
+                aryty, ity, jty = signature.args
+                ary = context.make_array(aryty)(context, builder, args[0])
+                at = [context.cast(builder, args[1], ity, types.intp), context.cast(builder, args[2], jty, types.intp)]
+                _prefetch_codegen(context, builder, aryty, ary, at)
+                return context.get_dummy_value()
+            return types.void(arr, i, j), codegen
+
+        _PREFETCH_AT.append(prefetch_at)
+    return _PREFETCH_AT[0]
 
 
 def prefetch_intrinsic() -> Any:
@@ -1326,9 +1391,7 @@ def prefetch_intrinsic() -> Any:
     holds the CPU's window on each miss (the columnar pool's and the overlay's passes
     use it too)."""
     if not _PREFETCH:
-        from llvmlite import ir
         from numba import types
-        from numba.core import cgutils
         from numba.extending import intrinsic
 
         @intrinsic
@@ -1338,16 +1401,7 @@ def prefetch_intrinsic() -> Any:
                 ary = context.make_array(aryty)(context, builder, args[0])
                 zero = context.get_constant(types.intp, 0)
                 at = [context.cast(builder, args[1], ity, types.intp)] + [zero] * (aryty.ndim - 1)
-                ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
-                                                shape=cgutils.unpack_tuple(builder, ary.shape),
-                                                strides=cgutils.unpack_tuple(builder, ary.strides),
-                                                layout=aryty.layout, inds=at, wraparound=False)
-                i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-                fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-                fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-                # a read (0), kept in every cache level (3), of data (1)
-                builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                                  ir.Constant(i32, 1)])
+                _prefetch_codegen(context, builder, aryty, ary, at)
                 return context.get_dummy_value()
             return types.void(arr, i), codegen
 
@@ -1368,7 +1422,7 @@ def _compiled() -> list[Any]:
             return _COMPILED
         global _unlink_hash, _mend_fifos, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _ht_home
         global _fetch_ahead, _put_row
-        global _prefetch
+        global _prefetch, _prefetch_at, _prefetch_record
         # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
         # they allocate nothing, and every array they touch is held by the caller. With them,
         # each helper call on a row (`_ht_slot`, `_put_row`, `_unlink_hash`: 2 to 5 arrays each)
@@ -1381,6 +1435,8 @@ def _compiled() -> list[Any]:
         _ht_home = njit(cache=True, nogil=True, _nrt=False)(_ht_home)
         _ht_slot = njit(cache=True, nogil=True, _nrt=False)(_ht_slot)
         _prefetch = prefetch_intrinsic()
+        _prefetch_at = prefetch_at_intrinsic()
+        _prefetch_record = njit(cache=True, nogil=True, _nrt=False)(_prefetch_record)
         _fetch_ahead = njit(cache=True, nogil=True, _nrt=False)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True, _nrt=False)(_ht_delete)
         _mend_fifos = njit(cache=True, nogil=True, _nrt=False)(_mend_fifos)
