@@ -612,6 +612,22 @@ _STORED_OK = sum(1 << i for i, f in enumerate(_FIELDS) if f == "type" or f in _S
 _REMOVED_OK = sum(1 << i for i, f in enumerate(_FIELDS) if f == "type" or f in _Removed.__struct_fields__)
 
 
+def _next_fields() -> np.ndarray:
+    """[kind, f]: the field vLLM writes after field f (msgspec writes a Struct's fields in
+    their order, the tag first), row 0 for a store (and before the type is read), row 1 for
+    a removal; column len(_FIELDS): the first (the type). `_frame_into` compares a key with
+    it first and searches (`_field_id`) only when it is another: the search passed ~20
+    names a stored event (a frame's read 0.0439 -> 0.0423 s for 200K recorded events)."""
+    out = np.zeros((2, len(_FIELDS) + 1), np.int64)
+    for row, order in enumerate((_Stored.__struct_fields__, _Removed.__struct_fields__)):
+        wire = [0] + [_FIELDS.index(f) for f in order]
+        out[row, wire[:-1]] = wire[1:]
+    return out
+
+
+_NEXT_FIELD = _next_fields()
+
+
 @njit(cache=True)
 def _field_id(buf, p, h, size, fb, fo):  # pragma: no cover - compiled
     for f in range(len(fo) - 1):
@@ -644,6 +660,20 @@ def _array_head(buf, p):  # pragma: no cover - compiled
     return -1, 0
 
 
+@njit(cache=True, inline="always")
+def _uint16_ids(buf, p, n, tokens, t, c):  # pragma: no cover - compiled
+    """The token ids from p on written as uint16 (0xCD: vLLM's usual ones, 256..65535) into
+    tokens[t:], at most c of them: (p, t) past those. Unsigned indices: numba adds no
+    wraparound for a negative index to them (with it, reading the 200K recorded events' frames
+    took 0.0439 s, with this and `_next_fields` 0.0385, a signed loop alone no less)."""
+    q, u, stop, un = np.uint64(p), np.uint64(t), np.uint64(t + c), np.uint64(n)
+    while u < stop and q + np.uint64(3) <= un and buf[q] == 0xCD:
+        tokens[u] = (np.uint32(buf[q + np.uint64(1)]) << 8) | buf[q + np.uint64(2)]
+        q += np.uint64(3)
+        u += np.uint64(1)
+    return np.int64(q), np.int64(u)
+
+
 @njit(cache=True, nogil=True)
 def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
     """Read an EventBatch of common events into out_rows[r0:] and out_data[d0:] (room for
@@ -655,7 +685,7 @@ def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
     meaningful, the room's content undefined) for anything outside the subset above. The
     field names and masks are module constants, frozen into the compiled code: passed as
     arguments, numba's dispatcher typed all four again at every frame."""
-    fb, fo, stored_ok, removed_ok = _FIELD_BYTES, _FIELD_OFF, _STORED_OK, _REMOVED_OK
+    fb, fo, stored_ok, removed_ok, next_field = _FIELD_BYTES, _FIELD_OFF, _STORED_OK, _REMOVED_OK, _NEXT_FIELD
     n = len(buf)
     if n < 11 or not (buf[0] == 0x92 or buf[0] == 0x93) or buf[1] != 0xCB:
         return _NOT_COMMON
@@ -702,6 +732,7 @@ def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
             return _NOT_COMMON
         seen = np.int64(0)
         kind = -1
+        prev = len(fo) - 1  # (`_NEXT_FIELD`'s column before the first key)
         rows[i, R_HASH0] = nk
         for _ in range(pairs):
             if p >= n:
@@ -713,7 +744,16 @@ def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
                 h, items, size = _head(buf, p)
             if h < 0 or not (0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB) or p + h + size > n:
                 return _NOT_COMMON
-            f = _field_id(buf, p, h, size, fb, fo)
+            f = next_field[1 if kind == KIND_REMOVED else 0, prev]
+            a = fo[f]
+            if fo[f + 1] - a != size:
+                f = _field_id(buf, p, h, size, fb, fo)
+            else:
+                for j in range(size):
+                    if buf[p + h + j] != fb[a + j]:
+                        f = _field_id(buf, p, h, size, fb, fo)
+                        break
+            prev = f
             if f < 0 or (seen >> f) & 1:
                 return _NOT_COMMON
             seen |= np.int64(1) << f
@@ -769,7 +809,9 @@ def _frame_into(buf, out_rows, r0, out_data, d0):  # pragma: no cover - compiled
                 p += h
                 rows[i, R_TOK0] = ntok
                 rows[i, R_NTOK] = c
-                for _ in range(c):
+                end = ntok + c
+                p, ntok = _uint16_ids(buf, p, n, tokens, ntok, c)
+                for _ in range(end - ntok):  # the others (and any after the first of them)
                     if p >= n:
                         return _NOT_COMMON
                     b = buf[p]
