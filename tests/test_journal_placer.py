@@ -52,7 +52,7 @@ def test_the_table_grows_and_finds_every_holder():
 
 
 def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
-    # the placer's arrays are int32 (a block's record 32 B, not 64) and each is widened to
+    # the placer's arrays are int32 (a block's record 24 B, not 48) and each is widened to
     # int64 before a block, list or hash id past int32 would be written: here int32's top is
     # lowered to 1,250 (past the slots, below the later hash ids), so the stream's later ticks
     # place into widened arrays, as the reference
