@@ -593,10 +593,11 @@ class ColumnarEventLog:
             log = self.columnar
             kind, req = log.col("kind"), log.col("request")
             n_req, nrows = len(log.requests), log.num_rows
-            rows = np.arange(nrows, dtype=np.int64)
+            dtype = _row_type(nrows)  # a row number, or num_rows for none
+            rows = np.arange(nrows, dtype=dtype)
             out = []
             for code in (STARTED, LOOKUP, FINISHED):
-                at = np.full(n_req, nrows, np.int64)
+                at = np.full(n_req, nrows, dtype)
                 m = kind == code
                 at[req[m]] = rows[m]
                 out.append(at)
@@ -617,7 +618,7 @@ class ColumnarEventLog:
         if got is None:
             started = self.request_index()[0]
             order = np.argsort(started, kind="stable")
-            order = order[started[order] < self.columnar.num_rows]
+            order = order[started[order] < self.columnar.num_rows].astype(_row_type(len(started)))
             got = self._index["start_order"] = (order, started[order])
         return got
 
@@ -627,10 +628,10 @@ class ColumnarEventLog:
         if codes is None:
             ids = self.columnar.requests.ids
             if len(set(ids)) == len(ids):  # the usual trace: every id once
-                codes = (np.arange(len(ids), dtype=np.int64), len(ids))
+                codes = (np.arange(len(ids), dtype=_row_type(len(ids))), len(ids))
             else:
                 _, inverse = np.unique(self.request_ids(), return_inverse=True)
-                codes = (inverse.astype(np.int64).reshape(-1), int(inverse.max()) + 1 if len(ids) else 0)
+                codes = (inverse.astype(_row_type(len(ids))).reshape(-1), int(inverse.max()) + 1 if len(ids) else 0)
             self._index["id_codes"] = codes
         return codes
 
@@ -1341,6 +1342,12 @@ def _row_numbers(mask: np.ndarray) -> np.ndarray:
     """The rows where `mask` holds, int32 while row numbers fit (an index kept with the log)."""
     rows = np.flatnonzero(mask)
     return rows.astype(np.int32) if len(mask) <= np.iinfo(np.int32).max else rows
+
+
+def _row_type(top: int) -> type:
+    """The integer type of an index kept with the log whose values go up to `top` (a row
+    number or a count): int32 while it fits (half the bytes of numpy's int64), else int64."""
+    return np.int32 if top <= np.iinfo(np.int32).max else np.int64
 
 
 def narrowest(values: np.ndarray, *types: Any) -> np.ndarray:

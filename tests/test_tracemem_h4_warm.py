@@ -1,0 +1,51 @@
+"""What an opened trace's log keeps after `warm` and `settle`: the per-request indexes as
+int32 row numbers, equal to the rows read one by one from the columns.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from engine.core.columnar import FINISHED, LOOKUP, STARTED
+from engine.core.columnar_log import ColumnarEventLog
+from engine.core.replay import ReplayConfig
+from engine.core.trace import read_trace
+from engine.kernel import replay_kernel
+from engine.resources import RESOURCES
+
+MOONCAKE = RESOURCES / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def _view(num_requests: int = 800, capacity: int = 300) -> ColumnarEventLog:
+    requests = list(itertools.islice(read_trace(MOONCAKE, 512), num_requests))
+    log = replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=capacity), record=True).log
+    assert log is not None
+    view = ColumnarEventLog(log)
+    view.warm()
+    view.settle()
+    return view
+
+
+def test_the_request_indexes_are_int32_rows_equal_to_the_columns():
+    view = _view()
+    col = view.columnar
+    kind, req = col.col("kind"), col.col("request")
+    n, nrows = len(col.requests), col.num_rows
+    want = {code: [nrows] * n for code in (STARTED, LOOKUP, FINISHED)}
+    for row, (k, r) in enumerate(zip(kind.tolist(), req.tolist())):
+        if k in want:
+            want[k][r] = row  # the last such row of a request, as the index keeps it
+    got = view.request_index()
+    assert [a.dtype for a in got] == [np.dtype(np.int32)] * 3
+    assert [a.tolist() for a in got] == [want[c] for c in (STARTED, LOOKUP, FINISHED)]
+    order, starts = view.start_order()
+    assert order.dtype == np.int32 and starts.dtype == np.int32
+    begun = [r for r in range(n) if want[STARTED][r] < nrows]
+    assert order.tolist() == sorted(begun, key=lambda r: want[STARTED][r])
+    assert starts.tolist() == sorted(want[STARTED][r] for r in begun)
+    codes, num_ids = view.id_codes()
+    assert codes.dtype == np.int32 and codes.tolist() == list(range(n)) and num_ids == n
+    # what the views read through them: every started request's record, in start order
+    assert list(view.live.requests) == [col.requests.ids[r] for r in order.tolist()]
