@@ -1,5 +1,6 @@
-"""What an opened trace's log keeps after `warm` and `settle`: the per-request indexes as
-int32 row numbers, equal to the rows read one by one from the columns.
+"""What an opened trace's log keeps after `warm` and `settle`: no digest of a cached block
+(made when the hash chain view first reads them, equal to `by_hash`), and the per-request
+indexes as int32 row numbers equal to the rows read one by one from the columns.
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def _view(num_requests: int = 800, capacity: int = 300) -> ColumnarEventLog:
     view.warm()
     view.settle()
     return view
+
+
+def test_warm_makes_no_digest_and_the_chains_read_them_when_asked():
+    view = _view()
+    keys = view.columnar.keys
+    assert not any(d is not None for d in keys._digests)  # none made, none kept
+    hashes, first, par, has = view.live.chain_index()
+    assert len(hashes) == len(view.live.held_blocks()) > 100  # made now, for the cached blocks
+    by = view.live.by_hash  # the reference, block by block
+    assert hashes == list(by) and first.tolist() == [v[0] for v in by.values()]
+    index = {h: i for i, h in enumerate(hashes)}
+    parents = view.live.parents_of(first)
+    assert par.tolist() == [-1 if q is None else index.get(q, -1) for q in parents]
+    assert has.tolist() == [q is not None for q in parents]
 
 
 def test_the_request_indexes_are_int32_rows_equal_to_the_columns():

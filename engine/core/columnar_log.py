@@ -547,8 +547,8 @@ class ColumnarEventLog:
 
     def warm(self) -> None:
         """Build what the views read first (the series, the live state, the request and
-        eviction indexes, the cached blocks' digests) now: on the worker that made the log, so the GUI
-        thread and the first scrub find them ready."""
+        eviction indexes) now: on the worker that made the log, so the GUI thread and the
+        first scrub find them ready."""
         self.series  # noqa: B018
         live = self.live
         self.start_order()
@@ -556,7 +556,9 @@ class ColumnarEventLog:
         self.columnar._request_spans()
         live.looked_up()
         live.last_eviction_seq  # noqa: B018
-        live.chain_index()  # the digests of every cached block, for the hash chains
+        # not the cached blocks' digests (`chain_index`): only the hash chain view reads
+        # them, and its panel is not drawn by an open; they are made when it is first shown,
+        # and each digest, kept by the key table once made, is 65 bytes of Python bytes
 
     def settle(self) -> None:
         """`ColumnarLog.settle` for what `warm` built too (series, per-event arrays, indexes):
