@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from engine.core.columnar import regrow
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
 from engine.core.projection import PoolProjection, stream_code
 from engine.remote.tiers import tier_of_medium
@@ -137,15 +138,14 @@ class RemoteOverlay:
     def _grow(self, n: int) -> None:
         if n <= len(self.tier):
             return
-        # by half, not doubling: a 10M-slot pool's 12 bytes a slot would otherwise hold up
-        # to 120 MB it does not use
-        size = max(n, len(self.tier) + len(self.tier) // 2, 1024)
-        for name, dtype in (("tier", np.uint8), ("rank", np.uint16), ("stored_at", np.float64),
-                            ("base", np.uint8)):
-            old = getattr(self, name)
-            new = np.zeros(size, dtype=dtype)
-            new[:len(old)] = old
-            setattr(self, name, new)
+        # by an eighth, where they lie (`regrow`: realloc, a copy only while a reader holds a
+        # view): doubling, then growing by half, left a 10M-slot pool's 12 bytes a slot up to
+        # 120 MB, then 60 MB, it did not use, and each growth copied them all on the GUI thread
+        have = len(self.tier)
+        size = max(n, have + have // 8, 1024)
+        for name in ("tier", "rank", "stored_at", "base"):
+            regrow(self, name, size, have)
+            getattr(self, name)[have:] = 0
         self._codes_second = None  # sizes changed: the next `codes` recomputes
 
     def tier_code(self, name: str) -> int:
