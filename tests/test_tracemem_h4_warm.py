@@ -64,3 +64,21 @@ def test_the_request_indexes_are_int32_rows_equal_to_the_columns():
     assert codes.dtype == np.int32 and codes.tolist() == list(range(n)) and num_ids == n
     # what the views read through them: every started request's record, in start order
     assert list(view.live.requests) == [col.requests.ids[r] for r in order.tolist()]
+
+
+def test_the_request_table_keeps_prompt_sizes_and_key_offsets_in_int32_and_reads_them_back():
+    from engine.kernel.replay import prepare
+
+    requests = list(itertools.islice(read_trace(MOONCAKE, 512), 800))
+    arrays = prepare(requests, 512)  # the kernel's int64 arrays, the reference
+    log = replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=300), record=True).log
+    assert log is not None
+    reqs = log.requests
+    assert reqs._nprompt.dtype == np.int32 and reqs._koff.dtype == np.int32  # 8 bytes a request less
+    assert reqs.prompt_sizes().dtype == np.int64
+    assert reqs.prompt_sizes().tolist() == arrays.nprompt.tolist() == [r.input_length for r in requests]
+    assert reqs._koff.tolist() == arrays.koff.tolist()
+    for r in (0, 1, 399, 799):  # each request's full blocks through the offsets: its hash ids
+        n = int(arrays.nfull[r])
+        got = [log.keys.attributes(k)[3] for k in reqs.hash_keys(r)]
+        assert n > 0 and got == list(requests[r].hash_ids[:n])

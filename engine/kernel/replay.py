@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from engine.core.columnar import COLUMNS, MISS_REASONS, ColumnarLog, KeyTable, RequestTable
+from engine.core.columnar import COLUMNS, MISS_REASONS, ColumnarLog, KeyTable, RequestTable, fits
 from engine.core.errors import CapacityError, InputError, TraceError
 from engine.core.hashing import SERVER_HASHES, VLLM_HASHES, BlockHasher
 from engine.core.pool_state import Counters
@@ -249,8 +249,10 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
         hasher = hasher if hasher is not None else BlockHasher(config.hash, config.seed, config.model or "",
                                                                config.hash_seed)
         key_table = KeyTable(k_parent, k_item, k_tag, arrays.content, arrays.salts, hasher, bs, arrays.models)
-        req_table = RequestTable([tr.id for tr in reqs], arrays.salts, arrays.salt, arrays.nprompt, keys,
-                                 arrays.koff, arrays.nfull)
+        # the prompt sizes and key offsets the log keeps in int32 where they fit (the kernel's
+        # are int64): 8 bytes a request less
+        nprompt, koff = (a.astype(np.int32) if fits(a, np.int32) else a for a in (arrays.nprompt, arrays.koff))
+        req_table = RequestTable([tr.id for tr in reqs], arrays.salts, arrays.salt, nprompt, keys, koff, arrays.nfull)
         columns: list[np.ndarray | None] = list(cols)
         del cols
         log = ColumnarLog.from_columns(config.capacity_blocks, bs, _own_rows(columns, int(n_rows)), key_table,
