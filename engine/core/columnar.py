@@ -115,7 +115,12 @@ class KeyTable:
         self.block_size = block_size
         self.models = list(models)
         self._hashers: dict[int, Any] = {}
-        self._digests: list[bytes | None] = [None] * len(parent)
+        # digests: a kernel id's made when first asked for (a view shows a few thousand of a
+        # trace's blocks: a list of one slot per id cost 8 B a block for them), a live id's
+        # as its event carried it (every one has one: in order, after the kernel's)
+        self._num_kernel = len(parent)
+        self._kernel_digests: dict[int, bytes] = {}
+        self._live_digests: list[bytes] = []
         # live ids: digest -> id, and their stored attributes
         self._by_digest: dict[bytes, int] = {}
         self._live: dict[int, tuple[bytes | None, tuple[int, ...], str | None, int | None]] = {}
@@ -127,7 +132,18 @@ class KeyTable:
         return cls(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
 
     def __len__(self) -> int:
-        return len(self._digests)
+        return self._num_kernel + len(self._live_digests)
+
+    def _digest_made(self, key: int) -> bytes | None:
+        """The digest of `key` if it has been made (a live id's always has)."""
+        if key < self._num_kernel:
+            return self._kernel_digests.get(key)
+        return self._live_digests[key - self._num_kernel]
+
+    @property
+    def num_digests_made(self) -> int:
+        """How many kernel ids' digests have been made (and are kept)."""
+        return len(self._kernel_digests)
 
     def parent_of(self, key: int) -> int:
         """The parent chain id of `key`, -1 for a root (or a live id stored without one)."""
@@ -181,35 +197,38 @@ class KeyTable:
         return parent, (), salt, int(self.item[key]) & _EXT_MASK
 
     def digest(self, key: int) -> bytes:
-        d = self._digests[key]
+        d = self._digest_made(key)
         if d is not None:
             return d
+        # a kernel id (a live one's is always made), and the chain above it not made yet:
+        # made from the root down (a kernel id's parents are kernel ids)
+        made = self._kernel_digests
         chain = []
         k = key
-        while k >= 0 and self._digests[k] is None:
+        while k >= 0 and k not in made:
             chain.append(k)
             k = int(self.parent[k])
         hasher = self._hasher_of_root(k) if k >= 0 else None
         for k in reversed(chain):
             p = int(self.parent[k])
-            parent = self._digests[p] if p >= 0 else None
+            parent = made[p] if p >= 0 else None
             tag = int(self.tag[k])
             salt = None
             if p < 0:
                 salt = self._salt_of_root(k)
                 hasher = self._hasher_of_root(k)
             if tag % 2 == 1:
-                self._digests[k] = hasher.hash_block(parent, self.content[int(self.item[k])].tolist(), salt)
+                made[k] = hasher.hash_block(parent, self.content[int(self.item[k])].tolist(), salt)
             else:
-                self._digests[k] = hasher.hash_external(parent, int(self.item[k]) & _EXT_MASK, salt)
-        return self._digests[key]  # type: ignore[return-value]
+                made[k] = hasher.hash_external(parent, int(self.item[k]) & _EXT_MASK, salt)
+        return made[key]
 
     def key_of(self, digest: bytes, attributes: tuple | None = None) -> int:
         """The id of a digest a live event carries (a new id the first time)."""
         k = self._by_digest.get(digest)
         if k is None:
-            k = len(self._digests)
-            self._digests.append(digest)
+            k = len(self)
+            self._live_digests.append(digest)
             self._by_digest[digest] = k
         if attributes is not None:
             self._live[k] = attributes
