@@ -71,7 +71,7 @@ def test_a_log_keeps_no_tier_column_and_narrow_tables_read_the_same_values():
     assert "tier" not in log._cols
     assert sorted(n for n, _ in KEPT_COLUMNS) == sorted([*log._cols, *log._sparse, *log._per_event])
     keys = log.keys
-    assert keys.item.dtype == np.int32 and keys.tag.dtype == np.int32  # the trace's ids fit
+    assert keys.item.dtype == np.int32 and keys.tag.dtype == np.uint8  # the trace's ids fit, its tags a byte
     wide = type(keys)(keys.parent, keys.item.astype(np.int64), keys.tag.astype(np.int64), keys.content,
                       keys.salts, keys.hasher, keys.block_size, keys.models)
     ids = np.arange(len(keys))
@@ -79,6 +79,9 @@ def test_a_log_keeps_no_tier_column_and_narrow_tables_read_the_same_values():
     assert np.array_equal(keys.root_salt_ids(ids), wide.root_salt_ids(ids))
     big = np.array([1 << 40, 3], np.int64)
     assert type(keys)(keys.parent[:2], big, big, keys.content, keys.salts, keys.hasher, 512).item.dtype == np.int64
+    tags = np.array([3, 1 << 20, (2 << 33) | 5], np.int64)  # a salt past a byte, a model's id past 32 bits
+    assert type(keys)(keys.parent[:2], big, tags[:2], keys.content, keys.salts, keys.hasher, 512).tag.dtype == np.int32
+    assert type(keys)(keys.parent[:3], big[[0, 1, 1]], tags, keys.content, keys.salts, keys.hasher, 512).tag.dtype == np.int64
     start, finish, alloc, bounds = log._request_index()
     assert alloc.dtype == np.int32
     kind = log.col("kind")

@@ -108,7 +108,9 @@ class KeyTable:
         # int32 where every value fits (a hash id or tag of a trace without models usually
         # does): read one at a time as Python ints, or widened to int64 where computed on
         self.item = item.astype(np.int32) if fits(item, np.int32) else item
-        self.tag = tag.astype(np.int32) if fits(tag, np.int32) else tag
+        # a tag (salt, model, content kind) takes a handful of values in a trace: one byte a
+        # block where they fit, else int32, else as given
+        self.tag = next((tag.astype(t) for t in (np.uint8, np.int32) if fits(tag, t)), tag)
         self.content = content
         self.salts = list(salts)
         self.hasher = hasher
