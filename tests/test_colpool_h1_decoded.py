@@ -82,19 +82,23 @@ def test_runs_from_their_arrays_give_the_pool_of_one_frame_at_a_time(journal, de
 
 @pytest.mark.parametrize("journal", [False, True])
 def test_pieces_and_mixtures_of_runs(journal, decoded_calls):
-    """A run cut in pieces, two runs in one call (an attachment holds across reads), frames
-    read alone between them, and a frame the pass did not read (a connector's medium) in
-    the middle of a run: each applied as its frames one at a time."""
+    """A run cut in pieces, two or three runs in one call (an attachment holds across reads:
+    their room made once, as the join route makes it), frames read alone between them, and
+    a frame the pass did not read (a connector's medium) in the middle of a run: each
+    applied as its frames one at a time, and array for array as the join route does."""
     payloads = _payloads()[:600]
     disk = encode_batch(1.0, [VllmEvent("BlockStored", ((77 << 56).to_bytes(8, "big"),), None, tuple(range(16)), 16,
                                         medium="DISK")], 0)
     frames = payloads[:100] + [disk] + payloads[100:]
     many, joined = ColumnarPool("many", journal=journal), ColumnarPool("joined", journal=journal)
-    runs = [fastwire.decode_columns_many(a, frames[a:a + 50]) for a in range(0, len(frames), 50)]
-    assert runs[2][0].run is None and runs[2][1].run is runs[2][2].run  # the DISK frame, read by the reference
-    calls = [runs[0][:20], runs[0][20:], runs[1] + runs[2], runs[3][:1]]
-    calls += [[fastwire.decode_columns(150 + i, frames[150 + i]) for i in range(1, 10)] + runs[3][10:]]
-    calls += [b for r in runs[4:] for b in ([r[:7], r[7:]] if len(r) > 7 else [r])]
+    runs = [fastwire.decode_columns_many(a, frames[a:a + 20]) for a in range(0, len(frames), 20)]
+    assert len(runs) > 10 and runs[5][0].run is None  # the DISK frame, read by the reference
+    assert runs[5][1].run is runs[5][2].run is not None
+    calls = [runs[0][:8], runs[0][8:], runs[1] + runs[2][:5], runs[2][5:], runs[3] + runs[4][:1]]
+    calls += [runs[4][1:] + runs[5]]
+    calls += [[fastwire.decode_columns(120 + i, frames[120 + i]) for i in range(10)] + runs[6][10:]]
+    calls += [runs[7][:5], runs[7][5:] + runs[8] + runs[9][:3]]  # three runs in one call
+    calls += [b for r in [runs[9][3:]] + runs[10:] for b in ([r[:7], r[7:]] if len(r) > 7 else [r])]
     for batches in calls:
         many.apply_many(batches)
         joined.apply_many(_alone(batches))

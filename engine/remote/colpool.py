@@ -1389,6 +1389,18 @@ def _join_data(rows, data, sizes, parents):  # pragma: no cover - compiled
     return blocks, most_tokens, most_hashes, removals, most_id
 
 
+def _pieces(run: list[ColumnarBatch]) -> list[list[ColumnarBatch]]:
+    """`run` cut before each frame that does not follow the one before it in the same `DecodedRun`."""
+    out, start = [], 0
+    for i in range(1, len(run)):
+        a, b = run[i - 1], run[i]
+        if b.run is not a.run or b.run_at != a.run_at + 1:
+            out.append(run[start:i])
+            start = i
+    out.append(run[start:])
+    return out
+
+
 def _names_only_a_medium(e: VllmEvent) -> bool:
     """Whether a store or removal says nothing beyond the common fields but its medium."""
     return e.lora_id is None and e.lora_name is None and e.extra_keys is None and e.group_idx is None \
@@ -1987,7 +1999,7 @@ class ColumnarPool:
         that call read them into (`_apply_decoded`). Returns []."""
         decoded = getattr(batches[0], "run", None) if batches else None
         if decoded is not None and not self._details and self._one_run(decoded, batches):
-            self._apply_decoded(decoded, batches)
+            self._apply_decoded([(decoded, batches)])
             return []
         run: list[ColumnarBatch] = []
         for batch in batches:
@@ -2014,17 +2026,27 @@ class ColumnarPool:
         return all(map(is_, map(_RUN, batches), repeat(decoded))) and not any(map(_EVENTS, batches)) \
             and list(map(_RUN_AT, batches)) == list(range(f0, f0 + len(batches)))
 
-    def _apply_decoded(self, decoded: DecodedRun, run: list[ColumnarBatch]) -> None:
-        """Consecutive frames of common events of one `decode_columns_many` call in one
-        compiled call (`_run_decoded`), from its arrays as they are: the figures room is made
-        by were noted per frame by its pass (`_decoded_figures`), no frame's arrays are read
-        or joined in Python."""
-        f0 = run[0].run_at
+    def _apply_decoded(self, pieces: list[tuple[DecodedRun, list[ColumnarBatch]]]) -> None:
+        """Pieces of `decode_columns_many` calls (each consecutive frames of common events of
+        one call) from their arrays as they are, a compiled call (`_run_decoded`) a piece:
+        the figures room is made by were noted per frame by the calls' passes
+        (`_decoded_figures`), no frame's arrays are read or joined in Python. Room and batch
+        rows are made once for all the pieces, as the join route makes them for the same
+        frames (so both give the same slots)."""
+        run = pieces[0][1] if len(pieces) == 1 else [b for _, piece in pieces for b in piece]
         k = len(run)
         seqs = np.fromiter(map(_SEQ, run), np.int64, k)
-        tss = decoded.tss[f0:f0 + k]
-        num_rows, nblocks, most_tokens, most, removals, num_tokens, most_id = _decoded_figures(decoded.meta, f0,
-                                                                                                f0 + k)
+        figures = []
+        for decoded, piece in pieces:
+            f0 = piece[0].run_at
+            figures.append(_decoded_figures(decoded.meta, f0, f0 + len(piece)))
+        if len(pieces) == 1:
+            tss = pieces[0][0].tss[pieces[0][1][0].run_at:pieces[0][1][0].run_at + k]
+            num_rows, nblocks, most_tokens, most, removals, num_tokens, most_id = figures[0]
+        else:
+            tss = np.concatenate([d.tss[p[0].run_at:p[0].run_at + len(p)] for d, p in pieces])
+            num_rows, nblocks, most_tokens, most, removals, num_tokens, most_id = (
+                f(column) for f, column in zip((sum, sum, max, max, sum, sum, max), zip(*figures)))
         self.num_batches += k
         self.last_batch_seq = int(seqs[-1])
         self.last_batch_time = float(tss[-1])
@@ -2039,10 +2061,17 @@ class ColumnarPool:
         self._batch_rows(seqs, tss)
         if len(self._u64_widths) < nblocks:  # (only read: one array of W_U64 kept for every call)
             self._u64_widths = np.full(2 * nblocks, W_U64, np.uint8)
-        data = decoded.data
-        _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                        self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data, data.view(np.uint32),
-                        self._u64_widths, f0, seqs, tss, self._left, *self._jn(), self.RM)
+        bid = int(self.S[S_BID])
+        at = 0
+        for decoded, piece in pieces:
+            n = len(piece)
+            self.S[S_BID] = bid + at  # (the piece's first batch row: `_batch_rows` made them all)
+            data = decoded.data
+            _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+                            self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data, data.view(np.uint32),
+                            self._u64_widths, piece[0].run_at, seqs[at:at + n], tss[at:at + n], self._left,
+                            *self._jn(), self.RM)
+            at += n
         self._sync()
 
     def _apply_run(self, run: list[ColumnarBatch]) -> None:
@@ -2052,8 +2081,13 @@ class ColumnarPool:
             return
         decoded = run[0].run
         if decoded is not None and self._one_run(decoded, run):
-            self._apply_decoded(decoded, run)
+            self._apply_decoded([(decoded, run)])
             return
+        if all(map(_RUN, run)):  # pieces of several runs: an attachment holds 64 frames across its reads
+            pieces = _pieces(run)
+            if all(self._one_run(piece[0].run, piece) for piece in pieces):
+                self._apply_decoded([(piece[0].run, piece) for piece in pieces])
+                return
         # each figure a frame's attribute read by map (C), not a comprehension: 14,000 frames
         # took ~5 ms in comprehensions, a tenth of the Python around the compiled call
         seqs = np.fromiter(map(_SEQ, run), np.int64, len(run))
