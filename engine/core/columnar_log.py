@@ -993,12 +993,22 @@ class ArrayProjection:
             got = self._cache["held_in_store_order"] = held[np.argsort(stored_at, kind="stable")]
         return got
 
-    def digests_of(self, blocks: np.ndarray) -> list[bytes]:
-        """The hash each of `blocks` (held blocks) holds, as `hashes[b]` reads it."""
+    def digests_of(self, blocks: np.ndarray) -> list[bytes | None]:
+        """The hash each of `blocks` holds, as `hashes[b]` reads it: None for a block that
+        holds none (a hash chain tree laid out from an earlier state asks for its blocks; a
+        key of -1 once read the last key's digest, by Python's negative index)."""
         keys = self.log.columnar.keys
         ids = self.hash_keys[np.asarray(blocks, np.int64)]
         many = getattr(keys, "digests", None)
-        return many(ids) if many is not None else [keys.digest(k) for k in ids.tolist()]
+        held = np.flatnonzero(ids >= 0)
+        got = ids[held] if len(held) < len(ids) else ids
+        digests = many(got) if many is not None else [keys.digest(k) for k in got.tolist()]
+        if len(held) == len(ids):
+            return list(digests)
+        out: list[bytes | None] = [None] * len(ids)
+        for i, d in zip(held.tolist(), digests):
+            out[i] = d
+        return out
 
     def _stored_of(self, blocks: np.ndarray, which: int, many: str, field: int) -> list[Any]:
         """Attribute `which` of many held blocks at once: a remote pool's from the store each
