@@ -458,7 +458,8 @@ class HashChainView(PanelView):
             return
         blocks = blocks[blocks < p.num_blocks]
         hashes = p.digests_of(blocks)
-        todo = [i for i, h in enumerate(hashes) if h not in self._leaf_text][:LABEL_DECODES]
+        # a block that holds no hash now (None: the tree came from an earlier state) has no label
+        todo = [i for i, h in enumerate(hashes) if h is not None and h not in self._leaf_text][:LABEL_DECODES]
         if not todo:
             return
         for i, ids in zip(todo, p.tokens_of(blocks[todo])):
