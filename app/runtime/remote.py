@@ -572,7 +572,7 @@ def _default_model_tokenizer(runner: Any) -> Any:
         return None
     try:
         return loaded.tokenizer if loaded.model_id == model_identity(resolve_model(None)) else None
-    except Exception:  # noqa: BLE001 - no default model to compare with: loaded on the thread as before
+    except (InputError, OSError):  # no default model to compare with: loaded on the thread as before
         return None
 
 
