@@ -106,3 +106,21 @@ print("kept", Path(kept.settings.fileName()).parent)
     assert "gone after the context: True" in done.stdout
     kept = Path(done.stdout.split("kept ", 1)[1].strip())
     assert kept.name.startswith("cachescope-test-") and not kept.exists()
+
+
+def test_a_test_context_leaves_no_folder_behind():
+    # the settings' own destructor writes what it holds: after the folder went, it made it again
+    done = run_child("""
+import os
+ctx = make_test_context()
+folder = os.path.dirname(ctx.settings.fileName())
+ctx.settings.setValue("window/geometry", b"x")  # what a window's close writes
+ctx.shutdown()
+del ctx
+QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+spin(50)
+gc.collect()
+print("left", os.path.exists(folder))
+""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "left False" in done.stdout, done.stdout

@@ -147,8 +147,11 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
             shutil.rmtree(tmp, ignore_errors=True)
     ctrl.journal = True
     if own:  # a window it made itself goes with it, and its folder (settings.ini) after it
+        from app.runtime.context import discard_settings
+
+        settings = window.ctx.settings
         _close(window)
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_settings(settings, tmp)
     return {"route": "journal" if journal else "reference RemotePool events", "vllm_events": made,
             "frames": len(payloads),
             "batches": h.batches, "missed": h.missed, "first_batch": first, "cachescope_events": events, "wall_s": round(wall, 3),
@@ -269,8 +272,11 @@ def compare_attached(num_events: int = 100_000) -> dict[str, Any]:
     window = _window(folder)
     ref = attached_app_rate(num_events, journal=False, window=window)
     got = attached_app_rate(num_events, journal=True, window=window)
+    from app.runtime.context import discard_settings
+
+    settings = window.ctx.settings
     _close(window)
-    shutil.rmtree(folder, ignore_errors=True)
+    discard_settings(settings, folder)
     return {"reference": ref, "journal": got,
             "journal_vs_reference_wall": round(got["events_per_s_wall"] / max(ref["events_per_s_wall"], 1), 2),
             "journal_vs_target_500k": round(got["events_per_s_wall"] / 500_000, 3)}

@@ -450,5 +450,12 @@ def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> A
     settings = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
     ctx = AppContext(settings=settings, store=store, suppress_dialogs=True)
     if tmp_dir is None:
-        weakref.finalize(ctx, shutil.rmtree, folder, True)
+        weakref.finalize(ctx, discard_settings, settings, folder)
     return ctx
+
+
+def discard_settings(settings: QSettings, folder: str | Path) -> None:
+    """Write `settings` out, then remove `folder`: a QSettings writes what it still holds when it
+    is destroyed, which (after the folder went) made the folder again, left in /tmp."""
+    settings.sync()
+    shutil.rmtree(folder, ignore_errors=True)
