@@ -38,7 +38,7 @@ $(INSTALLED): pyproject.toml Makefile constraints.txt
 # instead of compiling. `make test` does not wait for it: the suite compiles what it uses
 # itself, once, while its workers start (tests/conftest.py, tests/_warmup.py).
 $(WARM): $(INSTALLED)
-	$(PY) -m engine.kernel.warmup
+	$(PY) -m engine.warmup
 	touch $(WARM)
 
 venv: $(WARM)

@@ -120,7 +120,7 @@ def warm_pool() -> None:
                 wide.apply(batch)
         if journalled:
             wide.take_journal()
-    from engine.kernel.warmup import warm_journal_route
+    from engine.warmup import warm_journal_route
 
     warm_journal_route()  # the attach tests' placer and overlay passes (17 s compiled in each worker otherwise)
 

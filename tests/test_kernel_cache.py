@@ -1,4 +1,4 @@
-"""The kernel's compiled code and numba's disk cache (`engine.kernel.jit`, `engine.kernel.warmup`).
+"""The kernel's compiled code and numba's disk cache (`engine.kernel.jit`, `engine.warmup`).
 
 numba keys a cached function on its own file and bytecode, not on what it calls, so every
 compiled function of the kernel lives in `engine.kernel.loop`: an edit anywhere in that
@@ -129,7 +129,7 @@ def test_every_compiled_function_of_the_kernel_is_in_one_file():
 def test_the_install_warm_up_names_a_failing_part_and_does_not_fail(monkeypatch):
     import io
 
-    from engine.kernel import warmup
+    from engine import warmup
 
     def broken() -> None:
         raise OSError("read-only file system")
@@ -143,7 +143,7 @@ def test_the_install_warm_up_names_a_failing_part_and_does_not_fail(monkeypatch)
 
 
 def test_the_warm_up_refuses_an_unknown_part_in_one_sentence(capsys):
-    from engine.kernel import warmup
+    from engine import warmup
 
     assert warmup.main(["no such part"]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`python -m engine.kernel.warmup` without arguments: its parts in processes side by side."""
+"""`python -m engine.warmup` without arguments: its parts in processes side by side."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 
 def test_the_groups_run_every_part_once():
-    from engine.kernel import warmup
+    from engine import warmup
 
     grouped = [name for group in warmup.GROUPS for name in group]
     assert sorted(grouped) == sorted(name for name, _ in warmup.PARTS)
@@ -14,7 +14,7 @@ def test_the_groups_run_every_part_once():
 
 
 def test_each_process_that_fails_is_named_in_one_line():
-    from engine.kernel import warmup
+    from engine import warmup
 
     out, err = io.StringIO(), io.StringIO()
     # an unknown part makes its child exit 2 at once, as a crash would, and compiles nothing

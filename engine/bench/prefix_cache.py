@@ -151,11 +151,11 @@ def first_use(engine: str, requests_path: Path, capacity_blocks: int, cache_dir:
 
 
 def install_warm_up(cache_dir: str) -> dict[str, float]:
-    """The replay kernel's part of `python -m engine.kernel.warmup` (what `make`'s install
+    """The replay kernel's part of `python -m engine.warmup` (what `make`'s install
     step runs; the other parts are the logs' and the remote pool's) into an empty
     `cache_dir`, timed: the process, and the part itself."""
     t0 = time.perf_counter()
-    out = _child(["-m", "engine.kernel.warmup", "replay kernel"], cache_dir)
+    out = _child(["-m", "engine.warmup", "replay kernel"], cache_dir)
     wall = time.perf_counter() - t0
     line = out.stdout.strip().splitlines()[-1]
     kernel = float(line.split("replay kernel ")[1].split(" s")[0])

@@ -11,7 +11,7 @@ finds no writable cache directory (neither beside the source, nor `NUMBA_CACHE_D
 the user's cache) the function compiles in memory in each process, and a cache that
 cannot be read or written when a function is loaded or saved (a full disk, a directory
 removed or made read-only after start) counts as a miss, or is skipped. Both are correct, only slower at first use;
-`python -m engine.kernel.warmup` (run by `make`'s install step) fills the cache once.
+`python -m engine.warmup` (run by `make`'s install step) fills the cache once.
 """
 
 from __future__ import annotations

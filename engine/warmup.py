@@ -1,6 +1,6 @@
 """Fill numba's disk cache with every compiled function the app and `cachescope replay` use.
 
-`make`'s install step runs `python -m engine.kernel.warmup` once, so that the first trace
+`make`'s install step runs `python -m engine.warmup` once, so that the first trace
 opened after `make run` (and the first `replay --kernel`) loads the kernel from the cache
 instead of compiling it (tens of seconds on a loaded 2-core machine). The calls are the
 engine's own paths on the bundled traces, large enough that the pool evicts and the
@@ -176,7 +176,7 @@ def warm_side_by_side(groups=GROUPS, out=sys.stdout, err=sys.stderr) -> int:
     """Every part, each group of `groups` in a process of its own, all at once; each
     process's report (one line, and a line for each part that failed) is relayed when it
     ends. Returns the number of processes that did not exit 0 (a crash, not a failed part)."""
-    procs = [(group, subprocess.Popen([sys.executable, "-m", "engine.kernel.warmup", *group],
+    procs = [(group, subprocess.Popen([sys.executable, "-m", "engine.warmup", *group],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
              for group in groups]
     crashed = 0
@@ -192,7 +192,7 @@ def warm_side_by_side(groups=GROUPS, out=sys.stdout, err=sys.stderr) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m engine.kernel.warmup [PART...]`: the named parts in this process, or
+    """`python -m engine.warmup [PART...]`: the named parts in this process, or
     every part, in the processes of `GROUPS` side by side."""
     names = list(sys.argv[1:] if argv is None else argv)
     unknown = [n for n in names if n not in dict(PARTS)]
