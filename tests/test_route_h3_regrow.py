@@ -1,0 +1,110 @@
+"""The attach's route (frames -> journal pool -> placer -> `PoolState.apply_prepared`) with the
+log's, series' and overlay's arrays grown in mappings of their own (`columnar.regrow` past
+`MAPPED_BYTES`) holds, after every tick, what it holds with every array on the heap; and
+`regrow` grows a mapped array where it lies unless a reader holds a view of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.core import columnar
+from engine.core.columnar import _mapping_of, regrow
+
+
+class _Owner:
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+
+def test_a_large_array_grows_in_its_own_mapping_without_a_copy():
+    n = columnar.MAPPED_BYTES // 8
+    owner = _Owner(np.arange(1000, dtype=np.int64))
+    regrow(owner, "arr", n, 1000)  # past MAPPED_BYTES: moved into a mapping
+    mapping = _mapping_of(owner.arr)
+    assert mapping is not None and owner.arr[:1000].tolist() == list(range(1000))
+    owner.arr[1000:] = np.arange(1000, n)
+    regrow(owner, "arr", 2 * n, n)
+    assert _mapping_of(owner.arr) is mapping  # the same mapping, resized: nothing copied
+    assert len(owner.arr) == 2 * n and owner.arr[:n].tolist() == list(range(n))
+    kept = owner.arr[5:10]  # a reader's view: its mapping may not move under it
+    regrow(owner, "arr", 3 * n, 2 * n)
+    assert _mapping_of(owner.arr) is not mapping and len(owner.arr) == 3 * n
+    assert kept.tolist() == [5, 6, 7, 8, 9] and owner.arr[:n].tolist() == list(range(n))
+    cols = {"a": owner.arr}
+    del owner.arr  # the dict's reference the only one left
+    regrow(cols, "a", 4 * n, 3 * n)
+    assert cols["a"][:n].tolist() == list(range(n)) and len(cols["a"]) == 4 * n
+
+
+def _snapshot(state) -> dict:
+    """What a `PoolState` holds that the views read: the log's columns, the event index, the
+    series, the live pool, checkpoints, request slots and the remote overlay."""
+    log, col = state.log, state.log.columnar
+    out = {f"col.{name}": np.array(col.col(name)) for name in ("kind", "seq", "request", "block", "hash", "a", "b",
+                                                             "flag")}
+    out["seqs"], out["kinds"] = np.array(log.seqs), np.array(log.kinds)
+    series = log.series
+    for name in ("seq", "in_use", "cached_free", "empty", "max_ref", "evicted", "cached_tokens", "prompt_tokens",
+                 "refusal_seqs", "reset_seqs"):
+        out[f"series.{name}"] = np.array(getattr(series, name))
+    live = log.live
+    out["live.ref_counts"], out["live.hashed"] = np.array(live.ref_counts), np.array(live.hashed)
+    out["checkpoints"] = np.array(col._cp_rows)
+    out["requests"] = list(col.requests.ids)
+    out["infos"] = list(col._remote_slots().infos)
+    remote = state.remote
+    for name in ("tier", "rank", "stored_at", "base"):
+        out[f"overlay.{name}"] = np.array(getattr(remote, name))[:col.num_blocks]
+    for name in ("stored_times", "removed_times", "lifetimes"):
+        got = getattr(remote, name)
+        out[f"overlay.{name}"] = np.array(got.read() if hasattr(got, "read") else got)
+    out["overlay.stored_again"] = remote.num_stored_again
+    return out
+
+
+def _route(num_events: int, frames_per_tick: int) -> list[dict]:
+    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.live_path import _Pools
+    from app.runtime.state import PoolState
+    from engine.bench.attach import recorded_stream
+    from engine.core.live_journal import prepare_journal
+    from engine.remote import fastwire
+
+    payloads, _, _ = recorded_stream(num_events, gpu_blocks=2_000)
+    from engine.remote.overlay import journal_pool_class
+
+    pool = journal_pool_class()("bench")
+    att = _Pools([pool])
+    state = PoolState()
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
+    taken: dict[int, int] = {}
+    ticks = []
+    for start in range(0, len(payloads), frames_per_tick):
+        pool.apply_many([fastwire.decode_columns(s, payloads[s])
+                         for s in range(start, min(len(payloads), start + frames_per_tick))])
+        got = take_journal_rows(att, taken, 1 << 30)
+        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]],
+                             notify=False)
+        ticks.append(_snapshot(state))
+    ticks[-1]["mapped"] = _mapping_of(state.log.columnar._cols["request"]) is not None
+    return ticks
+
+
+@pytest.mark.parametrize("frames_per_tick", [5, 24])
+def test_the_route_holds_the_same_with_mapped_arrays(monkeypatch, frames_per_tick):
+    monkeypatch.setattr(columnar, "MAPPED_BYTES", 1 << 60)  # every array on the heap
+    heap = _route(6_000, frames_per_tick)
+    monkeypatch.setattr(columnar, "MAPPED_BYTES", 256)  # nearly every array in a mapping
+    mapped = _route(6_000, frames_per_tick)
+    assert len(heap) == len(mapped) > 10
+    assert len(heap[-1]["col.kind"]) > 5_000  # the columns grew many times
+    assert not heap[-1].pop("mapped") and mapped[-1].pop("mapped")
+    for a, b in zip(heap, mapped):
+        assert a.keys() == b.keys()
+        for name in a:
+            if isinstance(a[name], np.ndarray):
+                assert np.array_equal(a[name], b[name]), name
+            else:
+                assert a[name] == b[name], name
