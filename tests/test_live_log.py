@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +34,14 @@ SERIES = ("seq", "in_use", "cached_free", "empty", "max_ref", "evicted", "cached
 
 def _events_of_trace(path: Path, num_requests: int, capacity: int, block_size: int) -> list:
     lines = path.read_bytes().splitlines(keepends=True)[:num_requests]
-    sliced = Path(f"/tmp/live_log_{path.stem}_{num_requests}.jsonl")
-    sliced.write_bytes(b"".join(lines))
     events: list = []
     bus = EventBus()
     bus.subscribe(events.append)
-    replay(load_trace(sliced, block_size), ReplayConfig(block_size=block_size, capacity_blocks=capacity, seed=0), bus)
+    with tempfile.TemporaryDirectory(prefix="cachescope-test-") as folder:  # nothing left in /tmp
+        sliced = Path(folder) / f"{path.stem}_{num_requests}.jsonl"
+        sliced.write_bytes(b"".join(lines))
+        replay(load_trace(sliced, block_size), ReplayConfig(block_size=block_size, capacity_blocks=capacity, seed=0),
+               bus)
     return events
 
 

@@ -56,7 +56,6 @@ def test_unfiltered_rows_are_consecutive_and_read_as_the_reference(qtbot, tmp_pa
         # a scrubbed seq's row, as searchsorted over the array would find it
         for seq in (0, 1, 57, n // 3, n - 2, n - 1):
             assert view.model.row_of_seq(seq) == ref_view.model.row_of_seq(seq) == seq
-        view.grab().save("/tmp/m2/shots/event_log_open.png")
     finally:
         ctx.shutdown()
         ref_ctx.shutdown()
@@ -78,7 +77,6 @@ def test_filters_select_and_clear_like_the_reference(qtbot, tmp_path, slice_path
             assert np.asarray(view.model.rows).tolist() == ref_view.model.rows.tolist(), (kind, request, text)
             assert _shown(view) == _shown(ref_view)
         view.set_filter("block_evicted")
-        view.grab().save("/tmp/m2/shots/event_log_evicted.png")
         # view to model: selecting a row scrubs the pool to its event
         row = len(view.model.rows) // 2
         view.table.selectRow(row)
