@@ -1132,17 +1132,19 @@ def _compact_tokens(C, L, F, tok, n, out):  # pragma: no cover - compiled
     return u
 
 
-def _grow_rows(owner: Any, name: str, rows: int) -> None:
+def _grow_rows(owner: Any, name: str, rows: int, copied_rows: int = 0) -> None:
     """The array `owner.<name>` with `rows` rows, the new ones zero: resized where it lies
     (realloc, which moves a large block's pages rather than copying them and faulting in
     new ones: the copies were half of a growing pool's apply at a sixteenth a growth)
-    unless anything else refers to it (numpy checks), else copied into a new one."""
+    unless anything else refers to it (numpy checks), else copied into a new one of
+    `copied_rows` rows when more (an array copied at every growth grows by more, so that
+    it is copied fewer times: its new rows are zero pages, faulted in only when written)."""
     shape = (rows,) + getattr(owner, name).shape[1:]
     try:
         getattr(owner, name).resize(shape)
     except ValueError:  # a view or another reference to it: copied, as those keep the old one
         old = getattr(owner, name)
-        arr = np.zeros(shape, old.dtype)
+        arr = np.zeros((max(rows, copied_rows),) + shape[1:], old.dtype)
         if old.dtype.names:  # a packed row type (JS): as bytes, 25 times a copy by field
             arr[:len(old)].view(np.uint8)[:] = old.view(np.uint8)
         else:
@@ -1780,8 +1782,9 @@ class ColumnarPool:
             if self.journal:  # the journal's rows point into the token array: it only grows,
                 # by a fraction (as the slots: doubling left up to half of it unused), copied
                 # while a reader holds a view of it (`JournalRows.tokens`)
+                need = used + tokens + 1024
                 _grow_rows(self, "tok", max(len(self.tok) + self._copied_growth(len(self.tok), self._tokens_small),
-                                            used + tokens + 1024))
+                                            need), max(len(self.tok) + len(self.tok) // 2, need))
                 out = self.tok
             elif used - live_tok <= used // 64:  # next to no garbage: a plain copy, no compaction
                 # (a walk over every slot that cost as much as the copies' page faults)
@@ -1818,7 +1821,10 @@ class ColumnarPool:
         """`_growth` for an array that is copied whole into a new one when it grows while a
         reader holds a view of it (a journalled pool's token ids and store rows: `_grow_rows`
         resizes them in place only when none does): half again up to 8 times `small`, then a
-        sixteenth. An eighth at a time was ~17
+        sixteenth when resized in place; copied, always half again (`_reserve` and
+        `_journal_reserve` give `_grow_rows` both sizes): a sixteenth copied the token ids
+        ~16 times over past 8M of them, each copy into fresh pages whose faults (kernel time)
+        made the app's pool stage grow faster than its stream (400K events). An eighth at a time was ~17
         copies (and a new array's page faults each) on the way to 8M token ids, most of a
         journalled pool's room-making: 200K recorded events into a journalled pool, taking
         and releasing its rows after every 64 frames, 0.3033 -> 0.2848 s (median of 9)."""
@@ -1887,8 +1893,9 @@ class ColumnarPool:
         if r + rows > len(self.J):
             _grow_rows(self, "J", max(len(self.J) + self._growth(len(self.J), self._rows_small), r + rows + 1024))
         if o + stores > len(self.JS):
-            _grow_rows(self, "JS", max(len(self.JS) + self._copied_growth(len(self.JS), self._rows_small),
-                                       o + stores + 1024))
+            need = o + stores + 1024
+            _grow_rows(self, "JS", max(len(self.JS) + self._copied_growth(len(self.JS), self._rows_small), need),
+                       max(len(self.JS) + len(self.JS) // 2, need))
         if o + stores > self._narrow_limit:
             self._widen()
 

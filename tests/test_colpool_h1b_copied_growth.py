@@ -1,0 +1,71 @@
+"""A journalled `ColumnarPool` whose token ids and store rows a reader holds views of (the
+app's feed keeps them until its next tick) copies them into a new array at each growth:
+past 8 times their small size such a copy grows them by half again, not a sixteenth, so
+they are copied a few times, not ~16 times over (each copy faults in fresh pages); resized
+in place (no reader), they still grow by a sixteenth. Rows and token ids equal a pool's
+applied one frame at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.bench.attach import recorded_stream
+from engine.remote import fastwire
+from engine.remote.colpool import S_JSTORES, S_TOKUSED, ColumnarPool
+
+HOLD = 4  # frames a call: few, so that a growth is set by the array's size, not by one call's ids
+
+
+class _SmallPool(ColumnarPool):
+    _tokens_small = 1 << 12
+    _rows_small = 1 << 8
+
+
+def _columns(rows) -> np.ndarray:
+    return np.column_stack([rows.op, rows.tier, rows.seq, rows.store, rows.key.view(np.int64), rows.width])
+
+
+def _feed(pool: ColumnarPool, runs: list, hold_views: bool) -> tuple[int, int, list]:
+    """Apply the runs, taking and releasing the rows after each; (token copies, store-row
+    copies past 8 times the small sizes, the rows taken)."""
+    tok_copies = store_copies = 0
+    taken, held = [], None
+    for run in runs:
+        # (ids, not references: a reference would make any growth a copy)
+        tok, js, num_tok, num_js = id(pool.tok), id(pool.JS), len(pool.tok), len(pool.JS)
+        pool.apply_many(run)
+        if id(pool.tok) != tok and num_tok >= 8 * pool._tokens_small:
+            tok_copies += 1
+        if id(pool.JS) != js and num_js >= 8 * pool._rows_small:
+            store_copies += 1
+        rows = pool.take_journal()
+        taken.append(_columns(rows))
+        held = rows if hold_views else None  # a reader's views, alive across the next apply
+        pool.release_journal(rows.stop)
+        del rows
+    del held
+    return tok_copies, store_copies, taken
+
+
+def test_a_held_journal_copies_its_token_ids_by_half_again_past_the_small_size():
+    payloads, _, _ = recorded_stream(8_000, gpu_blocks=2_000, seed=7)
+    runs = [fastwire.decode_columns_many(i, payloads[i:i + HOLD]) for i in range(0, len(payloads), HOLD)]
+    pool = _SmallPool("t", journal=True)
+    tok_copies, store_copies, taken = _feed(pool, runs, hold_views=True)
+    # the stream goes past 4 times 8 times the small sizes: half again a copy makes 6 copies of
+    # each past 8 times them, a sixteenth made 36 of the token ids and 17 of the store rows
+    assert int(pool.S[S_TOKUSED]) > 32 * _SmallPool._tokens_small
+    assert int(pool.S[S_JSTORES]) > 32 * _SmallPool._rows_small
+    assert 1 <= tok_copies <= 8 and 1 <= store_copies <= 8
+    # the same rows, token ids and store rows as a pool applied one frame at a time
+    one = ColumnarPool("t", journal=True)
+    for seq, p in enumerate(payloads):
+        one.apply(fastwire.decode_columns(seq, p))
+    assert np.array_equal(np.concatenate(taken), _columns(one.take_journal()))
+    n = int(pool.S[S_TOKUSED])
+    assert n == int(one.S[S_TOKUSED]) and np.array_equal(pool.tok[:n], one.tok[:n])
+    o = int(pool.S[S_JSTORES])
+    assert pool.JS.dtype == one.JS.dtype and pool.JS[:o].tobytes() == one.JS[:o].tobytes()
+    # with no reader holding a view, the arrays are resized in place: by a sixteenth, no copy
+    free = _SmallPool("t", journal=True)
+    assert _feed(free, runs, hold_views=False)[:2] == (0, 0)
