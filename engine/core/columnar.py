@@ -317,11 +317,14 @@ class RequestTable:
         self._live_sizes[r - self._n_fixed] = num_prompt_tokens
 
     def prompt_sizes(self) -> np.ndarray:
-        """num_prompt_tokens of every request, as an array."""
-        fixed = np.asarray(self._nprompt, np.int64)
+        """num_prompt_tokens of every request, as an array (to read, not to write: a live
+        table's own is a view, not a copy of every request's at each of a live log's ticks)."""
         if not self._live:
-            return fixed
-        return np.concatenate([fixed, self._live_sizes[:len(self._live)]])
+            return np.asarray(self._nprompt, np.int64)
+        live = self._live_sizes[:len(self._live)]
+        if not self._n_fixed:
+            return live
+        return np.concatenate([np.asarray(self._nprompt, np.int64), live])
 
 
 @dataclass(slots=True)
