@@ -108,3 +108,25 @@ def test_the_route_holds_the_same_with_mapped_arrays(monkeypatch, frames_per_tic
                 assert np.array_equal(a[name], b[name]), name
             else:
                 assert a[name] == b[name], name
+
+
+def test_prompt_sizes_read_every_request_in_place_for_a_live_table():
+    from engine.core.columnar import RequestTable
+
+    live = RequestTable.empty()
+    assert len(live.prompt_sizes()) == 0
+    sizes = [int(x) for x in np.random.default_rng(2).integers(1, 5000, 3000)]
+    for i, s in enumerate(sizes[:1500]):
+        live.add(f"r{i}", None, s)
+    live.add_many([f"b{i}" for i in range(700)])  # a journal's batches: no prompt
+    for i, s in enumerate(sizes[1500:]):
+        live.add(f"q{i}", None, s)
+    want = sizes[:1500] + [0] * 700 + sizes[1500:]
+    got = live.prompt_sizes()
+    assert got.dtype == np.int64 and got.tolist() == want
+    assert [live.num_prompt_tokens(r) for r in range(len(live))] == want
+    fixed = RequestTable(["a", "b"], [None], np.array([-1, -1]), np.array([7, 9]), np.zeros(0, np.int64),
+                         np.zeros(2, np.int64), np.zeros(2, np.int64))
+    assert fixed.prompt_sizes().tolist() == [7, 9]
+    fixed.add("c", None, 11)
+    assert fixed.prompt_sizes().tolist() == [7, 9, 11]
