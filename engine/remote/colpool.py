@@ -6,11 +6,14 @@ Python object per block, per hash or per token id:
 
 - One open-addressing hash table (linear probing, backward-shift deletion) maps a
   (tier, hash) to a slot. Its uint32 entries hold the slot + 1 in the low bits (as few
-  as the table's size needs, its last entry says how many) and a fingerprint of the
-  hash in the rest (11 bits at 1M slots): a probe passes another hash's entry without
-  reading that slot's row, so a hash not held is found absent from the table alone,
-  about one cache line, where it read a row of two arrays per entry passed (3.1 entries
-  at the table's load). A slot is a row of a few typed arrays: the hash, its parent's
+  as the table's size needs, its last entry says how many), above them how far the entry
+  sits past its home (4 bits, fewer past 2**20 entries, saturated at 15: `_disp_bits`)
+  and a fingerprint of the hash in the rest (8 bits at 1M slots): a probe passes another
+  hash's entry without reading that slot's row, so a hash not held is found absent from
+  the table alone, about one cache line, where it read a row of two arrays per entry
+  passed (3.1 entries at the table's load), and a deletion shifts the entries after it
+  back by their displacements, where it read two rows for each one's home (~3.5 entries
+  a deletion). A slot is a row of a few typed arrays: the hash, its parent's
   hash, the tier, where its token ids start in the pool's one growing token array
   (uint16 while every id seen is below 2**16, as SmolLM2's 49,152 are; widened once to
   uint32 on the first larger one, such as Llama 3's 128,256; read back as uint32 either
@@ -245,14 +248,24 @@ def _home(x, size):  # pragma: no cover - compiled
 
 @njit(cache=True, inline="always")
 def _slot_bits(tab):  # pragma: no cover - compiled
-    """The table's slot bits (its last entry): an entry is (fingerprint << bits) | (slot + 1)."""
+    """The table's slot bits (its last entry): an entry is
+    (fingerprint << (bits + `_disp_bits`)) | (displacement << bits) | (slot + 1)."""
     return np.int64(tab[len(tab) - 1])
 
 
 @njit(cache=True, inline="always")
+def _disp_bits(sb):  # pragma: no cover - compiled
+    """Bits of an entry's displacement (how far past its home it sits, up to 2**bits - 2;
+    2**bits - 1: that far or more) for a table of `sb` slot bits: 4 while 8 bits of
+    fingerprint remain beside them, fewer above 2**20 entries, none from 2**24 (then a
+    deletion reads the rows, as with a saturated displacement)."""
+    return np.int64(max(0, min(4, 24 - sb)))
+
+
+@njit(cache=True, inline="always")
 def _fingerprint(x, sb):  # pragma: no cover - compiled
-    """The low 32 - sb bits of a mixed hash (its high 32 bits place it: `_home`)."""
-    return np.int64(x & ((np.uint64(1) << np.uint64(32 - sb)) - np.uint64(1)))
+    """The low 32 - sb - `_disp_bits(sb)` bits of a mixed hash (its high 32 bits place it: `_home`)."""
+    return np.int64(x & ((np.uint64(1) << np.uint64(32 - sb - _disp_bits(sb))) - np.uint64(1)))
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -270,6 +283,7 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
     so a store of a new hash probes the table once, not twice."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
+    fb = sb + _disp_bits(sb)
     i = _home(x, size)
     want = _fingerprint(x, sb)
     smask = (np.int64(1) << sb) - 1
@@ -278,7 +292,7 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
         e = np.int64(tab[i])
         if e == 0:
             return np.int64(-1), i
-        if (e >> sb) == want:
+        if (e >> fb) == want:
             s = (e & smask) - 1
             if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
                 return s, np.int64(-1)
@@ -300,13 +314,14 @@ def _touch_slot(tab, K, L, C, F, x):  # pragma: no cover - compiled
     fingerprint collision), reading the table alone. Nothing when the hash is absent."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
+    fb = sb + _disp_bits(sb)
     i = _home(x, size)
     want = _fingerprint(x, sb)
     while True:
         e = np.int64(tab[i])
         if e == 0:
             return
-        if (e >> sb) == want:
+        if (e >> fb) == want:
             s = (e & ((np.int64(1) << sb) - 1)) - 1
             _prefetch(K, s)
             _prefetch(L, s)
@@ -319,9 +334,20 @@ def _touch_slot(tab, K, L, C, F, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
+def _entry(x, sb, d, s):  # pragma: no cover - compiled
+    """The table entry of slot s, its hash mixed to x, `d` entries past its home."""
+    db = _disp_bits(sb)
+    return np.uint32((_fingerprint(x, sb) << (sb + db)) | (min(d, (np.int64(1) << db) - 1) << sb) | (s + 1))
+
+
+@njit(cache=True, inline="always")
 def _tab_put(tab, i, x, s):  # pragma: no cover - compiled
     """Slot s, its hash mixed to x, into empty table entry i (`_find_or_hole`'s)."""
-    tab[i] = np.uint32((_fingerprint(x, _slot_bits(tab)) << _slot_bits(tab)) | (s + 1))
+    size = len(tab) - 1
+    d = i - _home(x, size)
+    if d < 0:
+        d += size
+    tab[i] = _entry(x, _slot_bits(tab), d, s)
 
 
 @njit(cache=True, _nrt=False)
@@ -329,21 +355,25 @@ def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
     size = len(tab) - 1
     sb = _slot_bits(tab)
     x = _mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1)
-    i = _home(x, size)
+    home = _home(x, size)
+    i = home
     while tab[i] != 0:
         i += 1
         if i == size:
             i = 0
-    tab[i] = np.uint32((_fingerprint(x, sb) << sb) | (s + 1))
+    tab[i] = _entry(x, sb, i - home if i >= home else i - home + size, s)
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
     """Take slot s, its hash mixed to x, out of the table (backward-shift deletion: no
-    tombstones)."""
+    tombstones). An entry after it moves back when its displacement reaches the hole; the
+    displacement is read from the entry (a slot's row only when it is saturated: the
+    rows of the ~3.5 entries a deletion passes were read for their homes before)."""
     size = len(tab) - 1
     sb = _slot_bits(tab)
     smask = (np.int64(1) << sb) - 1
+    dmax = (np.int64(1) << _disp_bits(sb)) - 1
     i = _home(x, size)
     while (np.int64(tab[i]) & smask) != s + 1:
         i += 1
@@ -358,10 +388,15 @@ def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
         e = np.int64(tab[j])
         if e == 0:
             return
-        x = (e & smask) - 1
-        home = _home(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1), size)
-        if (j > i and (home <= i or home > j)) or (j < i and home <= i and home > j):
-            tab[i] = tab[j]
+        d = (e >> sb) & dmax
+        if d == dmax:  # that far or more (every entry, with no displacement bits): from its row
+            x = (e & smask) - 1
+            d = j - _home(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1), size)
+            if d < 0:
+                d += size
+        gap = j - i if j > i else j - i + size
+        if d >= gap:  # its home is at or before the hole: it moves there, gap entries nearer
+            tab[i] = np.uint32((e & ~(dmax << sb)) | (min(d - gap, dmax) << sb))
             tab[j] = 0
             i = j
 
@@ -1734,9 +1769,11 @@ class ColumnarPool:
     @classmethod
     def _new_table(cls, cap: int) -> np.ndarray:
         """An empty (tier, hash) table for `cap` slots: uint32 entries, 0 empty, else
-        (fingerprint << bits) | (slot + 1) where `bits` (the table's last entry) is the
-        fewest that hold size + 1 and the fingerprint is the rest of 32 bits of the mixed
-        hash (11 bits at 1M slots, 7 at 10M, at least 1 below 2**31 slots)."""
+        (fingerprint << (bits + d)) | (displacement << bits) | (slot + 1) where `bits` (the
+        table's last entry) is the fewest that hold size + 1, d = `_disp_bits(bits)` (4 up
+        to 2**20 entries, 3 at 1M slots, 0 from 2**24 entries) and the fingerprint is the
+        rest of 32 bits of the mixed hash (8 bits at 1M slots, 11 before the displacement;
+        7 at 10M, unchanged; at least 1 below 2**31 slots)."""
         size = cls._table_size(cap)
         bits = size.bit_length()
         if bits > 31:
