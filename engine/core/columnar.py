@@ -28,7 +28,10 @@ that appears joins the free queue's tail, as `PoolProjection._grow` puts it ther
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
+import tracemalloc
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -1365,6 +1368,7 @@ def regrow(owner: Any, name: str, size: int, keep: int) -> None:
             try:
                 mapping.resize(max(1, size * dtype.itemsize))
                 grown = np.frombuffer(mapping, dtype, count=size)
+                _trace(mapping, grown)
             except BufferError:  # a view a reader holds: copied, as that one keeps the old
                 grown = _mapped(size, dtype)
                 grown[:keep] = np.frombuffer(mapping, dtype, count=keep)
@@ -1389,8 +1393,54 @@ def regrow(owner: Any, name: str, size: int, keep: int) -> None:
 def _mapped(size: int, dtype: Any) -> np.ndarray:
     """An array of `size` values of `dtype`, unset, in an anonymous private mapping of its own."""
     dtype = np.dtype(dtype)
-    mapping = mmap.mmap(-1, max(1, size * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return np.frombuffer(mapping, dtype, count=size)
+    mapping = _Mapping(-1, max(1, size * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.traced_at = 0
+    weakref.finalize(mapping, _untrace, mapping.traced_at_cell)
+    arr = np.frombuffer(mapping, dtype, count=size)
+    _trace(mapping, arr)
+    return arr
+
+
+class _Mapping(mmap.mmap):
+    """A `_mapped` array's mapping, which tracemalloc counts as numpy counts its own arrays
+    (numpy's domain, under the traceback that grew it), so memory figures read from
+    tracemalloc (`bench held`'s traced bytes) still see the columns: `traced_at_cell` holds
+    the address counted (0: none), moved on at each resize, dropped when it is unmapped."""
+
+    __slots__ = ("traced_at_cell",)
+
+    @property
+    def traced_at(self) -> int:
+        return self.traced_at_cell[0]
+
+    @traced_at.setter
+    def traced_at(self, at: int) -> None:
+        if not hasattr(self, "traced_at_cell") or self.traced_at_cell is None:
+            self.traced_at_cell = [at]
+        else:
+            self.traced_at_cell[0] = at
+
+
+NUMPY_TRACE_DOMAIN = 389047  # numpy's tracemalloc domain (its arrays' data)
+
+
+def _trace(mapping: Any, arr: np.ndarray) -> None:
+    """Count `mapping`'s bytes (`arr`, its whole first part) in tracemalloc, in place of those
+    counted at its old address."""
+    if not isinstance(mapping, _Mapping):
+        return
+    _untrace(mapping.traced_at_cell)
+    if tracemalloc.is_tracing():
+        at = arr.__array_interface__["data"][0]
+        ctypes.pythonapi.PyTraceMalloc_Track(ctypes.c_uint(NUMPY_TRACE_DOMAIN), ctypes.c_size_t(at),
+                                             ctypes.c_size_t(len(mapping)))
+        mapping.traced_at_cell[0] = at
+
+
+def _untrace(cell: list[int]) -> None:
+    if cell[0]:
+        ctypes.pythonapi.PyTraceMalloc_Untrack(ctypes.c_uint(NUMPY_TRACE_DOMAIN), ctypes.c_size_t(cell[0]))
+        cell[0] = 0
 
 
 def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
