@@ -581,7 +581,7 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
 
 
 def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base, removed,
-                   shift):  # pragma: no cover - compiled
+                   shift, ring_id, st, max_removed):  # pragma: no cover - compiled
     """Ask for, before `_observe_loop`, the lines it will need: each row's home row in the
     removals' table and its slot's tier, rank, store time and code. The table (up to 512K
     rows, 8 MB) and the per-slot arrays are past the caches; the loop's reads wait on one
@@ -590,12 +590,17 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
     window until it comes, so a pass of loads waited on about as many misses as it saved
     (0.100 -> 0.088 s of commit per 100K vLLM events, 2026-12-04). The row's identity is the
     loop's own six lines, repeated: a compiled helper returning (identity, code) to both made
-    the commit 8-10% slower (0.095 -> 0.105 s, 2026-12-04)."""
+    the commit 8-10% slower (0.095 -> 0.105 s, 2026-12-04). Then, once the table holds
+    `max_removed`, the home rows of the removals this tick's will make it forget (the ring's
+    oldest, in order): each a probe at a row no tick has read lately."""
     k = 0
     last = len(code_of) - 1
+    num_removed = 0
     for i in range(len(op)):
         if op[i] == 2:
             continue
+        if op[i] == 1:
+            num_removed += 1
         jt = jtier[i]
         c = code_of[jt if 0 <= jt < last else last]
         h = key[i]
@@ -610,6 +615,9 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
             _prefetch(tier, b)
             _prefetch(rank_of, b)
             _prefetch(stored_at, b)
+    over = st[9] + num_removed - max_removed  # at most: a removal already remembered adds none
+    for r in range(st[5], min(st[6], st[5] + max(0, over))):
+        _prefetch(removed, np.int64((np.uint64(ring_id[r]) * _GOLDEN) >> shift))
 
 
 def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
@@ -624,7 +632,7 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
     stored again; the row of the last clear (-1 none); removals remembered; one past the
     highest slot given a code; (unused)."""
     _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base, removed,
-                   shift)
+                   shift, ring_id, st, max_removed)
     k = 0
     last = len(code_of) - 1
     mask = len(removed) - 1
