@@ -18,6 +18,10 @@ class _Owner:
         self.arr = arr
 
 
+needs_mremap = pytest.mark.skipif(not columnar.CAN_MAP, reason="arrays lie in mappings of their own on Linux only")
+
+
+@needs_mremap
 def test_a_large_array_grows_in_its_own_mapping_without_a_copy():
     n = columnar.MAPPED_BYTES // 8
     owner = _Owner(np.arange(1000, dtype=np.int64))
@@ -92,6 +96,7 @@ def _route(num_events: int, frames_per_tick: int) -> list[dict]:
     return ticks
 
 
+@needs_mremap
 @pytest.mark.parametrize("frames_per_tick", [5, 24])
 def test_the_route_holds_the_same_with_mapped_arrays(monkeypatch, frames_per_tick):
     monkeypatch.setattr(columnar, "MAPPED_BYTES", 1 << 60)  # every array on the heap

@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
+import sys
 import tracemalloc
 import weakref
 from dataclasses import dataclass
@@ -1344,6 +1345,8 @@ class ColumnarLog:
 # heap), and realloc copied it: a journal log's columns were copied ~8 times their final size,
 # ~35 ms of the commit's CPU time per 100K vLLM events (2026-12-05).
 MAPPED_BYTES = 1 << 18
+# mremap is Linux's: elsewhere an anonymous mapping cannot grow where it lies, so arrays stay on the heap
+CAN_MAP = sys.platform.startswith("linux") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
 def regrow(owner: Any, name: str, size: int, keep: int) -> None:
@@ -1356,7 +1359,7 @@ def regrow(owner: Any, name: str, size: int, keep: int) -> None:
     at_key = isinstance(owner, dict)
     old = owner[name] if at_key else getattr(owner, name)
     grown = None
-    if size * old.itemsize >= MAPPED_BYTES:
+    if CAN_MAP and size * old.itemsize >= MAPPED_BYTES:
         mapping = _mapping_of(old)
         if mapping is not None:
             dtype = old.dtype
@@ -1369,7 +1372,7 @@ def regrow(owner: Any, name: str, size: int, keep: int) -> None:
                 mapping.resize(max(1, size * dtype.itemsize))
                 grown = np.frombuffer(mapping, dtype, count=size)
                 _trace(mapping, grown)
-            except BufferError:  # a view a reader holds: copied, as that one keeps the old
+            except (BufferError, OSError):  # a view a reader holds: copied, as that one keeps the old
                 grown = _mapped(size, dtype)
                 grown[:keep] = np.frombuffer(mapping, dtype, count=keep)
         else:
