@@ -1,4 +1,4 @@
-"""A live log's growing arrays grown where they lie (`engine.core.columnar.regrow`: a resize,
+"""A live log's growing arrays grown where they lie (`engine.core.growth.regrow`: a resize,
 unless a reader holds a view, then a copy), its columns by an eighth, and a journal's log
 without the per-block hash array its placer makes needless (`_live_keys`)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.columnar import ColumnarLog, regrow
+from engine.core.columnar import ColumnarLog
+from engine.core.growth import regrow
 from engine.core.live_journal import commit_journal, journal_log, prepare_journal
 from engine.core.live_log import _Growing
 

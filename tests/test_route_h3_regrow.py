@@ -1,5 +1,5 @@
 """The attach's route (frames -> journal pool -> placer -> `PoolState.apply_prepared`) with the
-log's, series' and overlay's arrays grown in mappings of their own (`columnar.regrow` past
+log's, series' and overlay's arrays grown in mappings of their own (`growth.regrow` past
 `MAPPED_BYTES`) holds, after every tick, what it holds with every array on the heap; and
 `regrow` grows a mapped array where it lies unless a reader holds a view of it.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.core import columnar
-from engine.core.columnar import _mapping_of, regrow
+from engine.core import growth
+from engine.core.growth import _mapping_of, regrow
 
 
 class _Owner:
@@ -18,12 +18,12 @@ class _Owner:
         self.arr = arr
 
 
-needs_mremap = pytest.mark.skipif(not columnar.CAN_MAP, reason="arrays lie in mappings of their own on Linux only")
+needs_mremap = pytest.mark.skipif(not growth.CAN_MAP, reason="arrays lie in mappings of their own on Linux only")
 
 
 @needs_mremap
 def test_a_large_array_grows_in_its_own_mapping_without_a_copy():
-    n = columnar.MAPPED_BYTES // 8
+    n = growth.MAPPED_BYTES // 8
     owner = _Owner(np.arange(1000, dtype=np.int64))
     regrow(owner, "arr", n, 1000)  # past MAPPED_BYTES: moved into a mapping
     mapping = _mapping_of(owner.arr)
@@ -99,9 +99,9 @@ def _route(num_events: int, frames_per_tick: int) -> list[dict]:
 @needs_mremap
 @pytest.mark.parametrize("frames_per_tick", [5, 24])
 def test_the_route_holds_the_same_with_mapped_arrays(monkeypatch, frames_per_tick):
-    monkeypatch.setattr(columnar, "MAPPED_BYTES", 1 << 60)  # every array on the heap
+    monkeypatch.setattr(growth, "MAPPED_BYTES", 1 << 60)  # every array on the heap
     heap = _route(6_000, frames_per_tick)
-    monkeypatch.setattr(columnar, "MAPPED_BYTES", 256)  # nearly every array in a mapping
+    monkeypatch.setattr(growth, "MAPPED_BYTES", 256)  # nearly every array in a mapping
     mapped = _route(6_000, frames_per_tick)
     assert len(heap) == len(mapped) > 10
     assert len(heap[-1]["col.kind"]) > 5_000  # the columns grew many times

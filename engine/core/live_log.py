@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits, regrow,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
 )
 from engine.core.events import Event
+from engine.core.growth import regrow
 
 # Rows between checkpoints at first; doubled whenever more than the budget allows pile up.
 FIRST_CHECKPOINT_ROWS = 16_384

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from engine.core.columnar import regrow
+from engine.core.growth import regrow
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
 from engine.core.projection import PoolProjection, stream_code
 from engine.remote.tiers import tier_of_medium
