@@ -183,13 +183,16 @@ RAW_ROW = 1 << 16  # R_MEDIUM of a common event naming raw name c (>= 2) on tier
 
 def _medium_row(t: int, c: int) -> int:
     return RAW_ROW | c << 8 | t
-# the removal maps (`_RemovalMaps`): an entry's columns (int64): removed_at's batch seq,
-# departed's announced and removed counts, its FIFO position in each map (-1: not in it), its
-# key's `_om_hash`; the entries' scalars; each map's scalars
-V_SEQ, V_ANN, V_REM, V_RPOS, V_DPOS, V_HASH = range(6)
-NUM_V = 6
+# the removal maps (`_RemovalMaps`): an entry is a 32-byte row, read as uint64 (the key and
+# removed_at's batch seq, as int64) and as int32 (departed's announced and removed counts, as
+# uint32, then its FIFO position in each map, -1: not in it); the entries' scalars; each
+# map's scalars
+K_KEY, K_SEQ = range(2)
+V_ANN, V_REM, V_RPOS, V_DPOS = range(4, 8)
+NUM_K = 4
 E_LIVE, E_FREE = range(2)
 O_LIVE, O_HEAD, O_TAIL = range(3)
+POS_LIMIT = 1 << 31  # a FIFO position (int32 in an entry's row) stays below it
 
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
@@ -411,9 +414,11 @@ def _rehash(tab, K, F, n):  # pragma: no cover - compiled
 
 # the removal maps (removed_at, departed): one set of entries for both, one table. An entry
 # is a key (hash, width), the maps' values (removed_at's batch seq, departed's announced and
-# removed counts), its position in each map's FIFO (-1: not in that map) and 31 bits of the
-# key's mixed hash. A table entry is (those bits << 32) | entry: a probe passes another key's
-# entry, and a deletion shifts entries back, without reading a row. A key that leaves a tier
+# removed counts) and its position in each map's FIFO (-1: not in that map): a row of 32
+# bytes and the width's byte (48 bytes and the key's 8 apart were 57: their growth and their
+# cache lines). A table entry is (31 bits of the key's mixed hash << 32) | entry: a probe
+# passes another key's entry, and a deletion shifts entries back, without reading a row
+# (only the deleted entry's key, hashed again for its home). A key that leaves a tier
 # goes into both maps at once (one probe, one entry) and an entry is freed when it has left
 # both: in vLLM's streams the two maps hold the same keys in the same order.
 
@@ -436,15 +441,15 @@ def _om_find(otab, OK, OW, k, w, h):  # pragma: no cover - compiled
             return -1
         if (x >> 32) == h:
             e = x & 0xFFFFFFFF
-            if OK[e] == k and OW[e] == w:
+            if OK[e, K_KEY] == k and OW[e] == w:
                 return e
         i = (i + 1) & mask
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
+def _om_tab_delete(otab, OK, OW, e):  # pragma: no cover - compiled
     mask = len(otab) - 1
-    i = OV[e, V_HASH] & mask
+    i = _om_hash(OK[e, K_KEY], OW[e]) & mask
     while (otab[i] & 0xFFFFFFFF) != e:
         i = (i + 1) & mask
     otab[i] = -1
@@ -462,13 +467,13 @@ def _om_tab_delete(otab, OV, e):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_leave(otab, OW, OV, ofree, ES, OS, e, pos, other):  # pragma: no cover - compiled
+def _om_leave(otab, OK, OW, OV, ofree, ES, OS, e, pos, other):  # pragma: no cover - compiled
     """Entry e leaves the map whose FIFO positions are OV's column `pos` (OS its scalars); it
     is freed when it is not in the other map (column `other`) either."""
     OV[e, pos] = -1
     OS[O_LIVE] -= 1
     if OV[e, other] < 0:
-        _om_tab_delete(otab, OV, e)
+        _om_tab_delete(otab, OK, OW, e)
         OW[e] = 0
         ofree[ES[E_FREE]] = e
         ES[E_FREE] += 1
@@ -476,14 +481,14 @@ def _om_leave(otab, OW, OV, ofree, ES, OS, e, pos, other):  # pragma: no cover -
 
 
 @njit(cache=True, _nrt=False)  # a call: see the module docstring (compile time)
-def _om_pop_oldest(otab, OW, OV, ofree, ES, ofifo, OS, pos, other):  # pragma: no cover - compiled
+def _om_pop_oldest(otab, OK, OW, OV, ofree, ES, ofifo, OS, pos, other):  # pragma: no cover - compiled
     """The oldest key of one map leaves it (OrderedDict.popitem(last=False))."""
     while OS[O_HEAD] < OS[O_TAIL]:
         q = OS[O_HEAD]
-        e = ofifo[q]
+        e = ofifo[q & (len(ofifo) - 1)]
         OS[O_HEAD] += 1
         if e >= 0 and OV[e, pos] == q:  # (else a key that left this map since: passed over)
-            _om_leave(otab, OW, OV, ofree, ES, OS, e, pos, other)
+            _om_leave(otab, OK, OW, OV, ofree, ES, OS, e, pos, other)
             return
 
 
@@ -493,7 +498,7 @@ def _om_join(OV, ofifo, OS, e, pos):  # pragma: no cover - compiled
     if OV[e, pos] >= 0:
         return False
     OV[e, pos] = OS[O_TAIL]
-    ofifo[OS[O_TAIL]] = e
+    ofifo[OS[O_TAIL] & (len(ofifo) - 1)] = e
     OS[O_TAIL] += 1
     OS[O_LIVE] += 1
     return True
@@ -511,11 +516,10 @@ def _om_note(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, dp_fifo, dp_os, k, w, 
     if e < 0:
         ES[E_FREE] -= 1
         e = ofree[ES[E_FREE]]
-        OK[e] = k
+        OK[e, K_KEY] = k
         OW[e] = w
         OV[e, V_RPOS] = -1
         OV[e, V_DPOS] = -1
-        OV[e, V_HASH] = h
         ES[E_LIVE] += 1
         mask = len(otab) - 1
         i = h & mask
@@ -524,7 +528,7 @@ def _om_note(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, dp_fifo, dp_os, k, w, 
         otab[i] = (h << 32) | e
     if to_ra:
         _om_join(OV, ra_fifo, ra_os, e, V_RPOS)
-        OV[e, V_SEQ] = seq
+        OK[e, K_SEQ] = np.uint64(seq)
     if _om_join(OV, dp_fifo, dp_os, e, V_DPOS):
         OV[e, V_ANN] = a
         OV[e, V_REM] = r
@@ -533,9 +537,9 @@ def _om_note(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, dp_fifo, dp_os, k, w, 
         OV[e, V_REM] += r
     if to_ra and trim_ra:
         while ra_os[O_LIVE] > maxn:
-            _om_pop_oldest(otab, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
+            _om_pop_oldest(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
     while dp_os[O_LIVE] > maxn:
-        _om_pop_oldest(otab, OW, OV, ofree, ES, dp_fifo, dp_os, V_DPOS, V_RPOS)
+        _om_pop_oldest(otab, OK, OW, OV, ofree, ES, dp_fifo, dp_os, V_DPOS, V_RPOS)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -545,14 +549,14 @@ def _om_unremove(otab, OK, OW, OV, ofree, ES, ra_os, k, w, h):  # pragma: no cov
         return
     e = _om_find(otab, OK, OW, k, w, h)
     if e >= 0 and OV[e, V_RPOS] >= 0:
-        _om_leave(otab, OW, OV, ofree, ES, ra_os, e, V_RPOS, V_DPOS)
+        _om_leave(otab, OK, OW, OV, ofree, ES, ra_os, e, V_RPOS, V_DPOS)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _om_trim(otab, OW, OV, ofree, ES, ra_fifo, ra_os, maxn):  # pragma: no cover - compiled
+def _om_trim(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, maxn):  # pragma: no cover - compiled
     """`removed_at` drops its oldest keys while it holds more than `maxn`."""
     while ra_os[O_LIVE] > maxn:
-        _om_pop_oldest(otab, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
+        _om_pop_oldest(otab, OK, OW, OV, ofree, ES, ra_fifo, ra_os, V_RPOS, V_DPOS)
 
 
 # the blocks
@@ -883,7 +887,7 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free,
                  batch_seq, a, r, to_ra, maxn, not fast)
     S[S_REMOVED] += nh
     if fast:
-        _om_trim(om_tab, om_w, om_v, om_free, om_es, ra_fifo, ra_os, maxn)
+        _om_trim(om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, maxn)
 
 
 @njit(cache=True, nogil=True)
@@ -1011,16 +1015,16 @@ def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om
 
 
 @njit(cache=True, _nrt=False)
-def _touch_oldest(otab, ow, ov, fifo, os, num, home):  # pragma: no cover - compiled
+def _touch_oldest(otab, ok, ow, ov, fifo, os, num, home):  # pragma: no cover - compiled
     """Prefetch the entries of a removal map's `num` oldest keys (the ones a full map drops
     next) or, with `home`, their home entries in the maps' table (which read the entries:
     once those are on their way)."""
     mask = len(otab) - 1
     for q in range(os[O_HEAD], min(os[O_HEAD] + num, os[O_TAIL])):
-        e = fifo[q]
+        e = fifo[q & (len(fifo) - 1)]
         if e >= 0:
             if home:
-                _prefetch(otab, ov[e, V_HASH] & mask)
+                _prefetch(otab, _om_hash(ok[e, K_KEY], ow[e]) & mask)
             else:
                 _prefetch(ow, e)
                 _prefetch(ov, e)
@@ -1058,11 +1062,11 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
         if rows[i, R_PARENT]:
             _prefetch(tab, _home(_mix(parents[i], W_U64, t), size))
     if removed:
-        _touch_oldest(ra_tab, ra_w, ra_v, ra_fifo, ra_os, removed, False)
-        _touch_oldest(dp_tab, dp_w, dp_v, dp_fifo, dp_os, removed, False)
+        _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed, False)
+        _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, False)
     if removed:
-        _touch_oldest(ra_tab, ra_w, ra_v, ra_fifo, ra_os, removed, True)
-        _touch_oldest(dp_tab, dp_w, dp_v, dp_fifo, dp_os, removed, True)
+        _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed, True)
+        _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, True)
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
@@ -1200,12 +1204,12 @@ class _RemovalMaps:
     def __init__(self, cap: int = 1024) -> None:
         # a power of two, load <= 1/2; -1 empty, else (31 bits of the key's hash << 32) | entry
         self.tab = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int64)
-        self.k = np.zeros(cap, np.uint64)
+        self.k = np.zeros((cap, NUM_K), np.uint64)  # the rows: K_* as uint64
+        self.v = self.k.view(np.int32)  # the same rows, V_* as int32
         self.w = np.zeros(cap, np.uint8)  # the key's width code, 0: a free entry
-        self.v = np.full((cap, NUM_V), -1, np.int64)  # V_*: values, FIFO positions, the key's hash bits
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int32)
         self.es = np.array([0, cap], np.int64)  # E_LIVE, E_FREE
-        self.removed = _OrderedMap(self, V_RPOS, V_SEQ, -1, cap)
+        self.removed = _OrderedMap(self, V_RPOS, K_SEQ, -1, cap)
         self.departed = _OrderedMap(self, V_DPOS, V_ANN, V_REM, cap)
 
     def __len__(self) -> int:
@@ -1236,8 +1240,10 @@ class _RemovalMaps:
             # FIFO positions set then (`_om_note`), and its values are read only while it is in
             # a map (filling them was a second pass over the largest of the maps' arrays)
             nfree = int(self.es[E_FREE])
-            for name in ("k", "w", "v"):
+            self.v = None  # (k resized where it lies: no view of it left)
+            for name in ("k", "w"):
                 _grow_rows(self, name, new)
+            self.v = self.k.view(np.int32)
             free = np.empty(new, np.int32)
             free[:new - cap] = np.arange(new - 1, cap - 1, -1, dtype=np.int32)
             free[new - cap:new - cap + nfree] = self.free[:nfree]
@@ -1252,22 +1258,24 @@ class _RemovalMaps:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.tab, self.k, self.w, self.v, self.free, self.es, self.removed.fifo,
+        return sum(a.nbytes for a in (self.tab, self.k, self.w, self.free, self.es, self.removed.fifo,
                                       self.removed.os, self.departed.fifo, self.departed.os))
 
 
 class _OrderedMap:
-    """One removal map, insertion-ordered, of hashes (k, w) to two int64 values: a FIFO of the
+    """One removal map, insertion-ordered, of hashes (k, w) to two values: a FIFO of the
     shared entries (`_RemovalMaps`) and its scalars; an entry is in it while its FIFO position
-    (column `pos`) is not -1. `tab`, `k`, `w`, `v` and `free` are the shared arrays."""
+    (column `pos`) is not -1. `tab`, `k`, `w`, `v` and `free` are the shared arrays. The FIFO
+    is a ring (a power of two long): position q, counted from the map's start, lies at
+    q & (len - 1), so the head moving on at the bound makes room without moving a key."""
 
     __slots__ = ("entries", "pos", "values", "fifo", "os")
 
     def __init__(self, entries: _RemovalMaps, pos: int, v0: int, v1: int, cap: int) -> None:
         self.entries = entries
         self.pos, self.values = pos, (v0, v1)  # v1 -1: the second value is always 0
-        self.fifo = np.full(2 * cap, -1, np.int32)
-        self.os = np.zeros(3, np.int64)  # O_LIVE, O_HEAD, O_TAIL
+        self.fifo = np.full(1 << int(2 * cap - 1).bit_length(), -1, np.int32)  # a ring
+        self.os = np.zeros(3, np.int64)  # O_LIVE, O_HEAD, O_TAIL (positions, not ring indices)
 
     tab = property(lambda self: self.entries.tab)
     k = property(lambda self: self.entries.k)
@@ -1279,19 +1287,27 @@ class _OrderedMap:
         return int(self.os[O_LIVE])
 
     def fifo_room(self, more: int) -> None:
-        """Room in the FIFO for `more` keys to come in: its keys moved to the start of a new one."""
-        tail = int(self.os[O_TAIL])
-        if tail + more > len(self.fifo):
-            n = int(self.os[O_LIVE])
-            fifo = np.full(max(len(self.fifo), 2 * (n + more) + 1024), -1, np.int32)
-            if tail - n <= n // 8:
-                # next to no key left it (a map filling up): the FIFO copied as it is, each entry
-                # keeping its position (moving them read every entry's row: 14 moves, ~4 ms, on
-                # the way to 200,000 keys). Room enough: tail + more <= 9/8 n + more.
-                fifo[:tail] = self.fifo[:tail]
-            else:
-                self.os[O_HEAD], self.os[O_TAIL] = 0, _om_refifo(self.fifo, self.entries.v, self.os, self.pos, fifo)
-            self.fifo = fifo
+        """Room in the FIFO for `more` keys to come in (its window, head to tail, holes and
+        all, at most the ring's length): a larger ring, its keys at their positions, or their
+        positions moved to the start of a new one."""
+        head, tail = int(self.os[O_HEAD]), int(self.os[O_TAIL])
+        n = int(self.os[O_LIVE])
+        if tail + more >= POS_LIMIT:  # positions are int32 in the rows: counted again from 0
+            moved = True
+        elif tail - head + more <= len(self.fifo):
+            return  # (a map at its bound: the head moved on as far as the tail did)
+        else:
+            # next to no key left it (a map filling up): the window copied as it is, each entry
+            # keeping its position (moving them read every entry's row: 14 moves, ~4 ms, on
+            # the way to 200,000 keys); else the holes dropped, the keys moved
+            moved = tail - head - n > n // 8
+        need = (n if moved else tail - head) + more
+        fifo = np.full(max(len(self.fifo), 1 << int(need + need // 4 + 1024).bit_length()), -1, np.int32)
+        if moved:
+            self.os[O_HEAD], self.os[O_TAIL] = 0, _om_refifo(self.fifo, self.entries.v, self.os, self.pos, fifo)
+        else:
+            _om_rering(self.fifo, self.os, fifo)
+        self.fifo = fifo
 
     def ordered(self) -> np.ndarray:
         """Live entries, oldest first."""
@@ -1299,18 +1315,20 @@ class _OrderedMap:
         return out[:_om_ordered(self.fifo, self.entries.v, self.os, self.pos, out)]
 
     def columns(self, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The two values of entries `e`."""
+        """The two values of entries `e` (int64)."""
         v0, v1 = self.values
-        v = self.entries.v
-        return v[e, v0], (v[e, v1] if v1 >= 0 else np.zeros(len(e), np.int64))
+        if v1 < 0:  # removed_at: the batch seq, int64 in the rows' uint64 columns
+            return self.entries.k.view(np.int64)[e, v0], np.zeros(len(e), np.int64)
+        u = self.entries.v.view(np.uint32)  # departed's counts
+        return u[e, v0].astype(np.int64), u[e, v1].astype(np.int64)
 
     def get(self, k: int, w: int) -> tuple[int, int] | None:
         m = self.entries
         e = _om_get(m.tab, m.k, m.w, np.uint64(k), np.uint8(w)) if len(self) else -1
         if e < 0 or m.v[e, self.pos] < 0:
             return None
-        v0, v1 = self.values
-        return int(m.v[e, v0]), (int(m.v[e, v1]) if v1 >= 0 else 0)
+        v0, v1 = self.columns(np.array([e]))
+        return int(v0[0]), int(v1[0])
 
 
 @njit(cache=True)
@@ -1320,12 +1338,12 @@ def _om_get(otab, OK, OW, k, w):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _om_rehash(otab, OK, OW, OV, n):  # pragma: no cover - compiled
+    """The table made again from the entries' keys (OV, the rows as int32, is not read)."""
     otab[:] = -1
     mask = len(otab) - 1
     for e in range(n):
         if OW[e]:
-            h = _om_hash(OK[e], OW[e])
-            OV[e, V_HASH] = h
+            h = _om_hash(OK[e, K_KEY], OW[e])
             i = h & mask
             while otab[i] >= 0:
                 i = (i + 1) & mask
@@ -1339,7 +1357,7 @@ def _om_ordered(ofifo, OV, OS, pos, out):  # pragma: no cover - compiled
     a call, one per map every ~100,000 removals.)"""
     n = 0
     for q in range(OS[O_HEAD], OS[O_TAIL]):
-        e = ofifo[q]
+        e = ofifo[q & (len(ofifo) - 1)]
         if e >= 0 and OV[e, pos] == q and n < len(out):
             out[n] = e
             n += 1
@@ -1352,12 +1370,20 @@ def _om_refifo(ofifo, OV, OS, pos, out):  # pragma: no cover - compiled
     position moved with it; how many."""
     n = 0
     for q in range(OS[O_HEAD], OS[O_TAIL]):
-        e = ofifo[q]
+        e = ofifo[q & (len(ofifo) - 1)]
         if e >= 0 and OV[e, pos] == q:
             out[n] = e
             OV[e, pos] = n
             n += 1
     return n
+
+
+@njit(cache=True, nogil=True)
+def _om_rering(ofifo, OS, out):  # pragma: no cover - compiled
+    """A map's FIFO window (positions head..tail-1, holes and all) into a larger ring `out`,
+    each at its own position: no entry's row is read or written."""
+    for q in range(OS[O_HEAD], OS[O_TAIL]):
+        out[q & (len(out) - 1)] = ofifo[q & (len(ofifo) - 1)]
 
 
 _warm = False
@@ -1489,6 +1515,11 @@ def warm_up() -> None:
         pool._reserve(0, 0, np.array([1 << 16], np.uint32))
         pool._reserve(4096 * 4, 1 << 18)
     pool.removed.ordered()  # what `removed_at` and `departed` read (`_om_ordered`)
+    # a removal map's FIFO made larger as it is (`_om_rering`) or its keys moved (`_om_refifo`):
+    # here over empty windows, for their types
+    m = ColumnarPool("warm-up").removed
+    _om_rering(m.fifo, m.os, np.full(2 * len(m.fifo), -1, np.int32))
+    _om_refifo(m.fifo, m.entries.v, m.os, m.pos, np.full(len(m.fifo), -1, np.int32))
     # a run of frames the one-pass reader read whole, joined by their data (`_join_data`)
     plain = [encode_batch(4.0 + i, [VllmEvent("BlockStored", ((i + 13 << 56).to_bytes(8, "big"),), None,
                                               tuple(range(16)), 16)], 0) for i in range(2)]
@@ -2590,14 +2621,14 @@ class ColumnarPool:
         m = self.removed
         e = m.ordered()
         return OrderedDict((self._bytes(int(k), int(w)), (None, int(v))) for k, w, v in
-                           zip(m.k[e], m.w[e], m.columns(e)[0]))
+                           zip(m.k[e, K_KEY], m.w[e], m.columns(e)[0]))
 
     @property
     def departed(self) -> OrderedDict[bytes, list[int]]:
         m = self.departed_map
         e = m.ordered()
         return OrderedDict((self._bytes(int(k), int(w)), [int(a), int(r)]) for k, w, a, r in
-                           zip(m.k[e], m.w[e], *m.columns(e)))
+                           zip(m.k[e, K_KEY], m.w[e], *m.columns(e)))
 
     @property
     def num_cached(self) -> int:
