@@ -37,8 +37,9 @@ Python object per block, per hash or per token id:
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
-  insertion-ordered maps over one set of entries (`_RemovalMaps`): one table, the
-  entries' key and value columns, and a FIFO for each map. A hash that leaves a tier is
+  insertion-ordered maps over one set of entries (`_RemovalMaps`): one table, an
+  entry's key, values and FIFO positions in one 32-byte row, and a FIFO for each map, a
+  ring whose head moves on at the bound (no key moved to make room). A hash that leaves a tier is
   one probe and at most one new entry for both maps (in vLLM's streams they hold the
   same keys in the same order), and an entry is freed once both maps dropped it. A table
   entry carries 31 bits of its key's hash beside the entry's index, so a probe passes
