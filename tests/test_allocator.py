@@ -55,3 +55,27 @@ def test_a_freed_large_array_goes_back_to_the_system_only_when_tuned():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_window_process_is_tuned_by_its_context():
     assert _released("window") > 15
+
+
+HUGE = """
+import json, os, sys
+if sys.argv[1] == "before":
+    import numpy as np                      # imported first, as a test's or a bench's process has it
+from app.runtime.allocator import tune
+tune()
+import numpy as np
+print(json.dumps({"huge": bool(np._core.multiarray._get_madvise_hugepage())}))
+"""
+
+
+def _huge_pages(arm: str, **env: str) -> bool:
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"} | env
+    out = subprocess.run([sys.executable, "-c", HUGE, arm], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["huge"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="numpy asks for huge pages on Linux only")
+def test_a_tuned_process_asks_for_no_huge_pages_unless_the_user_does():
+    assert not _huge_pages("after") and not _huge_pages("before")  # numpy imported after tune, and before it
+    assert _huge_pages("before", NUMPY_MADVISE_HUGEPAGE="1")  # the user's choice stands

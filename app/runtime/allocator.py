@@ -17,11 +17,21 @@ at 4 MiB it did not (276K against 274K, 12 runs each).
 and every `AppContext`): an array of 4 MiB or more is mapped on its own and unmapped when
 freed. Smaller ones freed below the top still stay: `release_freed()` hands their pages
 back (malloc_trim), for a caller that has just freed many. On another C library both do nothing.
+
+`tune()` also turns off numpy's request for transparent huge pages (madvise) on its large
+arrays, unless the user's NUMPY_MADVISE_HUGEPAGE says otherwise. Where the kernel honours
+the request with direct compaction (`defrag` set to `madvise`, the common default), a first
+touch of such an array can stall for a compaction: the subscriber thread of a window's first
+attach spent 0.08-0.44 s of system time per 100K vLLM events with it, 0.09-0.10 without
+(2026-12-05), and that window's attach ran at 143K and 214K vLLM events/s wall against 266K
+and 304K (fresh processes alternated; later attaches, the pool, the route and the held
+memory the same within their spread).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -34,6 +44,7 @@ def tune() -> bool:
     """Fix glibc's mmap threshold at `MMAP_THRESHOLD`; True if it is (now or before)."""
     global _tuned
     if _tuned is None:
+        _no_huge_pages()
         _tuned = False
         if sys.platform.startswith("linux"):
             try:
@@ -42,6 +53,18 @@ def tune() -> bool:
             except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
                 pass
     return _tuned
+
+
+def _no_huge_pages() -> None:
+    """numpy's large arrays without a request for transparent huge pages, unless the user's
+    NUMPY_MADVISE_HUGEPAGE asks for them: the variable, for numpy imported from now on (and
+    child processes), and numpy's own switch if it is imported already."""
+    if os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0") != "0":
+        return
+    numpy = sys.modules.get("numpy")
+    switch = getattr(getattr(getattr(numpy, "_core", None), "multiarray", None), "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(False)
 
 
 def release_freed() -> bool:
