@@ -8,29 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from engine.bench.attach import recorded_stream
-from engine.remote import colpool, fastwire
-from tests.test_colpool_p2_fifo import _reference, _restoring_frames, _same_maps
-
-
-def _apply(payloads: list[bytes], max_removed: int, monkeypatch) -> tuple[colpool.ColumnarPool, int]:
-    """The pool after runs of 64 frames; how many times keys were moved (`_om_refifo`)."""
-    moved = []
-    refifo = colpool._om_refifo
-
-    def counted(ofifo, OV, OS, pos, out):
-        moved.append(len(out))
-        return refifo(ofifo, OV, OS, pos, out)
-
-    monkeypatch.setattr(colpool, "_om_refifo", counted)
-    pool = colpool.ColumnarPool("t", max_removed=max_removed)
-    for i in range(0, len(payloads), 64):
-        pool.apply_many([fastwire.decode_columns(s, payloads[s]) for s in range(i, min(i + 64, len(payloads)))])
-    return pool, len(moved)
+from engine.remote import colpool
+from tests.test_colpool_p2_fifo import _apply, _reference, _restoring_frames, _same_maps
 
 
 def test_a_map_at_its_bound_wraps_round_its_ring_and_moves_no_key(monkeypatch):
     payloads, _, _ = recorded_stream(20_000, gpu_blocks=1_500, seed=8)
-    pool, num_moved = _apply(payloads, 3_000, monkeypatch)
+    pool, _, num_moved = _apply(payloads, 3_000, monkeypatch)
     assert len(pool.removed) == len(pool.departed_map) == 3_000
     for m in (pool.removed, pool.departed_map):
         assert len(m.fifo) & (len(m.fifo) - 1) == 0  # a power of two
@@ -41,7 +25,7 @@ def test_a_map_at_its_bound_wraps_round_its_ring_and_moves_no_key(monkeypatch):
 
 def test_an_entry_is_one_row_of_32_bytes_and_its_counts_are_read_whole(monkeypatch):
     payloads, _, _ = recorded_stream(6_000, gpu_blocks=800, seed=5)
-    pool, _ = _apply(payloads, 1_000_000, monkeypatch)
+    pool, _, _ = _apply(payloads, 1_000_000, monkeypatch)
     maps = pool.maps
     assert maps.k.dtype == np.uint64 and maps.k.shape[1] * 8 == 32
     assert maps.v.base is maps.k or maps.v.base is maps.k.base  # the same rows, as int32
@@ -62,7 +46,7 @@ def test_positions_near_their_limit_are_counted_again_from_0(monkeypatch):
     it: the maps stay the reference's, through holes and the bound."""
     monkeypatch.setattr(colpool, "POS_LIMIT", 5_000)
     payloads = _restoring_frames(4_000, 0.2, 11)
-    pool, num_moved = _apply(payloads, 700, monkeypatch)
+    pool, _, num_moved = _apply(payloads, 700, monkeypatch)
     assert num_moved >= 2 and all(int(m.os[colpool.O_TAIL]) < 5_000 for m in (pool.removed, pool.departed_map))
     _same_maps(pool, _reference(payloads, 700))
 
@@ -72,5 +56,5 @@ def test_holes_in_a_ring_at_its_bound_keep_the_maps_in_order(monkeypatch):
     the bound; a window grown past the ring's length with holes in it moves the keys."""
     for restore, bound in ((0.05, 400), (0.4, 400), (0.4, 1_000_000)):
         payloads = _restoring_frames(5_000, restore, 4)
-        pool, _ = _apply(payloads, bound, monkeypatch)
+        pool, _, _ = _apply(payloads, bound, monkeypatch)
         _same_maps(pool, _reference(payloads, bound))
