@@ -42,6 +42,19 @@ def test_a_large_array_grows_in_its_own_mapping_without_a_copy():
     assert cols["a"][:n].tolist() == list(range(n)) and len(cols["a"]) == 4 * n
 
 
+
+@needs_mremap
+def test_an_array_over_a_mapping_regrow_did_not_make_is_copied_not_resized():
+    import mmap
+
+    n = growth.MAPPED_BYTES // 8
+    theirs = mmap.mmap(-1, n * 8)  # someone else's mapping (a file's, say)
+    owner = _Owner(np.frombuffer(theirs, np.int64, count=n))
+    owner.arr[:] = np.arange(n)
+    regrow(owner, "arr", 2 * n, n)
+    assert len(theirs) == n * 8  # never resized under its owner
+    assert _mapping_of(owner.arr) is not None and owner.arr[:n].tolist() == list(range(n))
+
 def _snapshot(state) -> dict:
     """What a `PoolState` holds that the views read: the log's columns, the event index, the
     series, the live pool, checkpoints, request slots and the remote overlay."""

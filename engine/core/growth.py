@@ -23,9 +23,10 @@ import numpy as np
 # An array `regrow` makes at least this large gets a mapping of its own (anonymous, private),
 # which grows by mremap: the kernel moves its pages, nothing is copied, and the room past its
 # values is no resident memory until written. A heap block of this size mostly could not grow
-# where it lay (glibc's mmap threshold rises to the largest block freed, so these came from the
-# heap), and realloc copied it: a journal log's columns were copied ~8 times their final size,
-# ~35 ms of the commit's CPU time per 100K vLLM events (2026-12-05).
+# where it lay (below the app's 4 MiB mmap threshold, `app.runtime.allocator`, and in a process
+# without it below glibc's, which rises to the largest block freed), and realloc copied it: a
+# journal log's columns were copied ~8 times their final size, ~35 ms of the commit's CPU time
+# per 100K vLLM events (2026-12-05).
 MAPPED_BYTES = 1 << 18
 # mremap is Linux's: elsewhere an anonymous mapping cannot grow where it lies, so arrays stay on the heap
 CAN_MAP = sys.platform.startswith("linux") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
@@ -99,11 +100,9 @@ class _Mapping(mmap.mmap):
 NUMPY_TRACE_DOMAIN = 389047  # numpy's tracemalloc domain (its arrays' data)
 
 
-def _trace(mapping: Any, arr: np.ndarray) -> None:
+def _trace(mapping: _Mapping, arr: np.ndarray) -> None:
     """Count `mapping`'s bytes (`arr`, its whole first part) in tracemalloc, in place of those
     counted at its old address."""
-    if not isinstance(mapping, _Mapping):
-        return
     _untrace(mapping.traced_at_cell)
     if tracemalloc.is_tracing():
         at = arr.__array_interface__["data"][0]
@@ -118,10 +117,11 @@ def _untrace(cell: list[int]) -> None:
         cell[0] = 0
 
 
-def _mapping_of(arr: np.ndarray) -> mmap.mmap | None:
-    """The mapping `arr` is the whole first part of (`_mapped`), or None."""
+def _mapping_of(arr: np.ndarray) -> _Mapping | None:
+    """The mapping `arr` is the whole first part of, if `_mapped` made it (another mapping, a
+    file's say, is never resized here: such an array is copied), else None."""
     base = arr.base
-    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap) and arr.ndim == 1 and \
+    if isinstance(base, memoryview) and isinstance(base.obj, _Mapping) and arr.ndim == 1 and \
             arr.__array_interface__["data"][0] == np.frombuffer(base, np.uint8, count=0).__array_interface__["data"][0]:
         return base.obj
     return None
