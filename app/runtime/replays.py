@@ -49,6 +49,10 @@ def capacity_of(requests: Any, block_size: int) -> int:
             num_tokens += len(r.tokens) + len(r.output_tokens or ())
         else:
             num_tokens += r.input_length + r.output_length
+    return _capacity(num_tokens, block_size)
+
+
+def _capacity(num_tokens: int, block_size: int) -> int:
     return max(64, min(16384, num_tokens // block_size // 2))
 
 
@@ -84,8 +88,8 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
         arrays = prepare(requests, block_size, keep_content=False)
         requests = arrays.requests
         release_freed()  # the parsed ids freed: else the window holds the peak
-        if capacity_blocks is None:
-            capacity_blocks = capacity_of(requests, block_size)
+        if capacity_blocks is None:  # `capacity_of` from the arrays: each request's prompt and output sizes
+            capacity_blocks = _capacity(int(arrays.nprompt.sum()) + int(arrays.nout.sum()), block_size)
         config = ReplayConfig(block_size=block_size, capacity_blocks=capacity_blocks, seed=0)
         if unsupported_reason(config, arrays) is None:
             run = replay_kernel(arrays, config, record=True, source=str(path))

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from itertools import chain, count, filterfalse, islice, repeat
 from operator import attrgetter, is_not
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class TraceArrays:
     Per request also what its result row names (input position, output length; its id is
     `names[uid]`), so the result is made from arrays, not from the requests."""
 
-    requests: list[TraceRequest]
+    requests: Sequence[TraceRequest]
     nprompt: np.ndarray
     kvout: np.ndarray
     salt: np.ndarray
@@ -79,8 +79,14 @@ class TraceArrays:
 
 # Requests are read in chunks of this many: each chunk's fields are taken out in C-level
 # passes (`map` over attribute getters, `np.fromiter`), and a lazily read trace never
-# holds more than one chunk's id tuples at once.
-CHUNK = 8192
+# holds more than one chunk's id tuples at once. Few, so that the parse's Python objects
+# (a line's dict, its hash ids as ints) fill few of Python's 1 MiB small-object arenas,
+# which stay resident once filled while any object the open keeps lies in them: with
+# 8,192 the Mooncake trace's open kept 10 such arenas (60 B per distinct block), with
+# 256 three to five, its prepare no slower (`tests/test_openmem_h4_parse.py`).
+CHUNK = 256
+_LINE = attrgetter("line")
+_TIMESTAMP = attrgetter("timestamp")
 _TOKENS = attrgetter("tokens")
 _SIZES = attrgetter("index", "input_length", "output_length")
 _HASH_IDS = attrgetter("hash_ids")
@@ -106,11 +112,13 @@ def _codes(values: list, table: dict, dtype: type = np.int32) -> np.ndarray:
 def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: bool = True) -> TraceArrays:
     """The trace as the kernel reads it, `CHUNK` requests at a time from `requests`.
 
-    With `keep_content=False`, `TraceArrays.requests` keeps each request without its token
+    With `keep_content=False`, `TraceArrays.requests` gives each request without its token
     ids or hash ids (both None: `slim`), which the arrays now hold: a trace read lazily
     (`read_trace`) then never has all its Python id tuples alive at once (a token id is 36
     bytes as a Python int in a tuple, 4 in the arrays). Such arrays replay on the kernel
-    only; `engine.core.replay.replay` needs the ids.
+    only; `engine.core.replay.replay` needs the ids. Nor is a request kept as an object:
+    `SlimRequests` makes each from the arrays when it is read (a slim request and its
+    timestamp were ~250 bytes of Python objects each, made amid the parse's temporaries).
 
     Per request this costs a few C-level passes and no Python bytecode (fields by `map`
     over attribute getters, names coded through dicts by `_codes`); a hash-id request's
@@ -125,6 +133,8 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("nprompt", "kvout", "counts", "salt", "model", "uid",
                                                          "nfull", "kind", "ext", "index", "nout")}
     token_parts: list[np.ndarray] = []
+    lines: list[np.ndarray] = []
+    stamps: list[np.ndarray] = []
     it = iter(requests)
     while chunk := list(islice(it, CHUNK)):
         n = len(chunk)
@@ -161,13 +171,17 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
                           ("model", model), ("uid", uid), ("nfull", full.astype(np.int32)), ("kind", kind),
                           ("index", index), ("nout", nout)):
             cols[name].append(col)
-        reqs.extend(chunk if keep_content else map(slim, chunk))
+        if keep_content:
+            reqs.extend(chunk)
+        else:
+            lines.append(np.fromiter(map(_LINE, chunk), np.int64, n))
+            stamps.append(np.array(list(map(_TIMESTAMP, chunk)), np.float64))  # None read as NaN (a stamp is finite)
         del chunk, tokens
     dtypes = {"nprompt": np.int64, "kvout": np.int64, "counts": np.int64, "salt": np.int32, "model": np.int32,
               "uid": np.int32, "nfull": np.int32, "kind": np.uint8, "ext": np.int64, "index": np.int64,
               "nout": np.int64}
     a = {k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, dtypes[k]) for k, v in cols.items()}
-    n = len(reqs)
+    n = len(a["nprompt"])
     koff = np.zeros(n + 1, np.int64)
     np.cumsum(a["counts"], out=koff[1:])
     if not token_parts:  # a hash-id trace: the items are its ids, in order
@@ -184,9 +198,46 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
         items[block_kind == KIND_TOKENS] = inverse.astype(np.int64).ravel()
     salts = [name for name, sid in salt_ids.items() if sid >= 0]  # in id order: a dict keeps insertion order
     models_l = [name for name, mid in model_ids.items() if mid >= 0]
-    return TraceArrays(reqs, a["nprompt"], a["kvout"], a["salt"], a["model"], a["kind"], a["uid"], koff, a["nfull"],
-                       items, content, salts, models_l, len(uids), a["index"], a["nout"], list(uids),
+    names = list(uids)
+    if not keep_content:
+        whole = {k: (v[0] if len(v) == 1 else np.concatenate(v)) if v else np.zeros(0, t)
+                 for k, v, t in (("line", lines, np.int64), ("timestamp", stamps, np.float64))}
+        kept: Sequence[TraceRequest] = SlimRequests(a["index"], whole["line"], a["uid"], names, a["salt"], salts,
+                                                    a["nprompt"], a["nout"], whole["timestamp"], a["model"], models_l)
+    else:
+        kept = reqs
+    return TraceArrays(kept, a["nprompt"], a["kvout"], a["salt"], a["model"], a["kind"], a["uid"], koff, a["nfull"],
+                       items, content, salts, models_l, len(uids), a["index"], a["nout"], names,
                        time.perf_counter() - t0)
+
+
+class SlimRequests(Sequence[TraceRequest]):
+    """The requests of `prepare(..., keep_content=False)` in input order, each made from the
+    arrays when read, as `slim` would have kept it (its id, tenant and model by code)."""
+
+    def __init__(self, index: np.ndarray, line: np.ndarray, uid: np.ndarray, names: list[str], salt: np.ndarray,
+                 salts: list[str | None], nprompt: np.ndarray, nout: np.ndarray, timestamp: np.ndarray,
+                 model: np.ndarray, models: list[str]) -> None:
+        self._index, self._line, self._uid, self._names = index, line, uid, names
+        self._salt, self._salts, self._nprompt, self._nout = salt, salts, nprompt, nout
+        self._timestamp, self._model, self._models = timestamp, model, models
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # a negative position counted from the end; IndexError past it
+        salt, model, ts = int(self._salt[i]), int(self._model[i]), float(self._timestamp[i])
+        return TraceRequest(int(self._index[i]), int(self._line[i]), self._names[self._uid[i]],
+                            self._salts[salt] if salt >= 0 else None, None, None, None, int(self._nprompt[i]),
+                            int(self._nout[i]), None if ts != ts else ts, self._models[model] if model >= 0 else None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def slim(tr: TraceRequest) -> TraceRequest:
@@ -252,7 +303,8 @@ def replay_kernel(requests: Iterable[TraceRequest] | TraceArrays, config: Replay
         # the prompt sizes and key offsets the log keeps in int32 where they fit (the kernel's
         # are int64): 8 bytes a request less
         nprompt, koff = (a.astype(np.int32) if fits(a, np.int32) else a for a in (arrays.nprompt, arrays.koff))
-        req_table = RequestTable([tr.id for tr in reqs], arrays.salts, arrays.salt, nprompt, keys, koff, arrays.nfull)
+        # each request's id by its code: the names the parse made, no request object read
+        req_table = RequestTable(list(map(arrays.names.__getitem__, arrays.uid.tolist())), arrays.salts, arrays.salt, nprompt, keys, koff, arrays.nfull)
         columns: list[np.ndarray | None] = list(cols)
         del cols
         log = ColumnarLog.from_columns(config.capacity_blocks, bs, _own_rows(columns, int(n_rows)), key_table,
