@@ -847,8 +847,9 @@ def _unhold(by_hash: dict, h: tuple[int, int], b: int) -> None:
 def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> Any:
     """A `LiveColumnarLog` for `append_journal` (hash ids and stores read from the pools);
     `compiled=False` places copies with the Python loop (the compiled one is held to it)."""
-    from engine.core.live_log import LiveColumnarLog
+    from engine.core.live_log import LiveColumnarLog, _compiled_journal_loop
 
+    _compiled_journal_loop()  # its ticks' series and live pool pass, loaded (or compiled) now, not at a tick
     log = LiveColumnarLog(0, block_size, **options)
     keys = JournalKeys()
     log.columnar.keys = keys

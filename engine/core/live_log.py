@@ -33,6 +33,7 @@ from engine.core.columnar_log import (
 )
 from engine.core.events import Event
 from engine.core.growth import regrow
+from engine.core.pool_state import Counters
 
 # Rows between checkpoints at first; doubled whenever more than the budget allows pile up.
 FIRST_CHECKPOINT_ROWS = 16_384
@@ -686,9 +687,11 @@ class LiveColumnarLog(ColumnarEventLog):
             # tiers, ranks and servers of a remote pool, resets and other engines' events
             # are matched on the events (app.runtime.selection), not on these columns
             self.columns_answer_filters = False
-        self._series_on(r0, ends)
-        self._keep_newest(r0, r1)
-        live = self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
+        if not (bounds is None and self._seqs is None and col.journal_fed and self._journal_tick(r0, r1)):
+            self._series_on(r0, ends)
+            self._keep_newest(r0, r1)
+            self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
+        live = self._live_arrays
         if not self._any_ref:  # no request ever held a block (a remote pool's): no array of zeros kept
             live.ref_counts = np.broadcast_to(np.int32(0), live.ref_counts.shape)
         col.moving = live
@@ -699,10 +702,50 @@ class LiveColumnarLog(ColumnarEventLog):
         self._live = None
         self._index.clear()
 
-    def _series_on(self, r0: int, ends: np.ndarray) -> None:
-        """The series after each new event, from the counts after the previous batch."""
+    def _journal_tick(self, r0: int, r1: int) -> bool:
+        """The series and the live pool moved on over rows [r0, r1) in one compiled pass
+        (`_journal_loop`), where `_series_on` and `ColumnarLog._advance` each made one: a tick
+        of an attached server's journal, one row an event, no request ever holding a block,
+        rows that only store, evict or clear. False, nothing moved, for any other rows (a
+        ref row, a lookup): the two passes then. The same counts, hashes, places and counters."""
+        loop = _compiled_journal_loop()
+        if loop is None or self._any_ref or r1 <= r0:
+            return False
         col = self.columnar
-        width = col.num_blocks
+        self._fit_series_state()
+        self._keep_newest(r0, r1)
+        state = self._live_arrays
+        ref, hk, pos = col._grown_to(state, r1)  # in place (_LiveColumns); every ref count 0
+        nb0 = col.blocks_at(r0)
+        born = col._born_row[nb0:col.num_blocks].astype(np.int64)  # the blocks born in these rows
+        out = np.empty((3, r1 - r0), np.int32)
+        got = np.zeros(6, np.int64)
+        if not loop(col.col("kind"), col.col("block"), col.col("hash"), col.col("flag"), r0, r1, born, nb0,
+                    self._held, self._acc, hk, pos, out, got):
+            return False
+        n = r1 - r0
+        acc, columns = self._acc, self._columns
+        stores, evictions = int(got[0]), int(got[1])
+        # in use, top ref, cached and prompt tokens: no ref row, no lookup, so as they were
+        for name, value in (("in_use", acc[0]), ("max_ref", acc[3]), ("cached_tokens", acc[4]),
+                            ("prompt_tokens", acc[5])):
+            columns[name].append_same(value, n)
+        for j, name in enumerate(("cached_free", "empty", "evicted")):
+            if got[3 + j]:
+                columns[name].append_same(out[j, 0], n)
+            else:
+                columns[name].append(out[j])
+        c = state.counters
+        counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks + stores,
+                            c.num_evicted_blocks + evictions, c.num_refused_requests, c.num_finished_requests,
+                            c.num_hash_collisions)
+        col._heads_after = (r1, col._head_count(r0))  # no row prepends to the free queue's head
+        self._live_arrays = PoolArrays(int(col.values_at("seq", r1 - 1)), r1, ref, hk, pos, counters)
+        return True
+
+    def _fit_series_state(self) -> None:
+        """The series pass's per-block state as long as the pool."""
+        width = self.columnar.num_blocks
         if width > len(self._ref):
             # grown by half into zeroed pages: the room not used yet costs no resident memory;
             # ref counts no row has set are left untouched (zeroed pages read, never resident)
@@ -714,6 +757,11 @@ class LiveColumnarLog(ColumnarEventLog):
                 setattr(self, name, grown)
             if not self._any_ref:
                 self._ref = np.zeros(cap, np.int32)
+
+    def _series_on(self, r0: int, ends: np.ndarray) -> None:
+        """The series after each new event, from the counts after the previous batch."""
+        col = self.columnar
+        self._fit_series_state()
         kind, a = col.col("kind"), col.col("a")
         new = kind[r0:] == REF
         any_new = bool(new.any())
@@ -926,6 +974,84 @@ def _thinned(states: list[Any]) -> list[Any]:
     return [out[i] for i in kept]
 
 
+def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos, out,
+                  got):  # pragma: no cover - compiled
+    """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
+    row an event, for rows that only store (4), evict (7) or clear (10) while no block has a
+    ref count: per block whether it holds a hash (`held`), its hash and free-queue place (`hk`,
+    `pos`, the live pool's); `acc` the series' counts (cached free, evicted move); `born` the
+    rows the blocks from `nb0` on were born at. `out`: cached free, empty and evicted after
+    each event; `got`: stores, evictions, clears' rows, and per series of `out` 1 where it did
+    not move. False, nothing written, if a row is of another kind."""
+    for i in range(r0, r1):
+        k = kind[i]
+        if k != 4 and k != 7 and k != 10:
+            return False
+    in_use = acc[0]
+    cached_free = acc[1]
+    evicted = acc[2]
+    j = 0
+    for i in range(r0, r1):
+        while j < len(born) and born[j] <= i:  # a block counts from the row it is born at
+            j += 1
+        k = kind[i]
+        b = block[i]
+        if k == 4:
+            got[0] += 1
+            if b >= 0:
+                if not held[b]:
+                    cached_free += 1
+                held[b] = 1
+                hk[b] = key[i]
+                if flag[i] == 1:
+                    pos[b] = (1 << 40) + 2 * i  # TAIL_BASE: the free queue's tail from this row
+        elif b >= 0:  # evicted, or a clear's: the hash goes, an eviction counted for the former
+            if held[b]:
+                cached_free -= 1
+            held[b] = 0
+            hk[b] = -1
+            if k == 7:
+                evicted += 1
+                got[1] += 1
+        if k == 10:
+            got[2] += 1
+        e = i - r0
+        out[0, e] = cached_free
+        out[1, e] = nb0 + j - in_use - cached_free
+        out[2, e] = evicted
+    acc[1] = cached_free
+    acc[2] = evicted
+    for m in range(3):
+        got[3 + m] = 1
+        for e in range(1, r1 - r0):
+            if out[m, e] != out[m, 0]:
+                got[3 + m] = 0
+                break
+    return True
+
+
+_JOURNAL_LOOP: list[Any] = []
+
+
+def _compiled_journal_loop() -> Any:
+    """`_journal_loop` compiled (cached on disk), or None without numba; loaded (or compiled)
+    with a tick of one store, one eviction and one clear, as its callers call it (a journal
+    log asks for it when made: `engine.core.live_journal.journal_log`)."""
+    if not _JOURNAL_LOOP:
+        try:
+            from numba import njit
+        except ImportError:
+            _JOURNAL_LOOP.append(None)
+        else:
+            loop = njit(cache=True, nogil=True)(_journal_loop)
+            i32 = np.zeros(3, np.int32)
+            loop(np.array([4, 7, 10], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3, np.zeros(1, np.int64), 0,
+                 np.zeros(1, np.uint8), np.zeros(6, np.int64), np.full(1, -1, np.int32), np.zeros(1, np.int64),
+                 np.empty((3, 3), np.int32), np.zeros(6, np.int64))
+            _JOURNAL_LOOP.append(loop)
+    return _JOURNAL_LOOP[0]
+
+
 def warm_up() -> None:
     """Run one tiny request through a `LiveColumnarLog`, so the compiled passes it uses are
     loaded from numba's disk cache (compiled, the first time on a machine) here and not
@@ -944,3 +1070,4 @@ def warm_up() -> None:
     log = LiveColumnarLog(4, 4)
     log.extend(events)
     _ = log.series, log.state_at(events[0].seq)
+    _compiled_journal_loop()  # a journal log's ticks' pass (an attached server's)
