@@ -83,18 +83,71 @@ def _made_each_read(name: str) -> property:
     return property(get, field.__set__)
 
 
+class Changes:
+    """A per-event count that most events leave as it was, kept as the positions where it
+    changes (the first included) and its value from each: the Mooncake trace's blocks in use
+    change at 32,349 of its 481,145 events, its top ref count at 24,062 (0.19 MB and 0.12 MB
+    so, 0.96 MB and 0.48 MB whole)."""
+
+    __slots__ = ("at", "values", "n")
+
+    def __init__(self, at: np.ndarray, values: np.ndarray, n: int) -> None:
+        self.at, self.values, self.n = at, values, n
+
+    @staticmethod
+    def of(series: np.ndarray) -> Changes | np.ndarray:
+        """`series` as its changes where that takes less than half its bytes, else as it is."""
+        n = len(series)
+        if not n:
+            return series
+        moved = np.flatnonzero(series[1:] != series[:-1])
+        if (len(moved) + 1) * (4 + series.itemsize) * 2 > series.nbytes or n > np.iinfo(np.int32).max:
+            return series
+        at = np.empty(len(moved) + 1, np.int32)
+        at[0] = 0
+        np.add(moved, 1, out=at[1:])
+        return Changes(at, series[at], n)
+
+    def whole(self) -> np.ndarray:
+        """The series, one value an event (made each time)."""
+        return np.repeat(self.values, np.diff(self.at, append=self.n))
+
+    def copy(self) -> Changes:
+        return Changes(self.at.copy(), self.values.copy(), self.n)
+
+    @property
+    def nbytes(self) -> int:
+        return self.at.nbytes + self.values.nbytes
+
+
+def _kept_as_changes(name: str) -> property:
+    """A field of `LogSeries` that may be kept as its `Changes`: read whole each time."""
+    field = getattr(EventSeries, name)  # the slot's descriptor
+
+    def get(self: LogSeries) -> np.ndarray:
+        got = field.__get__(self, LogSeries)
+        return got.whole() if isinstance(got, Changes) else got
+
+    return property(get, field.__set__)
+
+
 class LogSeries(EventSeries):
     """The series of a finished log. Its running token sums (`cached_tokens`, `prompt_tokens`:
     3.85 MB over the Mooncake trace, read by no view) are made when first read, not kept;
     `empty` (the pool's blocks less those in use and cached free: 0.96 MB, read by no view but
     the export) and `evicted` (the evictions' rows counted at each event's end: 1.9 MB, read
-    by the timeline once a draw) each time they are read."""
+    by the timeline once a draw) each time they are read. `in_use`, `cached_free` and
+    `max_ref` are kept as their `Changes` where those are smaller, and made whole each time
+    they are read (~1 ms each over the Mooncake trace; the timeline reads them once a draw)."""
 
     __slots__ = ("_log",)
     cached_tokens = _made_when_read("cached_tokens")
     prompt_tokens = _made_when_read("prompt_tokens")
     empty = _made_each_read("empty")
     evicted = _made_each_read("evicted")
+    in_use = _kept_as_changes("in_use")
+    cached_free = _kept_as_changes("cached_free")
+    max_ref = _kept_as_changes("max_ref")
 
     def __init__(self, log: ColumnarEventLog, *fields: Any) -> None:
         super().__init__(*fields)
@@ -338,6 +391,7 @@ class ColumnarEventLog:
             # from the rows (kept for the live state's last eviction anyway), not kept
             if (int(evicted[-1]) if len(evicted) else 0) == len(self.eviction_rows()):
                 evicted = None
+            in_use, cached_free, max_ref = (Changes.of(a) for a in (in_use, cached_free, max_ref))
             self._series = LogSeries(self, s.seq, in_use, cached_free, None, max_ref, evicted, None, None,
                                      s.refusal_seqs, s.reset_seqs)
         return self._series

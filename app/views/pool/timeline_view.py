@@ -25,6 +25,7 @@ from app.ui.plots import CURVE_BINS, PlotStack, peak_reduce
 from app.ui.widgets import PanelView
 from app.views.pool.remote_plots import RemoteTimeline, show_remote
 from engine.core.columnar import Consecutive
+from engine.core.columnar_log import LogSeries
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext
@@ -224,7 +225,12 @@ class TimelineView(PanelView):
         used = _values(s.in_use)
         cached_free = _values(s.cached_free)
         max_ref = _values(s.max_ref)
-        self._full = (x, cached_free, used, max_ref)
+        if isinstance(s, LogSeries):
+            # a finished log's series, which does not grow: read again at each reduction (it
+            # keeps some as their changes and makes them whole when read), not held whole here
+            self._full = (x, s)
+        else:
+            self._full = (x, (cached_free, used, max_ref))
         if not len(x):
             # nothing to range over (a usage log, a fresh engine): an empty axis from 0, not
             # the last log's, and the auto range still on for the events to come
@@ -266,7 +272,9 @@ class TimelineView(PanelView):
         """The curves' data: the whole series reduced to the bins of [lo, hi]."""
         if self._full is None:
             return
-        x, cached_free, used, max_ref = self._full
+        x, counts = self._full
+        cached_free, used, max_ref = counts if isinstance(counts, tuple) else (
+            _values(counts.cached_free), _values(counts.in_use), _values(counts.max_ref))
         self._reduced_for = (lo, hi)
         xs, ys = peak_reduce(x, used + cached_free, lo, hi)
         self.c_cached.setData(xs.astype(float), ys.astype(float))
