@@ -116,3 +116,28 @@ def test_clears_of_one_row_and_of_many_hold_what_the_two_passes_held(monkeypatch
     assert num_fused == 6  # the ticks before the clear of three rows (then every event has bounds)
     assert fused[-1]["series.reset_seqs"].tolist() and fused[-1]["live.counters"].num_evicted_blocks == 4
     _same(fused, apart)
+
+
+def test_store_numbers_said_to_count_up_are_kept_as_the_same_runs():
+    from engine.core.live_journal import _Steps, _scan_numpy
+
+    rng = np.random.default_rng(7)
+    told, looked = _Steps(), _Steps()
+    at = 0
+    for tick in range(300):
+        k = int(rng.integers(1, 50))
+        if tick % 7 == 3:
+            at += int(rng.integers(2, 9))  # a gap: another pool's stores came between
+        values = np.arange(at, at + k, dtype=np.int64)
+        if tick % 11 == 5:
+            values = values[::-1].copy()  # not counting up: runs of one
+        at += k
+        ops = np.zeros(k, np.int64)
+        counting = _scan_numpy(ops, ops, ops, values, ops + 1).stores_counting
+        assert counting == (tick % 11 != 5 or k == 1)
+        told.append(values, counting)
+        looked.append(values)
+    assert told.n == looked.n > 3000
+    every = np.arange(told.n)
+    assert np.array_equal(told.take(every), looked.take(every))
+    assert np.array_equal(told._start.view, looked._start.view) and np.array_equal(told._first.view, looked._first.view)

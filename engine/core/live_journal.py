@@ -152,13 +152,19 @@ class _Steps:
         self._values: _Grow | None = None  # the values, once runs did not pay
         self.n = 0
 
-    def append(self, values: np.ndarray) -> None:
+    def append(self, values: np.ndarray, counting: bool = False) -> None:
+        """Append `values`; `counting`: the caller knows they count up by one (a tick's
+        stores of one pool, `_scan_loop`), so they continue the last run or start one."""
         values = np.asarray(values, np.int64)
         k = len(values)
         if not k:
             return
         if self._values is not None:
             self._values.append(values)
+            self.n += k
+            return
+        if counting and int(values[0]) == self._last + 1:  # the last run goes on: nothing kept
+            self._last = int(values[-1])
             self.n += k
             return
         breaks = np.flatnonzero(np.diff(values) != 1) + 1
@@ -319,9 +325,10 @@ class JournalStores(Sequence[tuple]):
         out[real] = table[mine]
         return out
 
-    def add(self, pool: int, local: np.ndarray) -> None:
+    def add(self, pool: int, local: np.ndarray, counting: bool = False) -> None:
+        """Stores `local` of pool `pool` (`counting`: they count up by one)."""
         self._pool.append_same(pool, len(local))
-        self._local.append(local)
+        self._local.append(local, counting)
 
     def _parent_keys(self, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per store its pool and its parent's journal (key, width), read from each pool's arrays."""
@@ -459,6 +466,7 @@ class _JournalColumns:
     width_range: tuple[int, int]  # the widths' least and most
     num_cleared: int  # clear rows (a clear's rows' `a` is the pool's count of copies it cleared)
     store_local: np.ndarray  # int64 pool store number of each storing row
+    stores_counting: bool  # those count up by one (a pool numbers its stores in order)
     pairs: np.ndarray  # ascending (batch seq << 10) | (tier + 1), one per run of rows
     of_pair: np.ndarray  # per row, its pair
     batches: np.ndarray  # the pairs' batch seqs, once each
@@ -523,7 +531,7 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     names = journal.tier_names
     media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((scan.pairs & 1023) - 1).tolist()]
     rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.width_range, scan.num_cleared, scan.store_local,
-                           scan.pairs, scan.of_pair, scan.batches, media, table_pair, table_batch)
+                           scan.stores_counting, scan.pairs, scan.of_pair, scan.batches, media, table_pair, table_batch)
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
                            np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows, slots)
     plan.row += len(table)
@@ -555,7 +563,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     stores.journals[p] = StoreArrays.of(journal)
     rows = prepared.rows
     keys.add(p, rows.keys, rows.widths, rows.width_range)
-    stores.add(p, rows.store_local)  # the ids prepare_journal wrote (store0 on, checked above)
+    stores.add(p, rows.store_local, rows.stores_counting)  # the ids prepare_journal wrote (store0 on, checked above)
     stores.tenants.append(prepared.store_tenants)
     # no `_live_keys` (4 bytes a block, never written here: the placer holds what each block holds)
     slots = col._remote_slots()
@@ -667,6 +675,7 @@ class _JournalScan:
     num_stored: int
     num_cleared: int
     width_range: tuple[int, int]
+    stores_counting: bool = False  # the storing rows' store numbers count up by one
 
 
 def _scan_numpy(op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
@@ -676,16 +685,19 @@ def _scan_numpy(op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.nda
     pairs, of_pair = _unique_runs(seq * 1024 + (tier + 1))
     batches, batch_of_pair = _unique_runs(pairs >> 10)
     wr = (int(width.min()), int(width.max())) if len(width) else (0, 0)
-    return _JournalScan(store[is_st].astype(np.int64), pairs, of_pair, batches, batch_of_pair,
-                        int(np.count_nonzero(is_st)), int(np.count_nonzero(op == OP_CLEARED)), wr)
+    local = store[is_st].astype(np.int64)
+    return _JournalScan(local, pairs, of_pair, batches, batch_of_pair, int(np.count_nonzero(is_st)),
+                        int(np.count_nonzero(op == OP_CLEARED)), wr, bool((np.diff(local) == 1).all()))
 
 
 def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches, batch_of_pair,
                st):  # pragma: no cover - compiled
     """`_scan_numpy` in one pass (compiled): the runs of equal pairs, then, when the runs do
     not ascend (a batch's tiers interleave), their values sorted and numbered as `np.unique`
-    numbers them. st: stores, clears, the width codes' least and most, pairs, batches."""
+    numbers them. st: stores, clears, the width codes' least and most, pairs, batches, and 1
+    if the stores' numbers count up by one."""
     n_st = 0
+    counting = 1
     n_clear = 0
     wmin = width[0] if len(width) else 0
     wmax = wmin
@@ -695,6 +707,8 @@ def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches
         o = op[i]
         if o == 0:
             store_local[n_st] = store[i]
+            if n_st and store[i] != store_local[n_st - 1] + 1:
+                counting = 0
             n_st += 1
         elif o == 2:
             n_clear += 1
@@ -738,6 +752,7 @@ def _scan_loop(op, seq, tier, store, width, store_local, pairs, of_pair, batches
     st[3] = wmax
     st[4] = m + 1
     st[5] = nb
+    st[6] = counting
 
 
 class _Placer:
@@ -1262,11 +1277,11 @@ class _CompiledPlacer:
         """What a tick's rows need before they are placed (`_JournalScan`), in one compiled pass."""
         n = len(op)
         out = np.empty((5, n), np.int64)
-        st = np.zeros(6, np.int64)
+        st = np.zeros(7, np.int64)
         self.scan_loop(op, seq, tier, store, width, out[0], out[1], out[2], out[3], out[4], st)
-        num_stored, num_cleared, wmin, wmax, num_pairs, num_batches = st.tolist()
+        num_stored, num_cleared, wmin, wmax, num_pairs, num_batches, counting = st.tolist()
         return _JournalScan(out[0, :num_stored], out[1, :num_pairs], out[2], out[3, :num_batches],
-                            out[4, :num_pairs], num_stored, num_cleared, (wmin, wmax))
+                            out[4, :num_pairs], num_stored, num_cleared, (wmin, wmax), bool(counting))
 
     def store_fields(self, journal: Any, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(parent code, parent width, tenant) of each of `journal`'s pool stores `stores`, int64."""

@@ -118,6 +118,12 @@ class _Growing:
             wide[:self.n] = self.buf[:self.n]
             self.buf, self._spare = wide, None
         need = self.n + len(values)
+        self._fit(need)
+        self.buf[self.n:need] = values
+        self.n = need
+
+    def _fit(self, need: int) -> None:
+        """Room in the buffer for `need` values."""
         if need > len(self.buf):
             spare, self._spare = self._spare, None
             if spare is not None and len(spare[1]) >= need and spare[1].dtype == self.buf.dtype:
@@ -126,8 +132,19 @@ class _Growing:
                 self.buf = grown
             else:  # where it lies, unless a reader holds a view of it (`regrow`): no copy beside it
                 regrow(self, "buf", self._grown(need), self.n)
-        self.buf[self.n:need] = values
-        self.n = need
+
+    def room(self, k: int) -> np.ndarray | None:
+        """The next `k` values' place in the buffer, to be written there and then counted
+        (`wrote`), where `append` would copy them from an array made for them; None while the
+        column is kept as one value (`uniform`) or narrower than its values."""
+        if self._uniform or self.buf.dtype != self._dtype:
+            return None
+        self._fit(self.n + k)
+        return self.buf[self.n:self.n + k]
+
+    def wrote(self, k: int) -> None:
+        """The `k` values written in `room(k)` are the column's."""
+        self.n += k
 
     def append_one(self, value: Any) -> None:
         """`append` of one value, written in place while it fits and there is room (a journal
@@ -138,8 +155,8 @@ class _Growing:
                 buf[n] = value
                 self.n = n + 1
                 return
-            info = np.iinfo(buf.dtype)  # narrow: within the margin the column keeps
-            if info.min + self._margin <= value <= info.max - self._margin:
+            low, high = _BOUNDS[buf.dtype.char]  # narrow: within the margin the column keeps
+            if low + self._margin <= value <= high - self._margin:
                 buf[n] = value
                 self.n = n + 1
                 return
@@ -166,6 +183,11 @@ class _Growing:
         """The bytes it holds (its capacity, the spare included)."""
         spare = self._spare
         return self.buf.nbytes + (spare[1].nbytes if spare is not None else 0)
+
+
+# a narrow buffer's least and most value, by its type's code (np.iinfo takes ~3 us a call)
+_BOUNDS = {np.dtype(t).char: (int(np.iinfo(t).min), int(np.iinfo(t).max))
+           for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)}
 
 
 def _numbers(start: int, stop: int) -> np.ndarray:
@@ -470,6 +492,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
         self._any_ref = False  # a ref row appended yet (an attached server's log has none)
         self._held = np.zeros(max(1, num_blocks), np.uint8)
+        self._zero_refs = np.broadcast_to(np.int32(0), (1024,))  # `_no_refs`
         self._hist = np.zeros(2, np.int64)
         self._acc = np.zeros(6, np.int64)
         # the newest checkpoint as its differences from the live pool: per block of it, 1
@@ -693,7 +716,7 @@ class LiveColumnarLog(ColumnarEventLog):
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
         live = self._live_arrays
         if not self._any_ref:  # no request ever held a block (a remote pool's): no array of zeros kept
-            live.ref_counts = np.broadcast_to(np.int32(0), live.ref_counts.shape)
+            live.ref_counts = self._no_refs(len(live.ref_counts))
         col.moving = live
         col._head_marks[r1] = col._head_count(r1)
         if r0 and r0 not in col._cp_rows:
@@ -718,21 +741,26 @@ class LiveColumnarLog(ColumnarEventLog):
         ref, hk, pos = col._grown_to(state, r1)  # in place (_LiveColumns); every ref count 0
         nb0 = col.blocks_at(r0)
         born = col._born_row[nb0:col.num_blocks].astype(np.int64)  # the blocks born in these rows
-        out = np.empty((3, r1 - r0), np.int32)
-        got = np.zeros(6, np.int64)
-        if not loop(col.col("kind"), col.col("block"), col.col("hash"), col.col("flag"), r0, r1, born, nb0,
-                    self._held, self._acc, hk, pos, out, got):
-            return False
         n = r1 - r0
         acc, columns = self._acc, self._columns
+        moving = ("cached_free", "empty", "evicted")
+        # written where the columns keep them, unless a column keeps one value so far
+        rooms = [columns[name].room(n) for name in moving]
+        out = [np.empty(n, np.int32) if room is None else room for room in rooms]
+        got = np.zeros(6, np.int64)
+        if not loop(col.col("kind"), col.col("block"), col.col("hash"), col.col("flag"), r0, r1, born, nb0,
+                    self._held, acc, hk, pos, out[0], out[1], out[2], got):
+            return False
         stores, evictions = int(got[0]), int(got[1])
         # in use, top ref, cached and prompt tokens: no ref row, no lookup, so as they were
         for name, value in (("in_use", acc[0]), ("max_ref", acc[3]), ("cached_tokens", acc[4]),
                             ("prompt_tokens", acc[5])):
             columns[name].append_same(value, n)
-        for j, name in enumerate(("cached_free", "empty", "evicted")):
-            if got[3 + j]:
-                columns[name].append_same(out[j, 0], n)
+        for j, name in enumerate(moving):
+            if rooms[j] is not None:
+                columns[name].wrote(n)
+            elif got[3 + j]:
+                columns[name].append_same(out[j][0], n)
             else:
                 columns[name].append(out[j])
         c = state.counters
@@ -742,6 +770,14 @@ class LiveColumnarLog(ColumnarEventLog):
         col._heads_after = (r1, col._head_count(r0))  # no row prepends to the free queue's head
         self._live_arrays = PoolArrays(int(col.values_at("seq", r1 - 1)), r1, ref, hk, pos, counters)
         return True
+
+    def _no_refs(self, n: int) -> np.ndarray:
+        """`n` ref counts of 0 as a zero-stride view, cut from one kept (np.broadcast_to took
+        ~15 us a tick)."""
+        zeros = self._zero_refs
+        if len(zeros) < n:
+            zeros = self._zero_refs = np.broadcast_to(np.int32(0), (max(n, 2 * len(zeros)),))
+        return zeros[:n]
 
     def _fit_series_state(self) -> None:
         """The series pass's per-block state as long as the pool."""
@@ -974,15 +1010,15 @@ def _thinned(states: list[Any]) -> list[Any]:
     return [out[i] for i in kept]
 
 
-def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos, out,
+def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos, free_out, empty_out, evicted_out,
                   got):  # pragma: no cover - compiled
     """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
     row an event, for rows that only store (4), evict (7) or clear (10) while no block has a
     ref count: per block whether it holds a hash (`held`), its hash and free-queue place (`hk`,
     `pos`, the live pool's); `acc` the series' counts (cached free, evicted move); `born` the
-    rows the blocks from `nb0` on were born at. `out`: cached free, empty and evicted after
-    each event; `got`: stores, evictions, clears' rows, and per series of `out` 1 where it did
-    not move. False, nothing written, if a row is of another kind."""
+    rows the blocks from `nb0` on were born at. `free_out`, `empty_out`, `evicted_out`: those
+    counts after each event; `got`: stores, evictions, clears' rows, and per count 1 where it
+    did not move. False, nothing written, if a row is of another kind."""
     for i in range(r0, r1):
         k = kind[i]
         if k != 4 and k != 7 and k != 10:
@@ -1016,18 +1052,23 @@ def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos,
         if k == 10:
             got[2] += 1
         e = i - r0
-        out[0, e] = cached_free
-        out[1, e] = nb0 + j - in_use - cached_free
-        out[2, e] = evicted
+        free_out[e] = cached_free
+        empty_out[e] = nb0 + j - in_use - cached_free
+        evicted_out[e] = evicted
     acc[1] = cached_free
     acc[2] = evicted
-    for m in range(3):
-        got[3 + m] = 1
-        for e in range(1, r1 - r0):
-            if out[m, e] != out[m, 0]:
-                got[3 + m] = 0
-                break
+    got[3] = _all_first(free_out)
+    got[4] = _all_first(empty_out)
+    got[5] = _all_first(evicted_out)
     return True
+
+
+def _all_first(values):  # pragma: no cover - compiled
+    """1 if every value of `values` is its first, else 0."""
+    for e in range(1, len(values)):
+        if values[e] != values[0]:
+            return 0
+    return 1
 
 
 _JOURNAL_LOOP: list[Any] = []
@@ -1043,11 +1084,13 @@ def _compiled_journal_loop() -> Any:
         except ImportError:
             _JOURNAL_LOOP.append(None)
         else:
+            global _all_first
+            _all_first = njit(cache=True, nogil=True)(_all_first)  # called by the loop
             loop = njit(cache=True, nogil=True)(_journal_loop)
             i32 = np.zeros(3, np.int32)
             loop(np.array([4, 7, 10], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3, np.zeros(1, np.int64), 0,
                  np.zeros(1, np.uint8), np.zeros(6, np.int64), np.full(1, -1, np.int32), np.zeros(1, np.int64),
-                 np.empty((3, 3), np.int32), np.zeros(6, np.int64))
+                 np.empty(3, np.int32), np.empty(3, np.int32), np.empty(3, np.int32), np.zeros(6, np.int64))
             _JOURNAL_LOOP.append(loop)
     return _JOURNAL_LOOP[0]
 
