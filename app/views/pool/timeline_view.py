@@ -236,7 +236,8 @@ class TimelineView(PanelView):
             # the last log's, and the auto range still on for the events to come
             self.glw.set_x_range(0.0, 1.0)
             self.glw.show_all()
-        self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0)
+        self._set_curves(float(x[0]) if len(x) else 0.0, float(x[-1]) if len(x) else 0.0,
+                         (cached_free, used, max_ref))
         self.pool_size = self.state.projection.num_blocks
         held = float((used + cached_free).max()) if len(x) else 0.0
         # 0-based counts scaled to the data; a little room on top for the markers. The pool
@@ -268,13 +269,16 @@ class TimelineView(PanelView):
             self.bin_width = bin_width
             self._set_headers()
 
-    def _set_curves(self, lo: float, hi: float) -> None:
-        """The curves' data: the whole series reduced to the bins of [lo, hi]."""
+    def _set_curves(self, lo: float, hi: float, read: tuple[Any, Any, Any] | None = None) -> None:
+        """The curves' data: the whole series reduced to the bins of [lo, hi] (`read`: the
+        counts, as the draw has just read them)."""
         if self._full is None:
             return
         x, counts = self._full
-        cached_free, used, max_ref = counts if isinstance(counts, tuple) else (
-            _values(counts.cached_free), _values(counts.in_use), _values(counts.max_ref))
+        if read is None:
+            read = counts if isinstance(counts, tuple) else (
+                _values(counts.cached_free), _values(counts.in_use), _values(counts.max_ref))
+        cached_free, used, max_ref = read
         self._reduced_for = (lo, hi)
         xs, ys = peak_reduce(x, used + cached_free, lo, hi)
         self.c_cached.setData(xs.astype(float), ys.astype(float))
