@@ -141,3 +141,80 @@ def test_store_numbers_said_to_count_up_are_kept_as_the_same_runs():
     every = np.arange(told.n)
     assert np.array_equal(told.take(every), looked.take(every))
     assert np.array_equal(told._start.view, looked._start.view) and np.array_equal(told._first.view, looked._first.view)
+
+
+class _AlwaysSeen(dict):
+    """A `top_batch` that says every batch was named before: `commit_journal` looks each up."""
+
+    def get(self, key, default=None):
+        return 1 << 62
+
+
+def _reference_info_ids(self, source, rank, batch_seqs, batch_times, media):
+    ids, infos = self._field_ids, self.infos
+    out = []
+    for key in zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media):
+        got = ids.get(key)
+        if got is None:
+            infos.append(key)
+            got = ids[key] = len(infos)
+        out.append(got)
+    return out
+
+
+def _servers_route(looked_up: bool) -> list[dict]:
+    """Two ranks of one server whose batch seqs overlap, a batch of two tiers, a restart
+    (seqs from 0 again, at later times), ticks of at most 3 rows (a batch's rows in two)."""
+    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.live_path import _Pools
+    from app.runtime.state import PoolState
+    from engine.core.live_journal import prepare_journal
+    from engine.remote import fastwire
+    from engine.remote.overlay import journal_pool_class
+    from engine.remote.wire import VllmEvent, encode_batch
+
+    pools = [journal_pool_class()("srv", rank=r) for r in (0, 1)]
+    att = _Pools(pools)
+    state = PoolState()
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
+    if looked_up:
+        state.log.columnar.store_attributes.top_batch = _AlwaysSeen()
+
+    def frame(rank, seq, t, medium=None):
+        h = (rank << 50 | seq << 20 | int(t * 10)).to_bytes(8, "big")
+        events = [VllmEvent("BlockStored", (h,), None, tuple(range(16)), 16, medium=medium)]
+        if seq % 3 == 2:
+            events.append(VllmEvent("BlockRemoved", (h,), medium=medium))
+        if seq == 4:  # a second tier in the same batch
+            events.append(VllmEvent("BlockStored", (h[::-1],), None, tuple(range(16)), 16, medium="CPU"))
+        return fastwire.decode_columns(seq, encode_batch(t, events, rank))
+
+    plan = [(0, range(0, 6), 1.0), (1, range(3, 9), 1.5), (0, range(6, 8), 2.0), (0, range(0, 4), 9.0),
+            (1, range(9, 12), 9.5), (0, range(4, 9), 10.0)]
+    taken: dict[int, int] = {}
+    out = []
+    for rank, seqs, t in plan:
+        for s in seqs:
+            pools[rank].apply(frame(rank, s, t + s / 100))
+            if s % 2:
+                continue
+            got = take_journal_rows(att, taken, 3)  # a batch's rows cut between ticks
+            state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), tt)
+                                  for h, p, tt in got[0]], notify=False)
+            out.append(_pool_snapshot(state))
+    while (got := take_journal_rows(att, taken, 1 << 30))[0]:
+        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), tt)
+                              for h, p, tt in got[0]], notify=False)
+        out.append(_pool_snapshot(state))
+    return out
+
+
+def test_requests_and_infos_of_new_batches_equal_those_looked_up(monkeypatch):
+    from engine.core.live_slots import RemoteSlots
+
+    fast = _servers_route(False)
+    monkeypatch.setattr(RemoteSlots, "info_ids", _reference_info_ids)
+    looked = _servers_route(True)
+    assert len(fast[-1]["requests"]) < len(fast[-1]["infos"]) < len(fast[-1]["col.kind"])  # batches shared, tiers apart
+    assert len(set(fast[-1]["requests"])) == len(fast[-1]["requests"]) < 20
+    _same(fast, looked)

@@ -290,6 +290,9 @@ class JournalStores(Sequence[tuple]):
         # per store: its tenant code as PoolProjection sets it (no buffer while every store has one)
         self.tenants = _Grow(np.int64, np.int32, uniform=True)
         self.plan = _Plan()  # the log's numbers once every prepared row is committed
+        # per server, the newest batch seq its rows named so far: a tick's batches past it are
+        # new requests (`commit_journal` looks up the others)
+        self.top_batch: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self._pool.n
@@ -569,12 +572,20 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     slots = col._remote_slots()
     pairs, of_pair = rows.pairs, rows.of_pair
     live_request = col._live_request
-    rids = [f"{source}#{u}" for u in rows.batches.tolist()]
-    occurrence = [live_request.get(rid) for rid in rids]
-    new = [rid for rid, r in zip(rids, occurrence) if r is None]  # a batch's first rows (the rest: a tick before)
-    if new:
-        live_request.update(zip(new, col.requests.add_many(new)))
-        occurrence = [live_request[rid] for rid in rids]
+    batches = rows.batches.tolist()  # ascending, once each
+    rids = [f"{source}#{u}" for u in batches]
+    top = stores.top_batch.get(source)
+    if top is not None and batches and batches[0] <= top:
+        occurrence = [live_request.get(rid) for rid in rids]
+        new = [rid for rid, r in zip(rids, occurrence) if r is None]  # a batch's first rows (the rest: a tick before)
+        if new:
+            live_request.update(zip(new, col.requests.add_many(new)))
+            occurrence = [live_request[rid] for rid in rids]
+    else:  # every batch past the server's newest so far: each a new request, none looked up
+        occurrence = col.requests.add_many(rids)
+        live_request.update(zip(rids, occurrence))
+    if batches:
+        stores.top_batch[source] = batches[-1] if top is None else max(top, batches[-1])
     # each pair's batch time, as the reference's RemoteInfo carries it (a pool that keeps
     # none, or a clear outside any batch: 0, the event's own time stands for it)
     pair_time = np.zeros(len(pairs), np.float64)
@@ -586,7 +597,8 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     numbers = np.asarray(slots.info_ids(source, rank, (pairs >> 10).tolist(), pair_time.tolist(), rows.media),
                          np.int64)
     table = prepared.table  # seqs and stores' ids written by prepare_journal
-    table[:, 2] = np.asarray(occurrence, np.int64)[rows.table_batch]
+    table[:, 2] = (np.arange(occurrence.start, occurrence.stop) if isinstance(occurrence, range)
+                   else np.asarray(occurrence, np.int64))[rows.table_batch]
     table[:, 6] = numbers[rows.table_pair]
     nb0 = col.num_blocks
     if prepared.num_blocks > nb0:  # the pool grows to the new slots, each from the row that first stored it
@@ -891,6 +903,10 @@ HOLDER_BITS = 0xFFFFFFFF
 # per 100K vLLM events (its probes at a full pool's churn; route 234K -> 244K events/s, medians
 # of 5 alternated in one process, 2026-12-04).
 TABLE_LOAD = 0.5
+# ... by a quarter while it stays this small (2 MB): each growth writes a new table and rehashes
+# the old, and an attach's first 100K vLLM events grew a table of ~2**17 entries some 40
+# times by an eighth (~5 ms of the placing thread's CPU); a quarter's room is at most 0.5 MB.
+SMALL_TABLE = 1 << 18
 
 
 def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
@@ -1322,7 +1338,8 @@ class _CompiledPlacer:
             raise ValueError(f"the placer holds at most {HOLDER_BITS - 1:,} blocks, not {top:,}")
         need = int((int(self.state[5]) + n_store) / TABLE_LOAD) + 1  # every hash held after this call
         if need > len(self.table):
-            size = max(need, len(self.table) + len(self.table) // 8)
+            have = len(self.table)
+            size = max(need, have + have // (4 if have + have // 4 <= SMALL_TABLE else 8))
             if size >= 1 << 31:  # `_ht_home`'s product must fit 63 bits
                 raise ValueError(f"the placer holds at most {int(TABLE_LOAD * (1 << 31)):,} hashes at once")
             grown = np.full(size, -1, np.int64)

@@ -404,7 +404,7 @@ class _LiveColumns(ColumnarLog):
             if state.ref_counts.strides[0]:  # a zero-stride view: every count is 0, nothing to copy
                 grown[:have] = ref[:have]
             ref = grown
-            hk, pos = (np.concatenate([old[:have], np.empty(cap - have, old.dtype)]) for old in (hk, pos))
+            hk, pos = (_grown_copy(old, have, cap) for old in (hk, pos))
             self._bufs = (ref, hk, pos)
         # each new block as `ColumnarLog._grown_to` adds it: no hash, at the free queue's tail from its row
         hk[have:n] = -1
@@ -415,6 +415,14 @@ class _LiveColumns(ColumnarLog):
         """Move `state` (a fresh one, shared with nothing) on in place from now on."""
         self._bufs = (state.ref_counts, state.hash_keys, state.free_pos)
         self.moving = state
+
+
+def _grown_copy(old: np.ndarray, have: int, cap: int) -> np.ndarray:
+    """A `cap`-long array of `old`'s type holding its first `have` values, the rest unset and
+    untouched (np.concatenate with an empty array wrote the room too: its pages, at every growth)."""
+    grown = np.empty(cap, old.dtype)
+    grown[:have] = old[:have]
+    return grown
 
 
 @dataclasses.dataclass(slots=True, eq=False)

@@ -53,7 +53,7 @@ class RemoteSlots:
     (each distinct one kept once; rows name it by number)."""
 
     __slots__ = ("vacant", "holders", "ranks", "places", "tenants", "place_names", "infos", "_info_ids", "_last",
-                 "_field_ids")
+                 "_field_ids", "_top_batch")
 
     def __init__(self, vacant: list[int]) -> None:
         self.vacant = vacant  # slots a store may take, newest last (checked when taken)
@@ -66,6 +66,7 @@ class RemoteSlots:
         self.infos: list[RemoteInfo | tuple] = []
         self._info_ids: dict[RemoteInfo, int] = {}
         self._field_ids: dict[tuple, int] = {}  # a journal's infos by their fields
+        self._top_batch: dict[tuple[str, int], int] = {}  # (source, rank) -> the newest batch seq given an info
         # the last info and place asked for: a batch's events share one RemoteInfo object
         self._last: list[Any] = [None, 0, None, 0]
 
@@ -86,8 +87,19 @@ class RemoteSlots:
         """`info_id` of one stream's RemoteInfos given as their fields (a journal's batches
         and tiers: thousands a second), each kept as a tuple, not an object, until read."""
         ids, infos = self._field_ids, self.infos
+        if not batch_seqs:
+            return []
+        keys = list(zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media))
+        top = self._top_batch.get((source, rank))
+        self._top_batch[source, rank] = max(batch_seqs) if top is None else max(top, max(batch_seqs))
+        if (top is None or batch_seqs[0] > top) and all(a < b for a, b in zip(batch_seqs, batch_seqs[1:])):
+            # one info a batch, every batch past the stream's newest so far: all new, none looked up
+            first = len(infos) + 1
+            infos.extend(keys)
+            ids.update(zip(keys, range(first, first + len(keys))))
+            return list(range(first, first + len(keys)))
         out = []
-        for key in zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media):
+        for key in keys:
             got = ids.get(key)
             if got is None:
                 infos.append(key)
