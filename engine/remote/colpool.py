@@ -822,11 +822,13 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
-def _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os,
-            t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
+def _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
+            dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
     """One BlockRemoved (`RemotePool._removed`, not emitting). `group` -1 is None; `left[i]`
     is set to 1 for each hash that is no longer on the tier after it. With the journal
-    on, one row per hash named (held or not: the reference emits a BlockEvicted for each)."""
+    on, one row per hash named (held or not: the reference emits a BlockEvicted for each).
+    `tok` is only prefetched: a freed slot's token range, which the next store of as many
+    ids writes over (`_store`), asked for as the slot is freed."""
     maxn = S[S_MAXREM]
     fast = group <= 0  # the reference's fast path: removed_at trimmed once, at the end
     present = TI[t, T_PRESENT]
@@ -883,6 +885,14 @@ def _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free,
                 S[S_LIFE_N] += 1
                 a, r, to_ra = np.int64(C[s, C_ANN]), np.int64(C[s, C_REM]) + 1, True
                 _free_slot(tab, K, L, C, F, T, G, S, TI, s, x)
+                if S[S_JON] == 0 and C[s, C_NTOK] > 0:
+                    # the store that takes this slot next (the free list is last in, first out:
+                    # usually the next one, a few events on) writes its token ids over this
+                    # range; asked for now, its lines are there by then (they were a write miss
+                    # a block, ~3 ms of 200K recorded events; a journalled pool appends its ids)
+                    u = np.int64(L[s, L_BID])
+                    _prefetch(tok, u)
+                    _prefetch(tok, u + np.int64(C[s, C_NTOK]) - 1)
                 left[i] = 1
         _om_note(om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os, k, w, _om_hash(k, w),
                  batch_seq, a, r, to_ra, maxn, not fast)
@@ -967,8 +977,8 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
         elif kind == KIND_REMOVED:
             if stop_on_remove:
                 return i
-            _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
-                    dp_os, t, -1, keys, widths, h0, nh, seq, ts, left, J, SO)
+            _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                    dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left, J, SO)
         else:
             return i
     return n
@@ -991,10 +1001,10 @@ def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, o
 
 
 @njit(cache=True, nogil=True, _nrt=True)
-def _remove_py(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
-               dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
-    return _remove(tab, K, L, C, F, T, G, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
-                   dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO)
+def _remove_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+               dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO):  # pragma: no cover - compiled
+    return _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
+                   dp_fifo, dp_os, t, group, hk, hw, h0, nh, batch_seq, ts, left, J, SO)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
@@ -2389,8 +2399,9 @@ class ColumnarPool:
             g = -1 if group_idx is None else min(max(group_idx, -1), MAX_GROUP)
             if g < 0 and group_idx is not None:
                 g = 0
-            _remove_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.SF, self.TI,
-                    *self.maps.compiled(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J, self.SO)
+            _remove_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
+                       self.TI, *self.maps.compiled(), t, g, keys, widths, h0, nh, cols.seq, cols.ts, left, self.J,
+                       self.SO)
             if self._details:
                 for j in np.flatnonzero(left[:nh]).tolist():
                     self._details.pop((medium_name, self._bytes(int(keys[h0 + j]), int(widths[h0 + j]))), None)
