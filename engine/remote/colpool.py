@@ -1073,11 +1073,16 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
         if rows[i, R_PARENT]:
             _prefetch(tab, _home(_mix(parents[i], W_U64, t), size))
     if removed:
+        # in vLLM's streams both maps hold the same keys in the same order: when their oldest
+        # entries are the same, departed's are not asked for a second time
+        same = ra_os[O_HEAD] < ra_os[O_TAIL] and dp_os[O_HEAD] < dp_os[O_TAIL] and \
+            ra_fifo[ra_os[O_HEAD] & (len(ra_fifo) - 1)] == dp_fifo[dp_os[O_HEAD] & (len(dp_fifo) - 1)]
         _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed, False)
-        _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, False)
-    if removed:
+        if not same:
+            _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, False)
         _touch_oldest(ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, removed, True)
-        _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, True)
+        if not same:
+            _touch_oldest(dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os, removed, True)
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
