@@ -127,3 +127,53 @@ def test_the_mixed_stream_frees_slots_with_and_without_token_ids_and_names_paren
         pool.apply(fastwire.decode_columns(seq, p))
         freed_with_tokens = max(freed_with_tokens, int(pool.S[colpool.S_LIFE_N]))
     assert no_tokens > 50 and parents_on_cpu > 50 and freed_with_tokens > 500
+
+
+def _tenant_frames(num_frames: int, seed: int) -> list[bytes]:
+    """Stores with a cache salt (a tenant, in block 0's extra keys: events the pool's Python applies) and without
+    (common ones, applied by the compiled loop), most naming a held parent with a tenant or
+    without, and removals: a store without a salt takes its parent's tenant."""
+    rng = random.Random(seed)
+    held: list[int] = []
+    fresh = 1
+    frames = []
+    for f in range(num_frames):
+        events = []
+        for _ in range(rng.randint(1, 4)):
+            keys = list(range(fresh, fresh + rng.randint(1, 3)))
+            fresh += len(keys)
+            parent = _h(rng.choice(held)) if held and rng.random() < 0.8 else None
+            salt = rng.choice(["a", "b"]) if rng.random() < 0.15 else None
+            extra = None if salt is None else ((salt,),) + (None,) * (len(keys) - 1)  # vLLM's: on block 0
+            events.append(VllmEvent("BlockStored", tuple(_h(i) for i in keys), parent,
+                                    tuple(range(16 * len(keys))), 16, extra_keys=extra))
+            held.extend(keys)
+            if len(held) > 400:
+                out = [held.pop(rng.randrange(len(held))) for _ in range(rng.randint(1, 4))]
+                events.append(VllmEvent("BlockRemoved", tuple(_h(i) for i in out)))
+        frames.append(encode_batch(1.0 + f, events, 0))
+    return frames
+
+
+@pytest.mark.parametrize("journal", [False, True])
+def test_a_store_takes_its_parents_tenant_as_the_reference_does(journal):
+    """A slot's F_PW notes whether its store named a tenant; a store naming it as its parent
+    reads the tenant only then. Every block's tenant is the reference's, in runs of 64 and one
+    frame at a time, and a block's parent hash keeps its width code whole."""
+    payloads = _tenant_frames(800, seed=6)
+    ref = RemotePool("t")
+    for seq, p in enumerate(payloads):
+        ref.apply(wire.decode_batch(seq, p))
+    want = state(ref)
+    tenants = [b[5] for blocks in want["tiers"].values() for b in blocks]
+    assert tenants.count(None) > 50 and tenants.count("a") > 50 and tenants.count("b") > 50
+    many = colpool.ColumnarPool("t", journal=journal)
+    _runs_of_64(payloads, many)
+    one = colpool.ColumnarPool("t", journal=journal)
+    for seq, p in enumerate(payloads):
+        one.apply(fastwire.decode_columns(seq, p))
+    assert state(many) == want and state(one) == want
+    held = many.F[:, colpool.F_TIER] > 0
+    flagged = (many.F[held, colpool.F_PW] & colpool.F_PW_TENANT) > 0
+    named = (many.JS[many.SO[held]]["tenant"] if journal else many.C[held, colpool.C_TENANT]) > 0
+    assert np.array_equal(flagged, named) and flagged.any() and not flagged.all()
