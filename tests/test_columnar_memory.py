@@ -34,7 +34,7 @@ def _log(name: str, block_size: int, capacity: int, limit: int) -> ColumnarLog:
 def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
     keys, req = log.keys, log.requests
     out = [log.col(name) for name in log._cols]
-    out += [keys.parent, keys.item, keys.tag, keys.content, req._keys, req._koff, req._nfull, req._salt_ids,
+    out += [keys.parent, keys.item, keys.tag, keys.content, req._last, req._nfull, req._salt_ids,
             req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair),
             *log._sparse_base.values(),
             *(a for v in log._per_event.values() for a in ((v.at, v.values) if hasattr(v, "at") else (v,))),

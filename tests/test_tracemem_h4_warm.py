@@ -66,7 +66,7 @@ def test_the_request_indexes_are_int32_rows_equal_to_the_columns():
     assert list(view.live.requests) == [col.requests.ids[r] for r in order.tolist()]
 
 
-def test_the_request_table_keeps_prompt_sizes_and_key_offsets_in_int32_and_reads_them_back():
+def test_the_request_table_keeps_prompt_sizes_in_int32_and_each_request_s_last_key_and_reads_them_back():
     from engine.kernel.replay import prepare
 
     requests = list(itertools.islice(read_trace(MOONCAKE, 512), 800))
@@ -74,11 +74,15 @@ def test_the_request_table_keeps_prompt_sizes_and_key_offsets_in_int32_and_reads
     log = replay_kernel(requests, ReplayConfig(block_size=512, capacity_blocks=300), record=True).log
     assert log is not None
     reqs = log.requests
-    assert reqs._nprompt.dtype == np.int32 and reqs._koff.dtype == np.int32  # 8 bytes a request less
+    assert reqs._nprompt.dtype == np.int32  # 4 bytes a request less
+    # no per-block ids: each request's last (int32) and its count (uint16), 6 bytes a request
+    assert reqs._keys is None and reqs._koff is None
+    assert reqs._last.dtype == np.int32 and reqs._nfull.dtype == np.uint16 and len(reqs._last) == 800
     assert reqs.prompt_sizes().dtype == np.int64
     assert reqs.prompt_sizes().tolist() == arrays.nprompt.tolist() == [r.input_length for r in requests]
-    assert reqs._koff.tolist() == arrays.koff.tolist()
-    for r in (0, 1, 399, 799):  # each request's full blocks through the offsets: its hash ids
+    assert reqs._nfull.tolist() == arrays.nfull.tolist()
+    for r in range(800):  # each request's full blocks through its last key's chain: its hash ids
         n = int(arrays.nfull[r])
         got = [log.keys.attributes(k)[3] for k in reqs.hash_keys(r)]
-        assert n > 0 and got == list(requests[r].hash_ids[:n])
+        assert got == list(requests[r].hash_ids[:n])
+    assert int(arrays.nfull.min()) > 0  # every request read a chain

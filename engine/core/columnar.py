@@ -250,7 +250,13 @@ class RequestTable:
         self._salts = list(salts)
         self._salt_ids = salt_ids
         self._nprompt = nprompt
-        self._keys, self._koff, self._nfull = keys, koff, nfull
+        # every row's full-block chain ids, `_keys[_koff[r]:][:_nfull[r]]`, until `keep_last_keys`
+        # keeps only each row's last (its parent chain in the key table holds the rest)
+        self._keys: np.ndarray | None = keys
+        self._koff: np.ndarray | None = koff
+        self._nfull = nfull
+        self._last: np.ndarray | None = None
+        self._chains: KeyTable | None = None
         self._n_fixed = len(ids)
         self._live: list[tuple[str | None, int, tuple[int, ...]]] = []
         self._live_sizes = np.zeros(0, np.int64)  # num_prompt_tokens of the live ones, grown by doubling
@@ -291,8 +297,59 @@ class RequestTable:
     def hash_keys(self, r: int) -> Sequence[int]:
         if r >= self._n_fixed:
             return self._live[r - self._n_fixed][2]
-        a = int(self._koff[r])
-        return self._keys[a:a + int(self._nfull[r])].tolist()
+        n = int(self._nfull[r])
+        if self._last is None:
+            a = int(self._koff[r])
+            return self._keys[a:a + n].tolist()
+        out = [0] * n
+        up, k = self._chains.parent.item, self._last.item(r)
+        for i in range(n - 1, -1, -1):
+            out[i] = k
+            k = up(k)
+        return out
+
+    def keep_last_keys(self, chains: KeyTable) -> None:
+        """Keep each fixed row's last chain id and drop the rest, read back by walking
+        `chains.parent` from it. The kernel interns a row's blocks in order, each one's
+        parent the one before it and the first a root (`_intern_into`, every trace format,
+        salted or not), so a row's ids are its last one's parent chain: ~4 B a block kept
+        per row, not per block of every prompt."""
+        if self._last is not None:
+            return
+        n = self._n_fixed
+        nfull = np.asarray(self._nfull[:n])
+        last = np.full(n, -1, np.int32)
+        has = nfull > 0
+        last[has] = self._keys[np.asarray(self._koff[:n], np.int64)[has] + nfull[has] - 1]
+        self._last, self._chains, self._keys, self._koff = last, chains, None, None
+        self._nfull = nfull.astype(np.uint16) if fits(nfull, np.uint16) else nfull
+
+    def fixed_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed rows' chain ids back to back (int64), and each row's start in them
+        (n + 1 entries)."""
+        n = self._n_fixed
+        nfull = np.asarray(self._nfull[:n], np.int64)
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(nfull, out=starts[1:])
+        total = int(starts[-1])
+        if self._last is None:
+            at = np.repeat(np.asarray(self._koff[:n], np.int64) - starts[:-1], nfull) + np.arange(total)
+            return np.asarray(self._keys)[at].astype(np.int64), starts
+        # every row's chain walked at once, from its last id back: one step a block of the
+        # longest row, each over the rows still that long
+        flat = np.empty(total, np.int64)
+        parent = self._chains.parent
+        rows = np.flatnonzero(nfull)
+        key, pos, left = self._last[rows].astype(np.int64), starts[rows + 1] - 1, nfull[rows]
+        while len(key):
+            flat[pos] = key
+            left -= 1
+            more = left > 0
+            if not more.all():
+                key, pos, left = key[more], pos[more], left[more]
+            key = parent[key].astype(np.int64)
+            pos -= 1
+        return flat, starts
 
     def add(self, request_id: str, salt: str | None, num_prompt_tokens: int) -> int:
         self.ids.append(request_id)
@@ -435,6 +492,7 @@ class ColumnarLog:
         log.num_seq = num_seq
         log.final_counters = counters
         log.build_checkpoints()
+        requests.keep_last_keys(keys)  # the replay, which read every row's ids, is over
         return log
 
     def col(self, name: str) -> np.ndarray:
@@ -642,7 +700,11 @@ class ColumnarLog:
         keys.parent, keys.item, keys.tag, keys.content = (
             _fresh(keys.parent), _fresh(keys.item), _fresh(keys.tag), _fresh(keys.content))
         req = self.requests
-        req._keys, req._koff, req._nfull = _fresh(req._keys), _fresh(req._koff), _fresh(req._nfull)
+        if req._last is None:
+            req._keys, req._koff = _fresh(req._keys), _fresh(req._koff)
+        else:
+            req._last = _fresh(req._last)
+        req._nfull = _fresh(req._nfull)
         req._salt_ids, req._nprompt = _fresh(req._salt_ids), _fresh(req._nprompt)
         if self._req_index is not None:
             rows, value = self._req_index

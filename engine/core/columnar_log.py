@@ -770,16 +770,11 @@ class ColumnarEventLog:
         got = self._index.get("request_keys")
         if got is None:
             reqs = self.columnar.requests
-            n_fixed = reqs.num_fixed
-            keys = np.asarray(reqs._keys[:int(reqs._koff[n_fixed])] if n_fixed else np.zeros(0, np.int32))
-            nfull = np.asarray(reqs._nfull, np.int64)
-            offsets = np.asarray(reqs._koff[:n_fixed], np.int64)
-            lists = [keys[o:o + c] for o, c in zip(offsets.tolist(), nfull.tolist())] if n_fixed else []
-            for r in range(n_fixed, len(reqs)):
-                lists.append(np.asarray(reqs.hash_keys(r), np.int32))
-            flat = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, np.int64)
-            starts = np.zeros(len(lists) + 1, np.int64)
-            starts[1:] = np.cumsum([len(x) for x in lists])
+            flat, starts = reqs.fixed_keys()
+            live = [np.asarray(reqs.hash_keys(r), np.int64) for r in range(reqs.num_fixed, len(reqs))]
+            if live:
+                flat = np.concatenate([flat, *live])
+                starts = np.concatenate([starts, starts[-1] + np.cumsum([len(x) for x in live])])
             got = self._index["request_keys"] = (flat, starts)
         return got
 
