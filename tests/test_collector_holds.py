@@ -57,3 +57,27 @@ def test_off_before_the_first_hold_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_gui_threads_checks_wait_while_a_job_runs(qtbot):
+    """A check during a job collected on the GUI thread what the job's end freezes anyway:
+    while an attach's tokenizer thread imported transformers, two such checks stalled the
+    window 17-25 ms each (bench gui's attach step, 2026-12-05)."""
+    c = collector.GuiThreadCollector(interval_ms=60_000)  # checked by hand below
+    try:
+        threshold = c.threshold[0]
+        with collector_paused():
+            junk = [[] for _ in range(threshold * 3)]  # young objects past the threshold
+            assert gc.get_count()[0] > threshold
+            assert c.check() is None  # waits for the job
+            assert c.collections == [0, 0, 0]
+            assert collector.jobs_running() == 1
+        assert collector.jobs_running() == 0
+        more = [[] for _ in range(threshold * 3)]  # (the first junk kept: a free counts down)
+        assert gc.get_count()[0] > threshold
+        assert c.check() in (0, 1)  # no job: the check collects as before
+        assert sum(c.collections) == 1
+        del junk, more
+    finally:
+        c.stop()
+        c.deleteLater()

@@ -25,8 +25,11 @@ back as it was.
     window.close()                # the last one: gc.isenabled() is what it was before
 
 Background jobs that allocate a lot pause automatic collection too (`app.runtime.jobs.
-collector_paused`, on their own thread). Each window's collector and each paused job is a
-hold (`hold_automatic` / `give_back_automatic`): automatic collection comes back only when
+collector_paused`, on their own thread), and the timer's checks wait for them: what a job
+makes is frozen out of collection at its end, so collecting it meanwhile only stalled the
+window (while an attach's tokenizer thread imported transformers, two checks collected the
+young generations it filled for 17-25 ms each on the GUI thread). Each window's collector
+and each paused job is a hold (`hold_automatic` / `give_back_automatic`): automatic collection comes back only when
 the last hold is given back, and only if it was on before the first. A job that ended under
 a window opened meanwhile once switched it back on there; two overlapping jobs, the first to
 end switched it on under the second.
@@ -47,6 +50,7 @@ FULL_COLLECTION_SHARE = 0.25
 _holds_lock = threading.Lock()
 _holds = 0
 _enabled_before_holds = True
+_jobs = 0  # background jobs running under `hold_for_job` (`jobs.collector_paused`)
 
 
 def hold_automatic() -> None:
@@ -70,6 +74,29 @@ def give_back_automatic() -> None:
             gc.enable()
 
 
+def hold_for_job() -> None:
+    """`hold_automatic` for a background job: the GUI thread's checks also wait until the
+    matching `give_back_for_job`."""
+    global _jobs
+    hold_automatic()
+    with _holds_lock:
+        _jobs += 1
+
+
+def give_back_for_job() -> None:
+    global _jobs
+    with _holds_lock:
+        if _jobs == 0:
+            raise RuntimeError("give_back_for_job without hold_for_job")
+        _jobs -= 1
+    give_back_automatic()
+
+
+def jobs_running() -> int:
+    """Background jobs holding collection now (`hold_for_job`)."""
+    return _jobs
+
+
 class GuiThreadCollector(QObject):
     """Collects on a timer of the thread it lives in, with the interpreter's thresholds."""
 
@@ -88,7 +115,10 @@ class GuiThreadCollector(QObject):
         self._timer.start()
 
     def check(self) -> int | None:
-        """One step of what automatic collection would do now; the generation collected."""
+        """One step of what automatic collection would do now; the generation collected
+        (None: nothing due, or a background job runs, whose objects its end freezes)."""
+        if _jobs:
+            return None
         c0, c1, c2 = gc.get_count()
         t0, t1, t2 = self.threshold
         if c0 <= t0:
