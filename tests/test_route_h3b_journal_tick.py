@@ -144,22 +144,11 @@ def test_store_numbers_said_to_count_up_are_kept_as_the_same_runs():
 
 
 class _AlwaysSeen(dict):
-    """A `top_batch` that says every batch was named before: `commit_journal` looks each up."""
+    """A `top_batch` that says every batch was named before: `commit_journal` and
+    `RemoteSlots.info_ids` look each up."""
 
     def get(self, key, default=None):
         return 1 << 62
-
-
-def _reference_info_ids(self, source, rank, batch_seqs, batch_times, media):
-    ids, infos = self._field_ids, self.infos
-    out = []
-    for key in zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media):
-        got = ids.get(key)
-        if got is None:
-            infos.append(key)
-            got = ids[key] = len(infos)
-        out.append(got)
-    return out
 
 
 def _servers_route(looked_up: bool) -> list[dict]:
@@ -213,7 +202,13 @@ def test_requests_and_infos_of_new_batches_equal_those_looked_up(monkeypatch):
     from engine.core.live_slots import RemoteSlots
 
     fast = _servers_route(False)
-    monkeypatch.setattr(RemoteSlots, "info_ids", _reference_info_ids)
+    init = RemoteSlots.__init__
+
+    def every_info_looked_up(self, *args, **kwargs):  # info_ids' lookup for every batch
+        init(self, *args, **kwargs)
+        self._top_batch = _AlwaysSeen()
+
+    monkeypatch.setattr(RemoteSlots, "__init__", every_info_looked_up)
     looked = _servers_route(True)
     assert len(fast[-1]["requests"]) < len(fast[-1]["infos"]) < len(fast[-1]["col.kind"])  # batches shared, tiers apart
     assert len(set(fast[-1]["requests"])) == len(fast[-1]["requests"]) < 20
