@@ -50,50 +50,36 @@ FULL_COLLECTION_SHARE = 0.25
 _holds_lock = threading.Lock()
 _holds = 0
 _enabled_before_holds = True
-_jobs = 0  # background jobs running under `hold_for_job` (`jobs.collector_paused`)
+_jobs = 0  # background jobs holding it (`hold_automatic(job=True)`, `jobs.collector_paused`)
 
 
-def hold_automatic() -> None:
-    """Automatic collection off until the matching `give_back_automatic` (any thread)."""
-    global _holds, _enabled_before_holds
+def hold_automatic(job: bool = False) -> None:
+    """Automatic collection off until the matching `give_back_automatic` (any thread). A
+    background job's hold (`job`) keeps the GUI thread's checks waiting too."""
+    global _holds, _enabled_before_holds, _jobs
     with _holds_lock:
         if _holds == 0:
             _enabled_before_holds = gc.isenabled()
         _holds += 1
+        _jobs += job
         gc.disable()
 
 
-def give_back_automatic() -> None:
-    """End one hold; the last one switches automatic collection back on if it was on."""
-    global _holds
+def give_back_automatic(job: bool = False) -> None:
+    """End one hold (a job's: `job`, as it was taken); the last one switches automatic
+    collection back on if it was on."""
+    global _holds, _jobs
     with _holds_lock:
-        if _holds == 0:
+        if _holds == 0 or _jobs < job:
             raise RuntimeError("give_back_automatic without hold_automatic")
         _holds -= 1
+        _jobs -= job
         if _holds == 0 and _enabled_before_holds:
             gc.enable()
 
 
-def hold_for_job() -> None:
-    """`hold_automatic` for a background job: the GUI thread's checks also wait until the
-    matching `give_back_for_job`."""
-    global _jobs
-    hold_automatic()
-    with _holds_lock:
-        _jobs += 1
-
-
-def give_back_for_job() -> None:
-    global _jobs
-    with _holds_lock:
-        if _jobs == 0:
-            raise RuntimeError("give_back_for_job without hold_for_job")
-        _jobs -= 1
-    give_back_automatic()
-
-
 def jobs_running() -> int:
-    """Background jobs holding collection now (`hold_for_job`)."""
+    """Background jobs holding collection now (`hold_automatic(job=True)`)."""
     return _jobs
 
 

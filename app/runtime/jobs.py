@@ -89,12 +89,12 @@ def collector_paused() -> Iterator[None]:
     (with the Mooncake trace open, a full collection took 0.35 s and found nothing)."""
     from app.runtime import collector
 
-    collector.hold_for_job()  # a window opened or closed meanwhile, or another job, keeps its own hold
+    collector.hold_automatic(job=True)  # a window opened or closed meanwhile, or another job, keeps its own hold
     try:
         yield
     finally:
         gc.freeze()
-        collector.give_back_for_job()
+        collector.give_back_automatic(job=True)
 
 
 def load_model_job(model: str | None, num_blocks: int, block_size: int, progress: Callable[[str, float], None]) -> Any:
