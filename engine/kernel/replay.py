@@ -113,7 +113,7 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
     """The trace as the kernel reads it, `CHUNK` requests at a time from `requests`.
 
     With `keep_content=False`, `TraceArrays.requests` gives each request without its token
-    ids or hash ids (both None: `slim`), which the arrays now hold: a trace read lazily
+    ids or hash ids (both None), which the arrays now hold: a trace read lazily
     (`read_trace`) then never has all its Python id tuples alive at once (a token id is 36
     bytes as a Python int in a tuple, 4 in the arrays). Such arrays replay on the kernel
     only; `engine.core.replay.replay` needs the ids. Nor is a request kept as an object:
@@ -213,7 +213,8 @@ def prepare(requests: Iterable[TraceRequest], block_size: int, keep_content: boo
 
 class SlimRequests(Sequence[TraceRequest]):
     """The requests of `prepare(..., keep_content=False)` in input order, each made from the
-    arrays when read, as `slim` would have kept it (its id, tenant and model by code)."""
+    arrays when read, without its token ids and hash ids (what a replay's rows and errors
+    read; its id, tenant and model kept by code)."""
 
     def __init__(self, index: np.ndarray, line: np.ndarray, uid: np.ndarray, names: list[str], salt: np.ndarray,
                  salts: list[str | None], nprompt: np.ndarray, nout: np.ndarray, timestamp: np.ndarray,
@@ -238,12 +239,6 @@ class SlimRequests(Sequence[TraceRequest]):
         return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def slim(tr: TraceRequest) -> TraceRequest:
-    """`tr` without its token ids and hash ids: what a replay's rows and errors read."""
-    return TraceRequest(tr.index, tr.line, tr.id, tr.tenant, None, None, None, tr.input_length, tr.output_length,
-                        tr.timestamp, tr.model)
 
 
 @dataclass(slots=True)
