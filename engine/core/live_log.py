@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, ColumnarLog, PoolArrays, fits,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays, fits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
@@ -392,23 +392,35 @@ class _LiveColumns(ColumnarLog):
 
     moving: PoolArrays | None = None  # the live pool: its arrays are views of `_bufs`
     _bufs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    _zeros: np.ndarray | None = None  # ref counts of 0, a zero-stride view (`_grown_to(refs=False)`)
 
-    def _grown_to(self, state: PoolArrays, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _grown_to(self, state: PoolArrays, stop: int, refs: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`ColumnarLog._grown_to`, the live pool's arrays grown in place; `refs=False` (a pass
+        that sets no ref count, whose state has none: `LiveColumnarLog._journal_tick`) gives
+        the counts as a zero-stride view, so an attached server's log, all of whose ticks are
+        such, keeps no array of them (4 bytes a block, set by no row)."""
         if state is not self.moving or self._bufs is None:
             return super()._grown_to(state, stop)
         ref, hk, pos = self._bufs
         have, n = len(state.hash_keys), self.blocks_at(stop)
         if n > len(hk):
             cap = max(n, len(hk) + len(hk) // 4)
-            grown = np.zeros(cap, ref.dtype)  # zeroed pages: a count never set is never resident
+            hk, pos = (_grown_copy(old, have, cap) for old in (hk, pos))
+            self._bufs = (ref, hk, pos)
+        if refs and len(ref) < n:
+            grown = np.zeros(len(hk), ref.dtype)  # zeroed pages: a count never set is never resident
             if state.ref_counts.strides[0]:  # a zero-stride view: every count is 0, nothing to copy
                 grown[:have] = ref[:have]
             ref = grown
-            hk, pos = (_grown_copy(old, have, cap) for old in (hk, pos))
             self._bufs = (ref, hk, pos)
         # each new block as `ColumnarLog._grown_to` adds it: no hash, at the free queue's tail from its row
         hk[have:n] = -1
         pos[have:n] = self._born_free_pos(have, n)
+        if not refs:
+            zeros = self._zeros
+            if zeros is None or len(zeros) < n:  # np.broadcast_to takes ~15 us: one kept, cut
+                zeros = self._zeros = np.broadcast_to(np.int32(0), (max(n, 2 * len(hk)),))
+            return zeros[:n], hk[:n], pos[:n]
         return ref[:n], hk[:n], pos[:n]
 
     def start_moving(self, state: PoolArrays) -> None:
@@ -496,10 +508,13 @@ class LiveColumnarLog(ColumnarEventLog):
         self._live_arrays = col.initial_state()
         col.start_moving(self._live_arrays)
         # the series pass's state between batches: per block ref count and hash held,
-        # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt)
+        # blocks per ref count, and (in use, cached free, evicted, top ref, cached, prompt);
+        # both per-block arrays only as long as `_series_on` needed them last (`_fit_series_state`):
+        # a journal tick's pass reads a block's hash held from the live pool (`_journal_tick`)
         self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
         self._any_ref = False  # a ref row appended yet (an attached server's log has none)
         self._held = np.zeros(max(1, num_blocks), np.uint8)
+        self._held_stale = False  # a journal tick moved the hashes on since `_held` was written
         self._zero_refs = np.broadcast_to(np.int32(0), (1024,))  # `_no_refs`
         self._hist = np.zeros(2, np.int64)
         self._acc = np.zeros(6, np.int64)
@@ -743,10 +758,9 @@ class LiveColumnarLog(ColumnarEventLog):
         if loop is None or self._any_ref or r1 <= r0:
             return False
         col = self.columnar
-        self._fit_series_state()
         self._keep_newest(r0, r1)
         state = self._live_arrays
-        ref, hk, pos = col._grown_to(state, r1)  # in place (_LiveColumns); every ref count 0
+        ref, hk, pos = col._grown_to(state, r1, refs=False)  # in place (_LiveColumns); every ref count 0
         nb0 = col.blocks_at(r0)
         born = col._born_row[nb0:col.num_blocks].astype(np.int64)  # the blocks born in these rows
         n = r1 - r0
@@ -757,8 +771,9 @@ class LiveColumnarLog(ColumnarEventLog):
         out = [np.empty(n, np.int32) if room is None else room for room in rooms]
         got = np.zeros(6, np.int64)
         if not loop(col.col("kind"), col.col("block"), col.col("hash"), col.col("flag"), r0, r1, born, nb0,
-                    self._held, acc, hk, pos, out[0], out[1], out[2], got):
+                    acc, hk, pos, out[0], out[1], out[2], got):
             return False
+        self._held_stale = True
         stores, evictions = int(got[0]), int(got[1])
         # in use, top ref, cached and prompt tokens: no ref row, no lookup, so as they were
         for name, value in (("in_use", acc[0]), ("max_ref", acc[3]), ("cached_tokens", acc[4]),
@@ -788,7 +803,9 @@ class LiveColumnarLog(ColumnarEventLog):
         return zeros[:n]
 
     def _fit_series_state(self) -> None:
-        """The series pass's per-block state as long as the pool."""
+        """The series pass's per-block state as long as the pool, and each block's hash held
+        as the live pool holds it after journal ticks (they keep no `_held`: a block holds a
+        hash exactly where its hash key is not -1, as both passes write them)."""
         width = self.columnar.num_blocks
         if width > len(self._ref):
             # grown by half into zeroed pages: the room not used yet costs no resident memory;
@@ -801,6 +818,11 @@ class LiveColumnarLog(ColumnarEventLog):
                 setattr(self, name, grown)
             if not self._any_ref:
                 self._ref = np.zeros(cap, np.int32)
+        if self._held_stale:
+            hk = self._live_arrays.hash_keys
+            np.greater_equal(hk, 0, out=self._held[:len(hk)].view(bool))
+            self._held[len(hk):] = 0
+            self._held_stale = False
 
     def _series_on(self, r0: int, ends: np.ndarray) -> None:
         """The series after each new event, from the counts after the previous batch."""
@@ -1018,18 +1040,18 @@ def _thinned(states: list[Any]) -> list[Any]:
     return [out[i] for i in kept]
 
 
-def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos, free_out, empty_out, evicted_out,
+def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, acc, hk, pos, free_out, empty_out, evicted_out,
                   got):  # pragma: no cover - compiled
     """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
-    row an event, for rows that only store (4), evict (7) or clear (10) while no block has a
-    ref count: per block whether it holds a hash (`held`), its hash and free-queue place (`hk`,
-    `pos`, the live pool's); `acc` the series' counts (cached free, evicted move); `born` the
+    row an event, for rows that only store (STORED), evict (EVICTED) or clear (RESET) while
+    no block has a ref count: per block its hash (`hk`, -1: none held) and free-queue place
+    (`pos`), the live pool's; `acc` the series' counts (cached free, evicted move); `born` the
     rows the blocks from `nb0` on were born at. `free_out`, `empty_out`, `evicted_out`: those
     counts after each event; `got`: stores, evictions, clears' rows, and per count 1 where it
     did not move. False, nothing written, if a row is of another kind."""
     for i in range(r0, r1):
         k = kind[i]
-        if k != 4 and k != 7 and k != 10:
+        if k != STORED and k != EVICTED and k != RESET:
             return False
     in_use = acc[0]
     cached_free = acc[1]
@@ -1040,24 +1062,22 @@ def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, held, acc, hk, pos,
             j += 1
         k = kind[i]
         b = block[i]
-        if k == 4:
+        if k == STORED:
             got[0] += 1
             if b >= 0:
-                if not held[b]:
+                if hk[b] < 0:
                     cached_free += 1
-                held[b] = 1
                 hk[b] = key[i]
                 if flag[i] == 1:
-                    pos[b] = (1 << 40) + 2 * i  # TAIL_BASE: the free queue's tail from this row
+                    pos[b] = TAIL_BASE + 2 * i  # the free queue's tail from this row
         elif b >= 0:  # evicted, or a clear's: the hash goes, an eviction counted for the former
-            if held[b]:
+            if hk[b] >= 0:
                 cached_free -= 1
-            held[b] = 0
             hk[b] = -1
-            if k == 7:
+            if k == EVICTED:
                 evicted += 1
                 got[1] += 1
-        if k == 10:
+        if k == RESET:
             got[2] += 1
         e = i - r0
         free_out[e] = cached_free
@@ -1096,9 +1116,10 @@ def _compiled_journal_loop() -> Any:
             _all_first = njit(cache=True, nogil=True)(_all_first)  # called by the loop
             loop = njit(cache=True, nogil=True)(_journal_loop)
             i32 = np.zeros(3, np.int32)
-            loop(np.array([4, 7, 10], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3, np.zeros(1, np.int64), 0,
-                 np.zeros(1, np.uint8), np.zeros(6, np.int64), np.full(1, -1, np.int32), np.zeros(1, np.int64),
-                 np.empty(3, np.int32), np.empty(3, np.int32), np.empty(3, np.int32), np.zeros(6, np.int64))
+            loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
+                 np.zeros(1, np.int64), 0, np.zeros(6, np.int64), np.full(1, -1, np.int32),
+                 np.zeros(1, np.int64), np.empty(3, np.int32), np.empty(3, np.int32), np.empty(3, np.int32),
+                 np.zeros(6, np.int64))
             _JOURNAL_LOOP.append(loop)
     return _JOURNAL_LOOP[0]
 
