@@ -1466,13 +1466,14 @@ class ColumnarLog:
             return cached[1]
         kind, req = self.col("kind"), self.col("request")
         n_req = len(self.requests)
-        rows = np.arange(self.num_rows, dtype=np.int64)
-        start = np.full(n_req, self.num_rows, np.int64)
-        m = kind == STARTED
-        start[req[m]] = rows[m]
-        finish = np.full(n_req, self.num_rows, np.int64)
-        m = kind == FINISHED
-        finish[req[m]] = rows[m]
+        # row numbers, num_rows for none: int32 while they fit (kept for as long as the log)
+        wide = np.int32 if self.num_rows <= _I32.max else np.int64
+        start = np.full(n_req, self.num_rows, wide)
+        at = np.flatnonzero(kind == STARTED)
+        start[req[at]] = at
+        finish = np.full(n_req, self.num_rows, wide)
+        at = np.flatnonzero(kind == FINISHED)
+        finish[req[at]] = at
         kinds, event_req = self._per_event.get("kind"), self._per_event.get("request")
         self._alloc_by_event = self.event_bounds is not None and kinds is not None and event_req is not None
         if self._alloc_by_event:
@@ -1483,9 +1484,8 @@ class ColumnarLog:
             of = req[alloc]
         order = np.argsort(of, kind="stable")
         alloc, of = alloc[order], of[order]
-        if self.num_rows <= _I32.max:  # row or event numbers, kept for as long as the log
-            alloc = alloc.astype(np.int32)
-        bounds = np.searchsorted(of, np.arange(n_req + 1))
+        alloc = alloc.astype(wide)  # row or event numbers
+        bounds = np.searchsorted(of, np.arange(n_req + 1)).astype(wide)
         value = (start, finish, alloc, bounds)
         self._req_index = (self.num_rows, value)
         return value
