@@ -919,7 +919,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     `key0 + i`; `pcode`, `pwide` and `tenants` are per store, in the rows' order.
 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
-    stored and removed rows, B_OWN's rank bits].
+    stored and removed rows, B_OWN's rank bits, 1 once the table is kept (`_make_table`:
+    till then no hash is looked up, and every block's tenant is its store's own, none)].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
     of its copies (`fifo`: its oldest, then B_NEXT) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
@@ -927,6 +928,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     hashes held now, not every hash ever stored (a table that outgrew the caches cost a miss
     a probe)."""
     _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table, state)
+    keep = state[8] != 0
     nb = state[1]
     rb = state[7]
     ranks = (1 << rb) - 1
@@ -963,7 +965,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                 blocks[x, B_NEXT] = b
             blocks[b, B_CUR] = key0 + i
             t = tenants[s_n]
-            if pwide[s_n] > 0:
+            if keep and pwide[s_n] > 0:
                 e = table[_ht_slot(table, blocks, pcode[s_n], pwide[s_n])]
                 if e != -1:
                     t = blocks[e & HOLDER_BITS, B_OWN] >> (rb + 2)
@@ -972,16 +974,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             blocks[b, B_CODE_LO] = _low_half(code)
             blocks[b, B_CODE_HI] = code >> 32
             blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
-            h = _ht_slot(table, blocks, code, wide)
-            e = table[h]
-            if e == -1:
-                table[h] = (_ht_tag(code, wide) << 32) | b
-                state[5] += 1
-            else:
-                x = e & HOLDER_BITS
-                while blocks[x, B_LNEXT] >= 0:
-                    x = blocks[x, B_LNEXT]
-                blocks[x, B_LNEXT] = b
+            if keep:
+                _ht_hold(table, blocks, b, code, wide, state)
             _put_row(out, table_pair, table_batch, o_n, 4, i, b, key0 + i, store0 + s_n, 1, seq0, of_pair,
                      batch_of_pair)
             o_n += 1
@@ -997,7 +991,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                 blocks[b, B_CUR] = -1
                 vacant[state[0]] = b
                 state[0] += 1
-                _unlink_hash(b, blocks, table, state)
+                if keep:
+                    _unlink_hash(b, blocks, table, state)
             _put_row(out, table_pair, table_batch, o_n, 7, i, b, key0 + i, 0, 0, seq0, of_pair, batch_of_pair)
             o_n += 1
             slots_out[m_n] = b
@@ -1018,7 +1013,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                     blocks[x, B_CUR] = -1
                     vacant[state[0]] = x
                     state[0] += 1
-                    _unlink_hash(x, blocks, table, state)
+                    if keep:
+                        _unlink_hash(x, blocks, table, state)
             if any_held:
                 _mend_fifos(fifo, blocks)
             else:
@@ -1030,6 +1026,30 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     state[3] = b_n
     state[4] = s_n
     state[6] = m_n
+
+
+def _ht_hold(table, blocks, b, code, wide, state):  # pragma: no cover - compiled
+    """Block `b` (holding (`code`, `wide`)) last among its hash's holders; a hash no block
+    held enters the table."""
+    h = _ht_slot(table, blocks, code, wide)
+    e = table[h]
+    if e == -1:
+        table[h] = (_ht_tag(code, wide) << 32) | b
+        state[5] += 1
+    else:
+        x = e & HOLDER_BITS
+        while blocks[x, B_LNEXT] >= 0:
+            x = blocks[x, B_LNEXT]
+        blocks[x, B_LNEXT] = b
+
+
+def _ht_build(blocks, nb, table, state):  # pragma: no cover - compiled
+    """Every held block of the first `nb` records in `table` (empty), in block order."""
+    for x in range(nb):
+        if blocks[x, B_CUR] >= 0:
+            blocks[x, B_LNEXT] = -1
+            _ht_hold(table, blocks, x, _joined(blocks[x, B_CODE_LO], blocks[x, B_CODE_HI]), blocks[x, B_OWN] & 3,
+                     state)
 
 
 def _put_row(out, table_pair, table_batch, o, kind, i, b, key, a, flag, seq0, of_pair,
@@ -1060,15 +1080,17 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
     are independent. The state outgrows the caches (a 56K-block pool: 4 MB) and is mostly
     evicted between ticks. `pcode`, `pwide`: per store."""
     size = len(table)
+    keep = state[8] != 0  # no table kept: no hash looked up (`_place_loop`)
     for j in range(state[0] - 1, max(-1, state[0] - 1 - len(ops)), -1):  # the vacant blocks stores take
         _prefetch_record(blocks, vacant[j])
     s_n = 0
     for i in range(len(ops)):
         if ops[i] == 0:
-            _prefetch(table, _ht_home(_ht_tag(hcode[i], hwide[i]), size))
             _prefetch(fifo, pslots[i])
-            if pwide[s_n] > 0:
-                _prefetch(table, _ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size))
+            if keep:
+                _prefetch(table, _ht_home(_ht_tag(hcode[i], hwide[i]), size))
+                if pwide[s_n] > 0:
+                    _prefetch(table, _ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size))
             s_n += 1
         elif ops[i] == 1 and pslots[i] >= 0:
             _prefetch(fifo, pslots[i])
@@ -1078,7 +1100,7 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
             t = fifo[pslots[i]]  # a store's slot's oldest copy: mostly its last too
             if t >= 0:
                 _prefetch_record(blocks, t)
-            if pwide[s_n] > 0:
+            if keep and pwide[s_n] > 0:
                 e = table[_ht_home(_ht_tag(pcode[s_n], pwide[s_n]), size)]
                 if e != -1:
                     _prefetch_record(blocks, e & HOLDER_BITS)
@@ -1088,7 +1110,7 @@ def _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, 
             if b >= 0:
                 _prefetch_record(blocks, b)
     for i in range(len(ops)):
-        if ops[i] == 1 and pslots[i] >= 0:
+        if keep and ops[i] == 1 and pslots[i] >= 0:
             b = fifo[pslots[i]]
             if b >= 0:
                 code = _joined(blocks[b, B_CODE_LO], blocks[b, B_CODE_HI])
@@ -1244,11 +1266,15 @@ class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
     block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
     all int32 (a block's record 24 B), each widened once to int64 before a number it must
-    hold would not fit (`_fit`); and the table of hashes held (int64 entries)."""
+    hold would not fit (`_fit`); and the table of hashes held (int64 entries), made at the
+    first store that names a tenant (`state[8]`, `_make_table`): it finds a parent's holder
+    for its tenant, and until then every holder's tenant is none, so each store's is its own
+    (a stream that names no tenant, as vLLM's mostly do, keeps none: 16 to 18 bytes a hash
+    held, and no probe of it a store or removal)."""
 
     def __init__(self) -> None:
-        self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop = _compiled()
-        self.state = np.zeros(8, np.int64)
+        self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build = _compiled()
+        self.state = np.zeros(9, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
         self.blocks = np.full((0, 6), -1, np.int32)
@@ -1279,6 +1305,17 @@ class _CompiledPlacer:
             grown[:have] = old
             setattr(self, name, grown)
         getattr(self, name)[have:] = fill
+
+    def _make_table(self, nb: int, n_store: int) -> None:
+        """The table of hashes of the first `nb` records, made at the first store that names
+        a tenant: each held block joins its hash's holders in block order, not in the order
+        they were stored, which no lookup tells apart (every one of them has no tenant, and a
+        lookup reads only the oldest holder's tenant); later stores join after them."""
+        held = int(np.count_nonzero(self.blocks[:nb, B_CUR] >= 0))
+        self.table = np.full(max(1024, int((held + n_store) / TABLE_LOAD) + 1), -1, np.int64)
+        self.state[5] = 0
+        self.build(self.blocks, nb, self.table, self.state)
+        self.state[8] = 1
 
     def _own_bits(self, nb: int, rb: int) -> None:
         """B_OWN of the first `nb` records re-laid with `rb` rank bits (a rank that did not fit
@@ -1331,13 +1368,15 @@ class _CompiledPlacer:
         if rb > self.state[7]:  # a rank past the bits: every record's tenant moved up
             self._own_bits(nb0, rb)
         self.state[1] = nb0
+        if not self.state[8] and self.most_tenant:
+            self._make_table(nb0, n_store)
         # the stack of vacant blocks: those now, and what this call's removals and clears free
         # (room for a row each was 2 bytes a block held at bench held's ticks of 524K stores)
         self._fit("vacant", int(self.state[0]) + n - n_store + n_clear * top, 0, top)
         if top >= HOLDER_BITS:
             raise ValueError(f"the placer holds at most {HOLDER_BITS - 1:,} blocks, not {top:,}")
         need = int((int(self.state[5]) + n_store) / TABLE_LOAD) + 1  # every hash held after this call
-        if need > len(self.table):
+        if self.state[8] and need > len(self.table):
             have = len(self.table)
             size = max(need, have + have // (4 if have + have // 4 <= SMALL_TABLE else 8))
             if size >= 1 << 31:  # `_ht_home`'s product must fit 63 bits
@@ -1449,15 +1488,15 @@ _COMPILED: list[Any] = []
 
 
 def _compiled() -> list[Any]:
-    """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`]
-    compiled by numba (cached on disk), or [] without numba."""
+    """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`,
+    `_ht_build`] compiled by numba (cached on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
         except ImportError:
             return _COMPILED
         global _unlink_hash, _mend_fifos, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _ht_home
-        global _fetch_ahead, _put_row
+        global _fetch_ahead, _put_row, _ht_hold
         global _prefetch, _prefetch_at, _prefetch_record
         # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
         # they allocate nothing, and every array they touch is held by the caller. With them,
@@ -1477,16 +1516,22 @@ def _compiled() -> list[Any]:
         _ht_delete = njit(cache=True, nogil=True, _nrt=False)(_ht_delete)
         _mend_fifos = njit(cache=True, nogil=True, _nrt=False)(_mend_fifos)
         _unlink_hash = njit(cache=True, nogil=True, _nrt=False)(_unlink_hash)
+        _ht_hold = njit(cache=True, nogil=True, _nrt=False)(_ht_hold)
         _put_row = njit(cache=True, nogil=True, _nrt=False)(_put_row)
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
         _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
         _COMPILED.append(njit(cache=True, nogil=True)(_scan_loop))
         _COMPILED.append(njit(cache=True, nogil=True)(_store_fields_loop))
+        _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
         _COMPILED[1](t, t.copy())
+        # and the table's first making (at a first tenant, mid-attach): one held record
+        rec = np.zeros((1, 6), np.int32)
+        _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
+        _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
         # and the store fields' reader for both record layouts (engine.remote.colpool's
         # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
         # type): a pool widens its records mid-attach, not in a warm-up
