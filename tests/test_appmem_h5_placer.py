@@ -1,7 +1,8 @@
-"""The journal route's compiled placer keeps no table of hashes while no store has named a
-tenant (the table finds a parent's holder for its tenant, and every holder's is none then),
-and makes it at the first store that names one: held to its Python reference (`_place`),
-which keeps its holders by hash all along, before, at and after that store."""
+"""The journal route's compiled placer keeps no table of hashes (nor a record's next holder
+of its hash) while no store has named a tenant (the table finds a parent's holder for its
+tenant, and every holder's is none then), and makes it at the first store that names one:
+held to its Python reference (`_place`), which keeps its holders by hash all along, before,
+at and after that store."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def test_a_stream_that_names_no_tenant_keeps_no_table_of_hashes():
     assert nb == n
     assert placer.table.nbytes <= 8 * 1024  # was n / TABLE_LOAD entries of 8 bytes: 16 to 18 a hash held
     assert int(placer.state[8]) == 0
+    # a record without its hash's next holder (B_LNEXT): 20 bytes, grown by an eighth at most
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 5
+    assert placer.blocks.nbytes <= 20 * n * 9 // 8
     # a first tenant: the table of the hashes held is made, each parent's holder found from then on
     k = 3
     more = rng.integers(1, 1 << 63, k, dtype=np.int64)
@@ -45,6 +49,7 @@ def test_a_stream_that_names_no_tenant_keeps_no_table_of_hashes():
                        np.zeros(k, np.int64), 3, nb)
     assert got[1].tolist() == [0, 0, 0]  # each parent's holder has no tenant: its own named none
     assert int(placer.state[8]) == 1 and int(placer.state[5]) == n + k
+    assert placer.blocks.shape[1] == 6 and (placer.blocks[:n + k, 5] == -1).all()  # one holder a hash
     assert n / TABLE_LOAD < len(placer.table) <= (n + k) / TABLE_LOAD * 9 / 8 + 1
 
 

@@ -888,7 +888,8 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 # A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
 # reads and writes of a block is one or two cache lines (24 bytes while int32), not one per
 # array: the placer's state outgrows the caches, and the loop waited on a miss per field.
-B_CUR, B_OWN, B_NEXT, B_LNEXT, B_CODE_LO, B_CODE_HI = range(6)
+# B_LNEXT is last: a placer that keeps no table of hashes keeps no such field (20 bytes a record).
+B_CUR, B_OWN, B_NEXT, B_CODE_LO, B_CODE_HI, B_LNEXT = range(6)
 # B_OWN holds tenant << (RB + 2) | rank << 2 | the width code of the block's hash (0, 1 or 2:
 # colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
 # B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
@@ -973,8 +974,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             store_tenants[s_n] = t
             blocks[b, B_CODE_LO] = _low_half(code)
             blocks[b, B_CODE_HI] = code >> 32
-            blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
             if keep:
+                blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
                 _ht_hold(table, blocks, b, code, wide, state)
             _put_row(out, table_pair, table_batch, o_n, 4, i, b, key0 + i, store0 + s_n, 1, seq0, of_pair,
                      batch_of_pair)
@@ -1265,19 +1266,20 @@ def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
     block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
-    all int32 (a block's record 24 B), each widened once to int64 before a number it must
-    hold would not fit (`_fit`); and the table of hashes held (int64 entries), made at the
-    first store that names a tenant (`state[8]`, `_make_table`): it finds a parent's holder
-    for its tenant, and until then every holder's tenant is none, so each store's is its own
-    (a stream that names no tenant, as vLLM's mostly do, keeps none: 16 to 18 bytes a hash
-    held, and no probe of it a store or removal)."""
+    all int32 (a block's record 20 B), each widened once to int64 before a number it must
+    hold would not fit (`_fit`); and the table of hashes held (int64 entries) with each
+    record's next holder of its hash (B_LNEXT, 4 B more a record), made at the first store
+    that names a tenant (`state[8]`, `_make_table`): it finds a parent's holder for its
+    tenant, and until then every holder's tenant is none, so each store's is its own (a
+    stream that names no tenant, as vLLM's mostly do, keeps neither: 20 to 22 bytes a hash
+    held, and no probe of the table a store or removal)."""
 
     def __init__(self) -> None:
         self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build = _compiled()
         self.state = np.zeros(9, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
-        self.blocks = np.full((0, 6), -1, np.int32)
+        self.blocks = np.full((0, B_LNEXT), -1, np.int32)  # B_LNEXT too once the table is kept
         self.fifo = np.full(0, -1, np.int32)
         self.vacant = np.zeros(0, np.int32)
         self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
@@ -1312,6 +1314,8 @@ class _CompiledPlacer:
         they were stored, which no lookup tells apart (every one of them has no tenant, and a
         lookup reads only the oldest holder's tenant); later stores join after them."""
         held = int(np.count_nonzero(self.blocks[:nb, B_CUR] >= 0))
+        # each record's next holder of its hash, a field of its own from now on (-1: the last)
+        self.blocks = np.concatenate([self.blocks, np.full((len(self.blocks), 1), -1, self.blocks.dtype)], axis=1)
         self.table = np.full(max(1024, int((held + n_store) / TABLE_LOAD) + 1), -1, np.int64)
         self.state[5] = 0
         self.build(self.blocks, nb, self.table, self.state)
