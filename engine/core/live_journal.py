@@ -286,6 +286,12 @@ class JournalStores(Sequence[tuple]):
         self.journals: dict[int, StoreArrays] = {}  # pool -> its per-store arrays, whole, as of its latest rows
         self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
+        # pool index -> (first, lo, n): its slots lo..n-1 are numbered first + slot - lo, no table
+        # kept, while each tick's new slots are past the last (a pool gives its slots in order,
+        # from its first, a few skipped: a number each, never placed) and no other pool's came
+        # between (one server, one rank: a table was 4 bytes a slot). A number only keys a
+        # slot's copies (the placer's FIFOs), so it need not be dense, only the pool's own.
+        self._slot_runs: dict[int, tuple[int, int, int]] = {}
         self._num_slot_ids = 0
         # per store: its tenant code as PoolProjection sets it (no buffer while every store has one)
         self.tenants = _Grow(np.int64, np.int32, uniform=True)
@@ -305,6 +311,24 @@ class JournalStores(Sequence[tuple]):
         top = int(slot.max()) + 1 if len(slot) else 0
         if top <= 0:  # no real slot
             return np.full(len(slot), -1, np.int64)
+        if pool not in self._slot_ids and isinstance(self.placer, _CompiledPlacer):
+            run = self._slot_runs.get(pool)
+            if run is None:  # a pool's first slots: its run from the least
+                lo = int(slot[slot >= 0].min())
+                run = (self._num_slot_ids, lo, lo)
+            first, lo, have = run
+            if top <= have or first + have - lo == self._num_slot_ids:  # no other pool numbered slots since
+                out = np.empty(len(slot), np.int64)
+                got = self.placer.slot_run(slot, lo, have, first - lo, out)
+                if got >= 0:
+                    self._slot_runs[pool] = (first, lo, got)
+                    self._num_slot_ids = max(self._num_slot_ids, first + got - lo)
+                    return out
+            # numbered by a table from now on, the run's numbers first
+            self._slot_runs.pop(pool, None)
+            kind = np.int32 if first + have + len(slot) <= _I32_TOP else np.int64
+            table = self._slot_ids[pool] = np.full(max(have, 1024), -1, kind)
+            table[lo:have] = first + np.arange(have - lo, dtype=kind)
         table = self._slot_ids.get(pool)
         if table is None or len(table) < top:
             old = np.zeros(0, np.int32) if table is None else table
@@ -1247,6 +1271,34 @@ def _number_slots(table, slot, out, num):  # pragma: no cover - compiled
     return num + n
 
 
+def _slot_run(slot, lo, have, offset, out):  # pragma: no cover - compiled
+    """`JournalStores.slot_ids` while a pool's slots lo..have-1 are numbered offset + slot:
+    if none is below `lo` (-1 aside) and those at `have` or past skip few (at most an eighth
+    of those met, and 64), each row's number into `out` (-1 stays -1) and the slots numbered
+    after (one past the run's last); else -1."""
+    top = have
+    for i in range(len(slot)):
+        s = slot[i]
+        if 0 <= s < lo:
+            return -1
+        if s >= top:
+            top = s + 1
+    if top > have:
+        met = np.zeros(top - have, np.bool_)
+        k = 0
+        for i in range(len(slot)):
+            s = slot[i]
+            if s >= have and not met[s - have]:
+                met[s - have] = True
+                k += 1
+        if top - have > k + (k >> 3) + 64:
+            return -1
+    for i in range(len(slot)):
+        s = slot[i]
+        out[i] = offset + s if s >= 0 else -1
+    return top
+
+
 def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
     """Each slot's FIFO without the copies a clear just made vacant (B_CUR -1): every copy
     a FIFO holds is held until then, and a record does not keep its slot."""
@@ -1275,7 +1327,8 @@ class _CompiledPlacer:
     held, and no probe of the table a store or removal)."""
 
     def __init__(self) -> None:
-        self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build = _compiled()
+        (self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build,
+         self.slot_run) = _compiled()
         self.state = np.zeros(9, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
@@ -1493,7 +1546,7 @@ _COMPILED: list[Any] = []
 
 def _compiled() -> list[Any]:
     """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`,
-    `_ht_build`] compiled by numba (cached on disk), or [] without numba."""
+    `_ht_build`, `_slot_run`] compiled by numba (cached on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
@@ -1528,6 +1581,7 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True)(_scan_loop))
         _COMPILED.append(njit(cache=True, nogil=True)(_store_fields_loop))
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
+        _COMPILED.append(njit(cache=True, nogil=True)(_slot_run))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
@@ -1536,6 +1590,11 @@ def _compiled() -> list[Any]:
         rec = np.zeros((1, 6), np.int32)
         _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
         _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
+        # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
+        # rows) and a contiguous array
+        rows = np.zeros((2, 3), np.int64)
+        for slot in (rows[:, 1], rows[0]):
+            _COMPILED[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
         # and the store fields' reader for both record layouts (engine.remote.colpool's
         # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
         # type): a pool widens its records mid-attach, not in a warm-up
