@@ -847,13 +847,14 @@ class LiveColumnarLog(ColumnarEventLog):
                 self._columns[name].append(values)
 
     def _checkpoint_on(self) -> None:
-        """A snapshot every `checkpoint_rows` rows; past the budget, every other one goes."""
+        """A snapshot about every `checkpoint_rows` rows, on an event's first row (as a
+        finished log's, `ColumnarLog.build_checkpoints`); past the budget, every other one goes."""
         col = self.columnar
         rows, states = col._cp_rows, col._cp_states
         made = False
         while rows[-1] + col.checkpoint_rows <= col.num_rows:
             made = True
-            pos = rows[-1] + col.checkpoint_rows
+            pos = _event_first_row(col, rows[-1] + col.checkpoint_rows, rows[-1])
             state = col._advance(states[-1], rows[-1], pos)
             if not state.ref_counts.any():  # a remote pool's: no request holds a block
                 state.ref_counts = np.broadcast_to(np.int32(0), state.ref_counts.shape)
@@ -1006,6 +1007,19 @@ def _copied(state: PoolArrays) -> PoolArrays:
     ref = state.ref_counts if not state.ref_counts.strides[0] else state.ref_counts.copy()
     return PoolArrays(state.seq, state.num_rows, ref, state.hash_keys.copy(), state.free_pos.copy(),
                       dataclasses.replace(state.counters))
+
+
+def _event_first_row(col: Any, row: int, after: int) -> int:
+    """The first row of the event holding `row`, or of the next event if that one starts at
+    or before `after` (an event longer than the spacing). A pass from a row inside an event
+    numbers a multi-block free to the free queue's head among that event's rows in that pass
+    only: a scrub from a checkpoint there put the freed blocks in the wrong order (Mooncake's
+    first 600 requests at 300 blocks, checkpoints every 997 rows: seq 15,068)."""
+    start = col._event_start(row)
+    if start > after:
+        return start
+    seq = col.col("seq")
+    return int(np.searchsorted(seq, seq[row], side="right"))
 
 
 def _thinned(states: list[Any]) -> list[Any]:
