@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from engine.core.columnar import ALLOCATED, EVICTED, KEPT_COLUMNS, ColumnarLog
+from engine.core.columnar import ALLOCATED, EVICTED, KEPT_COLUMNS, ColumnarLog, EventBounds
 from engine.core.columnar_log import ColumnarEventLog, EventSeries, _compiled_series_loop
 from engine.core.replay import ReplayConfig
 from engine.core.trace import read_trace
@@ -38,7 +38,8 @@ def _kept_arrays(log: ColumnarLog) -> list[np.ndarray]:
             req._nprompt, *log._req_index[1], *(a for pair in log._sparse.values() for a in pair),
             *log._sparse_base.values(),
             *(a for v in log._per_event.values() for a in ((v.at, v.values) if hasattr(v, "at") else (v,))),
-            *([] if log.event_bounds is None else [log.event_bounds])]  # a column kept as runs: its two arrays
+            *([] if log.event_bounds is None else  # the packed bounds: their four arrays
+              [log.event_bounds.sizes, log.event_bounds.offsets, log.event_bounds.big, log.event_bounds.big_sizes])]
     for state in log._cp_states:
         out += [state.ref_counts, state.hash_keys, state.free_pos]
     return out
@@ -146,7 +147,9 @@ def test_settling_the_warmed_event_log_keeps_its_series_indexes_and_events():
         assert np.array_equal(view._index[k], before), k
     for got, before in ((view.starts, starts), (view.ends, ends), (view.seqs, seqs), (view.kinds, kinds)):
         assert got.dtype == before.dtype and np.array_equal(got, before)
-    assert np.shares_memory(view.starts, view.ends)  # two views of one array, as before
+    # two views of the log's packed bounds, as before of one array, nothing kept of their own
+    assert view.starts.bounds is view.ends.bounds is view.columnar.event_bounds
+    assert isinstance(view.columnar.event_bounds, EventBounds) and view.starts.nbytes == view.ends.nbytes == 0
     view.events._cache.clear()
     assert list(view.events[:50]) + list(view.events[-50:]) == events
 

@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from engine.core.columnar import EVICTED, STORED
+from engine.core.columnar import EVICTED, STORED, EventBounds
 from engine.core.columnar_log import ColumnarEventLog, EventSeries, _compiled_series_loop
 from engine.core.replay import ReplayConfig
 from engine.core.trace import read_trace
@@ -157,7 +157,8 @@ def test_the_hash_rows_are_kept_as_the_events_they_begin_and_read_as_the_rows():
         assert np.array_equal(sa.hash_keys, sb.hash_keys) and np.array_equal(sa.free_order(), sb.free_order())
     log.settle()  # the bits copied, the rows read over the settled event bounds
     settled = log._sparse["hash"][0]
-    assert isinstance(settled, EventRows) and settled.bounds is log.event_bounds
+    assert isinstance(settled, EventRows) and settled.bounds is log.event_bounds  # the packed bounds, shared
+    assert isinstance(log.event_bounds, EventBounds) and settled.nbytes == settled.words.nbytes + settled.before.nbytes
     assert np.array_equal(np.asarray(settled), want)
     # a log whose hashed rows are not the first rows of those events keeps them as rows
     assert isinstance(EventRows.of(want[1:], log.event_bounds, np.isin(log._per_event["kind"], (STORED, EVICTED))),
@@ -275,6 +276,7 @@ def test_the_eviction_rows_are_kept_as_the_events_they_begin():
     view.settle()
     ev = view.eviction_rows()
     assert ev.bounds is view.columnar.event_bounds and ev is view._index["evicted_rows"]  # one copy, settled bounds
+    assert isinstance(ev.bounds, EventBounds)  # packed, a byte an event
     for n in (0, int(want[0]), int(want[0]) + 1, view.columnar.num_rows // 2, view.columnar.num_rows):
         p = view.state_at(int(seq[n - 1]) if n else -1)
         before = want[want < p.arrays.num_rows]

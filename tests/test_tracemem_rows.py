@@ -102,7 +102,12 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     assert isinstance(hash_rows, columnar.EventRows) and hash_rows.nbytes < len(hash_values) < num_events
     assert log._sparse_base["a"].nbytes == n and log._sparse_base["flag"].nbytes == (n + 7) // 8
     assert np.all(flag_values > 1) and len(flag_rows) < n // 100
-    assert log.nbytes() == (whole.nbytes() - 20 * n + 5 * num_events + 4 + runs.nbytes
+    # the bounds (each event's first row, then n): a byte an event, padded to blocks of 256,
+    # a 4-byte bound every 256 events, and 4 + 4 an event of more than 255 rows (none here)
+    bounds = log.event_bounds
+    assert isinstance(bounds, columnar.EventBounds) and len(bounds.big) == 0
+    assert bounds.nbytes == -(-num_events // 256) * 256 + 4 * (num_events // 256 + 1) < 1.02 * num_events + 4
+    assert log.nbytes() == (whole.nbytes() - 20 * n + num_events + bounds.nbytes + runs.nbytes
                             + hash_rows.nbytes + 4 * len(hash_values) + 8 * len(a_rows) + n
                             + (n + 7) // 8 + 5 * len(flag_rows))
     assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
@@ -122,7 +127,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
         assert log.rows_upto(seq) == whole.rows_upto(seq)
         assert log.running_at(seq) == whole.running_at(seq)
     a, b = ColumnarEventLog(log), ColumnarEventLog(whole)
-    assert np.shares_memory(a.starts, log.event_bounds) and a.seqs is log._per_event["seq"]
+    assert a.starts.bounds is a.ends.bounds is log.event_bounds and a.seqs is log._per_event["seq"]
     assert a.kinds is log._per_event["kind"]
     for name in ("starts", "ends", "seqs", "kinds"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
@@ -130,7 +135,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     a.warm()
     b.warm()
     a.settle()
-    assert np.shares_memory(a.starts, log.event_bounds) and a.series.seq is log._per_event["seq"]
+    assert a.starts.bounds is log.event_bounds and a.series.seq is log._per_event["seq"]
     for seq in (None, len(log) // 3, 5):
         pa, pb = a.state_at(seq), b.state_at(seq)
         assert [pa.record(r) for r in range(len(log.requests))] == [pb.record(r) for r in range(len(log.requests))]

@@ -268,7 +268,7 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | No
         return np.zeros(0, bool)
     col = log.columnar
     kind, req = col.col("kind"), col.col("request")
-    starts = log.starts
+    starts = np.asarray(log.starts)  # `reduceat` reads every event's first row
     n_kinds = max(C.KIND_NAMES) + 1
     tenants = _request_tenants(col.requests)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.core.columnar import (
     ALLOCATED, EVICTED, FINISHED, FREE_ABSENT, FREED, KIND_NAMES, LOOKUP, MISS_REASONS, REF, REFUSED, RESET, STARTED,
-    STORED, ColumnarLog, Consecutive, EventRows, KeyTable, PoolArrays, as_key, fits,
+    STORED, ColumnarLog, Consecutive, EventBounds, EventRows, KeyTable, PoolArrays, as_key, fits,
 )
 from engine.core.events import Event, MissInfo
 from engine.core.pool_state import BlockView, Counters, PoolSnapshot
@@ -312,8 +312,11 @@ class ColumnarEventLog:
             bounds = np.append(starts, log.num_rows)
             seqs = seq[starts]
             self.kinds = log.col("kind")[starts]
-        bounds = narrowest(bounds, np.int32)
-        self.starts, self.ends = bounds[:-1], bounds[1:]
+        if isinstance(bounds, EventBounds):  # two views of the packed bounds, nothing of their own
+            self.starts, self.ends = bounds.starts(), bounds.ends()
+        else:
+            bounds = narrowest(bounds, np.int32)
+            self.starts, self.ends = bounds[:-1], bounds[1:]
         self.seqs = seqs if isinstance(seqs, Consecutive) else narrowest(seqs, np.int32)
 
     # ------------------------------------------------------------------ EventLog's reads
@@ -403,7 +406,7 @@ class ColumnarEventLog:
 
     def request_of_events(self) -> np.ndarray:
         """The request occurrence of each event (every event names one)."""
-        return self.columnar.values_at("request", self.starts)
+        return self.columnar.values_at("request", np.asarray(self.starts))
 
     def touched_blocks(self, positions: np.ndarray, upto: int) -> np.ndarray:
         """Block ids the events at `positions` (those before position `upto`) name, sorted."""
@@ -425,9 +428,14 @@ class ColumnarEventLog:
         if r is None:
             n = len(self.starts)
             r = np.repeat(np.arange(n, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64),
-                          self.ends - self.starts)
+                          self._event_counts())
             self._index["row_events"] = r
         return r
+
+    def _event_counts(self) -> np.ndarray:
+        """Each event's row count (read from the packed bounds' bytes where the log keeps them)."""
+        starts = self.starts
+        return self.ends - starts if isinstance(starts, np.ndarray) else starts.counts()
 
     # ------------------------------------------------------------------ series
     @property
@@ -508,7 +516,7 @@ class ColumnarEventLog:
         narrowest type that holds them (`EventSeries.cached_tokens`, `prompt_tokens`)."""
         log = self.columnar
         look = np.flatnonzero(log.col("kind") == LOOKUP)
-        at_look = np.searchsorted(look, self.ends - 1, side="right") - 1
+        at_look = np.searchsorted(look, np.asarray(self.ends) - 1, side="right") - 1
 
         def after_lookups(values: np.ndarray) -> np.ndarray:
             total = np.cumsum(values, dtype=np.int64)
@@ -528,7 +536,7 @@ class ColumnarEventLog:
         top = int(a[is_ref].max()) if is_ref.any() else 0
         width = max(log.num_blocks, int(block.max()) + 1 if log.num_rows else 0)
         # the pool's size throughout: no block born past it
-        out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), self.ends, 0,
+        out = loop(kind, block, a, log.col("request"), log.requests.prompt_sizes(), np.asarray(self.ends), 0,
                    np.zeros(0, np.int32), log.num_blocks, np.zeros(width, np.int32), np.zeros(width, np.uint8),
                    np.zeros(top + 2, np.int64), np.zeros(6, np.int64), self.block_size)
         in_use, cached_free, empty, max_ref, evicted, cached, prompt = out[:7]
@@ -541,7 +549,7 @@ class ColumnarEventLog:
         rows, summed in row order and read at each event's last row."""
         log = self.columnar
         kind, block, a = log.col("kind"), log.col("block"), log.col("a")
-        last = self.ends - 1
+        last = np.asarray(self.ends) - 1
         rows = np.flatnonzero(((kind == REF) | (kind == STORED) | (kind == EVICTED)) & (block >= 0))
         k = kind[rows]
         # per row: the block's ref count and whether it held a hash just before the row
