@@ -1595,6 +1595,11 @@ def _compiled() -> list[Any]:
         rows = np.zeros((2, 3), np.int64)
         for slot in (rows[:, 1], rows[0]):
             _COMPILED[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
+            # and by a table, int32 or int64, once a pool's slots leave their run (a slot
+            # below it, a long skip): mid-attach, where its compile cost 1.2 s of the GUI's
+            # placing (bench gui's route, after the run made the table path rare)
+            for kind in (np.int32, np.int64):
+                _COMPILED[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
         # and the store fields' reader for both record layouts (engine.remote.colpool's
         # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
         # type): a pool widens its records mid-attach, not in a warm-up
