@@ -6,6 +6,7 @@ checkpoint put the freed blocks in the wrong order."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.core.live_log import LiveColumnarLog
 from engine.core.replay import ReplayConfig
@@ -26,15 +27,19 @@ def _live_log(checkpoint_rows: int) -> tuple[LiveColumnarLog, list]:
     return live, events
 
 
-def test_a_live_logs_checkpoints_start_events_and_scrub_to_the_reference():
+@pytest.mark.parametrize("spacing", [997, 61])
+def test_a_live_logs_checkpoints_start_events_and_scrub_to_the_reference(spacing):
     # 997 rows apart: on the trace's first 600 requests at 300 blocks, one fell inside an
     # event that freed several blocks (seq 15,068's free queue came out with its first two
-    # blocks swapped)
-    live, events = _live_log(997)
+    # blocks swapped); 61: events longer than the spacing, a checkpoint after each
+    live, events = _live_log(spacing)
     col = live.columnar
     seqs = col.col("seq")
     cuts = [int(r) for r in col._cp_rows[1:] if 0 < r < col.num_rows]
     assert len(cuts) > 50
+    if spacing == 61:  # some events longer than the spacing: their checkpoint at their end
+        sizes = np.diff(np.flatnonzero(np.diff(seqs, prepend=-1)))
+        assert int(sizes.max()) > spacing
     assert all(seqs[r] != seqs[r - 1] for r in cuts)  # each on the first row of its event
     targets = sorted({int(seqs[r - 1]) for r in cuts} | {int(seqs[r]) for r in cuts} | {15_068})
     ref = reference_states(events, NUM_BLOCKS, BLOCK_SIZE, targets)

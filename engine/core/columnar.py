@@ -1344,6 +1344,16 @@ class ColumnarLog:
         seq = self.col("seq")
         return int(np.searchsorted(seq, seq[row], side="left"))
 
+    def _event_end(self, row: int) -> int:
+        """The first row after the event that row `row` belongs to (num_rows for num_rows)."""
+        if row >= self.num_rows:
+            return self.num_rows
+        bounds = self.event_bounds
+        if bounds is not None:
+            return int(bounds[np.searchsorted(bounds, as_key(row, bounds), side="right")])
+        seq = self.col("seq")
+        return int(np.searchsorted(seq, seq[row], side="right"))
+
     def state_at(self, seq: int | None) -> PoolArrays:
         """The pool after every event with seq <= `seq` (after the last event for None)."""
         n = self.rows_upto(seq)
@@ -1591,13 +1601,16 @@ def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 class _AsArray:
-    """What `_EventRuns`, `Consecutive` and `EventRows` share: indexed as the array they stand
-    for. A slice of step 1 is `_span(start, stop)` (start < stop), one index `_at(i)` (0 <= i
+    """What `_EventRuns`, `Consecutive`, `EventRows`, `EventBounds` and its views share: indexed
+    as the array of `n` values they stand for (`len` is `n`). A slice of step 1 is `_span(start, stop)` (start < stop), one index `_at(i)` (0 <= i
     < n, a negative one counted from the end, one out of range an IndexError as numpy's),
     anything else (index arrays, masks, other steps) `_take`, by default on the whole array."""
 
     __slots__ = ()
     _unit = "event"  # what an index counts, for the IndexError
+
+    def __len__(self) -> int:
+        return self.n
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -1641,9 +1654,6 @@ class _EventRuns(_AsArray):
 
     def fresh(self) -> _EventRuns:
         return _EventRuns(_fresh(self.at), _fresh(self.values), self.n)
-
-    def __len__(self) -> int:
-        return self.n
 
     @property
     def dtype(self) -> np.dtype:
@@ -1697,9 +1707,6 @@ class Consecutive(_AsArray):
     @property
     def shape(self) -> tuple[int]:
         return (self.n,)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.arange(self.first, self.first + self.n, dtype=self.dtype if dtype is None else dtype)
@@ -1788,9 +1795,6 @@ class EventRows(_AsArray):
     @property
     def nbytes(self) -> int:
         return self.words.nbytes + self.before.nbytes
-
-    def __len__(self) -> int:
-        return self.n
 
     def events(self) -> np.ndarray:
         """A bool per event: whether its first row is one of the rows."""
@@ -1903,9 +1907,6 @@ class EventBounds(_AsArray):
     def nbytes(self) -> int:
         return self.sizes.nbytes + self.offsets.nbytes + self.big.nbytes + self.big_sizes.nbytes
 
-    def __len__(self) -> int:
-        return self.n
-
     def counts(self, first: int = 0, stop: int | None = None) -> np.ndarray:
         """The row counts of events [first, stop) (all of them by default), int64."""
         stop = self.n - 1 if stop is None else stop
@@ -2013,9 +2014,6 @@ class _BoundsView(_AsArray):
     @property
     def shape(self) -> tuple[int]:
         return (self.n,)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         whole = self.bounds._span(self.shift, self.shift + self.n) if self.n else np.zeros(0, self.dtype)

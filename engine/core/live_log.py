@@ -1016,10 +1016,7 @@ def _event_first_row(col: Any, row: int, after: int) -> int:
     only: a scrub from a checkpoint there put the freed blocks in the wrong order (Mooncake's
     first 600 requests at 300 blocks, checkpoints every 997 rows: seq 15,068)."""
     start = col._event_start(row)
-    if start > after:
-        return start
-    seq = col.col("seq")
-    return int(np.searchsorted(seq, seq[row], side="right"))
+    return start if start > after else col._event_end(row)
 
 
 def _thinned(states: list[Any]) -> list[Any]:
