@@ -166,7 +166,7 @@ class TimelineView(PanelView):
         self.refusals.setPen(pg.mkPen(None))
         self.resets.setBrush(pg.mkBrush(p["warn"]))
         self.resets.setPen(pg.mkPen(None))
-        self.c_ref.setPen(pg.mkPen(c["ref3"], width=2))
+        self.c_ref.setPen(pg.mkPen(c["ref3"], width=1))
         self.bars.setOpts(brush=pg.mkBrush(c["evicted"]), pen=pg.mkPen(None))
         self.no_evictions.setColor(p["text_dim"])
         for line in self.cursors:
