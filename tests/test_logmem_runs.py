@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core import columnar
 from engine.core.columnar import _EventRuns
 from engine.core.columnar_log import ColumnarEventLog
 from tests.test_columnar import assert_views_equal, view_of
@@ -34,7 +35,11 @@ def test_a_traces_requests_are_kept_as_runs_and_read_as_the_whole_column(monkeyp
 
 
 def test_the_a_column_is_a_byte_a_row_and_its_large_values_apart(monkeypatch):
-    log, whole = _log(), _log(monkeypatch, whole=True)
+    # the form `a` is kept in when an event's rows do not all hold the same (`PER_EVENT_WHEN_ALIKE`)
+    monkeypatch.setattr(columnar, "PER_EVENT_WHEN_ALIKE", ())
+    log = _log()
+    monkeypatch.undo()
+    whole = _log(monkeypatch, whole=True)
     dense = whole.col("a")
     base = log._sparse_base["a"]  # the old code kept 4 + 4 bytes a row that sets one, no byte a row
     rows, values = log._sparse["a"]

@@ -55,12 +55,18 @@ def test_the_hash_and_a_columns_are_kept_sparse_and_read_as_the_whole_ones(monke
     log, whole = _log(), _log(monkeypatch, whole=True)
     kind = whole.col("kind")
     for name, fill in (("hash", -1), ("a", 0)):
-        assert name in log._sparse and name not in log._cols and name in whole._cols
-        rows, values = log._sparse[name]
+        assert name not in log._cols and name in whole._cols
         dense = whole.col(name)
-        base = log._sparse_base.get(name)  # `a`: a byte a row, and as rows the values a byte does not hold
-        kept = dense != fill if base is None else (dense < 0) | (dense > 255)
-        assert np.array_equal(rows, np.flatnonzero(kept)) and np.all(values != fill)
+        if name in log._per_event:  # `a`, alike on every row of an event: its events that set one (H6)
+            kept_a = log._per_event[name]
+            assert isinstance(kept_a, columnar._EventSparse) and name not in log._sparse
+            rows = np.flatnonzero(dense != fill)
+            assert np.array_equal(np.asarray(kept_a), dense[np.asarray(log.event_bounds)[:-1]])
+        else:
+            rows, values = log._sparse[name]
+            base = log._sparse_base.get(name)  # a byte a row, and as rows the values a byte does not hold
+            kept = dense != fill if base is None else (dense < 0) | (dense > 255)
+            assert np.array_equal(rows, np.flatnonzero(kept)) and np.all(values != fill)
         if name == "hash":  # the rows that carry one
             assert np.array_equal(rows, np.flatnonzero((kind == STORED) | (kind == EVICTED)))
         got = log.col(name)
@@ -84,23 +90,24 @@ def test_the_hash_and_a_columns_are_kept_sparse_and_read_as_the_whole_ones(monke
 
 def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkeypatch):
     log, whole = _log(), _log(monkeypatch, whole=True)
-    assert sorted(log._per_event) == ["kind", "request", "seq"] and not {"seq", "request", "kind"} & set(log._cols)
+    assert sorted(log._per_event) == ["a", "kind", "request", "seq"] and not {"seq", "request", "kind", "a"} & set(log._cols)
     assert whole.event_bounds is None and "seq" in whole._cols
     n, num_events = log.num_rows, len(log)
     hash_rows, hash_values = log._sparse["hash"]
-    a_rows, _ = log._sparse["a"]
+    a_events = log._per_event["a"]
     flag_rows, flag_values = log._sparse["flag"]
     # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become the kind's 1 an event and its first
     # row's 4 (the seqs 0, 1, 2, ... keep no array: a Consecutive), the requests 4 + 4 a run of one
     # request's events; the hash's 4 a row become 4 a row that sets one and, for where, a bit an event
-    # (EventRows: each store and eviction sets the one row of its event); a's 4 a row a byte a row and
-    # 4 + 4 a row a byte does not hold; the flag's byte a row a bit a row and 4 + 1 a row whose flag is
+    # (EventRows: each store and eviction sets the one row of its event); a's 4 a row 4 + 4 an event
+    # that sets one (every row of an event holds its event's); the flag's byte a row a bit a row and 4 + 1 a row whose flag is
     # neither 0 nor 1 (a lookup's miss reason); the block's 4 a row 2
     runs = log._per_event["request"]
     assert runs.nbytes == 8 * len(runs.at) < 4 * num_events
     assert log._per_event["seq"].nbytes == 0 and isinstance(log._per_event["seq"], columnar.Consecutive)
     assert isinstance(hash_rows, columnar.EventRows) and hash_rows.nbytes < len(hash_values) < num_events
-    assert log._sparse_base["a"].nbytes == n and log._sparse_base["flag"].nbytes == (n + 7) // 8
+    assert "a" not in log._sparse_base and log._sparse_base["flag"].nbytes == (n + 7) // 8
+    assert a_events.nbytes == 8 * len(a_events.at) < 8 * num_events // 2
     assert np.all(flag_values > 1) and len(flag_rows) < n // 100
     # the bounds (each event's first row, then n): a byte an event, padded to blocks of 256,
     # a 4-byte bound every 256 events, and 4 + 4 an event of more than 255 rows (none here)
@@ -108,11 +115,11 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     assert isinstance(bounds, columnar.EventBounds) and len(bounds.big) == 0
     assert bounds.nbytes == -(-num_events // 256) * 256 + 4 * (num_events // 256 + 1) < 1.02 * num_events + 4
     assert log.nbytes() == (whole.nbytes() - 20 * n + num_events + bounds.nbytes + runs.nbytes
-                            + hash_rows.nbytes + 4 * len(hash_values) + 8 * len(a_rows) + n
+                            + hash_rows.nbytes + 4 * len(hash_values) + a_events.nbytes
                             + (n + 7) // 8 + 5 * len(flag_rows))
     assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
     assert log.kept("block").dtype == np.int16 and np.array_equal(log.kept("block"), whole.col("block"))
-    for name in ("seq", "request", "kind", "block"):
+    for name in ("seq", "request", "kind", "block", "a"):
         dense = whole.col(name)
         assert log.col(name).dtype == dense.dtype and np.array_equal(log.col(name), dense)
         bounds = log.event_bounds
