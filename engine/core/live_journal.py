@@ -15,6 +15,7 @@ The journal is duck-typed (`JournalRows`): engine.core imports nothing of engine
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,7 +285,7 @@ class JournalStores(Sequence[tuple]):
         self._keys = keys
         self._pool, self._local = _Grow(np.int16, uniform=True), _Steps()
         self.journals: dict[int, StoreArrays] = {}  # pool -> its per-store arrays, whole, as of its latest rows
-        self.placer: Any = _CompiledPlacer() if compiled and _compiled() else _Placer()
+        self.placer: Any = _CompiledPlacer(keys) if compiled and _compiled() else _Placer()
         self._slot_ids: dict[int, np.ndarray] = {}  # pool index -> per pool slot its placer slot id (-1: none yet)
         # pool index -> (first, lo, n): its slots lo..n-1 are numbered first + slot - lo, no table
         # kept, while each tick's new slots are past the last (a pool gives its slots in order,
@@ -590,6 +591,8 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     stores.journals[p] = StoreArrays.of(journal)
     rows = prepared.rows
     keys.add(p, rows.keys, rows.widths, rows.width_range)
+    if isinstance(stores.placer, _CompiledPlacer):
+        stores.placer.committed(len(keys))  # the codes it kept for these rows' ids: in `keys` now
     stores.add(p, rows.store_local, rows.stores_counting)  # the ids prepare_journal wrote (store0 on, checked above)
     stores.tenants.append(prepared.store_tenants)
     # no `_live_keys` (4 bytes a block, never written here: the placer holds what each block holds)
@@ -912,8 +915,11 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 # A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
 # reads and writes of a block is one or two cache lines (24 bytes while int32), not one per
 # array: the placer's state outgrows the caches, and the loop waited on a miss per field.
-# B_LNEXT is last: a placer that keeps no table of hashes keeps no such field (20 bytes a record).
+# B_CODE_LO, B_CODE_HI and B_LNEXT come last: a placer that keeps no table of hashes keeps no
+# such fields (12 bytes a record, not 24): only a lookup in the table reads a record's hash,
+# and the log's key table (`JournalKeys`) has every hash id's code (`_CompiledPlacer._codes`).
 B_CUR, B_OWN, B_NEXT, B_CODE_LO, B_CODE_HI, B_LNEXT = range(6)
+NUM_BARE_FIELDS = B_CODE_LO  # a record's fields while no table is kept
 # B_OWN holds tenant << (RB + 2) | rank << 2 | the width code of the block's hash (0, 1 or 2:
 # colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
 # B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
@@ -996,9 +1002,9 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                     t = blocks[e & HOLDER_BITS, B_OWN] >> (rb + 2)
             blocks[b, B_OWN] = (t << (rb + 2)) | (rank << 2) | wide
             store_tenants[s_n] = t
-            blocks[b, B_CODE_LO] = _low_half(code)
-            blocks[b, B_CODE_HI] = code >> 32
             if keep:
+                blocks[b, B_CODE_LO] = _low_half(code)
+                blocks[b, B_CODE_HI] = code >> 32
                 blocks[b, B_LNEXT] = -1  # appended at the end of the hash's holders
                 _ht_hold(table, blocks, b, code, wide, state)
             _put_row(out, table_pair, table_batch, o_n, 4, i, b, key0 + i, store0 + s_n, 1, seq0, of_pair,
@@ -1318,21 +1324,32 @@ def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
     block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
-    all int32 (a block's record 20 B), each widened once to int64 before a number it must
+    all int32 (a block's record 12 B), each widened once to int64 before a number it must
     hold would not fit (`_fit`); and the table of hashes held (int64 entries) with each
-    record's next holder of its hash (B_LNEXT, 4 B more a record), made at the first store
-    that names a tenant (`state[8]`, `_make_table`): it finds a parent's holder for its
-    tenant, and until then every holder's tenant is none, so each store's is its own (a
-    stream that names no tenant, as vLLM's mostly do, keeps neither: 20 to 22 bytes a hash
-    held, and no probe of the table a store or removal)."""
+    record's hash code and next holder of its hash (B_CODE_LO, B_CODE_HI, B_LNEXT: 12 B more
+    a record), made at the first store that names a tenant (`state[8]`, `_make_table`): it
+    finds a parent's holder for its tenant, and until then every holder's tenant is none, so
+    each store's is its own (a stream that names no tenant, as vLLM's mostly do, keeps
+    neither: 12 to 14 bytes a hash held, and no probe of the table a store or removal).
 
-    def __init__(self) -> None:
+    `keys`, the log's `JournalKeys` (given by `JournalStores`), has the held blocks' codes
+    when the table is made; the codes of hash ids it does not have yet (placed, not yet
+    committed) are kept here until it does (`_recent`, dropped by `committed`, which the
+    commit calls on its thread: this one only appends to it). A placer without one keeps
+    every call's codes (a test's, placing arrays)."""
+
+    def __init__(self, keys: JournalKeys | None = None) -> None:
         (self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build,
          self.slot_run) = _compiled()
         self.state = np.zeros(9, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
-        self.blocks = np.full((0, B_LNEXT), -1, np.int32)  # B_LNEXT too once the table is kept
+        self.blocks = np.full((0, NUM_BARE_FIELDS), -1, np.int32)  # all six B_* once the table is kept
+        self.keys = keys
+        # (first hash id, its rows' codes as int64) of each call placed, oldest first, until
+        # `keys` has them (`committed`): what `_codes` reads past them. Appended on the placing
+        # thread, dropped from the left on the committing one (a deque does both atomically)
+        self._recent: deque[tuple[int, np.ndarray]] = deque()
         self.fifo = np.full(0, -1, np.int32)
         self.vacant = np.zeros(0, np.int32)
         self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
@@ -1366,13 +1383,50 @@ class _CompiledPlacer:
         a tenant: each held block joins its hash's holders in block order, not in the order
         they were stored, which no lookup tells apart (every one of them has no tenant, and a
         lookup reads only the oldest holder's tenant); later stores join after them."""
-        held = int(np.count_nonzero(self.blocks[:nb, B_CUR] >= 0))
-        # each record's next holder of its hash, a field of its own from now on (-1: the last)
-        self.blocks = np.concatenate([self.blocks, np.full((len(self.blocks), 1), -1, self.blocks.dtype)], axis=1)
+        cur = self.blocks[:nb, B_CUR]
+        on = np.flatnonzero(cur >= 0)
+        # each record's hash code (its halves) and next holder of its hash, fields of their own
+        # from now on (-1: the last holder; a vacant record's code is written at its next store)
+        grown = np.full((len(self.blocks), B_LNEXT + 1), -1, self.blocks.dtype)
+        grown[:, :NUM_BARE_FIELDS] = self.blocks
+        code = self._codes(cur[on].astype(np.int64))
+        grown[on, B_CODE_LO] = ((code & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000  # `_low_half`
+        grown[on, B_CODE_HI] = code >> 32
+        self.blocks = grown
+        self._recent = deque()  # the records keep the codes from now on
+        held = len(on)
         self.table = np.full(max(1024, int((held + n_store) / TABLE_LOAD) + 1), -1, np.int64)
         self.state[5] = 0
         self.build(self.blocks, nb, self.table, self.state)
         self.state[8] = 1
+
+    def _codes(self, ids: np.ndarray) -> np.ndarray:
+        """The hash code (int64) of each hash id of `ids`: the log's key table's for the ids
+        it has, else a kept call's (`_recent`)."""
+        out = np.zeros(len(ids), np.int64)
+        kept = list(self._recent)  # first: a call dropped after this is in `keys` by the next line
+        known = len(self.keys) if self.keys is not None else 0
+        old = ids < known
+        if old.any():
+            out[old] = self.keys._key.take(ids[old]).view(np.int64)
+        new = np.flatnonzero(~old)
+        if len(new):
+            firsts = np.array([k0 for k0, _ in kept], np.int64)
+            sizes = np.array([len(c) for _, c in kept], np.int64)
+            at = np.searchsorted(firsts, ids[new], side="right") - 1
+            if not len(firsts) or (at < 0).any() or (ids[new] >= (firsts + sizes)[np.maximum(at, 0)]).any():
+                raise ValueError("a held block's hash id is neither in the log's keys nor in a call kept")
+            codes = np.concatenate([c for _, c in kept])
+            offset = np.concatenate(([0], np.cumsum(sizes)[:-1]))  # each call's first in `codes`
+            out[new] = codes[offset[at] + ids[new] - firsts[at]]
+        return out
+
+    def committed(self, known: int) -> None:
+        """The log's keys have the first `known` hash ids: the calls kept below them go (on
+        the committing thread only)."""
+        recent = self._recent
+        while recent and recent[0][0] + len(recent[0][1]) <= known:
+            recent.popleft()
 
     def _own_bits(self, nb: int, rb: int) -> None:
         """B_OWN of the first `nb` records re-laid with `rb` rank bits (a rank that did not fit
@@ -1453,6 +1507,10 @@ class _CompiledPlacer:
         self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
                   scan.batch_of_pair, self.blocks, self.fifo, self.vacant, self.table, self.state, out, pairs[0],
                   pairs[1], born, store_tenants, slots)
+        if not self.state[8] and n:  # no table yet: these rows' codes until the log's keys have them
+            # a copy: `hcode` is a view of the pool's journal rows, which would keep them all
+            # (the pool drops them into a new array when it releases them; a view keeps the old)
+            self._recent.append((key0, np.array(hcode, np.int64)))
         k = int(self.state[2])
         return (out[:k], store_tenants[:int(self.state[4])], born[:int(self.state[3])], int(self.state[1]),
                 pairs[0, :k], pairs[1, :k], slots[:int(self.state[6])])
