@@ -401,7 +401,7 @@ class ColumnarEventLog:
         """Every request occurrence's id as a numpy string array (by occurrence index)."""
         ids = self._index.get("ids")
         if ids is None:
-            ids = self._index["ids"] = np.array(self.columnar.requests.ids, dtype=str)
+            ids = self._index["ids"] = np.array(list(self.columnar.requests.ids), dtype=str)
         return ids
 
     def request_of_events(self) -> np.ndarray:
