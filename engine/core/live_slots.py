@@ -92,12 +92,17 @@ class RemoteSlots:
         keys = list(zip([source] * len(batch_seqs), [rank] * len(batch_seqs), batch_seqs, batch_times, media))
         top = self._top_batch.get((source, rank))
         self._top_batch[source, rank] = max(batch_seqs) if top is None else max(top, max(batch_seqs))
-        if (top is None or batch_seqs[0] > top) and all(a < b for a, b in zip(batch_seqs, batch_seqs[1:])):
-            # one info a batch, every batch past the stream's newest so far: all new, none looked up
-            first = len(infos) + 1
-            infos.extend(keys)
+        if (top is None or batch_seqs[0] > top) and all(a <= b for a, b in zip(batch_seqs, batch_seqs[1:])):
+            # every batch past the stream's newest so far: all new, none looked up, unless two of
+            # them are one info (a batch's tiers, GPU and CPU, are two; a tier vLLM does not name
+            # and "GPU" are one): a tick's batches came in two tiers, and each was looked up
+            first, had = len(infos) + 1, len(ids)
             ids.update(zip(keys, range(first, first + len(keys))))
-            return list(range(first, first + len(keys)))
+            if len(ids) == had + len(keys):
+                infos.extend(keys)
+                return list(range(first, first + len(keys)))
+            for key in keys:  # two were one: none of them was there before (past the newest), so out again
+                ids.pop(key, None)
         out = []
         for key in keys:
             got = ids.get(key)
