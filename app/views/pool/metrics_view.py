@@ -82,7 +82,10 @@ class MetricsView(PanelView):
         self.c_rate.setDownsampling(auto=True, method="peak")
         self.s_rate = pg.ScatterPlotItem(size=5, name="this request")
         self.p_rate.addItem(self.s_rate)
-        self._per = np.zeros(0)  # each request's own hit rate, 0..1, in the plots' order
+        # each plotted request's reused and computed tokens, in the plots' order (its own hit
+        # rate and the running one are made from them when read: a float each kept 2 x 8 B a
+        # request for a dot layer that draws a few hundred and a curve that keeps its own)
+        self.cached_tokens = self.computed_tokens = np.zeros(0)
         self._dotted: tuple[int, int] | None = None  # the requests (first, last) the dots cover
         self.p_rate.vb.sigXRangeChanged.connect(lambda *_: self._place_dots())
         self.b_cached = pg.BarGraphItem(x=[], height=[], width=0.8, name="reused (cached)")
@@ -169,7 +172,7 @@ class MetricsView(PanelView):
             records = [r for r in proj.request_records() if r.miss is not None]
             cached, computed, rate = request_rows(records)
             names = [r.request_id for r in records]
-        self.cached_tokens, self.computed_tokens, self.hit_rates = cached, computed, rate
+        self.cached_tokens, self.computed_tokens = cached, computed
         n = len(names)
         x = np.arange(1, n + 1, dtype=float)  # requests in start order, labelled by their ids
         for plot in (self.p_rate, self.p_tokens, self.p_ttft):
@@ -179,7 +182,6 @@ class MetricsView(PanelView):
                 axis.picture = None  # pyqtgraph caches the drawn ticks
                 axis.update()
         self.c_rate.setData(x, 100 * rate)
-        self._per = np.divide(cached, cached + computed, out=np.zeros_like(cached), where=(cached + computed) > 0)
         recent = slice(max(0, n - MAX_BARS), n)
         self.b_cached.setOpts(x=x[recent], height=cached[recent], width=0.8)
         self.b_computed.setOpts(x=x[recent], y0=cached[recent], height=computed[recent], width=0.8)
@@ -207,7 +209,7 @@ class MetricsView(PanelView):
         """Each request's own hit rate as a dot, for the requests in view and a view's width
         either side (of the last MAX_DOTS): a scatter keeps ~100 bytes a point, 1.2 MB for
         the Mooncake trace's 12K requests drawn whole; a pan within them sets nothing."""
-        n = len(self._per)
+        n = len(self.cached_tokens)
         (x0, x1), _ = self.p_rate.vb.viewRange()
         lo, hi = max(1, math.floor(x0)), min(n, math.ceil(x1))
         if not force and self._dotted is not None and self._dotted[0] <= lo and hi <= self._dotted[1]:
@@ -219,7 +221,15 @@ class MetricsView(PanelView):
         if first > last:
             self.s_rate.setData(x=[], y=[])
             return
-        self.s_rate.setData(x=np.arange(first, last + 1, dtype=float), y=100 * self._per[first - 1:last])
+        cached, computed = self.cached_tokens[first - 1:last], self.computed_tokens[first - 1:last]
+        prompt = cached + computed
+        per = np.divide(cached, prompt, out=np.zeros_like(cached), where=prompt > 0)  # each request's own
+        self.s_rate.setData(x=np.arange(first, last + 1, dtype=float), y=100 * per)
+
+    @property
+    def hit_rates(self) -> np.ndarray:
+        """The running hit rate after each plotted request (what the curve draws, in 0..1)."""
+        return _cumulative_rate(self.cached_tokens, self.computed_tokens)
 
     # ------------------------------------------------------------------ the x axis as event seqs
     def request_spans(self) -> tuple[np.ndarray, np.ndarray]:
