@@ -95,7 +95,7 @@ class RemoteOverlay:
     redraw of a steady million-block pool costs one pass over a byte per block.
     """
 
-    __slots__ = ("tier", "rank", "stored_at", "base", "_stored_times", "_removed_times", "_lifetimes",
+    __slots__ = ("tier", "_ranks", "stored_at", "base", "_stored_times", "_removed_times", "_lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
                  "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n",
@@ -103,7 +103,10 @@ class RemoteOverlay:
 
     def __init__(self) -> None:
         self.tier = np.zeros(0, dtype=np.uint8)
-        self.rank = np.zeros(0, dtype=np.uint16)
+        # each slot's rank (`rank`): none kept while every store came from rank 0 (a single
+        # server, or data-parallel rank 0 alone: 2 bytes a slot for nothing); made at the
+        # first store from another rank (`_own_ranks`)
+        self._ranks: np.ndarray | None = None
         self.stored_at = np.zeros(0, dtype=np.float64)
         self.base = np.zeros(0, dtype=np.uint8)
         self._stored_times = _Floats()  # event time of every stored block (`stored_times`)
@@ -143,10 +146,24 @@ class RemoteOverlay:
         # 120 MB, then 60 MB, it did not use, and each growth copied them all on the GUI thread
         have = len(self.tier)
         size = max(n, have + have // 8, 1024)
-        for name in ("tier", "rank", "stored_at", "base"):
+        for name in ("tier", "_ranks", "stored_at", "base") if self._ranks is not None else ("tier", "stored_at", "base"):
             regrow(self, name, size, have)
             getattr(self, name)[have:] = 0
         self._codes_second = None  # sizes changed: the next `codes` recomputes
+
+    @property
+    def rank(self) -> np.ndarray:
+        """Each slot's data-parallel rank (uint16; 0 for a slot never stored), read-only: a
+        zero-stride view of 0 while every store came from rank 0."""
+        if self._ranks is None:
+            return np.broadcast_to(np.uint16(0), self.tier.shape)
+        return self._ranks
+
+    def _own_ranks(self) -> np.ndarray:
+        """The slots' ranks as an array of their own (all 0 so far), from now on."""
+        if self._ranks is None:
+            self._ranks = np.zeros(len(self.tier), np.uint16)
+        return self._ranks
 
     def tier_code(self, name: str) -> int:
         code = self.tier_names.get(name)
@@ -183,7 +200,7 @@ class RemoteOverlay:
         if slots is None:
             slots = projection.remote_slots or []
             projection.remote_slots = None
-        tier, rank, stored_at, base = self.tier, self.rank, self.stored_at, self.base
+        tier, stored_at, base = self.tier, self.stored_at, self.base
         removed, touched = self._removed, self._touched
         add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
         reset = False
@@ -202,7 +219,9 @@ class RemoteOverlay:
                 if b >= 0:
                     code = self.tier_code(tier_of(e))
                     tier[b] = code
-                    rank[b] = rank_of(e)
+                    r = rank_of(e)
+                    if r or self._ranks is not None:
+                        self._own_ranks()[b] = r
                     stored_at[b] = t
                     base[b] = self._fresh_code(code)
                     touched.append(b)
@@ -378,7 +397,8 @@ class RemoteOverlay:
         times of stores and removals and the lifetimes (one float each, for the rates), the
         slots listed since the last redraw (an int64 each), the removals remembered (table and ring)."""
         cells = self._cells.nbytes if self._cells is not None else 0
-        slots = sum(a.nbytes for a in (self.tier, self.rank, self.stored_at, self.base, self._codes)) + cells
+        ranks = self._ranks.nbytes if self._ranks is not None else 0
+        slots = sum(a.nbytes for a in (self.tier, self.stored_at, self.base, self._codes)) + ranks + cells
         times = sum(a.nbytes for a in (self._stored_times, self._removed_times, self._lifetimes)) + \
             sum(a.itemsize * len(a) for a in (self.sample_times, *self.sample_counts))
         ring = 0 if self.journal is None else self.journal.nbytes
@@ -409,8 +429,11 @@ class RemoteOverlay:
 
     def ranks(self, projection: PoolProjection) -> dict[int, int]:
         """Cached blocks per data-parallel rank (the combined pool split by who holds it)."""
-        n = min(projection.num_blocks, len(self.rank))
-        counts = np.bincount(self.rank[:n][self.base[:n] > 0])
+        n = min(projection.num_blocks, len(self.tier))
+        if self._ranks is None:  # every store from rank 0
+            held = int(np.count_nonzero(self.base[:n]))
+            return {0: held} if held else {}
+        counts = np.bincount(self._ranks[:n][self.base[:n] > 0])
         return {r: int(c) for r, c in enumerate(counts) if c}
 
     def tier_name(self, slot: int) -> str:
@@ -613,7 +636,8 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
         if b >= 0:
             _prefetch(base, b)
             _prefetch(tier, b)
-            _prefetch(rank_of, b)
+            if len(rank_of):
+                _prefetch(rank_of, b)
             _prefetch(stored_at, b)
     over = st[9] + num_removed - max_removed  # at most: a removal already remembered adds none
     for r in range(st[5], min(st[6], st[5] + max(0, over))):
@@ -666,7 +690,8 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                 st[7] += 1
             if b >= 0:
                 tier[b] = c
-                rank_of[b] = rank
+                if len(rank_of):  # empty: every store so far from rank 0, none kept
+                    rank_of[b] = rank
                 stored_at[b] = t[i]
                 tally[base[b]] -= 1
                 base[b] = fresh_of[c]
@@ -1027,8 +1052,10 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     st[10] = top
     if counted is not None and counted[0] != self.revision - 1:
         counted = None  # a tick it did not count came between
+    # the slots' ranks: none written while every store is rank 0's (an empty array: the loop skips them)
+    ranks = self._own_ranks() if rank or self._ranks is not None else np.zeros(0, np.uint16)
     loop(op, jtier, key, width, store, np.asarray(slots, np.int64), np.asarray(times, np.float64), code_of,
-         fresh_of, have, follow.stream_mix(pool), rank, self.tier, self.rank, self.stored_at, self.base, tally,
+         fresh_of, have, follow.stream_mix(pool), rank, self.tier, ranks, self.stored_at, self.base, tally,
          stored_out, removed_out, life_out, touched_out, follow.removed, follow.shift, follow.ring_id,
          follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
     self._written_top = int(st[10])
