@@ -89,12 +89,20 @@ def _drawn(w) -> list:
     return out
 
 
-def _settle(app, seconds: float = 0.6) -> None:
-    """Events handled for a while: the views' throttled redraws and the status bar's timer run."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        app.processEvents()
-        time.sleep(0.005)
+def _settle(app, w) -> list:
+    """Events handled until what the window draws holds still (the views' throttled redraws
+    and the status bar's timer run): what it then draws."""
+    drawn, deadline = None, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            app.processEvents()
+            time.sleep(0.005)
+        now = _drawn(w)
+        if now == drawn:
+            return now
+        drawn = now
+    raise AssertionError("the window kept drawing something new for 30 s")
 
 
 def _open_and_draw(app, tmp_path, path, name: str):
@@ -115,13 +123,11 @@ def _open_and_draw(app, tmp_path, path, name: str):
             app.processEvents()
             time.sleep(0.002)
         assert done and done[0] is not None
-        _settle(app)
-        drawn = [_drawn(w)]
+        drawn = [_settle(app, w)]
         state = ctx.state
         for frac in (0.1, 0.55):  # scrubs: the pool, the block table and the cursors there
             state.scrub_to(int(state.log.last_seq * frac))
-            _settle(app)
-            drawn.append(_drawn(w))
+            drawn.append(_settle(app, w))
         return drawn, state.log.columnar
     finally:
         ctx.shutdown()

@@ -98,14 +98,18 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     flag_rows, flag_values = log._sparse["flag"]
     # 4 + 4 + 1 bytes a row (int32 seq and request, the kind) become the kind's 1 an event and its first
     # row's 4 (the seqs 0, 1, 2, ... keep no array: a Consecutive), the requests 4 + 4 a run of one
-    # request's events; the hash's 4 a row become 4 a row that sets one and, for where, a bit an event
-    # (EventRows: each store and eviction sets the one row of its event); a's 4 a row 4 + 4 an event
+    # request's events; the hash's 4 a row become, for where, a bit an event (EventRows: each store
+    # and eviction sets the one row of its event) and, for what, a bit a row that sets one and 4 a
+    # row that names a chain met before (FirstSeen: the kernel numbers a new chain one more); a's 4 a row 4 + 4 an event
     # that sets one (every row of an event holds its event's); the flag's byte a row a bit a row and 4 + 1 a row whose flag is
     # neither 0 nor 1 (a lookup's miss reason); the block's 4 a row 2
     runs = log._per_event["request"]
     assert runs.nbytes == 8 * len(runs.at) < 4 * num_events
     assert log._per_event["seq"].nbytes == 0 and isinstance(log._per_event["seq"], columnar.Consecutive)
     assert isinstance(hash_rows, columnar.EventRows) and hash_rows.nbytes < len(hash_values) < num_events
+    num_again = len(hash_values.others)
+    assert isinstance(hash_values, columnar.FirstSeen) and 0 < num_again < len(hash_values)
+    assert hash_values.nbytes == 4 * num_again + (len(hash_values) // 64 + 2) * (8 + 4) < 4 * len(hash_values)
     assert "a" not in log._sparse_base and log._sparse_base["flag"].nbytes == (n + 7) // 8
     assert a_events.nbytes == 8 * len(a_events.at) < 8 * num_events // 2
     assert np.all(flag_values > 1) and len(flag_rows) < n // 100
@@ -115,7 +119,7 @@ def test_seq_and_request_are_kept_per_event_and_read_as_the_whole_columns(monkey
     assert isinstance(bounds, columnar.EventBounds) and len(bounds.big) == 0
     assert bounds.nbytes == -(-num_events // 256) * 256 + 4 * (num_events // 256 + 1) < 1.02 * num_events + 4
     assert log.nbytes() == (whole.nbytes() - 20 * n + num_events + bounds.nbytes + runs.nbytes
-                            + hash_rows.nbytes + 4 * len(hash_values) + a_events.nbytes
+                            + hash_rows.nbytes + hash_values.nbytes + a_events.nbytes
                             + (n + 7) // 8 + 5 * len(flag_rows))
     assert log._cols["block"].dtype == np.int16 and whole._cols["block"].dtype == np.int32
     assert log.kept("block").dtype == np.int16 and np.array_equal(log.kept("block"), whole.col("block"))
