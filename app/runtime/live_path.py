@@ -105,7 +105,8 @@ class _Pools:
 def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
                      frames_per_tick: int = FRAMES_PER_TICK, overlay: bool = True) -> dict[str, Any]:
     """vLLM events per second (CPU time) through the route an attach takes in the app, headless:
-    frames decoded to columns (`fastwire.decode_columns`) and applied to the journalling pool
+    frames decoded to columns a tick's run at a time (`fastwire.decode_columns_many`, as the
+    subscriber decodes the frames it finds waiting) and applied to the journalling pool
     an `Attachment` makes (`journal_pool_class`, `apply_many` per tick as its held batches
     are), each tick's rows taken as `JournalFeed` takes them (`take_journal_rows`), placed
     (`prepare_journal`) and written to the window's `PoolState` (`apply_prepared`: log,
@@ -135,8 +136,7 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     w0, c0 = time.perf_counter(), clock()
     for start in range(0, len(payloads), frames_per_tick):
         t0 = clock()
-        batches = [fastwire.decode_columns(seq, payloads[seq])
-                    for seq in range(start, min(len(payloads), start + frames_per_tick))]
+        batches = fastwire.decode_columns_many(start, payloads[start:start + frames_per_tick])
         t1 = clock()
         with att.lock:
             pool.apply_many(batches)
