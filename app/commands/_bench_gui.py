@@ -131,6 +131,22 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 gc.collect()
 numba_before = "numba" in sys.modules
+# numba's one-time load, in this process: the kernel and the columnar log's compiled code
+# loaded from numba's disk cache by a replay of two requests, as a window's first use of
+# them loads it (measured in a process of its own, it moved by ~1 MB from one to the next)
+rss_load = rss()
+from engine.core.columnar_log import ColumnarEventLog
+from engine.core.replay import ReplayConfig
+from engine.core.trace import TraceRequest
+from engine.kernel.replay import replay_kernel
+tiny = [TraceRequest(0, 1, "a", None, None, None, (1, 2), 1024, 2),
+        TraceRequest(1, 2, "b", None, None, None, (1, 3), 1024, 2)]
+tiny_log = ColumnarEventLog(replay_kernel(tiny, ReplayConfig(block_size=512, capacity_blocks=64), record=True).log,
+                            time=0.0)
+tiny_log.warm()
+del tiny_log, tiny
+gc.collect()
+numba_load = rss() - rss_load
 rss0 = rss()
 done = []
 t0 = time.perf_counter()
@@ -152,51 +168,12 @@ print(json.dumps({"rss_growth_bytes": grown, "open_to_last_event_drawn_s": elaps
                   "distinct_blocks": len(columnar.keys) if columnar is not None else None,
                   "rows": columnar.num_rows if columnar is not None else None,
                   "rows_bytes": columnar.nbytes() if columnar is not None else None,
-                  "numba_loaded_before": numba_before, "ok": done[0] is not None}), flush=True)
+                  "numba_loaded_before": numba_before, "numba_load_bytes": numba_load,
+                  "ok": done[0] is not None}), flush=True)
 ctx.shutdown()
 w.deleteLater()
 app.processEvents()
 """
-
-
-# The fixed part of the open's memory: what importing numba and loading the kernel's and
-# the columnar log's compiled functions (from numba's disk cache) adds to a process once.
-# With "after-warm-up" the process has first done what the window does before a user can
-# open a file (the live log's warm-up, numba imported with it): the rest is what the open's
-# first use of the kernel loads, which the window's growth over the open counts.
-_NUMBA_CHILD = """
-import gc, os, sys
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-from PySide6.QtCore import QObject
-import app.runtime.replays
-if sys.argv[1:] == ["after-warm-up"]:
-    from engine.core.live_log import warm_up
-    warm_up()
-gc.collect()
-r0 = rss()
-from engine.core.columnar_log import ColumnarEventLog
-from engine.core.replay import ReplayConfig
-from engine.core.trace import TraceRequest
-from engine.kernel.replay import replay_kernel
-tiny = [TraceRequest(0, 1, "a", None, None, None, (1, 2), 1024, 2),
-        TraceRequest(1, 2, "b", None, None, None, (1, 3), 1024, 2)]
-log = ColumnarEventLog(replay_kernel(tiny, ReplayConfig(block_size=512, capacity_blocks=64), record=True).log, time=0.0)
-log.warm()
-del log
-gc.collect()
-print(rss() - r0, flush=True)
-"""
-
-
-def _numba_fixed_bytes(env: dict[str, str], after_warm_up: bool) -> int:
-    args = ["after-warm-up"] if after_warm_up else []
-    proc = subprocess.run([sys.executable, "-c", _NUMBA_CHILD, *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the kernel did not load: {proc.stderr.strip()[-300:]}")
-    return int(proc.stdout.split()[-1])
 
 
 # `cachescope ARGS` in a fresh process that reports its own peak RSS when done: VmHWM
@@ -245,11 +222,12 @@ def bench_open(quick: bool) -> dict[str, Any]:
         headless_s, headless_peak = _headless(
             ["replay", str(path), "--no-model", "--block-size", str(app_run["block_size"]),
              "--capacity-blocks", str(app_run["capacity"]), "--json", "--totals-only"], env)
-    # numba itself is loaded before the open when the window's warm-up ran first; the
-    # kernel's and the columnar log's compiled functions load at the open either way
-    numba_fixed = _numba_fixed_bytes(env, after_warm_up=app_run["numba_loaded_before"])
-    grown = app_run["rss_growth_bytes"]
-    trace_grown = max(0, grown - numba_fixed)
+    # numba's one-time load (the kernel's and the columnar log's compiled functions; numba
+    # itself too when the window's warm-up had not imported it) is taken in the window's own
+    # process before the open, which therefore grows by what the trace makes it keep only
+    numba_fixed = app_run["numba_load_bytes"]
+    trace_grown = max(0, app_run["rss_growth_bytes"])
+    grown = trace_grown + numba_fixed  # what the open grew by, numba's first load with it
     distinct = app_run["distinct_blocks"] or 0
     out = {"trace": path.name, "requests": 1500 if quick else 12_031, "events": app_run["events"],
            "capacity_blocks": app_run["capacity"],
@@ -261,7 +239,8 @@ def bench_open(quick: bool) -> dict[str, Any]:
            "rss_growth_mb": round(grown / 1e6, 1),
            "bytes_per_pool_block": round(grown / max(1, app_run["capacity"]), 1),
            "bytes_per_event": round(grown / max(1, app_run["events"]), 1),
-           # the same growth without numba's fixed load, measured in its own process beside it
+           # the same growth without numba's fixed load (loaded and measured in the window's
+           # process just before the open)
            "numba_fixed_mb": round(numba_fixed / 1e6, 1),
            "trace_rss_growth_mb": round(trace_grown / 1e6, 1),
            "trace_bytes_per_event": round(trace_grown / max(1, app_run["events"]), 1),
