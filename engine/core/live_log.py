@@ -402,7 +402,7 @@ class _LiveColumns(ColumnarLog):
         if state is not self.moving or self._bufs is None:
             return super()._grown_to(state, stop)
         ref, hk, pos = self._bufs
-        have, n = len(state.hash_keys), self.blocks_at(stop)
+        have, n = len(state.hash_keys), _blocks_before(self, stop)
         if n > len(hk):
             cap = max(n, len(hk) + len(hk) // 4)
             hk, pos = (_grown_copy(old, have, cap) for old in (hk, pos))
@@ -427,6 +427,22 @@ class _LiveColumns(ColumnarLog):
         """Move `state` (a fresh one, shared with nothing) on in place from now on."""
         self._bufs = (state.ref_counts, state.hash_keys, state.free_pos)
         self.moving = state
+
+
+def _blocks_before(col: ColumnarLog, row: int) -> int:
+    """`col.blocks_at(row)` for one row, without `as_key`'s np.iinfo (~10 us a call, two a
+    journal tick): the pool's blocks if the newest was born before `row` (a tick's end),
+    else a search of the born rows."""
+    nb = col.num_blocks
+    if nb == col.initial_blocks:
+        return nb
+    born = col._born_row[:nb]
+    if int(born[-1]) < row or (born.dtype == np.int32 and row > _I32_MAX):
+        return nb
+    return int(np.searchsorted(born, born.dtype.type(row), side="left"))
+
+
+_I32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _grown_copy(old: np.ndarray, have: int, cap: int) -> np.ndarray:
@@ -761,7 +777,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._keep_newest(r0, r1)
         state = self._live_arrays
         ref, hk, pos = col._grown_to(state, r1, refs=False)  # in place (_LiveColumns); every ref count 0
-        nb0 = col.blocks_at(r0)
+        nb0 = _blocks_before(col, r0)
         born = col._born_row[nb0:col.num_blocks].astype(np.int64)  # the blocks born in these rows
         n = r1 - r0
         acc, columns = self._acc, self._columns
