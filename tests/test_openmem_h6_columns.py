@@ -225,3 +225,24 @@ def _parts(values: np.ndarray) -> tuple:
     words = bits.view("<u8").astype(np.uint64)
     before = np.concatenate([[0], np.cumsum(np.bitwise_count(words[:-1]))]).astype(np.int32)
     return words, before, values[~new], int(values[0]), n, values.dtype
+
+
+def test_the_state_shown_keeps_its_free_order_and_evictions_in_int32(monkeypatch):
+    from engine.core import columnar_log
+
+    log = _log(_requests(), capacity_blocks=300)
+    kind, block, seqs = log.col("kind"), log.col("block"), log.col("seq")
+    rng = random.Random(2)
+    for seq in sorted({rng.randrange(len(log)) for _ in range(8)} | {len(log) - 1}):
+        state = ColumnarEventLog(log).state_at(seq)
+        # int64 before: 8 B a pool block each, kept with the state a window shows
+        assert state.free_order().dtype == np.int32 and state.evicted_seq.dtype == np.int32
+        assert np.array_equal(state.free_order(), log.state_at(seq).free_order())
+        want = np.full(log.num_blocks, -1)
+        rows = np.flatnonzero(kind[:log.rows_upto(seq)] == columnar.EVICTED)
+        want[block[rows]] = seqs[rows]
+        assert np.array_equal(state.evicted_seq, want) and (want >= 0).any() == (len(rows) > 0)
+    monkeypatch.setattr(columnar_log, "_I32_MAX", 100)  # a pool or seqs past int32: as wide as they need
+    wide = ColumnarEventLog(log).state_at(len(log) - 1)
+    assert wide.free_order().dtype == np.int64 and wide.evicted_seq.dtype == np.int64
+    assert np.array_equal(wide.free_order(), state.free_order()) and np.array_equal(wide.evicted_seq, state.evicted_seq)

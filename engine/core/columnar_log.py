@@ -37,6 +37,7 @@ _CHUNK_EVENTS = 16_384  # events built at once when a caller iterates the whole 
 _WHOLE_BLOCK_MISSES = tuple(MISS_REASONS.index(r) for r in ("new_content", "evicted", "salt", "model"))
 # Past this max ref count the timeline's series counts blocks per ref level in a loop.
 _MAX_REF_LEVELS = 64
+_I32_MAX = int(np.iinfo(np.int32).max)
 
 
 @dataclass(slots=True)
@@ -965,7 +966,9 @@ class ArrayProjection:
     def free_order(self) -> np.ndarray:
         got = self._cache.get("free_order")
         if got is None:
-            got = self._cache["free_order"] = self.arrays.free_order()
+            got = self.arrays.free_order()
+            # block ids: int32 for a pool that fits (kept with the state shown: 4 B a block less)
+            got = self._cache["free_order"] = got.astype(np.int32) if self.num_blocks <= _I32_MAX else got
         return got
 
     def free_ranks(self) -> dict[int, int]:
@@ -996,7 +999,10 @@ class ArrayProjection:
             else:
                 ev = ev[:int(np.searchsorted(ev, self.arrays.num_rows))]
                 seqs = col.values_at("seq", ev)
-            got = np.full(self.num_blocks, -1, np.int64)
+            # int32 while the seqs fit, as the log keeps them (kept with the state shown)
+            last = self.log.last_seq
+            wide = np.int32 if last is None or int(last) <= _I32_MAX else np.int64
+            got = np.full(self.num_blocks, -1, wide)
             got[col.values_at("block", ev)] = seqs  # rows in seq order: a block's last wins
             self._cache["evicted_seq"] = got
         return got
