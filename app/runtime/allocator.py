@@ -18,18 +18,6 @@ and every `AppContext`): an array of 4 MiB or more is mapped on its own and unma
 freed. Smaller ones freed below the top still stay: `release_freed()` hands their pages
 back (malloc_trim), for a caller that has just freed many. On another C library both do nothing.
 
-`tune()` also fixes glibc's trim threshold at `TRIM_THRESHOLD` (64 MiB; the default is
-128 KiB): a call's arrays of 128 KiB to 4 MiB freed at the heap's top stay there for the
-next call instead of going back to the system and being faulted in again, zeroed. The
-attach path makes such arrays per run of frames (the decoded run, the pool's temporaries):
-`engine.bench.attach`'s step, the two thresholds alternated in one process (11 rounds,
-2026-12-05), ran 0.1968 -> 0.1903 s of CPU per 200K recorded vLLM events (9 of 11 rounds
-faster; 10,251 -> 7,294 page faults), a journalled pool 0.2365 -> 0.2304 (10 of 11); 16 MiB
-gained 3.0 and 1.5 ms. The cost is at most 64 MiB of freed heap kept; `release_freed()`
-still hands it back where a caller has just freed much (an open does, three times), and
-the held pool's RSS per block was the same within its spread (227.2 and 223.4 B a block
-against 227.4 and 227.5, `bench held`'s 1M-block pool, two processes a side).
-
 `tune()` also turns off numpy's request for transparent huge pages (madvise) on its large
 arrays, unless the user's NUMPY_MADVISE_HUGEPAGE says otherwise. Where the kernel honours
 the request with direct compaction (`defrag` set to `madvise`, the common default), a first
@@ -46,17 +34,14 @@ import ctypes
 import os
 import sys
 
-M_TRIM_THRESHOLD = -1  # glibc's malloc.h
-M_MMAP_THRESHOLD = -3
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD = 4 << 20
-TRIM_THRESHOLD = 64 << 20
 
 _tuned: bool | None = None
 
 
 def tune() -> bool:
-    """Fix glibc's mmap threshold at `MMAP_THRESHOLD` and its trim threshold at
-    `TRIM_THRESHOLD`; True if they are (now or before)."""
+    """Fix glibc's mmap threshold at `MMAP_THRESHOLD`; True if it is (now or before)."""
     global _tuned
     if _tuned is None:
         _no_huge_pages()
@@ -64,8 +49,7 @@ def tune() -> bool:
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL("libc.so.6")
-                _tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-                    bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+                _tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
             except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
                 pass
     return _tuned
