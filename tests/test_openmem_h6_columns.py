@@ -246,3 +246,56 @@ def test_the_state_shown_keeps_its_free_order_and_evictions_in_int32(monkeypatch
     wide = ColumnarEventLog(log).state_at(len(log) - 1)
     assert wide.free_order().dtype == np.int64 and wide.evicted_seq.dtype == np.int64
     assert np.array_equal(wide.free_order(), state.free_order()) and np.array_equal(wide.evicted_seq, state.evicted_seq)
+
+
+def test_the_key_tables_parents_and_items_are_kept_as_counting_runs():
+    log = _log(_requests(), capacity_blocks=300)
+    keys = log.keys
+    parent, item = keys.parent, keys.item
+    assert isinstance(parent, columnar.CountingRuns) and isinstance(item, columnar.CountingRuns)
+    whole_parent, whole_item = np.asarray(parent), np.asarray(item)
+    # int32 each before: 4 B a chain id; the runs 8 B each, one every ~18 ids here
+    assert parent.nbytes + item.nbytes < (whole_parent.nbytes + whole_item.nbytes) / 4
+    assert whole_parent.dtype == np.int32 and whole_item.dtype == np.int32 == item.dtype
+    assert np.all(whole_parent < np.arange(len(keys))) and np.mean(whole_parent[1:] == np.arange(len(keys) - 1)) > 0.9
+    plain = columnar.KeyTable(whole_parent, whole_item, keys.tag, keys.content, keys.salts, keys.hasher,
+                              keys.block_size, keys.models)
+    assert isinstance(plain.parent, columnar.CountingRuns)  # made so from arrays as well
+    plain.parent, plain.item = whole_parent, whole_item  # the old layout
+    ids = list(range(0, len(keys), 7)) + [len(keys) - 1]
+    assert [keys.digest(k) for k in ids] == [plain.digest(k) for k in ids]
+    assert [keys.attributes(k) for k in ids[::5]] == [plain.attributes(k) for k in ids[::5]]
+    assert np.array_equal(keys.root_salt_ids(np.array(ids)), plain.root_salt_ids(np.array(ids)))
+    flat, starts = log.requests.fixed_keys()
+    assert all(log.requests.hash_keys(r) == flat[starts[r]:starts[r + 1]].tolist() for r in range(len(log.requests)))
+    log.settle()
+    assert isinstance(keys.parent, columnar.CountingRuns) and np.array_equal(np.asarray(keys.parent), whole_parent)
+
+
+@pytest.mark.parametrize("values", [
+    [-1, 0, 1, 2, -1, 4, 5, 2, 8, 9, 10],  # parents: roots, chains, a branch
+    list(range(100, 300)) + [7, 8, 9] + list(range(300, 500)),
+    [5, 5, 5, 6],
+])
+def test_counting_runs_read_as_the_array_they_stand_for(values):
+    values = np.array(values, np.int32)
+    runs = columnar.CountingRuns.of(values)
+    if not isinstance(runs, columnar.CountingRuns):  # not smaller so: its reading all the same
+        at = np.flatnonzero(np.concatenate(([True], np.diff(values) != 1))).astype(np.int32)
+        runs = columnar.CountingRuns(at, values[at], len(values), values.dtype)
+    n = len(values)
+    assert np.array_equal(np.asarray(runs), values) and runs.astype(np.int64).dtype == np.int64
+    for start in range(n):
+        for stop in {start + 1, min(n, start + 4), n}:
+            assert np.array_equal(runs[start:stop], values[start:stop])
+    # single places up and down (the last run found is read again without a search)
+    order = list(range(n)) + list(range(n - 1, -n - 1, -1)) + [0, n - 1, n // 2, n // 2 + 1]
+    assert [int(runs[i]) for i in order] == [int(values[i]) for i in order]
+    assert [int(runs[np.int64(i)]) for i in order[:20]] == [int(values[i]) for i in order[:20]]
+    picks = np.array([n - 1, 0, n // 2, -2])
+    assert np.array_equal(runs[picks], values[picks]) and np.array_equal(runs[values > 4], values[values > 4])
+    assert np.array_equal(runs[::2], values[::2])
+    with pytest.raises(IndexError):
+        runs[n]
+    with pytest.raises(IndexError):
+        runs[np.array([n])]

@@ -1186,7 +1186,7 @@ class ArrayProjection:
         uniq, first_at = np.unique(ids, return_index=True)
         order = np.argsort(first_at, kind="stable")  # by_hash order: as first held
         first = held[first_at[order]]
-        parent = np.asarray(keys.parent, np.int64)[uniq[order]]  # -1: a root
+        parent = keys.parent[uniq[order]].astype(np.int64)  # -1: a root
         has = parent >= 0
         at = np.searchsorted(uniq, parent).clip(0, max(0, len(uniq) - 1))
         found = has & (uniq[at] == parent) if len(uniq) else np.zeros(0, bool)
