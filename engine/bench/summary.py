@@ -251,7 +251,8 @@ TARGETS: tuple[Target, ...] = (
            _app_remote_bytes),
     Target("bytes_per_block_app_opened_trace", "gui",
            "RSS growth of the app opening the Mooncake trace a moment after its window is up, what the first use of "
-           "the kernel loads (numba's compiled code, measured apart) taken out, per distinct block of the trace "
+           "the kernel loads (numba's compiled code, loaded in the window's process by a two-request replay "
+           "before the open) left out, per distinct block of the trace "
            "(the log, its checkpoints, series and views)", "bytes", "<= 100",
            "the log's event rows alone, per distinct block", _opened_trace_bytes),
     Target("fleet_missed_batches", "attach",
