@@ -35,6 +35,8 @@ processes).
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from typing import Any, Union
 
 import msgspec
@@ -928,27 +930,30 @@ NUM_M = 12
 
 
 @njit(cache=True, nogil=True)
-def _common_frames(big, offs):  # pragma: no cover - compiled
-    """`_common_frame` of each frame f = big[offs[f]:offs[f + 1]], in one call: (meta, ts,
-    rows, data), meta[f] its `M_*` columns, its rows and data as `_common_frame` gives
-    them, each read straight into the run's two arrays (views of their room: no copy of
-    them is made). A frame that is not ok has no rows nor words. One call for a run of
-    frames: a call from Python with its arrays and tuple handed back cost ~3 us, about what
-    reading a frame of vLLM's usual ~14 events costs."""
-    f = len(offs) - 1
-    meta = np.zeros((f, NUM_M), np.int64)
-    tss = np.zeros(f, np.float64)
+def _run_room(offs):  # pragma: no cover - compiled
+    """(rows, words) `_common_frames_into` may write for frames big[offs[f]:offs[f + 1]]:
+    the bounds `_frame_into` keeps to, a row per 18 bytes and a word per 2."""
     room_rows = np.int64(0)
     room_data = np.int64(0)
-    for i in range(f):  # bounds `_frame_into` keeps to: a row per 18 bytes, a word per 2
+    for i in range(len(offs) - 1):
         n = offs[i + 1] - offs[i]
         room_rows += n // 18 + 1
         room_data += n // 18 + 1 + n // 9 + 1 + (n + 1) // 2
-    rows = np.empty((room_rows, NUM_R), np.int64)
-    data = np.empty(room_data, np.uint64)
+    return room_rows, room_data
+
+
+@njit(cache=True, nogil=True)
+def _common_frames_into(big, offs, meta, tss, rows, data):  # pragma: no cover - compiled
+    """`_common_frame` of each frame f = big[offs[f]:offs[f + 1]], in one call, read straight
+    into the run's arrays (`rows` and `data` with `_run_room`'s room at least, `meta` and
+    `tss` zero, a frame's row): meta[f] its `M_*` columns, its rows and data as
+    `_common_frame` gives them, one frame after another; returns the rows and words used.
+    A frame that is not ok has no rows nor words. One call for a run of frames: a call
+    from Python with its arrays and tuple handed back cost ~3 us, about what reading a
+    frame of vLLM's usual ~14 events costs."""
     r = np.int64(0)
     d = np.int64(0)
-    for i in range(f):
+    for i in range(len(offs) - 1):
         ok, ts, rank, m, nk, ntok, w, most_tokens, most_hashes, removals, most_id = _frame_into(
             big[offs[i]:offs[i + 1]], rows, r, data, d)
         meta[i, M_ROW0] = r
@@ -968,7 +973,59 @@ def _common_frames(big, offs):  # pragma: no cover - compiled
         tss[i] = ts
         r += m
         d += w
-    return meta, tss, rows[:r], data[:d]
+    return r, d
+
+
+class _RunRooms(threading.local):
+    """The rows and data arrays `decode_columns_many` reads runs into, kept between one
+    thread's calls (each thread its own: a room is never handed to two calls at once).
+    Made per call, arrays of ~1 MB each for vLLM's usual run of 64 frames, glibc served
+    them from the heap and gave their pages back when they were freed at its top, so the
+    next call faulted them in again, zeroed. A room is taken again only when nothing else
+    refers to it: the run's rows and data, and any view of them a batch, a pool or a
+    reader still holds, refer to it (numpy's views keep their base), so a run in use is
+    never written over; while all are in use a new one is made (at most `num_kept` are
+    kept, each at most `most_bytes`). Each array of a room is `least_bytes` at least, the
+    size from which the app's allocator maps an array on pages of its own
+    (`app.runtime.allocator.MMAP_THRESHOLD`): rooms kept on the heap sat among the pool's
+    growing arrays and moved where those grew (the attach step's faults fell by 2,900 in
+    one process and rose by 700 in another); mapped apart they do not, and the pages a run
+    does not reach are never touched (they cost no memory)."""
+
+    num_kept = 4
+    least_bytes = 4 << 20
+    most_bytes = 24 << 20
+
+    def __init__(self) -> None:
+        self.rooms: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def take(self, num_rows: int, num_words: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (num_rows x NUM_R int64) and words (uint64), at least, that nothing else refers to."""
+        rooms = self.rooms
+        small = -1
+        for i, room in enumerate(rooms):
+            if _unheld(room):
+                if len(room[0]) >= num_rows and len(room[1]) >= num_words:
+                    return room
+                small = i
+        room = (np.empty((max(num_rows + num_rows // 4, self.least_bytes // (8 * NUM_R) + 1), NUM_R), np.int64),
+                np.empty(max(num_words + num_words // 4, self.least_bytes // 8 + 1), np.uint64))
+        if room[0].nbytes + room[1].nbytes <= self.most_bytes:
+            if small >= 0:  # outgrown: the larger one in its place
+                rooms[small] = room
+            elif len(rooms) < self.num_kept:
+                rooms.append(room)
+        return room
+
+
+def _unheld(room: tuple[np.ndarray, np.ndarray]) -> bool:
+    # references to each array: the room's tuple and getrefcount's argument, nothing else
+    return sys.getrefcount(room[0]) == 2 and sys.getrefcount(room[1]) == 2
+
+
+# the process's rooms, one set per thread (as numba keeps its compiled code per process):
+# a cache of scratch arrays, nothing a caller sees
+_ROOMS = _RunRooms()
 
 
 class DecodedRun:
@@ -986,15 +1043,19 @@ class DecodedRun:
 def decode_columns_many(first_seq: int, payloads: list[bytes]) -> list[ColumnarBatch]:
     """`[decode_columns(first_seq + i, p) for i, p in enumerate(payloads)]` (and the same
     MalformedFrame from the first bad frame), its frames of common events read by one
-    compiled call (`_common_frames`); their rows and data are views of two arrays shared
-    by the run's batches, which name it (`run`, `run_at`: the frame's index in it)."""
+    compiled call (`_common_frames_into`); their rows and data are views of two arrays
+    shared by the run's batches, which name it (`run`, `run_at`: the frame's index in it),
+    kept for later runs once nothing refers to them (`_RunRooms`)."""
     if not payloads:
         return []
     sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
     offs = np.zeros(len(payloads) + 1, np.int64)
     np.cumsum(sizes, out=offs[1:])
-    meta, tss, rows, data = _common_frames(np.frombuffer(b"".join(payloads), np.uint8), offs)
-    run = DecodedRun(meta, tss, rows, data)
+    meta = np.zeros((len(payloads), NUM_M), np.int64)
+    tss = np.zeros(len(payloads), np.float64)
+    rows, data = _ROOMS.take(*_run_room(offs))
+    r, d = _common_frames_into(np.frombuffer(b"".join(payloads), np.uint8), offs, meta, tss, rows, data)
+    run = DecodedRun(meta, tss, rows[:r], data[:d])
     return [ColumnarBatch(seq, ts, None if rank < 0 else rank, None, None, None, None, {}, payload, None, nk, ntok,
                           run, at) if ok else _uncommon_columns(seq, payload)
             for at, (seq, (ok, rank, nk, ntok), ts, payload)
