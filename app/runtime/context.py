@@ -456,6 +456,11 @@ def make_test_context(tmp_dir: str | Path | None = None, store: Any = None) -> A
 
 def discard_settings(settings: QSettings, folder: str | Path) -> None:
     """Write `settings` out, then remove `folder`: a QSettings writes what it still holds when it
-    is destroyed, which (after the folder went) made the folder again, left in /tmp."""
-    settings.sync()
+    is destroyed, which (after the folder went) made the folder again, left in /tmp. At
+    interpreter exit the QSettings may be gone before this runs (PySide6 deleted it): it
+    has nothing left to write, and the folder still goes."""
+    try:
+        settings.sync()
+    except RuntimeError:  # "Internal C++ object (PySide6.QtCore.QSettings) already deleted"
+        pass
     shutil.rmtree(folder, ignore_errors=True)
