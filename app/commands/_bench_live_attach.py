@@ -127,7 +127,11 @@ def attached_app_rate(num_events: int = 100_000, journal: bool = True, gpu_block
                     if ctrl.pending_rows() == 0:  # the ticks have applied every journal row
                         break
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {ctrl.health().batches} of {len(payloads)} batches arrived")
+                    got = ctrl.health().batches
+                    if got < len(payloads):
+                        raise RuntimeError(f"only {got} of {len(payloads)} batches arrived in {timeout_s:g} s")
+                    raise RuntimeError(f"every batch arrived, but {ctrl.pending_rows():,} journal rows were not "
+                                       f"applied in {timeout_s:g} s")
             time.sleep(0.0005)
         wall, cpu, gui_cpu = time.perf_counter() - w0, time.process_time() - c0, time.thread_time() - g0
         if profiler is not None:
