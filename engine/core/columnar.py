@@ -1703,9 +1703,10 @@ def _owned(col: np.ndarray, dtype: Any) -> np.ndarray:
 
 class _AsArray:
     """What `_EventRuns`, `Consecutive`, `EventRows`, `EventBounds` and its views share: indexed
-    as the array of `n` values they stand for (`len` is `n`). A slice of step 1 is `_span(start, stop)` (start < stop), one index `_at(i)` (0 <= i
-    < n, a negative one counted from the end, one out of range an IndexError as numpy's),
-    anything else (index arrays, masks, other steps) `_take`, by default on the whole array."""
+    as the array of `n` values they stand for (`len` is `n`). A slice of step 1 is
+    `_span(start, stop)` (start < stop), one index `_at(i)` (0 <= i < n, a negative one counted
+    from the end, one out of range an IndexError as numpy's), anything else (index arrays,
+    masks, other steps) `_take`, by default on the whole array."""
 
     __slots__ = ()
     _unit = "event"  # what an index counts, for the IndexError
@@ -1730,7 +1731,22 @@ class _AsArray:
         return np.asarray(self)[index]
 
 
-class _EventRuns(_AsArray):
+class _AtValues(_AsArray):
+    """An `_AsArray` kept as the events `at` which it holds its own `values` (`_EventRuns`:
+    where each run starts; `_EventSparse`: where it is not its fill): their type and bytes."""
+
+    __slots__ = ()
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.at.nbytes + self.values.nbytes
+
+
+class _EventRuns(_AtValues):
     """A per-event column kept as runs of equal values (the event where each run starts, and
     its value) where that is under half its bytes: a trace's events come request by request,
     so the Mooncake trace's 481,145 request numbers are 12,031 runs (1.9 MB -> 96 KB).
@@ -1756,14 +1772,6 @@ class _EventRuns(_AsArray):
     def fresh(self) -> _EventRuns:
         return _EventRuns(_fresh(self.at), _fresh(self.values), self.n)
 
-    @property
-    def dtype(self) -> np.dtype:
-        return self.values.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.at.nbytes + self.values.nbytes
-
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         whole = np.repeat(self.values, np.diff(np.append(self.at, self.n)))
         return whole if dtype is None else whole.astype(dtype)
@@ -1782,7 +1790,7 @@ class _EventRuns(_AsArray):
         return self.values[np.searchsorted(self.at, index, side="right") - 1]
 
 
-class _EventSparse(_AsArray):
+class _EventSparse(_AtValues):
     """A per-event column that holds its fill at most events, kept as the events where it
     does not and their values (`PER_EVENT_WHEN_ALIKE`). Indexed as the array it stands for
     (a slice of step 1, an event, event numbers, a mask); `np.asarray` makes it whole."""
@@ -1800,14 +1808,6 @@ class _EventSparse(_AsArray):
 
     def fresh(self) -> _EventSparse:
         return _EventSparse(_fresh(self.at), _fresh(self.values), self.n, self.fill)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.values.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.at.nbytes + self.values.nbytes
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         whole = np.full(self.n, self.fill, self.values.dtype)
