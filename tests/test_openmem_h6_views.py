@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 from app.runtime.context import make_test_context
-from app.runtime.jobs import trace_block_size
-from app.runtime.replays import kernel_replay_job
 from engine.core import columnar
 from tests._traces import trace_head
+from tests._views import metrics_view_on_replay
 
 NUM_REQUESTS = 2000
 NUM_BLOCKS = 2000
@@ -26,19 +25,12 @@ def _arrays_of(view, n: int) -> dict[str, int]:
 
 
 def test_the_metrics_view_keeps_two_values_a_request(qtbot, tmp_path):
-    from app.views.pool.metrics_view import MetricsView, _cumulative_rate
+    from app.views.pool.metrics_view import _cumulative_rate
 
     path = trace_head(tmp_path, NUM_REQUESTS)
     ctx = make_test_context(tmp_path / "ctx")
     try:
-        view = MetricsView(ctx)
-        qtbot.addWidget(view)
-        view.resize(900, 600)
-        view.show()
-        bs = trace_block_size(path)
-        _, log = kernel_replay_job(str(path), bs, NUM_BLOCKS)
-        ctx.state.set_engine({"block_size": bs, "num_blocks": NUM_BLOCKS})
-        ctx.state.adopt_log(log)
+        view = metrics_view_on_replay(ctx, qtbot, path, NUM_BLOCKS)
         _, cached, computed = ctx.state.projection.request_columns()
         n = len(cached)
         assert n > 1000

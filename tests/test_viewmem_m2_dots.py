@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from app.runtime.context import make_test_context
-from app.runtime.jobs import trace_block_size
-from app.runtime.replays import kernel_replay_job
 from tests._traces import trace_head
+from tests._views import metrics_view_on_replay
 
 NUM_REQUESTS = 2000
 NUM_BLOCKS = 2000
@@ -34,19 +33,12 @@ def _in_view(view, n: int) -> range:
 
 
 def test_dots_cover_the_view_not_every_request(qtbot, tmp_path):
-    from app.views.pool.metrics_view import MAX_BARS, MetricsView
+    from app.views.pool.metrics_view import MAX_BARS
 
     path = trace_head(tmp_path, NUM_REQUESTS)
     ctx = make_test_context(tmp_path / "ctx")
     try:
-        view = MetricsView(ctx)
-        qtbot.addWidget(view)
-        view.resize(900, 600)
-        view.show()
-        bs = trace_block_size(path)
-        _, log = kernel_replay_job(str(path), bs, NUM_BLOCKS)
-        ctx.state.set_engine({"block_size": bs, "num_blocks": NUM_BLOCKS})
-        ctx.state.adopt_log(log)
+        view = metrics_view_on_replay(ctx, qtbot, path, NUM_BLOCKS)
         want = _expected(ctx.state)
         n = len(want)
         assert n > 3 * MAX_BARS
