@@ -1,7 +1,7 @@
-"""The remote overlay's times and lifetimes (`engine.remote.overlay._Floats`): appended a tick
-at a time into chunks, moved to an array('d') only when read. Whether they are read at every
-tick, at some, or once at the end, a recorded vLLM stream's times must read back the same,
-in order, and a reader's numpy view of them must keep what it saw."""
+"""The remote overlay's times (runs of one time, `engine.remote.overlay._Runs`) and lifetimes
+(`_Floats`: appended a tick at a time into chunks, moved to an array('d') only when read).
+Whether they are read at every tick, at some, or once at the end, a recorded vLLM stream's
+times must read back the same, in order, and a reader's numpy view of them must keep what it saw."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from array import array
 import numpy as np
 import pytest
 
-from engine.remote.overlay import FLOAT_CHUNK, RemoteOverlay, _append_floats, _Floats
+from engine.remote.overlay import FLOAT_CHUNK, RUN_ROOM, RemoteOverlay, _append_floats, _Floats
 
 
 def test_floats_read_back_every_value_in_order_across_chunks_and_reads():
@@ -50,8 +50,10 @@ def test_append_floats_goes_to_the_chunks_and_an_appended_value_is_kept():
     _append_floats(o, "lifetimes", np.array([1.0]))
     assert list(o.stored_times) == [1.0, 2.0] and list(o.lifetimes) == [9.0, 1.0]
     assert list(o.sample_times) == [4.0]
-    assert o.nbytes_by_part()["times"] == 8 * 4 + 8 + 1024 * 8  # the removal not read: in a chunk of 1,024
-    assert len(o.removed_times) == 1 and o.nbytes_by_part()["times"] == 8 * 5 + 8  # read: in its array
+    # store and removal times are runs (`_Runs`: a time and a count, 16 bytes, each in its first
+    # room of RUN_ROOM); the lifetimes, read, in their array; one sample
+    assert o.nbytes_by_part()["times"] == 2 * 16 * RUN_ROOM + 8 * 2 + 8
+    assert len(o.removed_times) == 1 and o.nbytes_by_part()["times"] == 2 * 16 * RUN_ROOM + 8 * 2 + 8  # no copy kept
 
 
 def test_the_chunks_room_is_a_sixteenth_of_the_values():

@@ -95,7 +95,7 @@ class RemoteOverlay:
     redraw of a steady million-block pool costs one pass over a byte per block.
     """
 
-    __slots__ = ("tier", "_ranks", "stored_at", "base", "_stored_times", "_removed_times", "_lifetimes",
+    __slots__ = ("tier", "_ranks", "stored_run", "base", "_stored_times", "_removed_times", "_lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
                  "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n",
@@ -107,10 +107,12 @@ class RemoteOverlay:
         # server, or data-parallel rank 0 alone: 2 bytes a slot for nothing); made at the
         # first store from another rank (`_own_ranks`)
         self._ranks: np.ndarray | None = None
-        self.stored_at = np.zeros(0, dtype=np.float64)
+        # each slot's store time as the run of `_stored_times` it was stored in (4 bytes a slot
+        # where a float64 took 8, and the time exactly: `stored_at`); 0 (time 0.0) never stored
+        self.stored_run = np.zeros(0, dtype=np.uint32)
         self.base = np.zeros(0, dtype=np.uint8)
-        self._stored_times = _Floats()  # event time of every stored block (`stored_times`)
-        self._removed_times = _Floats()  # event time of every removed block (`removed_times`)
+        self._stored_times = _Runs()  # event time of every stored block, in runs (`stored_runs`)
+        self._removed_times = _Runs()  # event time of every removed block, in runs (`removed_runs`)
         self._lifetimes = _Floats()  # seconds from stored to removed, per removed block (`lifetimes`)
         self.num_stored_again = 0  # stored after the server had removed it: computed twice
         self.num_restarts = 0
@@ -146,10 +148,16 @@ class RemoteOverlay:
         # 120 MB, then 60 MB, it did not use, and each growth copied them all on the GUI thread
         have = len(self.tier)
         size = max(n, have + have // 8, 1024)
-        for name in ("tier", "_ranks", "stored_at", "base") if self._ranks is not None else ("tier", "stored_at", "base"):
+        for name in ("tier", "_ranks", "stored_run", "base") if self._ranks is not None else ("tier", "stored_run", "base"):
             regrow(self, name, size, have)
             getattr(self, name)[have:] = 0
         self._codes_second = None  # sizes changed: the next `codes` recomputes
+
+    @property
+    def stored_at(self) -> np.ndarray:
+        """Each slot's store time (float64; 0.0 for a slot never stored), a copy: the time of
+        its run (`stored_run`)."""
+        return self._stored_times.times.take(self.stored_run)
 
     @property
     def rank(self) -> np.ndarray:
@@ -200,16 +208,17 @@ class RemoteOverlay:
         if slots is None:
             slots = projection.remote_slots or []
             projection.remote_slots = None
-        tier, stored_at, base = self.tier, self.stored_at, self.base
+        tier, stored_run, base = self.tier, self.stored_run, self.base
         removed, touched = self._removed, self._touched
-        add_stored, add_removed, add_life = self.stored_times.append, self.removed_times.append, self.lifetimes.append
+        add_stored, add_removed, add_life = self._stored_times.add, self._removed_times.add, self.lifetimes.append
+        run_times = self._stored_times
         reset = False
         k = 0  # the next entry of `slots`: one per BlockStored and BlockEvicted, in order
         for e in events:
             cls = type(e)
             if cls is BlockStored:
                 t = time_of(e)
-                add_stored(t)
+                run = add_stored(t)
                 key = (e.block_hash, tier_of(e), _stream_of(e))
                 if key in removed:  # the same server and tier again: computed twice (another tier: offloaded)
                     del removed[key]
@@ -222,7 +231,7 @@ class RemoteOverlay:
                     r = rank_of(e)
                     if r or self._ranks is not None:
                         self._own_ranks()[b] = r
-                    stored_at[b] = t
+                    stored_run[b] = run
                     base[b] = self._fresh_code(code)
                     touched.append(b)
             elif cls is BlockEvicted:
@@ -234,12 +243,13 @@ class RemoteOverlay:
                 b = slots[k] if k < len(slots) else -1
                 k += 1
                 if b >= 0 and base[b]:  # the copy's lifetime, from its own store
-                    add_life(max(0.0, t - float(stored_at[b])))
+                    add_life(max(0.0, t - float(run_times.times[stored_run[b]])))
                     base[b] = 0
                     touched.append(b)
             elif cls is CacheReset:
                 t = self.last_reset_time = time_of(e)
-                self.removed_times.extend([t] * max(0, int(e.num_blocks_cleared or 0)))
+                if e.num_blocks_cleared and e.num_blocks_cleared > 0:
+                    add_removed(t, int(e.num_blocks_cleared))
                 # The projection decides what a reset cleared (one rank's blocks, or all):
                 # after the batch, every slot it no longer holds is emptied here too.
                 reset = True
@@ -289,14 +299,26 @@ class RemoteOverlay:
     # ------------------------------------------------------------------ reading
     @property
     def stored_times(self) -> array:
-        """The event time of every stored block, an array('d') (a reader's numpy view of it
-        stays as it was: the array grows as a copy while one is alive)."""
-        return self._stored_times.read()
+        """The event time of every stored block, an array('d') made from `stored_runs` at each
+        read (the views count runs; this is for a reader that wants every value)."""
+        return self._stored_times.values()
 
     @property
     def removed_times(self) -> array:
         """The event time of every removed block (a clear: one per copy it cleared), as `stored_times`."""
-        return self._removed_times.read()
+        return self._removed_times.values()
+
+    @property
+    def stored_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stores' times as runs: (time, number of stores) of each, in order (a vLLM batch's
+        stores share its time). Views of the kept arrays: the last run's number can still grow,
+        in place, while the arrays keep their room; a reader keeps what it needs of it."""
+        return self._stored_times.runs()
+
+    @property
+    def removed_runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The removals' times as runs, as `stored_runs` (a clear: one run of the copies it cleared)."""
+        return self._removed_times.runs()
 
     @property
     def lifetimes(self) -> array:
@@ -330,7 +352,7 @@ class RemoteOverlay:
         now = self.now if now is None else now
         second = math.floor(now)
         if self._codes_second != second or len(self._codes) != len(self.base):
-            stored = self.stored_at
+            stored = self._stored_times.times.take(self.stored_run)
             older = ((stored < now - AGE_EDGES[0]).view(np.uint8) + (stored < now - AGE_EDGES[1]).view(np.uint8)
                      + (stored < now - AGE_EDGES[2]).view(np.uint8))
             codes = self.base - older
@@ -361,12 +383,13 @@ class RemoteOverlay:
         k = math.ceil(n / max_cells)
         edges = np.array([now - edge for edge in AGE_EDGES], dtype=np.float64)
         loop = _compiled_cells()
+        run_times = self._stored_times.times
         cells = self._cells
         if cells is None or self._cells_k != k or self._codes_second is None or len(self._codes) != len(self.base):
             self._codes = np.zeros(len(self.base), np.uint8)
             cells = self._cells = np.zeros(math.ceil(len(self.base) / k), np.uint8)
             self._cells_k = k
-            loop(self.base, self.stored_at, edges, self._codes, cells, k, 0, n, n)
+            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, 0, n, n)
             self._touched = array("q")
             self._codes_second = self._sweep_second = second
             self._cells_n = self._sweep_at = n
@@ -380,25 +403,25 @@ class RemoteOverlay:
             self._touched = array("q")
         if n != self._cells_n:  # slots the pool gained since: their cells from the first they touch
             lo = min(n, self._cells_n) // k * k
-            loop(self.base, self.stored_at, edges, self._codes, cells, k, lo, n, n)
+            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, lo, n, n)
             self._cells_n = n
         if self._sweep_at >= n and second != self._sweep_second:
             self._sweep_at, self._sweep_second = 0, second
         if self._sweep_at < n:
             lo = self._sweep_at
             hi = min(n, (lo + SWEEP_SLOTS + k - 1) // k * k)
-            loop(self.base, self.stored_at, edges, self._codes, cells, k, lo, hi, n)
+            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, lo, hi, n)
             self._sweep_at = hi
         self._codes_second = second
         return cells[:math.ceil(n / k)], k
 
     def nbytes_by_part(self) -> dict[str, int]:
-        """Bytes it holds, by part: per slot (tier, rank, store time, codes, the grid), the
-        times of stores and removals and the lifetimes (one float each, for the rates), the
+        """Bytes it holds, by part: per slot (tier, rank, store time's run, codes, the grid), the
+        times of stores and removals (runs of one time, for the rates) and the lifetimes (one float each), the
         slots listed since the last redraw (an int64 each), the removals remembered (table and ring)."""
         cells = self._cells.nbytes if self._cells is not None else 0
         ranks = self._ranks.nbytes if self._ranks is not None else 0
-        slots = sum(a.nbytes for a in (self.tier, self.stored_at, self.base, self._codes)) + ranks + cells
+        slots = sum(a.nbytes for a in (self.tier, self.stored_run, self.base, self._codes)) + ranks + cells
         times = sum(a.nbytes for a in (self._stored_times, self._removed_times, self._lifetimes)) + \
             sum(a.itemsize * len(a) for a in (self.sample_times, *self.sample_counts))
         ring = 0 if self.journal is None else self.journal.nbytes
@@ -442,17 +465,16 @@ class RemoteOverlay:
 
     def per_second(self, start: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(second since `start`, stored, removed) per whole second of the stream."""
-        stored = np.frombuffer(self.stored_times, dtype=np.float64) if self.stored_times else np.zeros(0)
-        removed = np.frombuffer(self.removed_times, dtype=np.float64) if self.removed_times else np.zeros(0)
+        (stored, num_s), (removed, num_r) = self.stored_runs, self.removed_runs
         both = np.concatenate((stored, removed))
         if not len(both):
             return np.zeros(0), np.zeros(0), np.zeros(0)
         t0 = math.floor(both.min()) if start is None else start
         n = int(math.floor(both.max() - t0)) + 1
         n = max(1, min(n, 24 * 3600))  # a day of seconds at most; older ones fold into the first
-        s = np.bincount(np.clip((stored - t0).astype(np.int64), 0, n - 1), minlength=n)
-        r = np.bincount(np.clip((removed - t0).astype(np.int64), 0, n - 1), minlength=n)
-        return np.arange(n, dtype=float), s.astype(float), r.astype(float)
+        s = np.bincount(np.clip((stored - t0).astype(np.int64), 0, n - 1), weights=num_s, minlength=n)
+        r = np.bincount(np.clip((removed - t0).astype(np.int64), 0, n - 1), weights=num_r, minlength=n)
+        return np.arange(n, dtype=float), s, r
 
 
 def aggregate(codes: np.ndarray, max_cells: int = MAX_CELLS) -> tuple[np.ndarray, int]:
@@ -603,10 +625,10 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
     return num_removed, num_cleared, num_wide
 
 
-def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base, removed,
+def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_run, base, removed,
                    shift, ring_id, st, max_removed):  # pragma: no cover - compiled
     """Ask for, before `_observe_loop`, the lines it will need: each row's home row in the
-    removals' table and its slot's tier, rank, store time and code. The table (up to 512K
+    removals' table and its slot's tier, rank, store time's run and code. The table (up to 512K
     rows, 8 MB) and the per-slot arrays are past the caches; the loop's reads wait on one
     another (a probe, then a write it decides), here they are independent. Prefetches, not
     loads (`engine.core.live_journal.prefetch_intrinsic`): a load that misses holds the CPU's
@@ -638,24 +660,26 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
             _prefetch(tier, b)
             if len(rank_of):
                 _prefetch(rank_of, b)
-            _prefetch(stored_at, b)
+            _prefetch(stored_run, b)
     over = st[9] + num_removed - max_removed  # at most: a removal already remembered adds none
     for r in range(st[5], min(st[6], st[5] + max(0, over))):
         _prefetch(removed, np.int64((np.uint64(ring_id[r]) * _GOLDEN) >> shift))
 
 
 def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
-                  stored_at, base, tally, stored_out, removed_out, life_out, touched_out, removed, shift, ring_id,
-                  ring_gen, st, max_removed):  # pragma: no cover - compiled
+                  stored_run, base, tally, s_times, s_counts, r_times, r_counts, life_out, touched_out, removed,
+                  shift, ring_id, ring_gen, st, max_removed):  # pragma: no cover - compiled
     """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba): `slots` the log
     slot of each stored and removed row, `code_of` the overlay's tier code of each journal
     tier (the last: a tier past them), `fresh_of` each code's freshest code, `have` the
     number of each of the pool's wide hashes, `tally` what the slots per code (0 aside)
-    moved by. `removed` is the table of removals remembered (`JournalFollower`). st:
-    stored, removed, lifetimes, touched written; generation counter; ring head, tail;
+    moved by. Store and removal times go to their runs (`_Runs`: `s_times`, `s_counts`, with
+    room for a run per change of time), a row joining the newest run when its time is that run's; a slot
+    keeps its store's run. `removed` is the table of removals remembered (`JournalFollower`).
+    st: stored, removed, lifetimes, touched written; generation counter; ring head, tail;
     stored again; the row of the last clear (-1 none); removals remembered; one past the
-    highest slot given a code; (unused)."""
-    _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_at, base, removed,
+    highest slot given a code; the runs of store times, of removal times (run 0 none)."""
+    _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_run, base, removed,
                    shift, ring_id, st, max_removed)
     k = 0
     last = len(code_of) - 1
@@ -663,9 +687,15 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
     for i in range(len(op)):
         o = op[i]
         if o == 2:  # a clear: every copy it cleared is a removal
-            for _ in range(store[i]):
-                removed_out[st[1]] = t[i]
-                st[1] += 1
+            if store[i] > 0:
+                nr = st[12]
+                if nr == 1 or r_times[nr - 1] != t[i]:
+                    r_times[nr] = t[i]
+                    r_counts[nr] = 0
+                    nr += 1
+                    st[12] = nr
+                r_counts[nr - 1] += store[i]
+                st[1] += store[i]
             st[8] = i
             continue
         b = slots[k] if k < len(slots) else -1
@@ -683,7 +713,13 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
             j = (j + 1) & mask
         gone = -1  # the table entry to forget
         if o == 0:  # stored
-            stored_out[st[0]] = t[i]
+            nr = st[11]
+            if nr == 1 or s_times[nr - 1] != t[i]:
+                s_times[nr] = t[i]
+                s_counts[nr] = 0
+                nr += 1
+                st[11] = nr
+            s_counts[nr - 1] += 1
             st[0] += 1
             if removed[j, 1] >= 0:
                 gone = j
@@ -692,7 +728,7 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                 tier[b] = c
                 if len(rank_of):  # empty: every store so far from rank 0, none kept
                     rank_of[b] = rank
-                stored_at[b] = t[i]
+                stored_run[b] = nr - 1
                 tally[base[b]] -= 1
                 base[b] = fresh_of[c]
                 tally[base[b]] += 1
@@ -701,7 +737,13 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                 if b >= st[10]:
                     st[10] = b + 1
         else:  # removed
-            removed_out[st[1]] = t[i]
+            nr = st[12]
+            if nr == 1 or r_times[nr - 1] != t[i]:
+                r_times[nr] = t[i]
+                r_counts[nr] = 0
+                nr += 1
+                st[12] = nr
+            r_counts[nr - 1] += 1
             st[1] += 1
             if removed[j, 1] < 0:
                 g = st[4]
@@ -723,7 +765,7 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                             gone = j
                             break
             if b >= 0 and base[b] != 0:
-                life_out[st[2]] = max(0.0, t[i] - stored_at[b])
+                life_out[st[2]] = max(0.0, t[i] - s_times[stored_run[b]])
                 st[2] += 1
                 tally[base[b]] -= 1
                 base[b] = 0
@@ -756,15 +798,17 @@ def _rehash(old, new, shift):  # pragma: no cover - compiled
             new[j, 1] = old[i, 1]
 
 
-def _cells_loop(base: np.ndarray, stored: np.ndarray, edges: np.ndarray, codes: np.ndarray, cells: np.ndarray,
-                k: int, lo: int, hi: int, n: int) -> None:  # pragma: no cover - compiled
-    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge, newest first), then
-    the maximum of every cell of `k` slots they fall in (slots past `n` count as empty)."""
+def _cells_loop(base: np.ndarray, stored_run: np.ndarray, run_times: np.ndarray, edges: np.ndarray,
+                codes: np.ndarray, cells: np.ndarray, k: int, lo: int, hi: int,
+                n: int) -> None:  # pragma: no cover - compiled
+    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge, newest first; a slot's
+    store time its run's), then the maximum of every cell of `k` slots they fall in (slots
+    past `n` count as empty)."""
     e0, e1, e2 = edges[0], edges[1], edges[2]
     for i in range(lo, hi):
         v = np.int64(base[i])
         if v:
-            t = stored[i]
+            t = run_times[stored_run[i]]
             v -= np.int64(t < e0) + np.int64(t < e1) + np.int64(t < e2)
         codes[i] = v
     for c in range(lo // k, (hi + k - 1) // k):
@@ -827,7 +871,7 @@ class JournalFollower:
         self.removed = np.full((1024, 2), -1, np.int64)
         self.ring_id = np.zeros(1024, np.int64)
         self.ring_gen = np.zeros(1024, np.int64)
-        self.st = np.zeros(12, np.int64)
+        self.st = np.zeros(13, np.int64)
         self.wide: dict[bytes, int] = {}
         self.wide_of: dict[int, np.ndarray] = {}  # id(pool) -> surrogate -> number (-1 unknown)
         self.streams: dict[tuple[str, int], np.int64] = {}  # (source, rank) -> its mix
@@ -936,7 +980,7 @@ def _append_floats(overlay: RemoteOverlay, name: str, values: np.ndarray) -> Non
     reader holds a numpy view of an array('d') (np.frombuffer) it cannot grow in place, so
     it grows as a copy (the reader keeps the old)."""
     kept = getattr(overlay, "_" + name, None)
-    if isinstance(kept, _Floats):
+    if isinstance(kept, (_Floats, _Runs)):
         kept.append(values)
         return
     got = getattr(overlay, name)
@@ -1013,6 +1057,94 @@ class _Floats:
 FLOAT_CHUNK = 1 << 15  # 256 KiB of float64
 
 
+class _Runs:
+    """Times appended in order, kept as runs of one time: (time, number of values) each. A
+    vLLM batch dates all its stores and removals alike, so a store's time took 8 bytes where
+    its batch's run takes 16 for all of them; a slot names its store's run (`stored_run`).
+    Run 0 is no run (time 0.0, none): what a slot never stored names. The arrays grow where
+    they lie (`regrow`), as a copy while a reader holds a view of them."""
+
+    __slots__ = ("times", "counts", "num_runs", "num", "_last")
+
+    def __init__(self) -> None:
+        self.times = np.zeros(RUN_ROOM, np.float64)
+        self.counts = np.zeros(RUN_ROOM, np.int64)
+        self.num_runs = 1  # runs kept, run 0 among them
+        self.num = 0  # values
+        self._last = 0.0  # the newest run's time (a float, for `add`'s compare)
+
+    def __len__(self) -> int:
+        return self.num
+
+    def room(self, more: int) -> None:
+        """Room for `more` new runs."""
+        need = self.num_runs + more
+        if need > len(self.times):
+            size = max(need, len(self.times) + len(self.times) // 4)
+            for name in ("times", "counts"):
+                regrow(self, name, size, self.num_runs)
+
+    def add(self, t: float, count: int = 1) -> int:
+        """`count` values `t` appended; returns the run they are in."""
+        nr = self.num_runs
+        self.num += count
+        if nr > 1 and t == self._last:
+            self.counts[nr - 1] += count
+            return nr - 1
+        self.room(1)
+        self.times[nr] = self._last = t
+        self.counts[nr] = count
+        self.num_runs = nr + 1
+        return nr
+
+    def append(self, values: np.ndarray) -> None:
+        """Values appended in order (equal neighbours join a run, as `add` joins them)."""
+        values = np.asarray(values, np.float64)
+        if not len(values):
+            return
+        starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+        counts = np.diff(np.append(starts, len(values)))
+        if self.num_runs > 1 and values[0] == self._last:
+            self.add(float(values[0]), int(counts[0]))
+            starts, counts = starts[1:], counts[1:]
+        k = len(starts)
+        if k:
+            self.room(k)
+            nr = self.num_runs
+            self.times[nr:nr + k] = values[starts]
+            self.counts[nr:nr + k] = counts
+            self.num_runs = nr + k
+            self.num += int(counts.sum())
+            self._last = float(values[-1])
+
+    def took(self, num_runs: int, num: int) -> None:
+        """What the compiled pass wrote into the arrays is kept: `num` more values, now in
+        `num_runs` runs (the newest run before it may have taken some)."""
+        self.num += num
+        self.num_runs = num_runs
+        self._last = float(self.times[num_runs - 1]) if num_runs > 1 else 0.0
+
+    def last(self) -> float:
+        """The newest value (0.0 if none)."""
+        return self._last
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(time, number) of each run, in order: views of the kept arrays."""
+        return self.times[1:self.num_runs], self.counts[1:self.num_runs]
+
+    def values(self) -> array:
+        """Every value, in order, an array('d') of its own."""
+        times, counts = self.runs()
+        return array("d", np.repeat(times, counts).tobytes())
+
+    @property
+    def nbytes(self) -> int:
+        return self.times.nbytes + self.counts.nbytes
+
+
+RUN_ROOM = 256  # runs a new `_Runs` has room for
+
+
 def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, projection: Any,
                     slots: list[int] | np.ndarray, pool: Any, rank: int) -> None:
     """`RemoteOverlay.observe` for a tick of journal rows (a `JournalRows` of `pool`, one
@@ -1038,31 +1170,40 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     key = np.asarray(journal.key, np.uint64).view(np.int64)
     names = journal.tier_names
     seen = np.zeros(len(names) + 1, np.int64)
-    num_removed, num_cleared, num_wide = scan(op, jtier, store, width, seen)
+    num_removed, _num_cleared, num_wide = scan(op, jtier, store, width, seen)
     code_of, fresh_of = follow.tier_codes(self, names, seen)
     have = follow.wide_numbers(journal, pool, key) if num_wide else np.zeros(0, np.int64)
     follow.room(num_removed)  # the ring holds removals only
-    # what the pass writes (stores, removals and clears' copies, lifetimes, slots changed)
-    stored_out, removed_out, life_out = np.empty(n), np.empty(n + num_cleared), np.empty(n)
+    # what the pass writes: the runs of store and removal times (of each kind at most one more
+    # than the rows whose time is not the row's before: room for a run a row took 16 bytes a
+    # row of a big tick, 17 MB for a 1M-block pool's ticks of 500K), lifetimes, slots changed
+    times = np.asarray(times, np.float64)
+    num_times = 1 + int(np.count_nonzero(times[1:] != times[:-1]))
+    runs_s, runs_r = self._stored_times, self._removed_times
+    runs_s.room(num_times)
+    runs_r.room(num_times)
+    life_out = np.empty(n)
     touched_out = np.empty(2 * n, np.int64)
     tally = np.zeros(256, np.int64)
     st = follow.st
     st[:4] = 0
     st[8] = -1
     st[10] = top
+    st[11], st[12] = runs_s.num_runs, runs_r.num_runs
     if counted is not None and counted[0] != self.revision - 1:
         counted = None  # a tick it did not count came between
     # the slots' ranks: none written while every store is rank 0's (an empty array: the loop skips them)
     ranks = self._own_ranks() if rank or self._ranks is not None else np.zeros(0, np.uint16)
-    loop(op, jtier, key, width, store, np.asarray(slots, np.int64), np.asarray(times, np.float64), code_of,
-         fresh_of, have, follow.stream_mix(pool), rank, self.tier, ranks, self.stored_at, self.base, tally,
-         stored_out, removed_out, life_out, touched_out, follow.removed, follow.shift, follow.ring_id,
-         follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
+    loop(op, jtier, key, width, store, np.asarray(slots, np.int64), times, code_of,
+         fresh_of, have, follow.stream_mix(pool), rank, self.tier, ranks, self.stored_run, self.base, tally,
+         runs_s.times, runs_s.counts, runs_r.times, runs_r.counts, life_out, touched_out, follow.removed,
+         follow.shift, follow.ring_id, follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
     self._written_top = int(st[10])
     num_stored, num_removed, num_lives, num_touched = st[:4].tolist()
-    _append_floats(self, "stored_times", stored_out[:num_stored])
-    _append_floats(self, "removed_times", removed_out[:num_removed])
-    _append_floats(self, "lifetimes", life_out[:num_lives])
+    runs_s.took(int(st[11]), num_stored)
+    runs_r.took(int(st[12]), num_removed)
+    if num_lives:
+        self._lifetimes.append(life_out[:num_lives])
     if self._can_touch(num_touched):
         self._touched.frombytes(memoryview(touched_out[:num_touched]).cast("B"))
     else:

@@ -82,44 +82,55 @@ def _retitle_dock(view: QWidget, title: str | None) -> None:
 
 class _Rates:
     """Stored and removed blocks per whole second of server time, as `RemoteOverlay.per_second`
-    counts them, kept between redraws: a redraw bins only the times appended since the last
-    (the overlay's times only grow; another overlay, or another x = 0, counts again)."""
+    counts them, kept between redraws: a redraw bins only the runs of times (`stored_runs`,
+    `removed_runs`) appended since the last, and what the newest run it read gained since
+    (the overlay's runs only grow; another overlay, or another x = 0, counts again)."""
 
-    __slots__ = ("owner", "start", "num_stored", "num_removed", "stored", "removed")
+    __slots__ = ("owner", "start", "read", "stored", "removed")
 
     def __init__(self) -> None:
         self.owner: Any = None
         self.start = 0.0
-        self.num_stored = self.num_removed = 0
+        # per kind (stored, removed): (runs read, the number the last of them had then)
+        self.read = [(0, 0), (0, 0)]
         self.stored = np.zeros(0, np.int64)
         self.removed = np.zeros(0, np.int64)
 
     def update(self, remote: Any, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(second since `start`, stored, removed) per second: `remote.per_second(start)`."""
-        stored = np.frombuffer(remote.stored_times, dtype=np.float64) if remote.stored_times else np.zeros(0)
-        removed = np.frombuffer(remote.removed_times, dtype=np.float64) if remote.removed_times else np.zeros(0)
-        if remote is not self.owner or start != self.start or len(stored) < self.num_stored \
-                or len(removed) < self.num_removed:
+        kinds = (remote.stored_runs, remote.removed_runs)
+        if remote is not self.owner or start != self.start \
+                or any(len(times) < read for (times, _), (read, _) in zip(kinds, self.read)):
             self.owner, self.start = remote, start
-            self.num_stored = self.num_removed = 0
+            self.read = [(0, 0), (0, 0)]
             self.stored, self.removed = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        new_s, new_r = stored[self.num_stored:], removed[self.num_removed:]
-        if len(new_s) or len(new_r):
+        new = []
+        for i, ((times, counts), (read, last)) in enumerate(zip(kinds, self.read)):
+            # from the last run read on: it may have gained values since
+            at = max(0, read - 1)
+            t, c = times[at:], counts[at:].copy()
+            if read and len(c):
+                c[0] -= last
+            new.append((t, c))
+            self.read[i] = (len(times), int(counts[-1]) if len(counts) else 0)
+        (new_s, num_s), (new_r, num_r) = new
+        if num_s.any() or num_r.any():
             both = np.concatenate((new_s, new_r))
             # as per_second: a day of seconds at most, older and later times in the end bins
             n = max(len(self.stored), min(MAX_SECONDS, int(math.floor(both.max() - start)) + 1), 1)
-            self.stored = _binned(self.stored, new_s, start, n)
-            self.removed = _binned(self.removed, new_r, start, n)
-            self.num_stored, self.num_removed = len(stored), len(removed)
+            self.stored = _binned(self.stored, new_s, num_s, start, n)
+            self.removed = _binned(self.removed, new_r, num_r, start, n)
         return np.arange(len(self.stored), dtype=float), self.stored.astype(float), self.removed.astype(float)
 
 
-def _binned(counts: np.ndarray, times: np.ndarray, start: float, n: int) -> np.ndarray:
-    """`counts` grown to `n` seconds with `times` added, each to its whole second since `start`."""
+def _binned(counts: np.ndarray, times: np.ndarray, num: np.ndarray, start: float, n: int) -> np.ndarray:
+    """`counts` grown to `n` seconds with `num[i]` values at `times[i]` added, each to its
+    whole second since `start`."""
     if len(counts) < n:
         counts = np.concatenate((counts, np.zeros(n - len(counts), np.int64)))
     if len(times):
-        counts += np.bincount(np.clip((times - start).astype(np.int64), 0, n - 1), minlength=n)
+        second = np.clip((times - start).astype(np.int64), 0, n - 1)
+        counts += np.bincount(second, weights=num, minlength=n).astype(np.int64)
     return counts
 
 
@@ -264,7 +275,7 @@ class RemoteTimeline(_Throttled):
         if remote is None:
             return
         t = np.frombuffer(remote.sample_times, dtype=np.float64) if remote.sample_times else np.zeros(0)
-        start = float(np.floor(min(remote.stored_times[0] if remote.stored_times else np.inf,
+        start = float(np.floor(min(remote.stored_runs[0][0] if remote.num_stored else np.inf,
                                    t[0] if len(t) else np.inf))) if len(t) else 0.0
         self.start = start
         secs, stored, removed = self._rates.update(remote, start if len(t) else 0.0) if len(t) else \
@@ -309,8 +320,8 @@ class RemoteTimeline(_Throttled):
         counts = remote.tier_counts(p)
         items = [(swatch(self.tiers.get(c.tier, self.palette["accent"]), "▬"), f"{c.tier} <b>{c.num_blocks:,}</b>")
                  for c in counts if c.num_blocks or c.tier == "GPU"]
-        items += [(swatch(self.palette["cached"]), f"stored <b>{len(remote.stored_times):,}</b>"),
-                  (swatch(self.palette["evicted"]), f"removed <b>{len(remote.removed_times):,}</b>"),
+        items += [(swatch(self.palette["cached"]), f"stored <b>{remote.num_stored:,}</b>"),
+                  (swatch(self.palette["evicted"]), f"removed <b>{remote.num_removed:,}</b>"),
                   ("", f"resets {p.num_resets}")]
         self.title.setText(legend_line(items))
 
@@ -438,8 +449,8 @@ class RemoteMetrics(_Throttled):
         self.p_life.setXRange(*LIFETIME_X, padding=0)
         self.hint.setVisible(num_life == 0)
         self.hint.setPos(1.0, 0.5)
-        items = [("", f"<b>{len(remote.stored_times):,}</b> blocks stored"),
-                 ("", f"<b>{len(remote.removed_times):,}</b> removed")]
+        items = [("", f"<b>{remote.num_stored:,}</b> blocks stored"),
+                 ("", f"<b>{remote.num_removed:,}</b> removed")]
         if num_life:
             q50, q90 = self._quantiles(remote, num_life)
             items.append((swatch(self.palette["accent"]), f"lifetime median <b>{duration_text(q50)}</b>, p90 {duration_text(q90)}"))
