@@ -681,22 +681,27 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
     highest slot given a code; the runs of store times, of removal times (run 0 none)."""
     _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_run, base, removed,
                    shift, ring_id, st, max_removed)
+    # the counters in locals, written back at the end: as st's entries, every one was a load
+    # and a store a row (st may alias the other int64 arrays, so none stayed in a register)
+    num_stored, num_removed, num_lives, num_touched = st[0], st[1], st[2], st[3]
+    gen, head, tail, again, last_clear, num, top = st[4], st[5], st[6], st[7], st[8], st[9], st[10]
+    runs_s, runs_r = st[11], st[12]
+    keep_ranks = len(rank_of) > 0  # empty: every store so far from rank 0, none kept
     k = 0
     last = len(code_of) - 1
     mask = len(removed) - 1
     for i in range(len(op)):
         o = op[i]
+        ti = t[i]
         if o == 2:  # a clear: every copy it cleared is a removal
             if store[i] > 0:
-                nr = st[12]
-                if nr == 1 or r_times[nr - 1] != t[i]:
-                    r_times[nr] = t[i]
-                    r_counts[nr] = 0
-                    nr += 1
-                    st[12] = nr
-                r_counts[nr - 1] += store[i]
-                st[1] += store[i]
-            st[8] = i
+                if runs_r == 1 or r_times[runs_r - 1] != ti:
+                    r_times[runs_r] = ti
+                    r_counts[runs_r] = 0
+                    runs_r += 1
+                r_counts[runs_r - 1] += store[i]
+                num_removed += store[i]
+            last_clear = i
             continue
         b = slots[k] if k < len(slots) else -1
         k += 1
@@ -713,66 +718,66 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
             j = (j + 1) & mask
         gone = -1  # the table entry to forget
         if o == 0:  # stored
-            nr = st[11]
-            if nr == 1 or s_times[nr - 1] != t[i]:
-                s_times[nr] = t[i]
-                s_counts[nr] = 0
-                nr += 1
-                st[11] = nr
-            s_counts[nr - 1] += 1
-            st[0] += 1
+            if runs_s == 1 or s_times[runs_s - 1] != ti:
+                s_times[runs_s] = ti
+                s_counts[runs_s] = 0
+                runs_s += 1
+            s_counts[runs_s - 1] += 1
+            num_stored += 1
             if removed[j, 1] >= 0:
                 gone = j
-                st[7] += 1
+                again += 1
             if b >= 0:
                 tier[b] = c
-                if len(rank_of):  # empty: every store so far from rank 0, none kept
+                if keep_ranks:
                     rank_of[b] = rank
-                stored_run[b] = nr - 1
-                tally[base[b]] -= 1
-                base[b] = fresh_of[c]
-                tally[base[b]] += 1
-                touched_out[st[3]] = b
-                st[3] += 1
-                if b >= st[10]:
-                    st[10] = b + 1
+                stored_run[b] = runs_s - 1
+                was = base[b]
+                fresh = fresh_of[c]
+                tally[was] -= 1
+                base[b] = fresh
+                tally[fresh] += 1
+                touched_out[num_touched] = b
+                num_touched += 1
+                if b >= top:
+                    top = b + 1
         else:  # removed
-            nr = st[12]
-            if nr == 1 or r_times[nr - 1] != t[i]:
-                r_times[nr] = t[i]
-                r_counts[nr] = 0
-                nr += 1
-                st[12] = nr
-            r_counts[nr - 1] += 1
-            st[1] += 1
+            if runs_r == 1 or r_times[runs_r - 1] != ti:
+                r_times[runs_r] = ti
+                r_counts[runs_r] = 0
+                runs_r += 1
+            r_counts[runs_r - 1] += 1
+            num_removed += 1
             if removed[j, 1] < 0:
-                g = st[4]
-                st[4] += 1
+                g = gen
+                gen += 1
                 removed[j, 0] = h
                 removed[j, 1] = g
-                st[9] += 1
-                ring_id[st[6]] = h
-                ring_gen[st[6]] = g
-                st[6] += 1
-                if st[9] > max_removed:  # forget the oldest removal still remembered
-                    while st[5] < st[6]:
-                        r, g = ring_id[st[5]], ring_gen[st[5]]
-                        st[5] += 1
+                num += 1
+                ring_id[tail] = h
+                ring_gen[tail] = g
+                tail += 1
+                if num > max_removed:  # forget the oldest removal still remembered
+                    while head < tail:
+                        r, g = ring_id[head], ring_gen[head]
+                        head += 1
                         j = np.int64((np.uint64(r) * _GOLDEN) >> shift)
                         while removed[j, 1] >= 0 and removed[j, 0] != r:
                             j = (j + 1) & mask
                         if removed[j, 1] == g:
                             gone = j
                             break
-            if b >= 0 and base[b] != 0:
-                life_out[st[2]] = max(0.0, t[i] - s_times[stored_run[b]])
-                st[2] += 1
-                tally[base[b]] -= 1
-                base[b] = 0
-                touched_out[st[3]] = b
-                st[3] += 1
+            if b >= 0:
+                was = base[b]
+                if was != 0:
+                    life_out[num_lives] = max(0.0, ti - s_times[stored_run[b]])
+                    num_lives += 1
+                    tally[was] -= 1
+                    base[b] = 0
+                    touched_out[num_touched] = b
+                    num_touched += 1
         if gone >= 0:  # linear probing's deletion: pull back the entries after it that may
-            st[9] -= 1  # move (their home is not in (gone, next]), so no lookup needs a tombstone
+            num -= 1  # move (their home is not in (gone, next]), so no lookup needs a tombstone
             nxt = gone
             while True:
                 nxt = (nxt + 1) & mask
@@ -784,6 +789,9 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                     removed[gone, 1] = removed[nxt, 1]
                     gone = nxt
             removed[gone, 1] = -1
+    st[0], st[1], st[2], st[3] = num_stored, num_removed, num_lives, num_touched
+    st[4], st[5], st[6], st[7], st[8], st[9], st[10] = gen, head, tail, again, last_clear, num, top
+    st[11], st[12] = runs_s, runs_r
 
 
 def _rehash(old, new, shift):  # pragma: no cover - compiled
@@ -956,11 +964,11 @@ class JournalFollower:
             st[5], st[6] = 0, live
             tail = live
         if tail + n > len(self.ring_id):
+            # where they lie (`regrow`: from 256 KiB a mapping mremap grows): a new pair and a
+            # copy at each doubling cost 2.3 ms of a 100K-event attach's start (to 391K removals)
             size = max(tail + n, 2 * len(self.ring_id))
             for name in ("ring_id", "ring_gen"):
-                grown = np.zeros(size, np.int64)
-                grown[:tail] = getattr(self, name)[:tail]
-                setattr(self, name, grown)
+                regrow(self, name, size, tail)
         rows = len(self.removed)
         while 2 * min(num + n * ROOM_TICKS, MAX_REMEMBERED_REMOVALS + 1) > rows:
             rows *= 2
