@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays, fits,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays,
+    _compiled_runs_extend, fits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
@@ -786,7 +787,8 @@ class LiveColumnarLog(ColumnarEventLog):
         rooms = [columns[name].room(n) for name in moving]
         out = [np.empty(n, np.int32) if room is None else room for room in rooms]
         got = np.zeros(6, np.int64)
-        if not loop(col.col("kind"), col.col("block"), col.col("hash"), col.col("flag"), r0, r1, born, nb0,
+        hashes = col.rows_window("hash", r0, r1)  # these rows only, where kept as runs (`ArithmeticRuns`)
+        if not loop(col.col("kind"), col.col("block"), hashes, col.col("flag"), r0, r1, born, nb0,
                     acc, hk, pos, out[0], out[1], out[2], got):
             return False
         self._held_stale = True
@@ -844,7 +846,8 @@ class LiveColumnarLog(ColumnarEventLog):
         """The series after each new event, from the counts after the previous batch."""
         col = self.columnar
         self._fit_series_state()
-        kind, a = col.col("kind"), col.col("a")
+        r1 = col.num_rows
+        kind, a = col.col("kind"), col.rows_window("a", r0, r1)  # `a`: these rows only, where kept as runs
         new = kind[r0:] == REF
         any_new = bool(new.any())
         self._any_ref = self._any_ref or any_new
@@ -854,7 +857,8 @@ class LiveColumnarLog(ColumnarEventLog):
         # the pool's size after each event, counted in the pass from the blocks' born rows
         born = col._born_row[:col.num_blocks]
         loop = _compiled_series_loop() or _series_loop
-        out = loop(kind, col.col("block"), a, col.col("request"), col.requests.prompt_sizes(), ends, r0, born,
+        request = col.rows_window("request", r0, r1)
+        out = loop(kind, col.col("block"), a, request, col.requests.prompt_sizes(), ends, r0, born,
                    col.blocks_at(r0), self._ref, self._held, self._hist, self._acc, self.block_size)
         for (name, _), values, same in zip(_SERIES, out[:7], out[7].tolist()):
             if same and len(values):  # a count that did not move (a remote pool's in use, top ref, tokens)
@@ -999,7 +1003,7 @@ class LiveColumnarLog(ColumnarEventLog):
         frozen.__dict__.update(col.__dict__)
         frozen.__dict__.pop("moving", None)
         frozen.__dict__.pop("_bufs", None)
-        frozen._cols = dict(col._cols)
+        frozen._cols = col.frozen_columns()
         frozen._cp_rows, frozen._cp_states = list(col._cp_rows), _frozen(col._cp_states)
         frozen._head_marks = dict(col._head_marks)
         frozen._req_index = None
@@ -1132,7 +1136,9 @@ _JOURNAL_LOOP: list[Any] = []
 def _compiled_journal_loop() -> Any:
     """`_journal_loop` compiled (cached on disk), or None without numba; loaded (or compiled)
     with a tick of one store, one eviction and one clear, as its callers call it (a journal
-    log asks for it when made: `engine.core.live_journal.journal_log`)."""
+    log asks for it when made: `engine.core.live_journal.journal_log`), and with it the pass
+    that appends to the columns a journal log keeps as runs (`ArithmeticRuns`)."""
+    _compiled_runs_extend()
     if not _JOURNAL_LOOP:
         try:
             from numba import njit
