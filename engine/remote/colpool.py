@@ -161,8 +161,9 @@ W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_SEEN, S_JON, S_JROWS, S_JSTORES, \
-    S_NTIERS, S_BID = range(21)
-NUM_S = 21  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied
+    S_NTIERS, S_BID, S_TENANTED = range(22)
+NUM_S = 22  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
+# S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
 # stored block, its store row (kept for good): packed, 17 bytes, the narrowest exact types,
 # widened once to JS_WIDE (25) before a token start would pass 2**32 - 1, a block's token
@@ -711,7 +712,10 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
     bs = bs_given if bs_given else nt // nh
     if bs and group == 0:
         S[S_BLOCK_SIZE] = bs
-    if has_parent:
+    if has_parent and S[S_TENANTED]:
+        # the parent's slot is looked for only for its tenant: while no block was stored with
+        # one, no slot has F_PW_TENANT and none is inherited (its K and F rows were two cache
+        # misses a store of 200K recorded events, where no tenant is ever named)
         ps = _find(tab, K, F, pk, pw, t)
         if ps < 0:
             num_present = 0
@@ -784,6 +788,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 F[s, F_PW] = F_PW_TENANT if tenant >= 0 else 0
                 if S[S_JON] == 0:
                     K[s, K_PARENT] = 0
+            if tenant >= 0:
+                S[S_TENANTED] = 1
             a = i * bs
             n_i = min(bs, nt - a) if bs > 0 else 0
             if n_i < 0:
@@ -1048,7 +1054,7 @@ def _touch_oldest(otab, ok, ow, ov, fifo, os, num, home):  # pragma: no cover - 
 
 @njit(cache=True, _nrt=False)
 def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab, dp_k, dp_w, dp_v, dp_fifo, dp_os,
-              rows, parents, keys, lo, hi):  # pragma: no cover - compiled
+              rows, parents, keys, lo, hi, with_parents=True):  # pragma: no cover - compiled
     """Prefetch, before events lo..hi-1 of common events use them, the table entries their
     hashes will probe: the home entry of each hash (and parent) in the pool's table and
     the removal maps' (one table for both: `dp_tab` is `ra_tab`, `dp_k` `ra_k`, ...), and
@@ -1061,7 +1067,8 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
     pass that read the table entries to prefetch the slots' rows they name cost more than
     it saved once the helpers were inlined (its reads waited on the entries the first pass
     asked for): 0.2415 -> 0.2316 s without it. Reads only (the slots' arrays, K, L, C, F,
-    and the maps' keys are no longer read: kept in the signature)."""
+    and the maps' keys are no longer read: kept in the signature). A parent's entry only
+    `with_parents` (S_TENANTED: `_store` looks for a parent only then)."""
     size = len(tab) - 1
     ra_mask = len(ra_tab) - 1
     removed = 0
@@ -1075,7 +1082,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
             _prefetch(tab, _home(_mix(k, W_U64, t), size))
             y = _om_hash(k, W_U64)
             _prefetch(ra_tab, y & ra_mask)
-        if rows[i, R_PARENT]:
+        if with_parents and rows[i, R_PARENT]:
             _prefetch(tab, _home(_mix(parents[i], W_U64, t), size))
     if removed:
         # in vLLM's streams both maps hold the same keys in the same order: when their oldest
@@ -1105,7 +1112,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
         S[S_BID] = bid0 + f
         if hi > lo:
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
-                      dp_os, rows, parents, keys, lo, hi)
+                      dp_os, rows, parents, keys, lo, hi, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, False, seqs[f],
                  tss[f], left, hi, J, JS, SO, RM)
@@ -1135,7 +1142,7 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
             fr, parents, keys = rows[r:r + m], data[d:d + m], data[d + m:d + m + nk]
             ftok = words[2 * (d + m + nk):]
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
-                      dp_os, fr, parents, keys, 0, m)
+                      dp_os, fr, parents, keys, 0, m, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, 0, False, seqs[f],
                  tss[f], left, m, J, JS, SO, RM)
