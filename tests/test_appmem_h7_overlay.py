@@ -48,8 +48,9 @@ def test_rank_0_alone_keeps_no_ranks_and_rank_1_joining_shows_what_the_event_rou
     assert o._ranks is None and o.rank.shape == o.tier.shape and not o.rank.any()
     assert o.ranks(js.projection) == rs.remote.ranks(rs.projection) == {0: int(np.count_nonzero(o.base[:n]))}
     codes = o._codes.nbytes + (o._cells.nbytes if o._cells is not None else 0)
-    # tier, store time's run (uint32, since the store times are runs: 8 bytes a slot before), code: no rank
-    assert o.nbytes_by_part()["slots"] == 6 * len(o.tier) + codes
+    # store time's run (uint32, since the store times are runs: 8 bytes a slot before), code (which
+    # names the tier: no tier array since), aged code: no rank
+    assert o.nbytes_by_part()["slots"] == 5 * len(o.tier) + codes
     _same(js, rs, "rank 0 alone", in_order=True)
     both = 0
     for i in range(max(len(s0) - half, len(s1))):  # then rank 1 too, a frame a tick

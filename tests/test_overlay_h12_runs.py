@@ -133,7 +133,7 @@ def test_the_route_holds_runs_not_values(routed):
     assert o._stored_times.nbytes + o._removed_times.nbytes <= 16 * max(2 * RUN_ROOM, 2 * num_runs + 4 * 8 * 1024)
     assert num_runs * 10 < o.num_stored + o.num_removed
     codes = o._codes.nbytes + (o._cells.nbytes if o._cells is not None else 0)
-    assert parts["slots"] == 6 * len(o.tier) + codes  # tier, store run (uint32), code
+    assert parts["slots"] == 5 * len(o.tier) + codes  # store run (uint32), code (the tier read from it)
 
 
 def test_a_big_tick_makes_room_for_its_runs_not_its_rows():
@@ -157,3 +157,59 @@ def test_a_big_tick_makes_room_for_its_runs_not_its_rows():
     for runs in (o._stored_times, o._removed_times):
         assert runs.nbytes <= 16 * max(RUN_ROOM, 2 * runs.num_runs)
     assert len(np.unique(np.frombuffer(o.stored_times))) == o._stored_times.num_runs - 1
+
+
+def _tiered_frames() -> list[tuple[int, bytes]]:
+    """vLLM frames storing chains on GPU and CPU, then on tiers the overlay meets later (a
+    remote pool, an unknown medium: codes 4 and 5, each moving every held code), removing
+    some of each, a batch time a frame."""
+    from engine.remote.wire import VllmEvent, encode_batch
+
+    rng = np.random.default_rng(4)
+    mediums = ["GPU", "CPU", None, "CPU", "EXTERNAL", "GPU", "nvme-x", "CPU", "EXTERNAL", "GPU"]
+    frames, held = [], []
+    for seq, medium in enumerate(mediums):
+        events = []
+        for c in range(3):
+            hashes = tuple(int(seq * 1000 + c * 10 + i + 1).to_bytes(8, "big") for i in range(4))
+            events.append(VllmEvent("BlockStored", hashes, None, tuple(range(64)), 16, medium=medium))
+            held += [(h, medium) for h in hashes]
+        if seq % 2 and held:
+            gone = [held.pop(int(rng.integers(len(held)))) for _ in range(5)]
+            events += [VllmEvent("BlockRemoved", (h,), medium=m) for h, m in gone]
+        frames.append((seq, encode_batch(1_796_000_000.0 + seq * 0.7, events)))
+    return frames
+
+
+@pytest.mark.parametrize("per_tick", [1, 4])
+def test_the_tier_read_from_a_slots_code_is_the_tier_its_store_named(per_tick):
+    """The tier of each held slot (the `tier` array is not kept: it is read from the slot's
+    code) is the tier of the medium its store named, on both routes, also after tiers the
+    overlay met later moved every code; tier counts and codes equal the reference's."""
+    from tests.test_journal_app import _both
+    from engine.remote.tiers import tier_of_medium
+    from engine.remote.wire import decode_batch
+
+    frames = _tiered_frames()
+    medium_of = {}
+    for seq, payload in frames:
+        for e in decode_batch(seq, payload).events:
+            if e.kind == "BlockStored":
+                medium_of.update({h: e.medium for h in e.block_hashes})
+    js, rs = _both([frames], per_tick)
+    for state in (js, rs):
+        o, p = state.remote, state.projection
+        assert list(o.tier_names)[3:] == ["REMOTE", "NVME-X"]
+        n = p.num_blocks
+        held = np.flatnonzero(o.base[:n])
+        assert len(held) == sum(1 for b in range(n) if p.hashes[b] is not None) > 50
+        names = {code: name for name, code in o.tier_names.items()}
+        tiers = o.tier[:n]
+        for b in held.tolist():
+            want = tier_of_medium(medium_of[p.hashes[b]])
+            assert names[int(tiers[b])] == o.tier_name(b) == want, b
+        assert not tiers[o.base[:n] == 0].any()
+    assert [(c.tier, c.num_blocks) for c in js.remote.tier_counts(js.projection)] == \
+        [(c.tier, c.num_blocks) for c in rs.remote.tier_counts(rs.projection)]
+    now = rs.remote.now
+    assert js.remote.codes(js.projection, now).tolist() == rs.remote.codes(rs.projection, now).tolist()

@@ -95,14 +95,14 @@ class RemoteOverlay:
     redraw of a steady million-block pool costs one pass over a byte per block.
     """
 
-    __slots__ = ("tier", "_ranks", "stored_run", "base", "_stored_times", "_removed_times", "_lifetimes",
+    __slots__ = ("_ranks", "stored_run", "base", "_stored_times", "_removed_times", "_lifetimes",
                  "num_stored_again", "num_restarts", "last_reset_time", "tier_names", "_removed",
                  "sample_times", "sample_counts", "_last_sample", "_codes", "_codes_second",
                  "_touched", "revision", "_counts", "_written_top", "journal", "_cells", "_cells_k", "_cells_n",
                  "_sweep_at", "_sweep_second")
 
     def __init__(self) -> None:
-        self.tier = np.zeros(0, dtype=np.uint8)
+        # a slot's tier is not kept: its code in `base` names it while it holds a block (`tier`)
         # each slot's rank (`rank`): none kept while every store came from rank 0 (a single
         # server, or data-parallel rank 0 alone: 2 bytes a slot for nothing); made at the
         # first store from another rank (`_own_ranks`)
@@ -141,14 +141,14 @@ class RemoteOverlay:
         self._sweep_second: float | None = None
 
     def _grow(self, n: int) -> None:
-        if n <= len(self.tier):
+        if n <= len(self.base):
             return
         # by an eighth, where they lie (`regrow`: realloc, a copy only while a reader holds a
         # view): doubling, then growing by half, left a 10M-slot pool's 12 bytes a slot up to
         # 120 MB, then 60 MB, it did not use, and each growth copied them all on the GUI thread
-        have = len(self.tier)
+        have = len(self.base)
         size = max(n, have + have // 8, 1024)
-        for name in ("tier", "_ranks", "stored_run", "base") if self._ranks is not None else ("tier", "stored_run", "base"):
+        for name in ("_ranks", "stored_run", "base") if self._ranks is not None else ("stored_run", "base"):
             regrow(self, name, size, have)
             getattr(self, name)[have:] = 0
         self._codes_second = None  # sizes changed: the next `codes` recomputes
@@ -160,26 +160,34 @@ class RemoteOverlay:
         return self._stored_times.times.take(self.stored_run)
 
     @property
+    def tier(self) -> np.ndarray:
+        """Each slot's tier code (uint8; 0 for a slot that holds no block), a copy: read from
+        its code in `base`, which ranks tiers GPU highest (`_fresh_code`)."""
+        num_tiers = max(len(self.tier_names), len(TIERS))
+        held = self.base > 0
+        return np.where(held, num_tiers - (self.base.astype(np.int64) - NUM_AGES) // NUM_AGES, 0).astype(np.uint8)
+
+    @property
     def rank(self) -> np.ndarray:
         """Each slot's data-parallel rank (uint16; 0 for a slot never stored), read-only: a
         zero-stride view of 0 while every store came from rank 0."""
         if self._ranks is None:
-            return np.broadcast_to(np.uint16(0), self.tier.shape)
+            return np.broadcast_to(np.uint16(0), self.base.shape)
         return self._ranks
 
     def _own_ranks(self) -> np.ndarray:
         """The slots' ranks as an array of their own (all 0 so far), from now on."""
         if self._ranks is None:
-            self._ranks = np.zeros(len(self.tier), np.uint16)
+            self._ranks = np.zeros(len(self.base), np.uint16)
         return self._ranks
 
     def tier_code(self, name: str) -> int:
         code = self.tier_names.get(name)
         if code is None:
             code = self.tier_names[name] = len(self.tier_names) + 1
-            if code > len(TIERS):  # one more tier shifts every code: re-derive them
+            if code > len(TIERS):  # one more tier below every other: each held code moves up an age row
                 held = self.base > 0
-                self.base[held] = 1 + (code - self.tier[held].astype(np.int64)) * NUM_AGES + NUM_AGES - 1
+                self.base[held] += NUM_AGES
                 self._counts = None
             self._codes_second = None
         return code
@@ -208,7 +216,7 @@ class RemoteOverlay:
         if slots is None:
             slots = projection.remote_slots or []
             projection.remote_slots = None
-        tier, stored_run, base = self.tier, self.stored_run, self.base
+        stored_run, base = self.stored_run, self.base
         removed, touched = self._removed, self._touched
         add_stored, add_removed, add_life = self._stored_times.add, self._removed_times.add, self.lifetimes.append
         run_times = self._stored_times
@@ -227,7 +235,6 @@ class RemoteOverlay:
                 k += 1
                 if b >= 0:
                     code = self.tier_code(tier_of(e))
-                    tier[b] = code
                     r = rank_of(e)
                     if r or self._ranks is not None:
                         self._own_ranks()[b] = r
@@ -416,12 +423,12 @@ class RemoteOverlay:
         return cells[:math.ceil(n / k)], k
 
     def nbytes_by_part(self) -> dict[str, int]:
-        """Bytes it holds, by part: per slot (tier, rank, store time's run, codes, the grid), the
+        """Bytes it holds, by part: per slot (code, rank, store time's run, aged codes, the grid), the
         times of stores and removals (runs of one time, for the rates) and the lifetimes (one float each), the
         slots listed since the last redraw (an int64 each), the removals remembered (table and ring)."""
         cells = self._cells.nbytes if self._cells is not None else 0
         ranks = self._ranks.nbytes if self._ranks is not None else 0
-        slots = sum(a.nbytes for a in (self.tier, self.stored_run, self.base, self._codes)) + ranks + cells
+        slots = sum(a.nbytes for a in (self.stored_run, self.base, self._codes)) + ranks + cells
         times = sum(a.nbytes for a in (self._stored_times, self._removed_times, self._lifetimes)) + \
             sum(a.itemsize * len(a) for a in (self.sample_times, *self.sample_counts))
         ring = 0 if self.journal is None else self.journal.nbytes
@@ -452,7 +459,7 @@ class RemoteOverlay:
 
     def ranks(self, projection: PoolProjection) -> dict[int, int]:
         """Cached blocks per data-parallel rank (the combined pool split by who holds it)."""
-        n = min(projection.num_blocks, len(self.tier))
+        n = min(projection.num_blocks, len(self.base))
         if self._ranks is None:  # every store from rank 0
             held = int(np.count_nonzero(self.base[:n]))
             return {0: held} if held else {}
@@ -460,7 +467,10 @@ class RemoteOverlay:
         return {r: int(c) for r, c in enumerate(counts) if c}
 
     def tier_name(self, slot: int) -> str:
-        code = int(self.tier[slot]) if slot < len(self.tier) else 0
+        code = 0
+        if slot < len(self.base) and self.base[slot]:
+            num_tiers = max(len(self.tier_names), len(TIERS))
+            code = num_tiers - (int(self.base[slot]) - NUM_AGES) // NUM_AGES
         return next((name for name, c in self.tier_names.items() if c == code), "GPU")
 
     def per_second(self, start: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -625,10 +635,10 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
     return num_removed, num_cleared, num_wide
 
 
-def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_run, base, removed,
+def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, rank_of, stored_run, base, removed,
                    shift, ring_id, st, max_removed):  # pragma: no cover - compiled
     """Ask for, before `_observe_loop`, the lines it will need: each row's home row in the
-    removals' table and its slot's tier, rank, store time's run and code. The table (up to 512K
+    removals' table and its slot's rank, store time's run and code. The table (up to 512K
     rows, 8 MB) and the per-slot arrays are past the caches; the loop's reads wait on one
     another (a probe, then a write it decides), here they are independent. Prefetches, not
     loads (`engine.core.live_journal.prefetch_intrinsic`): a load that misses holds the CPU's
@@ -657,7 +667,6 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
         k += 1
         if b >= 0:
             _prefetch(base, b)
-            _prefetch(tier, b)
             if len(rank_of):
                 _prefetch(rank_of, b)
             _prefetch(stored_run, b)
@@ -666,7 +675,7 @@ def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, ra
         _prefetch(removed, np.int64((np.uint64(ring_id[r]) * _GOLDEN) >> shift))
 
 
-def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, tier, rank_of,
+def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, have, stream, rank, rank_of,
                   stored_run, base, tally, s_times, s_counts, r_times, r_counts, life_out, touched_out, removed,
                   shift, ring_id, ring_gen, st, max_removed):  # pragma: no cover - compiled
     """`RemoteOverlay.observe`'s loop over journal rows (compiled by numba): `slots` the log
@@ -679,7 +688,7 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
     st: stored, removed, lifetimes, touched written; generation counter; ring head, tail;
     stored again; the row of the last clear (-1 none); removals remembered; one past the
     highest slot given a code; the runs of store times, of removal times (run 0 none)."""
-    _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, tier, rank_of, stored_run, base, removed,
+    _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, rank_of, stored_run, base, removed,
                    shift, ring_id, st, max_removed)
     # the counters in locals, written back at the end: as st's entries, every one was a load
     # and a store a row (st may alias the other int64 arrays, so none stayed in a register)
@@ -728,7 +737,6 @@ def _observe_loop(op, jtier, key, width, store, slots, t, code_of, fresh_of, hav
                 gone = j
                 again += 1
             if b >= 0:
-                tier[b] = c
                 if keep_ranks:
                     rank_of[b] = rank
                 stored_run[b] = runs_s - 1
@@ -1203,7 +1211,7 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     # the slots' ranks: none written while every store is rank 0's (an empty array: the loop skips them)
     ranks = self._own_ranks() if rank or self._ranks is not None else np.zeros(0, np.uint16)
     loop(op, jtier, key, width, store, np.asarray(slots, np.int64), times, code_of,
-         fresh_of, have, follow.stream_mix(pool), rank, self.tier, ranks, self.stored_run, self.base, tally,
+         fresh_of, have, follow.stream_mix(pool), rank, ranks, self.stored_run, self.base, tally,
          runs_s.times, runs_s.counts, runs_r.times, runs_r.counts, life_out, touched_out, follow.removed,
          follow.shift, follow.ring_id, follow.ring_gen, st, MAX_REMEMBERED_REMOVALS)
     self._written_top = int(st[10])
