@@ -105,7 +105,7 @@ def _route(num_events: int, frames_per_tick: int) -> list[dict]:
         state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]],
                              notify=False)
         ticks.append(_snapshot(state))
-    ticks[-1]["mapped"] = _mapping_of(state.log.columnar._cols["request"]) is not None
+    ticks[-1]["mapped"] = _mapping_of(state.log.columnar._cols["block"]) is not None
     return ticks
 
 
