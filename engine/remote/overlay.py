@@ -126,7 +126,7 @@ class RemoteOverlay:
         self._last_sample = 0.0
         self._codes = np.zeros(0, dtype=np.uint8)
         self._codes_second: float | None = None  # the stream second `_codes` was aged at
-        self._touched = array("q")  # slots changed since `_codes` was computed
+        self._touched = _Touched()  # slots changed since `_codes` was computed
         self.revision = 0  # bumps with every observed batch
         # tier_counts at (revision, slots): the list, and the slots per code (0 aside) it came from
         self._counts: tuple[int, int, list[TierCount], np.ndarray] | None = None
@@ -278,7 +278,7 @@ class RemoteOverlay:
     def _forget_touched(self) -> None:
         """Past `MAX_TOUCHED` changed slots: the next redraw takes every slot again (`codes`
         and `cell_codes` start over) instead of a list of them."""
-        self._touched = array("q")
+        self._touched = _Touched()
         self._codes_second = None
         self._cells = None
 
@@ -367,9 +367,9 @@ class RemoteOverlay:
             self._codes, self._codes_second = codes, second
         elif self._touched:
             # Stores since the last full pass are the freshest blocks; removals are 0.
-            idx = np.array(self._touched, np.int64)
+            idx = self._touched.slots()
             self._codes[idx] = self.base[idx]
-        self._touched = array("q")
+        self._touched = _Touched()
         self._cells = None  # the touched slots are spent: an aggregated grid starts over
         return self._codes[:n]
 
@@ -397,17 +397,17 @@ class RemoteOverlay:
             cells = self._cells = np.zeros(math.ceil(len(self.base) / k), np.uint8)
             self._cells_k = k
             loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, 0, n, n)
-            self._touched = array("q")
+            self._touched = _Touched()
             self._codes_second = self._sweep_second = second
             self._cells_n = self._sweep_at = n
             return cells[:math.ceil(n / k)], k
         if self._touched:
             # stores are the freshest blocks, removals 0: their cells take their runs' maxima again
-            idx = np.array(self._touched, np.int64)
+            idx = self._touched.slots()
             idx = idx[idx < n]
             self._codes[idx] = self.base[idx]
             _cells_of(self._codes, cells, k, n, np.unique(idx // k))
-            self._touched = array("q")
+            self._touched = _Touched()
         if n != self._cells_n:  # slots the pool gained since: their cells from the first they touch
             lo = min(n, self._cells_n) // k * k
             loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, lo, n, n)
@@ -432,7 +432,7 @@ class RemoteOverlay:
         times = sum(a.nbytes for a in (self._stored_times, self._removed_times, self._lifetimes)) + \
             sum(a.itemsize * len(a) for a in (self.sample_times, *self.sample_counts))
         ring = 0 if self.journal is None else self.journal.nbytes
-        touched = self._touched.itemsize * len(self._touched)
+        touched = self._touched.nbytes
         return {"slots": slots, "times": times, "touched": touched, "ring": ring}
 
     def tier_counts(self, projection: PoolProjection) -> list[TierCount]:
@@ -614,17 +614,18 @@ _MIX_STREAM = np.int64(-4417276706812531889)  # 0xC2B2AE3D27D4EB4F as int64: mix
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # an identity's place in the removals' table: its top bits times this
 
 
-def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
+def _scan_rows(op, jtier, store, width, times, seen):  # pragma: no cover - compiled
     """What a tick's rows need before `_observe_loop`: the removals (the ring's room), the
-    copies clears cleared (the removal times' room), the rows naming a pool's wide hash; and
-    `seen[t] = 1` for each tier a stored or removed row names (the last entry: a tier past them)."""
-    num_removed, num_cleared, num_wide = 0, 0, 0
+    rows naming a pool's wide hash, the times (one and the rows whose time is not the row's
+    before: the runs of times' room); and `seen[t] = 1` for each tier a stored or removed row
+    names (the last entry: a tier past them)."""
+    num_removed, num_wide, num_times = 0, 0, 0
     last = len(seen) - 1
     for i in range(len(op)):
+        if i == 0 or times[i] != times[i - 1]:
+            num_times += 1
         o = op[i]
         if o == 2:
-            if store[i] > 0:
-                num_cleared += store[i]
             continue
         if o == 1:
             num_removed += 1
@@ -632,7 +633,7 @@ def _scan_rows(op, jtier, store, width, seen):  # pragma: no cover - compiled
         seen[t if 0 <= t < last else last] = 1
         if width[i] == 2:
             num_wide += 1
-    return num_removed, num_cleared, num_wide
+    return num_removed, num_wide, num_times
 
 
 def _observe_ahead(op, jtier, key, width, slots, code_of, have, stream, rank_of, stored_run, base, removed,
@@ -1073,6 +1074,42 @@ class _Floats:
 FLOAT_CHUNK = 1 << 15  # 256 KiB of float64
 
 
+class _Touched:
+    """Slots changed since the last redraw: the compiled pass's array of a tick kept as it
+    is (an array('q') that took each tick's by `frombytes` was realloc'd and copied as it
+    grew: 2 ms of CPU per 100K vLLM events), the event route's slots one at a time."""
+
+    __slots__ = ("_parts", "_one", "_num")
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self._one = array("q")
+        self._num = 0
+
+    def __len__(self) -> int:
+        return self._num
+
+    def append(self, slot: int) -> None:
+        self._one.append(slot)
+        self._num += 1
+
+    def extend(self, slots: np.ndarray, num: int) -> None:
+        """The first `num` of `slots` (an array made for this, kept: a copy where it has
+        more room than values)."""
+        if num:
+            self._parts.append(slots[:num] if 2 * num >= len(slots) else slots[:num].copy())
+            self._num += num
+
+    def slots(self) -> np.ndarray:
+        """Every slot listed (int64, in no particular order)."""
+        parts = [*self._parts, np.frombuffer(self._one, np.int64)] if self._one else self._parts
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return sum((p.base if p.base is not None else p).nbytes for p in self._parts) + 8 * len(self._one)
+
+
 class _Runs:
     """Times appended in order, kept as runs of one time: (time, number of values) each. A
     vLLM batch dates all its stores and removals alike, so a store's time took 8 bytes where
@@ -1186,20 +1223,19 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     key = np.asarray(journal.key, np.uint64).view(np.int64)
     names = journal.tier_names
     seen = np.zeros(len(names) + 1, np.int64)
-    num_removed, _num_cleared, num_wide = scan(op, jtier, store, width, seen)
+    times = np.asarray(times, np.float64)
+    num_removed, num_wide, num_times = scan(op, jtier, store, width, times, seen)
     code_of, fresh_of = follow.tier_codes(self, names, seen)
     have = follow.wide_numbers(journal, pool, key) if num_wide else np.zeros(0, np.int64)
     follow.room(num_removed)  # the ring holds removals only
-    # what the pass writes: the runs of store and removal times (of each kind at most one more
-    # than the rows whose time is not the row's before: room for a run a row took 16 bytes a
-    # row of a big tick, 17 MB for a 1M-block pool's ticks of 500K), lifetimes, slots changed
-    times = np.asarray(times, np.float64)
-    num_times = 1 + int(np.count_nonzero(times[1:] != times[:-1]))
+    # what the pass writes: the runs of store and removal times (of each kind at most as many
+    # as the tick's times: room for a run a row took 16 bytes a row of a big tick, 17 MB for
+    # a 1M-block pool's ticks of 500K), lifetimes, slots changed
     runs_s, runs_r = self._stored_times, self._removed_times
     runs_s.room(num_times)
     runs_r.room(num_times)
     life_out = np.empty(n)
-    touched_out = np.empty(2 * n, np.int64)
+    touched_out = np.empty(n, np.int64)  # a slot at most a stored or removed row
     tally = np.zeros(256, np.int64)
     st = follow.st
     st[:4] = 0
@@ -1221,7 +1257,7 @@ def observe_journal(overlay: RemoteOverlay, journal: Any, times: np.ndarray, pro
     if num_lives:
         self._lifetimes.append(life_out[:num_lives])
     if self._can_touch(num_touched):
-        self._touched.frombytes(memoryview(touched_out[:num_touched]).cast("B"))
+        self._touched.extend(touched_out, num_touched)
     else:
         self._forget_touched()
     self.num_stored_again += int(st[7])
