@@ -413,7 +413,7 @@ def bench_remote_redraw(quick: bool) -> dict[str, Any]:
             times.append((time.perf_counter() - t) * 1000)
             cpu.append((time.thread_time() - c) * 1000)
         remote = ctx.state.remote
-        overlay = remote.nbytes_by_part()["slots"]  # per slot: tier, rank (when kept), store time, codes, grid
+        overlay = remote.nbytes_by_part()["slots"]  # per slot: code, rank (when kept), store run, aged codes, grid
         return {"num_blocks": ctx.state.projection.num_blocks, "num_cells": len(view.cell_colors),
                 "max_cells": MAX_CELLS, "blocks_per_cell": view.blocks_per_cell,
                 "median_ms": round(statistics.median(times), 3), "max_ms": round(max(times), 3),

@@ -180,7 +180,7 @@ def event_times(log: Any, start: int, stop: int, seqs: np.ndarray) -> np.ndarray
         row_seq = col.col("seq")
         first = np.clip(np.searchsorted(row_seq, seqs), 0, max(0, len(row_seq) - 1))
         found = row_seq[first] == seqs if len(row_seq) else np.zeros(len(seqs), bool)
-        numbers = np.where(found, col.col("b")[first], 0).astype(np.int64)
+        numbers = np.where(found, col.values_at("b", first), 0).astype(np.int64)  # only those rows (b may be runs)
         uniq, inv = np.unique(numbers, return_inverse=True)
         batch = np.zeros(len(uniq), np.float64)
         for i, u in enumerate(uniq.tolist()):
