@@ -85,7 +85,7 @@ class PoolGrid(QWidget):
         w, h = self.vb.width(), self.vb.height()
         cols, rows = grid_shape(n, w / h if w > 1 and h > 1 else 1.6)
         self.cols = cols
-        px = cell_pixels(n)
+        px = cell_pixels(n, min(w / cols, h / rows) if w > 1 and h > 1 else 0.0)
         bg = self.colors["background"]
         background = np.array([bg.red(), bg.green(), bg.blue(), 255], dtype=np.uint8)
         self.image.setImage(grid_image(self.cell_colors, cols, rows, px, background),

@@ -99,12 +99,16 @@ def grid_shape(num_blocks: int, aspect: float = 1.8) -> tuple[int, int]:
     return int(cols[best]), int(rows[best])
 
 
-def cell_pixels(num_blocks: int) -> int:
-    if num_blocks <= 4096:
-        return 8
-    if num_blocks <= 65536:
-        return 4
-    return 1
+def cell_pixels(num_blocks: int, shown: float = 0.0) -> int:
+    """Image pixels a cell of a grid of `num_blocks` takes (its last one a gap between cells
+    from 3 on), at most the screen pixels a cell is `shown` at (0: not known yet). An image
+    drawn smaller than it is loses rows and columns of pixels unevenly (pyqtgraph's ImageItem
+    draws without smoothing), so cells of 4 image pixels shown at about 2 made their gaps a
+    moire of stripes and tiles across the grid; below 3 pixels a cell is one image pixel, no gap."""
+    px = 8 if num_blocks <= 4096 else 4 if num_blocks <= 65536 else 1
+    if shown > 0:
+        px = min(px, int(shown))
+    return px if px >= 3 else 1
 
 
 class BlockTableView(PanelView):
@@ -237,8 +241,7 @@ class BlockTableView(PanelView):
         return w / h if w > 1 and h > 1 else 1.8
 
     def _on_resized(self) -> None:
-        cols, rows = grid_shape(self._num_cells(), self._view_aspect())
-        if (cols, rows) != (self.cols, self.rows):
+        if self._layout() != (self.cols, self.rows, self.cell_px):
             self._resize_grid()
             self.redraw()
         else:
@@ -248,10 +251,17 @@ class BlockTableView(PanelView):
         n = self.state.projection.num_blocks
         return math.ceil(n / self.blocks_per_cell) if self.blocks_per_cell > 1 else n
 
-    def _resize_grid(self, force: bool = False) -> None:
+    def _layout(self) -> tuple[int, int, int]:
+        """The grid's columns, rows and image pixels a cell for the view's size now."""
         n = self._num_cells()
         cols, rows = grid_shape(n, self._view_aspect())
-        px = cell_pixels(n) if self.blocks_per_cell == 1 else 1  # an aggregate has no gaps to show
+        if self.blocks_per_cell > 1:  # an aggregate has no gaps to show
+            return cols, rows, 1
+        w, h = self.vb.width(), self.vb.height()
+        return cols, rows, cell_pixels(n, min(w / cols, h / rows) if w > 1 and h > 1 else 0.0)
+
+    def _resize_grid(self, force: bool = False) -> None:
+        cols, rows, px = self._layout()
         if not force and (cols, rows, px) == (self.cols, self.rows, self.cell_px):
             return
         self.cols, self.rows, self.cell_px = cols, rows, px
