@@ -99,10 +99,10 @@ NARROW_COLUMNS = {"block": (np.int16, np.int32)}  # name -> (kept, read)
 # columns a journal-fed live log (`journal_fed`: engine.core.live_journal's rows) keeps as
 # `ArithmeticRuns` while that is smaller: a vLLM batch's rows share one request and one
 # `RemoteInfo` (`b`), stores' ordinals (`a`) count up by one and so do the chain ids a pool
-# numbers as it meets them (`hash`). 16 of a row's 26 bytes, a run or a few a batch. `seq`
-# (one more a row) is not among them while readers take the column whole each tick
-# (`commit_journal`'s `col("seq")[r0:]`).
-RUN_COLUMNS = ("request", "hash", "a", "b")
+# numbers as it meets them (`hash`), and seqs count up a row each (a clear's rows share one).
+# 20 of a row's 26 bytes, a run or a few a batch. The seqs are read as runs too
+# (`seq_runs`: searched and cut from the runs, never made whole a tick).
+RUN_COLUMNS = ("seq", "request", "hash", "a", "b")
 # a column's runs stop paying at more than one run every RUN_MOST_ROWS rows (9 bytes a run
 # of int32 values against 4 a row: 56% of them, kept whole from then on), counted from
 # RUN_MIN_ROWS rows on (a log's first batches say little of its later ones)
@@ -1445,7 +1445,24 @@ class ColumnarLog:
         per_event = self._per_event.get("seq")
         if per_event is not None:  # the first row of the first event after `seq`
             return int(self.event_bounds[np.searchsorted(per_event, as_key(seq, per_event), side="right")])
-        return int(np.searchsorted(self.col("seq"), as_key(seq, self.col("seq")), side="right"))
+        seqs = self.seq_runs()
+        return int(np.searchsorted(seqs, as_key(seq, seqs), side="right"))
+
+    def seq_runs(self, n: int | None = None) -> np.ndarray | ArithmeticRuns | Consecutive:
+        """The seq column's first `n` rows (all for None) as kept: a journal-fed log's runs
+        (`ArithmeticRuns`, or a `Consecutive` for one run counting up; indexed, cut and
+        searched as the array without making it whole: a live log's `seqs` are read several
+        times a tick), else the array."""
+        n = self.num_rows if n is None else n
+        kept = self._cols.get("seq")
+        if not isinstance(kept, ArithmeticRuns):
+            return self.col("seq")[:n]
+        runs = kept.view(n)
+        if runs.num_runs == 1 and (n == 1 or runs.step[0] == 1):
+            # a row an event, numbered without a gap (a journal's, until a clear): what the
+            # timeline's series and a finished log's readers take as it is, never made whole
+            return Consecutive(int(runs.first[0]), n, runs.dtype)
+        return runs
 
     # ------------------------------------------------------------------ projection
     def initial_state(self) -> PoolArrays:
@@ -1487,7 +1504,7 @@ class ColumnarLog:
         bounds = self.event_bounds
         if bounds is not None:
             return int(bounds[np.searchsorted(bounds, as_key(row, bounds), side="right") - 1])
-        seq = self.col("seq")
+        seq = self.seq_runs()
         return int(np.searchsorted(seq, seq[row], side="left"))
 
     def _event_end(self, row: int) -> int:
@@ -1497,7 +1514,7 @@ class ColumnarLog:
         bounds = self.event_bounds
         if bounds is not None:
             return int(bounds[np.searchsorted(bounds, as_key(row, bounds), side="right")])
-        seq = self.col("seq")
+        seq = self.seq_runs()
         return int(np.searchsorted(seq, seq[row], side="right"))
 
     def state_at(self, seq: int | None) -> PoolArrays:
@@ -1985,8 +2002,14 @@ class _Runs(_AsArray):
 
     def _span(self, start: int, stop: int) -> np.ndarray:
         at = self.at
-        lo = int(np.searchsorted(at, as_key(start, at), side="right")) - 1
-        hi = int(np.searchsorted(at, as_key(stop - 1, at), side="right"))
+        key = at.dtype.type  # places up to n fit the places' type (int64 once n passes int32)
+        lo = int(np.searchsorted(at, key(start), side="right")) - 1
+        hi = int(np.searchsorted(at, key(stop - 1), side="right"))
+        if hi - lo == 1:  # within one run (a journal tick's seqs): no repeat of the runs
+            step = int(self._steps(lo))
+            value = int(self.first[lo]) + step * (start - int(at[lo]))
+            return (np.arange(value, value + stop - start, dtype=self.dtype) if step
+                    else np.full(stop - start, value, self.dtype))
         starts = at[lo:hi].astype(np.int64)
         cut = starts.copy()
         cut[0] = start  # the first run's part from `start` on
@@ -2129,8 +2152,49 @@ class ArithmeticRuns(_Runs):
         out._diff = int(out._last - out._at_row(n - 2)) if n > 1 else _NO_STEP
         return out
 
+    def view(self, n: int) -> ArithmeticRuns:
+        """`head(n)`, but never itself: a reader holding it reads `n` rows while batches are
+        appended here (the arrays shared, cut to the runs written)."""
+        if n != self.n:
+            return self.head(n)
+        k = self.num_runs
+        return ArithmeticRuns(self.dtype, self._run_at[:k], self._run_first[:k], self._run_step[:k], n,
+                              self._last, self._diff)
+
+    def searchsorted(self, v: Any, side: str = "left", sorter: Any = None) -> Any:
+        """Where `v` would go in the values (as `np.searchsorted` on the array) for values that
+        never go down (a log's seqs), from the runs: every run before the last one to start
+        below `v` (at or below, side right) lies below it, no run after it does."""
+        if sorter is not None:
+            raise ValueError("runs are searched as they are sorted, without a sorter")
+        v = np.asarray(v)
+        k = self.num_runs
+        if not k:
+            out = np.zeros(v.shape, np.intp)
+            return out if out.ndim else np.intp(0)
+        first = self._run_first[:k]
+        if v.dtype.kind in "iub":  # in the runs' type (as `as_key`: the runs not converted)
+            info = np.iinfo(first.dtype)
+            key = np.clip(v.astype(np.int64), info.min, info.max).astype(first.dtype)
+        else:
+            key = v
+        run = np.searchsorted(first, key, side=side) - 1
+        r = np.maximum(run, 0)
+        start = self._run_at[r].astype(np.int64)
+        end = np.where(r + 1 < k, self._run_at[np.minimum(r + 1, k - 1)].astype(np.int64), self.n)
+        if v.dtype.kind in "iub":
+            off = v.astype(np.int64) - self._run_first[r].astype(np.int64) + (side == "right")
+        else:
+            off = v - self._run_first[r]
+            off = np.ceil(off) if side == "left" else np.floor(off) + 1
+        length = end - start
+        inside = np.where(self._run_step[r] == 0, length, np.clip(off, 0, length))
+        out = np.where(run < 0, 0, start + inside).astype(np.intp)
+        return out if out.ndim else np.intp(out)
+
     def _at_row(self, i: int) -> int:
-        run = int(np.searchsorted(self.at, as_key(i, self.at), side="right")) - 1
+        at = self.at
+        run = int(np.searchsorted(at, at.dtype.type(i), side="right")) - 1  # i < n fits
         return int(self._run_first[run]) + int(self._run_step[run]) * (i - int(self._run_at[run]))
 
     def _at(self, i: int) -> Any:

@@ -562,7 +562,7 @@ class LiveColumnarLog(ColumnarEventLog):
     def seqs(self) -> np.ndarray:  # type: ignore[override]
         if self._seqs is not None:
             return self._seqs.view
-        return self.columnar.col("seq")[:self._num_events()]
+        return self.columnar.seq_runs(self._num_events())  # a journal's runs: not made whole a call
 
     def _num_events(self) -> int:
         return self._one_row_events if self._bounds is None else max(0, self._bounds.n - 1)
@@ -717,7 +717,7 @@ class LiveColumnarLog(ColumnarEventLog):
             ends = np.arange(r0 + 1, r1 + 1, dtype=np.int64)
             kinds = col.col("kind")[r0:r1]
         else:
-            row_seq = col.col("seq")[r0:r1]
+            row_seq = col.values_at("seq", slice(r0, r1))
             starts = r0 + np.flatnonzero(np.concatenate(([True], row_seq[1:] != row_seq[:-1])))
             ends = np.append(starts[1:], r1)
             kinds = col.col("kind")[starts]
@@ -736,7 +736,7 @@ class LiveColumnarLog(ColumnarEventLog):
             bounds.append(ends if bounds.n else np.append(r0, ends))
         if self._seqs is None and r1 - r0 != len(seqs):  # an event of several rows: seqs of their own
             self._seqs = _Growing(np.int64, narrow=np.int32)
-            self._seqs.extend(col.col("seq")[:r0])  # the events before, one row each
+            self._seqs.extend(col.values_at("seq", slice(0, r0)))  # the events before, one row each
         if self._seqs is not None:
             self._seqs.append(seqs)
         self._kinds.append(kinds)
