@@ -112,11 +112,11 @@ def test_a_rows_columns_are_26_bytes_while_their_values_fit():
     col = log.columnar
     # seq, a and b were int64: 39; the tier byte no source wrote is not kept: 26
     assert sum(c.dtype.itemsize for c in col._cols.values()) == 26
-    # a journal's request, hash, a and b are kept as runs (`ArithmeticRuns`): the other four
-    # columns (kind, seq, block, flag) take 10 bytes a row, the runs a few per batch
+    # a journal's seq, request, hash, a and b are kept as runs (`ArithmeticRuns`): the other
+    # three columns (kind, block, flag) take 6 bytes a row, the runs a few per batch
     runs = [c for c in col._cols.values() if isinstance(c, ArithmeticRuns)]
-    assert len(runs) == 4 and sum(r.nbytes for r in runs) < col.num_rows
-    assert col.nbytes() == 10 * col.num_rows + sum(r.nbytes for r in runs)
+    assert len(runs) == 5 and sum(r.nbytes for r in runs) < col.num_rows
+    assert col.nbytes() == 6 * col.num_rows + sum(r.nbytes for r in runs)
     assert col._born_row.dtype == np.int32 and not hasattr(col, "_born_place")
 
 
