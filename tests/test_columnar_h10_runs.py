@@ -95,12 +95,18 @@ def _recorded_stream(num_events: int, gpu_blocks: int) -> list[bytes]:
     return recorded_stream(num_events, gpu_blocks=gpu_blocks)[0]
 
 
+def recorded_server_twice(name: str, per_tick: int) -> tuple:
+    """A recorded server's frames (RECORDED[name]) through the app's journal route, `per_tick`
+    frames a tick, as (the journal-fed window, one built with the plain layout)."""
+    path, ranks = RECORDED[name]
+    frames = _rank_frames(path, ranks)
+    return _twice(lambda: _both(frames, per_tick)[0])
+
+
 @pytest.mark.parametrize("name", sorted(RECORDED))
 @pytest.mark.parametrize("per_tick", [1, 7])
 def test_recorded_servers_read_as_the_plain_layout(name, per_tick):
-    path, ranks = RECORDED[name]
-    frames = _rank_frames(path, ranks)
-    js, plain = _twice(lambda: _both(frames, per_tick)[0])
+    js, plain = recorded_server_twice(name, per_tick)
     col = js.log.columnar
     assert col.journal_fed and col.num_rows > 10
     assert all(isinstance(col._cols[n], C.ArithmeticRuns) for n in C.RUN_COLUMNS)

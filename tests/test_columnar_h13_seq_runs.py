@@ -20,8 +20,9 @@ from engine.core.live_journal import append_journal, journal_log
 from engine.remote import fastwire
 from engine.remote.colpool import ColumnarPool
 from tests.test_colpool import _synthetic
-from tests.test_columnar_h10_runs import _journal_of, _recorded_stream, _same_reads, _twice
-from tests.test_journal_app import RECORDED, _both, _rank_frames
+from tests.test_columnar_h10_runs import (_journal_of, _recorded_stream, _same_reads, _twice,
+                                          recorded_server_twice)
+from tests.test_journal_app import RECORDED, _both
 
 
 def _timeless(events) -> list:
@@ -80,9 +81,7 @@ def _same_seqs(log, plain, seed: int = 0) -> None:
 @pytest.mark.parametrize("name", sorted(RECORDED))
 @pytest.mark.parametrize("per_tick", [1, 7])
 def test_recorded_servers_seqs_read_as_the_plain_layout(name, per_tick):
-    path, ranks = RECORDED[name]
-    frames = _rank_frames(path, ranks)
-    js, plain = _twice(lambda: _both(frames, per_tick)[0])
+    js, plain = recorded_server_twice(name, per_tick)
     col = js.log.columnar
     assert isinstance(col._cols["seq"], C.ArithmeticRuns)
     # the runs, not the column made whole (seqs of its own once an event took several rows)
