@@ -177,7 +177,7 @@ def event_times(log: Any, start: int, stop: int, seqs: np.ndarray) -> np.ndarray
     times = np.zeros(len(seqs), np.float64)
     pending = np.arange(len(seqs))
     if col is not None and getattr(col, "has_remote_rows", False) and len(seqs):
-        row_seq = col.col("seq")
+        row_seq = col.seq_runs()  # searched and read at the rows found, not made whole (seq may be runs)
         first = np.clip(np.searchsorted(row_seq, seqs), 0, max(0, len(row_seq) - 1))
         found = row_seq[first] == seqs if len(row_seq) else np.zeros(len(seqs), bool)
         numbers = np.where(found, col.values_at("b", first), 0).astype(np.int64)  # only those rows (b may be runs)
