@@ -163,9 +163,8 @@ class RemoteOverlay:
     def tier(self) -> np.ndarray:
         """Each slot's tier code (uint8; 0 for a slot that holds no block), a copy: read from
         its code in `base`, which ranks tiers GPU highest (`_fresh_code`)."""
-        num_tiers = max(len(self.tier_names), len(TIERS))
         held = self.base > 0
-        return np.where(held, num_tiers - (self.base.astype(np.int64) - NUM_AGES) // NUM_AGES, 0).astype(np.uint8)
+        return np.where(held, self._tier_of_code(self.base.astype(np.int64)), 0).astype(np.uint8)
 
     @property
     def rank(self) -> np.ndarray:
@@ -192,9 +191,16 @@ class RemoteOverlay:
             self._codes_second = None
         return code
 
+    def _num_tiers(self) -> int:
+        return max(len(self.tier_names), len(TIERS))
+
     def _fresh_code(self, code: int) -> int:
-        num_tiers = max(len(self.tier_names), len(TIERS))
-        return 1 + (num_tiers - code) * NUM_AGES + NUM_AGES - 1
+        return 1 + (self._num_tiers() - code) * NUM_AGES + NUM_AGES - 1
+
+    def _tier_of_code(self, base: Any) -> Any:
+        """The tier code of a held slot's code in `base` (an int or an int64 array): every age
+        row of `_fresh_code`'s tier names it."""
+        return self._num_tiers() - (base - NUM_AGES) // NUM_AGES
 
     def observe_journal(self, journal: Any, times: np.ndarray, projection: Any, slots: Any, pool: Any,
                         rank: int = 0) -> None:
@@ -469,8 +475,7 @@ class RemoteOverlay:
     def tier_name(self, slot: int) -> str:
         code = 0
         if slot < len(self.base) and self.base[slot]:
-            num_tiers = max(len(self.tier_names), len(TIERS))
-            code = num_tiers - (int(self.base[slot]) - NUM_AGES) // NUM_AGES
+            code = self._tier_of_code(int(self.base[slot]))
         return next((name for name, c in self.tier_names.items() if c == code), "GPU")
 
     def per_second(self, start: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
