@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWi
 from app.runtime.state import SCRUB_FLASH_EVENTS
 from app.ui.block_grid import grid_image
 from app.ui.colors import block_colors, legend_line, swatch
-from app.views.pool.block_table_view import BlockTableView, cell_pixels, compute_colors, grid_shape
+from app.views.pool.block_table_view import BlockTableView, cell_pixels, compute_colors, grid_shape, shown_pixels
 
 
 class PoolGrid(QWidget):
@@ -85,7 +85,7 @@ class PoolGrid(QWidget):
         w, h = self.vb.width(), self.vb.height()
         cols, rows = grid_shape(n, w / h if w > 1 and h > 1 else 1.6)
         self.cols = cols
-        px = cell_pixels(n, min(w / cols, h / rows) if w > 1 and h > 1 else 0.0)
+        px = cell_pixels(n, shown_pixels(cols, rows, w, h))
         bg = self.colors["background"]
         background = np.array([bg.red(), bg.green(), bg.blue(), 255], dtype=np.uint8)
         self.image.setImage(grid_image(self.cell_colors, cols, rows, px, background),

@@ -99,6 +99,12 @@ def grid_shape(num_blocks: int, aspect: float = 1.8) -> tuple[int, int]:
     return int(cols[best]), int(rows[best])
 
 
+def shown_pixels(cols: int, rows: int, width: float, height: float) -> float:
+    """Screen pixels a cell of a `cols` x `rows` grid is shown at when the grid fits a view of
+    `width` x `height` (0.0 while the view has no size yet)."""
+    return min(width / cols, height / rows) if width > 1 and height > 1 else 0.0
+
+
 def cell_pixels(num_blocks: int, shown: float = 0.0) -> int:
     """Image pixels a cell of a grid of `num_blocks` takes (its last one a gap between cells
     from 3 on), at most the screen pixels a cell is `shown` at (0: not known yet). An image
@@ -258,7 +264,7 @@ class BlockTableView(PanelView):
         if self.blocks_per_cell > 1:  # an aggregate has no gaps to show
             return cols, rows, 1
         w, h = self.vb.width(), self.vb.height()
-        return cols, rows, cell_pixels(n, min(w / cols, h / rows) if w > 1 and h > 1 else 0.0)
+        return cols, rows, cell_pixels(n, shown_pixels(cols, rows, w, h))
 
     def _resize_grid(self, force: bool = False) -> None:
         cols, rows, px = self._layout()
@@ -275,7 +281,7 @@ class BlockTableView(PanelView):
         """Every cell in view; a small pool gets cells of at most MAX_CELL_PX, centred."""
         cols, rows = self.cols, self.rows
         w, h = self.vb.width(), self.vb.height()
-        scale = min(w / cols, h / rows) if w > 1 and h > 1 else 0.0
+        scale = shown_pixels(cols, rows, w, h)
         if scale > MAX_CELL_PX:
             vw, vh = w / MAX_CELL_PX, h / MAX_CELL_PX
             self.vb.setRange(QRectF(cols / 2 - vw / 2, rows / 2 - vh / 2, vw, vh), padding=0)
