@@ -185,10 +185,53 @@ def test_parallel_imports_into_a_new_database_all_succeed(tmp_path):
     db = tmp_path / "new.db"
     procs = [_spawn("sessions", "import", str(SESSION), "--db", str(db), "--title", f"p{i}") for i in range(8)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
-    assert [rc for rc, _ in results] == [0] * 8, results
+    assert [rc for rc, _ in results] == [0] * 8, [err for rc, err in results if rc]
     assert all("locked" not in err for _, err in results)
     with Store(db, read_only=True) as store:
         assert sorted(s.title for s in store.list_sessions()) == sorted(f"p{i}" for i in range(8))
+        assert store.integrity_check() == "ok"
+
+
+class _OpenedWhileAnotherCreates(sqlite3.Connection):
+    """A connection that, right after its first read of the header, lets another process's
+    first commit in (the `schema_migrations` table with the application id): the moment a
+    second `cachescope sessions import` reaches a new database that the first is creating."""
+
+    interloper: Path | None = None
+
+    def execute(self, sql, *args):
+        cursor = super().execute(sql, *args)
+        if sql == "PRAGMA application_id" and self.interloper is not None:
+            other, self.interloper = sqlite3.connect(self.interloper, isolation_level=None, timeout=0.5), None
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("CREATE TABLE schema_migrations (name TEXT PRIMARY KEY, applied TEXT NOT NULL)")
+            other.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            other.execute("COMMIT")
+            other.close()
+        return cursor
+
+
+def test_a_database_read_while_another_process_makes_it_is_read_whole(tmp_path, monkeypatch):
+    """The header and the tables are read in one snapshot: read apart, the other process's
+    first commit between them showed its table under no header, and the file was refused
+    as "not a Cachescope database" (one of eight parallel imports exited 2 in CI)."""
+    db = tmp_path / "new.db"
+    first = sqlite3.connect(db, isolation_level=None)
+    first.execute("PRAGMA journal_mode=WAL")  # what the first process does before its first commit
+    first.close()
+    connect = sqlite3.connect
+
+    def interleaved(target, *args, **kw):
+        conn = connect(target, *args, factory=_OpenedWhileAnotherCreates, **kw)
+        conn.interloper = db
+        return conn
+
+    monkeypatch.setattr("engine.store.database.sqlite3.connect", interleaved)
+    with Store(db) as store:
+        store.create_session("after", "chat")
+    monkeypatch.undo()
+    with Store(db, read_only=True) as store:
+        assert [s.title for s in store.list_sessions()] == ["after"]
         assert store.integrity_check() == "ok"
 
 

@@ -90,10 +90,21 @@ class FileState:
 
 
 def read_state(conn: sqlite3.Connection) -> FileState:
-    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    tables = frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                       if not r[0].startswith("sqlite_"))
+    """The header and the tables, read in one transaction so that they are one snapshot:
+    read apart, another process's first commit (its `schema_migrations` table with our
+    application id) could fall between them and show a table under no header, which reads
+    as a file that is not ours."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                           if not r[0].startswith("sqlite_"))
+    finally:
+        if own:
+            conn.execute("COMMIT")
     return FileState(app_id, version, tables)
 
 
