@@ -105,6 +105,8 @@ def _route(num_events: int, frames_per_tick: int) -> list[dict]:
         state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]],
                              notify=False)
         ticks.append(_snapshot(state))
+        cols = state.log.columnar._cols
+        ticks[-1]["mappings"] = [_mapping_of(cols[name]) for name in ("kind", "block", "flag")]
     ticks[-1]["mapped"] = _mapping_of(state.log.columnar._cols["block"]) is not None
     return ticks
 
@@ -119,6 +121,14 @@ def test_the_route_holds_the_same_with_mapped_arrays(monkeypatch, frames_per_tic
     assert len(heap) == len(mapped) > 10
     assert len(heap[-1]["col.kind"]) > 5_000  # the columns grew many times
     assert not heap[-1].pop("mapped") and mapped[-1].pop("mapped")
+    # each whole column was mapped once and then grown where it lay: no reader holds a view of
+    # it between ticks, and `_write_table` held none while growing it (it held every column
+    # once, and each growth copied the column into a new mapping)
+    mappings = [b.pop("mappings") for b in mapped]
+    assert all(m is None for a in heap for m in a.pop("mappings"))
+    for j, name in enumerate(("kind", "block", "flag")):
+        held = [m[j] for m in mappings if m[j] is not None]  # from the tick it passed MAPPED_BYTES on
+        assert len(held) > 10 and all(m is held[0] for m in held), name
     for a, b in zip(heap, mapped):
         assert a.keys() == b.keys()
         for name in a:

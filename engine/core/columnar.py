@@ -1028,19 +1028,20 @@ class ColumnarLog:
         cap = len(self._cols["kind"])  # every column kept whole has the same room
         if stop > cap:
             spare, self._spare = self._spare, None
-            whole = self._whole_columns()
+            # names, not the arrays: a reference held here made every `regrow` copy its column
+            whole = [name for name, _ in self._whole_columns()]
             if spare is not None and len(spare[1]["kind"]) >= stop and all(
-                    name in spare[1] and spare[1][name].dtype == arr.dtype for name, arr in whole):
+                    name in spare[1] and spare[1][name].dtype == self._cols[name].dtype for name in whole):
                 n0, cols = spare
-                for name, arr in whole:
+                for name in whole:
                     grown = cols[name]
-                    grown[n0:start] = arr[n0:start]
+                    grown[n0:start] = self._cols[name][n0:start]
                     self._cols[name] = grown
             else:
                 # grown where they lie (`regrow`), so by an eighth: grown by half, a column was
                 # up to a third unused; every reader stops at `num_rows`
                 new_cap = max(stop, cap + cap // 8)
-                for name, _ in whole:
+                for name in whole:
                     regrow(self._cols, name, new_cap, start)
         for name, j in _ROW_ORDER:
             values = table[:, j]
