@@ -874,8 +874,15 @@ class LiveColumnarLog(ColumnarEventLog):
         made = False
         while rows[-1] + col.checkpoint_rows <= col.num_rows:
             made = True
-            pos = _event_first_row(col, rows[-1] + col.checkpoint_rows, rows[-1])
-            state = col._advance(states[-1], rows[-1], pos)
+            due = rows[-1] + col.checkpoint_rows
+            if due + col.checkpoint_rows > col.num_rows and self._live_arrays.num_rows == col.num_rows:
+                # the last one due: after the newest row (an event ends there), the live pool
+                # copied; the one before moved on over the rows since passed over them again
+                pos = col.num_rows
+                state = _copied(self._live_arrays)
+            else:
+                pos = _event_first_row(col, due, rows[-1])
+                state = col._advance(states[-1], rows[-1], pos)
             if not state.ref_counts.any():  # a remote pool's: no request holds a block
                 state.ref_counts = np.broadcast_to(np.int32(0), state.ref_counts.shape)
             states.append(state)
