@@ -65,11 +65,11 @@ def test_ticks_that_take_the_series_pass_between_journal_ticks_hold_what_one_pas
     real = live_log.LiveColumnarLog._journal_tick
     calls = {"tick": 0, "fused": 0}
 
-    def every_third_apart(self, r0, r1):
+    def every_third_apart(self, r0, r1, last_seq):
         calls["tick"] += 1
         if calls["tick"] % 3 == 0:
             return False
-        done = real(self, r0, r1)
+        done = real(self, r0, r1, last_seq)
         calls["fused"] += done
         return done
 

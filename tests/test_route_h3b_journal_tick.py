@@ -58,8 +58,8 @@ def _both(monkeypatch, payload_ticks) -> tuple[list[dict], list[dict], int]:
     calls = []
     real = live_log.LiveColumnarLog._journal_tick
 
-    def counted(self, r0, r1):
-        done = real(self, r0, r1)
+    def counted(self, r0, r1, last_seq):
+        done = real(self, r0, r1, last_seq)
         calls.append(done)
         return done
 

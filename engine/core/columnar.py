@@ -2125,6 +2125,11 @@ class ArithmeticRuns(_Runs):
         return self._run_step[:self.num_runs]
 
     @property
+    def last(self) -> int:
+        """The value of its last row (0 while it has none)."""
+        return self._last
+
+    @property
     def nbytes(self) -> int:
         return self.num_runs * (self._run_at.itemsize + self._run_first.itemsize + self._run_step.itemsize)
 

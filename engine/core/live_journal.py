@@ -637,7 +637,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
                                          len(slots.infos)) <= _I32_TOP
     col.write_rows(table, fit32)
     # each event's seq: the rows' own (as written) while each row is an event (a clear's rows share one)
-    seqs = col.values_at("seq", slice(prepared.r0, col.num_rows)) if len(table) == n else prepared.seq0 + np.arange(n, dtype=np.int64)
+    seqs = table[:, 1].copy() if len(table) == n else prepared.seq0 + np.arange(n, dtype=np.int64)
     col.num_seq = int(seqs[-1]) + 1
     log.rows_appended(prepared.r0, seqs, float(now))  # one time for the tick's rows
     return n

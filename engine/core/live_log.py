@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from engine.core.columnar import (
-    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ColumnarLog, PoolArrays,
-    _compiled_runs_extend, fits,
+    CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ArithmeticRuns, ColumnarLog,
+    PoolArrays, _compiled_runs_extend, fits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
@@ -559,6 +559,13 @@ class LiveColumnarLog(ColumnarEventLog):
         return _numbers(1, self._one_row_events + 1)
 
     @property
+    def last_seq(self) -> int | None:  # type: ignore[override]
+        runs = self.columnar._cols.get("seq")
+        if self._seqs is None and isinstance(runs, ArithmeticRuns) and runs.n and runs.n == self._num_events():
+            return runs.last  # a journal's newest event's (a row each), no view of the runs made for it
+        return super().last_seq
+
+    @property
     def seqs(self) -> np.ndarray:  # type: ignore[override]
         if self._seqs is not None:
             return self._seqs.view
@@ -750,7 +757,7 @@ class LiveColumnarLog(ColumnarEventLog):
             # tiers, ranks and servers of a remote pool, resets and other engines' events
             # are matched on the events (app.runtime.selection), not on these columns
             self.columns_answer_filters = False
-        if not (bounds is None and self._seqs is None and col.journal_fed and self._journal_tick(r0, r1)):
+        if not (bounds is None and self._seqs is None and col.journal_fed and self._journal_tick(r0, r1, int(seqs[-1]))):
             self._series_on(r0, ends)
             self._keep_newest(r0, r1)
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
@@ -765,8 +772,8 @@ class LiveColumnarLog(ColumnarEventLog):
         self._live = None
         self._index.clear()
 
-    def _journal_tick(self, r0: int, r1: int) -> bool:
-        """The series and the live pool moved on over rows [r0, r1) in one compiled pass
+    def _journal_tick(self, r0: int, r1: int, last_seq: int) -> bool:
+        """The series and the live pool moved on over rows [r0, r1) (`last_seq`: row r1 - 1's) in one compiled pass
         (`_journal_loop`), where `_series_on` and `ColumnarLog._advance` each made one: a tick
         of an attached server's journal, one row an event, no request ever holding a block,
         rows that only store, evict or clear. False, nothing moved, for any other rows (a
@@ -809,7 +816,7 @@ class LiveColumnarLog(ColumnarEventLog):
                             c.num_evicted_blocks + evictions, c.num_refused_requests, c.num_finished_requests,
                             c.num_hash_collisions)
         col._heads_after = (r1, col._head_count(r0))  # no row prepends to the free queue's head
-        self._live_arrays = PoolArrays(int(col.values_at("seq", r1 - 1)), r1, ref, hk, pos, counters)
+        self._live_arrays = PoolArrays(last_seq, r1, ref, hk, pos, counters)
         return True
 
     def _no_refs(self, n: int) -> np.ndarray:
