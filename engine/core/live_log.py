@@ -757,7 +757,8 @@ class LiveColumnarLog(ColumnarEventLog):
             # tiers, ranks and servers of a remote pool, resets and other engines' events
             # are matched on the events (app.runtime.selection), not on these columns
             self.columns_answer_filters = False
-        if not (bounds is None and self._seqs is None and col.journal_fed and self._journal_tick(r0, r1, int(seqs[-1]))):
+        fused = bounds is None and self._seqs is None and col.journal_fed
+        if not (fused and self._journal_tick(r0, r1, int(seqs[-1]))):
             self._series_on(r0, ends)
             self._keep_newest(r0, r1)
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
@@ -773,11 +774,12 @@ class LiveColumnarLog(ColumnarEventLog):
         self._index.clear()
 
     def _journal_tick(self, r0: int, r1: int, last_seq: int) -> bool:
-        """The series and the live pool moved on over rows [r0, r1) (`last_seq`: row r1 - 1's) in one compiled pass
-        (`_journal_loop`), where `_series_on` and `ColumnarLog._advance` each made one: a tick
-        of an attached server's journal, one row an event, no request ever holding a block,
-        rows that only store, evict or clear. False, nothing moved, for any other rows (a
-        ref row, a lookup): the two passes then. The same counts, hashes, places and counters."""
+        """The series and the live pool moved on over rows [r0, r1) (`last_seq` the seq of row
+        r1 - 1) in one compiled pass (`_journal_loop`), where `_series_on` and
+        `ColumnarLog._advance` each made one: a tick of an attached server's journal, one row
+        an event, no request ever holding a block, rows that only store, evict or clear.
+        False, nothing moved, for any other rows (a ref row, a lookup): the two passes then.
+        The same counts, hashes, places and counters."""
         loop = _compiled_journal_loop()
         if loop is None or self._any_ref or r1 <= r0:
             return False
