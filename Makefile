@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 WARM := $(VENV)/.warm
 # uv installs the same pinned set as pip would (constraints.txt pins every package; both gave
-# the same `pip freeze`) in about half the time: it downloads in parallel and does not
-# byte-compile the packages' 14,000 .py files (Python compiles what it imports, once).
+# the same `pip freeze`) in about half the time: it downloads in parallel; the packages'
+# 14,000 .py files are byte-compiled after it, in one step of their own (below).
 # torch alone goes through pip: the machine's CPU wheel of torch is found through pip's own
 # configuration (find-links in pip.conf or PIP_FIND_LINKS), which uv does not read; given
 # torch==2.13.0 from anywhere else, uv would fetch PyPI's multi-GB CUDA build. uv then keeps
