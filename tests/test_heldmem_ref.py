@@ -80,7 +80,7 @@ def test_a_big_tick_hands_the_heaps_freed_pages_back(journal_ctx, monkeypatch):
     import app.runtime.state as state_mod
 
     released = []
-    monkeypatch.setattr(state_mod, "release_freed", lambda: released.append(1) or True)
+    monkeypatch.setattr(state_mod, "release_freed_soon", lambda: released.append(1) or True)
     monkeypatch.setattr(state_mod, "RELEASE_ROWS", 10_000)
     made = _journal_ticks(journal_ctx.state, NUM_BLOCKS, 1)  # 8,192 rows a tick: none released
     assert max(made) < 10_000 and not released

@@ -504,6 +504,7 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
     frame of 64 removals and 64 stores applied as an attach's tick applies it; beside it,
     after a change of version alone and with no change, as `bench_remote_redraw` times
     its pool)."""
+    from app.runtime.allocator import wait_released
     from app.runtime.context import make_test_context
     from engine.remote import fastwire
     from engine.remote.overlay import journal_pool_class
@@ -535,6 +536,7 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
             _take_journal(pool, state)
             hold_s += time.perf_counter() - t
             gc.collect()
+            wait_released()  # the big ticks' heap trims, on a thread of their own, done
             rss1 = _rss_bytes()
             app.processEvents()
             state.version += 1

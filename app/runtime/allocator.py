@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD = 4 << 20
@@ -76,3 +77,51 @@ def release_freed() -> bool:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):  # another C library: nothing to hand back this way
         return False
+
+
+class _Releaser:
+    """The thread that runs `release_freed` when asked (`release_freed_soon`), made at the first
+    request: runs asked for and done, counted, under one condition."""
+
+    cond = threading.Condition()
+    asked = 0
+    done = 0
+    thread: threading.Thread | None = None
+
+
+def release_freed_soon() -> None:
+    """`release_freed` on a thread of its own, so that the caller (the window's thread) does
+    not wait for it: malloc_trim walks the whole heap, and a heap left by other work is large
+    (41.6 ms of one attached window's tick, after `bench all`'s stream and attach benches had
+    run in the process; ctypes lets the GIL go while it runs). Requests made while one runs
+    are served by one run after it (what was freed since is handed back too). The thread is
+    started at the first request and waits for the next."""
+    with _Releaser.cond:
+        _Releaser.asked += 1
+        if _Releaser.thread is None:
+            _Releaser.thread = threading.Thread(target=_release_when_asked, name="cachescope-release-freed",
+                                                daemon=True)
+            _Releaser.thread.start()
+        _Releaser.cond.notify_all()
+
+
+def _release_when_asked() -> None:
+    cond = _Releaser.cond
+    while True:
+        with cond:
+            cond.wait_for(lambda: _Releaser.done < _Releaser.asked)
+            upto = _Releaser.asked
+        try:
+            release_freed()
+        finally:
+            with cond:
+                _Releaser.done = upto
+                cond.notify_all()
+
+
+def wait_released(timeout: float | None = None) -> bool:
+    """Wait until every run asked of `release_freed_soon` so far is done (a memory reading
+    taken then sees the pages they hand back); False if `timeout` seconds passed first."""
+    with _Releaser.cond:
+        upto = _Releaser.asked
+        return _Releaser.cond.wait_for(lambda: _Releaser.done >= upto, timeout)

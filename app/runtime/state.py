@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.runtime.allocator import release_freed
+from app.runtime.allocator import release_freed_soon
 from engine.remote.overlay import RemoteOverlay
 from engine.core.events import Event
 from engine.core.live_log import LiveColumnarLog
@@ -52,7 +52,8 @@ def is_eviction(event: Event) -> bool:
 REMOTE_CHECKPOINTS = 4
 REMOTE_CHECKPOINT_EVENTS = 1 << 17
 # A tick of an attached server's journal this many rows or more hands the heap's freed
-# pages back (app.runtime.allocator.release_freed, ~1.5 ms): its temporaries of 0.5-4 MiB,
+# pages back, on a thread of its own (app.runtime.allocator.release_freed_soon: ~1.5 ms on the
+# window's own heap, tens of ms on a large one): its temporaries of 0.5-4 MiB,
 # under the mmap threshold, stayed resident as holes (bench held's ticks of 524,288 rows:
 # 25-30 B a block at 1M). A tick of the attach route (~4,400 rows) never pays for it.
 RELEASE_ROWS = 1 << 16
@@ -213,7 +214,7 @@ class PoolState(QObject):
             if self.remote is not None:  # the slots of the stored and removed rows, as placed
                 self.remote.observe_journal(block.journal, times, self.log.live, block.slots, block.pool, block.rank)
         if made >= RELEASE_ROWS:
-            release_freed()
+            release_freed_soon()
         self.journal_seconds = time.perf_counter() - started  # the append and overlay, not the views
         if not made:
             return 0
