@@ -4,6 +4,7 @@ then the watch ends."""
 
 from __future__ import annotations
 
+import threading
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject
 from PySide6.QtWidgets import QLabel
@@ -31,7 +32,11 @@ def test_freed_pages_go_back_after_the_paints_that_follow_an_open(qtbot, tmp_pat
     releases: list[int] = []
     paints = _Paints()
     QCoreApplication.instance().installEventFilter(paints)
-    monkeypatch.setattr(replays_mod, "release_freed", lambda: releases.append(paints.num_paints) or True)
+    # the worker trims at once (`release_freed`, on its thread); the trims after the paints are
+    # asked of the releaser's thread (`release_freed_soon`): the GUI thread never waits for one
+    on_threads: list[str] = []
+    monkeypatch.setattr(replays_mod, "release_freed", lambda: on_threads.append(threading.current_thread().name) or True)
+    monkeypatch.setattr(replays_mod, "release_freed_soon", lambda: releases.append(paints.num_paints))
     monkeypatch.setattr(replays_mod._ReleaseAfterPaints, "SETTLE_MS", 300)
     ctx = make_test_context(tmp_path / "ctx")
     try:
@@ -43,7 +48,7 @@ def test_freed_pages_go_back_after_the_paints_that_follow_an_open(qtbot, tmp_pat
         replays = TraceReplays(ctx)
         with qtbot.waitSignal(replays.sigShown, timeout=120_000):
             replays.start(path, num_blocks=300)
-        shown_at = len(releases)  # the worker's own releases, before the views had the log
+        shown_at = len(releases)
         painted_at = paints.num_paints
         qtbot.waitUntil(lambda: len(releases) > shown_at and releases[-1] > painted_at, timeout=5000)
         watches = replays.findChildren(replays_mod._ReleaseAfterPaints)
@@ -55,6 +60,7 @@ def test_freed_pages_go_back_after_the_paints_that_follow_an_open(qtbot, tmp_pat
         qtbot.waitUntil(lambda: paints.num_paints > painted, timeout=2000)
         qtbot.wait(50)
         assert len(releases) == after
+        assert on_threads and threading.main_thread().name not in on_threads
     finally:
         QCoreApplication.instance().removeEventFilter(paints)
         ctx.shutdown()

@@ -160,6 +160,8 @@ for _ in range(5):  # the frame the views draw after the last batch
 elapsed = time.perf_counter() - t0
 block_size = trace_block_size(path)
 gc.collect()
+from app.runtime.allocator import wait_released
+wait_released(10)  # the trims after the views' first paints, on the releaser's thread, done
 grown = rss() - rss0
 log = ctx.state.log
 columnar = getattr(log, "columnar", None)  # the kernel's log; None when the Python engine ran

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, QTimer, Signal
 
-from app.runtime.allocator import release_freed
+from app.runtime.allocator import release_freed, release_freed_soon
 from app.runtime.bridge import engine_info
 from app.runtime.context import JobCancelled, Subject
 from app.runtime.jobs import error_sentence, trace_block_size
@@ -142,7 +142,9 @@ class _ReleaseAfterPaints(QObject):
     """For `SETTLE_MS` after an open, each paint of a window is followed by `release_freed`:
     the views' first draws of a whole log come over several paints (throttled redraws,
     pyqtgraph's images and paths made at the paint), and the temporaries they free, 1.4 MB
-    over the Mooncake trace, glibc otherwise keeps resident. A trim costs ~0.3 ms here."""
+    over the Mooncake trace, glibc otherwise keeps resident. The trim runs on the releaser's
+    thread (`release_freed_soon`): ~0.3 ms on a fresh window's heap, but it walks the whole
+    heap, and on one left large by an earlier attach it took tens of ms of a GUI tick."""
 
     SETTLE_MS = 1000
 
@@ -161,7 +163,7 @@ class _ReleaseAfterPaints(QObject):
 
     def _release(self) -> None:
         self._pending = False
-        release_freed()
+        release_freed_soon()
 
     def _stop(self) -> None:
         self._app.removeEventFilter(self)
