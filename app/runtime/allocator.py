@@ -34,6 +34,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD = 4 << 20
@@ -81,12 +82,21 @@ def release_freed() -> bool:
 
 class _Releaser:
     """The thread that runs `release_freed` when asked (`release_freed_soon`), made at the first
-    request: runs asked for and done, counted, under one condition."""
+    request: runs asked for and done, counted, under one condition; when the oldest request
+    not yet served was made (`time.monotonic`)."""
 
     cond = threading.Condition()
     asked = 0
     done = 0
+    first_asked = 0.0
     thread: threading.Thread | None = None
+
+
+# A run starts this long after the request it serves: the caller asks from inside the work
+# whose temporaries it means to hand back (a journal tick), and frees them as it returns. Run
+# at once, the trim raced that and mostly lost: the 1M-block pool of bench held's child kept
+# 25.5 MB of freed heap (25 B a block) that a trim made after the tick handed back.
+RELEASE_DELAY_S = 0.1
 
 
 def release_freed_soon() -> None:
@@ -94,9 +104,12 @@ def release_freed_soon() -> None:
     not wait for it: malloc_trim walks the whole heap, and a heap left by other work is large
     (41.6 ms of one attached window's tick, after `bench all`'s stream and attach benches had
     run in the process; ctypes lets the GIL go while it runs). Requests made while one runs
-    are served by one run after it (what was freed since is handed back too). The thread is
-    started at the first request and waits for the next."""
+    are served by one run after it (what was freed since is handed back too). A run starts
+    `RELEASE_DELAY_S` after the oldest request it serves, so that the caller has freed what
+    it was working on. The thread is started at the first request and waits for the next."""
     with _Releaser.cond:
+        if _Releaser.done == _Releaser.asked:
+            _Releaser.first_asked = time.monotonic()
         _Releaser.asked += 1
         if _Releaser.thread is None:
             _Releaser.thread = threading.Thread(target=_release_when_asked, name="cachescope-release-freed",
@@ -110,12 +123,17 @@ def _release_when_asked() -> None:
     while True:
         with cond:
             cond.wait_for(lambda: _Releaser.done < _Releaser.asked)
+            delay = _Releaser.first_asked + RELEASE_DELAY_S - time.monotonic()
+            if delay > 0:
+                cond.wait(delay)  # (woken early by another request or a waiter: looked at again)
+                continue
             upto = _Releaser.asked
         try:
             release_freed()
         finally:
             with cond:
                 _Releaser.done = upto
+                _Releaser.first_asked = time.monotonic()  # the requests made during the run: from its end
                 cond.notify_all()
 
 
