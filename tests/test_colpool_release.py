@@ -143,10 +143,10 @@ def _is_wide(pool: ColumnarPool) -> bool:
     return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype) == (JS_WIDE, np.int64, np.int64)
 
 
-def test_a_journalled_pool_keeps_17_bytes_a_store_and_narrow_slot_columns():
+def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
     pool = ColumnarPool("t", journal=True)
     pool.apply_many(_batches(2_000))
-    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 17
+    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 13
     assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
     j = pool.journal_since(0)
     assert j.tokens.base is not None and np.all(np.asarray(j.token_count) == 16)

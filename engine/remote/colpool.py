@@ -32,7 +32,7 @@ Python object per block, per hash or per token id:
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
   a block that is 56 bytes a slot (a journalled pool's 48, its store row's number in
-  them, beside the 17 of the store row), 32 of token ids and 5.7 of the table (at a load
+  them, beside the 13 of the store row), 32 of token ids and 5.7 of the table (at a load
   of 0.7), with the arrays' room to grow (an eighth) on top.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
@@ -95,11 +95,13 @@ its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
     j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
     j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
 
-The per-store arrays are fields of one packed array (17 bytes a store: uint64 parent,
-uint32 token start, uint16 token count and tenant, uint8 width; widened once, with L and
-`SO`, before a value would not fit); the rows are int64 columns of J. Read them as numpy
-arrays of those types (`np.asarray(j.tenant, np.int64)` before arithmetic that may go
-below 0).
+The per-store arrays are fields of one packed array (13 bytes a store: uint64 parent,
+uint16 token count and tenant, uint8 width; widened once, with L and `SO`, before a value
+would not fit); the rows are int64 columns of J. Read them as numpy arrays of those types
+(`np.asarray(j.tenant, np.int64)` before arithmetic that may go below 0). A store's token
+start is not kept: a journalled pool appends every store's token ids in store order, so it
+is the sum of the counts before it (`TokenStarts`, which keeps that sum at every 256th
+store: `j.token_start[o]` reads it, an int or an array, as a field would be read).
 
 Row numbers are global: `release_journal(row)` says a reader copied what it reads of the
 rows before `row`, and the pool drops them once enough are released (into a new array:
@@ -116,6 +118,7 @@ recorded fixture and on corrupted frames.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from itertools import repeat
 from operator import attrgetter, is_, is_not
@@ -165,15 +168,14 @@ S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, 
 NUM_S = 22  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
 # S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
-# stored block, its store row (kept for good): packed, 17 bytes, the narrowest exact types,
-# widened once to JS_WIDE (25) before a token start would pass 2**32 - 1, a block's token
-# count 2**16 - 1 or a tenant number 2**16 - 1 (`ColumnarPool._widen`)
+# stored block, its store row (kept for good): packed, 13 bytes, the narrowest exact types,
+# widened once to JS_WIDE (17) before a block's token count would pass 2**16 - 1 or a tenant
+# number 2**16 - 1, or (with L) a token start 2**32 - 1 (`ColumnarPool._widen`). No token
+# start: each store's ids follow the one before's in the token array (`TokenStarts`)
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
-JS_NARROW = np.dtype([("parent", np.uint64), ("tok0", np.uint32), ("ntok", np.uint16), ("tenant", np.uint16),
-                      ("pwidth", np.uint8)])
-JS_WIDE = np.dtype([("parent", np.uint64), ("tok0", np.int64), ("ntok", np.uint32), ("tenant", np.uint32),
-                    ("pwidth", np.uint8)])
+JS_NARROW = np.dtype([("parent", np.uint64), ("ntok", np.uint16), ("tenant", np.uint16), ("pwidth", np.uint8)])
+JS_WIDE = np.dtype([("parent", np.uint64), ("ntok", np.uint32), ("tenant", np.uint32), ("pwidth", np.uint8)])
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2
 # per tier (int64): present, creation order, hashes, copies beyond one per hash, hashes
 # without token ids, when it first held an extra copy
@@ -651,7 +653,9 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tenant):  # pragma: no cover
+def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, ntok, tenant):  # pragma: no cover
+    # (the store's token ids were just appended at the token array's end: their start is
+    # the sum of the counts before, not kept; `TokenStarts`)
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
     r = JS[o]
@@ -661,7 +665,6 @@ def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, tok0, ntok, tena
     else:
         r.parent = 0
         r.pwidth = 0
-    r.tok0 = tok0
     r.ntok = ntok
     r.tenant = tenant + 1
     S[S_JSTORES] = o + 1
@@ -770,7 +773,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 u = S[S_TOKUSED]
                 _copy_ids(tok, u, ftok, t0 + a, n_i)
                 S[S_TOKUSED] = u + n_i
-                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
+                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
         else:
             s = S[S_FREE] - 1
             S[S_FREE] = np.int64(L[s, L_TOK])
@@ -825,7 +828,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 TI[t, T_NOTOK] += 1
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
-                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, u, n_i, tenant)
+                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
         _om_unremove(om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
@@ -1748,7 +1751,8 @@ class JournalRows:
         self.key = J[:, J_KEY].view(np.uint64)
         JS = pool.JS[:int(pool.S[S_JSTORES])]
         self.parent, self.parent_width = JS["parent"], JS["pwidth"]
-        self.token_start, self.token_count, self.tenant = JS["tok0"], JS["ntok"], JS["tenant"]
+        self.token_count, self.tenant = JS["ntok"], JS["tenant"]
+        self.token_start = TokenStarts(pool.token_marks, self.token_count)
         self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
 
     def __len__(self) -> int:
@@ -1762,6 +1766,88 @@ class JournalRows:
         """The token ids of stored block `store` (a view of the pool's token array)."""
         a = int(self.token_start[store])
         return self.tokens[a:a + int(self.token_count[store])]
+
+
+class TokenMarks:
+    """A journalled pool's token start at every `STEP`-th store (`marks[i]`: store
+    i * STEP's), the sum of the token counts before it: each store's ids are appended after
+    the one before's (the journal's token array only grows). Made up to the stores a reader
+    asks for, under a lock (the GUI thread and a worker may both read; the stores read are
+    written and never change). 8 bytes per 256 stores, where a start in each store row was 4."""
+
+    STEP = 256
+
+    def __init__(self) -> None:
+        self.marks = np.zeros(1, np.int64)  # store 0 starts at 0
+        self._lock = threading.Lock()
+
+    def upto(self, store: int, counts: np.ndarray) -> np.ndarray:
+        """The marks, made at least up to `store`'s (`counts`: the stores' token counts, a view
+        reaching at least that far)."""
+        need = store // self.STEP + 1
+        marks = self.marks
+        if len(marks) >= need:
+            return marks
+        with self._lock:
+            marks = self.marks
+            have = len(marks)
+            if have < need:
+                step = self.STEP
+                sums = np.add.reduceat(np.asarray(counts[(have - 1) * step:(need - 1) * step], np.int64),
+                                       np.arange(0, (need - have) * step, step))
+                grown = np.empty(need, np.int64)
+                grown[:have] = marks
+                np.cumsum(sums, out=grown[have:])
+                grown[have:] += marks[-1]
+                self.marks = marks = grown
+        return marks
+
+
+class TokenStarts:
+    """`JournalRows.token_start`: each store's token start, read as a field of the per-store
+    rows would be (`starts[o]` for an int, an array of stores or a slice; `np.asarray`
+    whole), from the pool's `TokenMarks` and the stores' counts."""
+
+    __slots__ = ("_marks", "_counts")
+
+    def __init__(self, marks: TokenMarks, counts: np.ndarray) -> None:
+        self._marks, self._counts = marks, counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __getitem__(self, at: Any) -> Any:
+        counts = self._counts
+        if isinstance(at, (int, np.integer)):
+            o = int(at)
+            if o < 0:
+                o += len(counts)
+            if not 0 <= o < len(counts):
+                raise IndexError(f"store {at} is not one of the {len(counts):,} stores")
+            step = TokenMarks.STEP
+            base = o - o % step
+            marks = self._marks.upto(o, counts)
+            return int(marks[o // step]) + int(np.asarray(counts[base:o], np.int64).sum())
+        if isinstance(at, slice):
+            return self.whole()[at]
+        stores = np.asarray(at, np.int64)
+        if not len(stores):
+            return np.zeros(0, np.int64)
+        if stores.min() < 0 or stores.max() >= len(counts):
+            raise IndexError(f"stores {stores.min()}..{stores.max()} are not all of the {len(counts):,} stores")
+        return self.whole()[stores] if len(stores) > len(counts) // TokenMarks.STEP else \
+            np.fromiter((self[int(o)] for o in stores), np.int64, len(stores))
+
+    def whole(self) -> np.ndarray:
+        """Every store's token start (int64, 8 bytes a store: made when asked)."""
+        counts = np.asarray(self._counts, np.int64)
+        out = np.zeros(len(counts), np.int64)
+        np.cumsum(counts[:-1], out=out[1:])
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.whole()
+        return out if dtype is None else out.astype(dtype)
 
 
 # ---- the pool -------------------------------------------------------------------------
@@ -1800,6 +1886,7 @@ class ColumnarPool:
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
         self.JS = np.zeros(1024 if journal else 0, JS_NARROW)
+        self.token_marks = TokenMarks()  # each 256th store's token start (`TokenStarts`)
         self._journal_taken = 0  # global rows, as journal_since's
         self.journal_base = 0  # the global number of the first row J holds (rows before it released)
         self._journal_released_to = 0  # the furthest row a reader released
