@@ -39,9 +39,10 @@ def test_a_stream_that_names_no_tenant_keeps_no_table_of_hashes():
     assert placer.table.nbytes <= 8 * 1024  # was n / TABLE_LOAD entries of 8 bytes: 16 to 18 a hash held
     assert int(placer.state[8]) == 0
     # a record without its hash's next holder (B_LNEXT) or its hash's code (B_CODE_LO/HI,
-    # read only by the table; e45e70e): 12 bytes, grown by an eighth at most
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 3
-    assert placer.blocks.nbytes <= 12 * n * 9 // 8
+    # read only by the table; e45e70e), nor its slot's next copy (no copy came: no `nxt`):
+    # 8 bytes, grown by an eighth at most
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 2 and not len(placer.nxt)
+    assert placer.blocks.nbytes <= 8 * n * 9 // 8
     # a first tenant: the table of the hashes held is made, each parent's holder found from then on
     k = 3
     more = rng.integers(1, 1 << 63, k, dtype=np.int64)
@@ -50,7 +51,7 @@ def test_a_stream_that_names_no_tenant_keeps_no_table_of_hashes():
                        np.zeros(k, np.int64), 3, nb)
     assert got[1].tolist() == [0, 0, 0]  # each parent's holder has no tenant: its own named none
     assert int(placer.state[8]) == 1 and int(placer.state[5]) == n + k
-    assert placer.blocks.shape[1] == 6 and (placer.blocks[:n + k, 5] == -1).all()  # one holder a hash
+    assert placer.blocks.shape[1] == 5 and (placer.blocks[:n + k, 4] == -1).all()  # one holder a hash
     assert n / TABLE_LOAD < len(placer.table) <= (n + k) / TABLE_LOAD * 9 / 8 + 1
 
 

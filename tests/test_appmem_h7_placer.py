@@ -73,9 +73,11 @@ def test_a_record_is_12_bytes_until_a_tenant_comes():
     assert isinstance(placer, _CompiledPlacer) and int(placer.state[8]) == 0
     nb = int(placer.state[1])
     assert nb > 1000
-    # three int32 fields a record (hash id, owner, slot's next copy), grown by an eighth at most
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 3
-    assert placer.blocks.nbytes <= 12 * max(1024, nb * 9 // 8)
+    # two int32 fields a record (hash id, owner), grown by an eighth at most; each record's
+    # slot's next copy in an array of its own, made at the first copy (none or 4 bytes a block)
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 2
+    assert placer.blocks.nbytes <= 8 * max(1024, nb * 9 // 8)
+    assert placer.nxt.nbytes <= 4 * max(1024, nb * 9 // 8)
     # codes kept here only between a call and its commit
     assert not placer._recent  # every call committed: no code kept here
 
@@ -117,7 +119,7 @@ def test_a_first_tenant_with_ticks_placed_and_not_committed_places_as_the_refere
     known, kept, calls = made[0]
     assert known > 0 and kept > 0 and calls >= 2  # codes read from both places
     placer = got.columnar.store_attributes.placer
-    assert int(placer.state[8]) == 1 and placer.blocks.shape[1] == 6 and not placer._recent
+    assert int(placer.state[8]) == 1 and placer.blocks.shape[1] == 5 and not placer._recent
     assert _said(got) == _said(ref)
     tenants = _tenants(got)
     assert tenants == _tenants(ref)

@@ -86,3 +86,55 @@ def test_arrays_stay_int32_and_widen_once_a_number_would_not_fit(monkeypatch):
         nb, nb_ref, r0 = got[3], ref[3], r0 + len(got[0])
         kinds.add(placer.blocks.dtype.name)
     assert kinds == {"int32", "int64"}
+
+
+def _tick_both(placer, ref_placer, state, ops, slots):
+    """One tick of rows through the compiled placer and the reference; their rows, tenants,
+    births and blocks must agree (state: [nb, nb_ref, r0, first key])."""
+    nb, nb_ref, r0, k0 = state
+    n = len(ops)
+    keys = list(range(k0, k0 + n))
+    codes = [1000 + k for k in keys]
+    ref = _place(ref_placer, nb_ref, list(ops), list(slots), keys, 3, [0] * n, r0, [(c, 1) for c in codes],
+                 [None] * n, [0] * n)
+    got = placer.place(nb, np.array(ops, np.int64), np.array(slots, np.int64), np.array(keys, np.int64),
+                       np.array(codes, np.int64), np.ones(n, np.int64), np.zeros(n, np.int64),
+                       np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), 3, r0)
+    assert got[1].tolist() == list(ref[1]) and got[2].tolist() == list(ref[2])
+    assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3]
+    state[:] = [got[3], ref[3], r0 + len(got[0]), k0 + n]
+
+
+def test_a_slot_s_next_copy_is_kept_from_the_first_copy_on():
+    # a record keeps no next copy of its slot (8 bytes, not 12): until a store to a slot that
+    # holds a copy, every slot holds one at most, and `nxt` is made at the first such store,
+    # not at a removal and store of one slot in a tick (an evicting pool's usual reuse)
+    rng = np.random.default_rng(17)
+    placer, ref_placer, state = _CompiledPlacer(), _Placer(), [0, 0, 0, 0]
+    held: set[int] = set()
+    for _ in range(40):  # no copy: stores to free slots, removals of held ones, a slot freed and taken again
+        ops, slots = [], []
+        for _ in range(30):
+            if held and (rng.random() < 0.45 or len(held) == 48):
+                s = int(rng.choice(sorted(held)))
+                held.discard(s)
+                ops.append(OP_REMOVED)
+            else:
+                free = sorted(set(range(48)) - held)
+                s = int(rng.choice(free))
+                held.add(s)
+                ops.append(OP_STORED)
+            slots.append(s)
+        _tick_both(placer, ref_placer, state, ops, slots)
+        assert not len(placer.nxt)
+    s = int(rng.choice(sorted(held)))
+    _tick_both(placer, ref_placer, state, [OP_REMOVED, OP_STORED], [s, s])  # freed and taken again: no copy
+    assert not len(placer.nxt)
+    _tick_both(placer, ref_placer, state, [OP_STORED, OP_REMOVED, OP_STORED], [s, s, s])  # the first copy
+    assert len(placer.nxt) >= state[0]
+    for t in range(40):  # copies, removals of the oldest, clears
+        ops = [int(o) for o in rng.choice([OP_STORED, OP_STORED, OP_REMOVED], 30)]
+        if t % 9 == 8:
+            ops[15] = 2  # a clear of this stream's held blocks
+        _tick_both(placer, ref_placer, state, ops, rng.integers(0, 48, 30).tolist())
+    assert len(placer.nxt) >= state[0]

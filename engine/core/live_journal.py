@@ -913,17 +913,20 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 
 
 # A placed block's record: one row of `_CompiledPlacer.blocks`, so what a store or a removal
-# reads and writes of a block is one or two cache lines (24 bytes while int32), not one per
+# reads and writes of a block is one or two cache lines (20 bytes while int32), not one per
 # array: the placer's state outgrows the caches, and the loop waited on a miss per field.
 # B_CODE_LO, B_CODE_HI and B_LNEXT come last: a placer that keeps no table of hashes keeps no
-# such fields (12 bytes a record, not 24): only a lookup in the table reads a record's hash,
+# such fields (8 bytes a record, not 20): only a lookup in the table reads a record's hash,
 # and the log's key table (`JournalKeys`) has every hash id's code (`_CompiledPlacer._codes`).
-B_CUR, B_OWN, B_NEXT, B_CODE_LO, B_CODE_HI, B_LNEXT = range(6)
+B_CUR, B_OWN, B_CODE_LO, B_CODE_HI, B_LNEXT = range(5)
 NUM_BARE_FIELDS = B_CODE_LO  # a record's fields while no table is kept
 # B_OWN holds tenant << (RB + 2) | rank << 2 | the width code of the block's hash (0, 1 or 2:
 # colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
-# B_CUR the hash id it holds (-1: vacant); B_NEXT its slot's next copy, B_LNEXT its hash's next holder.
-# Its slot is not kept: only a clear needs it, and a clear mends every slot's FIFO at once.
+# B_CUR the hash id it holds (-1: vacant); B_LNEXT its hash's next holder. Its slot is not
+# kept: only a clear needs it, and a clear mends every slot's FIFO at once. A record's slot's
+# next copy is not in the record: `_CompiledPlacer.nxt`, an array made at the first copy (a
+# store to a slot that holds one already, which vLLM's streams seldom make): until then each
+# slot holds one copy at most, and its FIFO is its one copy (4 bytes a block not kept).
 # An entry of the table of hashes (`_CompiledPlacer.table`, int64): the hash's tag
 # (`_ht_tag`, whose high bits choose its home entry: `_ht_home`) << 32 | its oldest holder; -1 is
 # empty. The (code, width) a tag stands for is the holder's record's: 8 bytes an entry, not 13.
@@ -941,7 +944,7 @@ SMALL_TABLE = 1 << 18
 
 
 def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
-                batch_of_pair, blocks, fifo, vacant, table, state, out, table_pair, table_batch, born,
+                batch_of_pair, blocks, fifo, nxt, vacant, table, state, out, table_pair, table_batch, born,
                 store_tenants, slots_out):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows, and what
     `prepare_journal` adds to them: each row's seq (`seq0` on) and a store's id (`store0` on),
@@ -953,7 +956,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     stored and removed rows, B_OWN's rank bits, 1 once the table is kept (`_make_table`:
     till then no hash is looked up, and every block's tenant is its store's own, none)].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
-    of its copies (`fifo`: its oldest, then B_NEXT) gives a removal its oldest copy; per hash
+    of its copies (`fifo`: its oldest, then `nxt`; an empty `nxt`, before a first copy: a
+    slot's one copy at most) gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
     store its parent's holder. A hash whose last holder goes leaves the table: it holds the
     hashes held now, not every hash ever stored (a table that outgrew the caches cost a miss
@@ -986,14 +990,16 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             code = hcode[i]
             wide = hwide[i]
             blocks[b, B_OWN] = (rank << 2) | wide  # its tenant below, once its parent is looked up
-            blocks[b, B_NEXT] = -1
+            if len(nxt):
+                nxt[b] = -1
             x = fifo[s]
             if x < 0:
                 fifo[s] = b
-            else:  # after the slot's last copy (mostly none: a slot's copy goes before it is stored again)
-                while blocks[x, B_NEXT] >= 0:
-                    x = blocks[x, B_NEXT]
-                blocks[x, B_NEXT] = b
+            else:  # after the slot's last copy (mostly none: a slot's copy goes before it is stored
+                # again; `place_rows` made `nxt` before a call with a copy: `_copies_ahead`)
+                while nxt[x] >= 0:
+                    x = nxt[x]
+                nxt[x] = b
             blocks[b, B_CUR] = key0 + i
             t = tenants[s_n]
             if keep and pwide[s_n] > 0:
@@ -1018,7 +1024,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             s = pslots[i]
             if s >= 0 and fifo[s] >= 0:
                 b = fifo[s]
-                fifo[s] = blocks[b, B_NEXT]
+                fifo[s] = nxt[b] if len(nxt) else -1
                 blocks[b, B_CUR] = -1
                 vacant[state[0]] = b
                 state[0] += 1
@@ -1047,7 +1053,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                     if keep:
                         _unlink_hash(x, blocks, table, state)
             if any_held:
-                _mend_fifos(fifo, blocks)
+                _mend_fifos(fifo, blocks, nxt)
             else:
                 _put_row(out, table_pair, table_batch, o_n, 10, i, -1, -1, stores[i], 0, seq0, of_pair,
                          batch_of_pair)
@@ -1305,26 +1311,70 @@ def _slot_run(slot, lo, have, offset, out):  # pragma: no cover - compiled
     return top
 
 
-def _mend_fifos(fifo, blocks):  # pragma: no cover - compiled
+def _mend_fifos(fifo, blocks, nxt):  # pragma: no cover - compiled
     """Each slot's FIFO without the copies a clear just made vacant (B_CUR -1): every copy
-    a FIFO holds is held until then, and a record does not keep its slot."""
+    a FIFO holds is held until then, and a record does not keep its slot (no `nxt`: a slot's
+    one copy at most)."""
+    if not len(nxt):
+        for s in range(len(fifo)):
+            x = fifo[s]
+            if x >= 0 and blocks[x, B_CUR] < 0:
+                fifo[s] = -1
+        return
     for s in range(len(fifo)):
         x = fifo[s]
         while x >= 0 and blocks[x, B_CUR] < 0:
-            x = blocks[x, B_NEXT]
+            x = nxt[x]
         fifo[s] = x
         while x >= 0:
-            y = blocks[x, B_NEXT]
+            y = nxt[x]
             while y >= 0 and blocks[y, B_CUR] < 0:
-                y = blocks[y, B_NEXT]
-            blocks[x, B_NEXT] = y
+                y = nxt[y]
+            nxt[x] = y
             x = y
+
+
+def _copies_ahead(ops, pslots, fifo, was):  # pragma: no cover - compiled
+    """Whether placing these rows would make a first copy (a store to a slot holding one), for
+    a placer that keeps no `nxt` yet (each slot one copy at most): the rows followed on the
+    slots' FIFOs, a store marking its slot held (-2), a removal of a held slot emptying it
+    (-3), as `_place_loop` would, and the FIFOs put back as they were (`was`: room for a row
+    each). A clear's rows count as freeing nothing (at worst `nxt` is made a call early)."""
+    for i in range(len(ops)):  # the slots' lines asked for side by side first (`_fetch_ahead`)
+        if pslots[i] >= 0:
+            _prefetch(fifo, pslots[i])
+    found = False
+    n = 0
+    for i in range(len(ops)):
+        o = ops[i]
+        if o == 2:
+            continue
+        s = pslots[i]
+        if s < 0:
+            continue
+        x = fifo[s]
+        if x > -2:  # not marked yet: kept to put back
+            was[n] = s
+            n += 1
+            was[n] = x
+            n += 1
+        if o == 0:
+            if x >= 0 or x == -2:
+                found = True
+                break
+            fifo[s] = -2
+        elif x >= 0 or x == -2:
+            fifo[s] = -3
+    for j in range(n - 2, -1, -2):
+        fifo[was[j]] = was[j + 1]
+    return found
 
 
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
-    block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
-    all int32 (a block's record 12 B), each widened once to int64 before a number it must
+    block (`blocks`, B_*), the oldest copy of each slot (`fifo`), each record's slot's next
+    copy (`nxt`, made at the first copy: `_copies_ahead`), the stack of vacant blocks, all
+    int32 (a block's record 8 B), each widened once to int64 before a number it must
     hold would not fit (`_fit`); and the table of hashes held (int64 entries) with each
     record's hash code and next holder of its hash (B_CODE_LO, B_CODE_HI, B_LNEXT: 12 B more
     a record), made at the first store that names a tenant (`state[8]`, `_make_table`): it
@@ -1340,7 +1390,7 @@ class _CompiledPlacer:
 
     def __init__(self, keys: JournalKeys | None = None) -> None:
         (self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build,
-         self.slot_run) = _compiled()
+         self.slot_run, self.copies_ahead) = _compiled()
         self.state = np.zeros(9, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
@@ -1351,6 +1401,7 @@ class _CompiledPlacer:
         # thread, dropped from the left on the committing one (a deque does both atomically)
         self._recent: deque[tuple[int, np.ndarray]] = deque()
         self.fifo = np.full(0, -1, np.int32)
+        self.nxt = np.full(0, -1, np.int32)  # each record's slot's next copy, made at a first copy
         self.vacant = np.zeros(0, np.int32)
         self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
 
@@ -1496,6 +1547,11 @@ class _CompiledPlacer:
             self.rehash(self.table, grown)
             self.table = grown
         self._fit("fifo", width, -1, top)
+        if len(self.nxt):
+            self._fit("nxt", top, -1, top)
+        elif n_store and self.copies_ahead(op, pslot, self.fifo, np.empty(2 * n, np.int64)):
+            # a first copy: each record's slot's next copy kept from now on (none has one yet)
+            self.nxt = np.full(len(self.blocks), -1, self.blocks.dtype)
         rows = n + n_clear * top
         # every column written by the loop; column-major, so the log's columns are copied from
         # contiguous ones (`ColumnarLog.write_rows`) and the commit's writes of two are too
@@ -1505,7 +1561,7 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         slots = np.empty(n, np.int64)
         self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
-                  scan.batch_of_pair, self.blocks, self.fifo, self.vacant, self.table, self.state, out, pairs[0],
+                  scan.batch_of_pair, self.blocks, self.fifo, self.nxt, self.vacant, self.table, self.state, out, pairs[0],
                   pairs[1], born, store_tenants, slots)
         if not self.state[8] and n:  # no table yet: these rows' codes until the log's keys have them
             # a copy: `hcode` is a view of the pool's journal rows, which would keep them all
@@ -1604,7 +1660,7 @@ _COMPILED: list[Any] = []
 
 def _compiled() -> list[Any]:
     """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`,
-    `_ht_build`, `_slot_run`] compiled by numba (cached on disk), or [] without numba."""
+    `_ht_build`, `_slot_run`, `_copies_ahead`] compiled by numba (cached on disk), or [] without numba."""
     if not _COMPILED:
         try:
             from numba import njit
@@ -1640,12 +1696,13 @@ def _compiled() -> list[Any]:
         _COMPILED.append(njit(cache=True, nogil=True)(_store_fields_loop))
         _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
         _COMPILED.append(njit(cache=True, nogil=True)(_slot_run))
+        _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_copies_ahead))
         # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
         # too: a table grows only past 512 hashes, at a first attach
         t = np.full(1, -1, np.int64)
         _COMPILED[1](t, t.copy())
         # and the table's first making (at a first tenant, mid-attach): one held record
-        rec = np.zeros((1, 6), np.int32)
+        rec = np.zeros((1, B_LNEXT + 1), np.int32)
         _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
         _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
         # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
@@ -1661,6 +1718,9 @@ def _compiled() -> list[Any]:
         # and the store fields' reader for both record layouts (engine.remote.colpool's
         # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
         # type): a pool widens its records mid-attach, not in a warm-up
+        # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
+        for kind in (np.int32, np.int64):
+            _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64))
         for tenant in (np.uint16, np.uint32):
             rec = np.zeros(2, [("parent", np.uint64), ("tenant", tenant), ("pwidth", np.uint8)])
             _COMPILED[4](rec["parent"], rec["pwidth"], rec["tenant"], np.zeros(1, np.int64), np.empty((3, 1), np.int64))
