@@ -102,7 +102,7 @@ def test_a_held_block_takes_24_bytes_a_slot_4_and_a_hash_at_most_12_and_a_bit():
         assert (got[1] == 1).all()  # each store's parent (the one before) found, and its tenant
         nb = got[3]
     assert nb == n and int(placer.state[5]) == n
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 5 and not len(placer.nxt)
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 5 and int(placer.state[9]) == 0
     assert placer.blocks.nbytes <= 20 * n * 9 // 8  # grown by an eighth at most past what it holds
     assert placer.fifo.ndim == 1 and placer.fifo.nbytes <= 4 * n * 9 // 8
     assert placer.vacant.nbytes == 0  # no room made for what removals free: none came (was a row's each)

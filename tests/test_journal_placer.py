@@ -106,9 +106,9 @@ def _tick_both(placer, ref_placer, state, ops, slots):
 
 
 def test_a_slot_s_next_copy_is_kept_from_the_first_copy_on():
-    # a record keeps no next copy of its slot (8 bytes, not 12): until a store to a slot that
-    # holds a copy, every slot holds one at most, and `nxt` is made at the first such store,
-    # not at a removal and store of one slot in a tick (an evicting pool's usual reuse)
+    # a record keeps no next copy of its slot (8 bytes, not 12): the copies' table has it for
+    # the records that have one, made by a store to a slot that holds a copy, not by a removal
+    # and a store of one slot in a tick (an evicting pool's usual reuse)
     rng = np.random.default_rng(17)
     placer, ref_placer, state = _CompiledPlacer(), _Placer(), [0, 0, 0, 0]
     held: set[int] = set()
@@ -126,15 +126,38 @@ def test_a_slot_s_next_copy_is_kept_from_the_first_copy_on():
                 ops.append(OP_STORED)
             slots.append(s)
         _tick_both(placer, ref_placer, state, ops, slots)
-        assert not len(placer.nxt)
+        assert int(placer.state[9]) == 0
     s = int(rng.choice(sorted(held)))
     _tick_both(placer, ref_placer, state, [OP_REMOVED, OP_STORED], [s, s])  # freed and taken again: no copy
-    assert not len(placer.nxt)
+    assert int(placer.state[9]) == 0
     _tick_both(placer, ref_placer, state, [OP_STORED, OP_REMOVED, OP_STORED], [s, s, s])  # the first copy
-    assert len(placer.nxt) >= state[0]
+    assert int(placer.state[9]) == 1  # its next copy, until the last removal took the oldest: one entry
     for t in range(40):  # copies, removals of the oldest, clears
         ops = [int(o) for o in rng.choice([OP_STORED, OP_STORED, OP_REMOVED], 30)]
         if t % 9 == 8:
             ops[15] = 2  # a clear of this stream's held blocks
         _tick_both(placer, ref_placer, state, ops, rng.integers(0, 48, 30).tolist())
-    assert len(placer.nxt) >= state[0]
+    assert 0 < int(placer.state[9]) and len(placer.cp) <= 4 * 1024  # entries for the copies held
+
+
+def test_a_call_s_copies_are_counted_ahead_from_the_fifos_then_put_back():
+    # a call of more stores than the copies' table has room for counts the copies it may make
+    # first (`_copies_ahead`): a store to a held slot, or to one a store of the call took; a
+    # removal of a slot's one copy frees it, while no slot holds more than one (`exact`)
+    copies_ahead = _compiled()[7]
+    S, R = OP_STORED, OP_REMOVED
+    cases = [  # (ops, slots, exact, count): slot 0 held by record 5, the others empty
+        ([S], [0], True, 1),
+        ([R, S], [0, 0], True, 0),  # freed and taken again
+        ([R, S], [0, 0], False, 1),  # a slot may hold more than one: its removal frees nothing for sure
+        ([S, S], [1, 1], True, 1),
+        ([S, S, R, S], [1, 1, 1, 1], True, 2),  # two copies made: a removal leaves one
+        ([S, R, S, 2, S], [2, 2, 2, 0, 3], True, 0),  # a clear's row names no slot
+        ([R, R, S], [0, 0, 0], True, 0),
+    ]
+    for ops, slots, exact, count in cases:
+        fifo = np.array([5, -1, -1, -1], np.int32)
+        got = copies_ahead(np.array(ops, np.int64), np.array(slots, np.int64), fifo,
+                           np.empty(2 * len(ops), np.int64), exact)
+        assert got == count, (ops, slots, exact)
+        assert fifo.tolist() == [5, -1, -1, -1]  # put back as it was

@@ -924,9 +924,14 @@ NUM_BARE_FIELDS = B_CODE_LO  # a record's fields while no table is kept
 # colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
 # B_CUR the hash id it holds (-1: vacant); B_LNEXT its hash's next holder. Its slot is not
 # kept: only a clear needs it, and a clear mends every slot's FIFO at once. A record's slot's
-# next copy is not in the record: `_CompiledPlacer.nxt`, an array made at the first copy (a
-# store to a slot that holds one already, which vLLM's streams seldom make): until then each
-# slot holds one copy at most, and its FIFO is its one copy (4 bytes a block not kept).
+# next copy is not in the record: the copies' table (`_CompiledPlacer.cp`) has it for each
+# record that has one, an entry made by a store to a slot that holds a copy already (vLLM
+# keeps a physical block per request that computed it: two requests of one step with one
+# prompt make copies, which the next eviction mostly takes). A slot without copies is its
+# one record; a record without a next copy costs nothing (4 bytes a block where a record
+# kept its next, -1 nearly always). The copies' table is an open-addressing table of int64
+# entries (linear probing, at most TABLE_LOAD full): _cp_tag(record) << 32 | its next copy,
+# -1 empty; `state[9]` counts its entries (no probe while it is 0).
 # An entry of the table of hashes (`_CompiledPlacer.table`, int64): the hash's tag
 # (`_ht_tag`, whose high bits choose its home entry: `_ht_home`) << 32 | its oldest holder; -1 is
 # empty. The (code, width) a tag stands for is the holder's record's: 8 bytes an entry, not 13.
@@ -944,7 +949,7 @@ SMALL_TABLE = 1 << 18
 
 
 def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, of_pair,
-                batch_of_pair, blocks, fifo, nxt, vacant, table, state, out, table_pair, table_batch, born,
+                batch_of_pair, blocks, fifo, cp, vacant, table, state, out, table_pair, table_batch, born,
                 store_tenants, slots_out):  # pragma: no cover - compiled
     """`_place` over arrays (compiled by numba): the same choices, the same rows, and what
     `prepare_journal` adds to them: each row's seq (`seq0` on) and a store's id (`store0` on),
@@ -954,10 +959,11 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
     stored and removed rows, B_OWN's rank bits, 1 once the table is kept (`_make_table`:
-    till then no hash is looked up, and every block's tenant is its store's own, none)].
+    till then no hash is looked up, and every block's tenant is its store's own, none),
+    entries of the copies' table].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
-    of its copies (`fifo`: its oldest, then `nxt`; an empty `nxt`, before a first copy: a
-    slot's one copy at most) gives a removal its oldest copy; per hash
+    of its copies (`fifo`: its oldest, then each one's next in the copies' table `cp`)
+    gives a removal its oldest copy; per hash
     a FIFO of holders (`table`: (hash code, width) -> its oldest holder, then B_LNEXT) gives a
     store its parent's holder. A hash whose last holder goes leaves the table: it holds the
     hashes held now, not every hash ever stored (a table that outgrew the caches cost a miss
@@ -990,16 +996,16 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             code = hcode[i]
             wide = hwide[i]
             blocks[b, B_OWN] = (rank << 2) | wide  # its tenant below, once its parent is looked up
-            if len(nxt):
-                nxt[b] = -1
             x = fifo[s]
             if x < 0:
                 fifo[s] = b
             else:  # after the slot's last copy (mostly none: a slot's copy goes before it is stored
-                # again; `place_rows` made `nxt` before a call with a copy: `_copies_ahead`)
-                while nxt[x] >= 0:
-                    x = nxt[x]
-                nxt[x] = b
+                # again; `place_rows` made room in `cp` for the call's copies: `_copies_ahead`)
+                y = _cp_next(cp, x) if state[9] else -1
+                while y >= 0:
+                    x = y
+                    y = _cp_next(cp, x)
+                _cp_link(cp, x, b, state)
             blocks[b, B_CUR] = key0 + i
             t = tenants[s_n]
             if keep and pwide[s_n] > 0:
@@ -1024,7 +1030,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             s = pslots[i]
             if s >= 0 and fifo[s] >= 0:
                 b = fifo[s]
-                fifo[s] = nxt[b] if len(nxt) else -1
+                fifo[s] = _cp_take(cp, b, state) if state[9] else -1
                 blocks[b, B_CUR] = -1
                 vacant[state[0]] = b
                 state[0] += 1
@@ -1053,7 +1059,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                     if keep:
                         _unlink_hash(x, blocks, table, state)
             if any_held:
-                _mend_fifos(fifo, blocks, nxt)
+                _mend_fifos(fifo, blocks, cp, state)
             else:
                 _put_row(out, table_pair, table_batch, o_n, 10, i, -1, -1, stores[i], 0, seq0, of_pair,
                          batch_of_pair)
@@ -1311,39 +1317,90 @@ def _slot_run(slot, lo, have, offset, out):  # pragma: no cover - compiled
     return top
 
 
-def _mend_fifos(fifo, blocks, nxt):  # pragma: no cover - compiled
+def _mend_fifos(fifo, blocks, cp, state):  # pragma: no cover - compiled
     """Each slot's FIFO without the copies a clear just made vacant (B_CUR -1): every copy
-    a FIFO holds is held until then, and a record does not keep its slot (no `nxt`: a slot's
-    one copy at most)."""
-    if not len(nxt):
-        for s in range(len(fifo)):
-            x = fifo[s]
-            if x >= 0 and blocks[x, B_CUR] < 0:
-                fifo[s] = -1
-        return
+    a FIFO holds is held until then, and a record does not keep its slot (the copies' table
+    empty: a slot's one copy at most)."""
     for s in range(len(fifo)):
         x = fifo[s]
+        if x < 0:
+            continue
+        if not state[9]:
+            if blocks[x, B_CUR] < 0:
+                fifo[s] = -1
+            continue
         while x >= 0 and blocks[x, B_CUR] < 0:
-            x = nxt[x]
+            x = _cp_take(cp, x, state)
         fifo[s] = x
         while x >= 0:
-            y = nxt[x]
-            while y >= 0 and blocks[y, B_CUR] < 0:
-                y = nxt[y]
-            nxt[x] = y
+            y = _cp_next(cp, x)
+            if y < 0:
+                break
+            if blocks[y, B_CUR] < 0:  # vacant: x's next is the one after it
+                z = _cp_take(cp, y, state)
+                if z >= 0:
+                    _cp_link(cp, x, z, state)
+                else:
+                    _cp_take(cp, x, state)
+                continue
             x = y
 
 
-def _copies_ahead(ops, pslots, fifo, was):  # pragma: no cover - compiled
-    """Whether placing these rows would make a first copy (a store to a slot holding one), for
-    a placer that keeps no `nxt` yet (each slot one copy at most): the rows followed on the
-    slots' FIFOs, a store marking its slot held (-2), a removal of a held slot emptying it
-    (-3), as `_place_loop` would, and the FIFOs put back as they were (`was`: room for a row
-    each). A clear's rows count as freeing nothing (at worst `nxt` is made a call early)."""
+def _cp_tag(x):  # pragma: no cover - compiled
+    """Record `x`'s tag in the copies' table: `x` times an odd number, mod 2**32 (one record
+    a tag), whose high bits choose its home entry (`_ht_home`)."""
+    return (x * 2654435761) & HOLDER_BITS
+
+
+def _cp_find(cp, x):  # pragma: no cover - compiled
+    """The entry of record `x` in the copies' table, or the empty one where it would go."""
+    size = len(cp)
+    tag = _cp_tag(x)
+    h = _ht_home(tag, size)
+    while True:
+        e = cp[h]
+        if e == -1 or (e >> 32) & HOLDER_BITS == tag:
+            return h
+        h += 1
+        if h == size:
+            h = 0
+
+
+def _cp_next(cp, x):  # pragma: no cover - compiled
+    """Record `x`'s slot's next copy, -1 none."""
+    e = cp[_cp_find(cp, x)]
+    return -1 if e == -1 else e & HOLDER_BITS
+
+
+def _cp_link(cp, x, y, state):  # pragma: no cover - compiled
+    """Record `y` the next copy after record `x`."""
+    h = _cp_find(cp, x)
+    if cp[h] == -1:
+        state[9] += 1
+    cp[h] = (_cp_tag(x) << 32) | y
+
+
+def _cp_take(cp, x, state):  # pragma: no cover - compiled
+    """Record `x`'s next copy (-1 none), and its entry gone."""
+    h = _cp_find(cp, x)
+    e = cp[h]
+    if e == -1:
+        return -1
+    _ht_delete(cp, h)
+    state[9] -= 1
+    return e & HOLDER_BITS
+
+
+def _copies_ahead(ops, pslots, fifo, was, exact):  # pragma: no cover - compiled
+    """At most how many copies placing these rows makes (stores to a slot holding one): the
+    rows followed on the slots' FIFOs, a store marking its slot held (-2; -4 once it may
+    hold more than one), a removal of a slot with one copy emptying it (-3) when `exact`
+    (no slot holds more than one now), and the FIFOs put back as they were (`was`: room for
+    two values a row). A clear's rows count as freeing nothing."""
     for i in range(len(ops)):  # the slots' lines asked for side by side first (`_fetch_ahead`)
         if pslots[i] >= 0:
             _prefetch(fifo, pslots[i])
-    found = False
+    count = 0
     n = 0
     for i in range(len(ops)):
         o = ops[i]
@@ -1353,28 +1410,28 @@ def _copies_ahead(ops, pslots, fifo, was):  # pragma: no cover - compiled
         if s < 0:
             continue
         x = fifo[s]
-        if x > -2:  # not marked yet: kept to put back
+        if x >= -1:  # not marked yet: kept to put back
             was[n] = s
             n += 1
             was[n] = x
             n += 1
         if o == 0:
-            if x >= 0 or x == -2:
-                found = True
-                break
-            fifo[s] = -2
-        elif x >= 0 or x == -2:
+            if x >= 0 or x == -2 or x == -4:
+                count += 1
+                fifo[s] = -4
+            else:
+                fifo[s] = -2
+        elif exact and (x >= 0 or x == -2):
             fifo[s] = -3
     for j in range(n - 2, -1, -2):
         fifo[was[j]] = was[j + 1]
-    return found
+    return count
 
 
 class _CompiledPlacer:
     """`_Placer`'s state as arrays for `_place_loop` (grown here, between calls): a record per
-    block (`blocks`, B_*), the oldest copy of each slot (`fifo`), each record's slot's next
-    copy (`nxt`, made at the first copy: `_copies_ahead`), the stack of vacant blocks, all
-    int32 (a block's record 8 B), each widened once to int64 before a number it must
+    block (`blocks`, B_*), the oldest copy of each slot (`fifo`), the stack of vacant blocks,
+    all int32 (a block's record 8 B), each widened once to int64 before a number it must
     hold would not fit (`_fit`); and the table of hashes held (int64 entries) with each
     record's hash code and next holder of its hash (B_CODE_LO, B_CODE_HI, B_LNEXT: 12 B more
     a record), made at the first store that names a tenant (`state[8]`, `_make_table`): it
@@ -1391,7 +1448,7 @@ class _CompiledPlacer:
     def __init__(self, keys: JournalKeys | None = None) -> None:
         (self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build,
          self.slot_run, self.copies_ahead) = _compiled()
-        self.state = np.zeros(9, np.int64)
+        self.state = np.zeros(10, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
         self.blocks = np.full((0, NUM_BARE_FIELDS), -1, np.int32)  # all six B_* once the table is kept
@@ -1401,7 +1458,9 @@ class _CompiledPlacer:
         # thread, dropped from the left on the committing one (a deque does both atomically)
         self._recent: deque[tuple[int, np.ndarray]] = deque()
         self.fifo = np.full(0, -1, np.int32)
-        self.nxt = np.full(0, -1, np.int32)  # each record's slot's next copy, made at a first copy
+        # the copies' table: each record's slot's next copy, if any; 32 KB, so that a call of
+        # up to 2,047 stores (an attach's tick: ~600) has room for its copies uncounted
+        self.cp = np.full(4096, -1, np.int64)
         self.vacant = np.zeros(0, np.int32)
         self.table = np.full(1024, -1, np.int64)  # kept at most TABLE_LOAD full
 
@@ -1547,11 +1606,16 @@ class _CompiledPlacer:
             self.rehash(self.table, grown)
             self.table = grown
         self._fit("fifo", width, -1, top)
-        if len(self.nxt):
-            self._fit("nxt", top, -1, top)
-        elif n_store and self.copies_ahead(op, pslot, self.fifo, np.empty(2 * n, np.int64)):
-            # a first copy: each record's slot's next copy kept from now on (none has one yet)
-            self.nxt = np.full(len(self.blocks), -1, self.blocks.dtype)
+        entries = int(self.state[9])
+        if int((entries + n_store) / TABLE_LOAD) + 1 > len(self.cp):
+            # room in the copies' table for every copy this call may make, if each store were
+            # one does not fit (a call of more than 2,047 stores): how many may be, counted
+            more = self.copies_ahead(op, pslot, self.fifo, np.empty(2 * n, np.int64), not entries)
+            need = int((entries + more) / TABLE_LOAD) + 1
+            if need > len(self.cp):
+                grown = np.full(max(need, 2 * len(self.cp)), -1, np.int64)
+                self.rehash(self.cp, grown)
+                self.cp = grown
         rows = n + n_clear * top
         # every column written by the loop; column-major, so the log's columns are copied from
         # contiguous ones (`ColumnarLog.write_rows`) and the commit's writes of two are too
@@ -1561,7 +1625,7 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         slots = np.empty(n, np.int64)
         self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
-                  scan.batch_of_pair, self.blocks, self.fifo, self.nxt, self.vacant, self.table, self.state, out, pairs[0],
+                  scan.batch_of_pair, self.blocks, self.fifo, self.cp, self.vacant, self.table, self.state, out, pairs[0],
                   pairs[1], born, store_tenants, slots)
         if not self.state[8] and n:  # no table yet: these rows' codes until the log's keys have them
             # a copy: `hcode` is a view of the pool's journal rows, which would keep them all
@@ -1667,7 +1731,7 @@ def _compiled() -> list[Any]:
         except ImportError:
             return _COMPILED
         global _unlink_hash, _mend_fifos, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _ht_home
-        global _fetch_ahead, _put_row, _ht_hold
+        global _fetch_ahead, _put_row, _ht_hold, _cp_tag, _cp_find, _cp_next, _cp_link, _cp_take
         global _prefetch, _prefetch_at, _prefetch_record
         # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
         # they allocate nothing, and every array they touch is held by the caller. With them,
@@ -1685,6 +1749,11 @@ def _compiled() -> list[Any]:
         _prefetch_record = njit(cache=True, nogil=True, _nrt=False)(_prefetch_record)
         _fetch_ahead = njit(cache=True, nogil=True, _nrt=False)(_fetch_ahead)
         _ht_delete = njit(cache=True, nogil=True, _nrt=False)(_ht_delete)
+        _cp_tag = njit(cache=True, nogil=True, _nrt=False)(_cp_tag)
+        _cp_find = njit(cache=True, nogil=True, _nrt=False)(_cp_find)
+        _cp_next = njit(cache=True, nogil=True, _nrt=False)(_cp_next)
+        _cp_link = njit(cache=True, nogil=True, _nrt=False)(_cp_link)
+        _cp_take = njit(cache=True, nogil=True, _nrt=False)(_cp_take)
         _mend_fifos = njit(cache=True, nogil=True, _nrt=False)(_mend_fifos)
         _unlink_hash = njit(cache=True, nogil=True, _nrt=False)(_unlink_hash)
         _ht_hold = njit(cache=True, nogil=True, _nrt=False)(_ht_hold)
@@ -1703,8 +1772,8 @@ def _compiled() -> list[Any]:
         _COMPILED[1](t, t.copy())
         # and the table's first making (at a first tenant, mid-attach): one held record
         rec = np.zeros((1, B_LNEXT + 1), np.int32)
-        _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
-        _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(9, np.int64))
+        _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
+        _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
         # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
         # rows) and a contiguous array
         rows = np.zeros((2, 3), np.int64)
@@ -1720,7 +1789,8 @@ def _compiled() -> list[Any]:
         # type): a pool widens its records mid-attach, not in a warm-up
         # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
         for kind in (np.int32, np.int64):
-            _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64))
+            _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
+                         True)
         for tenant in (np.uint16, np.uint32):
             rec = np.zeros(2, [("parent", np.uint64), ("tenant", tenant), ("pwidth", np.uint8)])
             _COMPILED[4](rec["parent"], rec["pwidth"], rec["tenant"], np.zeros(1, np.int64), np.empty((3, 1), np.int64))
