@@ -1451,7 +1451,7 @@ class _CompiledPlacer:
         self.state = np.zeros(10, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
         self.most_tenant = 0  # the highest tenant code a record holds
-        self.blocks = np.full((0, NUM_BARE_FIELDS), -1, np.int32)  # all six B_* once the table is kept
+        self.blocks = np.full((0, NUM_BARE_FIELDS), -1, np.int32)  # all five B_* once the table is kept
         self.keys = keys
         # (first hash id, its rows' codes as int64) of each call placed, oldest first, until
         # `keys` has them (`committed`): what `_codes` reads past them. Appended on the placing

@@ -100,8 +100,9 @@ uint16 token count and tenant, uint8 width; widened once, with L and `SO`, befor
 would not fit); the rows are int64 columns of J. Read them as numpy arrays of those types
 (`np.asarray(j.tenant, np.int64)` before arithmetic that may go below 0). A store's token
 start is not kept: a journalled pool appends every store's token ids in store order, so it
-is the sum of the counts before it (`TokenStarts`, which keeps that sum at every 256th
-store: `j.token_start[o]` reads it, an int or an array, as a field would be read).
+is the sum of the counts before it (`j.token_start[o]`, a `TokenStarts`, reads it as a
+field would be read, an int or an array, from the sums at every 256th store the pool keeps
+in `TokenMarks`).
 
 Row numbers are global: `release_journal(row)` says a reader copied what it reads of the
 rows before `row`, and the pool drops them once enough are released (into a new array:
