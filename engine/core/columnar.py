@@ -1093,8 +1093,10 @@ class ColumnarLog:
         if top >= len(self._born_row):
             have = len(self._born_row)
             cap = max(top + 1, have * 3 // 2, 1024)  # grown where they lie (`regrow`)
+            # the room past `have` left unset: a block's born row is written before any read of
+            # it (every read stops at num_blocks), and its pages stay no resident memory until
+            # then (`regrow`'s mapping; zeroing them held half again the array at 10M blocks)
             regrow(self, "_born_row", cap, have)
-            self._born_row[have:] = 0
             if self._live_keys is not None:  # made num_blocks long, maybe shorter than the born rows
                 keys = len(self._live_keys)
                 regrow(self, "_live_keys", keys + cap - have, keys)
