@@ -139,7 +139,7 @@ def kernel_replay_job(path: str, block_size: int, capacity_blocks: int | None,
 
 
 class _ReleaseAfterPaints(QObject):
-    """For `SETTLE_MS` after an open, each paint of a window is followed by `release_freed`:
+    """For `SETTLE_MS` after an open, each paint of a window is followed by a heap trim:
     the views' first draws of a whole log come over several paints (throttled redraws,
     pyqtgraph's images and paths made at the paint), and the temporaries they free, 1.4 MB
     over the Mooncake trace, glibc otherwise keeps resident. The trim runs on the releaser's
