@@ -149,7 +149,11 @@ K_KEY, K_PARENT = 0, 1                                            # uint64 (a jo
 # L (uint32; int64 in a journalled pool): where the slot's token ids start (a free slot:
 # the next free slot + 1, 0 none), its store's row in the batch table, its store order
 L_TOK, L_BID, L_ORDER = 0, 1, 2
-C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5   # uint32 (tenant + 1, 0 none; not journalled)
+# C: uint16 while every count, token count and tenant fits (`_widen_counts` makes it uint32
+# once before one would not: S_CMAX bounds the counts); C_TENANT is tenant + 1, 0 none (a
+# journalled pool's C has no such column: its store row, JS, keeps the tenant)
+C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5
+C_LIMITS = {np.dtype(np.uint16).char: 0xFFFF, np.dtype(np.uint32).char: 0xFFFFFFFF}  # S_CLIMIT by C's type
 F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width code; tier + 1, 0 = free)
 # F_PW: the parent's width code, and F_PW_TENANT set when the slot's store named a tenant (its
 # C_TENANT, or its store row in a journalled pool, is not 0): a store naming the slot as its
@@ -165,9 +169,14 @@ W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_SEEN, S_JON, S_JROWS, S_JSTORES, \
-    S_NTIERS, S_BID, S_TENANTED = range(22)
-NUM_S = 22  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
-# S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset
+    S_NTIERS, S_BID, S_TENANTED, S_CMAX, S_CLIMIT = range(24)
+NUM_S = 24  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
+# S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset;
+# S_CMAX: the most announcements a slot has had (never lowered). A slot's C_TOT, C_C0 and
+# C_REM are never more than its C_ANN (each copy and each removal of one is announced first),
+# and an event adds at most one to C_ANN per hash it names; S_CLIMIT: the most C holds. A
+# batch's hashes that could take S_CMAX past it widen C first (`_count_room`); the compiled
+# loops over many frames stop before such a frame, for C to be widened (`_frames_done`)
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
 # stored block, its store row (kept for good): packed, 13 bytes, the narrowest exact types,
 # widened once to JS_WIDE (17) before a block's token count would pass 2**16 - 1 or a tenant
@@ -681,6 +690,15 @@ def _copy_ids(tok, u, ftok, f, n):  # pragma: no cover - compiled
         tok[d + j] = ftok[s + j]
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _announce(C, S, s):  # pragma: no cover - compiled
+    """Slot s announced once more (a copy or vLLM's reuse report), S_CMAX kept the most."""
+    v = np.int64(C[s, C_ANN]) + 1
+    C[s, C_ANN] = v
+    if v > S[S_CMAX]:
+        S[S_CMAX] = v
+
+
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
            t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
@@ -710,8 +728,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 S[S_REPORTED] += nh
                 S[S_HITS] += nh
                 for i in range(nh):
-                    s = _find(tab, K, F, hk[h0 + i], hw[h0 + i], t)
-                    C[s, C_ANN] += 1
+                    _announce(C, S, _find(tab, K, F, hk[h0 + i], hw[h0 + i], t))
                 return 1
     bs = bs_given if bs_given else nt // nh
     if bs and group == 0:
@@ -763,7 +780,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
             if TI[t, T_EXTRA_BORN] == 0:  # the reference's num_extra_copies gets the tier now
                 TI[t, T_EXTRA_BORN] = S[S_TIERSEQ] + 1
                 S[S_TIERSEQ] += 1
-            C[s, C_ANN] += 1
+            _announce(C, S, s)
             if raw:  # (a raw code is given only once F has its F_RAW column)
                 F[s, F_RAW] = raw
             if S[S_JON]:  # the journal keeps this copy's own token ids (the slot keeps the first's)
@@ -1107,7 +1124,9 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
                 RM):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
-    each (rows, hashes and token ids of all frames concatenated; `widths` W_U64 for each)."""
+    each (rows, hashes and token ids of all frames concatenated; `widths` W_U64 for each).
+    Returns the frames applied: all, or those before one whose hashes C may not count
+    (S_CLIMIT), S_BID that frame's batch row: C is widened, the rest applied after."""
     empty_u8 = widths[:0]
     empty_i64 = bounds[:0]
     bid0 = S[S_BID]  # the run's frames are rows bid0.. of the batch table
@@ -1115,6 +1134,11 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
         lo, hi = bounds[f], bounds[f + 1]
         S[S_BID] = bid0 + f
         if hi > lo:
+            nk = 0
+            for j in range(lo, hi):
+                nk += rows[j, R_NHASH]
+            if S[S_CMAX] + nk > S[S_CLIMIT]:
+                return f
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
                       dp_os, rows, parents, keys, lo, hi, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
@@ -1123,6 +1147,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
+    return len(seqs)
 
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
@@ -1133,7 +1158,7 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
     its compiled pass left them (`DecodedRun`: frame f's rows from meta[f, M_ROW0], its
     parents, hashes and token ids in `data` from meta[f, M_DATA0], `words` its uint32
     view), each frame's arrays a view: nothing is joined or copied first. `widths`: W_U64
-    for at least a frame's hashes."""
+    for at least a frame's hashes. Returns the frames applied, as `_run_frames`."""
     empty_u8 = widths[:0]
     empty_i64 = seqs[:0]
     bid0 = S[S_BID]
@@ -1143,6 +1168,8 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
         m = meta[g, M_ROWS]
         if m > 0:
             r, d, nk = meta[g, M_ROW0], meta[g, M_DATA0], meta[g, M_KEYS]
+            if S[S_CMAX] + nk > S[S_CLIMIT]:
+                return f
             fr, parents, keys = rows[r:r + m], data[d:d + m], data[d + m:d + m + nk]
             ftok = words[2 * (d + m + nk):]
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
@@ -1153,6 +1180,7 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
+    return len(seqs)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
@@ -1915,8 +1943,10 @@ class ColumnarPool:
         # renumbers or widens before one would not; a journalled pool's token array only
         # grows, so its token starts are the ones that pass it first)
         self.L = np.zeros((cap, 3), np.uint32)
-        # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column
-        self.C = np.zeros((cap, 5 if self.journal else 6), np.uint32)
+        # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column;
+        # uint16 until a count would not fit (`_widen_counts`)
+        self.C = np.zeros((cap, 5 if self.journal else 6), np.uint16)
+        self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
         # F_RAW, the fourth column, is added when the pool first sees a raw medium name
         # (`_raw_code`): a stream that names only GPU and CPU keeps 3 bytes a slot
         self.F = np.zeros((cap, 3), np.uint8)
@@ -2008,10 +2038,13 @@ class ColumnarPool:
         self._narrow_room(blocks, tokens)
         removals = blocks if removals is None else removals
         self.maps.reserve(removals, self.max_removed)
+        most_tokens = tokens if block_tokens is None else block_tokens
+        if most_tokens > 0xFFFF:  # (C_NTOK; the counts: `_count_room`)
+            self._widen_counts()
         if self.journal:
             self._journal_reserve(blocks, blocks)
             # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
-            if self.JS.dtype == JS_NARROW and (tokens if block_tokens is None else block_tokens) > 0xFFFF:
+            if self.JS.dtype == JS_NARROW and most_tokens > 0xFFFF:
                 self._widen()
 
     # Below these sizes an array grows by half again, up to 8 times them by an eighth, above
@@ -2118,6 +2151,19 @@ class ColumnarPool:
         if self.SO.dtype != np.int64:
             self.SO = self.SO.astype(np.int64)
 
+    def _count_room(self, hashes: int) -> None:
+        """C wide enough for a batch naming `hashes` hashes (each adds at most one announcement)."""
+        if int(self.S[S_CMAX]) + hashes > int(self.S[S_CLIMIT]):
+            self._widen_counts()
+
+    def _widen_counts(self) -> None:
+        """C in uint32 from now on: a count, a block's token count or a tenant number would
+        soon pass 2**16 - 1 (its own widening, apart from `_widen`'s: a hot prefix's
+        announcements pass it on a long-lived server, where nothing else is near its limit)."""
+        if self.C.dtype != np.uint32:
+            self.C = self.C.astype(np.uint32)
+        self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
+
     def _jn(self) -> tuple:
         return self.J, self.JS, self.SO
 
@@ -2149,8 +2195,10 @@ class ColumnarPool:
         if i is None:
             i = self._tenant_ids[name] = len(self.tenant_names)
             self.tenant_names.append(name)
-            if self.journal and i + 1 > 0xFFFF and self.JS.dtype == JS_NARROW:  # JS keeps i + 1
-                self._widen()
+            if i + 1 > 0xFFFF:  # C_TENANT, or a journalled pool's store row (JS), keeps i + 1
+                self._widen_counts()
+                if self.journal and self.JS.dtype == JS_NARROW:
+                    self._widen()
         return i
 
     # ---- applying ----------------------------------------------------------------------
@@ -2186,6 +2234,7 @@ class ColumnarPool:
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
         self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()), _num_removals(rows))
+        self._count_room(nblocks)
         self._batch_rows(np.array([cols.seq], np.int64), np.array([cols.ts], np.float64))
         most = int(rows[:, R_NHASH].max())
         if len(self._left) < most:
@@ -2279,12 +2328,18 @@ class ColumnarPool:
         at = 0
         for decoded, piece in pieces:
             n = len(piece)
-            self.S[S_BID] = bid + at  # (the piece's first batch row: `_batch_rows` made them all)
             data = decoded.data
-            _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                            self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data, data.view(np.uint32),
-                            self._u64_widths, piece[0].run_at, seqs[at:at + n], tss[at:at + n], self._left,
-                            *self._jn(), self.RM)
+            done = 0
+            while True:
+                self.S[S_BID] = bid + at + done  # (the frame's batch row: `_batch_rows` made them all)
+                done += _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S,
+                                        self.SF, self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data,
+                                        data.view(np.uint32), self._u64_widths, piece[0].run_at + done,
+                                        seqs[at + done:at + n], tss[at + done:at + n], self._left, *self._jn(),
+                                        self.RM)
+                if done == n:
+                    break
+                self._widen_counts()  # (the frame it stopped at names more hashes than C may count)
             at += n
         self._sync()
 
@@ -2366,9 +2421,16 @@ class ColumnarPool:
         self._batch_rows(seqs, tss)
         if len(self._u64_widths) < len(keys):  # (only read: one array of W_U64 kept for every call)
             self._u64_widths = np.full(2 * len(keys), W_U64, np.uint8)
-        _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF,
-                    self.TI, *self.maps.compiled(), rows, parents, keys, self._u64_widths[:len(keys)],
-                    tokens, bounds, seqs, tss, self._left, *self._jn(), self.RM)
+        bid, done = int(self.S[S_BID]), 0
+        while True:
+            self.S[S_BID] = bid + done
+            done += _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S,
+                                   self.SF, self.TI, *self.maps.compiled(), rows, parents, keys,
+                                   self._u64_widths[:len(keys)], tokens, bounds[done:], seqs[done:], tss[done:],
+                                   self._left, *self._jn(), self.RM)
+            if done == len(seqs):
+                break
+            self._widen_counts()  # (the frame it stopped at names more hashes than C may count)
         self._sync()
 
 
