@@ -153,12 +153,12 @@ def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
 
 
 def test_past_the_narrow_limit_a_journal_widens_once_and_says_what_the_reference_emits(monkeypatch):
-    """Token starts and store rows past what uint32 holds (the limit made small): L, JS and SO
-    widen together, and the rows taken before (narrow) and after (wide) read the reference's
-    events."""
+    """Store rows past what uint32 holds (the limit made small: 1,579 stores, 1,024 slots): L,
+    JS and SO widen together, and the rows taken before (narrow) and after (wide) read the
+    reference's events. (A journalled pool's token starts are in no narrow column.)"""
     frames = _synthetic(300, 3)
     ref_events, _ = _reference_events(frames, 30, 61)
-    monkeypatch.setattr(ColumnarPool, "_narrow_limit", 2_000)
+    monkeypatch.setattr(ColumnarPool, "_narrow_limit", 1_200)
     got, pool = _journal_events(frames, 30, 61, 16, take_every=5)
     assert got == ref_events and _is_wide(pool)
     assert state(pool) == _run(frames, False, 30, 61)[0]

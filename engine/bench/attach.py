@@ -134,9 +134,9 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
     per = {"slots": cap, "slot_capacity_per_block": round(cap / n, 3),
            # a journalled pool keeps the parent and the tenant in the block's store row (JS)
            ("hash_K_key_uint64" if pool.journal else "hash_K_key_and_parent_uint64"): pool.K.nbytes / n,
-           f"L_token_start_batch_row_order_{pool.L.dtype}": pool.L.nbytes / n,
-           ("C_tokens_announced_removed_copies_uint32" if pool.journal
-            else "C_tokens_announced_removed_copies_tenant_uint32"): pool.C.nbytes / n,
+           # a journalled pool's L is the batch row alone (its store row, SO, gives the rest)
+           f"L_{'batch_row' if pool.journal else 'token_start_batch_row_order'}_{pool.L.dtype}": pool.L.nbytes / n,
+           f"C_tokens_announced_removed_copies{'' if pool.journal else '_tenant'}_{pool.C.dtype}": pool.C.nbytes / n,
            "F_width_tier_parent_width_raw_medium_uint8": pool.F.nbytes / n,
            "table_uint32_at_load": round(pool.S[colpool.S_LIVE] / (len(pool.tab) - 1), 3),
            "table": pool.tab.nbytes / n,

@@ -146,9 +146,13 @@ MAX_TIERS = 256  # tier codes, module-wide; GPU, CPU, STORAGE, REMOTE first
 MAX_GROUP = (1 << 20) - 1  # KV cache groups beyond this share its count (a server has a few)
 # slot columns
 K_KEY, K_PARENT = 0, 1                                            # uint64 (a journalled pool: K_KEY only)
-# L (uint32; int64 in a journalled pool): where the slot's token ids start (a free slot:
-# the next free slot + 1, 0 none), its store's row in the batch table, its store order
+# L (uint32; int64 once widened): where the slot's token ids start (a free slot: the next
+# free slot + 1, 0 none), its store's row in the batch table, its store order. A journalled
+# pool's L has one column, L_JBID: a held slot's batch row, a free slot's next free slot + 1
+# (its token ids start where its store row's do, `TokenStarts`, and its store row, SO,
+# orders the held slots as the store order would: both grow with each new slot's store)
 L_TOK, L_BID, L_ORDER = 0, 1, 2
+L_JBID = 0
 # C: uint16 while every count, token count and tenant fits (`_widen_counts` makes it uint32
 # once before one would not: S_CMAX bounds the counts); C_TENANT is tenant + 1, 0 none (a
 # journalled pool's C has no such column: its store row, JS, keeps the tenant)
@@ -321,6 +325,12 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
         i += 1
         if i == size:
             i = 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _bid_col(L):  # pragma: no cover - compiled
+    """L's batch-row column: L_BID, or L_JBID in a journalled pool's one-column L."""
+    return L_BID if L.shape[1] > L_BID else L_JBID
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -643,8 +653,9 @@ def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compil
         TI[t, T_NOTOK] -= 1
     S[S_TOKLIVE] -= C[s, C_NTOK]
     F[s, F_TIER] = 0
-    L[s, L_BID] = L[s, L_TOK]  # a free slot keeps its token range (and C_NTOK) for its next store
-    L[s, L_TOK] = S[S_FREE]
+    if L.shape[1] > L_BID:  # a free slot keeps its token range (and C_NTOK) for its next store
+        L[s, L_BID] = L[s, L_TOK]
+    L[s, L_TOK] = S[S_FREE]  # (L_JBID in a journalled pool's L: the same column)
     S[S_FREE] = s + 1
     S[S_LIVE] -= 1
 
@@ -823,11 +834,14 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
             else:
                 S[S_TOKUSED] = u + n_i
             _copy_ids(tok, u, ftok, t0 + a, n_i)
-            L[s, L_TOK] = u
             C[s, C_NTOK] = n_i
             S[S_TOKLIVE] += n_i
-            L[s, L_BID] = S[S_BID]
-            L[s, L_ORDER] = S[S_ORDER]
+            if L.shape[1] > L_BID:
+                L[s, L_TOK] = u
+                L[s, L_BID] = S[S_BID]
+                L[s, L_ORDER] = S[S_ORDER]
+            else:
+                L[s, L_JBID] = S[S_BID]
             S[S_ORDER] += 1
             if S[S_JON] == 0:
                 C[s, C_TENANT] = tenant + 1
@@ -909,7 +923,7 @@ def _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_
                         C[s, C_REM] += 1
                         continue
             if last:
-                seconds = ts - T[L[s, L_BID]]
+                seconds = ts - T[L[s, _bid_col(L)]]
                 if seconds > 0:
                     SF[0] += seconds
                     if seconds > SF[1]:
@@ -935,8 +949,9 @@ def _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_
 
 @njit(cache=True, nogil=True)
 def _clear_tier(tab, K, L, C, F, T, G, S, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os,
-                t, batch_seq, n):  # pragma: no cover
-    """Every hash of tier t leaves it, in the order they were stored."""
+                t, batch_seq, n, SO):  # pragma: no cover
+    """Every hash of tier t leaves it, in the order they were stored (L_ORDER, or SO in a
+    journalled pool)."""
     tt = t + 1
     count = 0
     for s in range(n):
@@ -948,7 +963,7 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, om_tab, om_k, om_w, om_v, om_free,
     for s in range(n):
         if F[s, F_TIER] == tt:
             slots[j] = s
-            orders[j] = L[s, L_ORDER]
+            orders[j] = L[s, L_ORDER] if L.shape[1] > L_ORDER else SO[s]
             j += 1
     maxn = S[S_MAXREM]
     for s in slots[np.argsort(orders)]:
@@ -1444,9 +1459,10 @@ def _drop_unnamed_bids(F, L, nb, T, BSEQ, T2, BSEQ2):  # pragma: no cover - comp
     and the slots' rows renumbered; how many. (numpy's masks, gathers and scatters over every
     slot were ~5 ms a 200K-event attach.)"""
     named = np.zeros(nb, np.bool_)
+    c = _bid_col(L)
     for s in range(len(F)):
         if F[s, F_TIER] > 0:
-            named[L[s, L_BID]] = True
+            named[L[s, c]] = True
     renumber = np.empty(nb, np.int64)
     n = 0
     for b in range(nb):
@@ -1457,7 +1473,7 @@ def _drop_unnamed_bids(F, L, nb, T, BSEQ, T2, BSEQ2):  # pragma: no cover - comp
             n += 1
     for s in range(len(F)):
         if F[s, F_TIER] > 0:
-            L[s, L_BID] = renumber[L[s, L_BID]]
+            L[s, c] = renumber[L[s, c]]
     return n
 
 
@@ -1628,9 +1644,9 @@ class ColumnarBlock:
             self.parent_hash = pool._bytes(int(parent), pw)
         else:
             self.parent_hash = None
-        a, n = int(pool.L[s, L_TOK]), int(pool.C[s, C_NTOK])
+        a, n = pool._token_range(s)
         self.tokens = pool.tok[a:a + n].astype(np.uint32).tobytes()  # uint32 bytes, as the reference's
-        bid = int(pool.L[s, L_BID])
+        bid = int(pool.L[s, L_JBID if pool.journal else L_BID])
         self.stored_seq = int(pool.BSEQ[bid])
         self.stored_time = float(pool.T[bid])
         ten = int(pool.JS[int(pool.SO[s])]["tenant"] if pool.journal else pool.C[s, C_TENANT])
@@ -1741,7 +1757,7 @@ class _CopiesView:
         n = len(p.F)
         live = p.F[:n, F_TIER] > 0
         odd = np.flatnonzero(live & ~((p.C[:n, C_TOT] == 1) & (p.C[:n, C_C0] == 1)))
-        odd = odd[np.argsort(p.L[odd, L_ORDER], kind="stable")]
+        odd = odd[np.argsort(p._store_order(odd), kind="stable")]
         out = []
         for s in odd.tolist():
             tier = _TIER_NAMES[int(p.F[s, F_TIER]) - 1]
@@ -1940,9 +1956,8 @@ class ColumnarPool:
         # the hash and its parent's; a journalled pool's store row (JS) has the parent: not here
         self.K = np.zeros((cap, 1 if self.journal else 2), np.uint64)
         # uint32 while every token start, batch row and store order fits (`_narrow_room`
-        # renumbers or widens before one would not; a journalled pool's token array only
-        # grows, so its token starts are the ones that pass it first)
-        self.L = np.zeros((cap, 3), np.uint32)
+        # renumbers or widens before one would not); a journalled pool's, the batch row alone
+        self.L = np.zeros((cap, 1 if self.journal else 3), np.uint32)
         # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column;
         # uint16 until a count would not fit (`_widen_counts`)
         self.C = np.zeros((cap, 5 if self.journal else 6), np.uint16)
@@ -2090,6 +2105,10 @@ class ColumnarPool:
         if self.L.dtype != np.uint32:
             return
         limit = self._narrow_limit
+        if self.journal:  # (its L keeps no token start or store order)
+            if len(self.F) + 2 > limit or self._num_bids + 2 > limit:
+                self._widen()
+            return
         if int(self.S[S_ORDER]) + blocks > self._order_limit:
             live = np.flatnonzero(self.F[:, F_TIER] > 0)
             ranks = np.empty(len(live), np.int64)
@@ -2163,6 +2182,17 @@ class ColumnarPool:
         if self.C.dtype != np.uint32:
             self.C = self.C.astype(np.uint32)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
+
+    def _token_range(self, s: int) -> tuple[int, int]:
+        """Where held slot s's token ids start in `tok`, and how many."""
+        if self.journal:  # its first store's (the store row that made it: SO)
+            starts = TokenStarts(self.token_marks, self.JS["ntok"][:int(self.S[S_JSTORES])])
+            return starts[int(self.SO[s])], int(self.C[s, C_NTOK])
+        return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
+
+    def _store_order(self, slots: np.ndarray) -> np.ndarray:
+        """Held slots' store orders, to sort them by (a journalled pool's store rows)."""
+        return self.SO[slots] if self.journal else self.L[slots, L_ORDER]
 
     def _jn(self) -> tuple:
         return self.J, self.JS, self.SO
@@ -2673,7 +2703,7 @@ class ColumnarPool:
             more = int(self.TI[code, T_HASHES]) + self._batch_blocks
             self.maps.reserve(more, self.max_removed)
             _clear_tier(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.S, self.TI,
-                        *self.maps.compiled(), code, batch_seq, len(self.F))
+                        *self.maps.compiled(), code, batch_seq, len(self.F), self.SO)
         if self._details:
             for key in [k for k in self._details if k[0] in tiers]:
                 del self._details[key]
@@ -2772,7 +2802,7 @@ class ColumnarPool:
         if hit is None:
             n = len(self.F)
             slots = np.flatnonzero(self.F[:n, F_TIER] == code + 1)
-            hit = self._cache[key] = slots[np.argsort(self.L[slots, L_ORDER], kind="stable")]
+            hit = self._cache[key] = slots[np.argsort(self._store_order(slots), kind="stable")]
         return hit
 
     @property
