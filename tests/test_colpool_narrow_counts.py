@@ -107,3 +107,18 @@ def test_a_pool_of_many_tenants_widens_its_tenant_column():
     assert pool.C.dtype == np.uint16
     pool._tenant_id("one more")
     assert pool.C.dtype == np.uint32
+
+
+def test_the_warm_up_compiles_the_wide_counts_an_attach_may_reach(hot_frames):
+    """An attach's pool (journalled, fed runs of `decode_columns_many`) whose counts widen
+    finds its loops compiled by `warm_up` (the install step's): no compile on its thread."""
+    colpool.warm_up()
+    loops = (colpool._run_decoded_py, colpool._run_frames_py, colpool._run_py, colpool._store_py,
+             colpool._remove_py, colpool._drop_unnamed_bids)
+    before = [len(f.signatures) for f in loops]
+    pool = ColumnarPool("t", journal=True)
+    for a in range(0, len(hot_frames), 64):
+        pool.apply_many(fastwire.decode_columns_many(a, [p for _, p in hot_frames[a:a + 64]]))
+        pool.release_journal(pool.take_journal().stop)
+    assert pool.C.dtype == np.uint32
+    assert [len(f.signatures) for f in loops] == before

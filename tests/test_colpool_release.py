@@ -140,7 +140,7 @@ def test_a_released_journal_of_a_synthetic_stream_says_what_the_reference_emits(
 # ---- narrow per-store rows ------------------------------------------------------------
 
 def _is_wide(pool: ColumnarPool) -> bool:
-    return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype) == (JS_WIDE, np.int64, np.int64)
+    return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype, pool.C.dtype) == (JS_WIDE, np.int64, np.int64, np.uint32)
 
 
 def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
@@ -148,6 +148,8 @@ def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
     pool.apply_many(_batches(2_000))
     assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 13
     assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
+    # a slot: its batch row alone in L (4 B) and its five counts in uint16 (10 B)
+    assert pool.L.shape[1] == 1 and pool.C.dtype == np.uint16 and pool.C.shape[1] == 5
     j = pool.journal_since(0)
     assert j.tokens.base is not None and np.all(np.asarray(j.token_count) == 16)
 

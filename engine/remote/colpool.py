@@ -1601,8 +1601,13 @@ def warm_up() -> None:
                                                 tuple(range(16)), 16),
                                       VllmEvent("BlockRemoved", ((i + 15 << 56).to_bytes(8, "big"),))], 0)
                for i in range(2)]
-    for journal, wide in ((False, False), (True, False), (True, True)):
+    # the journalled pool (an attach's) in each layout it may take: narrow, its counts wide (a
+    # hash announced past 2**16 - 1 times: a long-lived server's hot prefix), all wide
+    for journal, counts, wide in ((False, False, False), (True, False, False), (True, True, False),
+                                  (True, True, True)):
         pool = ColumnarPool("warm-up", journal=journal)
+        if counts:
+            pool._widen_counts()
         if wide:  # past 2**32 token ids (or a pool's journal past its narrow columns): `_widen`
             pool._widen()
         pool.apply_many([fastwire.decode_columns(1 + i, q) for i, q in enumerate(common)])
@@ -1610,9 +1615,9 @@ def warm_up() -> None:
         pool.apply(fastwire.decode_columns(0, p))
         # a pool that grows: a new table (`_rehash`), the maps' (`_om_rehash`), the token
         # array compacted (`_compact_tokens`), with narrow token ids and then wide ones
-        pool._reserve(4096, 1 << 16)
+        pool._reserve(4096, 1 << 16, block_tokens=16)
         pool._reserve(0, 0, np.array([1 << 16], np.uint32))
-        pool._reserve(4096 * 4, 1 << 18)
+        pool._reserve(4096 * 4, 1 << 18, block_tokens=16)
         # a full batch table: the rows no held slot names dropped (`_drop_unnamed_bids`)
         pool._batch_rows(np.zeros(len(pool.T) + 1, np.int64), np.zeros(len(pool.T) + 1))
     pool.removed.ordered()  # what `removed_at` and `departed` read (`_om_ordered`)
@@ -2162,7 +2167,9 @@ class ColumnarPool:
         """L in int64, the per-store rows in JS_WIDE and SO in int64 from now on, all at once
         when one of them would no longer hold a value (the compiled loops get one more
         specialization, not one per column; a pool without a journal widens its empty JS and
-        SO for the same). Rows given out before keep the narrow arrays, exact for theirs."""
+        SO for the same), and C in uint32 with them if it is not yet. Rows given out before
+        keep the narrow arrays, exact for theirs."""
+        self._widen_counts()
         if self.L.dtype != np.int64:
             self.L = self.L.astype(np.int64)
         if self.JS.dtype != JS_WIDE:
@@ -2177,8 +2184,9 @@ class ColumnarPool:
 
     def _widen_counts(self) -> None:
         """C in uint32 from now on: a count, a block's token count or a tenant number would
-        soon pass 2**16 - 1 (its own widening, apart from `_widen`'s: a hot prefix's
-        announcements pass it on a long-lived server, where nothing else is near its limit)."""
+        soon pass 2**16 - 1. Its own widening, before `_widen`'s (which makes it too): a hot
+        prefix's announcements pass it on a long-lived server, where nothing else is near its
+        limit. Three layouts, not four: C narrow with L narrow, C wide with either."""
         if self.C.dtype != np.uint32:
             self.C = self.C.astype(np.uint32)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
