@@ -180,11 +180,11 @@ NUM_S = 24  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row be
 # C_REM are never more than its C_ANN (each copy and each removal of one is announced first),
 # and an event adds at most one to C_ANN per hash it names; S_CLIMIT: the most C holds. A
 # batch's hashes that could take S_CMAX past it widen C first (`_count_room`); the compiled
-# loops over many frames stop before such a frame, for C to be widened (`_frames_done`)
+# loops over many frames (`_run_frames`, `_run_decoded`) stop before such a frame, for C to be widened
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
 # stored block, its store row (kept for good): packed, 13 bytes, the narrowest exact types,
 # widened once to JS_WIDE (17) before a block's token count would pass 2**16 - 1 or a tenant
-# number 2**16 - 1, or (with L) a token start 2**32 - 1 (`ColumnarPool._widen`). No token
+# number 2**16 - 1, or (with L and SO) a store row, slot or batch row 2**32 - 1 (`_widen`). No token
 # start: each store's ids follow the one before's in the token array (`TokenStarts`)
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
@@ -2063,7 +2063,8 @@ class ColumnarPool:
             self._widen_counts()
         if self.journal:
             self._journal_reserve(blocks, blocks)
-            # (a token start past 2**32 - 1 widened L and JS above, in `_narrow_room`)
+            # (a store row, slot or batch row past 2**32 - 1 widened L, JS and SO: `_narrow_room`,
+            # `_journal_reserve`)
             if self.JS.dtype == JS_NARROW and most_tokens > 0xFFFF:
                 self._widen()
 
@@ -2071,8 +2072,8 @@ class ColumnarPool:
     # by a sixteenth: a new pool reaches its size in a few growths (each copies every slot
     # and rehashes the table: an eighth at a time made 15 of them on the way to 36,000
     # blocks, a third of the apply), and a large one keeps at most a seventeenth of its room
-    # idle. At 16 token ids a block, a held block is 93.3 bytes with no room (55 of slot,
-    # 5.7 of table, 32 of token ids); an eighth idle in slots and token ids was up to 105,
+    # idle. At 16 token ids a block, a held block was 93.3 bytes with no room (55 of slot
+    # before its counts were uint16, 5.7 of table, 32 of token ids); an eighth idle in slots and token ids was up to 105,
     # a sixteenth is at most 99.1 at any size (`bench attach`'s columnar_memory, 1M blocks)
     _slots_small = 1 << 16
     _tokens_small = 1 << 20
