@@ -150,7 +150,7 @@ def test_a_pool_grown_past_int32_rows_keeps_its_born_rows():
     col._grow(3)
     col.num_rows = 2**31 + 5  # rows numbered past int32 (no rows written: the per-block arrays only)
     col._grow(5)
-    assert col._born_row.dtype == np.int64 and col._born_row[:6].tolist() == [10] * 4 + [2**31 + 5] * 2
+    assert col._born_row.dtype == np.int64 and col._born_row.span(0, 6).tolist() == [10] * 4 + [2**31 + 5] * 2
     # the free-queue place each joined at, computed from its born row (no longer kept)
     places = col._grown_to(col.initial_state(), 2**32)[2]
     assert places.tolist() == [TAIL_BASE + 2 * 10 - 1] * 4 + [TAIL_BASE + 2 * (2**31 + 5) - 1] * 2

@@ -1502,7 +1502,7 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
     cached free, evicted, top ref, cached tokens, prompt tokens) carry the state after the
     rows before `start_row`, and hold it after the last row when it returns. The pool's
     size after each event: `num_blocks` at the first row, and each block of `born` (the
-    row each block was born at, ascending; `ColumnarLog.blocks_at`) from `num_blocks` on
+    rows the blocks from `num_blocks` on were born at, ascending; `ColumnarLog.blocks_at`)
     counts once an event ends past its row (numpy's searchsorted and bincount over a tick's
     ends were a third of this pass's time). Returns the seven counts after each event and,
     per count, 1 where every value is the first (a column kept as one value appends it so)."""
@@ -1517,8 +1517,9 @@ def _series_loop(kind: np.ndarray, block: np.ndarray, a: np.ndarray, request: np
     in_use, cached_free, evicted, best, cached, prompt = acc[0], acc[1], acc[2], acc[3], acc[4], acc[5]
     i = start_row
     nb = num_blocks
+    top = num_blocks + len(born)
     for e in range(n_ev):
-        while nb < len(born) and born[nb] < ends[e]:
+        while nb < top and born[nb - num_blocks] < ends[e]:
             nb += 1
         while i < ends[e]:
             k = kind[i]

@@ -629,9 +629,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     table[:, 6] = numbers[rows.table_pair]
     nb0 = col.num_blocks
     if prepared.num_blocks > nb0:  # the pool grows to the new slots, each from the row that first stored it
-        col._grow(prepared.num_blocks - 1)
-        col.fit_born_rows(prepared.num_blocks - 1, int(prepared.born.max()))
-        col._born_row[nb0:prepared.num_blocks] = prepared.born
+        col._grow(prepared.num_blocks - 1, prepared.born)
     # seqs, stores' ids and info numbers: int32 while these bounds are (no pass over them)
     fit32 = not rows.num_cleared and max(prepared.seq0 + n, prepared.store0 + len(rows.store_local),
                                          len(slots.infos)) <= _I32_TOP

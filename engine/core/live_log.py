@@ -437,13 +437,11 @@ def _blocks_before(col: ColumnarLog, row: int) -> int:
     nb = col.num_blocks
     if nb == col.initial_blocks:
         return nb
-    born = col._born_row[:nb]
-    if int(born[-1]) < row or (born.dtype == np.int32 and row > _I32_MAX):
+    born = col._born_row
+    if born.last < row:
         return nb
-    return int(np.searchsorted(born, born.dtype.type(row), side="left"))
+    return int(born.searchsorted(row))
 
-
-_I32_MAX = int(np.iinfo(np.int32).max)
 
 
 def _grown_copy(old: np.ndarray, have: int, cap: int) -> np.ndarray:
@@ -788,7 +786,7 @@ class LiveColumnarLog(ColumnarEventLog):
         state = self._live_arrays
         ref, hk, pos = col._grown_to(state, r1, refs=False)  # in place (_LiveColumns); every ref count 0
         nb0 = _blocks_before(col, r0)
-        born = col._born_row[nb0:col.num_blocks].astype(np.int64)  # the blocks born in these rows
+        born = col._born_row.span(nb0, col.num_blocks)  # the blocks born in these rows
         n = r1 - r0
         acc, columns = self._acc, self._columns
         moving = ("cached_free", "empty", "evicted")
@@ -864,11 +862,12 @@ class LiveColumnarLog(ColumnarEventLog):
         if top + 2 > len(self._hist):
             self._hist = np.concatenate([self._hist, np.zeros(top + 2 - len(self._hist), np.int64)])
         # the pool's size after each event, counted in the pass from the blocks' born rows
-        born = col._born_row[:col.num_blocks]
+        nb0 = col.blocks_at(r0)
+        born = col._born_row.span(nb0, col.num_blocks)  # the blocks born in these rows
         loop = _compiled_series_loop() or _series_loop
         request = col.rows_window("request", r0, r1)
         out = loop(kind, col.col("block"), a, request, col.requests.prompt_sizes(), ends, r0, born,
-                   col.blocks_at(r0), self._ref, self._held, self._hist, self._acc, self.block_size)
+                   nb0, self._ref, self._held, self._hist, self._acc, self.block_size)
         for (name, _), values, same in zip(_SERIES, out[:7], out[7].tolist()):
             if same and len(values):  # a count that did not move (a remote pool's in use, top ref, tokens)
                 self._columns[name].append_same(values[0], len(values))
@@ -1020,6 +1019,7 @@ class LiveColumnarLog(ColumnarEventLog):
         frozen.__dict__.pop("moving", None)
         frozen.__dict__.pop("_bufs", None)
         frozen._cols = col.frozen_columns()
+        frozen._born_row = col._born_row.view(col.num_blocks)  # (blocks added here are not its)
         frozen._cp_rows, frozen._cp_states = list(col._cp_rows), _frozen(col._cp_states)
         frozen._head_marks = dict(col._head_marks)
         frozen._req_index = None
