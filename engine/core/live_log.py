@@ -1162,7 +1162,9 @@ def _compiled_journal_loop() -> Any:
             _JOURNAL_LOOP.append(None)
         else:
             global _all_first
-            _all_first = njit(cache=True, nogil=True)(_all_first)  # called by the loop
+            # called by the loop; from its Python function, as two threads may get here at once
+            # (a window's warm-up and a first attach): the second jitted the first's dispatcher
+            _all_first = njit(cache=True, nogil=True)(getattr(_all_first, "py_func", _all_first))
             loop = njit(cache=True, nogil=True)(_journal_loop)
             i32 = np.zeros(3, np.int32)
             loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
