@@ -87,3 +87,27 @@ def test_a_held_pools_checkpoints_keep_no_whole_copy(held_state):
     assert log.nbytes_by_part()["checkpoints"] < 2.0 * log.live.num_blocks
     _check_scrubs(log, [log.columnar.col("seq")[r - 1] for r in log.columnar._cp_rows[1:]] +
                   [int(log.last_seq) - 1, int(log.seqs[len(log) // 3])])
+
+
+def test_scrubs_of_a_journal_log_whose_pool_reuses_its_blocks(monkeypatch):
+    """An attached server's log (recorded vLLM frames, a 600-block GPU tier and its CPU
+    offload: blocks freed and reused all along), checkpoints 400 rows apart, the newest kept as
+    its differences: the blocks a tick changes are marked a bit each (`_keep_newest`), and
+    every scrub gives the pool the rows make from the start."""
+    from engine.core import live_log
+    from engine.core.live_journal import append_journal, journal_log
+    from engine.remote import fastwire
+    from engine.bench.attach import recorded_stream
+    from engine.remote.colpool import ColumnarPool
+
+    monkeypatch.setattr(live_log, "NEWEST_AS_DIFFERENCES_BLOCKS", 100)
+    log = journal_log(16, checkpoint_rows=400, max_checkpoints=6)
+    pool = ColumnarPool("tcp://10.0.0.5:5557", journal=True)
+    for i, payload in enumerate(recorded_stream(4_000, gpu_blocks=600)[0]):
+        pool.apply(fastwire.decode_columns(i, payload))
+        if i % 8 == 7:
+            append_journal(log, pool.take_journal(), pool, "tcp://10.0.0.5:5557")
+    append_journal(log, pool.take_journal(), pool, "tcp://10.0.0.5:5557")
+    assert type(log.columnar._cp_states[-1]).__name__ == "_DeltaState" and log._marks is not None
+    assert log._marks.nbytes == (log.columnar._cp_states[-1].num_blocks + 7) // 8
+    _check_scrubs(log, log.seqs[::2])
