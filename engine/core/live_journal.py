@@ -1623,8 +1623,8 @@ class _CompiledPlacer:
         store_tenants = np.zeros(max(1, n_store), np.int64)
         slots = np.empty(n, np.int64)
         self.loop(op, pslot, key0, hcode, hwide, pcode, pwide, tenants, stores, rank, r0, seq0, store0, scan.of_pair,
-                  scan.batch_of_pair, self.blocks, self.fifo, self.cp, self.vacant, self.table, self.state, out, pairs[0],
-                  pairs[1], born, store_tenants, slots)
+                  scan.batch_of_pair, self.blocks, self.fifo, self.cp, self.vacant, self.table, self.state, out,
+                  pairs[0], pairs[1], born, store_tenants, slots)
         if not self.state[8] and n:  # no table yet: these rows' codes until the log's keys have them
             # a copy: `hcode` is a view of the pool's journal rows, which would keep them all
             # (the pool drops them into a new array when it releases them; a view keeps the old)

@@ -1802,7 +1802,7 @@ class JournalRows:
         JS = pool.JS[:int(pool.S[S_JSTORES])]
         self.parent, self.parent_width = JS["parent"], JS["pwidth"]
         self.token_count, self.tenant = JS["ntok"], JS["tenant"]
-        self.token_start = TokenStarts(pool.token_marks, self.token_count)
+        self.token_start = pool.token_starts()
         self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
 
     def __len__(self) -> int:
@@ -2058,23 +2058,20 @@ class ColumnarPool:
         self._narrow_room(blocks, tokens)
         removals = blocks if removals is None else removals
         self.maps.reserve(removals, self.max_removed)
-        most_tokens = tokens if block_tokens is None else block_tokens
-        if most_tokens > 0xFFFF:  # (C_NTOK; the counts: `_count_room`)
-            self._widen_counts()
         if self.journal:
             self._journal_reserve(blocks, blocks)
             # (a store row, slot or batch row past 2**32 - 1 widened L, JS and SO: `_narrow_room`,
             # `_journal_reserve`)
-            if self.JS.dtype == JS_NARROW and most_tokens > 0xFFFF:
-                self._widen()
+        self._fit_16bit(tokens if block_tokens is None else block_tokens)  # a block's token count
 
     # Below these sizes an array grows by half again, up to 8 times them by an eighth, above
     # by a sixteenth: a new pool reaches its size in a few growths (each copies every slot
     # and rehashes the table: an eighth at a time made 15 of them on the way to 36,000
     # blocks, a third of the apply), and a large one keeps at most a seventeenth of its room
     # idle. At 16 token ids a block, a held block was 93.3 bytes with no room (55 of slot
-    # before its counts were uint16, 5.7 of table, 32 of token ids); an eighth idle in slots and token ids was up to 105,
-    # a sixteenth is at most 99.1 at any size (`bench attach`'s columnar_memory, 1M blocks)
+    # before its counts were uint16, 5.7 of table, 32 of token ids); an eighth idle in slots
+    # and token ids was up to 105, a sixteenth is at most 99.1 at any size (`bench attach`'s
+    # columnar_memory, 1M blocks)
     _slots_small = 1 << 16
     _tokens_small = 1 << 20
     _rows_small = 1 << 16
@@ -2178,6 +2175,27 @@ class ColumnarPool:
         if self.SO.dtype != np.int64:
             self.SO = self.SO.astype(np.int64)
 
+    def _fit_16bit(self, value: int) -> None:
+        """C, and a journalled pool's store rows (JS), wide enough for `value`: a block's token
+        count or a tenant number, which both keep in 16 bits while they fit (the counts:
+        `_count_room`)."""
+        if value > 0xFFFF:
+            self._widen_counts()
+            if self.journal and self.JS.dtype == JS_NARROW:
+                self._widen()
+
+    def _frames_widening(self, n: int, bid: int, run: Any) -> None:
+        """`run(done)` (a compiled run of frames from frame `done` on, which returns how many
+        it applied: it stops before a frame whose hashes C may not count) until all `n` are
+        applied, C widened each time it stops; frame f's batch row is `bid` + f."""
+        done = 0
+        while True:
+            self.S[S_BID] = bid + done
+            done += run(done)
+            if done == n:
+                return
+            self._widen_counts()
+
     def _count_room(self, hashes: int) -> None:
         """C wide enough for a batch naming `hashes` hashes (each adds at most one announcement)."""
         if int(self.S[S_CMAX]) + hashes > int(self.S[S_CLIMIT]):
@@ -2192,11 +2210,14 @@ class ColumnarPool:
             self.C = self.C.astype(np.uint32)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
 
+    def token_starts(self) -> TokenStarts:
+        """A journalled pool's token start of each store made so far."""
+        return TokenStarts(self.token_marks, self.JS["ntok"][:int(self.S[S_JSTORES])])
+
     def _token_range(self, s: int) -> tuple[int, int]:
         """Where held slot s's token ids start in `tok`, and how many."""
         if self.journal:  # its first store's (the store row that made it: SO)
-            starts = TokenStarts(self.token_marks, self.JS["ntok"][:int(self.S[S_JSTORES])])
-            return starts[int(self.SO[s])], int(self.C[s, C_NTOK])
+            return self.token_starts()[int(self.SO[s])], int(self.C[s, C_NTOK])
         return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
 
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
@@ -2234,10 +2255,7 @@ class ColumnarPool:
         if i is None:
             i = self._tenant_ids[name] = len(self.tenant_names)
             self.tenant_names.append(name)
-            if i + 1 > 0xFFFF:  # C_TENANT, or a journalled pool's store row (JS), keeps i + 1
-                self._widen_counts()
-                if self.journal and self.JS.dtype == JS_NARROW:
-                    self._widen()
+            self._fit_16bit(i + 1)  # (C_TENANT, or a journalled pool's store row, keeps i + 1)
         return i
 
     # ---- applying ----------------------------------------------------------------------
@@ -2368,17 +2386,12 @@ class ColumnarPool:
         for decoded, piece in pieces:
             n = len(piece)
             data = decoded.data
-            done = 0
-            while True:
-                self.S[S_BID] = bid + at + done  # (the frame's batch row: `_batch_rows` made them all)
-                done += _run_decoded_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S,
-                                        self.SF, self.TI, *self.maps.compiled(), decoded.meta, decoded.rows, data,
-                                        data.view(np.uint32), self._u64_widths, piece[0].run_at + done,
-                                        seqs[at + done:at + n], tss[at + done:at + n], self._left, *self._jn(),
-                                        self.RM)
-                if done == n:
-                    break
-                self._widen_counts()  # (the frame it stopped at names more hashes than C may count)
+            # (the piece's batch rows from bid + at on: `_batch_rows` made them all)
+            self._frames_widening(n, bid + at, lambda done: _run_decoded_py(
+                self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF, self.TI,
+                *self.maps.compiled(), decoded.meta, decoded.rows, data, data.view(np.uint32), self._u64_widths,
+                piece[0].run_at + done, seqs[at + done:at + n], tss[at + done:at + n], self._left, *self._jn(),
+                self.RM))
             at += n
         self._sync()
 
@@ -2460,16 +2473,10 @@ class ColumnarPool:
         self._batch_rows(seqs, tss)
         if len(self._u64_widths) < len(keys):  # (only read: one array of W_U64 kept for every call)
             self._u64_widths = np.full(2 * len(keys), W_U64, np.uint8)
-        bid, done = int(self.S[S_BID]), 0
-        while True:
-            self.S[S_BID] = bid + done
-            done += _run_frames_py(self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S,
-                                   self.SF, self.TI, *self.maps.compiled(), rows, parents, keys,
-                                   self._u64_widths[:len(keys)], tokens, bounds[done:], seqs[done:], tss[done:],
-                                   self._left, *self._jn(), self.RM)
-            if done == len(seqs):
-                break
-            self._widen_counts()  # (the frame it stopped at names more hashes than C may count)
+        self._frames_widening(len(seqs), int(self.S[S_BID]), lambda done: _run_frames_py(
+            self.tab, self.K, self.L, self.C, self.F, self.T, self.G, self.tok, self.S, self.SF, self.TI,
+            *self.maps.compiled(), rows, parents, keys, self._u64_widths[:len(keys)], tokens, bounds[done:],
+            seqs[done:], tss[done:], self._left, *self._jn(), self.RM))
         self._sync()
 
 
