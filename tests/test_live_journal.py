@@ -111,3 +111,75 @@ def test_the_comparison_can_fail():
     got = _journal_fed(frames[:-3])
     with pytest.raises(AssertionError):
         _same(got, ref, "three frames short")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_servers_log_makes_its_empty_and_evicted_counts_and_kinds_from_its_rows(compiled):
+    """An attached server's log keeps no per-event `empty` or `evicted` count and no event
+    kinds (each follows from the rows: 9 B an event of a server that evicts): they read as
+    the reference's, and a snapshot's stay as they were while rows keep coming."""
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(220, 3)
+    events = _remote_events(frames, 1, 0)
+    ref, _ = _feed(events, 0, 16, [len(events)], every_batch=False)
+    half = len(frames) // 2
+    got = _journal_fed(frames[:half], per_tick=7, compiled=compiled)
+    frozen = got.snapshot()
+    first = (list(frozen.series.empty), list(frozen.series.evicted))
+    source = "tcp://10.0.0.5:5557"
+    pool = ColumnarPool(source, rank=0, journal=True)
+    got = journal_log(16, compiled=compiled, checkpoint_rows=48)
+    for i, (seq, payload) in enumerate(frames):
+        pool.apply(fastwire.decode_columns(seq, payload))
+        if i == half - 1 or i % 7 == 6 or i == len(frames) - 1:
+            append_journal(got, pool.take_journal(), pool, source)
+        if i == half - 1:
+            frozen = got.snapshot()
+            n = len(frozen.series.seq)
+    assert "block_evicted" in {e.kind for e in ref.events}
+    for name in ("empty", "evicted", "cached_free"):
+        assert list(getattr(got.series, name)) == list(getattr(ref.series, name)), name
+    assert list(got.kinds) == list(ref.kinds)
+    assert (list(frozen.series.empty), list(frozen.series.evicted)) == (
+        list(ref.series.empty)[:n], list(ref.series.evicted)[:n]) == first
+    assert got._columns["empty"].n == got._columns["evicted"].n == 0
+    assert got._bounds is not None and got._kinds.n == len(got)  # a clear's event has a row a block
+
+
+def test_a_log_whose_events_are_a_row_each_keeps_no_event_kinds():
+    """A server that evicts and never clears: each event a row, its kind its row's."""
+    from engine.bench.attach import recorded_stream
+
+    payloads, _, _ = recorded_stream(3_000, gpu_blocks=200)
+    frames = list(enumerate(payloads))
+    events = _remote_events(frames, 1, 0)
+    ref, _ = _feed(events, 0, 16, [len(events)], every_batch=False)
+    got = _journal_fed(frames, per_tick=16)
+    assert {"block_evicted", "block_stored"} <= {e.kind for e in ref.events}
+    assert list(got.kinds) == list(ref.kinds) and list(got.series.evicted) == list(ref.series.evicted)
+    assert got._bounds is None and got._kinds.n == 0 and got._columns["evicted"].n == 0
+
+
+def test_evictions_between_sample_positions_are_the_cumulative_counts_differences():
+    """What a timeline's bars read (`evicted_between`): the same from a server's log (counted
+    from its rows), a columnar log's series and the reference EventLog's, at any positions."""
+    import numpy as np
+
+    from engine.core.columnar_log import EventSeries
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(220, 4)
+    events = _remote_events(frames, 1, 0)
+    ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)
+    got = _journal_fed(frames, per_tick=5)
+    n = len(ref)
+    rng = np.random.default_rng(4)
+    cum = np.concatenate(([0], np.asarray(list(python.series.evicted), np.int64)))
+    assert cum[-1] > 0
+    for at in (np.array([0, n]), np.array([0, 0, 1, 1, n // 2, n, n]), np.sort(rng.integers(0, n + 1, 40))):
+        want = np.diff(cum[at]).tolist()
+        for log in (got, ref, python):
+            assert list(map(int, log.series.evicted_between(at))) == want, type(log.series).__name__
+        whole = EventSeries(*([np.zeros(n, np.int64)] * 5), cum[1:], *([np.zeros(n, np.int64)] * 4))  # kept whole
+        assert list(map(int, whole.evicted_between(at))) == want

@@ -58,6 +58,13 @@ class EventSeries:
     def __len__(self) -> int:
         return len(self.seq)
 
+    def evicted_between(self, at: np.ndarray) -> np.ndarray:
+        """The evictions of the events from each of the ascending sample positions `at` (0 to
+        len) to the next (`engine.core.projection.PoolSeries.evicted_between`)."""
+        at = np.asarray(at, np.int64)
+        counted = self.evicted
+        return np.diff(np.where(at > 0, counted[np.maximum(at - 1, 0)] if len(counted) else 0, 0))
+
 
 def _made_when_read(name: str) -> property:
     """A field of `LogSeries` left None until read, then made by its log."""

@@ -112,7 +112,11 @@ class _Growing:
                 return
             # a second value: from now on a buffer, its first `n` slots that one value
             kind = self.buf.dtype if self._fits(np.array([value])) else self._dtype
-            self.buf = np.full(max(1024, self.n + len(values) + (self.n + len(values)) // 2), value, kind)
+            # zeros, the value written over the first `n`: the room past them stays unwritten
+            # pages (np.full wrote it all: 2 B a block of a 1M-block pool's log, per column)
+            self.buf = np.zeros(max(1024, self.n + len(values) + (self.n + len(values)) // 2), kind)
+            if value:
+                self.buf[:self.n] = value
             self._uniform = False
         if not self._fits(values):
             wide = np.zeros(max(1024, len(self.buf)), self._dtype)
@@ -380,6 +384,65 @@ def _frozen(states: list[Any]) -> list[Any]:
 
 _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32), ("max_ref", np.int32),
            ("evicted", np.int32), ("cached_tokens", np.int64), ("prompt_tokens", np.int64))
+# The counts a log keeps only once a request has held a block: until then (an attached
+# server's log, always) each follows from the rows and `cached_free` (`_CountsFromRows`).
+# Kept, each was 4 B an event of a server that evicts: 8.0 B a block of a 1M-block pool's
+# log after its first eviction, where a pool that only stored kept them as one value
+MADE_FROM_ROWS = ("empty", "evicted")
+
+
+def _made_from_rows(name: str) -> property:
+    """A field of `_CountsFromRows` made from its rows each time it is read (never kept)."""
+    field = getattr(EventSeries, name)  # the slot's descriptor
+
+    def get(self: _CountsFromRows) -> np.ndarray:
+        got = field.__get__(self, _CountsFromRows)
+        return self.made(name) if got is None else got
+
+    return property(get, field.__set__)
+
+
+class _CountsFromRows(EventSeries):
+    """The series of a live log no request has held a block of (an attached server's): its
+    `empty` and `evicted` are not kept, but made each time they are read from the log's rows
+    as they were when the series was taken, as its series pass counts them: `evicted` the
+    rows that evicted a block up to each event's end, `empty` the pool's blocks then (each
+    born at a row) less the cached free ones (none is in use)."""
+
+    __slots__ = ("_kind", "_block", "_ends", "_born")
+    empty = _made_from_rows("empty")
+    evicted = _made_from_rows("evicted")
+
+    def __init__(self, log: LiveColumnarLog, *fields: Any) -> None:
+        super().__init__(*fields)
+        col = log.columnar
+        rows = col.num_rows
+        self._kind, self._block = col.col("kind")[:rows], col.col("block")[:rows]
+        # each event's end: None while every event is one row (event i ends at row i + 1)
+        self._ends = None if log._bounds is None else np.asarray(log.ends, np.int64)
+        self._born = col._born_row.view(col.num_blocks)
+
+    def evicted_between(self, at: np.ndarray) -> np.ndarray:
+        """`EventSeries.evicted_between` counted from the rows of each span of events alone:
+        no whole count is made (a timeline's bars read a few dozen spans each draw)."""
+        at = np.asarray(at, np.int64)
+        ends = None if self._ends is None else self._ends[:len(self.cached_free)]
+        rows = [0 if i <= 0 else int(i if ends is None else ends[i - 1]) for i in at.tolist()]
+        kind, block = self._kind, self._block
+        return np.array([np.count_nonzero((kind[a:b] == EVICTED) & (block[a:b] >= 0)) if b > a else 0
+                         for a, b in zip(rows[:-1], rows[1:])], np.int64)
+
+    def made(self, name: str) -> np.ndarray:
+        n = len(self.cached_free)  # the events counted (a batch's may have rows, not counts yet)
+        ends = np.arange(1, n + 1, dtype=np.int64) if self._ends is None else self._ends[:n]
+        if name == "empty":
+            return (np.asarray(self._born.searchsorted(ends), np.int64) - self.cached_free).astype(np.int32)
+        hit = (self._kind == EVICTED) & (self._block >= 0)
+        counted = np.cumsum(hit, dtype=np.int32 if len(hit) < _I32_TOP else np.int64)
+        return counted[:n] if self._ends is None else counted[ends - 1]
+
+
+_I32_TOP = np.iinfo(np.int32).max
 
 
 class _LiveColumns(ColumnarLog):
@@ -512,6 +575,7 @@ class LiveColumnarLog(ColumnarEventLog):
         # each event's seq: none of its own while every event has one row (an attached
         # server's journal, one row a block operation): the row seq column is it then
         self._seqs: _Growing | None = None
+        # each event's kind: none of its own while every event has one row, as the seqs
         self._kinds, self._times = _Growing(np.uint8, uniform=True), _Runs()
         self._columns = {name: _Growing(dtype, narrow=np.int32 if dtype == np.int64 else None, uniform=True)
                          for name, dtype in _SERIES}
@@ -580,12 +644,18 @@ class LiveColumnarLog(ColumnarEventLog):
 
     @property
     def kinds(self) -> np.ndarray:  # type: ignore[override]
+        if self._bounds is None:  # an event a row: the rows' own kinds
+            return self.columnar.col("kind")[:self._one_row_events]
         return self._kinds.view
 
     @property
     def series(self) -> EventSeries:  # type: ignore[override]
         c = self._columns
-        return EventSeries(self.seqs, *(c[name].view for name, _ in _SERIES), self._refusals.view, self._resets.view)
+        if self._any_ref:
+            return EventSeries(self.seqs, *(c[name].view for name, _ in _SERIES), self._refusals.view,
+                               self._resets.view)
+        return _CountsFromRows(self, self.seqs, *(None if name in MADE_FROM_ROWS else c[name].view
+                                                  for name, _ in _SERIES), self._refusals.view, self._resets.view)
 
     @property
     def live(self) -> ArrayProjection:  # type: ignore[override]
@@ -736,6 +806,7 @@ class LiveColumnarLog(ColumnarEventLog):
             bounds = self._bounds = _Growing(np.int64, narrow=np.int32)
             if self._one_row_events:
                 bounds.extend(np.arange(self._one_row_events + 1, dtype=np.int64))
+                self._kinds.append(col.col("kind")[:self._one_row_events])  # the events before, a row each
         if bounds is None:
             self._one_row_events = r1
         else:
@@ -745,7 +816,8 @@ class LiveColumnarLog(ColumnarEventLog):
             self._seqs.extend(col.values_at("seq", slice(0, r0)))  # the events before, one row each
         if self._seqs is not None:
             self._seqs.append(seqs)
-        self._kinds.append(kinds)
+        if bounds is not None:  # (an event a row: its kind is its row's, `kinds`)
+            self._kinds.append(kinds)
         if np.ndim(times):
             self._times.extend(times)
         else:
@@ -790,9 +862,10 @@ class LiveColumnarLog(ColumnarEventLog):
         born = col._born_row.span(nb0, col.num_blocks)  # the blocks born in these rows
         n = r1 - r0
         acc, columns = self._acc, self._columns
-        moving = ("cached_free", "empty", "evicted")
-        # written where the columns keep them, unless a column keeps one value so far
-        rooms = [columns[name].room(n) for name in moving]
+        # the pass counts cached free, empty and evicted; the log keeps the first alone (no
+        # request holds a block here: `MADE_FROM_ROWS`), written where its column keeps it
+        # unless that keeps one value so far
+        rooms = [columns["cached_free"].room(n), None, None]
         out = [np.empty(n, np.int32) if room is None else room for room in rooms]
         got = np.zeros(6, np.int64)
         hashes = col.rows_window("hash", r0, r1)  # these rows only, where kept as runs (`ArithmeticRuns`)
@@ -805,13 +878,13 @@ class LiveColumnarLog(ColumnarEventLog):
         for name, value in (("in_use", acc[0]), ("max_ref", acc[3]), ("cached_tokens", acc[4]),
                             ("prompt_tokens", acc[5])):
             columns[name].append_same(value, n)
-        for j, name in enumerate(moving):
-            if rooms[j] is not None:
-                columns[name].wrote(n)
-            elif got[3 + j]:
-                columns[name].append_same(out[j][0], n)
-            else:
-                columns[name].append(out[j])
+        cached_free = columns["cached_free"]
+        if rooms[0] is not None:
+            cached_free.wrote(n)
+        elif got[3]:
+            cached_free.append_same(out[0][0], n)
+        else:
+            cached_free.append(out[0])
         c = state.counters
         counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks + stores,
                             c.num_evicted_blocks + evictions, c.num_refused_requests, c.num_finished_requests,
@@ -858,6 +931,10 @@ class LiveColumnarLog(ColumnarEventLog):
         kind, a = col.col("kind"), col.rows_window("a", r0, r1)  # `a`: these rows only, where kept as runs
         new = kind[r0:] == REF
         any_new = bool(new.any())
+        if any_new and not self._any_ref:  # the counts made from the rows so far are kept from now on
+            made = self.series
+            for name in MADE_FROM_ROWS:
+                self._columns[name].append(getattr(made, name))
         self._any_ref = self._any_ref or any_new
         top = int(a[r0:][new].max()) if any_new else 0
         if top + 2 > len(self._hist):
@@ -870,6 +947,8 @@ class LiveColumnarLog(ColumnarEventLog):
         out = loop(kind, col.col("block"), a, request, col.requests.prompt_sizes(), ends, r0, born,
                    nb0, self._ref, self._held, self._hist, self._acc, self.block_size)
         for (name, _), values, same in zip(_SERIES, out[:7], out[7].tolist()):
+            if not self._any_ref and name in MADE_FROM_ROWS:
+                continue
             if same and len(values):  # a count that did not move (a remote pool's in use, top ref, tokens)
                 self._columns[name].append_same(values[0], len(values))
             else:

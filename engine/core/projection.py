@@ -622,6 +622,14 @@ class PoolSeries:
         self.refusal_seqs = array("q")
         self.reset_seqs = array("q")
 
+    def evicted_between(self, at: Sequence[int]) -> list[int]:
+        """The evictions of the events from each of the ascending sample positions `at` (0 to
+        len) to the next: the differences of the cumulative count there (read at those
+        positions alone, the typed array not copied)."""
+        counted = self.evicted
+        cum = [counted[i - 1] if i > 0 else 0 for i in map(int, at)]
+        return [b - a for a, b in zip(cum, cum[1:])]
+
     def __len__(self) -> int:
         return len(self.seq)
 

@@ -35,16 +35,16 @@ NUM_BINS = 120
 MIN_REDRAW_MS = 150
 
 
-def eviction_bins(seq: np.ndarray, evicted_cum: np.ndarray, num_bins: int = NUM_BINS) -> tuple[np.ndarray, np.ndarray, float]:
-    """Evictions per bin of seq: (bin centres, counts, bin width), from the cumulative count."""
+def eviction_bins(seq: np.ndarray, series: Any, num_bins: int = NUM_BINS) -> tuple[np.ndarray, np.ndarray, float]:
+    """Evictions per bin of seq: (bin centres, counts, bin width), from the series' counts
+    between the bins' edges (`evicted_between`: a live server's log counts them from its rows)."""
     if len(seq) == 0:
         return np.zeros(0), np.zeros(0), 1.0
     lo, hi = float(seq[0]), float(seq[-1]) + 1.0
     bins = max(1, min(num_bins, len(seq)))
     edges = np.linspace(lo, hi, bins + 1)
     idx = np.searchsorted(seq, edges, side="left")  # samples before each edge
-    cum = np.concatenate(([0], evicted_cum))
-    counts = np.diff(cum[idx])
+    counts = np.asarray(series.evicted_between(idx), np.int64)
     width = (hi - lo) / bins
     return edges[:-1] + width / 2, counts.astype(float), width
 
@@ -257,7 +257,7 @@ class TimelineView(PanelView):
         reset_x = np.array(s.reset_seqs, dtype=float)
         self.resets.setData(x=reset_x, y=np.full(len(reset_x), top * 1.04))
         self.p_ref.setYRange(0, max(1.0, float(max_ref.max()) if len(max_ref) else 0.0) * 1.15, padding=0)
-        centres, counts, width = eviction_bins(x, _values(s.evicted))
+        centres, counts, width = eviction_bins(x, s)
         self.eviction_counts = counts
         self.bars.setOpts(x=centres, height=counts, width=width * 0.9)
         most = float(counts.max()) if len(counts) else 0.0
