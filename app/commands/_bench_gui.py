@@ -501,13 +501,14 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
     one run: frames decoded into the engine's columnar pool (`engine.remote.colpool`, the
     journal pool an attach uses), its journal appended to the window's `PoolState` as an
     attach's GUI ticks do, and the block table of a real offscreen window redrawn. Per
-    size: RSS growth per block over the whole (pool, log, checkpoints, overlay), the time
-    to hold it, and the redraw (first; median and worst after a real change each time: a
+    size: RSS growth per block over the whole (pool, log, checkpoints, overlay) and the
+    arrays that make it up (`engine.bench.resident.breakdown`), the time to hold it, and the redraw (first; median and worst after a real change each time: a
     frame of 64 removals and 64 stores applied as an attach's tick applies it; beside it,
     after a change of version alone and with no change, as `bench_remote_redraw` times
     its pool)."""
     from app.runtime.allocator import wait_released
     from app.runtime.context import make_test_context
+    from engine.bench.resident import breakdown
     from engine.remote import fastwire
     from engine.remote.overlay import journal_pool_class
 
@@ -559,18 +560,26 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
             held = state.projection.num_blocks
             if i == 0:
                 continue
+            gc.collect()
+            wait_released()
+            rss2 = _rss_bytes()  # a server that evicts: what its first evictions made the log keep
+            where = breakdown({"pool": pool, "state": state, "view": view}, n)
             out[f"{n}"] = {"blocks": n, "blocks_in_view": held, "num_cells": len(view.cell_colors),
                            "blocks_per_cell": view.blocks_per_cell, "events": len(state.log),
                            "hold_s": round(hold_s, 2), "blocks_per_s": round(n / hold_s),
                            "bytes_per_block": round((rss1 - rss0) / n, 1),
                            "rss_growth_mb": round((rss1 - rss0) / 1e6, 1),
+                           # after the 20 frames that each remove 64 blocks and store 64 (the redraws')
+                           "bytes_per_block_after_evictions": round((rss2 - rss0) / n, 1),
                            "first_redraw_ms": round(first_ms, 2),
                            # the target: the redraw after a real change (a frame applied)
                            "median_ms": round(statistics.median(framed), 2), "max_ms": round(max(framed), 2),
                            # the view told of a change that changed nothing, and no change at all
                            "median_version_bump_ms": round(statistics.median(times), 2),
                            "max_version_bump_ms": round(max(times), 2),
-                           "median_unchanged_ms": round(statistics.median(same), 2)}
+                           "median_unchanged_ms": round(statistics.median(same), 2),
+                           # the arrays that hold it, by resident bytes a block (after the churn frames)
+                           "resident_bytes_per_block": where}
             del pool
         finally:
             ctx.shutdown()
