@@ -128,7 +128,7 @@ def _pool_bytes(r: Results):
 def _app_remote_bytes(r: Results):
     held = _dig(r, "held", "small")  # the journal route, as an attach holds its pools
     anchor = _dig(r, "attach", "targets", "bytes_per_block")["value"]
-    extra: dict[str, Any] = {"blocks": held["blocks"]}
+    extra: dict[str, Any] = {"blocks": held["blocks"], **_after_evictions(held)}
     event_route = r.get("gui", {}).get("remote_redraw", {})
     if "bytes_per_block" in event_route:  # the event route, which attaches no longer take
         extra["event_route_bytes_per_block"] = event_route["bytes_per_block"]
@@ -171,6 +171,17 @@ def _ingest_stall(r: Results):
              "longest_batch_gui_cpu_ms": g.get("longest_batch_gui_cpu_ms")})
 
 
+def _after_evictions(held: dict) -> dict[str, Any]:
+    """What `bench held` says of a held pool beside its target figure: RSS a block once its
+    server evicted (20 frames of 64 removals and 64 stores) and its arrays' resident bytes."""
+    out = {}
+    if "bytes_per_block_after_evictions" in held:
+        out["bytes_per_block_after_evictions"] = held["bytes_per_block_after_evictions"]
+    if "resident_bytes_per_block" in held:
+        out["resident_arrays_bytes_per_block_after_evictions"] = held["resident_bytes_per_block"]["all_arrays"]
+    return out
+
+
 def _held(key: str, ok: Callable[[Any], bool]):
     def read(r: Results):
         h = _dig(r, "held")
@@ -180,7 +191,7 @@ def _held(key: str, ok: Callable[[Any], bool]):
                  "anchor_hold_s": small["hold_s"], "first_redraw_ms": large["first_redraw_ms"],
                  "max_ms": large["max_ms"], "median_unchanged_ms": large.get("median_unchanged_ms"),
                  "rss_growth_mb": large["rss_growth_mb"],
-                 "blocks_per_cell": large["blocks_per_cell"]})
+                 "blocks_per_cell": large["blocks_per_cell"], **_after_evictions(large)})
     return read
 
 
