@@ -65,3 +65,13 @@ def test_without_pagemap_an_array_counts_its_bytes(monkeypatch):
     arr = np.zeros(4 * MB, np.uint8)
     assert resident_bytes(arr) == arr.nbytes
     assert breakdown({"a": arr}, per=4)["source"] == "array sizes"
+
+
+def test_a_tables_chunks_are_one_entry():
+    chunks = [np.ones(MB // 8, np.uint64) for _ in range(10)]  # 1 MB each
+    pair = [np.ones(MB, np.uint8), np.ones(2 * MB, np.uint8)]
+    out = breakdown({"keys": _Holder(chunks=chunks, pair=pair)}, per=MB)
+    assert set(out["arrays"]) == {"keys.chunks[*] uint64 (10 arrays)", f"keys.pair[0] uint8 ({MB},)",
+                                  f"keys.pair[1] uint8 ({2 * MB},)"}
+    assert out["arrays"]["keys.chunks[*] uint64 (10 arrays)"] == pytest.approx(10, rel=0.01)
+    assert out["all_arrays"] == pytest.approx(13, rel=0.01)

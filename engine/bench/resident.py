@@ -9,6 +9,7 @@ no memory until it is written. Where pagemap cannot be read, an array counts its
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ PAGEMAP = "/proc/self/pagemap"
 MIN_BYTES = 1 << 16  # smaller arrays are left out of a breakdown: their sum is noise beside the pool's
 MAX_ITEMS = 200  # of a dict, list or tuple, the items looked into (a log's tables of strings are long)
 MAX_DEPTH = 8
+GROUP = 8  # a list's items of one type, from this many on, are one entry of a breakdown
+_ITEM = re.compile(r"\[\d+\]")
 
 
 def arrays_of(roots: dict[str, Any], min_bytes: int = MIN_BYTES) -> dict[str, np.ndarray]:
@@ -88,17 +91,29 @@ def resident_bytes(arr: np.ndarray, pagemap: Any = None) -> int:
 
 def breakdown(roots: dict[str, Any], per: int, top: int = 24, min_bytes: int = MIN_BYTES) -> dict[str, Any]:
     """Resident bytes of the arrays of `roots` (`arrays_of`) divided by `per` (a benchmark's
-    blocks): the `top` largest by name (`path dtype shape`), their sum and that of all."""
+    blocks): the `top` largest by name (`path dtype shape`; arrays that are the items of one
+    list, at least GROUP of them, as one `path[*] dtype (n arrays)`: a table kept in chunks),
+    and the sum of all."""
     arrays = arrays_of(roots, min_bytes)
     try:
         fh = open(PAGEMAP, "rb")
     except OSError:
         fh = None
     try:
-        sizes = {f"{path} {arr.dtype} {arr.shape}": resident_bytes(arr, fh) for path, arr in arrays.items()}
+        sized = [(path, arr, resident_bytes(arr, fh)) for path, arr in arrays.items()]
     finally:
         if fh is not None:
             fh.close()
+    groups: dict[tuple[str, str], list[int]] = {}
+    for path, arr, size in sized:
+        groups.setdefault((_ITEM.sub("[*]", path), str(arr.dtype)), []).append(size)
+    sizes = {}
+    for path, arr, size in sized:
+        key = (_ITEM.sub("[*]", path), str(arr.dtype))
+        if len(groups[key]) >= GROUP:
+            sizes[f"{key[0]} {key[1]} ({len(groups[key])} arrays)"] = sum(groups[key])
+        else:
+            sizes[f"{path} {arr.dtype} {arr.shape}"] = size
     ranked = sorted(sizes.items(), key=lambda item: -item[1])
     return {"per": per, "source": "pagemap" if fh is not None else "array sizes",
             "all_arrays": round(sum(sizes.values()) / per, 1),
