@@ -501,11 +501,12 @@ def bench_held_pool(quick: bool, sizes: tuple[int, ...] | None = None) -> dict[s
     one run: frames decoded into the engine's columnar pool (`engine.remote.colpool`, the
     journal pool an attach uses), its journal appended to the window's `PoolState` as an
     attach's GUI ticks do, and the block table of a real offscreen window redrawn. Per
-    size: RSS growth per block over the whole (pool, log, checkpoints, overlay) and the
-    arrays that make it up (`engine.bench.resident.breakdown`), the time to hold it, and the redraw (first; median and worst after a real change each time: a
+    size: RSS growth per block over the whole (pool, log, checkpoints, overlay), the time
+    to hold it, and the redraw (first; median and worst after a real change each time: a
     frame of 64 removals and 64 stores applied as an attach's tick applies it; beside it,
     after a change of version alone and with no change, as `bench_remote_redraw` times
-    its pool)."""
+    its pool); after those frames, the RSS growth per block again (a server that evicts) and
+    the arrays that make it up (`engine.bench.resident.breakdown`)."""
     from app.runtime.allocator import wait_released
     from app.runtime.context import make_test_context
     from engine.bench.resident import breakdown

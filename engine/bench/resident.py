@@ -9,6 +9,7 @@ no memory until it is written. Where pagemap cannot be read, an array counts its
 
 from __future__ import annotations
 
+import mmap
 import re
 from typing import Any
 
@@ -68,8 +69,6 @@ def resident_bytes(arr: np.ndarray, pagemap: Any = None) -> int:
     """The bytes of the pages `arr`'s memory spans that are resident (whole pages: an array
     sharing its first or last page with others counts that page), or its bytes when
     pagemap cannot be read (`pagemap`: the open file, to read many arrays at one open)."""
-    import mmap
-
     if arr.nbytes == 0:
         return 0
     if pagemap is None:

@@ -79,14 +79,13 @@ def _made_when_read(name: str) -> property:
 
 
 def _made_each_read(name: str) -> property:
-    """A field of `LogSeries` made each time it is read while it is None, never kept."""
+    """A field of a series made each time it is read while it is None (by its `made(name)`),
+    never kept: `LogSeries`' and a live server log's (`engine.core.live_log`)."""
     field = getattr(EventSeries, name)  # the slot's descriptor
-    make = {"empty": lambda s: s._log._empty_series(s.in_use, s.cached_free),
-            "evicted": lambda s: s._log._evicted_series()}[name]
 
-    def get(self: LogSeries) -> np.ndarray:
-        got = field.__get__(self, LogSeries)
-        return make(self) if got is None else got
+    def get(self: Any) -> np.ndarray:
+        got = field.__get__(self, type(self))
+        return self.made(name) if got is None else got
 
     return property(get, field.__set__)
 
@@ -215,6 +214,12 @@ class LogSeries(EventSeries):
     def __init__(self, log: ColumnarEventLog, *fields: Any) -> None:
         super().__init__(*fields)
         self._log = log
+
+    def made(self, name: str) -> np.ndarray:
+        """`empty` or `evicted`, made from the log (`_made_each_read`)."""
+        if name == "empty":
+            return self._log._empty_series(self.in_use, self.cached_free)
+        return self._log._evicted_series()
 
 
 class LazyEvents(Sequence[Event]):

@@ -30,7 +30,7 @@ from engine.core.columnar import (
     PoolArrays, _compiled_runs_extend, fits,
 )
 from engine.core.columnar_log import (
-    ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _series_loop,
+    ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _made_each_read, _series_loop,
 )
 from engine.core.events import Event
 from engine.core.growth import regrow
@@ -391,17 +391,6 @@ _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32),
 MADE_FROM_ROWS = ("empty", "evicted")
 
 
-def _made_from_rows(name: str) -> property:
-    """A field of `_CountsFromRows` made from its rows each time it is read (never kept)."""
-    field = getattr(EventSeries, name)  # the slot's descriptor
-
-    def get(self: _CountsFromRows) -> np.ndarray:
-        got = field.__get__(self, _CountsFromRows)
-        return self.made(name) if got is None else got
-
-    return property(get, field.__set__)
-
-
 class _CountsFromRows(EventSeries):
     """The series of a live log no request has held a block of (an attached server's): its
     `empty` and `evicted` are not kept, but made each time they are read from the log's rows
@@ -410,8 +399,8 @@ class _CountsFromRows(EventSeries):
     born at a row) less the cached free ones (none is in use)."""
 
     __slots__ = ("_kind", "_block", "_ends", "_born")
-    empty = _made_from_rows("empty")
-    evicted = _made_from_rows("evicted")
+    empty = _made_each_read("empty")
+    evicted = _made_each_read("evicted")
 
     def __init__(self, log: LiveColumnarLog, *fields: Any) -> None:
         super().__init__(*fields)
@@ -428,16 +417,19 @@ class _CountsFromRows(EventSeries):
         at = np.asarray(at, np.int64)
         ends = None if self._ends is None else self._ends[:len(self.cached_free)]
         rows = [0 if i <= 0 else int(i if ends is None else ends[i - 1]) for i in at.tolist()]
-        kind, block = self._kind, self._block
-        return np.array([np.count_nonzero((kind[a:b] == EVICTED) & (block[a:b] >= 0)) if b > a else 0
-                         for a, b in zip(rows[:-1], rows[1:])], np.int64)
+        return np.array([np.count_nonzero(self._evicting(a, b)) if b > a else 0 for a, b in zip(rows[:-1], rows[1:])],
+                        np.int64)
+
+    def _evicting(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Whether each of rows [start, stop) evicted a block (as the series pass counts them)."""
+        return (self._kind[start:stop] == EVICTED) & (self._block[start:stop] >= 0)
 
     def made(self, name: str) -> np.ndarray:
         n = len(self.cached_free)  # the events counted (a batch's may have rows, not counts yet)
         ends = np.arange(1, n + 1, dtype=np.int64) if self._ends is None else self._ends[:n]
         if name == "empty":
             return (np.asarray(self._born.searchsorted(ends), np.int64) - self.cached_free).astype(np.int32)
-        hit = (self._kind == EVICTED) & (self._block >= 0)
+        hit = self._evicting()
         counted = np.cumsum(hit, dtype=np.int32 if len(hit) < _I32_TOP else np.int64)
         return counted[:n] if self._ends is None else counted[ends - 1]
 
