@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self.block_size = block_size
         self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
+        self._bottom_share: float | None = None  # the bottom row of docks' share of the height (`_keep_bottom_share`)
         self.panels = PanelMap(self._build_deferred_panel, ctx)
         # The panels the window shows at once are built right after its first paint, one
         # per turn of the event loop (any lookup before that builds its panel at once), so
@@ -353,6 +354,8 @@ class MainWindow(QMainWindow):
 
     def event(self, event: QEvent) -> bool:  # noqa: N802 - Qt override
         handled = super().event(event)
+        if event.type() == QEvent.Type.MouseButtonRelease:  # the end of a drag of the rows' separator, say
+            self._note_bottom_share()
         if event.type() == QEvent.Type.UpdateRequest and not self.first_painted:
             # The backing store has just been painted and flushed: the window is up.
             self.first_painted = True
@@ -446,6 +449,8 @@ class MainWindow(QMainWindow):
             bottom_share = 0.45 if height >= 900 else 0.40
             self.resizeDocks([right[0], bottom[0]], [int(height * (1 - bottom_share)), int(height * bottom_share)],
                              Qt.Orientation.Vertical)
+            self._bottom_share = None  # read once this is laid out (`_note_bottom_share`)
+            QTimer.singleShot(0, self, self._note_bottom_share)
         side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
         if len(side_by_side) == 2:
             self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
@@ -479,12 +484,45 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
+        QTimer.singleShot(0, self, self._note_bottom_share)
         collector.install(self)  # again after a close
         QTimer.singleShot(0, self.hide_stale_tab_bars)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
+        if 0 < event.oldSize().height() != event.size().height():
+            self._keep_bottom_share()
         QTimer.singleShot(0, self.hide_stale_tab_bars)
+
+    # A taller or shorter window shares its height between the top row of docks (the right
+    # area: block table and its tabs) and the bottom row (timelines, metrics) as they were
+    # shared before, as a user set them by dragging the separator or the layout left them.
+    # QMainWindow gave the whole change to the bottom row: maximized from 1280x800 to
+    # 1920x1200, the block table kept its 342 px and the plots went from 253 to 653.
+
+    def _row_docks(self) -> tuple[QDockWidget, QDockWidget] | None:
+        """The dock shown at the top of the right area and the one in the bottom area."""
+        def shown(area: Qt.DockWidgetArea) -> QDockWidget | None:
+            # (a tab not raised is moved out of sight, not hidden: its visible region is empty)
+            return next((d for d in self.docks.values() if self.dockWidgetArea(d) == area and not d.isFloating()
+                         and not d.visibleRegion().isEmpty()), None)
+
+        top, bottom = shown(Qt.DockWidgetArea.RightDockWidgetArea), shown(BOTTOM)
+        return None if top is None or bottom is None else (top, bottom)
+
+    def _note_bottom_share(self) -> None:
+        """The bottom row's share of the two rows' height as laid out now (None while either
+        row shows no dock)."""
+        rows = self._row_docks()
+        total = rows[0].height() + rows[1].height() if rows else 0
+        self._bottom_share = rows[1].height() / total if total > 0 else None
+
+    def _keep_bottom_share(self) -> None:
+        rows, share = self._row_docks(), self._bottom_share
+        if rows is None or share is None:
+            return
+        total = rows[0].height() + rows[1].height()
+        self.resizeDocks(list(rows), [total - round(total * share), round(total * share)], Qt.Orientation.Vertical)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -527,7 +565,7 @@ class MainWindow(QMainWindow):
             self.resize(size)
         state = s.value("window/state")
         if isinstance(state, (QByteArray, bytes)):
-            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+            self._restore_layout(QByteArray(state))
         self.fit_to_screen()
 
     def fit_to_screen(self) -> None:
@@ -554,7 +592,13 @@ class MainWindow(QMainWindow):
         self._default_state = self.saveState(LAYOUT_VERSION)
         state = self.ctx.settings.value("window/state")
         if isinstance(state, (QByteArray, bytes)):
-            self.restoreState(QByteArray(state), LAYOUT_VERSION)
+            self._restore_layout(QByteArray(state))
+
+    def _restore_layout(self, state: QByteArray) -> None:
+        """A saved layout back; the rows' share is read from it once it is laid out."""
+        self.restoreState(state, LAYOUT_VERSION)
+        self._bottom_share = None
+        QTimer.singleShot(0, self, self._note_bottom_share)
 
     def save_settings(self) -> None:
         s = self.ctx.settings
@@ -573,7 +617,7 @@ class MainWindow(QMainWindow):
             collector.release(self)
 
     def reset_layout(self) -> None:
-        self.restoreState(self._default_state, LAYOUT_VERSION)
+        self._restore_layout(self._default_state)
         for dock in self.docks.values():
             dock.setFloating(False)
             dock.show()
