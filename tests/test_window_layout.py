@@ -323,11 +323,9 @@ def _rows(window):
     return top.height(), bottom.height()
 
 
-@pytest.mark.parametrize("raised", ["timeline", "event_log"])
-def test_a_larger_window_shares_its_new_height_between_the_rows_as_before(qtbot, tmp_path, raised):
-    """Maximized from 1280x800 to 1920x1200 (with the bottom row's either tab raised), the
-    block table's row grows with the plots' in the proportion they had, not the plots alone;
-    back at 1280x800, both are as they were."""
+@pytest.fixture
+def laid_out(qtbot, tmp_path):
+    """A window at 1280x800, shown, its rows' share noted."""
     ctx = make_test_context(tmp_path)
     window = MainWindow(ctx, load_model=False)
     qtbot.addWidget(window)
@@ -335,50 +333,49 @@ def test_a_larger_window_shares_its_new_height_between_the_rows_as_before(qtbot,
         window.resize(1280, 800)
         window.show()
         qtbot.waitExposed(window)
-        window.docks[raised].raise_()
         qtbot.waitUntil(lambda: window._bottom_share is not None, timeout=5000)
-        qtbot.wait(50)
-        top0, bottom0 = _rows(window)
-        window.resize(1920, 1200)
-        qtbot.wait(100)
-        top1, bottom1 = _rows(window)
-        assert top1 - top0 >= 0.4 * 400, (top0, top1)  # Qt alone gave the plots all 400 px
-        assert abs(bottom1 / (top1 + bottom1) - bottom0 / (top0 + bottom0)) < 0.05
-        window.resize(1280, 800)
-        qtbot.wait(100)
-        assert all(abs(a - b) <= 10 for a, b in zip(_rows(window), (top0, bottom0)))
+        yield window
     finally:
         ctx.shutdown()
 
 
-def test_the_rows_keep_the_share_a_user_dragged_them_to(qtbot, tmp_path):
+@pytest.mark.parametrize("raised", ["timeline", "event_log"])
+def test_a_larger_window_shares_its_new_height_between_the_rows_as_before(qtbot, laid_out, raised):
+    """Maximized from 1280x800 to 1920x1200 (with the bottom row's either tab raised), the
+    block table's row grows with the plots' in the proportion they had, not the plots alone;
+    back at 1280x800, both are as they were."""
+    window = laid_out
+    window.docks[raised].raise_()
+    qtbot.wait(50)
+    top0, bottom0 = _rows(window)
+    window.resize(1920, 1200)
+    qtbot.wait(100)
+    top1, bottom1 = _rows(window)
+    assert top1 - top0 >= 0.4 * 400, (top0, top1)  # Qt alone gave the plots all 400 px
+    assert abs(bottom1 / (top1 + bottom1) - bottom0 / (top0 + bottom0)) < 0.05
+    window.resize(1280, 800)
+    qtbot.wait(100)
+    assert all(abs(a - b) <= 10 for a, b in zip(_rows(window), (top0, bottom0)))
+
+
+def test_the_rows_keep_the_share_a_user_dragged_them_to(qtbot, laid_out):
     """A drag of the separator between the rows ends in a mouse release on the window: the
     share it left is the one a resize keeps."""
     from PySide6.QtCore import QEvent, QPointF, Qt
     from PySide6.QtGui import QMouseEvent
     from PySide6.QtWidgets import QApplication
 
-    ctx = make_test_context(tmp_path)
-    window = MainWindow(ctx, load_model=False)
-    qtbot.addWidget(window)
-    try:
-        window.resize(1280, 800)
-        window.show()
-        qtbot.waitExposed(window)
-        qtbot.waitUntil(lambda: window._bottom_share is not None, timeout=5000)
-        top, bottom = window._row_docks()
-        window.resizeDocks([top, bottom], [200, 400], Qt.Orientation.Vertical)  # as a drag of the separator leaves it
-        qtbot.wait(50)
-        release = QMouseEvent(QEvent.Type.MouseButtonRelease, QPointF(10, 10), QPointF(10, 10),
-                              Qt.MouseButton.LeftButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
-        before = window._bottom_share
-        QApplication.sendEvent(window, release)
-        dragged = window._bottom_share
-        assert before < 0.45 and dragged > 0.5
-        window.resize(1920, 1200)
-        qtbot.wait(100)
-        t, b = _rows(window)
-        assert abs(b / (t + b) - dragged) < 0.05
-    finally:
-        ctx.shutdown()
-
+    window = laid_out
+    top, bottom = window._row_docks()
+    window.resizeDocks([top, bottom], [200, 400], Qt.Orientation.Vertical)  # as a drag of the separator leaves it
+    qtbot.wait(50)
+    release = QMouseEvent(QEvent.Type.MouseButtonRelease, QPointF(10, 10), QPointF(10, 10),
+                          Qt.MouseButton.LeftButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
+    before = window._bottom_share
+    QApplication.sendEvent(window, release)
+    dragged = window._bottom_share
+    assert before < 0.45 and dragged > 0.5
+    window.resize(1920, 1200)
+    qtbot.wait(100)
+    t, b = _rows(window)
+    assert abs(b / (t + b) - dragged) < 0.05
