@@ -449,8 +449,7 @@ class MainWindow(QMainWindow):
             bottom_share = 0.45 if height >= 900 else 0.40
             self.resizeDocks([right[0], bottom[0]], [int(height * (1 - bottom_share)), int(height * bottom_share)],
                              Qt.Orientation.Vertical)
-            self._bottom_share = None  # read once this is laid out (`_note_bottom_share`)
-            QTimer.singleShot(0, self, self._note_bottom_share)
+            self._note_bottom_share_when_laid_out()
         side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
         if len(side_by_side) == 2:
             self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
@@ -516,6 +515,11 @@ class MainWindow(QMainWindow):
         rows = self._row_docks()
         total = rows[0].height() + rows[1].height() if rows else 0
         self._bottom_share = rows[1].height() / total if total > 0 else None
+
+    def _note_bottom_share_when_laid_out(self) -> None:
+        """The share unknown (a resize keeps none) until the layout set now is laid out."""
+        self._bottom_share = None
+        QTimer.singleShot(0, self, self._note_bottom_share)
 
     def _keep_bottom_share(self) -> None:
         rows, share = self._row_docks(), self._bottom_share
@@ -597,8 +601,7 @@ class MainWindow(QMainWindow):
     def _restore_layout(self, state: QByteArray) -> None:
         """A saved layout back; the rows' share is read from it once it is laid out."""
         self.restoreState(state, LAYOUT_VERSION)
-        self._bottom_share = None
-        QTimer.singleShot(0, self, self._note_bottom_share)
+        self._note_bottom_share_when_laid_out()
 
     def save_settings(self) -> None:
         s = self.ctx.settings

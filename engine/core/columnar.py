@@ -893,7 +893,7 @@ class ColumnarLog:
                 bits = np.unpackbits(base[start >> 3:(stop + 7) >> 3], bitorder="little")
                 return bits[start & 7:(start & 7) + stop - start].astype(dtype)
             at = np.asarray(index, np.int64) % max(1, self.num_rows)  # a negative row counts from the end
-            return ((base[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(dtype)
+            return bits_at(base, at).astype(dtype)
         if base is not None:
             return base[:self.num_rows][index].astype(dtype)
         if isinstance(index, slice):
@@ -1713,6 +1713,17 @@ class ColumnarLog:
         live = np.flatnonzero((start < n) & (finish >= n)).tolist()
         ids = self.requests.ids
         return {ids[r]: table for r, table in zip(live, self.block_tables(live, n))}
+
+
+def bits_at(bits: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Bits `at` of a bit array kept 8 a byte (bit i: bit i & 7 of byte i >> 3, as
+    np.packbits' little bit order writes them), each as a uint8 0 or 1."""
+    return (bits[at >> 3] >> (at & 7).astype(np.uint8)) & 1
+
+
+def set_bits(bits: np.ndarray, at: np.ndarray) -> None:
+    """Bits `at` of such a bit array set (`bits_at`), in place; `at` may repeat."""
+    np.bitwise_or.at(bits, at >> 3, np.left_shift(1, at & 7).astype(np.uint8))
 
 
 def fits(values: np.ndarray, dtype: Any, margin: int = 0) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 
 from engine.core.columnar import (
     CHECKPOINT_BYTES, EVICTED, OTHER, REF, REFUSED, RESET, STORED, TAIL_BASE, ArithmeticRuns, ColumnarLog,
-    PoolArrays, _compiled_runs_extend, fits,
+    PoolArrays, _compiled_runs_extend, bits_at, fits, set_bits,
 )
 from engine.core.columnar_log import (
     ArrayProjection, ColumnarEventLog, EventSeries, LazyEvents, _compiled_series_loop, _made_each_read, _series_loop,
@@ -997,7 +997,7 @@ class LiveColumnarLog(ColumnarEventLog):
         if len(idx) * _PATCH_BYTES > 16 * n // 3:
             return
         marks = np.zeros((n + 7) >> 3, np.uint8)  # a bit a block (`_keep_newest`)
-        np.bitwise_or.at(marks, idx >> 3, np.left_shift(1, idx & 7).astype(np.uint8))
+        set_bits(marks, idx)
         blocks = _Growing(np.int64, narrow=np.int32)
         blocks.extend(idx)
         values = {name: _Growing(getattr(whole, name).dtype) for name in _ARRAYS}
@@ -1023,7 +1023,7 @@ class LiveColumnarLog(ColumnarEventLog):
         marks = self._marks
         blocks = self.columnar.col("block")[r0:r1]
         blocks = blocks[blocks.view(f"u{blocks.itemsize}") < cp.num_blocks]  # -1 (no block) read as the largest
-        fresh = blocks[(marks[blocks >> 3] >> (blocks & 7).astype(np.uint8)) & 1 == 0]
+        fresh = blocks[bits_at(marks, blocks) == 0]
         if not len(fresh):
             return
         fresh = np.sort(fresh)  # each block once (np.unique took 10 times as long on a tick's rows)
@@ -1031,7 +1031,7 @@ class LiveColumnarLog(ColumnarEventLog):
         once[0] = True
         np.not_equal(fresh[1:], fresh[:-1], out=once[1:])
         fresh = fresh[once]
-        np.bitwise_or.at(marks, fresh >> 3, np.left_shift(1, fresh & 7).astype(np.uint8))
+        set_bits(marks, fresh)
         idx, values = self._patch
         idx.append(fresh)
         live = self._live_arrays
