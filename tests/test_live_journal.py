@@ -18,7 +18,8 @@ from engine.remote.colpool import ColumnarPool
 from engine.remote.wire import MalformedFrame
 from tests.test_live_log import _check_projection, _feed, _remote_events
 
-SERIES = ("in_use", "cached_free", "max_ref", "evicted", "cached_tokens", "prompt_tokens", "refusal_seqs", "reset_seqs")
+SERIES = ("in_use", "cached_free", "empty", "max_ref", "evicted", "cached_tokens", "prompt_tokens", "refusal_seqs",
+          "reset_seqs")
 
 
 def _journal_fed(frames, reset_every: int = 0, per_tick: int = 1, source: str = "tcp://10.0.0.5:5557",
