@@ -115,10 +115,11 @@ def test_the_comparison_can_fail():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_servers_log_makes_its_empty_and_evicted_counts_and_kinds_from_its_rows(compiled):
-    """An attached server's log keeps no per-event `empty` or `evicted` count and no event
-    kinds (each follows from the rows: 9 B an event of a server that evicts): they read as
-    the reference's, and a snapshot's stay as they were while rows keep coming."""
+def test_a_servers_log_makes_its_block_counts_and_kinds_from_its_rows(compiled):
+    """An attached server's log keeps no per-event `cached_free`, `empty` or `evicted` count
+    and no event kinds (each follows from the rows: 13 B an event of a server that evicts;
+    `cached_free` till its first clear): they read as the reference's, and a snapshot's stay
+    as they were while rows keep coming."""
     from tests.test_colpool import _synthetic
 
     frames = _synthetic(220, 3)
@@ -127,7 +128,7 @@ def test_a_servers_log_makes_its_empty_and_evicted_counts_and_kinds_from_its_row
     half = len(frames) // 2
     got = _journal_fed(frames[:half], per_tick=7, compiled=compiled)
     frozen = got.snapshot()
-    first = (list(frozen.series.empty), list(frozen.series.evicted))
+    first = (list(frozen.series.empty), list(frozen.series.evicted), list(frozen.series.cached_free))
     source = "tcp://10.0.0.5:5557"
     pool = ColumnarPool(source, rank=0, journal=True)
     got = journal_log(16, compiled=compiled, checkpoint_rows=48)
@@ -142,10 +143,57 @@ def test_a_servers_log_makes_its_empty_and_evicted_counts_and_kinds_from_its_row
     for name in ("empty", "evicted", "cached_free"):
         assert list(getattr(got.series, name)) == list(getattr(ref.series, name)), name
     assert list(got.kinds) == list(ref.kinds)
-    assert (list(frozen.series.empty), list(frozen.series.evicted)) == (
-        list(ref.series.empty)[:n], list(ref.series.evicted)[:n]) == first
+    assert (list(frozen.series.empty), list(frozen.series.evicted), list(frozen.series.cached_free)) == (
+        list(ref.series.empty)[:n], list(ref.series.evicted)[:n], list(ref.series.cached_free)[:n]) == first
     assert got._columns["empty"].n == got._columns["evicted"].n == 0
+    # a clear is an event of a row a block: the series pass's from then on, its cached free kept
+    assert not got._free_from_rows and got._columns["cached_free"].n == len(got)
     assert got._bounds is not None and got._kinds.n == len(got)  # a clear's event has a row a block
+
+
+def _stored(seq: int, block: int, digest: bytes):
+    from engine.core.events import BlockStored
+
+    return BlockStored(seq=seq, time=float(seq), request_id="", block_id=block, block_hash=digest, parent_hash=None,
+                       token_ids=(seq,) * 4, salt=None)
+
+
+def _evicted(seq: int, block: int, digest: bytes):
+    from engine.core.events import BlockEvicted
+
+    return BlockEvicted(seq=seq, time=float(seq), block_id=block, block_hash=digest, by_request_id="")
+
+
+@pytest.mark.parametrize("odd_at", [5, 6, None])
+def test_rows_no_placer_writes_make_the_log_keep_its_cached_free_counts(odd_at):
+    """A journal tick's rows that store into a block holding a hash, or take a hash from a
+    block holding none, do not tell the cached free count (`_free_from_rows`): from that tick
+    on the log keeps it, the counts before made from the rows, all equal to a log that kept
+    them from the first (its ticks are the series pass's, not the journal's)."""
+    from engine.core.live_log import LiveColumnarLog
+
+    from engine.core.events import CacheReset
+
+    events = [_stored(0, 0, b"a" * 8), _stored(1, 1, b"b" * 8), _evicted(2, 0, b"a" * 8),
+              CacheReset(seq=3, time=3.0, num_blocks_cleared=1),  # block 1's hash: one row, one event
+              _stored(4, 0, b"c" * 8), _stored(5, 2, b"d" * 8), _evicted(6, 2, b"d" * 8), _stored(7, 1, b"e" * 8)]
+    if odd_at == 5:  # a second hash stored into block 0 (a store into a block holding one)
+        events[5] = _stored(5, 0, b"f" * 8)
+    elif odd_at == 6:  # a hash taken from block 1, which holds none
+        events[6] = _evicted(6, 1, b"g" * 8)
+    fused, kept = LiveColumnarLog(0, 4), LiveColumnarLog(0, 4)
+    fused.columnar.journal_fed = True  # its ticks the journal's pass, as a journal log's
+    for lo in range(0, len(events), 2):
+        for log in (fused, kept):
+            log.extend(events[lo:lo + 2])
+    assert not kept._free_from_rows and kept._columns["cached_free"].n == len(events)
+    assert fused._free_from_rows == (odd_at is None)
+    assert fused._columns["cached_free"].n == (0 if odd_at is None else len(events))
+    assert list(fused.series.cached_free) == list(kept.series.cached_free)
+    assert list(fused.series.empty) == list(kept.series.empty)
+    assert list(kept.series.cached_free)[:5] == [1, 2, 1, 0, 1]
+    if odd_at == 5:  # the store over a hash: no new cached free block
+        assert list(kept.series.cached_free)[5] == 1
 
 
 def test_a_log_whose_events_are_a_row_each_keeps_no_event_kinds():
@@ -159,7 +207,9 @@ def test_a_log_whose_events_are_a_row_each_keeps_no_event_kinds():
     got = _journal_fed(frames, per_tick=16)
     assert {"block_evicted", "block_stored"} <= {e.kind for e in ref.events}
     assert list(got.kinds) == list(ref.kinds) and list(got.series.evicted) == list(ref.series.evicted)
+    assert list(got.series.cached_free) == list(ref.series.cached_free)
     assert got._bounds is None and got._kinds.n == 0 and got._columns["evicted"].n == 0
+    assert got._free_from_rows and got._columns["cached_free"].n == 0
 
 
 def test_evictions_between_sample_positions_are_the_cumulative_counts_differences():

@@ -389,6 +389,10 @@ _SERIES = (("in_use", np.int32), ("cached_free", np.int32), ("empty", np.int32),
 # Kept, each was 4 B an event of a server that evicts: 8.0 B a block of a 1M-block pool's
 # log after its first eviction, where a pool that only stored kept them as one value
 MADE_FROM_ROWS = ("empty", "evicted")
+# ... and `cached_free` too while every batch was a journal tick that stored only into
+# blocks holding no hash and took hashes only from blocks holding one (the placer's rows,
+# always: `LiveColumnarLog._free_from_rows`): 4 B an event, 4.0 B a block of the app's
+# 1M-block remote pool held
 
 
 class _CountsFromRows(EventSeries):
@@ -396,9 +400,12 @@ class _CountsFromRows(EventSeries):
     `empty` and `evicted` are not kept, but made each time they are read from the log's rows
     as they were when the series was taken, as its series pass counts them: `evicted` the
     rows that evicted a block up to each event's end, `empty` the pool's blocks then (each
-    born at a row) less the cached free ones (none is in use)."""
+    born at a row) less the cached free ones (none is in use), and `cached_free` too when
+    given as None (`LiveColumnarLog._free_from_rows`): the rows that stored into a block
+    less those that took a block's hash (evicted or cleared)."""
 
-    __slots__ = ("_kind", "_block", "_ends", "_born")
+    __slots__ = ("_kind", "_block", "_ends", "_born", "_n")
+    cached_free = _made_each_read("cached_free")
     empty = _made_each_read("empty")
     evicted = _made_each_read("evicted")
 
@@ -410,12 +417,13 @@ class _CountsFromRows(EventSeries):
         # each event's end: None while every event is one row (event i ends at row i + 1)
         self._ends = None if log._bounds is None else np.asarray(log.ends, np.int64)
         self._born = col._born_row.view(col.num_blocks)
+        self._n = log._counted  # the events counted (a batch's may have rows, not counts yet)
 
     def evicted_between(self, at: np.ndarray) -> np.ndarray:
         """`EventSeries.evicted_between` counted from the rows of each span of events alone:
         no whole count is made (a timeline's bars read a few dozen spans each draw)."""
         at = np.asarray(at, np.int64)
-        ends = None if self._ends is None else self._ends[:len(self.cached_free)]
+        ends = None if self._ends is None else self._ends[:self._n]
         rows = [0 if i <= 0 else int(i if ends is None else ends[i - 1]) for i in at.tolist()]
         return np.array([np.count_nonzero(self._evicting(a, b)) if b > a else 0 for a, b in zip(rows[:-1], rows[1:])],
                         np.int64)
@@ -425,13 +433,21 @@ class _CountsFromRows(EventSeries):
         return (self._kind[start:stop] == EVICTED) & (self._block[start:stop] >= 0)
 
     def made(self, name: str) -> np.ndarray:
-        n = len(self.cached_free)  # the events counted (a batch's may have rows, not counts yet)
+        n = self._n
         ends = np.arange(1, n + 1, dtype=np.int64) if self._ends is None else self._ends[:n]
         if name == "empty":
             return (np.asarray(self._born.searchsorted(ends), np.int64) - self.cached_free).astype(np.int32)
-        hit = self._evicting()
-        counted = np.cumsum(hit, dtype=np.int32 if len(hit) < _I32_TOP else np.int64)
-        return counted[:n] if self._ends is None else counted[ends - 1]
+        rows = int(ends[-1]) if n else 0
+        wide = np.int32 if rows < _I32_TOP else np.int64
+        if name == "cached_free":  # +1 a row that stored into a block, -1 one that took a block's hash
+            kind = self._kind[:rows]
+            step = (kind == STORED).astype(np.int8)
+            step -= (kind == EVICTED) | (kind == RESET)
+            step *= self._block[:rows] >= 0
+            counted = np.cumsum(step, dtype=wide)
+        else:
+            counted = np.cumsum(self._evicting(0, rows), dtype=wide)
+        return counted if self._ends is None else counted[ends - 1]
 
 
 _I32_TOP = np.iinfo(np.int32).max
@@ -486,7 +502,7 @@ class _LiveColumns(ColumnarLog):
 
 
 def _blocks_before(col: ColumnarLog, row: int) -> int:
-    """`col.blocks_at(row)` for one row, without `as_key`'s np.iinfo (~10 us a call, two a
+    """`col.blocks_at(row)` for one row, without `as_key`'s np.iinfo (~10 us a call, one a
     journal tick): the pool's blocks if the newest was born before `row` (a tick's end),
     else a search of the born rows."""
     nb = col.num_blocks
@@ -584,6 +600,10 @@ class LiveColumnarLog(ColumnarEventLog):
         # a journal tick's pass reads a block's hash held from the live pool (`_journal_tick`)
         self._ref = np.zeros(max(1, num_blocks), np.int32)  # a ref count, as PoolArrays keeps it
         self._any_ref = False  # a ref row appended yet (an attached server's log has none)
+        # `cached_free` made from the rows, not kept (`MADE_FROM_ROWS`), till a batch is not a
+        # journal tick whose rows follow the placer's rules (`_keep_cached_free`)
+        self._free_from_rows = True
+        self._counted = 0  # the events the series count (`rows_appended` moved them on over)
         self._held = np.zeros(max(1, num_blocks), np.uint8)
         self._held_stale = False  # a journal tick moved the hashes on since `_held` was written
         self._zero_refs = np.broadcast_to(np.int32(0), (1024,))  # `_no_refs`
@@ -646,8 +666,9 @@ class LiveColumnarLog(ColumnarEventLog):
         if self._any_ref:
             return EventSeries(self.seqs, *(c[name].view for name, _ in _SERIES), self._refusals.view,
                                self._resets.view)
-        return _CountsFromRows(self, self.seqs, *(None if name in MADE_FROM_ROWS else c[name].view
-                                                  for name, _ in _SERIES), self._refusals.view, self._resets.view)
+        made = (*MADE_FROM_ROWS, "cached_free") if self._free_from_rows else MADE_FROM_ROWS
+        return _CountsFromRows(self, self.seqs, *(None if name in made else c[name].view for name, _ in _SERIES),
+                               self._refusals.view, self._resets.view)
 
     @property
     def live(self) -> ArrayProjection:  # type: ignore[override]
@@ -657,7 +678,7 @@ class LiveColumnarLog(ColumnarEventLog):
                 # no request ever held a block (a remote pool's): every block holding a hash is
                 # cached free, which the series counts, so no whole-pool pass is made per tick
                 # (a 10M-block pool's three were ~10 ms of each redraw's summary)
-                cached = int(self._columns["cached_free"].view[-1])
+                cached = int(self._acc[1])  # the series pass's, after the last event
                 live._cache["counts"] = (0, cached, cached)
             self._live = live
         return self._live
@@ -825,6 +846,7 @@ class LiveColumnarLog(ColumnarEventLog):
             self._series_on(r0, ends)
             self._keep_newest(r0, r1)
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
+        self._counted = self._num_events()
         live = self._live_arrays
         if not self._any_ref:  # no request ever held a block (a remote pool's): no array of zeros kept
             live.ref_counts = self._no_refs(len(live.ref_counts))
@@ -850,19 +872,19 @@ class LiveColumnarLog(ColumnarEventLog):
         self._keep_newest(r0, r1)
         state = self._live_arrays
         ref, hk, pos = col._grown_to(state, r1, refs=False)  # in place (_LiveColumns); every ref count 0
-        nb0 = _blocks_before(col, r0)
-        born = col._born_row.span(nb0, col.num_blocks)  # the blocks born in these rows
         n = r1 - r0
         acc, columns = self._acc, self._columns
-        # the pass counts cached free, empty and evicted; the log keeps the first alone (no
-        # request holds a block here: `MADE_FROM_ROWS`), written where its column keeps it
-        # unless that keeps one value so far
-        rooms = [columns["cached_free"].room(n), None, None]
-        out = [np.empty(n, np.int32) if room is None else room for room in rooms]
-        got = np.zeros(6, np.int64)
+        # the pass counts cached free blocks after each event; the log keeps them (written
+        # where its column keeps them, unless that keeps one value so far) only once its rows
+        # no longer tell them (`_free_from_rows`); empty and evicted it never keeps (no
+        # request holds a block here: `MADE_FROM_ROWS`)
+        cached_free = columns["cached_free"]
+        room = None if self._free_from_rows else cached_free.room(n)
+        out = np.empty(n, np.int32) if room is None else room
+        got = np.zeros(5, np.int64)
         hashes = col.rows_window("hash", r0, r1)  # these rows only, where kept as runs (`ArithmeticRuns`)
-        if not loop(col.col("kind"), col.col("block"), hashes, col.col("flag"), r0, r1, born, nb0,
-                    acc, hk, pos, out[0], out[1], out[2], got):
+        if not loop(col.col("kind"), col.col("block"), hashes, col.col("flag"), r0, r1, acc, hk, pos, out,
+                    got):
             return False
         self._held_stale = True
         stores, evictions = int(got[0]), int(got[1])
@@ -870,13 +892,15 @@ class LiveColumnarLog(ColumnarEventLog):
         for name, value in (("in_use", acc[0]), ("max_ref", acc[3]), ("cached_tokens", acc[4]),
                             ("prompt_tokens", acc[5])):
             columns[name].append_same(value, n)
-        cached_free = columns["cached_free"]
-        if rooms[0] is not None:
+        if self._free_from_rows and got[4]:  # a row the placer would not write: counts kept from here
+            self._keep_cached_free()
+        if room is not None:
             cached_free.wrote(n)
-        elif got[3]:
-            cached_free.append_same(out[0][0], n)
-        else:
-            cached_free.append(out[0])
+        elif not self._free_from_rows:
+            if got[3]:
+                cached_free.append_same(out[0], n)
+            else:
+                cached_free.append(out)
         c = state.counters
         counters = Counters(c.num_requests, c.num_prompt_tokens, c.num_cached_tokens, c.num_stored_blocks + stores,
                             c.num_evicted_blocks + evictions, c.num_refused_requests, c.num_finished_requests,
@@ -915,9 +939,16 @@ class LiveColumnarLog(ColumnarEventLog):
             self._held[len(hk):] = 0
             self._held_stale = False
 
+    def _keep_cached_free(self) -> None:
+        """Keep `cached_free` in its column from now on, its values so far made from the rows."""
+        if self._free_from_rows:
+            self._columns["cached_free"].append(self.series.cached_free)
+            self._free_from_rows = False
+
     def _series_on(self, r0: int, ends: np.ndarray) -> None:
         """The series after each new event, from the counts after the previous batch."""
         col = self.columnar
+        self._keep_cached_free()  # the pass's rows may be any: its counts are kept
         self._fit_series_state()
         r1 = col.num_rows
         kind, a = col.col("kind"), col.rows_window("a", r0, r1)  # `a`: these rows only, where kept as runs
@@ -1159,26 +1190,23 @@ def _thinned(states: list[Any]) -> list[Any]:
     return [out[i] for i in kept]
 
 
-def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, acc, hk, pos, free_out, empty_out, evicted_out,
-                  got):  # pragma: no cover - compiled
+def _journal_loop(kind, block, key, flag, r0, r1, acc, hk, pos, free_out, got):  # pragma: no cover - compiled
     """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
     row an event, for rows that only store (STORED), evict (EVICTED) or clear (RESET) while
     no block has a ref count: per block its hash (`hk`, -1: none held) and free-queue place
-    (`pos`), the live pool's; `acc` the series' counts (cached free, evicted move); `born` the
-    rows the blocks from `nb0` on were born at. `free_out`, `empty_out`, `evicted_out`: those
-    counts after each event; `got`: stores, evictions, clears' rows, and per count 1 where it
-    did not move. False, nothing written, if a row is of another kind."""
+    (`pos`), the live pool's; `acc` the series' counts (cached free, evicted move). `free_out`: the cached free blocks after each
+    event; `got`: stores, evictions, clears' rows, 1 where the cached free did not move, and
+    the rows a placer does not write (a store into a block holding a hash, a hash taken from
+    one holding none: `LiveColumnarLog._free_from_rows`). False, nothing written, if a row is
+    of another kind. (`empty` and `evicted` after each event follow from the rows: they are
+    `_CountsFromRows`', never this pass's.)"""
     for i in range(r0, r1):
         k = kind[i]
         if k != STORED and k != EVICTED and k != RESET:
             return False
-    in_use = acc[0]
     cached_free = acc[1]
     evicted = acc[2]
-    j = 0
     for i in range(r0, r1):
-        while j < len(born) and born[j] <= i:  # a block counts from the row it is born at
-            j += 1
         k = kind[i]
         b = block[i]
         if k == STORED:
@@ -1186,27 +1214,26 @@ def _journal_loop(kind, block, key, flag, r0, r1, born, nb0, acc, hk, pos, free_
             if b >= 0:
                 if hk[b] < 0:
                     cached_free += 1
+                else:
+                    got[4] += 1
                 hk[b] = key[i]
                 if flag[i] == 1:
                     pos[b] = TAIL_BASE + 2 * i  # the free queue's tail from this row
         elif b >= 0:  # evicted, or a clear's: the hash goes, an eviction counted for the former
             if hk[b] >= 0:
                 cached_free -= 1
+            else:
+                got[4] += 1
             hk[b] = -1
             if k == EVICTED:
                 evicted += 1
                 got[1] += 1
         if k == RESET:
             got[2] += 1
-        e = i - r0
-        free_out[e] = cached_free
-        empty_out[e] = nb0 + j - in_use - cached_free
-        evicted_out[e] = evicted
+        free_out[i - r0] = cached_free
     acc[1] = cached_free
     acc[2] = evicted
     got[3] = _all_first(free_out)
-    got[4] = _all_first(empty_out)
-    got[5] = _all_first(evicted_out)
     return True
 
 
@@ -1240,9 +1267,8 @@ def _compiled_journal_loop() -> Any:
             loop = njit(cache=True, nogil=True)(_journal_loop)
             i32 = np.zeros(3, np.int32)
             loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
-                 np.zeros(1, np.int64), 0, np.zeros(6, np.int64), np.full(1, -1, np.int32),
-                 np.zeros(1, np.int64), np.empty(3, np.int32), np.empty(3, np.int32), np.empty(3, np.int32),
-                 np.zeros(6, np.int64))
+                 np.zeros(6, np.int64), np.full(1, -1, np.int32),
+                 np.zeros(1, np.int64), np.empty(3, np.int32), np.zeros(5, np.int64))
             _JOURNAL_LOOP.append(loop)
     return _JOURNAL_LOOP[0]
 
