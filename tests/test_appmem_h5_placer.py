@@ -39,11 +39,12 @@ def test_a_stream_that_names_no_tenant_keeps_no_table_of_hashes():
     assert placer.table.nbytes <= 8 * 1024  # was n / TABLE_LOAD entries of 8 bytes: 16 to 18 a hash held
     assert int(placer.state[8]) == 0
     # a record without its hash's next holder (B_LNEXT) or its hash's code (B_CODE_LO/HI,
-    # read only by the table; e45e70e), nor its slot's next copy (the copies' table's):
-    # 8 bytes, grown by an eighth at most
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 2
+    # read only by the table; e45e70e), nor its slot's next copy (the copies' table's), nor
+    # its owner while every record's is one (one rank, 8-byte hashes, no tenant): 4 bytes,
+    # grown by an eighth at most
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 1 and int(placer.state[10]) == 3 << 2 | 1
     assert int(placer.state[9]) == 0 and placer.cp.nbytes <= 32 * 1024  # the copies' table: no copy came
-    assert placer.blocks.nbytes <= 8 * n * 9 // 8
+    assert placer.blocks.nbytes <= 4 * n * 9 // 8
     # a first tenant: the table of the hashes held is made, each parent's holder found from then on
     k = 3
     more = rng.integers(1, 1 << 63, k, dtype=np.int64)

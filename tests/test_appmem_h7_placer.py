@@ -61,7 +61,7 @@ def _held(log) -> Counter:
     return Counter((p.hashes[b], p.parents[b]) for b in range(p.num_blocks) if p.hashes[b] is not None)
 
 
-def test_a_record_is_8_bytes_until_a_tenant_comes():
+def test_a_record_is_4_bytes_until_a_tenant_comes():
     log = journal_log(16)
     pool = ColumnarPool(SOURCE, rank=0, journal=True)
     for seq, payload in _frames(400, salted_from=10**9):
@@ -73,11 +73,12 @@ def test_a_record_is_8_bytes_until_a_tenant_comes():
     assert isinstance(placer, _CompiledPlacer) and int(placer.state[8]) == 0
     nb = int(placer.state[1])
     assert nb > 1000
-    # two int32 fields a record (hash id, owner), grown by an eighth at most; a record's slot's
-    # next copy in the copies' table, sized for the copies a tick may make (32 KB while a
-    # tick has 2,047 stores at most), not a field of every record
-    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 2
-    assert placer.blocks.nbytes <= 8 * max(1024, nb * 9 // 8)
+    # one int32 field a record (hash id: its owner, one server's rank 0, kept once), grown by
+    # an eighth at most; a record's slot's next copy in the copies' table, sized for the
+    # copies a tick may make (32 KB while a tick has 2,047 stores at most), not a field of
+    # every record
+    assert placer.blocks.dtype == np.int32 and placer.blocks.shape[1] == 1
+    assert placer.blocks.nbytes <= 4 * max(1024, nb * 9 // 8)
     assert placer.cp.nbytes == 32 * 1024
     # codes kept here only between a call and its commit
     assert not placer._recent  # every call committed: no code kept here

@@ -161,3 +161,53 @@ def test_a_call_s_copies_are_counted_ahead_from_the_fifos_then_put_back():
                            np.empty(2 * len(ops), np.int64), exact)
         assert got == count, (ops, slots, exact)
         assert fifo.tolist() == [5, -1, -1, -1]  # put back as it was
+
+
+def test_records_take_an_owner_field_when_a_second_owner_comes():
+    """While every record has one owner (rank, width of its hash: no tenant), a record keeps
+    its hash id alone and the owner once; a second rank's store, or a hash of another width,
+    gives each record its owner field. Ticks of rank 0, then of ranks 0 and 1 with clears of
+    one rank, then hashes of another width: the same rows, blocks and tenants as the Python
+    placer, through each change of layout."""
+    from engine.core.live_journal import OP_CLEARED
+
+    rng = np.random.default_rng(23)
+    placer, ref_placer = _CompiledPlacer(), _Placer()
+    nb = nb_ref = r0 = k0 = 0
+    held: dict[int, set[int]] = {0: set(), 1: set()}
+    shapes = []
+    for tick in range(60):
+        rank = 0 if tick < 20 or tick % 2 else 1
+        wide = 2 if tick >= 45 and tick % 3 == 0 else 1
+        ops, slots = [], []
+        for _ in range(25):
+            mine = held[rank]
+            if tick % 9 == 8 and not ops:
+                ops.append(OP_CLEARED)
+                slots.append(-1)
+                mine.clear()
+            elif mine and rng.random() < 0.4:
+                s = int(rng.choice(sorted(mine)))
+                mine.discard(s)
+                ops.append(OP_REMOVED)
+                slots.append(s)
+            else:
+                s = int(rng.integers(0, 400)) + 1000 * rank  # a placer slot is one pool's (slot_ids)
+                mine.add(s)
+                ops.append(OP_STORED)
+                slots.append(s)
+        n = len(ops)
+        keys = list(range(k0, k0 + n))
+        codes = [5000 + k for k in keys]
+        ref = _place(ref_placer, nb_ref, ops, slots, keys, rank, [0] * n, r0, [(c, wide) for c in codes],
+                     [None] * n, [0] * n)
+        got = placer.place(nb, np.array(ops, np.int64), np.array(slots, np.int64), np.array(keys, np.int64),
+                           np.array(codes, np.int64), np.full(n, wide, np.int64), np.zeros(n, np.int64),
+                           np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64), rank, r0)
+        assert got[1].tolist() == list(ref[1]) and got[2].tolist() == list(ref[2]), tick
+        assert got[0][:, COLS].tolist() == ref[0][:, COLS].tolist() and got[3] == ref[3], tick
+        nb, nb_ref, r0, k0 = got[3], ref[3], r0 + len(got[0]), k0 + n
+        shapes.append(placer.blocks.shape[1])
+    assert shapes[:20] == [1] * 20 and set(shapes[21:]) == {2}  # rank 1's first store: owners of their own
+    owners = placer.blocks[:nb, 1][placer.blocks[:nb, 0] >= 0]
+    assert {int(o) >> 2 & 15 for o in owners} == {0, 1} and {int(o) & 3 for o in owners} == {1, 2}

@@ -178,7 +178,7 @@ def test_rows_no_placer_writes_make_the_log_keep_its_cached_free_counts(odd_at):
               CacheReset(seq=3, time=3.0, num_blocks_cleared=1),  # block 1's hash: one row, one event
               _stored(4, 0, b"c" * 8), _stored(5, 2, b"d" * 8), _evicted(6, 2, b"d" * 8), _stored(7, 1, b"e" * 8)]
     if odd_at == 5:  # a second hash stored into block 0 (a store into a block holding one)
-        events[5] = _stored(5, 0, b"f" * 8)
+        events[5:7] = [_stored(5, 0, b"f" * 8), _evicted(6, 0, b"f" * 8)]
     elif odd_at == 6:  # a hash taken from block 1, which holds none
         events[6] = _evicted(6, 1, b"g" * 8)
     fused, kept = LiveColumnarLog(0, 4), LiveColumnarLog(0, 4)

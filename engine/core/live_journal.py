@@ -918,6 +918,8 @@ def journal_log(block_size: int = 16, compiled: bool = True, **options: Any) -> 
 # and the log's key table (`JournalKeys`) has every hash id's code (`_CompiledPlacer._codes`).
 B_CUR, B_OWN, B_CODE_LO, B_CODE_HI, B_LNEXT = range(5)
 NUM_BARE_FIELDS = B_CODE_LO  # a record's fields while no table is kept
+# ... and B_CUR alone while every record's B_OWN is one value, kept once (`state[10]`): one
+# server's rank storing 8-byte hashes with no tenant, as an attach mostly is (4 bytes a block)
 # B_OWN holds tenant << (RB + 2) | rank << 2 | the width code of the block's hash (0, 1 or 2:
 # colpool's W_*), RB the placer's rank bits (`state[7]`, more when a higher rank comes);
 # B_CUR the hash id it holds (-1: vacant); B_LNEXT its hash's next holder. Its slot is not
@@ -958,7 +960,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     state: [vacant top, blocks, rows out, born count, stores seen, hashes in the table,
     stored and removed rows, B_OWN's rank bits, 1 once the table is kept (`_make_table`:
     till then no hash is looked up, and every block's tenant is its store's own, none),
-    entries of the copies' table].
+    entries of the copies' table, the B_OWN of every record while `blocks` keeps none
+    (one field, B_CUR: `_CompiledPlacer.own_column`; -1 before a first store)].
     `blocks` holds a record per block (B_*); per placer slot (`JournalStores.slot_ids`) a FIFO
     of its copies (`fifo`: its oldest, then each one's next in the copies' table `cp`)
     gives a removal its oldest copy; per hash
@@ -968,6 +971,7 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
     a probe)."""
     _fetch_ahead(ops, pslots, hcode, hwide, pcode, pwide, blocks, fifo, vacant, table, state)
     keep = state[8] != 0
+    bare = blocks.shape[1] == 1  # no B_OWN: every record's is state[10] (`_CompiledPlacer.own_column`)
     nb = state[1]
     rb = state[7]
     ranks = (1 << rb) - 1
@@ -993,7 +997,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
             s = pslots[i]
             code = hcode[i]
             wide = hwide[i]
-            blocks[b, B_OWN] = (rank << 2) | wide  # its tenant below, once its parent is looked up
+            if not bare:
+                blocks[b, B_OWN] = (rank << 2) | wide  # its tenant below, once its parent is looked up
             x = fifo[s]
             if x < 0:
                 fifo[s] = b
@@ -1010,7 +1015,8 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
                 e = table[_ht_slot(table, blocks, pcode[s_n], pwide[s_n])]
                 if e != -1:
                     t = blocks[e & HOLDER_BITS, B_OWN] >> (rb + 2)
-            blocks[b, B_OWN] = (t << (rb + 2)) | (rank << 2) | wide
+            if not bare:
+                blocks[b, B_OWN] = (t << (rb + 2)) | (rank << 2) | wide
             store_tenants[s_n] = t
             if keep:
                 blocks[b, B_CODE_LO] = _low_half(code)
@@ -1041,12 +1047,13 @@ def _place_loop(ops, pslots, key0, hcode, hwide, pcode, pwide, tenants, stores, 
         else:
             others = False
             for x in range(nb):
-                if blocks[x, B_CUR] >= 0 and (blocks[x, B_OWN] >> 2) & ranks != rank:
+                if blocks[x, B_CUR] >= 0 and ((state[10] if bare else blocks[x, B_OWN]) >> 2) & ranks != rank:
                     others = True
                     break
             any_held = False
             for x in range(nb):
-                if blocks[x, B_CUR] >= 0 and (not others or (blocks[x, B_OWN] >> 2) & ranks == rank):
+                if blocks[x, B_CUR] >= 0 and (not others or ((state[10] if bare else blocks[x, B_OWN]) >> 2) & ranks
+                                              == rank):
                     any_held = True
                     _put_row(out, table_pair, table_batch, o_n, 10, i, x, blocks[x, B_CUR], stores[i], 0, seq0,
                              of_pair, batch_of_pair)
@@ -1446,10 +1453,12 @@ class _CompiledPlacer:
     def __init__(self, keys: JournalKeys | None = None) -> None:
         (self.loop, self.rehash, self.number_slots, self.scan_loop, self.fields_loop, self.build,
          self.slot_run, self.copies_ahead) = _compiled()
-        self.state = np.zeros(10, np.int64)
+        self.state = np.zeros(11, np.int64)
         self.state[7] = 4  # B_OWN's rank bits: 16 streams, more when a higher rank comes (`_own_bits`)
+        self.state[10] = -1  # every record's B_OWN while `blocks` keeps none: none yet
         self.most_tenant = 0  # the highest tenant code a record holds
-        self.blocks = np.full((0, NUM_BARE_FIELDS), -1, np.int32)  # all five B_* once the table is kept
+        # B_CUR alone while every record's B_OWN is one (`own_column`); all five B_* once the table is kept
+        self.blocks = np.full((0, 1), -1, np.int32)
         self.keys = keys
         # (first hash id, its rows' codes as int64) of each call placed, oldest first, until
         # `keys` has them (`committed`): what `_codes` reads past them. Appended on the placing
@@ -1495,6 +1504,7 @@ class _CompiledPlacer:
         on = np.flatnonzero(cur >= 0)
         # each record's hash code (its halves) and next holder of its hash, fields of their own
         # from now on (-1: the last holder; a vacant record's code is written at its next store)
+        self.own_column()
         grown = np.full((len(self.blocks), B_LNEXT + 1), -1, self.blocks.dtype)
         grown[:, :NUM_BARE_FIELDS] = self.blocks
         code = self._codes(cur[on].astype(np.int64))
@@ -1539,10 +1549,37 @@ class _CompiledPlacer:
     def _own_bits(self, nb: int, rb: int) -> None:
         """B_OWN of the first `nb` records re-laid with `rb` rank bits (a rank that did not fit
         came: a stream's code counts the process's streams)."""
-        own = self.blocks[:nb, B_OWN].astype(np.int64)
         old = int(self.state[7]) + 2
-        self.blocks[:nb, B_OWN] = ((own >> old) << (rb + 2)) | (own & ((1 << old) - 1))
+        if self.blocks.shape[1] == 1:  # one B_OWN for all (with no tenant, which the bits move)
+            own = int(self.state[10])
+            if own >= 0:
+                self.state[10] = ((own >> old) << (rb + 2)) | (own & ((1 << old) - 1))
+        else:
+            own = self.blocks[:nb, B_OWN].astype(np.int64)
+            self.blocks[:nb, B_OWN] = ((own >> old) << (rb + 2)) | (own & ((1 << old) - 1))
         self.state[7] = rb
+
+    def own_column(self) -> None:
+        """Give each record its B_OWN field (the one all held till now, `state[10]`): a store
+        whose B_OWN differs comes (another rank, a hash of another width, a tenant)."""
+        if self.blocks.shape[1] == 1:
+            grown = np.empty((len(self.blocks), NUM_BARE_FIELDS), self.blocks.dtype)
+            grown[:, B_CUR] = self.blocks[:, B_CUR]
+            grown[:, B_OWN] = self.state[10]
+            self.blocks = grown
+
+    def _owns_alike(self, op: np.ndarray, hwide: np.ndarray, rank: int) -> bool:
+        """Whether every store of a call (no table kept: its tenant is none) gives its record
+        the B_OWN every record has (`state[10]`, set by the first store)."""
+        wide = hwide[op == OP_STORED]
+        if not len(wide):
+            return True
+        lo, hi = int(wide.min()), int(wide.max())
+        own = (rank << 2) | lo
+        if lo != hi or (self.state[10] >= 0 and own != self.state[10]):
+            return False
+        self.state[10] = own
+        return True
 
     def scan(self, op: np.ndarray, seq: np.ndarray, tier: np.ndarray, store: np.ndarray,
              width: np.ndarray) -> _JournalScan:
@@ -1589,6 +1626,8 @@ class _CompiledPlacer:
         self.state[1] = nb0
         if not self.state[8] and self.most_tenant:
             self._make_table(nb0, n_store)
+        elif self.blocks.shape[1] == 1 and not self._owns_alike(op, hwide, rank):
+            self.own_column()
         # the stack of vacant blocks: those now, and what this call's removals and clears free
         # (room for a row each was 2 bytes a block held at bench held's ticks of 524K stores)
         self._fit("vacant", int(self.state[0]) + n - n_store + n_clear * top, 0, top)
