@@ -94,6 +94,7 @@ def test_synthetic_streams_with_copies_clears_and_restarts(seed, compiled):
     ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)
     got = _journal_fed(frames, reset_every=37, per_tick=7, compiled=compiled)
     assert {"block_stored", "block_evicted", "cache_reset"} <= {e.kind for e in ref.events}
+    assert got.columnar.short_places is False  # a clear's batch: the live pool's places whole from it
     _same(got, ref, f"seed {seed}")
     assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]
     for i in range(0, len(ref), max(1, len(ref) // 12)):
@@ -210,6 +211,40 @@ def test_a_log_whose_events_are_a_row_each_keeps_no_event_kinds():
     assert list(got.series.cached_free) == list(ref.series.cached_free)
     assert got._bounds is None and got._kinds.n == 0 and got._columns["evicted"].n == 0
     assert got._free_from_rows and got._columns["cached_free"].n == 0
+
+
+@pytest.mark.parametrize("short_rows", [None, 1_500])
+def test_a_servers_live_pool_keeps_its_places_short_and_makes_them_whole(monkeypatch, short_rows):
+    """An attached server's live pool keeps its free-queue places as int32 offsets from
+    TAIL_BASE (`_ShortPlaces`: 4 B a block, not 8) while every batch is a journal tick, and
+    whole from the tick that would take them past the offsets' end (`SHORT_PLACE_ROWS`,
+    lowered here): its free queue, live and scrubbed back, is the reference's either way."""
+    import numpy as np
+
+    import engine.core.live_log as live_log
+    from engine.bench.attach import recorded_stream
+
+    if short_rows is not None:
+        monkeypatch.setattr(live_log, "SHORT_PLACE_ROWS", short_rows)
+    payloads, _, _ = recorded_stream(3_000, gpu_blocks=200)
+    frames = list(enumerate(payloads))
+    events = _remote_events(frames, 1, 0)
+    ref, python = _feed(events, 0, 16, [len(events)], every_batch=False)
+    got = _journal_fed(frames, per_tick=16)
+    assert len(got) > 3_000 and {"block_evicted", "block_stored"} <= {e.kind for e in ref.events}
+    live = got._live_arrays
+    if short_rows is None:
+        assert isinstance(live, live_log._ShortPlaces) and live.short.dtype == np.int32 and got.columnar.short_places
+    else:
+        assert type(live) is live_log.PoolArrays and live.free_pos.dtype == np.int64
+        assert got.columnar.short_places is False
+    assert list(got.live.free) == list(python.live.free) and len(python.live.free) > 100
+    col = got.columnar  # the places themselves, not their order alone: as a pass from the first row writes them
+    assert np.array_equal(live.free_pos, col._advance(col.initial_state(), 0, col.num_rows).free_pos)
+    _check_projection(got.live, python.live, "live")
+    for i in (len(ref) // 3, len(ref) // 2, len(ref) - 2):
+        seq = int(ref.seqs[i])
+        _check_projection(got.state_at(seq), python.state_at(seq), f"at {seq}")
 
 
 def test_evictions_between_sample_positions_are_the_cumulative_counts_differences():

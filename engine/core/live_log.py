@@ -465,6 +465,10 @@ class _LiveColumns(ColumnarLog):
     moving: PoolArrays | None = None  # the live pool: its arrays are views of `_bufs`
     _bufs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     _zeros: np.ndarray | None = None  # ref counts of 0, a zero-stride view (`_grown_to(refs=False)`)
+    # the live pool's free-queue places as int32 offsets from TAIL_BASE (`_ShortPlaces`): None
+    # till the first batch, True from it while every batch is a journal tick, False for good
+    # from the first that is not (`long_places`)
+    short_places: bool | None = None
 
     def _grown_to(self, state: PoolArrays, stop: int, refs: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`ColumnarLog._grown_to`, the live pool's arrays grown in place; `refs=False` (a pass
@@ -487,7 +491,7 @@ class _LiveColumns(ColumnarLog):
             self._bufs = (ref, hk, pos)
         # each new block as `ColumnarLog._grown_to` adds it: no hash, at the free queue's tail from its row
         hk[have:n] = -1
-        pos[have:n] = self._born_free_pos(have, n)
+        pos[have:n] = self._born_free_pos(have, n) - (TAIL_BASE if self.short_places else 0)
         if not refs:
             zeros = self._zeros
             if zeros is None or len(zeros) < n:  # np.broadcast_to takes ~15 us: one kept, cut
@@ -499,6 +503,70 @@ class _LiveColumns(ColumnarLog):
         """Move `state` (a fresh one, shared with nothing) on in place from now on."""
         self._bufs = (state.ref_counts, state.hash_keys, state.free_pos)
         self.moving = state
+
+    def shorten_places(self) -> None:
+        """Keep the live pool's places as int32 offsets from TAIL_BASE from now on, if it has
+        no block yet (every place a journal tick writes is TAIL_BASE + 2r; a pool made with
+        blocks has places below TAIL_BASE); whole for good otherwise."""
+        ref, hk, pos = self._bufs
+        self.short_places = not len(self.moving.hash_keys)
+        if self.short_places:
+            self._bufs = (ref, hk, np.zeros(len(pos), np.int32))
+
+    def long_places(self, live: Any) -> PoolArrays:
+        """The live pool (`live`, a `_ShortPlaces`) with its places whole (int64) from now on,
+        what `ColumnarLog._advance`'s pass writes: a batch that is not a journal tick came, or
+        the rows near the offsets' end (`SHORT_PLACE_ROWS`)."""
+        ref, hk, short = self._bufs
+        pos = np.zeros(len(short), np.int64)  # zeroed pages: the room costs no resident memory
+        n = len(live.hash_keys)
+        pos[:n] = short[:n]
+        pos[:n] += TAIL_BASE
+        self._bufs = (ref, hk, pos)
+        self.short_places = False
+        state = PoolArrays(live.seq, live.num_rows, live.ref_counts, live.hash_keys, pos[:n], live.counters)
+        self.moving = state
+        return state
+
+
+# A journal tick writes place TAIL_BASE + 2r at row r: as an int32 offset while 2r fits, with
+# room for a tick's rows (`_NARROW_MARGIN`) beyond the check
+SHORT_PLACE_ROWS = (1 << 30) - _NARROW_MARGIN
+
+
+class _ShortPlaces:
+    """The live pool of a log whose every batch was a journal tick (an attached server's):
+    `PoolArrays`' fields and reads, its free-queue places kept as int32 offsets from TAIL_BASE
+    (`short`: 2r, a block's last store at row r, or 2r - 1 for the row it was born at), 4 bytes
+    a block where the places were 8 (4.0 B a block of the app's 1M-block remote pool). Every
+    place of such a pool is on the queue's tail (no request takes a block: none is absent, no
+    free goes to the head). `free_pos` makes them whole, a new array each read."""
+
+    __slots__ = ("seq", "num_rows", "ref_counts", "hash_keys", "short", "counters")
+
+    def __init__(self, seq: int, num_rows: int, ref_counts: np.ndarray, hash_keys: np.ndarray, short: np.ndarray,
+                 counters: Counters) -> None:
+        self.seq, self.num_rows, self.ref_counts, self.hash_keys = seq, num_rows, ref_counts, hash_keys
+        self.short, self.counters = short, counters
+
+    @property
+    def free_pos(self) -> np.ndarray:
+        return self.short.astype(np.int64) + TAIL_BASE
+
+    def places_at(self, blocks: np.ndarray) -> np.ndarray:
+        """The places of `blocks` alone (`free_pos[blocks]`)."""
+        return self.short[blocks].astype(np.int64) + TAIL_BASE
+
+    free_order = PoolArrays.free_order
+    num_in_use = PoolArrays.num_in_use
+    num_cached_free = PoolArrays.num_cached_free
+
+
+def _values_at(state: Any, name: str, blocks: np.ndarray) -> np.ndarray:
+    """`getattr(state, name)[blocks]`, a short-placed pool's places without making them whole."""
+    if name == "free_pos" and isinstance(state, _ShortPlaces):
+        return state.places_at(blocks)
+    return getattr(state, name)[blocks]
 
 
 def _blocks_before(col: ColumnarLog, row: int) -> int:
@@ -843,6 +911,9 @@ class LiveColumnarLog(ColumnarEventLog):
             self.columns_answer_filters = False
         fused = bounds is None and self._seqs is None and col.journal_fed
         if not (fused and self._journal_tick(r0, r1, int(seqs[-1]))):
+            if col.short_places:  # `_advance`'s pass writes places whole
+                self._live_arrays = col.long_places(self._live_arrays)
+            col.short_places = False
             self._series_on(r0, ends)
             self._keep_newest(r0, r1)
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
@@ -869,6 +940,10 @@ class LiveColumnarLog(ColumnarEventLog):
         if loop is None or self._any_ref or r1 <= r0:
             return False
         col = self.columnar
+        if col.short_places is None:  # the first batch, a journal tick: its places short from now on
+            col.shorten_places()
+        if col.short_places and r1 > SHORT_PLACE_ROWS:
+            self._live_arrays = col.long_places(self._live_arrays)
         self._keep_newest(r0, r1)
         state = self._live_arrays
         ref, hk, pos = col._grown_to(state, r1, refs=False)  # in place (_LiveColumns); every ref count 0
@@ -883,7 +958,8 @@ class LiveColumnarLog(ColumnarEventLog):
         out = np.empty(n, np.int32) if room is None else room
         got = np.zeros(5, np.int64)
         hashes = col.rows_window("hash", r0, r1)  # these rows only, where kept as runs (`ArithmeticRuns`)
-        if not loop(col.col("kind"), col.col("block"), hashes, col.col("flag"), r0, r1, acc, hk, pos, out,
+        base = 0 if col.short_places else TAIL_BASE  # a place is base + 2r
+        if not loop(col.col("kind"), col.col("block"), hashes, col.col("flag"), r0, r1, acc, hk, pos, base, out,
                     got):
             return False
         self._held_stale = True
@@ -906,7 +982,7 @@ class LiveColumnarLog(ColumnarEventLog):
                             c.num_evicted_blocks + evictions, c.num_refused_requests, c.num_finished_requests,
                             c.num_hash_collisions)
         col._heads_after = (r1, col._head_count(r0))  # no row prepends to the free queue's head
-        self._live_arrays = PoolArrays(last_seq, r1, ref, hk, pos, counters)
+        self._live_arrays = (_ShortPlaces if col.short_places else PoolArrays)(last_seq, r1, ref, hk, pos, counters)
         return True
 
     def _no_refs(self, n: int) -> np.ndarray:
@@ -1067,7 +1143,7 @@ class LiveColumnarLog(ColumnarEventLog):
         idx.append(fresh)
         live = self._live_arrays
         for name, grow in values.items():
-            grow.append(getattr(live, name)[fresh])
+            grow.append(_values_at(live, name, fresh))
         cp.parts = {name: (idx.view, grow.view) for name, grow in values.items()}
         if idx.n * _PATCH_BYTES > 16 * cp.num_blocks // 3:
             states = self.columnar._cp_states
@@ -1093,7 +1169,8 @@ class LiveColumnarLog(ColumnarEventLog):
             if isinstance(state, _DeltaState):
                 return state.nbytes
             out = 0
-            for arr in (state.ref_counts, state.hash_keys, state.free_pos):
+            places = state.short if isinstance(state, _ShortPlaces) else state.free_pos
+            for arr in (state.ref_counts, state.hash_keys, places):
                 base = arr.base if arr.base is not None and arr.strides[0] else arr
                 if id(base) not in seen:
                     seen.add(id(base))
@@ -1141,10 +1218,12 @@ class LiveColumnarLog(ColumnarEventLog):
         return ArrayProjection(self, _copied(self._live_arrays), got.num_events)
 
 
-def _copied(state: PoolArrays) -> PoolArrays:
-    """`state` with arrays of its own (a zero-stride view stays one: nothing writes it)."""
+def _copied(state: PoolArrays | _ShortPlaces) -> PoolArrays:
+    """`state` with arrays of its own (a zero-stride view stays one: nothing writes it), its
+    places whole."""
     ref = state.ref_counts if not state.ref_counts.strides[0] else state.ref_counts.copy()
-    return PoolArrays(state.seq, state.num_rows, ref, state.hash_keys.copy(), state.free_pos.copy(),
+    pos = state.free_pos if isinstance(state, _ShortPlaces) else state.free_pos.copy()
+    return PoolArrays(state.seq, state.num_rows, ref, state.hash_keys.copy(), pos,
                       dataclasses.replace(state.counters))
 
 
@@ -1190,11 +1269,11 @@ def _thinned(states: list[Any]) -> list[Any]:
     return [out[i] for i in kept]
 
 
-def _journal_loop(kind, block, key, flag, r0, r1, acc, hk, pos, free_out, got):  # pragma: no cover - compiled
+def _journal_loop(kind, block, key, flag, r0, r1, acc, hk, pos, base, free_out, got):  # pragma: no cover - compiled
     """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
     row an event, for rows that only store (STORED), evict (EVICTED) or clear (RESET) while
     no block has a ref count: per block its hash (`hk`, -1: none held) and free-queue place
-    (`pos`), the live pool's; `acc` the series' counts (cached free, evicted move). `free_out`: the cached free blocks after each
+    (`pos`, less `base`: int32 offsets from TAIL_BASE, `_ShortPlaces`, or int64 places), the live pool's; `acc` the series' counts (cached free, evicted move). `free_out`: the cached free blocks after each
     event; `got`: stores, evictions, clears' rows, 1 where the cached free did not move, and
     the rows a placer does not write (a store into a block holding a hash, a hash taken from
     one holding none: `LiveColumnarLog._free_from_rows`). False, nothing written, if a row is
@@ -1218,7 +1297,7 @@ def _journal_loop(kind, block, key, flag, r0, r1, acc, hk, pos, free_out, got): 
                     got[4] += 1
                 hk[b] = key[i]
                 if flag[i] == 1:
-                    pos[b] = TAIL_BASE + 2 * i  # the free queue's tail from this row
+                    pos[b] = base + 2 * i  # the free queue's tail from this row
         elif b >= 0:  # evicted, or a clear's: the hash goes, an eviction counted for the former
             if hk[b] >= 0:
                 cached_free -= 1
@@ -1266,9 +1345,10 @@ def _compiled_journal_loop() -> Any:
             _all_first = njit(cache=True, nogil=True)(getattr(_all_first, "py_func", _all_first))
             loop = njit(cache=True, nogil=True)(_journal_loop)
             i32 = np.zeros(3, np.int32)
-            loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
-                 np.zeros(6, np.int64), np.full(1, -1, np.int32),
-                 np.zeros(1, np.int64), np.empty(3, np.int32), np.zeros(5, np.int64))
+            for pos, base in ((np.zeros(1, np.int32), 0), (np.zeros(1, np.int64), TAIL_BASE)):  # short, long places
+                loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
+                     np.zeros(6, np.int64), np.full(1, -1, np.int32), pos, base, np.empty(3, np.int32),
+                     np.zeros(5, np.int64))
             _JOURNAL_LOOP.append(loop)
     return _JOURNAL_LOOP[0]
 
