@@ -1273,11 +1273,12 @@ def _journal_loop(kind, block, key, flag, r0, r1, acc, hk, pos, base, free_out, 
     """`_series_loop` and `ColumnarLog._advance`'s loop as one pass over rows [r0, r1), each
     row an event, for rows that only store (STORED), evict (EVICTED) or clear (RESET) while
     no block has a ref count: per block its hash (`hk`, -1: none held) and free-queue place
-    (`pos`, less `base`: int32 offsets from TAIL_BASE, `_ShortPlaces`, or int64 places), the live pool's; `acc` the series' counts (cached free, evicted move). `free_out`: the cached free blocks after each
-    event; `got`: stores, evictions, clears' rows, 1 where the cached free did not move, and
-    the rows a placer does not write (a store into a block holding a hash, a hash taken from
-    one holding none: `LiveColumnarLog._free_from_rows`). False, nothing written, if a row is
-    of another kind. (`empty` and `evicted` after each event follow from the rows: they are
+    (`pos`, less `base`: int32 offsets from TAIL_BASE, `_ShortPlaces`, or int64 places), the
+    live pool's; `acc` the series' counts (cached free, evicted move). `free_out`: the cached
+    free blocks after each event; `got`: stores, evictions, clears' rows, 1 where the cached
+    free did not move, and the rows a placer does not write (a store into a block holding a
+    hash, a hash taken from one holding none: `LiveColumnarLog._free_from_rows`). False,
+    nothing written, if a row is of another kind. (`empty` and `evicted` after each event follow from the rows: they are
     `_CountsFromRows`', never this pass's.)"""
     for i in range(r0, r1):
         k = kind[i]
