@@ -323,9 +323,22 @@ def _rows(window):
     return top.height(), bottom.height()
 
 
+def _columns(window):
+    from PySide6.QtCore import Qt
+
+    left, right = window._split_docks(Qt.Orientation.Horizontal)
+    return left.width(), right.width()
+
+
+def _share(window, orientation: str) -> float | None:
+    from PySide6.QtCore import Qt
+
+    return window._shares[getattr(Qt.Orientation, orientation)]
+
+
 @pytest.fixture
 def laid_out(qtbot, tmp_path):
-    """A window at 1280x800, shown, its rows' share noted."""
+    """A window at 1280x800, shown, its splits' shares noted."""
     ctx = make_test_context(tmp_path)
     window = MainWindow(ctx, load_model=False)
     qtbot.addWidget(window)
@@ -333,7 +346,7 @@ def laid_out(qtbot, tmp_path):
         window.resize(1280, 800)
         window.show()
         qtbot.waitExposed(window)
-        qtbot.waitUntil(lambda: window._bottom_share is not None, timeout=5000)
+        qtbot.waitUntil(lambda: None not in window._shares.values(), timeout=5000)
         yield window
     finally:
         ctx.shutdown()
@@ -371,11 +384,45 @@ def test_the_rows_keep_the_share_a_user_dragged_them_to(qtbot, laid_out):
     qtbot.wait(50)
     release = QMouseEvent(QEvent.Type.MouseButtonRelease, QPointF(10, 10), QPointF(10, 10),
                           Qt.MouseButton.LeftButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
-    before = window._bottom_share
+    before = _share(window, "Vertical")
     QApplication.sendEvent(window, release)
-    dragged = window._bottom_share
+    dragged = _share(window, "Vertical")
     assert before < 0.45 and dragged > 0.5
     window.resize(1920, 1200)
     qtbot.wait(100)
     t, b = _rows(window)
     assert abs(b / (t + b) - dragged) < 0.05
+
+
+def test_a_wider_window_shares_its_new_width_between_the_columns_as_before(qtbot, laid_out):
+    """Maximized from 1280x800 to 1920x1200, the conversation's column and the block table's
+    each take their share of the new width (Qt alone gave the conversation all of it: the
+    two columns came out even); back at 1280x800, both are as they were. A narrower window
+    and a column a user dragged wider keep theirs the same way."""
+    from PySide6.QtCore import QEvent, QPointF, Qt
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+
+    window = laid_out
+    left0, right0 = _columns(window)
+    assert right0 > 1.5 * left0  # the block table's column is the wide one
+    window.resize(1920, 1200)
+    qtbot.wait(100)
+    left1, right1 = _columns(window)
+    assert right1 - right0 >= 0.4 * 640, (right0, right1)
+    assert abs(right1 / (left1 + right1) - right0 / (left0 + right0)) < 0.05
+    window.resize(1280, 800)
+    qtbot.wait(100)
+    assert all(abs(a - b) <= 10 for a, b in zip(_columns(window), (left0, right0)))
+    left, right = window._split_docks(Qt.Orientation.Horizontal)
+    window.resizeDocks([left, right], [700, 500], Qt.Orientation.Horizontal)  # as a drag leaves them
+    qtbot.wait(50)
+    release = QMouseEvent(QEvent.Type.MouseButtonRelease, QPointF(10, 10), QPointF(10, 10),
+                          Qt.MouseButton.LeftButton, Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window, release)
+    dragged = _share(window, "Horizontal")
+    assert dragged < 0.5
+    window.resize(1100, 800)
+    qtbot.wait(100)
+    a, b = _columns(window)
+    assert abs(b / (a + b) - dragged) < 0.05

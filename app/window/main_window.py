@@ -43,6 +43,10 @@ DEFAULT_SIZE = QSize(1480, 920)
 # Layout version: bump when PANELS changes so an old saved dock state is not restored
 # onto a different set of docks.
 LAYOUT_VERSION = 3
+# The splits between docks a resize keeps as they were shared (`MainWindow._keep_shares`):
+# (orientation, the area on one side, the area on the other)
+SPLITS = ((Qt.Orientation.Horizontal, Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea),
+          (Qt.Orientation.Vertical, Qt.DockWidgetArea.RightDockWidgetArea, BOTTOM))
 # Panels built before the first paint, in the constructor. None since PlotStack stopped
 # restyling itself on palette changes (6507006): every panel waits for the first paint.
 EAGER_PANELS: frozenset[str] = frozenset()
@@ -93,7 +97,8 @@ class MainWindow(QMainWindow):
         self.block_size = block_size
         self.trace_num_blocks: int | None = None  # a pool size the user chose for trace replays
         self.docks: dict[str, QDockWidget] = {}
-        self._bottom_share: float | None = None  # the bottom row of docks' share of the height (`_keep_bottom_share`)
+        # per orientation, the second dock's share of the split (`_keep_shares`; None till laid out)
+        self._shares: dict[Qt.Orientation, float | None] = {o: None for o, _, _ in SPLITS}
         self.panels = PanelMap(self._build_deferred_panel, ctx)
         # The panels the window shows at once are built right after its first paint, one
         # per turn of the event loop (any lookup before that builds its panel at once), so
@@ -354,8 +359,8 @@ class MainWindow(QMainWindow):
 
     def event(self, event: QEvent) -> bool:  # noqa: N802 - Qt override
         handled = super().event(event)
-        if event.type() == QEvent.Type.MouseButtonRelease:  # the end of a drag of the rows' separator, say
-            self._note_bottom_share()
+        if event.type() == QEvent.Type.MouseButtonRelease:  # the end of a drag of a separator, say
+            self._note_shares()
         if event.type() == QEvent.Type.UpdateRequest and not self.first_painted:
             # The backing store has just been painted and flushed: the window is up.
             self.first_painted = True
@@ -449,7 +454,7 @@ class MainWindow(QMainWindow):
             bottom_share = 0.45 if height >= 900 else 0.40
             self.resizeDocks([right[0], bottom[0]], [int(height * (1 - bottom_share)), int(height * bottom_share)],
                              Qt.Orientation.Vertical)
-            self._note_bottom_share_when_laid_out()
+            self._note_shares_when_laid_out()
         side_by_side = [self.docks[n] for n in ("timeline", "metrics") if n in self.docks]
         if len(side_by_side) == 2:
             self.resizeDocks(side_by_side, [1, 1], Qt.Orientation.Horizontal)
@@ -483,50 +488,61 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
-        QTimer.singleShot(0, self, self._note_bottom_share)
+        QTimer.singleShot(0, self, self._note_shares)
         collector.install(self)  # again after a close
         QTimer.singleShot(0, self.hide_stale_tab_bars)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
-        if 0 < event.oldSize().height() != event.size().height():
-            self._keep_bottom_share()
+        old, new = event.oldSize(), event.size()
+        self._keep_shares([o for o, was, now in ((Qt.Orientation.Horizontal, old.width(), new.width()),
+                                                 (Qt.Orientation.Vertical, old.height(), new.height()))
+                           if 0 < was != now])
         QTimer.singleShot(0, self.hide_stale_tab_bars)
 
-    # A taller or shorter window shares its height between the top row of docks (the right
-    # area: block table and its tabs) and the bottom row (timelines, metrics) as they were
-    # shared before, as a user set them by dragging the separator or the layout left them.
-    # QMainWindow gave the whole change to the bottom row: maximized from 1280x800 to
-    # 1920x1200, the block table kept its 342 px and the plots went from 253 to 653.
+    # A larger or smaller window shares its new size between the docks as they were shared
+    # before, as a user set them by dragging a separator or the layout left them (`SPLITS`):
+    # its width between the left column (the conversation) and the right one (the block
+    # table), its height between the right area's row and the bottom row (timelines,
+    # metrics). QMainWindow gave each whole change to one side: maximized from 1280x800 to
+    # 1920x1200, the block table kept its 342 px of height (the plots went from 253 to 653)
+    # and the conversation took the 640 px of new width (378 -> 960, the block table 900 -> 960).
 
-    def _row_docks(self) -> tuple[QDockWidget, QDockWidget] | None:
-        """The dock shown at the top of the right area and the one in the bottom area."""
+    def _split_docks(self, orientation: Qt.Orientation) -> tuple[QDockWidget, QDockWidget] | None:
+        """The docks shown on either side of the split of `orientation` (`SPLITS`)."""
         def shown(area: Qt.DockWidgetArea) -> QDockWidget | None:
             # (a tab not raised is moved out of sight, not hidden: its visible region is empty)
             return next((d for d in self.docks.values() if self.dockWidgetArea(d) == area and not d.isFloating()
                          and not d.visibleRegion().isEmpty()), None)
 
-        top, bottom = shown(Qt.DockWidgetArea.RightDockWidgetArea), shown(BOTTOM)
-        return None if top is None or bottom is None else (top, bottom)
+        first, second = next((shown(a), shown(b)) for o, a, b in SPLITS if o == orientation)
+        return None if first is None or second is None else (first, second)
 
-    def _note_bottom_share(self) -> None:
-        """The bottom row's share of the two rows' height as laid out now (None while either
-        row shows no dock)."""
-        rows = self._row_docks()
-        total = rows[0].height() + rows[1].height() if rows else 0
-        self._bottom_share = rows[1].height() / total if total > 0 else None
+    def _row_docks(self) -> tuple[QDockWidget, QDockWidget] | None:
+        """The dock shown at the top of the right area and the one in the bottom area."""
+        return self._split_docks(Qt.Orientation.Vertical)
 
-    def _note_bottom_share_when_laid_out(self) -> None:
-        """The share unknown (a resize keeps none) until the layout set now is laid out."""
-        self._bottom_share = None
-        QTimer.singleShot(0, self, self._note_bottom_share)
+    def _note_shares(self) -> None:
+        """Each split's second share of the two docks' size as laid out now (None while either
+        side shows no dock)."""
+        for orientation in self._shares:
+            docks = self._split_docks(orientation)
+            sizes = [_extent(d, orientation) for d in docks] if docks else [0]
+            self._shares[orientation] = sizes[1] / sum(sizes) if sum(sizes) > 0 else None
 
-    def _keep_bottom_share(self) -> None:
-        rows, share = self._row_docks(), self._bottom_share
-        if rows is None or share is None:
-            return
-        total = rows[0].height() + rows[1].height()
-        self.resizeDocks(list(rows), [total - round(total * share), round(total * share)], Qt.Orientation.Vertical)
+    def _note_shares_when_laid_out(self) -> None:
+        """The shares unknown (a resize keeps none) until the layout set now is laid out."""
+        self._shares = dict.fromkeys(self._shares)
+        QTimer.singleShot(0, self, self._note_shares)
+
+    def _keep_shares(self, orientations: list[Qt.Orientation]) -> None:
+        """Each split of `orientations` shared again as it was noted."""
+        for orientation in orientations:
+            docks, share = self._split_docks(orientation), self._shares[orientation]
+            if docks is None or share is None:
+                continue
+            total = sum(_extent(d, orientation) for d in docks)
+            self.resizeDocks(list(docks), [total - round(total * share), round(total * share)], orientation)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -601,7 +617,7 @@ class MainWindow(QMainWindow):
     def _restore_layout(self, state: QByteArray) -> None:
         """A saved layout back; the rows' share is read from it once it is laid out."""
         self.restoreState(state, LAYOUT_VERSION)
-        self._note_bottom_share_when_laid_out()
+        self._note_shares_when_laid_out()
 
     def save_settings(self) -> None:
         s = self.ctx.settings
@@ -898,6 +914,11 @@ class MainWindow(QMainWindow):
         from app.dialogs.shortcuts_dialog import ShortcutsDialog
 
         ShortcutsDialog(self.shortcut_rows(), self).exec()
+
+
+def _extent(dock: QDockWidget, orientation: Qt.Orientation) -> int:
+    """A dock's size along a split of `orientation`: its width across a horizontal one."""
+    return dock.width() if orientation == Qt.Orientation.Horizontal else dock.height()
 
 
 def _run_all(calls: list[Callable[[], Any]]) -> None:
