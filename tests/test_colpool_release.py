@@ -149,7 +149,7 @@ def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
     assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 13
     assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
     # a slot: its batch row alone in L (4 B) and its five counts in uint16 (10 B)
-    assert pool.L.shape[1] == 1 and pool.C.dtype == np.uint16 and pool.C.shape[1] == 5
+    assert pool.L.shape[1] == 1 and pool.C.dtype == np.uint16 and pool.C.shape[1] == 4
     j = pool.journal_since(0)
     assert j.tokens.base is not None and np.all(np.asarray(j.token_count) == 16)
 

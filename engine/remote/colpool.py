@@ -154,9 +154,11 @@ K_KEY, K_PARENT = 0, 1                                            # uint64 (a jo
 L_TOK, L_BID, L_ORDER = 0, 1, 2
 L_JBID = 0
 # C: uint16 while every count, token count and tenant fits (`_widen_counts` makes it uint32
-# once before one would not: S_CMAX bounds the counts); C_TENANT is tenant + 1, 0 none (a
-# journalled pool's C has no such column: its store row, JS, keeps the tenant)
-C_NTOK, C_ANN, C_REM, C_C0, C_TOT, C_TENANT = 0, 1, 2, 3, 4, 5
+# once before one would not: S_CMAX bounds the counts); C_TENANT is tenant + 1, 0 none. A
+# journalled pool's C has the first four columns alone: its slot's store row (JS, SO) keeps
+# the token count and the tenant (F_PW_NOTOK says a slot has no token ids), 2 bytes a slot less
+C_ANN, C_REM, C_C0, C_TOT, C_NTOK, C_TENANT = 0, 1, 2, 3, 4, 5
+NUM_C_JOURNAL = C_NTOK
 C_LIMITS = {np.dtype(np.uint16).char: 0xFFFF, np.dtype(np.uint32).char: 0xFFFFFFFF}  # S_CLIMIT by C's type
 F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width code; tier + 1, 0 = free)
 # F_PW: the parent's width code, and F_PW_TENANT set when the slot's store named a tenant (its
@@ -164,6 +166,10 @@ F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width
 # parent reads the tenant only then, from a row it would not read otherwise (two dependent
 # cache misses in a journalled pool, SO then JS: 8 ms of 200K recorded events, none with a tenant)
 F_PW_TENANT = 0x80
+# ... and, in a journalled pool, F_PW_NOTOK set when the slot's store gave no token ids (its
+# store row's count is 0): what a slot freed counts off its tier's hashes without token ids
+F_PW_NOTOK = 0x40
+F_PW_FLAGS = F_PW_TENANT | F_PW_NOTOK
 # F_RAW: the raw medium name the slot's latest store gave when it is not the tier's own
 # (`DISK` for STORAGE, `cpu` for CPU): its code in the pool's raw names, 0 none, RAW_IN_DETAILS
 # (past MAX_RAW names) the name is in the pool's details dict, as the reference keeps it.
@@ -649,9 +655,13 @@ def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compil
         _drop_groups(G, s)
     _tab_delete(tab, K, F, s, x)
     TI[t, T_HASHES] -= 1
-    if C[s, C_NTOK] == 0:
-        TI[t, T_NOTOK] -= 1
-    S[S_TOKLIVE] -= C[s, C_NTOK]
+    if S[S_JON]:  # (a journalled pool keeps no token-live count: its token array only grows)
+        if F[s, F_PW] & F_PW_NOTOK:
+            TI[t, T_NOTOK] -= 1
+    else:
+        if C[s, C_NTOK] == 0:
+            TI[t, T_NOTOK] -= 1
+        S[S_TOKLIVE] -= C[s, C_NTOK]
     F[s, F_TIER] = 0
     if L.shape[1] > L_BID:  # a free slot keeps its token range (and C_NTOK) for its next store
         L[s, L_BID] = L[s, L_TOK]
@@ -827,15 +837,18 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
             if n_i < 0:
                 n_i = 0
             u = S[S_TOKUSED]
-            if n_i > 0 and C[s, C_NTOK] == n_i and S[S_JON] == 0:
+            if S[S_JON] == 0 and n_i > 0 and C[s, C_NTOK] == n_i:
                 # the token ids this slot held before it was freed (`_free_slot`): written over
                 # in place, so an evicting stream leaves no garbage for `_compact_tokens`
                 u = np.int64(L[s, L_BID])
             else:
                 S[S_TOKUSED] = u + n_i
             _copy_ids(tok, u, ftok, t0 + a, n_i)
-            C[s, C_NTOK] = n_i
-            S[S_TOKLIVE] += n_i
+            if S[S_JON] == 0:
+                C[s, C_NTOK] = n_i
+                S[S_TOKLIVE] += n_i
+            elif n_i == 0:
+                F[s, F_PW] |= F_PW_NOTOK
             if L.shape[1] > L_BID:
                 L[s, L_TOK] = u
                 L[s, L_BID] = S[S_BID]
@@ -1643,7 +1656,7 @@ class ColumnarBlock:
 
     def __init__(self, pool: ColumnarPool, s: int) -> None:
         self.block_hash = pool._bytes(int(pool.K[s, K_KEY]), int(pool.F[s, F_W]))
-        pw = int(pool.F[s, F_PW]) & ~F_PW_TENANT
+        pw = int(pool.F[s, F_PW]) & ~F_PW_FLAGS
         if pw:
             parent = pool.JS[int(pool.SO[s])]["parent"] if pool.journal else pool.K[s, K_PARENT]
             self.parent_hash = pool._bytes(int(parent), pw)
@@ -1965,7 +1978,7 @@ class ColumnarPool:
         self.L = np.zeros((cap, 1 if self.journal else 3), np.uint32)
         # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column;
         # uint16 until a count would not fit (`_widen_counts`)
-        self.C = np.zeros((cap, 5 if self.journal else 6), np.uint16)
+        self.C = np.zeros((cap, NUM_C_JOURNAL if self.journal else 6), np.uint16)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
         # F_RAW, the fourth column, is added when the pool first sees a raw medium name
         # (`_raw_code`): a stream that names only GPU and CPU keeps 3 bytes a slot
@@ -2217,7 +2230,8 @@ class ColumnarPool:
     def _token_range(self, s: int) -> tuple[int, int]:
         """Where held slot s's token ids start in `tok`, and how many."""
         if self.journal:  # its first store's (the store row that made it: SO)
-            return self.token_starts()[int(self.SO[s])], int(self.C[s, C_NTOK])
+            o = int(self.SO[s])
+            return self.token_starts()[o], int(self.JS["ntok"][o])
         return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
 
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
@@ -2994,7 +3008,7 @@ class ColumnarPool:
             key = self.held_key(block_hash, m)
             s = self._slot_of(key, _TIER_CODES[m])
             tiers[m] = {"copies": self.num_copies(key, m), **self._said(m, key, s)}
-            if not self.C[s, C_NTOK]:
+            if not self._token_range(s)[1]:
                 tiers[m]["no_token_ids"] = True
             held.append(s)
         kw = self._key(key)
