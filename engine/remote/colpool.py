@@ -31,9 +31,11 @@ Python object per block, per hash or per token id:
   batch row and order are uint32 (the orders renumbered, in order, before they would
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
-  a block that is 56 bytes a slot (a journalled pool's 48, its store row's number in
-  them, beside the 13 of the store row), 32 of token ids and 5.7 of the table (at a load
-  of 0.7), with the arrays' room to grow (an eighth) on top.
+  a block, a plain pool's slot is 43 bytes (K 16, L 12, C 12, F 3), a journalled pool's 27
+  (K 8, L 4, C 8, F 3, its store row's number SO 4: the store row, 13 more, keeps its
+  parent, tenant and token count), beside 32 of token ids and 5.7 of the table (at a load
+  of 0.7), with the arrays' room to grow (an eighth) on top; F has a fourth byte once a raw
+  medium name came.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
   hash (a 32-byte digest) gets a surrogate number from a dict, once per distinct digest.
 - `removed_at` and `departed` (the last `max_removed` hashes that left a tier) are
