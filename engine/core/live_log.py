@@ -514,16 +514,18 @@ class _LiveColumns(ColumnarLog):
             self._bufs = (ref, hk, np.zeros(len(pos), np.int32))
 
     def long_places(self, live: Any) -> PoolArrays:
-        """The live pool (`live`, a `_ShortPlaces`) with its places whole (int64) from now on,
-        what `ColumnarLog._advance`'s pass writes: a batch that is not a journal tick came, or
-        the rows near the offsets' end (`SHORT_PLACE_ROWS`)."""
+        """The live pool (`live`) with its places whole (int64) from now on, what
+        `ColumnarLog._advance`'s pass writes: a batch that is not a journal tick came, or the
+        rows near the offsets' end (`SHORT_PLACE_ROWS`). `live` as it is if they were whole."""
+        short_places, self.short_places = self.short_places, False
+        if not short_places:
+            return live
         ref, hk, short = self._bufs
         pos = np.zeros(len(short), np.int64)  # zeroed pages: the room costs no resident memory
         n = len(live.hash_keys)
         pos[:n] = short[:n]
         pos[:n] += TAIL_BASE
         self._bufs = (ref, hk, pos)
-        self.short_places = False
         state = PoolArrays(live.seq, live.num_rows, live.ref_counts, live.hash_keys, pos[:n], live.counters)
         self.moving = state
         return state
@@ -911,9 +913,7 @@ class LiveColumnarLog(ColumnarEventLog):
             self.columns_answer_filters = False
         fused = bounds is None and self._seqs is None and col.journal_fed
         if not (fused and self._journal_tick(r0, r1, int(seqs[-1]))):
-            if col.short_places:  # `_advance`'s pass writes places whole
-                self._live_arrays = col.long_places(self._live_arrays)
-            col.short_places = False
+            self._live_arrays = col.long_places(self._live_arrays)  # `_advance`'s pass writes places whole
             self._series_on(r0, ends)
             self._keep_newest(r0, r1)
             self._live_arrays = col._advance(self._live_arrays, r0, r1)  # in place (_LiveColumns)
@@ -1015,10 +1015,17 @@ class LiveColumnarLog(ColumnarEventLog):
             self._held[len(hk):] = 0
             self._held_stale = False
 
+    def _keep_made(self, names: tuple[str, ...]) -> None:
+        """Keep the series `names`, made from the rows so far, in their columns from now on:
+        their values so far written there."""
+        made = self.series
+        for name in names:
+            self._columns[name].append(getattr(made, name))
+
     def _keep_cached_free(self) -> None:
-        """Keep `cached_free` in its column from now on, its values so far made from the rows."""
+        """Keep `cached_free` in its column from now on (`_keep_made`)."""
         if self._free_from_rows:
-            self._columns["cached_free"].append(self.series.cached_free)
+            self._keep_made(("cached_free",))
             self._free_from_rows = False
 
     def _series_on(self, r0: int, ends: np.ndarray) -> None:
@@ -1031,9 +1038,7 @@ class LiveColumnarLog(ColumnarEventLog):
         new = kind[r0:] == REF
         any_new = bool(new.any())
         if any_new and not self._any_ref:  # the counts made from the rows so far are kept from now on
-            made = self.series
-            for name in MADE_FROM_ROWS:
-                self._columns[name].append(getattr(made, name))
+            self._keep_made(MADE_FROM_ROWS)
         self._any_ref = self._any_ref or any_new
         top = int(a[r0:][new].max()) if any_new else 0
         if top + 2 > len(self._hist):
