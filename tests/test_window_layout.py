@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QTabBar, QWidget
 
 from app.runtime.context import make_test_context
@@ -319,20 +320,16 @@ def test_a_start_up_panel_that_raises_does_not_stop_the_others(qtbot, tmp_path, 
 
 
 def _rows(window):
-    top, bottom = window._row_docks()
+    top, bottom = window._split_docks(Qt.Orientation.Vertical)
     return top.height(), bottom.height()
 
 
 def _columns(window):
-    from PySide6.QtCore import Qt
-
     left, right = window._split_docks(Qt.Orientation.Horizontal)
     return left.width(), right.width()
 
 
 def _share(window, orientation: str) -> float | None:
-    from PySide6.QtCore import Qt
-
     return window._shares[getattr(Qt.Orientation, orientation)]
 
 
@@ -379,7 +376,7 @@ def test_the_rows_keep_the_share_a_user_dragged_them_to(qtbot, laid_out):
     from PySide6.QtWidgets import QApplication
 
     window = laid_out
-    top, bottom = window._row_docks()
+    top, bottom = window._split_docks(Qt.Orientation.Vertical)
     window.resizeDocks([top, bottom], [200, 400], Qt.Orientation.Vertical)  # as a drag of the separator leaves it
     qtbot.wait(50)
     release = QMouseEvent(QEvent.Type.MouseButtonRelease, QPointF(10, 10), QPointF(10, 10),

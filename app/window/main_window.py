@@ -518,10 +518,6 @@ class MainWindow(QMainWindow):
         first, second = next((shown(a), shown(b)) for o, a, b in SPLITS if o == orientation)
         return None if first is None or second is None else (first, second)
 
-    def _row_docks(self) -> tuple[QDockWidget, QDockWidget] | None:
-        """The dock shown at the top of the right area and the one in the bottom area."""
-        return self._split_docks(Qt.Orientation.Vertical)
-
     def _note_shares(self) -> None:
         """Each split's second share of the two docks' size as laid out now (None while either
         side shows no dock)."""
@@ -615,7 +611,7 @@ class MainWindow(QMainWindow):
             self._restore_layout(QByteArray(state))
 
     def _restore_layout(self, state: QByteArray) -> None:
-        """A saved layout back; the rows' share is read from it once it is laid out."""
+        """A saved layout back; its splits' shares are read from it once it is laid out."""
         self.restoreState(state, LAYOUT_VERSION)
         self._note_shares_when_laid_out()
 
