@@ -29,13 +29,14 @@ def _check(pool: ColumnarPool, batch_blocks: int, batch_tokens: int) -> None:
     new = ColumnarPool("t", journal=pool.journal, max_removed=pool.max_removed)
     live = int(pool.S[S_LIVE])
     assert _room(len(pool.F), live + batch_blocks, len(new.F))
-    for name in ("K", "L", "C", "F") + (("SO",) if pool.journal else ()):
+    for name in ("L", "C", "F", "SO") if pool.journal else ("K", "L", "C", "F"):
         arr = getattr(pool, name)
         assert arr.nbytes == len(pool.F) * arr.nbytes // len(arr)  # one row a slot
     assert _room(len(pool.tok), int(pool.S[S_TOKUSED]) + batch_tokens, len(new.tok))
     if pool.journal:
         assert _room(len(pool.J), int(pool.S[S_JROWS]) + batch_blocks, len(new.J))
         assert _room(len(pool.JS), int(pool.S[S_JSTORES]) + batch_blocks, len(new.JS))
+        assert _room(len(pool.K), int(pool.S[S_JSTORES]) + batch_blocks, len(new.K))  # one row a store
     for m, m0 in ((pool.removed, new.removed), (pool.departed_map, new.departed_map)):
         assert _room(len(m.k), len(m) + batch_blocks, len(m0.k))
 

@@ -41,9 +41,9 @@ def test_a_large_pool_keeps_at_most_a_sixteenth_idle(monkeypatch):
     of the slots while its load stays at most 0.7 with every slot used."""
     rehashes = []
 
-    def counted(tab, K, F, n):
+    def counted(tab, K, SO, F, n):
         rehashes.append(len(F))
-        return rehash(tab, K, F, n)
+        return rehash(tab, K, SO, F, n)
 
     rehash = colpool._rehash
     monkeypatch.setattr(colpool, "_rehash", counted)

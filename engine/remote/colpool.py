@@ -20,8 +20,8 @@ Python object per block, per hash or per token id:
   way) and how many there are, its store's row in the batch table (each batch that
   stored a block: its seq and time, once for all its blocks; rows no held block names
   are dropped as the table fills), its store order, its tenant (an index into the
-  pool's tenant names; a journalled pool keeps the parent's hash and the tenant in the
-  block's store row alone, `SO` naming it), how often its hash was announced and removed on that tier, its copies in KV
+  pool's tenant names; a journalled pool keeps the hash, the parent's hash and the
+  tenant in the block's store row alone, `SO` naming it), how often its hash was announced and removed on that tier, its copies in KV
   cache group 0 and in all. Copies in other groups (sliding-window layers, rare) sit in a
   numba dict keyed by (slot, group). Free slots are a list threaded through their token
   start; a free slot keeps its old token range (its start in the batch-row column) and
@@ -31,9 +31,10 @@ Python object per block, per hash or per token id:
   batch row and order are uint32 (the orders renumbered, in order, before they would
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
-  a block, a plain pool's slot is 43 bytes (K 16, L 12, C 12, F 3), a journalled pool's 27
-  (K 8, L 4, C 8, F 3, its store row's number SO 4: the store row, 13 more, keeps its
-  parent, tenant and token count), beside 32 of token ids and 5.7 of the table (at a load
+  a block, a plain pool's slot is 43 bytes (K 16, L 12, C 12, F 3), a journalled pool's 19
+  (L 4, C 8, F 3, its store row's number SO 4: the store row, 21 more, keeps its hash in
+  K, where the slot's probes read it through SO, and its parent, tenant and token count
+  in JS), beside 32 of token ids and 5.7 of the table (at a load
   of 0.7), with the arrays' room to grow (an eighth) on top; F has a fourth byte once a raw
   medium name came.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
@@ -303,14 +304,23 @@ def _fingerprint(x, sb):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _find(tab, K, F, k, w, t):  # pragma: no cover - compiled
-    """The slot holding hash (k, w) on tier t, or -1. An entry whose fingerprint differs is
-    passed over without reading its slot's row: an absent hash reads the table alone."""
-    return _find_x(tab, K, F, k, w, t, _mix(k, w, t))
+def _slot_key(K, SO, s):  # pragma: no cover - compiled
+    """Held slot s's hash (its key): K's row s, or in a journalled pool (whose K has a row
+    per store, `SO` naming the slot's) its store's row."""
+    if len(SO):
+        return K[SO[s], K_KEY]
+    return K[s, K_KEY]
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
+def _find(tab, K, SO, F, k, w, t):  # pragma: no cover - compiled
+    """The slot holding hash (k, w) on tier t, or -1. An entry whose fingerprint differs is
+    passed over without reading its slot's row: an absent hash reads the table alone."""
+    return _find_x(tab, K, SO, F, k, w, t, _mix(k, w, t))
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _find_or_hole(tab, K, SO, F, k, w, t, x):  # pragma: no cover - compiled
     """The slot holding hash (k, w) on tier t, its mix x = `_mix(k, w, t)` given, and where
     the hash would go when absent: (slot, -1) when held, else (-1, the table entry) that
     `_tab_put` fills (the first empty entry from its home: linear probing inserts there),
@@ -328,7 +338,7 @@ def _find_or_hole(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
             return np.int64(-1), i
         if (e >> fb) == want:
             s = (e & smask) - 1
-            if K[s, 0] == k and F[s, 0] == w and F[s, 1] == tt:
+            if _slot_key(K, SO, s) == k and F[s, 0] == w and F[s, 1] == tt:
                 return s, np.int64(-1)
         i += 1
         if i == size:
@@ -342,13 +352,13 @@ def _bid_col(L):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _find_x(tab, K, F, k, w, t, x):  # pragma: no cover - compiled
+def _find_x(tab, K, SO, F, k, w, t, x):  # pragma: no cover - compiled
     """`_find` given x = `_mix(k, w, t)` (a caller that needs x again computes it once)."""
-    return _find_or_hole(tab, K, F, k, w, t, x)[0]
+    return _find_or_hole(tab, K, SO, F, k, w, t, x)[0]
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _touch_slot(tab, K, L, C, F, x):  # pragma: no cover - compiled
+def _touch_slot(tab, K, SO, L, C, F, x):  # pragma: no cover - compiled
     """Prefetch the row (K, L, C, F) of the first slot whose table entry, from the home of
     mix x, has x's fingerprint (the slot `_find_x` reads first; another hash's only on a
     fingerprint collision), reading the table alone. Nothing when the hash is absent."""
@@ -363,7 +373,10 @@ def _touch_slot(tab, K, L, C, F, x):  # pragma: no cover - compiled
             return
         if (e >> fb) == want:
             s = (e & ((np.int64(1) << sb) - 1)) - 1
-            _prefetch(K, s)
+            if len(SO):  # (its key is in its store's row of K: SO first)
+                _prefetch(SO, s)
+            else:
+                _prefetch(K, s)
             _prefetch(L, s)
             _prefetch(C, s)
             _prefetch(F, s)
@@ -391,10 +404,10 @@ def _tab_put(tab, i, x, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False)
-def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
+def _tab_insert(tab, K, SO, F, s):  # pragma: no cover - compiled
     size = len(tab) - 1
     sb = _slot_bits(tab)
-    x = _mix(K[s, 0], F[s, 0], np.int64(F[s, 1]) - 1)
+    x = _mix(_slot_key(K, SO, s), F[s, 0], np.int64(F[s, 1]) - 1)
     home = _home(x, size)
     i = home
     while tab[i] != 0:
@@ -405,7 +418,7 @@ def _tab_insert(tab, K, F, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
+def _tab_delete(tab, K, SO, F, s, x):  # pragma: no cover - compiled
     """Take slot s, its hash mixed to x, out of the table (backward-shift deletion: no
     tombstones). An entry after it moves back when its displacement reaches the hole; the
     displacement is read from the entry (a slot's row only when it is saturated: the
@@ -431,7 +444,7 @@ def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
         d = (e >> sb) & dmax
         if d == dmax:  # that far or more (every entry, with no displacement bits): from its row
             x = (e & smask) - 1
-            d = j - _home(_mix(K[x, 0], F[x, 0], np.int64(F[x, 1]) - 1), size)
+            d = j - _home(_mix(_slot_key(K, SO, x), F[x, 0], np.int64(F[x, 1]) - 1), size)
             if d < 0:
                 d += size
         gap = j - i if j > i else j - i + size
@@ -442,11 +455,11 @@ def _tab_delete(tab, K, F, s, x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _rehash(tab, K, F, n):  # pragma: no cover - compiled
+def _rehash(tab, K, SO, F, n):  # pragma: no cover - compiled
     tab[:len(tab) - 1] = 0
     for s in range(n):
         if F[s, 1]:
-            _tab_insert(tab, K, F, s)
+            _tab_insert(tab, K, SO, F, s)
 
 
 # the removal maps (removed_at, departed): one set of entries for both, one table. An entry
@@ -650,12 +663,12 @@ def _drop_groups(G, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, _nrt=False, no_cpython_wrapper=True, inline="always")
-def _free_slot(tab, K, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compiled
+def _free_slot(tab, K, SO, L, C, F, T, G, S, TI, s, x):  # pragma: no cover - compiled
     """Slot s, its hash mixed to x, leaves the pool."""
     t = np.int64(F[s, F_TIER]) - 1
     if not (C[s, C_TOT] == 1 and C[s, C_C0] == 1):
         _drop_groups(G, s)
-    _tab_delete(tab, K, F, s, x)
+    _tab_delete(tab, K, SO, F, s, x)
     TI[t, T_HASHES] -= 1
     if S[S_JON]:  # (a journalled pool keeps no token-live count: its token array only grows)
         if F[s, F_PW] & F_PW_NOTOK:
@@ -686,11 +699,12 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _journal_store(J, JS, S, t, s, seq, k, w, has_prev, pk, pw, ntok, tenant):  # pragma: no cover
+def _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, pk, pw, ntok, tenant):  # pragma: no cover
     # (the store's token ids were just appended at the token array's end: their start is
     # the sum of the counts before, not kept; `TokenStarts`)
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
+    K[o, K_KEY] = k
     r = JS[o]
     if has_prev:
         r.parent = pk
@@ -740,10 +754,10 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
         TI[t, T_BORN] = S[S_TIERSEQ]
         S[S_TIERSEQ] += 1
     if has_parent == 0 and rawgpu:
-        if _find(tab, K, F, hk[h0], hw[h0], t) >= 0:
+        if _find(tab, K, SO, F, hk[h0], hw[h0], t) >= 0:
             every = True
             for i in range(nh):
-                s = _find(tab, K, F, hk[h0 + i], hw[h0 + i], t)
+                s = _find(tab, K, SO, F, hk[h0 + i], hw[h0 + i], t)
                 if s < 0 or _copies_in(C, G, s, group) == 0:
                     every = False
                     break
@@ -751,7 +765,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 S[S_REPORTED] += nh
                 S[S_HITS] += nh
                 for i in range(nh):
-                    _announce(C, S, _find(tab, K, F, hk[h0 + i], hw[h0 + i], t))
+                    _announce(C, S, _find(tab, K, SO, F, hk[h0 + i], hw[h0 + i], t))
                 return 1
     bs = bs_given if bs_given else nt // nh
     if bs and group == 0:
@@ -760,7 +774,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
         # the parent's slot is looked for only for its tenant: while no block was stored with
         # one, no slot has F_PW_TENANT and none is inherited (its K and F rows were two cache
         # misses a store of 200K recorded events, where no tenant is ever named)
-        ps = _find(tab, K, F, pk, pw, t)
+        ps = _find(tab, K, SO, F, pk, pw, t)
         if ps < 0:
             num_present = 0
             for x in range(S[S_NTIERS]):
@@ -770,7 +784,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 best_born = np.int64(-1)
                 for x in range(S[S_NTIERS]):
                     if TI[x, T_PRESENT] and x != t:
-                        cand = _find(tab, K, F, pk, pw, x)
+                        cand = _find(tab, K, SO, F, pk, pw, x)
                         if cand >= 0 and (best_born < 0 or TI[x, T_BORN] < best_born):
                             ps = cand
                             best_born = TI[x, T_BORN]
@@ -787,7 +801,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
         k = hk[h0 + i]
         w = hw[h0 + i]
         x = _mix(k, w, t)
-        s, hole = _find_or_hole(tab, K, F, k, w, t, x)
+        s, hole = _find_or_hole(tab, K, SO, F, k, w, t, x)
         if s >= 0:  # held already: one more copy
             cur = _copies_in(C, G, s, group)
             if group and C[s, C_TOT] == 1 and C[s, C_C0] == 1:
@@ -814,11 +828,12 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 u = S[S_TOKUSED]
                 _copy_ids(tok, u, ftok, t0 + a, n_i)
                 S[S_TOKUSED] = u + n_i
-                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
         else:
             s = S[S_FREE] - 1
             S[S_FREE] = np.int64(L[s, L_TOK])
-            K[s, K_KEY] = k
+            if S[S_JON] == 0:  # (a journalled pool's K has a row per store: `_journal_store` writes it)
+                K[s, K_KEY] = k
             F[s, F_W] = w
             F[s, F_TIER] = t + 1
             if F.shape[1] > F_RAW:  # F_RAW exists once a raw medium name was seen
@@ -875,7 +890,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 TI[t, T_NOTOK] += 1
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
-                _journal_store(J, JS, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
         _om_unremove(om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
@@ -897,12 +912,12 @@ def _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_
         # the rows of the slots the hashes name, asked for side by side before the loop
         # below reads them one after another (a slot's K, C, L and F were ~half of it)
         for i in range(nh):
-            _touch_slot(tab, K, L, C, F, _mix(hk[h0 + i], hw[h0 + i], t))
+            _touch_slot(tab, K, SO, L, C, F, _mix(hk[h0 + i], hw[h0 + i], t))
     for i in range(nh):
         k = hk[h0 + i]
         w = hw[h0 + i]
         x = _mix(k, w, t)
-        s = _find_x(tab, K, F, k, w, t, x) if present else -1
+        s = _find_x(tab, K, SO, F, k, w, t, x) if present else -1
         if S[S_JON]:
             _journal_row(J, S, OP_REMOVED, t, s, batch_seq, SO[s] if s >= 0 else -1, k, w)
         # what the removal maps note (`_om_note`): announced and removed added to departed's
@@ -945,7 +960,7 @@ def _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_
                         SF[1] = seconds
                 S[S_LIFE_N] += 1
                 a, r, to_ra = np.int64(C[s, C_ANN]), np.int64(C[s, C_REM]) + 1, True
-                _free_slot(tab, K, L, C, F, T, G, S, TI, s, x)
+                _free_slot(tab, K, SO, L, C, F, T, G, S, TI, s, x)
                 if S[S_JON] == 0 and C[s, C_NTOK] > 0:
                     # the store that takes this slot next (the free list is last in, first out:
                     # usually the next one, a few events on) writes its token ids over this
@@ -982,10 +997,10 @@ def _clear_tier(tab, K, L, C, F, T, G, S, TI, om_tab, om_k, om_w, om_v, om_free,
             j += 1
     maxn = S[S_MAXREM]
     for s in slots[np.argsort(orders)]:
-        k, w = K[s, K_KEY], F[s, F_W]
+        k, w = _slot_key(K, SO, s), F[s, F_W]
         _om_note(om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo, dp_os, k, w, _om_hash(k, w),
                  batch_seq, np.int64(C[s, C_ANN]), np.int64(C[s, C_REM]), True, maxn, True)
-        _free_slot(tab, K, L, C, F, T, G, S, TI, s, _mix(k, w, t))
+        _free_slot(tab, K, SO, L, C, F, T, G, S, TI, s, _mix(k, w, t))
     TI[t, T_PRESENT] = 0
     TI[t, T_EXTRA] = 0
     TI[t, T_EXTRA_BORN] = 0
@@ -1657,7 +1672,7 @@ class ColumnarBlock:
                  "num_removed")
 
     def __init__(self, pool: ColumnarPool, s: int) -> None:
-        self.block_hash = pool._bytes(int(pool.K[s, K_KEY]), int(pool.F[s, F_W]))
+        self.block_hash = pool._bytes(int(pool.slot_keys(s)), int(pool.F[s, F_W]))
         pw = int(pool.F[s, F_PW]) & ~F_PW_FLAGS
         if pw:
             parent = pool.JS[int(pool.SO[s])]["parent"] if pool.journal else pool.K[s, K_PARENT]
@@ -1706,7 +1721,7 @@ class _TierView:
         if kw is None:
             return -1
         p = self.pool
-        return int(_find(p.tab, p.K, p.F, np.uint64(kw[0]), np.uint8(kw[1]), self.code))
+        return int(_find(p.tab, p.K, p.SO, p.F, np.uint64(kw[0]), np.uint8(kw[1]), self.code))
 
     def __contains__(self, h: object) -> bool:
         return isinstance(h, (bytes, bytearray)) and self._slot(bytes(h)) >= 0
@@ -1723,7 +1738,8 @@ class _TierView:
 
     def keys(self) -> list[bytes]:
         p = self.pool
-        return [p._bytes(int(k), int(w)) for k, w in zip(p.K[self._slots(), K_KEY], p.F[self._slots(), F_W])]
+        slots = self._slots()
+        return [p._bytes(int(k), int(w)) for k, w in zip(p.slot_keys(slots), p.F[slots, F_W])]
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.keys())
@@ -1781,7 +1797,7 @@ class _CopiesView:
         out = []
         for s in odd.tolist():
             tier = _TIER_NAMES[int(p.F[s, F_TIER]) - 1]
-            out.append(((tier, p._bytes(int(p.K[s, K_KEY]), int(p.F[s, F_W]))), self._counts(s) or []))
+            out.append(((tier, p._bytes(int(p.slot_keys(s)), int(p.F[s, F_W]))), self._counts(s) or []))
         return out
 
     def __len__(self) -> int:
@@ -1973,8 +1989,10 @@ class ColumnarPool:
         self._u64_widths = _EMPTY_U8  # `_run_columns`' widths: W_U64 for every key
 
     def _alloc(self, cap: int) -> None:
-        # the hash and its parent's; a journalled pool's store row (JS) has the parent: not here
-        self.K = np.zeros((cap, 1 if self.journal else 2), np.uint64)
+        # the hash and its parent's, a row a slot; a journalled pool's, the hash alone, a row a
+        # store (grown with JS, kept for good: a slot reads its store's, `SO`), where its log
+        # reads each stored and removed block's hash (`engine.core.live_journal.JournalKeys`)
+        self.K = np.zeros((1024, 1) if self.journal else (cap, 2), np.uint64)
         # uint32 while every token start, batch row and store order fits (`_narrow_room`
         # renumbers or widens before one would not); a journalled pool's, the batch row alone
         self.L = np.zeros((cap, 1 if self.journal else 3), np.uint32)
@@ -2038,7 +2056,7 @@ class ColumnarPool:
         if live + blocks > cap:
             new = max(cap + self._growth(cap, self._slots_small), live + blocks + 1024)
             n = cap
-            for name in ("K", "L", "C", "F") + (("SO",) if self.journal else ()):
+            for name in ("L", "C", "F", "SO") if self.journal else ("K", "L", "C", "F"):
                 _grow_rows(self, name, new)
             # the new slots, in order, go before the free ones
             self.L[n:new, L_TOK] = np.arange(n + 2, new + 2)
@@ -2048,7 +2066,7 @@ class ColumnarPool:
                 # a large pool's table is made for an eighth more slots than it has: its slots
                 # grow by a sixteenth, the table (5.7 bytes a slot) is made again every other time
                 self.tab = self._new_table(new + new // 8 if new >= 8 * self._slots_small else new)
-                _rehash(self.tab, self.K, self.F, n)
+                _rehash(self.tab, self.K, self.SO, self.F, n)
         used = int(self.S[S_TOKUSED])
         if used + tokens > len(self.tok):
             live_tok = int(self.S[S_TOKLIVE])
@@ -2169,10 +2187,12 @@ class ColumnarPool:
         if r + rows > len(self.J):
             need = r + rows + 1024
             _grow_rows(self, "J", max(len(self.J) + len(self.J) // 2, need))
-        if o + stores > len(self.JS):
-            need = o + stores + 1024
-            _grow_rows(self, "JS", max(len(self.JS) + self._copied_growth(len(self.JS), self._rows_small), need),
-                       max(len(self.JS) + len(self.JS) // 2, need))
+        need = o + stores + 1024
+        for name in ("JS", "K"):  # (K: a row per store in a journalled pool)
+            have = len(getattr(self, name))
+            if o + stores > have:
+                _grow_rows(self, name, max(have + self._copied_growth(have, self._rows_small), need),
+                           max(have + have // 2, need))
         if o + stores > self._narrow_limit:
             self._widen()
 
@@ -2235,6 +2255,16 @@ class ColumnarPool:
             o = int(self.SO[s])
             return self.token_starts()[o], int(self.JS["ntok"][o])
         return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
+
+    def slot_keys(self, slots: Any) -> Any:
+        """The hash keys (uint64) held by slots `slots` (an int or an array of them): K's
+        rows, or in a journalled pool, whose K has a row per store, their stores' (`SO`)."""
+        return self.K[self.SO[slots], K_KEY] if self.journal else self.K[slots, K_KEY]
+
+    def store_keys(self) -> np.ndarray:
+        """A journalled pool's hash key of each store made so far, in store order (a view of
+        K: each row is written once, by its store, and kept for good)."""
+        return self.K[:int(self.S[S_JSTORES]), K_KEY]
 
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
         """Held slots' store orders, to sort them by (a journalled pool's store rows)."""
@@ -2931,7 +2961,7 @@ class ColumnarPool:
         kw = self._key(block_hash)
         if kw is None:
             return -1
-        return int(_find(self.tab, self.K, self.F, np.uint64(kw[0]), np.uint8(kw[1]), code))
+        return int(_find(self.tab, self.K, self.SO, self.F, np.uint64(kw[0]), np.uint8(kw[1]), code))
 
     def num_copies(self, block_hash: bytes, medium: str = MEDIUM_DEFAULT, group: int | None = None) -> int:
         code = _TIER_CODES.get(tier_of_medium(medium))
@@ -2949,7 +2979,7 @@ class ColumnarPool:
         out: set[bytes] = set()
         n = len(self.F)
         live = np.flatnonzero(self.F[:n, F_TIER] > 0)
-        for k, w in zip(self.K[live, K_KEY].tolist(), self.F[live, F_W].tolist()):
+        for k, w in zip(self.slot_keys(live).tolist(), self.F[live, F_W].tolist()):
             out.add(self._bytes(k, w))
         return out
 
@@ -2976,7 +3006,7 @@ class ColumnarPool:
     def held(self) -> Iterator[tuple[str, bytes, int]]:
         for medium in self.mediums():
             slots = self._tier_slots(_TIER_CODES[medium])
-            for k, w, n in zip(self.K[slots, K_KEY].tolist(), self.F[slots, F_W].tolist(),
+            for k, w, n in zip(self.slot_keys(slots).tolist(), self.F[slots, F_W].tolist(),
                                self.C[slots, C_TOT].tolist()):
                 yield medium, self._bytes(k, w), n
 
@@ -2998,7 +3028,7 @@ class ColumnarPool:
             return out
         raw = self.F[:n, F_RAW]
         for s in np.flatnonzero((raw > 0) & (raw != RAW_IN_DETAILS) & (self.F[:n, F_TIER] > 0)).tolist():
-            key = (_TIER_NAMES[int(self.F[s, F_TIER]) - 1], self._bytes(int(self.K[s, K_KEY]), int(self.F[s, F_W])))
+            key = (_TIER_NAMES[int(self.F[s, F_TIER]) - 1], self._bytes(int(self.slot_keys(s)), int(self.F[s, F_W])))
             out[key] = self._said(*key, s)
         return out
 
