@@ -1,36 +1,14 @@
 """What the journal route's commit appends a tick at a time, kept as cheaply as it is
-appended: the hash keys in fixed chunks (`engine.core.live_journal._Chunks`, no copy of the
-whole as the column grows), a tick's one time as one run (`_Runs.extend_same`), a count that
-did not move as one value (`_Growing.append_same`); each must read back what was appended,
-on a recorded vLLM stream."""
+appended: no hash key the pool keeps (each id its store's number, `JournalKeys`), a tick's
+one time as one run (`_Runs.extend_same`), a count that did not move as one value
+(`_Growing.append_same`); each must read back what was appended, on a recorded vLLM stream."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.core.live_journal import CHUNK_VALUES, _Chunks
 from engine.core.live_log import _Growing, _Runs
-
-
-def test_chunks_read_back_every_value_across_chunk_bounds():
-    rng = np.random.default_rng(5)
-    col, parts = _Chunks(np.uint64), []
-    for k in (0, 7, CHUNK_VALUES - 7, 1, 2 * CHUNK_VALUES + 3, 4_196):
-        part = rng.integers(0, 1 << 63, k, dtype=np.int64).astype(np.uint64)
-        col.append(part)
-        parts.append(part)
-    want = np.concatenate(parts)
-    assert col.n == len(want) and np.array_equal(col.view, want)
-    ids = rng.integers(-len(want), len(want), 20_000)
-    assert np.array_equal(col.take(ids), want[ids])  # numpy's indexing, negatives included
-    edges = [CHUNK_VALUES - 1, CHUNK_VALUES, 2 * CHUNK_VALUES, len(want) - 1, -1]
-    assert [int(col.take(i)) for i in edges] == [int(want[i]) for i in edges]
-    with pytest.raises(IndexError):
-        col.take(len(want))
-    with pytest.raises(IndexError):
-        col.take(np.array([0, len(want)]))
-    assert col.nbytes - want.nbytes < CHUNK_VALUES * 8  # room: less than one chunk
 
 
 def test_one_value_appended_many_times_reads_back_as_given():
@@ -83,12 +61,17 @@ def journalled():
     return state.log, pool, np.concatenate(keys), np.concatenate(widths)
 
 
-def test_a_journal_logs_hash_keys_are_the_journals_across_chunks(journalled):
+def test_a_journal_logs_hash_keys_are_the_journals_read_from_the_pools_stores(journalled):
+    """Every id's key, read from its pool's per-store keys, is the journal row's; only the
+    rows whose key the pool does not keep (a clear, a removal of a hash not held) keep one."""
     log, pool, keys, widths = journalled
     table = log.columnar.keys
-    assert len(table) == len(keys) > CHUNK_VALUES + 1  # past the first chunk
-    assert np.array_equal(table._key.view, keys)
-    ids = np.array([0, CHUNK_VALUES - 1, CHUNK_VALUES, len(keys) - 1], np.int64)
+    assert len(table) == len(keys) > 40_000
+    assert np.array_equal(table.keys_of(np.arange(len(table))), keys)
+    own = table._own_id.view
+    assert len(own) == len(table._own_key.view) < len(keys) // 100  # not a key an id
+    assert table._store.nbytes <= 4.5 * len(keys) + 4096  # a store number (int32) an id, an eighth room at most
+    ids = np.array([0, len(keys) // 3, len(keys) // 2, len(keys) - 1, *own[:3].tolist()], np.int64)
     ids = ids[widths[ids] > 0]
     assert table.digests(ids) == [pool.hash_of(int(keys[i]), int(widths[i])) for i in ids]
     assert [table.digest(int(i)) for i in ids] == [pool.hash_of(int(keys[i]), int(widths[i])) for i in ids]

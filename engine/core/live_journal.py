@@ -76,69 +76,6 @@ class _Grow(_Growing):
         super().__init__(dtype, narrow, uniform=uniform, grow_by=8)
 
 
-class _Chunks:
-    """A column appended to a tick at a time, kept in chunks of `CHUNK_VALUES` values: each
-    value is copied once, where a column grown by an eighth copied the whole again at each
-    growth (a journal log's hash keys: 36 copies of up to 3.7 MB per 100K vLLM events, 7.8 ms
-    of the commit's CPU time). Its room past the values is less than a chunk (a column grown
-    by an eighth: up to an eighth of it). Read by position (`take`)."""
-
-    __slots__ = ("_chunks", "n", "_dtype")
-
-    def __init__(self, dtype: Any) -> None:
-        self._dtype = np.dtype(dtype)
-        self._chunks: list[np.ndarray] = []
-        self.n = 0
-
-    def append(self, values: np.ndarray) -> None:
-        values = np.asarray(values)
-        done, k = 0, len(values)
-        while done < k:
-            c, at = self.n >> CHUNK_SHIFT, self.n & (CHUNK_VALUES - 1)
-            if c == len(self._chunks):
-                self._chunks.append(np.empty(CHUNK_VALUES, self._dtype))
-            m = min(CHUNK_VALUES - at, k - done)
-            self._chunks[c][at:at + m] = values[done:done + m]
-            done += m
-            self.n += m
-
-    def take(self, ids: Any) -> Any:
-        """The values at positions `ids` (an int, or an array of them; a negative one counts
-        from the end, as numpy's indexing does)."""
-        if np.ndim(ids) == 0:
-            i = int(ids)
-            i = i + self.n if i < 0 else i
-            if not 0 <= i < self.n:
-                raise IndexError(f"position {int(ids)} of a column of {self.n}")
-            return self._chunks[i >> CHUNK_SHIFT][i & (CHUNK_VALUES - 1)]
-        ids = np.asarray(ids, np.int64)
-        if len(ids) and int(ids.min()) < 0:
-            ids = np.where(ids < 0, ids + self.n, ids)
-        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.n):
-            raise IndexError(f"positions past a column of {self.n}")
-        out = np.empty(len(ids), self._dtype)
-        chunk = ids >> CHUNK_SHIFT
-        if len(self._chunks) == 1 or not len(ids):
-            if len(ids):
-                out[:] = self._chunks[0][ids]
-            return out
-        order = np.argsort(chunk, kind="stable")
-        bounds = np.searchsorted(chunk[order], np.arange(len(self._chunks) + 1))
-        for c in np.flatnonzero(np.diff(bounds)).tolist():
-            at = order[bounds[c]:bounds[c + 1]]
-            out[at] = self._chunks[c][ids[at] & (CHUNK_VALUES - 1)]
-        return out
-
-    @property
-    def view(self) -> np.ndarray:
-        """The values, whole (a copy)."""
-        return np.concatenate(self._chunks)[:self.n] if self._chunks else np.zeros(0, self._dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self._chunks)
-
-
 class _Steps:
     """A column of ints kept as its runs that count up by one, each run's first position and
     value (a journal log's pool store numbers: a pool numbers its stores in order, so a
@@ -200,48 +137,86 @@ class _Steps:
         return self._values.nbytes if self._values is not None else self._start.nbytes + self._first.nbytes
 
 
-CHUNK_SHIFT = 15
-CHUNK_VALUES = 1 << CHUNK_SHIFT  # 256 KiB of 8-byte values
-
-
 class JournalKeys(KeyTable):
-    """Hash ids of a journal-fed log: one per stored or removed journal row, its digest the
-    pool's `hash_of(key, width)` (computed when asked for, not kept)."""
+    """Hash ids of a journal-fed log: one per journal row, its digest the pool's
+    `hash_of(key, width)` (computed when asked for, not kept). The key is not kept either
+    where the pool keeps it: a stored row's is its store's, and a removal's that took a
+    block the key of the store that made it, in the pool's per-store keys
+    (`JournalRows.store_key`, each written once and kept for good: 8 bytes a block the log
+    kept again). Each id keeps that store's number (`_Steps`: one run while a pool only
+    stores, 4 bytes an id otherwise) or -1, with its own key (`_own_id`, `_own_key`): a
+    removal of a hash its pool did not hold, a clear."""
 
     def __init__(self) -> None:
         z = np.zeros(0, np.int64)
         super().__init__(z.astype(np.int32), z, z, np.zeros((1, 1), np.uint32), [], None, 1)
         self.pools: list[Any] = []
-        self._key = _Chunks(np.uint64)
+        self._store = _Steps()
+        self._own_id, self._own_key = _Grow(np.int64), _Grow(np.uint64)
+        self._store_keys: dict[int, np.ndarray] = {}  # pool -> its per-store keys, as of its latest rows
         self._width, self._pool = _Grow(np.int64, np.uint8, uniform=True), _Grow(np.int16, uniform=True)
         self._wide: dict[bytes, int] = {}  # a digest that is no 8-byte value -> its number (identities)
 
     def __len__(self) -> int:
-        return self._key.n
+        return self._store.n
 
-    def add(self, pool: int, keys: np.ndarray, widths: np.ndarray, width_range: tuple[int, int] | None = None) -> None:
-        """Hash ids for `keys` (a tick's rows); `width_range`, the widths' least and most if
-        known (the placer's scan): one width appended as one value, the rows not compared
-        (a strided compare of a tick's widths was ~25 us)."""
-        self._pool.append_same(pool, len(keys))
+    def add(self, pool: int, stores: np.ndarray, keys: np.ndarray, widths: np.ndarray, store_keys: np.ndarray,
+            width_range: tuple[int, int] | None = None, counting: bool = False) -> None:
+        """Hash ids for a tick's rows of pool `pool`: `stores`, each row's store whose key is
+        its own (-1: none, its key in `keys` kept), `store_keys` the pool's per-store keys
+        (`JournalRows.store_key`); `counting`, `stores` count up by one (every row a store);
+        `width_range`, the widths' least and most if known (the placer's scan): one width
+        appended as one value, the rows not compared (a strided compare of a tick's widths
+        was ~25 us)."""
+        n0 = self._store.n
+        self._store_keys[pool] = store_keys
+        self._pool.append_same(pool, len(stores))
         if width_range is not None and width_range[0] == width_range[1]:
-            self._width.append_same(width_range[0], len(keys))
+            self._width.append_same(width_range[0], len(stores))
         else:
             self._width.append(widths)
-        self._key.append(keys)
+        if not counting:
+            own = np.flatnonzero(np.asarray(stores) < 0)
+            if len(own):
+                self._own_id.append(own + n0)
+                self._own_key.append(np.asarray(keys, np.uint64)[own])
+        self._store.append(stores, counting)
+
+    def keys_of(self, ids: Any) -> np.ndarray:
+        """The hash key (uint64) of each id of `ids` (an array): its store's in its pool's
+        per-store keys, or its own."""
+        ids = np.asarray(ids, np.int64)
+        src = np.asarray(self._store.take(ids), np.int64)
+        out = np.zeros(len(ids), np.uint64)
+        held = src >= 0
+        if held.all():
+            pools = self._pool.view[ids]
+            if len(ids) and int(pools.min()) == int(pools.max()):  # one pool's (an attach's, always)
+                return np.asarray(self._store_keys[int(pools[0])][src], np.uint64)
+        else:
+            own = np.flatnonzero(~held)
+            out[own] = self._own_key.view[np.searchsorted(self._own_id.view, ids[own])]
+            pools = self._pool.view[ids]
+        for p in np.unique(pools[held]).tolist():
+            at = np.flatnonzero(held & (pools == p))
+            out[at] = self._store_keys[p][src[at]]
+        return out
+
+    def _key_of(self, key: int) -> int:
+        return int(self.keys_of(np.array([key], np.int64))[0])
 
     def digest(self, key: int) -> bytes:
-        return self.pools[int(self._pool.view[key])].hash_of(int(self._key.take(key)), int(self._width.view[key]))
+        return self.pools[int(self._pool.view[key])].hash_of(self._key_of(key), int(self._width.view[key]))
 
     def identities(self, ids: np.ndarray) -> np.ndarray:
         """Per id a code equal for equal digests (`hash_identity`)."""
         ids = np.asarray(ids, np.int64)
-        return hash_identity(self.pools, self._pool.view[ids], self._key.take(ids), self._width.view[ids], self._wide)
+        return hash_identity(self.pools, self._pool.view[ids], self.keys_of(ids), self._width.view[ids], self._wide)
 
     def digests(self, ids: np.ndarray) -> list[bytes]:
         """`digest` of many ids at once."""
         ids = np.asarray(ids, np.int64)
-        return _hash_bytes(self.pools, self._pool.view[ids], self._key.take(ids), self._width.view[ids])
+        return _hash_bytes(self.pools, self._pool.view[ids], self.keys_of(ids), self._width.view[ids])
 
     def parent_of(self, key: int) -> int:
         return -1  # each store's parent is in JournalStores
@@ -490,6 +465,11 @@ class _JournalColumns:
     tick's (batch, tier) pairs, which one request and RemoteInfo each stand for."""
 
     keys: np.ndarray  # uint64 hash code per row
+    # per row, the pool store whose key is its key (a stored row's own, a removal's that took
+    # a block the store that made it; -1: none, a clear or a removal of a hash not held), and
+    # whether those count up by one (every row a store): the log's hash ids (`JournalKeys`)
+    key_store: np.ndarray
+    key_counting: bool
     widths: np.ndarray  # int64
     width_range: tuple[int, int]  # the widths' least and most
     num_cleared: int  # clear rows (a clear's rows' `a` is the pool's count of copies it cleared)
@@ -558,7 +538,12 @@ def prepare_journal(log: Any, journal: Any, pool: Any, source: str, rank: int = 
     # the request and RemoteInfo of each row: one per vLLM batch (and tier) in the tick
     names = journal.tier_names
     media = [names[t] if 0 <= t < len(names) else "GPU" for t in ((scan.pairs & 1023) - 1).tolist()]
-    rows = _JournalColumns(hcode.view(np.uint64), hwide, scan.width_range, scan.num_cleared, scan.store_local,
+    if scan.num_stored == n and scan.stores_counting:
+        key_store, key_counting = scan.store_local, True
+    else:
+        key_store, key_counting = np.where(op == OP_CLEARED, -1, local), False
+    rows = _JournalColumns(hcode.view(np.uint64), key_store, key_counting, hwide, scan.width_range,
+                           scan.num_cleared, scan.store_local,
                            scan.stores_counting, scan.pairs, scan.of_pair, scan.batches, media, table_pair, table_batch)
     done = PreparedJournal(stores, journal, pool, source, rank, table, np.asarray(store_tenants, np.int64),
                            np.asarray(born, np.int64), plan.row, plan.seq, plan.key, plan.store, nb, rows, slots)
@@ -590,7 +575,7 @@ def commit_journal(log: Any, prepared: PreparedJournal, now: float = 0.0, times:
     p = keys.pools.index(pool)
     stores.journals[p] = StoreArrays.of(journal)
     rows = prepared.rows
-    keys.add(p, rows.keys, rows.widths, rows.width_range)
+    keys.add(p, rows.key_store, rows.keys, rows.widths, journal.store_key, rows.width_range, rows.key_counting)
     if isinstance(stores.placer, _CompiledPlacer):
         stores.placer.committed(len(keys))  # the codes it kept for these rows' ids: in `keys` now
     stores.add(p, rows.store_local, rows.stores_counting)  # the ids prepare_journal wrote (store0 on, checked above)
@@ -1526,7 +1511,7 @@ class _CompiledPlacer:
         known = len(self.keys) if self.keys is not None else 0
         old = ids < known
         if old.any():
-            out[old] = self.keys._key.take(ids[old]).view(np.int64)
+            out[old] = self.keys.keys_of(ids[old]).view(np.int64)
         new = np.flatnonzero(~old)
         if len(new):
             firsts = np.array([k0 for k0, _ in kept], np.int64)

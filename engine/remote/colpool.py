@@ -95,6 +95,8 @@ its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
     j.store                          # a store's row in the per-store arrays below (kept for good);
                                      # a removal's: the store that made the slot it took (-1: none);
                                      # a clear's: how many copies it cleared
+    j.store_key                      # per store, whole: its hash (a stored row's key, and a
+                                     # removal's that took its block: j.store_key[j.store[r]])
     j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
     j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
 
@@ -1816,12 +1818,13 @@ class JournalRows:
     `seq` (the vLLM batch), `store` (a stored block's row of the per-store arrays; for a
     removal the store row of the block it took, -1 when none; for a clear the number of
     copies it cleared), `key`/`width` (the hash, `pool.hash_of(key, width)`). The
-    per-store arrays, whole (indexed by `store`): `parent`/`parent_width` (width 0: no
+    per-store arrays, whole (indexed by `store`): `store_key` (the store's hash, the key of
+    its rows and of a removal that took its block), `parent`/`parent_width` (width 0: no
     parent), `token_start`/`token_count` into `tokens`, `tenant` (index + 1 into
     `pool.tenant_names`, 0: none)."""
 
-    __slots__ = ("pool", "start", "stop", "op", "tier", "slot", "seq", "store", "key", "width", "parent",
-                 "parent_width", "token_start", "token_count", "tenant", "tokens")
+    __slots__ = ("pool", "start", "stop", "op", "tier", "slot", "seq", "store", "key", "width", "store_key",
+                 "parent", "parent_width", "token_start", "token_count", "tenant", "tokens")
 
     def __init__(self, pool: ColumnarPool, start: int) -> None:
         held = int(pool.S[S_JROWS])  # `start` a held row (local); start and stop are global
@@ -1831,6 +1834,7 @@ class JournalRows:
         self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
         self.key = J[:, J_KEY].view(np.uint64)
         JS = pool.JS[:int(pool.S[S_JSTORES])]
+        self.store_key = pool.store_keys()
         self.parent, self.parent_width = JS["parent"], JS["pwidth"]
         self.token_count, self.tenant = JS["ntok"], JS["tenant"]
         self.token_start = pool.token_starts()
