@@ -131,7 +131,7 @@ def test_a_journal_grown_under_a_readers_views_keeps_them():
     held = []
     for a in range(0, len(payloads), 64):
         rows = pool.take_journal()  # views of J, JS and the token array, kept across growths
-        held.append((rows, rows.op.copy(), rows.key.copy(), rows.parent.copy(), rows.tokens.copy()))
+        held.append((rows, rows.op.copy(), rows.key.copy(), np.array(rows.parent), rows.tokens.copy()))
         pool.apply_many(fastwire.decode_columns_many(a, payloads[a:a + 64]))
         free.apply_many(fastwire.decode_columns_many(a, payloads[a:a + 64]))  # no reader: grown in place
     assert len(held[-1][0]) > 0

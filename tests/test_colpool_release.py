@@ -11,7 +11,7 @@ import pytest
 
 from engine.bench.attach import recorded_stream
 from engine.remote import fastwire
-from engine.remote.colpool import JS_NARROW, JS_WIDE, S_JROWS, ColumnarPool
+from engine.remote.colpool import JS_NARROW, JS_WIDE, S_JROWS, S_JSTORES, S_NPX, ColumnarPool
 from engine.remote.wire import VllmEvent, encode_batch
 from tests.test_colpool import FIXTURES, _journal_events, _reference_events, _run, _synthetic, state
 
@@ -143,10 +143,14 @@ def _is_wide(pool: ColumnarPool) -> bool:
     return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype, pool.C.dtype) == (JS_WIDE, np.int64, np.int64, np.uint32)
 
 
-def test_a_journalled_pool_keeps_13_bytes_a_store_and_narrow_slot_columns():
+def test_a_journalled_pool_keeps_5_bytes_a_store_row_and_narrow_slot_columns():
     pool = ColumnarPool("t", journal=True)
     pool.apply_many(_batches(2_000))
-    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 13
+    # its hash in K (8 B) and its token count, tenant and parent's width in JS (5 B); its parent
+    # the store before's hash, or a row of PX for its event's first
+    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 5 and pool.K.shape[1] == 1
+    stores = int(pool.S[S_JSTORES])
+    assert len(pool.K) >= stores and 0 < int(pool.S[S_NPX]) < stores // 4
     assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
     # a slot: its batch row alone in L (4 B) and its five counts in uint16 (10 B)
     assert pool.L.shape[1] == 1 and pool.C.dtype == np.uint16 and pool.C.shape[1] == 4

@@ -6,7 +6,7 @@ import numpy as np
 from engine.core.live_journal import _per_store
 
 JS = np.dtype([("parent", np.uint64), ("tok0", np.uint32), ("ntok", np.uint16), ("tenant", np.uint16),
-               ("pwidth", np.uint8)], align=False)
+               ("pwidth", np.uint8)], align=False)  # narrow fields of packed records, as a pool's
 
 
 def test_narrow_fields_read_as_the_whole_field_widened():

@@ -48,24 +48,33 @@ def test_store_fields_match_the_gathers_on_a_recorded_stream():
 @pytest.mark.parametrize("wide", [False, True])
 def test_store_fields_on_both_record_layouts(wide):
     from engine.core.live_journal import _CompiledPlacer, _compiled
-    from engine.remote.colpool import JS_NARROW, JS_WIDE
+    from engine.remote.colpool import JS_NARROW, JS_WIDE, PX_KEY, PX_STORE, StoreParents
 
     layout = JS_WIDE if wide else JS_NARROW
     records = np.zeros(500, layout)
     rng = np.random.default_rng(3)
-    records["parent"] = rng.integers(0, 2**64 - 1, len(records), dtype=np.uint64, endpoint=True)
-    records["parent"][:3] = [2**64 - 1, 2**63, 0]
+    keys = rng.integers(0, 2**64 - 1, len(records), dtype=np.uint64, endpoint=True)
+    keys[:2] = [2**64 - 1, 2**63]  # the parents of stores 1 and 2 (chained)
     records["pwidth"] = rng.integers(0, 3, len(records))
+    records["pwidth"][:3] = [0, 1, 1]
     records["tenant"] = rng.integers(0, np.iinfo(records["tenant"].dtype).max, len(records), endpoint=True)
+    # about a third of the stores with a parent are their event's first: a parent of their own
+    explicit = np.flatnonzero((records["pwidth"] > 0) & (rng.random(len(records)) < 0.3))
+    explicit = explicit[explicit > 2]
+    px = np.zeros((len(explicit), 2), np.int64)
+    px[:, PX_STORE] = explicit
+    px[:, PX_KEY] = rng.integers(-2**63, 2**63 - 1, len(explicit), dtype=np.int64, endpoint=True)
 
     class Journal:
-        parent, parent_width, tenant = records["parent"], records["pwidth"], records["tenant"]
+        parent = StoreParents(keys, records["pwidth"], px)
+        parent_width, tenant = records["pwidth"], records["tenant"]
 
     fields = _compiled()[4]
     compiled_before = len(fields.signatures)
-    stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, len(records), 300)]).astype(np.int64)
+    stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, len(records), 300), np.arange(3, 200)]).astype(np.int64)
     got = _CompiledPlacer().store_fields(Journal, stores)
     want = _gathered(Journal, stores)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
-    assert got[0][0] == -1 and got[0][1] == -2**63  # a parent code's bits, as the int64 view
+    assert got[0][0] == 0 and got[0][1] == -1 and got[0][2] == -2**63  # a parent code's bits, as the int64 view
+    assert len(explicit) > 20 and set(got[0][np.isin(stores, explicit)].tolist()) <= set(px[:, PX_KEY].tolist())
     assert len(fields.signatures) == compiled_before  # the warm-up compiled this layout's reader

@@ -342,7 +342,7 @@ class JournalStores(Sequence[tuple]):
         for p in np.unique(pool_of).tolist():
             at = np.flatnonzero(pool_of == p)
             j = self.journals[p]
-            key[at] = np.asarray(j.parent, np.uint64)[local[at]]
+            key[at] = j.parent[local[at]]
             width[at] = np.asarray(j.parent_width, np.int64)[local[at]]
         return pool_of, key, width
 
@@ -663,21 +663,37 @@ def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) ->
     has no per-store rows: a stream that began with removals). Indexed before it is converted:
     the per-store arrays are the pool's whole (a narrow field of its packed rows), and
     converting them first cost a pass over every store so far at every tick."""
-    values = np.asarray(values)
-    if not len(values):
+    if not len(values):  # (a numpy field, or a field read as one: `StoreParents`, made only at `at`)
         return np.zeros(len(at), dtype)
-    return np.where(is_store, values[at].astype(dtype), 0).astype(dtype, copy=False)
+    return np.where(is_store, np.asarray(values[at]).astype(dtype), 0).astype(dtype, copy=False)
 
 
-def _store_fields_loop(parent, pwidth, tenant, stores, out):  # pragma: no cover - compiled
+def _store_fields_loop(keys, px, pwidth, tenant, stores, out):  # pragma: no cover - compiled
     """Each store's parent (its code's bits as an int64), parent width and tenant, from a
-    pool's packed per-store arrays (unaligned views of 17- or 25-byte records), into `out`'s
-    three rows: one pass, where three numpy gathers and conversions each walked the strided
-    records (2.3 -> 0.65 ms per 100K vLLM events, 2026-12-04)."""
+    pool's per-store arrays (`keys`, and unaligned views of its 5- or 9-byte records) and
+    explicit parents (`px`: `engine.remote.colpool.StoreParents`), into `out`'s three rows:
+    one pass, where three numpy gathers and conversions each walked the strided records
+    (2.3 -> 0.65 ms per 100K vLLM events, 2026-12-04). A store with a parent that is not in
+    `px` has the store before it as its parent; `px` is in store order, and a tick's stores
+    count up, so its rows are walked once from the first store's."""
+    n = len(px)
+    j = np.searchsorted(px[:, 0], stores[0]) if len(stores) else 0
+    last = -1
     for i in range(len(stores)):
         s = stores[i]
-        out[0, i] = parent[s]
-        out[1, i] = pwidth[s]
+        if s < last:  # (not counting up: looked for again)
+            j = np.searchsorted(px[:, 0], s)
+        last = s
+        w = pwidth[s]
+        while j < n and px[j, 0] < s:
+            j += 1
+        if w == 0:
+            out[0, i] = 0
+        elif j < n and px[j, 0] == s:
+            out[0, i] = px[j, 1]
+        else:
+            out[0, i] = np.int64(keys[s - 1])
+        out[1, i] = w
         out[2, i] = tenant[s]
 
 
@@ -1580,7 +1596,8 @@ class _CompiledPlacer:
     def store_fields(self, journal: Any, stores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(parent code, parent width, tenant) of each of `journal`'s pool stores `stores`, int64."""
         out = np.empty((3, len(stores)), np.int64)
-        self.fields_loop(journal.parent, journal.parent_width, journal.tenant, stores, out)
+        parents = journal.parent
+        self.fields_loop(parents.keys, parents.px, journal.parent_width, journal.tenant, stores, out)
         return out[0], out[1], out[2]
 
     def place_rows(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key0: int, hcode: np.ndarray,
@@ -1814,6 +1831,7 @@ def _compiled() -> list[Any]:
             _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
                          True)
         for tenant in (np.uint16, np.uint32):
-            rec = np.zeros(2, [("parent", np.uint64), ("tenant", tenant), ("pwidth", np.uint8)])
-            _COMPILED[4](rec["parent"], rec["pwidth"], rec["tenant"], np.zeros(1, np.int64), np.empty((3, 1), np.int64))
+            rec = np.zeros(2, [("ntok", tenant), ("tenant", tenant), ("pwidth", np.uint8)])
+            _COMPILED[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), rec["pwidth"], rec["tenant"],
+                         np.zeros(1, np.int64), np.empty((3, 1), np.int64))
     return _COMPILED

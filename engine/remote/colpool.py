@@ -184,8 +184,9 @@ W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_SEEN, S_JON, S_JROWS, S_JSTORES, \
-    S_NTIERS, S_BID, S_TENANTED, S_CMAX, S_CLIMIT = range(24)
-NUM_S = 24  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
+    S_NTIERS, S_BID, S_TENANTED, S_CMAX, S_CLIMIT, S_NPX = range(25)
+NUM_S = 25  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
+# S_NPX: the rows of PX (a journalled pool's explicit parents, `StoreParents`);
 # S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset;
 # S_CMAX: the most announcements a slot has had (never lowered). A slot's C_TOT, C_C0 and
 # C_REM are never more than its C_ANN (each copy and each removal of one is announced first),
@@ -193,14 +194,19 @@ NUM_S = 24  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row be
 # batch's hashes that could take S_CMAX past it widen C first (`_count_room`); the compiled
 # loops over many frames (`_run_frames`, `_run_decoded`) stop before such a frame, for C to be widened
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
-# stored block, its store row (kept for good): packed, 13 bytes, the narrowest exact types,
-# widened once to JS_WIDE (17) before a block's token count would pass 2**16 - 1 or a tenant
+# stored block, its store row (kept for good): packed, 5 bytes, the narrowest exact types,
+# widened once to JS_WIDE (9) before a block's token count would pass 2**16 - 1 or a tenant
 # number 2**16 - 1, or (with L and SO) a store row, slot or batch row 2**32 - 1 (`_widen`). No token
 # start: each store's ids follow the one before's in the token array (`TokenStarts`)
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
-JS_NARROW = np.dtype([("parent", np.uint64), ("ntok", np.uint16), ("tenant", np.uint16), ("pwidth", np.uint8)])
-JS_WIDE = np.dtype([("parent", np.uint64), ("ntok", np.uint32), ("tenant", np.uint32), ("pwidth", np.uint8)])
+JS_NARROW = np.dtype([("ntok", np.uint16), ("tenant", np.uint16), ("pwidth", np.uint8)])
+JS_WIDE = np.dtype([("ntok", np.uint32), ("tenant", np.uint32), ("pwidth", np.uint8)])
+# a store's parent is not in its row: a store that is not its event's first has the block
+# before it in its event as its parent (the key of the store before, K's row), and an
+# event's first store that names a parent has a row of PX (int64: the store, the parent's
+# key's bits; in store order, S_NPX of them): `StoreParents`
+PX_STORE, PX_KEY = 0, 1
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2
 # per tier (int64): present, creation order, hashes, copies beyond one per hash, hashes
 # without token ids, when it first held an extra copy
@@ -701,7 +707,8 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, pk, pw, ntok, tenant):  # pragma: no cover
+def _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, chained, pk, pw, ntok,
+                   tenant):  # pragma: no cover - compiled
     # (the store's token ids were just appended at the token array's end: their start is
     # the sum of the counts before, not kept; `TokenStarts`)
     o = S[S_JSTORES]
@@ -709,10 +716,15 @@ def _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, pk, pw, ntok, tenant)
     K[o, K_KEY] = k
     r = JS[o]
     if has_prev:
-        r.parent = pk
+        # its parent: the store before's key when `chained` (its event's block before, whose
+        # store row is o - 1), else a row of PX (`StoreParents`)
+        if not chained:
+            x = S[S_NPX]
+            PX[x, PX_STORE] = o
+            PX[x, PX_KEY] = np.int64(pk)  # the uint64's bits
+            S[S_NPX] = x + 1
         r.pwidth = pw
     else:
-        r.parent = 0
         r.pwidth = 0
     r.ntok = ntok
     r.tenant = tenant + 1
@@ -741,7 +753,7 @@ def _announce(C, S, s):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
            t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
-           next_continues, seq, ts, J, JS, SO):  # pragma: no cover - compiled
+           next_continues, seq, ts, J, JS, SO, PX):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
     report (no copy added), 0 for a store, -1 when it names no hash. `raw`: the F_RAW code
     of the medium's name (0 the tier's own: a copy keeps the name an earlier store gave).
@@ -830,7 +842,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 u = S[S_TOKUSED]
                 _copy_ids(tok, u, ftok, t0 + a, n_i)
                 S[S_TOKUSED] = u + n_i
-                _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
         else:
             s = S[S_FREE] - 1
             S[S_FREE] = np.int64(L[s, L_TOK])
@@ -892,7 +904,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 TI[t, T_NOTOK] += 1
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
-                _journal_store(J, JS, K, S, t, s, seq, k, w, has_prev, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
         _om_unremove(om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
@@ -1019,7 +1031,7 @@ def _medium_of(m):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
          dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
-         JS, SO, RM):  # pragma: no cover - compiled
+         JS, SO, PX, RM):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
     Python must handle (or n). A common event's medium is nil or `GPU` (R_MEDIUM 0, 1),
@@ -1047,7 +1059,7 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
                         break
             r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
                        t, RM[c, RM_SLOT], rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
-                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO)
+                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO, PX)
             if r == 0:  # counted per raw name, into the pool's dicts after the run (`_sync`)
                 if RM[c, RM_COUNT] == 0:
                     RM[S[S_MEDIA_SEEN], RM_ORDER] = c
@@ -1073,10 +1085,10 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
 @njit(cache=True, nogil=True, _nrt=True)
 def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw, rawgpu,
               group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts,
-              J, JS, SO):  # pragma: no cover - compiled
+              J, JS, SO, PX):  # pragma: no cover - compiled
     return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw,
                   rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
-                  next_continues, seq, ts, J, JS, SO)
+                  next_continues, seq, ts, J, JS, SO, PX)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
@@ -1089,18 +1101,18 @@ def _remove_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
             dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
-            JS, SO, RM):  # pragma: no cover - compiled
+            JS, SO, PX, RM):  # pragma: no cover - compiled
     return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                 dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq,
-                ts, left, n, J, JS, SO, RM)
+                ts, left, n, J, JS, SO, PX, RM)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                   dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO,
+                   dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX,
                    RM):  # pragma: no cover - compiled
     return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                       dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, RM)
+                       dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX, RM)
 
 
 
@@ -1167,7 +1179,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO,
+                dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX,
                 RM):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
@@ -1190,7 +1202,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
                       dp_os, rows, parents, keys, lo, hi, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, False, seqs[f],
-                 tss[f], left, hi, J, JS, SO, RM)
+                 tss[f], left, hi, J, JS, SO, PX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1199,7 +1211,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                 dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO,
+                 dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX,
                  RM):  # pragma: no cover - compiled
     """`_run_frames` of frames f0.. of one `fastwire.decode_columns_many` call, read where
     its compiled pass left them (`DecodedRun`: frame f's rows from meta[f, M_ROW0], its
@@ -1223,7 +1235,7 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
                       dp_os, fr, parents, keys, 0, m, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, 0, False, seqs[f],
-                 tss[f], left, m, J, JS, SO, RM)
+                 tss[f], left, m, J, JS, SO, PX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1232,10 +1244,10 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_decoded_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                    dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO,
+                    dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX,
                     RM):  # pragma: no cover - compiled
     return _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo,
-                        ra_os, dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, RM)
+                        ra_os, dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX, RM)
 
 
 @njit(cache=True)
@@ -1677,7 +1689,7 @@ class ColumnarBlock:
         self.block_hash = pool._bytes(int(pool.slot_keys(s)), int(pool.F[s, F_W]))
         pw = int(pool.F[s, F_PW]) & ~F_PW_FLAGS
         if pw:
-            parent = pool.JS[int(pool.SO[s])]["parent"] if pool.journal else pool.K[s, K_PARENT]
+            parent = pool.store_parents()[int(pool.SO[s])] if pool.journal else pool.K[s, K_PARENT]
             self.parent_hash = pool._bytes(int(parent), pw)
         else:
             self.parent_hash = None
@@ -1835,7 +1847,7 @@ class JournalRows:
         self.key = J[:, J_KEY].view(np.uint64)
         JS = pool.JS[:int(pool.S[S_JSTORES])]
         self.store_key = pool.store_keys()
-        self.parent, self.parent_width = JS["parent"], JS["pwidth"]
+        self.parent, self.parent_width = pool.store_parents(), JS["pwidth"]
         self.token_count, self.tenant = JS["ntok"], JS["tenant"]
         self.token_start = pool.token_starts()
         self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
@@ -1851,6 +1863,50 @@ class JournalRows:
         """The token ids of stored block `store` (a view of the pool's token array)."""
         a = int(self.token_start[store])
         return self.tokens[a:a + int(self.token_count[store])]
+
+
+class StoreParents:
+    """`JournalRows.parent`: each store's parent hash key (0: none, its width 0), read as a
+    field of the per-store rows would be read (`parents[o]` for an int, an array of stores
+    or a slice; `np.asarray` whole), from the stores' keys (`keys`, K's) and widths and the
+    explicit parents (`px`, PX's rows): a store that is not its event's first has the store
+    before it as its parent (its event's block before), an event's first a row of `px`. Not
+    kept per store: 8 bytes a store, where one row of 16 a stored event names a parent."""
+
+    __slots__ = ("keys", "widths", "px")
+
+    def __init__(self, keys: np.ndarray, widths: np.ndarray, px: np.ndarray) -> None:
+        self.keys, self.widths, self.px = keys, widths, px
+
+    def __len__(self) -> int:
+        return len(self.widths)
+
+    def __getitem__(self, o: Any) -> Any:
+        if isinstance(o, slice):
+            return self.of(np.arange(*o.indices(len(self))))
+        if np.ndim(o) == 0:
+            i = int(o)
+            return self.of(np.array([i + len(self) if i < 0 else i], np.int64))[0]
+        return self.of(np.asarray(o, np.int64))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.of(np.arange(len(self)))
+        return out if dtype is None else out.astype(dtype)
+
+    def of(self, stores: np.ndarray) -> np.ndarray:
+        """The parent keys (uint64) of `stores` (an int64 array)."""
+        out = np.zeros(len(stores), np.uint64)
+        has = np.asarray(self.widths[stores]) != 0
+        chained = has
+        if len(self.px):
+            at = np.searchsorted(self.px[:, PX_STORE], stores)
+            ok = at < len(self.px)
+            explicit = has & ok
+            explicit[ok] &= self.px[at[ok], PX_STORE] == stores[ok]
+            out[explicit] = self.px[at[explicit], PX_KEY].view(np.uint64)
+            chained = has & ~explicit
+        out[chained] = self.keys[stores[chained] - 1]
+        return out
 
 
 class TokenMarks:
@@ -1971,6 +2027,7 @@ class ColumnarPool:
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
         self.JS = np.zeros(1024 if journal else 0, JS_NARROW)
+        self.PX = np.zeros((1024 if journal else 0, 2), np.int64)  # explicit parents (`StoreParents`)
         self.token_marks = TokenMarks()  # each 256th store's token start (`TokenStarts`)
         self._journal_taken = 0  # global rows, as journal_since's
         self.journal_base = 0  # the global number of the first row J holds (rows before it released)
@@ -2044,7 +2101,7 @@ class ColumnarPool:
     # ---- room before a compiled call ---------------------------------------------------
 
     def _reserve(self, blocks: int, tokens: int, ids: np.ndarray | None = None, block_tokens: int | None = None,
-                 removals: int | None = None, most_id: int | None = None) -> None:
+                 removals: int | None = None, most_id: int | None = None, events: int | None = None) -> None:
         """Room for `blocks` more blocks and `tokens` more token ids (`ids`: the ones that
         come, or `most_id` the largest of them, which widen the token array once to uint32
         when one is 2**16 or more; `block_tokens`: the most one block may take, at most
@@ -2096,7 +2153,7 @@ class ColumnarPool:
         removals = blocks if removals is None else removals
         self.maps.reserve(removals, self.max_removed)
         if self.journal:
-            self._journal_reserve(blocks, blocks)
+            self._journal_reserve(blocks, blocks, blocks if events is None else events)
             # (a store row, slot or batch row past 2**32 - 1 widened L, JS and SO: `_narrow_room`,
             # `_journal_reserve`)
         self._fit_16bit(tokens if block_tokens is None else block_tokens)  # a block's token count
@@ -2180,7 +2237,7 @@ class ColumnarPool:
         self.S[S_BID] = nb
         self._num_bids = nb + k
 
-    def _journal_reserve(self, rows: int, stores: int) -> None:
+    def _journal_reserve(self, rows: int, stores: int, events: int = 0) -> None:
         # the store rows grow with every block held: by a fraction (`_growth`), not doubling
         # (resized where they lie unless a reader holds a view of them: `_grow_rows`). The
         # rows (J) hold only what the reader has not released, dropped into an array of their
@@ -2191,10 +2248,11 @@ class ColumnarPool:
         if r + rows > len(self.J):
             need = r + rows + 1024
             _grow_rows(self, "J", max(len(self.J) + len(self.J) // 2, need))
-        need = o + stores + 1024
-        for name in ("JS", "K"):  # (K: a row per store in a journalled pool)
+        # (K: a row per store; PX at most a row per stored event, `StoreParents`)
+        for name, used, more in (("JS", o, stores), ("K", o, stores), ("PX", int(self.S[S_NPX]), events)):
             have = len(getattr(self, name))
-            if o + stores > have:
+            if used + more > have:
+                need = used + more + 1024
                 _grow_rows(self, name, max(have + self._copied_growth(have, self._rows_small), need),
                            max(have + have // 2, need))
         if o + stores > self._narrow_limit:
@@ -2270,12 +2328,17 @@ class ColumnarPool:
         K: each row is written once, by its store, and kept for good)."""
         return self.K[:int(self.S[S_JSTORES]), K_KEY]
 
+    def store_parents(self) -> StoreParents:
+        """A journalled pool's parent hash key of each store made so far (`StoreParents`)."""
+        o = int(self.S[S_JSTORES])
+        return StoreParents(self.K[:o, K_KEY], self.JS["pwidth"][:o], self.PX[:int(self.S[S_NPX])])
+
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
         """Held slots' store orders, to sort them by (a journalled pool's store rows)."""
         return self.SO[slots] if self.journal else self.L[slots, L_ORDER]
 
     def _jn(self) -> tuple:
-        return self.J, self.JS, self.SO
+        return self.J, self.JS, self.SO, self.PX
 
     # ---- keys --------------------------------------------------------------------------
 
@@ -2340,7 +2403,8 @@ class ColumnarPool:
             widths, tiers, groups, rawgpu = np.full(len(keys), W_U64, np.uint8), _EMPTY_I64, _EMPTY_I64, _EMPTY_U8
         rows = cols.rows
         nblocks = self._batch_blocks = int(rows[:, R_NHASH].sum())
-        self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()), _num_removals(rows))
+        self._reserve(nblocks, len(cols.tokens), cols.tokens, int(rows[:, R_NTOK].max()), _num_removals(rows),
+                      events=len(rows))
         self._count_room(nblocks)
         self._batch_rows(np.array([cols.seq], np.int64), np.array([cols.ts], np.float64))
         most = int(rows[:, R_NHASH].max())
@@ -2425,7 +2489,7 @@ class ColumnarPool:
         if not num_rows:
             return
         self._batch_blocks = nblocks
-        self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id)
+        self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id, events=num_rows)
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
@@ -2515,9 +2579,9 @@ class ColumnarPool:
         nblocks, most_tokens, most, removals = figures
         self._batch_blocks = nblocks
         if num_tokens is None:
-            self._reserve(nblocks, len(tokens), tokens, most_tokens, removals)
+            self._reserve(nblocks, len(tokens), tokens, most_tokens, removals, events=len(rows))
         else:  # (`tokens` a view of more than token ids: `_apply_run`'s joined data)
-            self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id)
+            self._reserve(nblocks, num_tokens, None, most_tokens, removals, most_id, events=len(rows))
         if len(self._left) < most:
             self._left = np.zeros(2 * most, np.uint8)
         self._batch_rows(seqs, tss)
@@ -2708,7 +2772,7 @@ class ColumnarPool:
         if not raw and e.token_ids:
             raw = np.asarray(e.token_ids, np.uint32).tobytes()
         ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
-        self._reserve(nh, len(ftok), ftok, removals=0)
+        self._reserve(nh, len(ftok), ftok, removals=0, events=1)
         salts = np.full(nh, -1, np.int64)
         salt_names: list[str] = []
         extra = e.extra_keys
@@ -3073,7 +3137,7 @@ class ColumnarPool:
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
         arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
-                  self.J, self.JS, self.SO, self.RM]
+                  self.J, self.JS, self.SO, self.PX, self.RM]
         return sum(a.nbytes for a in arrays) + self.maps.nbytes
 
 
