@@ -6,6 +6,7 @@ rows' own; a journalled pool's arrays grown while a reader holds their views kee
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,10 @@ def decoded_calls(monkeypatch: Any) -> list[int]:
     """The frames each `_run_decoded` call applied (the route through a run's arrays)."""
     calls: list[int] = []
     entry = colpool._run_decoded_py
+    SEQS = list(inspect.signature(entry.py_func).parameters).index("seqs")  # (by name: the arguments grow)
 
     def counted(*args: Any) -> Any:
-        calls.append(len(args[-7]))  # seqs
+        calls.append(len(args[SEQS]))
         return entry(*args)
 
     monkeypatch.setattr(colpool, "_run_decoded_py", counted)

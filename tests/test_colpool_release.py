@@ -11,7 +11,7 @@ import pytest
 
 from engine.bench.attach import recorded_stream
 from engine.remote import fastwire
-from engine.remote.colpool import JS_NARROW, JS_WIDE, S_JROWS, S_JSTORES, S_NPX, ColumnarPool
+from engine.remote.colpool import S_JROWS, S_JSTORES, S_NPX, S_NRX, ColumnarPool
 from engine.remote.wire import VllmEvent, encode_batch
 from tests.test_colpool import FIXTURES, _journal_events, _reference_events, _run, _synthetic, state
 
@@ -140,17 +140,17 @@ def test_a_released_journal_of_a_synthetic_stream_says_what_the_reference_emits(
 # ---- narrow per-store rows ------------------------------------------------------------
 
 def _is_wide(pool: ColumnarPool) -> bool:
-    return (pool.JS.dtype, pool.L.dtype, pool.SO.dtype, pool.C.dtype) == (JS_WIDE, np.int64, np.int64, np.uint32)
+    return (pool.L.dtype, pool.SO.dtype, pool.C.dtype) == (np.int64, np.int64, np.uint32)
 
 
-def test_a_journalled_pool_keeps_5_bytes_a_store_row_and_narrow_slot_columns():
+def test_a_journalled_pool_keeps_9_bytes_a_store_and_narrow_slot_columns():
     pool = ColumnarPool("t", journal=True)
     pool.apply_many(_batches(2_000))
-    # its hash in K (8 B) and its token count, tenant and parent's width in JS (5 B); its parent
-    # the store before's hash, or a row of PX for its event's first
-    assert pool.JS.dtype == JS_NARROW and pool.JS.itemsize == 5 and pool.K.shape[1] == 1
+    # its hash in K (8 B) and its parent's width in JS (1 B); its parent the store before's
+    # hash, or a row of PX for its event's first; its token count and tenant its run's (RX)
+    assert pool.JS.dtype == np.uint8 and pool.K.shape[1] == 1
     stores = int(pool.S[S_JSTORES])
-    assert len(pool.K) >= stores and 0 < int(pool.S[S_NPX]) < stores // 4
+    assert len(pool.K) >= stores and 0 < int(pool.S[S_NPX]) < stores // 4 and 0 < int(pool.S[S_NRX]) < stores // 4
     assert pool.L.dtype == np.uint32 and pool.SO.dtype == np.uint32
     # a slot: its batch row alone in L (4 B) and its five counts in uint16 (10 B)
     assert pool.L.shape[1] == 1 and pool.C.dtype == np.uint16 and pool.C.shape[1] == 4
@@ -174,7 +174,7 @@ def _frames_of(events_per_frame: list[list[VllmEvent]]) -> list[tuple[int, bytes
     return [(seq, encode_batch(1.0 + seq, events, 0)) for seq, events in enumerate(events_per_frame)]
 
 
-def test_a_block_of_more_than_65535_token_ids_widens_the_journal_first():
+def test_a_block_of_more_than_65535_token_ids_reads_back_and_widens_nothing():
     h = [bytes(7) + bytes([i]) for i in range(4)]
     big = tuple(range(70_000))
     frames = _frames_of([[VllmEvent("BlockStored", (h[0],), None, tuple(range(16)), 16)],
@@ -183,11 +183,11 @@ def test_a_block_of_more_than_65535_token_ids_widens_the_journal_first():
     ref_events, _ = _reference_events(frames, 100, 0)
     for many in (1, 3):
         got, pool = _journal_events(frames, 100, 0, many, take_every=1)
-        assert got == ref_events and _is_wide(pool)
+        assert got == ref_events and not _is_wide(pool) and pool.C.dtype == np.uint16  # (its count in its run)
         assert int(pool.journal_since(0).token_count[1]) == 70_000
 
 
-def test_a_tenant_numbered_past_65535_widens_the_journal_first():
+def test_a_tenant_numbered_past_65535_reads_back_and_widens_nothing():
     pool = ColumnarPool("t", journal=True)
     names = [f"salt-{i}" for i in range(0xFFFF - 1)]
     pool.tenant_names.extend(names)  # as if that many salts came before
@@ -197,8 +197,6 @@ def test_a_tenant_numbered_past_65535_widens_the_journal_first():
                               [VllmEvent("BlockStored", (h[1],), h[0], tuple(range(16)), 16, extra_keys=(("b",),))],
                               [VllmEvent("BlockStored", (h[2],), h[1], tuple(range(16)), 16)]]):
         pool.apply(fastwire.decode_columns(seq, p))
-        if seq == 0:
-            assert pool.JS.dtype == JS_NARROW  # tenant number 65,535 is 65,535 + 1 in JS: not yet
     j = pool.journal_since(0)
-    assert _is_wide(pool)
+    assert not _is_wide(pool) and pool.C.dtype == np.uint16  # (a tenant's number in its run, int64)
     assert [pool.tenant_names[int(t) - 1] for t in j.tenant] == ["a", "b", "b"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from engine.remote import colpool, fastwire
 from engine.remote.colpool import ColumnarPool
 from engine.remote.pool import RemotePool
@@ -92,4 +94,4 @@ def test_the_journal_keeps_every_stores_token_ids():
     j = pool.journal_since(0)
     stores = j.store[j.op == colpool.OP_STORED]
     assert len(stores) == pool.num_stored
-    assert int(pool.S[colpool.S_TOKUSED]) == int(j.token_count.sum())
+    assert int(pool.S[colpool.S_TOKUSED]) == int(np.asarray(j.token_count).sum())

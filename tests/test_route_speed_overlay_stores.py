@@ -1,8 +1,8 @@
 """The compiled placer reads each stored row's parent (code, width) and tenant from the
-pool's packed per-store records in one compiled pass (`_CompiledPlacer.store_fields`), where
-three numpy gathers read them before: the same int64s, on a recorded vLLM stream's journal
-and on both record layouts (a parent code past 2**63, a tenant past 2**15), and the reader
-is compiled for both layouts when the placer is (a pool widens its records mid-attach)."""
+pool's per-store arrays (its keys, explicit parents and runs of stores) in one compiled pass
+(`_CompiledPlacer.store_fields`), where numpy gathers read them before: the same int64s, on a
+recorded vLLM stream's journal and on made-up arrays (a parent code past 2**63, a tenant past
+2**32), and the reader is compiled when the placer is."""
 
 from __future__ import annotations
 
@@ -45,33 +45,36 @@ def test_store_fields_match_the_gathers_on_a_recorded_stream():
     assert checked > 10 and parents > 0  # stores under a parent were read
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_store_fields_on_both_record_layouts(wide):
+def test_store_fields_read_parents_and_runs():
     from engine.core.live_journal import _CompiledPlacer, _compiled
-    from engine.remote.colpool import JS_NARROW, JS_WIDE, PX_KEY, PX_STORE, StoreParents
+    from engine.remote.colpool import PX_KEY, PX_STORE, RX_TENANT, StoreParents, StoreRuns
 
-    layout = JS_WIDE if wide else JS_NARROW
-    records = np.zeros(500, layout)
     rng = np.random.default_rng(3)
-    keys = rng.integers(0, 2**64 - 1, len(records), dtype=np.uint64, endpoint=True)
+    n = 500
+    keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
     keys[:2] = [2**64 - 1, 2**63]  # the parents of stores 1 and 2 (chained)
-    records["pwidth"] = rng.integers(0, 3, len(records))
-    records["pwidth"][:3] = [0, 1, 1]
-    records["tenant"] = rng.integers(0, np.iinfo(records["tenant"].dtype).max, len(records), endpoint=True)
+    pwidth = rng.integers(0, 3, n).astype(np.uint8)
+    pwidth[:3] = [0, 1, 1]
     # about a third of the stores with a parent are their event's first: a parent of their own
-    explicit = np.flatnonzero((records["pwidth"] > 0) & (rng.random(len(records)) < 0.3))
+    explicit = np.flatnonzero((pwidth > 0) & (rng.random(n) < 0.3))
     explicit = explicit[explicit > 2]
     px = np.zeros((len(explicit), 2), np.int64)
     px[:, PX_STORE] = explicit
     px[:, PX_KEY] = rng.integers(-2**63, 2**63 - 1, len(explicit), dtype=np.int64, endpoint=True)
+    # runs of stores, a tenant each (+ 1; one past 2**32)
+    firsts = np.concatenate(([0], np.sort(rng.choice(np.arange(1, n), 40, replace=False))))
+    rx = np.zeros((len(firsts), 4), np.int64)
+    rx[:, 0], rx[:, 1] = firsts, 16
+    rx[:, 2] = rng.integers(0, 2**33, len(firsts))
+    rx[:, 3] = firsts * 16
 
     class Journal:
-        parent = StoreParents(keys, records["pwidth"], px)
-        parent_width, tenant = records["pwidth"], records["tenant"]
+        parent = StoreParents(keys, pwidth, px)
+        parent_width, tenant = pwidth, StoreRuns(rx, n, RX_TENANT)
 
     fields = _compiled()[4]
     compiled_before = len(fields.signatures)
-    stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, len(records), 300), np.arange(3, 200)]).astype(np.int64)
+    stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, n, 300), np.arange(3, 200)]).astype(np.int64)
     got = _CompiledPlacer().store_fields(Journal, stores)
     want = _gathered(Journal, stores)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))

@@ -368,7 +368,7 @@ class JournalStores(Sequence[tuple]):
         pool_of, local = self._pool.view[stores], self._local.take(stores)
         for p in np.unique(pool_of).tolist():
             at = np.flatnonzero(pool_of == p)
-            codes = np.asarray(self.journals[p].tenant, np.int64)[local[at]]
+            codes = np.asarray(self.journals[p].tenant[local[at]], np.int64)
             names = self._keys.pools[p].tenant_names
             for i, t in zip(at[codes > 0].tolist(), codes[codes > 0].tolist()):
                 out[i] = names[t - 1]
@@ -668,25 +668,30 @@ def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) ->
     return np.where(is_store, np.asarray(values[at]).astype(dtype), 0).astype(dtype, copy=False)
 
 
-def _store_fields_loop(keys, px, pwidth, tenant, stores, out):  # pragma: no cover - compiled
-    """Each store's parent (its code's bits as an int64), parent width and tenant, from a
-    pool's per-store arrays (`keys`, and unaligned views of its 5- or 9-byte records) and
-    explicit parents (`px`: `engine.remote.colpool.StoreParents`), into `out`'s three rows:
-    one pass, where three numpy gathers and conversions each walked the strided records
-    (2.3 -> 0.65 ms per 100K vLLM events, 2026-12-04). A store with a parent that is not in
-    `px` has the store before it as its parent; `px` is in store order, and a tick's stores
-    count up, so its rows are walked once from the first store's."""
-    n = len(px)
+def _store_fields_loop(keys, px, rx, pwidth, stores, out):  # pragma: no cover - compiled
+    """Each store's parent (its code's bits as an int64), parent width and tenant + 1, from a
+    pool's per-store arrays (`keys`, `pwidth`), explicit parents (`px`: rows of store and key,
+    `engine.remote.colpool.StoreParents`) and runs of stores (`rx`: rows of first store,
+    count, tenant + 1, `StoreRuns`) into `out`'s three rows: one pass, where numpy gathers
+    and conversions each walked the per-store records (2.3 -> 0.65 ms per 100K vLLM events,
+    2026-12-04). A store with a parent that is not in `px` has the store before it as its
+    parent. `px` and `rx` are in store order, and a tick's stores count up, so their rows
+    are walked once from the first store's."""
+    n, m = len(px), len(rx)
     j = np.searchsorted(px[:, 0], stores[0]) if len(stores) else 0
+    r = np.searchsorted(rx[:, 0], stores[0], side="right") - 1 if len(stores) else 0
     last = -1
     for i in range(len(stores)):
         s = stores[i]
         if s < last:  # (not counting up: looked for again)
             j = np.searchsorted(px[:, 0], s)
+            r = np.searchsorted(rx[:, 0], s, side="right") - 1
         last = s
         w = pwidth[s]
         while j < n and px[j, 0] < s:
             j += 1
+        while r + 1 < m and rx[r + 1, 0] <= s:
+            r += 1
         if w == 0:
             out[0, i] = 0
         elif j < n and px[j, 0] == s:
@@ -694,7 +699,7 @@ def _store_fields_loop(keys, px, pwidth, tenant, stores, out):  # pragma: no cov
         else:
             out[0, i] = np.int64(keys[s - 1])
         out[1, i] = w
-        out[2, i] = tenant[s]
+        out[2, i] = rx[r, 2]
 
 
 @dataclass(slots=True, eq=False)
@@ -1597,7 +1602,7 @@ class _CompiledPlacer:
         """(parent code, parent width, tenant) of each of `journal`'s pool stores `stores`, int64."""
         out = np.empty((3, len(stores)), np.int64)
         parents = journal.parent
-        self.fields_loop(parents.keys, parents.px, journal.parent_width, journal.tenant, stores, out)
+        self.fields_loop(parents.keys, parents.px, journal.tenant.rx, journal.parent_width, stores, out)
         return out[0], out[1], out[2]
 
     def place_rows(self, nb0: int, op: np.ndarray, pslot: np.ndarray, key0: int, hcode: np.ndarray,
@@ -1823,15 +1828,11 @@ def _compiled() -> list[Any]:
             # placing (bench gui's route, after the run made the table path rare)
             for kind in (np.int32, np.int64):
                 _COMPILED[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
-        # and the store fields' reader for both record layouts (engine.remote.colpool's
-        # JS_NARROW and JS_WIDE, whose tenant is 2 or 4 bytes: numba compiles one per field
-        # type): a pool widens its records mid-attach, not in a warm-up
         # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
         for kind in (np.int32, np.int64):
             _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
                          True)
-        for tenant in (np.uint16, np.uint32):
-            rec = np.zeros(2, [("ntok", tenant), ("tenant", tenant), ("pwidth", np.uint8)])
-            _COMPILED[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), rec["pwidth"], rec["tenant"],
-                         np.zeros(1, np.int64), np.empty((3, 1), np.int64))
+        # and the store fields' reader, on engine.remote.colpool's per-store arrays (one layout)
+        _COMPILED[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64),
+                     np.zeros(2, np.uint8), np.zeros(1, np.int64), np.empty((3, 1), np.int64))
     return _COMPILED

@@ -32,9 +32,10 @@ Python object per block, per hash or per token id:
   pass 2**32; the columns widened once to int64 before a token start would, `_widen`,
   which a journalled pool, whose token array only grows, reaches first). At 16 token ids
   a block, a plain pool's slot is 43 bytes (K 16, L 12, C 12, F 3), a journalled pool's 19
-  (L 4, C 8, F 3, its store row's number SO 4: the store row, 21 more, keeps its hash in
-  K, where the slot's probes read it through SO, and its parent, tenant and token count
-  in JS), beside 32 of token ids and 5.7 of the table (at a load
+  (L 4, C 8, F 3, its store's number SO 4: the store, 9 more, keeps its hash in K, where
+  the slot's probes read it through SO, and its parent's width in JS; its parent, token
+  count and tenant are kept once for many stores, PX and RX), beside 32 of token ids and
+  5.7 of the table (at a load
   of 0.7), with the arrays' room to grow (an eighth) on top; F has a fourth byte once a raw
   medium name came.
 - An 8-byte hash (vLLM's and SGLang's integer hashes) is its uint64 value; any other
@@ -100,14 +101,14 @@ its `BlockEvicted`) and a clear (one row per AllBlocksCleared or `reset`: its
     j.parent, j.parent_width, j.token_start, j.token_count, j.tenant   # per store, whole
     j.token_ids(j.store[r])          # that store's token ids (a view of the pool's token array)
 
-The per-store arrays are fields of one packed array (13 bytes a store: uint64 parent,
-uint16 token count and tenant, uint8 width; widened once, with L and `SO`, before a value
-would not fit); the rows are int64 columns of J. Read them as numpy arrays of those types
-(`np.asarray(j.tenant, np.int64)` before arithmetic that may go below 0). A store's token
-start is not kept: a journalled pool appends every store's token ids in store order, so it
-is the sum of the counts before it (`j.token_start[o]`, a `TokenStarts`, reads it as a
-field would be read, an int or an array, from the sums at every 256th store the pool keeps
-in `TokenMarks`).
+The per-store arrays are 9 bytes a store: its hash (K, uint64) and its parent's width (JS,
+uint8). Its parent is the store before's hash, or for its event's first a row of PX
+(`j.parent`, a `StoreParents`); its token count, tenant and token start are its run's of
+RX, the stores as runs of one count and tenant (`j.token_count`, `j.tenant`,
+`j.token_start`, `StoreRuns`: a journalled pool appends every store's token ids in store
+order, so a store's start is its run's first's and the counts of the stores before it in
+its run). Those read as fields would be read: an int for an int, an int64 array for an
+array of stores or a slice, and `np.asarray` whole; the rows are int64 columns of J.
 
 Row numbers are global: `release_journal(row)` says a reader copied what it reads of the
 rows before `row`, and the pool drops them once enough are released (into a new array:
@@ -154,22 +155,22 @@ K_KEY, K_PARENT = 0, 1                                            # uint64 (a jo
 # L (uint32; int64 once widened): where the slot's token ids start (a free slot: the next
 # free slot + 1, 0 none), its store's row in the batch table, its store order. A journalled
 # pool's L has one column, L_JBID: a held slot's batch row, a free slot's next free slot + 1
-# (its token ids start where its store row's do, `TokenStarts`, and its store row, SO,
+# (its token ids start where its store's do, `StoreRuns`, and its store row, SO,
 # orders the held slots as the store order would: both grow with each new slot's store)
 L_TOK, L_BID, L_ORDER = 0, 1, 2
 L_JBID = 0
 # C: uint16 while every count, token count and tenant fits (`_widen_counts` makes it uint32
 # once before one would not: S_CMAX bounds the counts); C_TENANT is tenant + 1, 0 none. A
-# journalled pool's C has the first four columns alone: its slot's store row (JS, SO) keeps
+# journalled pool's C has the first four columns alone: its slot's store (SO, its run in RX) keeps
 # the token count and the tenant (F_PW_NOTOK says a slot has no token ids), 2 bytes a slot less
 C_ANN, C_REM, C_C0, C_TOT, C_NTOK, C_TENANT = 0, 1, 2, 3, 4, 5
 NUM_C_JOURNAL = C_NTOK
 C_LIMITS = {np.dtype(np.uint16).char: 0xFFFF, np.dtype(np.uint32).char: 0xFFFFFFFF}  # S_CLIMIT by C's type
 F_W, F_TIER, F_PW, F_RAW = 0, 1, 2, 3                             # uint8 (width code; tier + 1, 0 = free)
 # F_PW: the parent's width code, and F_PW_TENANT set when the slot's store named a tenant (its
-# C_TENANT, or its store row in a journalled pool, is not 0): a store naming the slot as its
-# parent reads the tenant only then, from a row it would not read otherwise (two dependent
-# cache misses in a journalled pool, SO then JS: 8 ms of 200K recorded events, none with a tenant)
+# C_TENANT, or its store's run in a journalled pool, is not 0): a store naming the slot as its
+# parent reads the tenant only then, from a row it would not read otherwise (dependent cache
+# misses in a journalled pool, SO then RX: 8 ms of 200K recorded events, none with a tenant)
 F_PW_TENANT = 0x80
 # ... and, in a journalled pool, F_PW_NOTOK set when the slot's store gave no token ids (its
 # store row's count is 0): what a slot freed counts off its tier's hashes without token ids
@@ -184,9 +185,9 @@ W_U64, W_WIDE = 1, 2  # width codes: an 8-byte hash, a surrogate of any other
 # pool scalars (int64)
 S_LIVE, S_FREE, S_ORDER, S_TOKUSED, S_STORED, S_REMOVED, S_UNKNOWN, S_RESTORED, S_REPORTED, S_LIFE_N, \
     S_BLOCK_SIZE, S_HITS, S_TIERSEQ, S_MAXREM, S_TOKLIVE, S_MEDIA_SEEN, S_JON, S_JROWS, S_JSTORES, \
-    S_NTIERS, S_BID, S_TENANTED, S_CMAX, S_CLIMIT, S_NPX = range(25)
-NUM_S = 25  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
-# S_NPX: the rows of PX (a journalled pool's explicit parents, `StoreParents`);
+    S_NTIERS, S_BID, S_TENANTED, S_CMAX, S_CLIMIT, S_NPX, S_NRX = range(26)
+NUM_S = 26  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row being applied;
+# S_NPX, S_NRX: the rows of PX and RX (a journalled pool's explicit parents, its stores' runs);
 # S_TENANTED: 1 once a block was stored with a tenant (a slot's F_PW_TENANT set), never reset;
 # S_CMAX: the most announcements a slot has had (never lowered). A slot's C_TOT, C_C0 and
 # C_REM are never more than its C_ANN (each copy and each removal of one is announced first),
@@ -194,14 +195,18 @@ NUM_S = 25  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row be
 # batch's hashes that could take S_CMAX past it widen C first (`_count_room`); the compiled
 # loops over many frames (`_run_frames`, `_run_decoded`) stop before such a frame, for C to be widened
 # the journal (`ColumnarPool(journal=True)`): rows (int64, dropped once released) and, per
-# stored block, its store row (kept for good): packed, 5 bytes, the narrowest exact types,
-# widened once to JS_WIDE (9) before a block's token count would pass 2**16 - 1 or a tenant
-# number 2**16 - 1, or (with L and SO) a store row, slot or batch row 2**32 - 1 (`_widen`). No token
-# start: each store's ids follow the one before's in the token array (`TokenStarts`)
+# stored block, its store row (kept for good): its hash in K, its parent's width in JS (a
+# byte), its token count, tenant and token start in its run of RX, its parent in K or PX;
+# L and SO widened once to int64 before a store row, slot or batch row would pass 2**32 - 1
+# (`_widen`). Each store's ids follow the one before's in the token array
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
-JS_NARROW = np.dtype([("ntok", np.uint16), ("tenant", np.uint16), ("pwidth", np.uint8)])
-JS_WIDE = np.dtype([("ntok", np.uint32), ("tenant", np.uint32), ("pwidth", np.uint8)])
+# RX: the stores as runs of one token count and tenant (int64 rows: the run's first store,
+# the count, the tenant + 1, the first store's token start; in store order, S_NRX of them):
+# a store's count, tenant and token start are its run's (`StoreRuns`). An event's blocks
+# make at most three runs (full blocks, a part, none: a tenant is one an event) and a stream
+# of full blocks with no tenant one, where they were 4 bytes a store
+RX_FIRST, RX_NTOK, RX_TENANT, RX_TOK0 = range(4)
 # a store's parent is not in its row: a store that is not its event's first has the block
 # before it in its event as its parent (the key of the store before, K's row), and an
 # event's first store that names a parent has a row of PX (int64: the store, the parent's
@@ -707,14 +712,12 @@ def _journal_row(J, S, op, t, s, seq, store, k, w):  # pragma: no cover - compil
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, chained, pk, pw, ntok,
+def _journal_store(J, JS, K, PX, RX, S, t, s, seq, k, w, has_prev, chained, pk, pw, ntok,
                    tenant):  # pragma: no cover - compiled
-    # (the store's token ids were just appended at the token array's end: their start is
-    # the sum of the counts before, not kept; `TokenStarts`)
+    # (the store's `ntok` token ids were just appended at the token array's end, S_TOKUSED)
     o = S[S_JSTORES]
     _journal_row(J, S, OP_STORED, t, s, seq, o, k, w)
     K[o, K_KEY] = k
-    r = JS[o]
     if has_prev:
         # its parent: the store before's key when `chained` (its event's block before, whose
         # store row is o - 1), else a row of PX (`StoreParents`)
@@ -723,12 +726,30 @@ def _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, chained, pk, pw, 
             PX[x, PX_STORE] = o
             PX[x, PX_KEY] = np.int64(pk)  # the uint64's bits
             S[S_NPX] = x + 1
-        r.pwidth = pw
+        JS[o] = pw
     else:
-        r.pwidth = 0
-    r.ntok = ntok
-    r.tenant = tenant + 1
+        JS[o] = 0
+    x = S[S_NRX]
+    if x == 0 or RX[x - 1, RX_NTOK] != ntok or RX[x - 1, RX_TENANT] != tenant + 1:  # a run of its own
+        RX[x, RX_FIRST] = o
+        RX[x, RX_NTOK] = ntok
+        RX[x, RX_TENANT] = tenant + 1
+        RX[x, RX_TOK0] = S[S_TOKUSED] - ntok
+        S[S_NRX] = x + 1
     S[S_JSTORES] = o + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _run_of(RX, n, o):  # pragma: no cover - compiled
+    """The row of RX's first `n` (runs of stores) that store `o` is in."""
+    lo, hi = np.int64(0), n  # the last run whose first store is at most o
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if RX[mid, RX_FIRST] <= o:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -753,7 +774,7 @@ def _announce(C, S, s):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
            t, raw, rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
-           next_continues, seq, ts, J, JS, SO, PX):  # pragma: no cover - compiled
+           next_continues, seq, ts, J, JS, SO, PX, RX):  # pragma: no cover - compiled
     """One BlockStored (`RemotePool._stored` on arrays). Returns 1 for vLLM's reuse
     report (no copy added), 0 for a store, -1 when it names no hash. `raw`: the F_RAW code
     of the medium's name (0 the tier's own: a copy keeps the name an earlier store gave).
@@ -803,8 +824,8 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                             ps = cand
                             best_born = TI[x, T_BORN]
         if ps >= 0 and tenant < 0 and F[ps, F_PW] & F_PW_TENANT:
-            if S[S_JON]:  # a journalled pool's C has no tenant column: its store row has it
-                tenant = np.int64(JS[SO[ps]].tenant) - 1
+            if S[S_JON]:  # a journalled pool's C has no tenant column: its store's run has it
+                tenant = RX[_run_of(RX, S[S_NRX], np.int64(SO[ps])), RX_TENANT] - 1
             else:
                 tenant = np.int64(C[ps, C_TENANT]) - 1
     prev_k, prev_w = pk, pw
@@ -842,7 +863,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 u = S[S_TOKUSED]
                 _copy_ids(tok, u, ftok, t0 + a, n_i)
                 S[S_TOKUSED] = u + n_i
-                _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, PX, RX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
         else:
             s = S[S_FREE] - 1
             S[S_FREE] = np.int64(L[s, L_TOK])
@@ -852,7 +873,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
             F[s, F_TIER] = t + 1
             if F.shape[1] > F_RAW:  # F_RAW exists once a raw medium name was seen
                 F[s, F_RAW] = raw
-            # (a journalled pool's K has no parent column: its store row, JS, has the parent)
+            # (a journalled pool's K has a row per store: `StoreParents` reads its parent)
             if has_prev:
                 F[s, F_PW] = prev_w | (F_PW_TENANT if tenant >= 0 else 0)
                 if S[S_JON] == 0:
@@ -904,7 +925,7 @@ def _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_f
                 TI[t, T_NOTOK] += 1
             if S[S_JON]:
                 SO[s] = S[S_JSTORES]
-                _journal_store(J, JS, K, PX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
+                _journal_store(J, JS, K, PX, RX, S, t, s, seq, k, w, has_prev, i > 0, prev_k, prev_w, n_i, tenant)
         _om_unremove(om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, k, w, _om_hash(k, w))
         S[S_STORED] += 1
         prev_k, prev_w, has_prev = k, w, 1
@@ -1031,7 +1052,7 @@ def _medium_of(m):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
          dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
-         JS, SO, PX, RM):  # pragma: no cover - compiled
+         JS, SO, PX, RX, RM):  # pragma: no cover - compiled
     """Apply events start..n-1 of one batch (rows of a batch, or one frame's among many
     concatenated) while they are common ones; returns the index of the first event
     Python must handle (or n). A common event's medium is nil or `GPU` (R_MEDIUM 0, 1),
@@ -1059,7 +1080,7 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
                         break
             r = _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os,
                        t, RM[c, RM_SLOT], rg, 0, keys, widths, h0, nh, rows[i, R_PARENT], parents[i], W_U64, ftok,
-                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO, PX)
+                       rows[i, R_TOK0], rows[i, R_NTOK], rows[i, R_SIZE], -1, nosalt, nxt, seq, ts, J, JS, SO, PX, RX)
             if r == 0:  # counted per raw name, into the pool's dicts after the run (`_sync`)
                 if RM[c, RM_COUNT] == 0:
                     RM[S[S_MEDIA_SEEN], RM_ORDER] = c
@@ -1085,10 +1106,10 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
 @njit(cache=True, nogil=True, _nrt=True)
 def _store_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw, rawgpu,
               group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts, next_continues, seq, ts,
-              J, JS, SO, PX):  # pragma: no cover - compiled
+              J, JS, SO, PX, RX):  # pragma: no cover - compiled
     return _store(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_os, t, raw,
                   rawgpu, group, hk, hw, h0, nh, has_parent, pk, pw, ftok, t0, nt, bs_given, tenant, salts,
-                  next_continues, seq, ts, J, JS, SO, PX)
+                  next_continues, seq, ts, J, JS, SO, PX, RX)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
@@ -1101,18 +1122,18 @@ def _remove_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os, dp_fifo,
             dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq, ts, left, n, J,
-            JS, SO, PX, RM):  # pragma: no cover - compiled
+            JS, SO, PX, RX, RM):  # pragma: no cover - compiled
     return _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                 dp_fifo, dp_os, rows, parents, keys, widths, ftok, tiers, groups, rawgpu, start, stop_on_remove, seq,
-                ts, left, n, J, JS, SO, PX, RM)
+                ts, left, n, J, JS, SO, PX, RX, RM)
 
 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_frames_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                   dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX,
+                   dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX, RX,
                    RM):  # pragma: no cover - compiled
     return _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                       dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX, RM)
+                       dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX, RX, RM)
 
 
 
@@ -1179,7 +1200,7 @@ def _pretouch(tab, K, L, C, F, ra_tab, ra_k, ra_w, ra_v, ra_fifo, ra_os, dp_tab,
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX,
+                dp_fifo, dp_os, rows, parents, keys, widths, ftok, bounds, seqs, tss, left, J, JS, SO, PX, RX,
                 RM):  # pragma: no cover - compiled
     """Many frames of common events in one call: frame f is rows bounds[f]..bounds[f+1]-1
     with batch seq seqs[f] and time tss[f], applied in order exactly as `apply` applies
@@ -1202,7 +1223,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
                       dp_os, rows, parents, keys, lo, hi, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, False, seqs[f],
-                 tss[f], left, hi, J, JS, SO, PX, RM)
+                 tss[f], left, hi, J, JS, SO, PX, RX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1211,7 +1232,7 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
 
 @njit(cache=True, nogil=True, _nrt=False, no_cpython_wrapper=True)
 def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                 dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX,
+                 dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX, RX,
                  RM):  # pragma: no cover - compiled
     """`_run_frames` of frames f0.. of one `fastwire.decode_columns_many` call, read where
     its compiled pass left them (`DecodedRun`: frame f's rows from meta[f, M_ROW0], its
@@ -1235,7 +1256,7 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
                       dp_os, fr, parents, keys, 0, m, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
                  dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, 0, False, seqs[f],
-                 tss[f], left, m, J, JS, SO, PX, RM)
+                 tss[f], left, m, J, JS, SO, PX, RX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1244,10 +1265,10 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
 
 @njit(cache=True, nogil=True, _nrt=True)
 def _run_decoded_py(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                    dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX,
+                    dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX, RX,
                     RM):  # pragma: no cover - compiled
     return _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo,
-                        ra_os, dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX, RM)
+                        ra_os, dp_fifo, dp_os, meta, rows, data, words, widths, f0, seqs, tss, left, J, JS, SO, PX, RX, RM)
 
 
 @njit(cache=True)
@@ -1698,7 +1719,7 @@ class ColumnarBlock:
         bid = int(pool.L[s, L_JBID if pool.journal else L_BID])
         self.stored_seq = int(pool.BSEQ[bid])
         self.stored_time = float(pool.T[bid])
-        ten = int(pool.JS[int(pool.SO[s])]["tenant"] if pool.journal else pool.C[s, C_TENANT])
+        ten = int(pool.store_runs(RX_TENANT)[int(pool.SO[s])] if pool.journal else pool.C[s, C_TENANT])
         self.tenant = pool.tenant_names[ten - 1] if ten else None
         self.num_announced = int(pool.C[s, C_ANN])
         self.num_removed = int(pool.C[s, C_REM])
@@ -1847,9 +1868,9 @@ class JournalRows:
         self.key = J[:, J_KEY].view(np.uint64)
         JS = pool.JS[:int(pool.S[S_JSTORES])]
         self.store_key = pool.store_keys()
-        self.parent, self.parent_width = pool.store_parents(), JS["pwidth"]
-        self.token_count, self.tenant = JS["ntok"], JS["tenant"]
-        self.token_start = pool.token_starts()
+        self.parent, self.parent_width = pool.store_parents(), JS
+        self.token_count, self.tenant = pool.store_runs(RX_NTOK), pool.store_runs(RX_TENANT)
+        self.token_start = pool.store_runs(RX_TOK0)
         self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
 
     def __len__(self) -> int:
@@ -1909,86 +1930,47 @@ class StoreParents:
         return out
 
 
-class TokenMarks:
-    """A journalled pool's token start at every `STEP`-th store (`marks[i]`: store
-    i * STEP's), the sum of the token counts before it: each store's ids are appended after
-    the one before's (the journal's token array only grows). Made up to the stores a reader
-    asks for, under a lock (the GUI thread and a worker may both read; the stores read are
-    written and never change). 8 bytes per 256 stores, where a start in each store row was 4."""
+class StoreRuns:
+    """`JournalRows.token_count`, `.tenant` and `.token_start`: each store's token count,
+    tenant (+ 1, 0 none) or token start (`column`: RX_NTOK, RX_TENANT, RX_TOK0), read as a
+    field of the per-store rows would be (`runs[o]` for an int, an array of stores or a
+    slice; `np.asarray` whole) from the runs of stores (`rx`, RX's rows) they are in: a
+    store's start is its run's first's, and as many ids on as the stores before it in its
+    run have (each store's ids follow the one before's)."""
 
-    STEP = 256
+    __slots__ = ("rx", "n", "column")
 
-    def __init__(self) -> None:
-        self.marks = np.zeros(1, np.int64)  # store 0 starts at 0
-        self._lock = threading.Lock()
-
-    def upto(self, store: int, counts: np.ndarray) -> np.ndarray:
-        """The marks, made at least up to `store`'s (`counts`: the stores' token counts, a view
-        reaching at least that far)."""
-        need = store // self.STEP + 1
-        marks = self.marks
-        if len(marks) >= need:
-            return marks
-        with self._lock:
-            marks = self.marks
-            have = len(marks)
-            if have < need:
-                step = self.STEP
-                sums = np.add.reduceat(np.asarray(counts[(have - 1) * step:(need - 1) * step], np.int64),
-                                       np.arange(0, (need - have) * step, step))
-                grown = np.empty(need, np.int64)
-                grown[:have] = marks
-                np.cumsum(sums, out=grown[have:])
-                grown[have:] += marks[-1]
-                self.marks = marks = grown
-        return marks
-
-
-class TokenStarts:
-    """`JournalRows.token_start`: each store's token start, read as a field of the per-store
-    rows would be (`starts[o]` for an int, an array of stores or a slice; `np.asarray`
-    whole), from the pool's `TokenMarks` and the stores' counts."""
-
-    __slots__ = ("_marks", "_counts")
-
-    def __init__(self, marks: TokenMarks, counts: np.ndarray) -> None:
-        self._marks, self._counts = marks, counts
+    def __init__(self, rx: np.ndarray, n: int, column: int) -> None:
+        self.rx, self.n, self.column = rx, n, column
 
     def __len__(self) -> int:
-        return len(self._counts)
+        return self.n
 
-    def __getitem__(self, at: Any) -> Any:
-        counts = self._counts
-        if isinstance(at, (int, np.integer)):
-            o = int(at)
-            if o < 0:
-                o += len(counts)
-            if not 0 <= o < len(counts):
-                raise IndexError(f"store {at} is not one of the {len(counts):,} stores")
-            step = TokenMarks.STEP
-            base = o - o % step
-            marks = self._marks.upto(o, counts)
-            return int(marks[o // step]) + int(np.asarray(counts[base:o], np.int64).sum())
-        if isinstance(at, slice):
-            return self.whole()[at]
-        stores = np.asarray(at, np.int64)
-        if not len(stores):
-            return np.zeros(0, np.int64)
-        if stores.min() < 0 or stores.max() >= len(counts):
-            raise IndexError(f"stores {stores.min()}..{stores.max()} are not all of the {len(counts):,} stores")
-        return self.whole()[stores] if len(stores) > len(counts) // TokenMarks.STEP else \
-            np.fromiter((self[int(o)] for o in stores), np.int64, len(stores))
-
-    def whole(self) -> np.ndarray:
-        """Every store's token start (int64, 8 bytes a store: made when asked)."""
-        counts = np.asarray(self._counts, np.int64)
-        out = np.zeros(len(counts), np.int64)
-        np.cumsum(counts[:-1], out=out[1:])
-        return out
+    def __getitem__(self, o: Any) -> Any:
+        if isinstance(o, slice):
+            return self.of(np.arange(*o.indices(self.n)))
+        if np.ndim(o) == 0:
+            i = int(o)
+            i = i + self.n if i < 0 else i
+            if not 0 <= i < self.n:
+                raise IndexError(f"store {int(o)} is not one of the {self.n:,} stores")
+            return int(self.of(np.array([i], np.int64))[0])
+        stores = np.asarray(o, np.int64)
+        if len(stores) and (int(stores.min()) < 0 or int(stores.max()) >= self.n):
+            raise IndexError(f"stores {stores.min()}..{stores.max()} are not all of the {self.n:,} stores")
+        return self.of(stores)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.whole()
+        out = self.of(np.arange(self.n))
         return out if dtype is None else out.astype(dtype)
+
+    def of(self, stores: np.ndarray) -> np.ndarray:
+        """The values (int64) of `stores` (an int64 array of stores below `n`)."""
+        rx = self.rx
+        r = np.searchsorted(rx[:, RX_FIRST], stores, side="right") - 1
+        if self.column == RX_TOK0:
+            return rx[r, RX_TOK0] + (stores - rx[r, RX_FIRST]) * rx[r, RX_NTOK]
+        return rx[r, self.column]
 
 
 # ---- the pool -------------------------------------------------------------------------
@@ -2026,9 +2008,9 @@ class ColumnarPool:
         self.S[S_MAXREM] = max_removed
         self.S[S_JON] = 1 if journal else 0
         self.J = np.zeros((1024 if journal else 0, NUM_J), np.int64)
-        self.JS = np.zeros(1024 if journal else 0, JS_NARROW)
+        self.JS = np.zeros(1024 if journal else 0, np.uint8)  # each store's parent's width code
         self.PX = np.zeros((1024 if journal else 0, 2), np.int64)  # explicit parents (`StoreParents`)
-        self.token_marks = TokenMarks()  # each 256th store's token start (`TokenStarts`)
+        self.RX = np.zeros((1024 if journal else 0, 4), np.int64)  # the stores' runs (`StoreRuns`)
         self._journal_taken = 0  # global rows, as journal_since's
         self.journal_base = 0  # the global number of the first row J holds (rows before it released)
         self._journal_released_to = 0  # the furthest row a reader released
@@ -2057,7 +2039,7 @@ class ColumnarPool:
         # uint32 while every token start, batch row and store order fits (`_narrow_room`
         # renumbers or widens before one would not); a journalled pool's, the batch row alone
         self.L = np.zeros((cap, 1 if self.journal else 3), np.uint32)
-        # a journalled pool's store row (JS) has the tenant: its C has no C_TENANT column;
+        # a journalled pool's store's run (RX) has the tenant: its C has no C_TENANT column;
         # uint16 until a count would not fit (`_widen_counts`)
         self.C = np.zeros((cap, NUM_C_JOURNAL if self.journal else 6), np.uint16)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
@@ -2154,7 +2136,7 @@ class ColumnarPool:
         self.maps.reserve(removals, self.max_removed)
         if self.journal:
             self._journal_reserve(blocks, blocks, blocks if events is None else events)
-            # (a store row, slot or batch row past 2**32 - 1 widened L, JS and SO: `_narrow_room`,
+            # (a store row, slot or batch row past 2**32 - 1 widened L and SO: `_narrow_room`,
             # `_journal_reserve`)
         self._fit_16bit(tokens if block_tokens is None else block_tokens)  # a block's token count
 
@@ -2249,7 +2231,8 @@ class ColumnarPool:
             need = r + rows + 1024
             _grow_rows(self, "J", max(len(self.J) + len(self.J) // 2, need))
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)
-        for name, used, more in (("JS", o, stores), ("K", o, stores), ("PX", int(self.S[S_NPX]), events)):
+        for name, used, more in (("JS", o, stores), ("K", o, stores), ("PX", int(self.S[S_NPX]), events),
+                                 ("RX", int(self.S[S_NRX]), min(stores, 3 * events))):
             have = len(getattr(self, name))
             if used + more > have:
                 need = used + more + 1024
@@ -2259,27 +2242,22 @@ class ColumnarPool:
             self._widen()
 
     def _widen(self) -> None:
-        """L in int64, the per-store rows in JS_WIDE and SO in int64 from now on, all at once
-        when one of them would no longer hold a value (the compiled loops get one more
-        specialization, not one per column; a pool without a journal widens its empty JS and
-        SO for the same), and C in uint32 with them if it is not yet. Rows given out before
-        keep the narrow arrays, exact for theirs."""
+        """L and SO in int64 from now on, both at once when one of them would no longer hold
+        a value (the compiled loops get one more specialization, not one per column; a pool
+        without a journal widens its empty SO for the same), and C in uint32 with them if it
+        is not yet. Rows given out before keep the narrow arrays, exact for theirs."""
         self._widen_counts()
         if self.L.dtype != np.int64:
             self.L = self.L.astype(np.int64)
-        if self.JS.dtype != JS_WIDE:
-            self.JS = self.JS.astype(JS_WIDE)
         if self.SO.dtype != np.int64:
             self.SO = self.SO.astype(np.int64)
 
     def _fit_16bit(self, value: int) -> None:
-        """C, and a journalled pool's store rows (JS), wide enough for `value`: a block's token
-        count or a tenant number, which both keep in 16 bits while they fit (the counts:
-        `_count_room`)."""
-        if value > 0xFFFF:
+        """C wide enough for `value`: a block's token count or a tenant number, which it keeps
+        in 16 bits while they fit (the counts: `_count_room`; a journalled pool's runs of
+        stores, RX, keep them in int64)."""
+        if value > 0xFFFF and not self.journal:  # (a journalled pool's C has counts of copies alone)
             self._widen_counts()
-            if self.journal and self.JS.dtype == JS_NARROW:
-                self._widen()
 
     def _frames_widening(self, n: int, bid: int, run: Any) -> None:
         """`run(done)` (a compiled run of frames from frame `done` on, which returns how many
@@ -2307,15 +2285,16 @@ class ColumnarPool:
             self.C = self.C.astype(np.uint32)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
 
-    def token_starts(self) -> TokenStarts:
-        """A journalled pool's token start of each store made so far."""
-        return TokenStarts(self.token_marks, self.JS["ntok"][:int(self.S[S_JSTORES])])
+    def store_runs(self, column: int) -> StoreRuns:
+        """A journalled pool's token count, tenant + 1 or token start (`column`: RX_NTOK,
+        RX_TENANT, RX_TOK0) of each store made so far (`StoreRuns`)."""
+        return StoreRuns(self.RX[:int(self.S[S_NRX])], int(self.S[S_JSTORES]), column)
 
     def _token_range(self, s: int) -> tuple[int, int]:
         """Where held slot s's token ids start in `tok`, and how many."""
         if self.journal:  # its first store's (the store row that made it: SO)
             o = int(self.SO[s])
-            return self.token_starts()[o], int(self.JS["ntok"][o])
+            return self.store_runs(RX_TOK0)[o], self.store_runs(RX_NTOK)[o]
         return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
 
     def slot_keys(self, slots: Any) -> Any:
@@ -2331,14 +2310,14 @@ class ColumnarPool:
     def store_parents(self) -> StoreParents:
         """A journalled pool's parent hash key of each store made so far (`StoreParents`)."""
         o = int(self.S[S_JSTORES])
-        return StoreParents(self.K[:o, K_KEY], self.JS["pwidth"][:o], self.PX[:int(self.S[S_NPX])])
+        return StoreParents(self.K[:o, K_KEY], self.JS[:o], self.PX[:int(self.S[S_NPX])])
 
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
         """Held slots' store orders, to sort them by (a journalled pool's store rows)."""
         return self.SO[slots] if self.journal else self.L[slots, L_ORDER]
 
     def _jn(self) -> tuple:
-        return self.J, self.JS, self.SO, self.PX
+        return self.J, self.JS, self.SO, self.PX, self.RX
 
     # ---- keys --------------------------------------------------------------------------
 
@@ -2772,7 +2751,7 @@ class ColumnarPool:
         if not raw and e.token_ids:
             raw = np.asarray(e.token_ids, np.uint32).tobytes()
         ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
-        self._reserve(nh, len(ftok), ftok, removals=0, events=1)
+        self._reserve(nh, len(ftok), ftok, removals=0, events=nh)  # (a salt a block: a run each)
         salts = np.full(nh, -1, np.int64)
         salt_names: list[str] = []
         extra = e.extra_keys
@@ -3137,7 +3116,7 @@ class ColumnarPool:
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
         arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
-                  self.J, self.JS, self.SO, self.PX, self.RM]
+                  self.J, self.JS, self.SO, self.PX, self.RX, self.RM]
         return sum(a.nbytes for a in arrays) + self.maps.nbytes
 
 
