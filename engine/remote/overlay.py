@@ -386,7 +386,9 @@ class RemoteOverlay:
         the pool) are taken again, and ages move on by a slice of `SWEEP_SLOTS` slots a
         call, a whole pass once per second of the stream, instead of the pool at every
         redraw. Ages may lag by the calls a pass takes (a 10M-slot pool: 39); a cell
-        shows the hottest of its slots. The result is shared and must be treated as read-only."""
+        shows the hottest of its slots, each aged as its cell is taken (no code is kept a
+        slot: 1 byte a block of the app's held pools). The result is shared and must be
+        treated as read-only."""
         n = projection.num_blocks
         if n <= max_cells:
             return self.codes(projection, now), 1
@@ -398,32 +400,31 @@ class RemoteOverlay:
         loop = _compiled_cells()
         run_times = self._stored_times.times
         cells = self._cells
-        if cells is None or self._cells_k != k or self._codes_second is None or len(self._codes) != len(self.base):
-            self._codes = np.zeros(len(self.base), np.uint8)
+        if cells is None or self._cells_k != k or self._codes_second is None or len(cells) * k < len(self.base):
+            self._codes = np.zeros(0, np.uint8)  # (the per-slot codes of a grid of a cell a slot)
             cells = self._cells = np.zeros(math.ceil(len(self.base) / k), np.uint8)
             self._cells_k = k
-            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, 0, n, n)
+            loop(self.base, self.stored_run, run_times, edges, cells, k, 0, n, n)
             self._touched = _Touched()
             self._codes_second = self._sweep_second = second
             self._cells_n = self._sweep_at = n
             return cells[:math.ceil(n / k)], k
         if self._touched:
-            # stores are the freshest blocks, removals 0: their cells take their runs' maxima again
+            # the cells of slots stored (the freshest blocks) or removed (0) taken again
             idx = self._touched.slots()
-            idx = idx[idx < n]
-            self._codes[idx] = self.base[idx]
-            _cells_of(self._codes, cells, k, n, np.unique(idx // k))
+            which = np.unique(idx[idx < n] // k)
+            _compiled_cells_at()(self.base, self.stored_run, run_times, edges, cells, k, n, which)
             self._touched = _Touched()
         if n != self._cells_n:  # slots the pool gained since: their cells from the first they touch
             lo = min(n, self._cells_n) // k * k
-            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, lo, n, n)
+            loop(self.base, self.stored_run, run_times, edges, cells, k, lo, n, n)
             self._cells_n = n
         if self._sweep_at >= n and second != self._sweep_second:
             self._sweep_at, self._sweep_second = 0, second
         if self._sweep_at < n:
             lo = self._sweep_at
             hi = min(n, (lo + SWEEP_SLOTS + k - 1) // k * k)
-            loop(self.base, self.stored_run, run_times, edges, self._codes, cells, k, lo, hi, n)
+            loop(self.base, self.stored_run, run_times, edges, cells, k, lo, hi, n)
             self._sweep_at = hi
         self._codes_second = second
         return cells[:math.ceil(n / k)], k
@@ -820,44 +821,56 @@ def _rehash(old, new, shift):  # pragma: no cover - compiled
             new[j, 1] = old[i, 1]
 
 
-def _cells_loop(base: np.ndarray, stored_run: np.ndarray, run_times: np.ndarray, edges: np.ndarray,
-                codes: np.ndarray, cells: np.ndarray, k: int, lo: int, hi: int,
-                n: int) -> None:  # pragma: no cover - compiled
-    """Codes of slots [lo, hi) aged at `edges` (now minus each age edge, newest first; a slot's
-    store time its run's), then the maximum of every cell of `k` slots they fall in (slots
-    past `n` count as empty)."""
+def _cell_code(base: np.ndarray, stored_run: np.ndarray, run_times: np.ndarray, edges: np.ndarray, k: int,
+               c: int, n: int) -> int:  # pragma: no cover - compiled
+    """The hottest code of cell `c`'s `k` slots (those below `n`), each aged at `edges` (now
+    minus each age edge, newest first; a slot's store time its run's)."""
     e0, e1, e2 = edges[0], edges[1], edges[2]
-    for i in range(lo, hi):
+    top = 0
+    for i in range(c * k, min(c * k + k, n)):
         v = np.int64(base[i])
         if v:
             t = run_times[stored_run[i]]
             v -= np.int64(t < e0) + np.int64(t < e1) + np.int64(t < e2)
-        codes[i] = v
+            if v > top:
+                top = v
+    return top
+
+
+def _cells_loop(base: np.ndarray, stored_run: np.ndarray, run_times: np.ndarray, edges: np.ndarray,
+                cells: np.ndarray, k: int, lo: int, hi: int, n: int) -> None:  # pragma: no cover - compiled
+    """The code of every cell of `k` slots that slots [lo, hi) fall in (`lo` a cell's first;
+    slots past `n` count as empty)."""
     for c in range(lo // k, (hi + k - 1) // k):
-        top = codes[c * k]
-        for i in range(c * k + 1, min(c * k + k, n)):
-            if codes[i] > top:
-                top = codes[i]
-        cells[c] = top
+        cells[c] = _cell_code(base, stored_run, run_times, edges, k, c, n)
 
 
-def _cells_of(codes: np.ndarray, cells: np.ndarray, k: int, n: int, which: np.ndarray) -> None:
-    """The maximum of each cell in `which` over its `k` slots (slots past `n` are empty)."""
-    if not len(which):
-        return
-    idx = which[:, None] * k + np.arange(k)
-    cells[which] = np.where(idx < n, codes[np.minimum(idx, n - 1)], 0).max(axis=1)
+def _cells_at(base: np.ndarray, stored_run: np.ndarray, run_times: np.ndarray, edges: np.ndarray,
+              cells: np.ndarray, k: int, n: int, which: np.ndarray) -> None:  # pragma: no cover - compiled
+    """The code of each cell in `which` (`_cells_loop`'s, cells picked)."""
+    for c in which:
+        cells[c] = _cell_code(base, stored_run, run_times, edges, k, c, n)
 
 
 _CELLS: list[Any] = []
 
 
 def _compiled_cells() -> Any:
+    """`_cells_loop` compiled (with `_cell_code` and `_cells_at`)."""
     if not _CELLS:
         from numba import njit
 
+        global _cell_code
+        _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
         _CELLS.append(njit(cache=True, nogil=True)(_cells_loop))
+        _CELLS.append(njit(cache=True, nogil=True)(_cells_at))
     return _CELLS[0]
+
+
+def _compiled_cells_at() -> Any:
+    """`_cells_at` compiled."""
+    _compiled_cells()
+    return _CELLS[1]
 
 
 _OBSERVE: list[Any] = []
