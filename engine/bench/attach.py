@@ -132,8 +132,8 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
     n = max(pool.num_cached, 1)
     cap = len(pool.F)
     per = {"slots": cap, "slot_capacity_per_block": round(cap / n, 3),
-           # a journalled pool keeps the parent and the tenant in the block's store row (JS)
-           ("hash_K_key_uint64" if pool.journal else "hash_K_key_and_parent_uint64"): pool.K.nbytes / n,
+           # a journalled pool's K has a row per store (its parent the store before's, or PX's)
+           ("hash_K_key_per_store_uint64" if pool.journal else "hash_K_key_and_parent_uint64"): pool.K.nbytes / n,
            # a journalled pool's L is the batch row alone (its store row, SO, gives the rest)
            f"L_{'batch_row' if pool.journal else 'token_start_batch_row_order'}_{pool.L.dtype}": pool.L.nbytes / n,
            f"C_tokens_announced_removed_copies{'' if pool.journal else '_tenant'}_{pool.C.dtype}": pool.C.nbytes / n,
@@ -145,7 +145,9 @@ def columnar_breakdown(pool: colpool.ColumnarPool) -> dict[str, Any]:
            "batch_table_seq_and_time": (pool.T.nbytes + pool.BSEQ.nbytes) / n,
            # one set of entries, table and values for both maps, a FIFO each (colpool._RemovalMaps)
            "removed_and_departed_maps": pool.maps.nbytes / n,
-           "journal_rows_J_store_rows_JS_slot_stores_SO": (pool.J.nbytes + pool.JS.nbytes + pool.SO.nbytes) / n,
+           # the journal's rows, each store's parent width (JS), the slots' stores (SO), the explicit
+           # parents (PX) and the stores' runs of one token count and tenant (RX)
+           "journal_rows_J_JS_SO_PX_RX": sum(a.nbytes for a in (pool.J, pool.JS, pool.SO, pool.PX, pool.RX)) / n,
            "all_arrays": pool.nbytes / n}
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in per.items()}
 

@@ -1324,10 +1324,7 @@ def _grow_rows(owner: Any, name: str, rows: int, copied_rows: int = 0) -> None:
     except ValueError:  # a view or another reference to it: copied, as those keep the old one
         old = getattr(owner, name)
         arr = np.zeros((max(rows, copied_rows),) + shape[1:], old.dtype)
-        if old.dtype.names:  # a packed row type (JS): as bytes, 25 times a copy by field
-            arr[:len(old)].view(np.uint8)[:] = old.view(np.uint8)
-        else:
-            arr[:len(old)] = old
+        arr[:len(old)] = old
         setattr(owner, name, arr)
 
 
