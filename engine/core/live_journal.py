@@ -661,9 +661,10 @@ def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _per_store(values: Any, at: np.ndarray, is_store: np.ndarray, dtype: Any) -> np.ndarray:
     """`values[at]` as `dtype` where a row stores, 0 elsewhere (a pool that stored nothing yet
     has no per-store rows: a stream that began with removals). Indexed before it is converted:
-    the per-store arrays are the pool's whole (a narrow field of its packed rows), and
-    converting them first cost a pass over every store so far at every tick."""
-    if not len(values):  # (a numpy field, or a field read as one: `StoreParents`, made only at `at`)
+    the per-store arrays are the pool's whole (a narrow array, or one read as a field:
+    `StoreParents`, `StoreRuns`, made only at `at`), and converting them first cost a pass
+    over every store so far at every tick."""
+    if not len(values):
         return np.zeros(len(at), dtype)
     return np.where(is_store, np.asarray(values[at]).astype(dtype), 0).astype(dtype, copy=False)
 
