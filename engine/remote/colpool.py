@@ -1883,13 +1883,46 @@ class JournalRows:
         return self.tokens[a:a + int(self.token_count[store])]
 
 
-class StoreParents:
-    """`JournalRows.parent`: each store's parent hash key (0: none, its width 0), read as a
-    field of the per-store rows would be read (`parents[o]` for an int, an array of stores
-    or a slice; `np.asarray` whole), from the stores' keys (`keys`, K's) and widths and the
-    explicit parents (`px`, PX's rows): a store that is not its event's first has the store
-    before it as its parent (its event's block before), an event's first a row of `px`. Not
-    kept per store: 8 bytes a store, where one row of 16 a stored event names a parent."""
+class _PerStore:
+    """A value a store that the pool does not keep a store, read as a field of the per-store
+    rows would be read: `field[o]` for an int (an int), for an array of stores or a slice (an
+    int64 or uint64 array), `np.asarray` whole; each made by `of` from what the pool keeps."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def of(self, stores: np.ndarray) -> np.ndarray:
+        """The values of `stores` (an int64 array of stores below `len(self)`)."""
+        raise NotImplementedError
+
+    def __getitem__(self, o: Any) -> Any:
+        n = len(self)
+        if isinstance(o, slice):
+            return self.of(np.arange(*o.indices(n)))
+        if np.ndim(o) == 0:
+            i = int(o)
+            i = i + n if i < 0 else i
+            if not 0 <= i < n:
+                raise IndexError(f"store {int(o)} is not one of the {n:,} stores")
+            return int(self.of(np.array([i], np.int64))[0])
+        stores = np.asarray(o, np.int64)
+        if len(stores) and (int(stores.min()) < 0 or int(stores.max()) >= n):
+            raise IndexError(f"stores {stores.min()}..{stores.max()} are not all of the {n:,} stores")
+        return self.of(stores)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.of(np.arange(len(self)))
+        return out if dtype is None else out.astype(dtype)
+
+
+class StoreParents(_PerStore):
+    """`JournalRows.parent`: each store's parent hash key (0: none, its width 0), from the
+    stores' keys (`keys`, K's) and widths and the explicit parents (`px`, PX's rows): a store
+    that is not its event's first has the store before it as its parent (its event's block
+    before), an event's first a row of `px`. Not kept per store: 8 bytes a store, where one
+    row of 16 a stored event names a parent."""
 
     __slots__ = ("keys", "widths", "px")
 
@@ -1899,20 +1932,7 @@ class StoreParents:
     def __len__(self) -> int:
         return len(self.widths)
 
-    def __getitem__(self, o: Any) -> Any:
-        if isinstance(o, slice):
-            return self.of(np.arange(*o.indices(len(self))))
-        if np.ndim(o) == 0:
-            i = int(o)
-            return self.of(np.array([i + len(self) if i < 0 else i], np.int64))[0]
-        return self.of(np.asarray(o, np.int64))
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.of(np.arange(len(self)))
-        return out if dtype is None else out.astype(dtype)
-
     def of(self, stores: np.ndarray) -> np.ndarray:
-        """The parent keys (uint64) of `stores` (an int64 array)."""
         out = np.zeros(len(stores), np.uint64)
         has = np.asarray(self.widths[stores]) != 0
         chained = has
@@ -1927,13 +1947,11 @@ class StoreParents:
         return out
 
 
-class StoreRuns:
+class StoreRuns(_PerStore):
     """`JournalRows.token_count`, `.tenant` and `.token_start`: each store's token count,
-    tenant (+ 1, 0 none) or token start (`column`: RX_NTOK, RX_TENANT, RX_TOK0), read as a
-    field of the per-store rows would be (`runs[o]` for an int, an array of stores or a
-    slice; `np.asarray` whole) from the runs of stores (`rx`, RX's rows) they are in: a
-    store's start is its run's first's, and as many ids on as the stores before it in its
-    run have (each store's ids follow the one before's)."""
+    tenant (+ 1, 0 none) or token start (`column`: RX_NTOK, RX_TENANT, RX_TOK0), from the runs
+    of stores (`rx`, RX's rows) they are in: a store's start is its run's first's, and as many
+    ids on as the stores before it in its run have (each store's ids follow the one before's)."""
 
     __slots__ = ("rx", "n", "column")
 
@@ -1943,26 +1961,7 @@ class StoreRuns:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, o: Any) -> Any:
-        if isinstance(o, slice):
-            return self.of(np.arange(*o.indices(self.n)))
-        if np.ndim(o) == 0:
-            i = int(o)
-            i = i + self.n if i < 0 else i
-            if not 0 <= i < self.n:
-                raise IndexError(f"store {int(o)} is not one of the {self.n:,} stores")
-            return int(self.of(np.array([i], np.int64))[0])
-        stores = np.asarray(o, np.int64)
-        if len(stores) and (int(stores.min()) < 0 or int(stores.max()) >= self.n):
-            raise IndexError(f"stores {stores.min()}..{stores.max()} are not all of the {self.n:,} stores")
-        return self.of(stores)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = self.of(np.arange(self.n))
-        return out if dtype is None else out.astype(dtype)
-
     def of(self, stores: np.ndarray) -> np.ndarray:
-        """The values (int64) of `stores` (an int64 array of stores below `n`)."""
         rx = self.rx
         r = np.searchsorted(rx[:, RX_FIRST], stores, side="right") - 1
         if self.column == RX_TOK0:
