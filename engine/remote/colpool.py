@@ -20,8 +20,8 @@ Python object per block, per hash or per token id:
   way) and how many there are, its store's row in the batch table (each batch that
   stored a block: its seq and time, once for all its blocks; rows no held block names
   are dropped as the table fills), its store order, its tenant (an index into the
-  pool's tenant names; a journalled pool keeps the hash, the parent's hash and the
-  tenant in the block's store row alone, `SO` naming it), how often its hash was announced and removed on that tier, its copies in KV
+  pool's tenant names; a journalled pool keeps the hash, the parent and the tenant with
+  the block's store alone, K, PX and RX, `SO` naming it), how often its hash was announced and removed on that tier, its copies in KV
   cache group 0 and in all. Copies in other groups (sliding-window layers, rare) sit in a
   numba dict keyed by (slot, group). Free slots are a list threaded through their token
   start; a free slot keeps its old token range (its start in the batch-row column) and
