@@ -125,7 +125,6 @@ recorded fixture and on corrupted frames.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from itertools import repeat
 from operator import attrgetter, is_, is_not
@@ -1884,9 +1883,10 @@ class JournalRows:
 
 
 class _PerStore:
-    """A value a store that the pool does not keep a store, read as a field of the per-store
-    rows would be read: `field[o]` for an int (an int), for an array of stores or a slice (an
-    int64 or uint64 array), `np.asarray` whole; each made by `of` from what the pool keeps."""
+    """A per-store value the pool does not keep for each store, read as a field of the
+    per-store rows would be read: `field[o]` for an int (an int), for an array of stores or a
+    slice (an int64 or uint64 array), `np.asarray` whole; each made by `of` from what the pool
+    keeps instead."""
 
     __slots__ = ()
 
