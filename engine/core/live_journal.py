@@ -187,16 +187,14 @@ class JournalKeys(KeyTable):
         per-store keys, or its own."""
         ids = np.asarray(ids, np.int64)
         src = np.asarray(self._store.take(ids), np.int64)
-        out = np.zeros(len(ids), np.uint64)
+        pools = self._pool.view[ids]
         held = src >= 0
-        if held.all():
-            pools = self._pool.view[ids]
-            if len(ids) and int(pools.min()) == int(pools.max()):  # one pool's (an attach's, always)
-                return np.asarray(self._store_keys[int(pools[0])][src], np.uint64)
-        else:
-            own = np.flatnonzero(~held)
+        if len(ids) and held.all() and int(pools.min()) == int(pools.max()):  # one pool's (an attach's, mostly)
+            return np.asarray(self._store_keys[int(pools[0])][src], np.uint64)
+        out = np.zeros(len(ids), np.uint64)
+        own = np.flatnonzero(~held)
+        if len(own):
             out[own] = self._own_key.view[np.searchsorted(self._own_id.view, ids[own])]
-            pools = self._pool.view[ids]
         for p in np.unique(pools[held]).tolist():
             at = np.flatnonzero(held & (pools == p))
             out[at] = self._store_keys[p][src[at]]
