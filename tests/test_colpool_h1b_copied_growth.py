@@ -40,7 +40,7 @@ def _feed(pool: ColumnarPool, runs: list, hold_views: bool) -> tuple[int, int, l
             store_copies += 1
         rows = pool.take_journal()
         taken.append(_columns(rows))
-        held = rows if hold_views else None  # a reader's views, alive across the next apply
+        held = rows.per_store() if hold_views else None  # a reader's views, alive across the next apply
         pool.release_journal(rows.stop)
         del rows
     del held

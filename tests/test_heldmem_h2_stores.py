@@ -49,7 +49,7 @@ def test_a_held_pools_stores_read_their_pool_arrays_from_runs():
     stores = log.columnar.store_attributes
     assert len(stores) == n + 8 * 64
     # each store's tokens and parent read through the runs equal the pool's own per-store arrays
-    j = stores.journals[0]
+    j = stores.journals[0].arrays()
     local = stores._local.take(np.arange(len(stores)))
     assert local.tolist() == list(range(len(stores)))  # one pool: one run
     assert stores._local.nbytes <= 12 * 1024 and stores.tenants.nbytes == 0  # their first room, not 4 B a store

@@ -72,6 +72,10 @@ def test_store_fields_read_parents_and_runs():
         parent = StoreParents(keys, pwidth, px)
         parent_width, tenant = pwidth, StoreRuns(rx, n, RX_TENANT)
 
+        @classmethod
+        def per_store(cls):  # (a journal's per-store arrays: these)
+            return cls
+
     fields = _compiled()[4]
     compiled_before = len(fields.signatures)
     stores = np.concatenate([[0, 1, 2, 499], rng.integers(0, n, 300), np.arange(3, 200)]).astype(np.int64)

@@ -1852,8 +1852,7 @@ class JournalRows:
     parent), `token_start`/`token_count` into `tokens`, `tenant` (index + 1 into
     `pool.tenant_names`, 0: none)."""
 
-    __slots__ = ("pool", "start", "stop", "op", "tier", "slot", "seq", "store", "key", "width", "store_key",
-                 "parent", "parent_width", "token_start", "token_count", "tenant", "tokens")
+    __slots__ = ("pool", "start", "stop", "op", "tier", "slot", "seq", "store", "key", "width", "store_counts")
 
     def __init__(self, pool: ColumnarPool, start: int) -> None:
         held = int(pool.S[S_JROWS])  # `start` a held row (local); start and stop are global
@@ -1862,12 +1861,10 @@ class JournalRows:
         self.op, self.tier, self.slot, self.seq = J[:, J_OP], J[:, J_TIER], J[:, J_SLOT], J[:, J_SEQ]
         self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
         self.key = J[:, J_KEY].view(np.uint64)
-        JS = pool.JS[:int(pool.S[S_JSTORES])]
-        self.store_key = pool.store_keys()
-        self.parent, self.parent_width = pool.store_parents(), JS
-        self.token_count, self.tenant = pool.store_runs(RX_NTOK), pool.store_runs(RX_TENANT)
-        self.token_start = pool.store_runs(RX_TOK0)
-        self.tokens = pool.tok[:int(pool.S[S_TOKUSED])]
+        # the per-store arrays are read through the pool when asked (`per_store`), as of these
+        # counts: rows taken and not yet written (an app's placed ticks) hold no view of them,
+        # and the pool grows them where they lie
+        self.store_counts = pool.store_counts()
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -1875,6 +1872,45 @@ class JournalRows:
     @property
     def tier_names(self) -> list[str]:
         return list(_TIER_NAMES)
+
+    def per_store(self) -> PoolStores:
+        """The per-store arrays as of these rows (`PoolStores`), views to read and let go."""
+        return PoolStores(self.pool, self.store_counts)
+
+    store_key = property(lambda self: self.per_store().store_key, doc="Each store's hash key (`PoolStores`).")
+    parent = property(lambda self: self.per_store().parent, doc="Each store's parent key (`StoreParents`).")
+    parent_width = property(lambda self: self.per_store().parent_width, doc="Each store's parent's width code.")
+    token_start = property(lambda self: self.per_store().token_start, doc="Where each store's token ids start.")
+    token_count = property(lambda self: self.per_store().token_count, doc="How many token ids each store has.")
+    tenant = property(lambda self: self.per_store().tenant, doc="Each store's tenant + 1 (0: none).")
+    tokens = property(lambda self: self.per_store().tokens, doc="The token ids, every store's, in store order.")
+
+    def token_ids(self, store: int) -> np.ndarray:
+        """The token ids of stored block `store` (a view of the pool's token array)."""
+        return self.per_store().token_ids(store)
+
+
+class PoolStores:
+    """A journalled pool's per-store arrays as of `ColumnarPool.store_counts` (`per_store`):
+    `store_key`, `parent`, `parent_width`, `token_start`, `token_count`, `tenant` and
+    `tokens` as `JournalRows` has them, views of the pool's arrays as they are when made.
+    Rows below the counts are written once and kept for good, so a reader that keeps the
+    pool and its counts (the app's log, `live_journal.StoreArrays`) reads them through a
+    `PoolStores` made when it asks, holding no view of the pool's arrays in between: the
+    pool then grows them where they lie (`_grow_rows`), where a kept view had each growth
+    of the token ids copied whole."""
+
+    __slots__ = ("store_key", "parent", "parent_width", "token_start", "token_count", "tenant", "tokens")
+
+    def __init__(self, pool: ColumnarPool, counts: tuple[int, int, int, int]) -> None:
+        o, npx, nrx, used = counts
+        self.store_key = pool.K[:o, K_KEY]
+        self.parent_width = pool.JS[:o]
+        self.parent = StoreParents(self.store_key, self.parent_width, pool.PX[:npx])
+        rx = pool.RX[:nrx]
+        self.token_start, self.token_count = StoreRuns(rx, o, RX_TOK0), StoreRuns(rx, o, RX_NTOK)
+        self.tenant = StoreRuns(rx, o, RX_TENANT)
+        self.tokens = pool.tok[:used]
 
     def token_ids(self, store: int) -> np.ndarray:
         """The token ids of stored block `store` (a view of the pool's token array)."""
@@ -2112,7 +2148,7 @@ class ColumnarPool:
             size = max(live_tok + tokens + self._growth(live_tok + tokens, self._tokens_small), 1024)
             if self.journal:  # the journal's rows point into the token array: it only grows,
                 # by a fraction (as the slots: doubling left up to half of it unused), copied
-                # while a reader holds a view of it (`JournalRows.tokens`)
+                # only while a reader holds a view of it (`PoolStores.tokens`, made when read)
                 need = used + tokens + 1024
                 _grow_rows(self, "tok", max(len(self.tok) + self._copied_growth(len(self.tok), self._tokens_small),
                                             need), max(len(self.tok) + len(self.tok) // 2, need))
@@ -2302,6 +2338,16 @@ class ColumnarPool:
         """A journalled pool's hash key of each store made so far, in store order (a view of
         K: each row is written once, by its store, and kept for good)."""
         return self.K[:int(self.S[S_JSTORES]), K_KEY]
+
+    def store_counts(self) -> tuple[int, int, int, int]:
+        """A journalled pool's stores, rows of PX, runs of RX and token ids so far: what
+        `per_store` reads (each row below them written once and kept for good)."""
+        S = self.S
+        return int(S[S_JSTORES]), int(S[S_NPX]), int(S[S_NRX]), int(S[S_TOKUSED])
+
+    def per_store(self, counts: tuple[int, int, int, int] | None = None) -> PoolStores:
+        """The per-store arrays as of `counts` (`store_counts`; None: now), as views (`PoolStores`)."""
+        return PoolStores(self, self.store_counts() if counts is None else counts)
 
     def store_parents(self) -> StoreParents:
         """A journalled pool's parent hash key of each store made so far (`StoreParents`)."""
