@@ -2,7 +2,7 @@
 app's feed keeps them until its next tick) copies them into a new array at each growth:
 past 8 times their small size such a copy grows them by half again, not a sixteenth, so
 they are copied a few times, not ~16 times over (each copy faults in fresh pages); resized
-in place (no reader), they still grow by a sixteenth. Rows and token ids equal a pool's
+in place (no reader), they grow by a sixty-fourth. Rows and token ids equal a pool's
 applied one frame at a time."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_a_held_journal_copies_its_token_ids_by_half_again_past_the_small_size()
     assert n == int(one.S[S_TOKUSED]) and np.array_equal(pool.tok[:n], one.tok[:n])
     o = int(pool.S[S_JSTORES])
     assert pool.JS.dtype == one.JS.dtype and pool.JS[:o].tobytes() == one.JS[:o].tobytes()
-    # with no reader holding a view, the arrays are resized in place: by a sixteenth, no copy
+    # with no reader holding a view, the arrays are resized in place: by a sixty-fourth, no copy
     free = _SmallPool("t", journal=True)
     assert _feed(free, runs, hold_views=False)[:2] == (0, 0)
 
@@ -101,3 +101,26 @@ def test_a_journal_that_holds_a_backlog_grows_its_rows_by_half_again():
     for seq, p in enumerate(payloads):
         one.apply(fastwire.decode_columns(seq, p))
     assert np.array_equal(np.concatenate(taken), _columns(one.take_journal()))
+
+
+def test_a_journal_grown_in_place_keeps_a_sixty_fourth_of_its_token_ids_idle():
+    """Resized in place, a growth's new room is zeroed, so resident at once (a copy's was
+    untouched pages): past 8 times their small size the token ids and store keys grow by a
+    sixty-fourth, so at most that (and one call's need) is idle and resident after a growth,
+    where a sixteenth kept up to 2 B a block of a 10M-block pool's token ids."""
+    payloads, _, _ = recorded_stream(8_000, gpu_blocks=2_000, seed=7)
+    runs = [fastwire.decode_columns_many(i, payloads[i:i + HOLD]) for i in range(0, len(payloads), HOLD)]
+    pool = _SmallPool("t", journal=True)
+    growths = 0
+    for run in runs:
+        tok, keys = len(pool.tok), len(pool.K)
+        pool.apply_many(run)
+        used, stores = int(pool.S[S_TOKUSED]), int(pool.S[S_JSTORES])
+        if len(pool.tok) != tok and tok >= 8 * pool._tokens_small:
+            growths += 1
+            # (the reserve asks for the call's ids and 1,024 more at least)
+            assert len(pool.tok) - used <= max(tok // 64, sum(b.num_tokens for b in run) + 1024), (tok, used)
+        if len(pool.K) != keys and keys >= 8 * pool._rows_small:
+            assert len(pool.K) - stores <= max(keys // 64, sum(b.num_keys for b in run) + 1024), (keys, stores)
+        pool.release_journal(pool.take_journal().stop)
+    assert growths >= 10

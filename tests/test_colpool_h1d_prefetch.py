@@ -175,6 +175,6 @@ def test_a_store_takes_its_parents_tenant_as_the_reference_does(journal):
     assert state(many) == want and state(one) == want
     held = many.F[:, colpool.F_TIER] > 0
     flagged = (many.F[held, colpool.F_PW] & colpool.F_PW_TENANT) > 0
-    named = (np.asarray(many.store_runs(colpool.RX_TENANT)[many.SO[held]]) if journal
+    named = (np.asarray(many.per_store().tenant[many.SO[held]]) if journal
              else many.C[held, colpool.C_TENANT]) > 0
     assert np.array_equal(flagged, named) and flagged.any() and not flagged.all()

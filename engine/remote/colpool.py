@@ -1706,7 +1706,7 @@ class ColumnarBlock:
         self.block_hash = pool._bytes(int(pool.slot_keys(s)), int(pool.F[s, F_W]))
         pw = int(pool.F[s, F_PW]) & ~F_PW_FLAGS
         if pw:
-            parent = pool.store_parents()[int(pool.SO[s])] if pool.journal else pool.K[s, K_PARENT]
+            parent = pool.per_store().parent[int(pool.SO[s])] if pool.journal else pool.K[s, K_PARENT]
             self.parent_hash = pool._bytes(int(parent), pw)
         else:
             self.parent_hash = None
@@ -1715,7 +1715,7 @@ class ColumnarBlock:
         bid = int(pool.L[s, L_JBID if pool.journal else L_BID])
         self.stored_seq = int(pool.BSEQ[bid])
         self.stored_time = float(pool.T[bid])
-        ten = int(pool.store_runs(RX_TENANT)[int(pool.SO[s])] if pool.journal else pool.C[s, C_TENANT])
+        ten = int(pool.per_store().tenant[int(pool.SO[s])] if pool.journal else pool.C[s, C_TENANT])
         self.tenant = pool.tenant_names[ten - 1] if ten else None
         self.num_announced = int(pool.C[s, C_ANN])
         self.num_removed = int(pool.C[s, C_REM])
@@ -2189,14 +2189,19 @@ class ColumnarPool:
         """`_growth` for an array that is copied whole into a new one when it grows while a
         reader holds a view of it (a journalled pool's token ids and store rows: `_grow_rows`
         resizes them in place only when none does): half again up to 8 times `small`, then a
-        sixteenth when resized in place; copied, always half again (`_reserve` and
+        sixty-fourth when resized in place; copied, always half again (`_reserve` and
         `_journal_reserve` give `_grow_rows` both sizes): a sixteenth copied the token ids
         ~16 times over past 8M of them, each copy into fresh pages whose faults (kernel time)
         made the app's pool stage grow faster than its stream (400K events). An eighth at a time was ~17
         copies (and a new array's page faults each) on the way to 8M token ids, most of a
         journalled pool's room-making: 200K recorded events into a journalled pool, taking
-        and releasing its rows after every 64 frames, 0.3033 -> 0.2848 s (median of 9)."""
-        return size // 2 if size < 8 * small else size // 16
+        and releasing its rows after every 64 frames, 0.3033 -> 0.2848 s (median of 9).
+        In place, a growth moves the pages where they lie (realloc) and zeroes the new room,
+        so that room is resident from the start (a copy's was untouched pages): a sixteenth
+        kept up to 2 B a block of a 10M-block pool's token ids idle and resident (bench held:
+        96.0 -> 97.2 B a block once nothing held a view of them), a sixty-fourth at most 0.5,
+        for more reallocs of as many new bytes in all."""
+        return size // 2 if size < 8 * small else size // 64
 
     @staticmethod
     def _growth(size: int, small: int) -> int:
@@ -2317,27 +2322,17 @@ class ColumnarPool:
             self.C = self.C.astype(np.uint32)
         self.S[S_CLIMIT] = C_LIMITS[self.C.dtype.char]
 
-    def store_runs(self, column: int) -> StoreRuns:
-        """A journalled pool's token count, tenant + 1 or token start (`column`: RX_NTOK,
-        RX_TENANT, RX_TOK0) of each store made so far (`StoreRuns`)."""
-        return StoreRuns(self.RX[:int(self.S[S_NRX])], int(self.S[S_JSTORES]), column)
-
     def _token_range(self, s: int) -> tuple[int, int]:
         """Where held slot s's token ids start in `tok`, and how many."""
         if self.journal:  # its first store's (the store row that made it: SO)
-            o = int(self.SO[s])
-            return self.store_runs(RX_TOK0)[o], self.store_runs(RX_NTOK)[o]
+            o, stores = int(self.SO[s]), self.per_store()
+            return stores.token_start[o], stores.token_count[o]
         return int(self.L[s, L_TOK]), int(self.C[s, C_NTOK])
 
     def slot_keys(self, slots: Any) -> Any:
         """The hash keys (uint64) held by slots `slots` (an int or an array of them): K's
         rows, or in a journalled pool, whose K has a row per store, their stores' (`SO`)."""
         return self.K[self.SO[slots], K_KEY] if self.journal else self.K[slots, K_KEY]
-
-    def store_keys(self) -> np.ndarray:
-        """A journalled pool's hash key of each store made so far, in store order (a view of
-        K: each row is written once, by its store, and kept for good)."""
-        return self.K[:int(self.S[S_JSTORES]), K_KEY]
 
     def store_counts(self) -> tuple[int, int, int, int]:
         """A journalled pool's stores, rows of PX, runs of RX and token ids so far: what
@@ -2348,11 +2343,6 @@ class ColumnarPool:
     def per_store(self, counts: tuple[int, int, int, int] | None = None) -> PoolStores:
         """The per-store arrays as of `counts` (`store_counts`; None: now), as views (`PoolStores`)."""
         return PoolStores(self, self.store_counts() if counts is None else counts)
-
-    def store_parents(self) -> StoreParents:
-        """A journalled pool's parent hash key of each store made so far (`StoreParents`)."""
-        o = int(self.S[S_JSTORES])
-        return StoreParents(self.K[:o, K_KEY], self.JS[:o], self.PX[:int(self.S[S_NPX])])
 
     def _store_order(self, slots: np.ndarray) -> np.ndarray:
         """Held slots' store orders, to sort them by (a journalled pool's store rows)."""
