@@ -1,5 +1,6 @@
-"""A journalled `ColumnarPool` whose token ids and store rows a reader holds views of (the
-app's feed keeps them until its next tick) copies them into a new array at each growth:
+"""A journalled `ColumnarPool` whose token ids and store rows a reader holds views of as it
+grows (`PoolStores`, made when read: the app's log and feed keep none) copies them into a new
+array at each growth:
 past 8 times their small size such a copy grows them by half again, not a sixteenth, so
 they are copied a few times, not ~16 times over (each copy faults in fresh pages); resized
 in place (no reader), they grow by a sixty-fourth. Rows and token ids equal a pool's
