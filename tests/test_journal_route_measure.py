@@ -10,8 +10,20 @@ def test_both_routes_reach_the_same_pool_state():
 
     got = app_routes(3_000, gpu_blocks=500, frames_per_tick=16)
     journal, events = got["journal_route"], got["event_route"]
+    rates = journal["runs_events_per_s_cpu"]  # three runs of the journal route, the median reported
+    assert len(rates) == 3 and journal["events_per_s_cpu"] == sorted(rates)[1]
     assert journal["vllm_events"] == events["vllm_events"] >= 3_000
     assert journal["cachescope_events"] == journal["log_rows"] == events["cachescope_events"] > 3_000
     assert journal["slots"] == events["slots"] > 0
     assert set(journal["stages_cpu_s"]) == {"decode", "pool", "place", "commit"}
     assert got["journal_events_per_s_cpu"] == journal["events_per_s_cpu"] > 0
+
+
+def test_the_median_run_is_the_middle_one_with_every_runs_figure():
+    from app.runtime.live_path import median_run
+
+    runs = [{"rate": 300, "other": "a"}, {"rate": 100, "other": "b"}, {"rate": 200, "other": "c"}]
+    got = median_run(runs, "rate")
+    assert got["other"] == "c" and got["runs_rate"] == [300, 100, 200]
+    assert median_run(runs[:2], "rate")["rate"] == 100  # an even number: the lower middle one
+    assert "runs_rate" not in runs[2]  # the runs are left as they were

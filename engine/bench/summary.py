@@ -236,17 +236,19 @@ TARGETS: tuple[Target, ...] = (
            "an attached server's whole path through the app, as a user meets it: a publisher process sends "
            "recorded vLLM frames over loopback ZMQ as fast as it can to a real offscreen 1280x800 window attached "
            "by File > Attach (the journal route: columnar pools, the placing thread, PoolState at the GUI tick, "
-           "the views drawing), until every row is in the log (app.commands._bench_live_attach)",
+           "the views drawing), until every row is in the log (app.commands._bench_live_attach); the median of "
+           "3 runs",
            "vLLM events/s (wall)", ">= 500,000",
            "the event route it replaced (the reference RemotePool's events through the bridge), same window, "
            "same stream, same run", _app_path),
     Target("attached_longest_stall_ms", "gui",
-           "the same attached window: the longest pass of its event loop while the stream came in", "ms", "< 50",
+           "the same attached window: the longest pass of its event loop while the stream came in, the longest "
+           "of the 3 runs", "ms", "< 50",
            "the event route's longest pass, same window, same run", _attached_stall),
     Target("events_per_s_app_path_to_pool_state", "gui",
            "the same route headless, on one thread: frames decoded, applied to the journalling pool, each tick's "
            "rows placed and written to the window's PoolState (log, live pool, series, checkpoints, overlay), "
-           "the calls RemoteController.tick makes (app.runtime.live_path.app_routes)",
+           "the calls RemoteController.tick makes (app.runtime.live_path.app_routes); the median of 3 runs",
            "vLLM events/s (CPU time)", ">= 500,000",
            "the event route into the same PoolState (the reference RemotePool's events), same stream, same run",
            _app_path_to_state),
