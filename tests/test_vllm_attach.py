@@ -447,5 +447,14 @@ def test_the_status_bar_gives_a_lag_in_the_unit_that_reads():
 
     assert [lag_text(s) for s in (0.25, 45, 600, 163_962, 3 * 86_400)] == ["250 ms", "45.0 s", "10.0 min", "45.5 h", "3.0 d"]
     line = status_text(StreamHealth("r0", 0, batches=1_783, lag_s=163_962.0))
-    assert line.endswith("· 0 malformed · lag 45.5 h") and "1,783 batches" in line
+    assert line == "vLLM · 1,783 batches · 0 missed · lag 45.5 h"
     assert status_text(StreamHealth("r0", 0)).endswith("lag —")
+
+
+def test_the_status_bar_names_refilled_and_malformed_batches_once_there_are_any():
+    from app.runtime.remote import status_text
+
+    health = StreamHealth("r0", 0, batches=9, refilled=2, missed=1, malformed=3, lag_s=0.25)
+    assert status_text(health) == "vLLM · 9 batches · 2 refilled · 1 missed · 3 malformed · lag 250 ms"
+    assert status_text(StreamHealth("r0", 0, batches=9), full=True) == \
+        "vLLM · 9 batches · 0 refilled · 0 missed · 0 malformed · lag —"

@@ -158,11 +158,18 @@ def lag_text(seconds: float) -> str:
     return duration_text(seconds, ms_below=10.0)
 
 
-def status_text(health: StreamHealth) -> str:
-    """The status bar's line for the summed health of every rank."""
+def status_text(health: StreamHealth, full: bool = False) -> str:
+    """The status bar's line for the summed health of every rank: batches, missed and lag
+    always, refilled and malformed batches only when there are any (at 1280 px the line with
+    both zeros left a transient message a sixth of the bar); `full`, every counter (its tooltip)."""
     lag = "lag —" if health.lag_s is None else f"lag {lag_text(health.lag_s)}"
-    return (f"vLLM · {health.batches:,} batches · {health.refilled:,} refilled · {health.missed:,} missed"
-            f" · {health.malformed:,} malformed · {lag}")
+    parts = [f"{health.batches:,} batches"]
+    if full or health.refilled:
+        parts.append(f"{health.refilled:,} refilled")
+    parts.append(f"{health.missed:,} missed")
+    if full or health.malformed:
+        parts.append(f"{health.malformed:,} malformed")
+    return " · ".join(["vLLM", *parts, lag])
 
 
 class RemoteController(QObject):

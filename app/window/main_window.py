@@ -871,7 +871,7 @@ class MainWindow(QMainWindow):
         from app.runtime.remote import status_text
 
         self.remote_label.setText(status_text(health))
-        tip = f"{self.remote.num_streams} rank(s) · {health.restarts} restart(s)"
+        tip = f"{status_text(health, full=True)}\n{self.remote.num_streams} rank(s) · {health.restarts} restart(s)"
         if health.last_error:
             tip += f"\nlast malformed frame: {health.last_error}"
         self.remote_label.setToolTip(tip)
