@@ -18,7 +18,7 @@ from numba import njit
 from engine.analysis.statistics import (
     Decode, GroupRate, Histogram, Killer, SharedPrefix, Statistics, _ids,
 )
-from engine.core.columnar import EVICTED, LOOKUP, MISS_REASONS, STARTED, STORED
+from engine.core.columnar import EVICTED, LOOKUP, MISS_REASONS, RESET, STARTED, STORED
 
 _NEW_CONTENT = MISS_REASONS.index("new_content")
 
@@ -62,11 +62,13 @@ def _stack_distances(accesses: np.ndarray, num_keys: int) -> tuple[np.ndarray, i
 
 
 @njit(cache=True)
-def _lifetimes(keys: np.ndarray, is_store: np.ndarray,
-               when: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled
-    """Rows grouped by key (in log order within a key): each eviction ends the oldest
-    store of its key still open, when there is one. Returns (lifetimes in the order their
-    evictions come in the grouped rows, stores still open at the end)."""
+def _lifetimes(keys: np.ndarray, is_store: np.ndarray, when: np.ndarray, epoch: np.ndarray,
+               reset_when: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover - compiled
+    """Rows grouped by (epoch, key), in log order within a group, an epoch the rows between
+    two cache resets: each eviction ends the oldest store of its key still open, when there
+    is one, and the reset that ends an epoch (`reset_when[epoch]`, if one does) every store
+    of it still open. Returns (lifetimes, the grouped row each came from: an eviction's, or
+    the last of its group's for a reset's; stores still open at the end)."""
     n = len(keys)
     out = np.empty(n, np.float64)
     order = np.empty(n, np.int64)  # the eviction's row index, to restore the log order
@@ -77,7 +79,7 @@ def _lifetimes(keys: np.ndarray, is_store: np.ndarray,
     while i < n:
         j = i
         head = tail = 0
-        while j < n and keys[j] == keys[i]:
+        while j < n and keys[j] == keys[i] and epoch[j] == epoch[i]:
             if is_store[j]:
                 queue[tail] = when[j]
                 tail += 1
@@ -87,6 +89,12 @@ def _lifetimes(keys: np.ndarray, is_store: np.ndarray,
                 head += 1
                 m += 1
             j += 1
+        if epoch[i] < len(reset_when):  # a reset ends the epoch: every store still open
+            while head < tail:
+                out[m] = reset_when[epoch[i]] - queue[head]
+                order[m] = j - 1
+                head += 1
+                m += 1
         still += tail - head
         i = j
     return out[:m], order[:m], still
@@ -106,6 +114,22 @@ def _segments(flat: np.ndarray, starts: np.ndarray, which: np.ndarray) -> tuple[
     return flat[depth + np.repeat(lo, lens)].astype(np.int64), owner, depth
 
 
+def _one_id_per_hash(keys: Any, key: np.ndarray, flat: np.ndarray,
+                     tokens_of: dict[int, tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """`key` and `flat` (hash ids) as ids equal exactly when their hashes are
+    (`keys.identities`: a journal-fed log numbers every row's hash anew), and `tokens_of`
+    keyed by them."""
+    both = np.concatenate([np.asarray(key, np.int64), np.asarray(flat, np.int64)])
+    if not len(both):
+        return key, flat, tokens_of
+    _, code = np.unique(keys.identities(both), return_inverse=True)
+    code = code.reshape(-1).astype(np.int64)
+    first = {}
+    for k in tokens_of:
+        first[k] = int(code[int(np.flatnonzero(both == k)[0])])
+    return code[:len(key)], code[len(key):], {first[k]: t for k, t in tokens_of.items()}
+
+
 def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[str, Sequence[int]] | None = None,
                      decode: Decode | None = None, block_size: int | None = None, top: int = 20,
                      killer_window: int = 4) -> Statistics:
@@ -119,7 +143,7 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     if len(keep) < n_events:
         keep = np.concatenate([keep, np.zeros(n_events - len(keep), bool)])
     kind_all = col.col("kind")
-    rows = np.flatnonzero(keep[log.row_events()] & np.isin(kind_all, (STARTED, LOOKUP, STORED, EVICTED)))
+    rows = np.flatnonzero(keep[log.row_events()] & np.isin(kind_all, (STARTED, LOOKUP, STORED, EVICTED, RESET)))
     kind = kind_all[rows]
     req = col.values_at("request", rows).astype(np.int64)
     key = col.values_at("hash", rows).astype(np.int64)
@@ -131,6 +155,7 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     codes, _num_ids = log.id_codes()
     ids = reqs.ids
     is_start, is_look, is_store, is_evict = kind == STARTED, kind == LOOKUP, kind == STORED, kind == EVICTED
+    is_reset = kind == RESET
     has_requests = bool(is_start.any())
 
     # token ids of the stored blocks the kept events carry (a hash-id trace's are empty)
@@ -143,11 +168,21 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     if not block_size and tokens_of:
         first = next(k for k in key[is_store].tolist() if k in tokens_of)
         block_size = len(tokens_of[first])
-    num_keys = max(len(keys), int(flat.max()) + 1 if len(flat) else 0, int(key.max()) + 1 if len(key) else 0)
+    if hasattr(keys, "identities"):  # a journal's hash ids, one per row: one id per hash here
+        key, flat, tokens_of = _one_id_per_hash(keys, key, flat, tokens_of)
+        num_keys = int(max(key.max() if len(key) else -1, flat.max() if len(flat) else -1)) + 1
+    else:
+        num_keys = max(len(keys), int(flat.max()) + 1 if len(flat) else 0, int(key.max()) + 1 if len(key) else 0)
 
-    # the clock: kept request starts before each row, or the log's time without any
-    clock = (np.cumsum(is_start) - is_start).astype(np.float64) if has_requests else \
-        np.full(len(rows), float(log.time or 0.0))
+    # the clock: kept request starts before each row; without any (a recorded attach) the
+    # server's batch time, or the event's own time where its batch has none, as `compute` reads it
+    if has_requests:
+        clock = (np.cumsum(is_start) - is_start).astype(np.float64)
+    else:
+        clock = col.remote_batch_times(b.astype(np.int64) * np.isin(kind, (STORED, EVICTED, RESET)))
+        own = np.flatnonzero(clock == 0.0)
+        if len(own):
+            clock[own] = log.times_at(log.row_events()[rows[own]])
 
     # accesses: a lookup's full-block keys, then a stored block its request's latest kept
     # lookup did not name (a block filled while decoding)
@@ -187,12 +222,14 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     acc_order = np.argsort(acc_row, kind="stable")
     distances, cold = _stack_distances(np.ascontiguousarray(acc_key[acc_order], np.int64), max(num_keys, 1))
 
-    # lifetimes: an eviction ends its key's oldest open store
+    # lifetimes: an eviction ends its key's oldest open store, a cache reset every open one
     life_at = np.flatnonzero(is_store | is_evict)
-    lorder = np.argsort(key[life_at], kind="stable")
+    epoch = np.cumsum(is_reset)[life_at]  # the resets before each row
+    lorder = np.lexsort((life_at, key[life_at], epoch))  # by epoch, then key, then log order
     g = life_at[lorder]
     life, evict_idx, still = _lifetimes(np.ascontiguousarray(key[g]), np.ascontiguousarray(is_store[g]),
-                                        np.ascontiguousarray(clock[g]))
+                                        np.ascontiguousarray(clock[g]), np.ascontiguousarray(epoch[lorder]),
+                                        np.ascontiguousarray(clock[is_reset]))
     life = life[np.argsort(g[evict_idx], kind="stable")]
 
     # hit rate per tenant / model / server

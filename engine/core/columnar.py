@@ -1104,6 +1104,12 @@ class ColumnarLog:
         """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
         return self._slots.info(number) if number > 0 and self._slots is not None else None
 
+    def remote_batch_times(self, numbers: np.ndarray) -> np.ndarray:
+        """`remote_info(n).batch_time` of each of `numbers` (0.0 for 0, no info)."""
+        if self._slots is None:
+            return np.zeros(len(numbers), np.float64)
+        return self._slots.batch_times(numbers)
+
     @property
     def has_remote_rows(self) -> bool:
         return self._slots is not None and bool(self._slots.infos)

@@ -299,6 +299,7 @@ class ColumnarEventLog:
     def __init__(self, log: ColumnarLog, time: float = 0.0) -> None:
         self.columnar = log
         self.time = time
+        self.event_times: Any = None  # runs of per-event times with `at(positions)`, if kept
         self.block_size = log.block_size
         self._share_events()
         self.events = LazyEvents(self)
@@ -433,6 +434,14 @@ class ColumnarEventLog:
         kind = self.columnar.col("kind")
         m = keep[row_event] & (block >= 0) & np.isin(kind, (ALLOCATED, STORED, REF, FREED, EVICTED))
         return np.unique(block[m]).astype(np.int64)
+
+    def times_at(self, positions: np.ndarray) -> np.ndarray:
+        """The time of the events at `positions`: their own where the log keeps them
+        (`event_times`: a live log's snapshot), else the log's `time`, which a finished
+        log's events share."""
+        if self.event_times is not None:
+            return self.event_times.at(positions)
+        return np.full(len(positions), float(self.time))
 
     def row_events(self) -> np.ndarray:
         """Per row of the columns, the position of the event it belongs to (int32 while the

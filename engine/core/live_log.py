@@ -237,6 +237,20 @@ class _Runs:
             values.append_one(value)
         self.n += n
 
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The values at `positions` (an int array, each below `n`)."""
+        positions = np.asarray(positions, np.int64)
+        run = np.searchsorted(self._at.view, positions, side="right") - 1
+        return self._values.view[run]
+
+    def frozen(self) -> _Runs:
+        """A copy of the runs so far (a few a tick), read while this one is appended to."""
+        out = _Runs()
+        out._at.append(self._at.view)
+        out._values.append(self._values.view)
+        out.n = self.n
+        return out
+
     def __getitem__(self, span: slice) -> np.ndarray:
         start, stop, _ = span.indices(self.n)
         if stop <= start:
@@ -655,6 +669,7 @@ class LiveColumnarLog(ColumnarEventLog):
         self._seqs: _Growing | None = None
         # each event's kind: none of its own while every event has one row, as the seqs
         self._kinds, self._times = _Growing(np.uint8, uniform=True), _Runs()
+        self.event_times = self._times  # (`times_at`: each event's own time)
         self._columns = {name: _Growing(dtype, narrow=np.int32 if dtype == np.int64 else None, uniform=True)
                          for name, dtype in _SERIES}
         self._refusals, self._resets = _Growing(np.int64), _Growing(np.int64)
@@ -1210,6 +1225,7 @@ class LiveColumnarLog(ColumnarEventLog):
         frozen._req_index = None
         frozen.final_counters = self._live_arrays.counters
         out = ColumnarEventLog(frozen, self.time)
+        out.event_times = self._times.frozen()  # each event's own time, as `build` gives it
         out._series = self.series
         out._live = ArrayProjection(out, _copied(self._live_arrays), len(self.seqs))
         return out

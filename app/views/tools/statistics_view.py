@@ -4,9 +4,11 @@ narrowed by the app's shared filter and timeline range; every table exports as C
 
 The numbers are `engine.analysis.statistics` over the events the shared filter keeps
 (`app.runtime.selection.EventFilter.match_mask`: the typed filter, inside a timeline's
-range); this view only draws them. An opened trace's columnar log is counted whole, from
-its columns (`engine.analysis.statistics_columnar`, the mask as a row mask); a live log's
-last MAX_EVENTS events go through `compute`, the reference. They are recomputed when asked (Refresh), when the
+range); this view only draws them. A columnar log is counted whole, from its columns
+(`engine.analysis.statistics_columnar`, the mask as a row mask): an opened trace's, and a
+live one's (a chat's, an attach's) as it is when asked (`LiveColumnarLog.snapshot`); a
+Python `EventLog`'s last MAX_EVENTS events go through `compute`, the reference (an attach's
+93,079 events: 9.3 s there, 0.17 s from the columns). They are recomputed when asked (Refresh), when the
 filter or range changes, and when the log changes while the panel is visible, at most
 once per second, so a replay in progress never waits on it.
 """
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
 
 MIN_INTERVAL_S = 1.0
-MAX_EVENTS = 500_000  # a live log's: about 15 s of work on the worker; a longer one counts its last events
+MAX_EVENTS = 500_000  # a Python EventLog's: about 15 s of work on the worker; a longer one counts its last events
 GROUPS = ("tenant", "model", "server")
 
 
@@ -169,11 +171,15 @@ class StatisticsView(PanelView):
             return
         self._busy, self._again = True, False
         log = self.state.log
-        if getattr(log, "columnar_log", False) and not getattr(log, "live_log", False):
-            # an opened trace: the whole log, from its columns (a live log, appended to while
-            # a worker would read it, counts its last MAX_EVENTS events below, as before)
-            keep = shared.match_mask().copy() if shared.active else None
-            matched = len(log) if keep is None else int(keep[:len(log)].sum())
+        if getattr(log, "columnar_log", False):
+            # the whole log, from its columns: an opened trace's, or what a live one (a chat,
+            # an attach, appended to while the worker reads) holds now (`snapshot`)
+            if getattr(log, "live_log", False):
+                log = log.snapshot()
+            keep = shared.match_mask()[:len(log)].copy() if shared.active else None
+            matched = len(log) if keep is None else int(keep.sum())
+            if self.stats is None and len(log):  # (not "no events yet" while the first count runs)
+                self.summary.setText(f"Counting {matched:,} events\u2026")
             self.ctx.worker.submit(_columnar_statistics_job, log, keep, matched, len(log), self._decode(),
                                    log.live.block_size, on_done=self._computed, on_error=self._failed)
             return
