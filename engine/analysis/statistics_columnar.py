@@ -3,8 +3,11 @@ events a per-event mask keeps (the shared filter with its range), from the colum
 Statistics pane counts the whole log of a 7M-event trace in seconds; `compute` stays the
 reference (and what a live `EventLog` uses), held equal by tests/test_statistics.py. The
 two sequential loops (LRU stack distances, each eviction paired with its hash's oldest
-store) are compiled with numba as the replay kernel's are; the rest is numpy. A columnar
-log's events carry no server or model: every lookup counts under "local" and "(none)".
+store, a cache reset ending every open one) are compiled with numba as the replay kernel's
+are; the rest is numpy. A columnar log's events carry no server or model: every lookup counts
+under "local" and "(none)". A live log is counted from its `snapshot()`; an attached server's
+(journal-fed: a hash numbered again each time it is stored) by its hashes' identities, on
+the server's batch times.
 """
 
 from __future__ import annotations
