@@ -179,8 +179,8 @@ class EventFilter(QObject):
             return
         if self.filter.root is None:
             new = np.ones(n - self._scanned, dtype=bool)
-        elif (whole := columnar_mask(log, self.filter)) is not None:
-            new = whole[self._scanned:]
+        elif (got := columnar_mask(log, self.filter, start=self._scanned)) is not None:
+            new = got  # the new events only (a live attach's ticks: not the whole log again)
         else:
             new = _match(events[self._scanned:n], self.filter, self._context)
         self._mask = np.concatenate([self._mask, new])
@@ -256,21 +256,27 @@ _COLUMN_FIELDS = frozenset({"kind", "tier", "server", "rank", "tenant", "model",
                             "block"})
 
 
-def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | None:
-    """Per event of a columnar log: does it pass `flt`, from the columns (as `Filter.matches`
-    over each event, held equal by tests/test_app_columnar.py); None when `log` is not
-    columnar or the filter reads a field the columns do not hold (hashes). With `probe`,
-    only whether it can: an empty array or None."""
-    if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS \
-            or not getattr(log, "columns_answer_filters", True):
+def columnar_mask(log: Any, flt: Filter, probe: bool = False, start: int = 0) -> np.ndarray | None:
+    """Per event of a columnar log from position `start` on: does it pass `flt`, from the
+    columns (as `Filter.matches` over each event, held equal by tests/test_app_columnar.py
+    and, for an attached server's log, tests/test_filter_remote_columns.py); None when `log`
+    is not columnar, the filter reads a field the columns do not hold (hashes) or the log
+    holds events kept as objects (another engine's). With `probe`, only whether it can: an
+    empty array or None."""
+    if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS:
+        return None
+    col = log.columnar
+    kind_all = col.col("kind")
+    if not getattr(log, "columns_answer_filters", True) and bool((kind_all == C.OTHER).any()):
         return None
     if probe:
         return np.zeros(0, bool)
-    col = log.columnar
-    kind, req = col.col("kind"), col.col("request")
-    starts = np.asarray(log.starts)  # `reduceat` reads every event's first row
+    starts = np.asarray(log.starts)[start:]  # `reduceat` reads every event's first row
+    r0 = int(starts[0]) if len(starts) else col.num_rows
+    starts = starts - r0
+    kind, req = kind_all[r0:], col.col("request")[r0:]
     n_kinds = max(C.KIND_NAMES) + 1
-    tenants = _request_tenants(col.requests)
+    remote = _RemoteRows(log, kind_all, r0) if col.has_remote_rows or bool((kind_all == C.RESET).any()) else None
 
     def table_hit(leaf: Comparison, values: list[Any], number: bool) -> np.ndarray:
         """The leaf (as a ':' match, or its own op) over a small table of values."""
@@ -281,23 +287,26 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | No
         f = leaf.field
         if f == "kind":
             return table_hit(leaf, [C.KIND_NAMES.get(k, "") for k in range(n_kinds)], False)[kind]
+        if f == "reason":
+            hit = table_hit(leaf, [*C.MISS_REASONS, ""], False)
+            code = np.where(kind == C.LOOKUP, col.col("flag")[r0:], len(C.MISS_REASONS))
+            return hit[code]
+        if remote is not None and f in _REMOTE_FIELDS:
+            values, codes = remote.field(f)
+            return table_hit(leaf, values, f == "rank")[codes]
+        if f == "block":  # the block ids of the kinds that carry them; a server's rows carry none
+            block = np.where(np.isin(kind, _BLOCK_KIND_CODES) & (remote is None or remote.info == 0),
+                             col.col("block")[r0:], -1)
+            return Filter("", leaf).mask({"kind": block, "block": block})
         if f == "tier":
             return table_hit(leaf, ["gpu" if k in _BLOCK_KIND_CODES else "" for k in range(n_kinds)], False)[kind]
         if f in ("server", "model", "session"):
-            return np.repeat(table_hit(leaf, [""], False), col.num_rows)
+            return np.repeat(table_hit(leaf, [""], False), len(kind))
         if f == "rank":
-            return np.repeat(table_hit(leaf, [-1], True), col.num_rows)
+            return np.repeat(table_hit(leaf, [-1], True), len(kind))
         if f == "request":
             return table_hit(leaf, [x.lower() for x in col.requests.ids], False)[req]
-        if f == "tenant":
-            return table_hit(leaf, tenants, False)[req]
-        if f == "reason":
-            hit = table_hit(leaf, [*C.MISS_REASONS, ""], False)
-            code = np.where(kind == C.LOOKUP, col.col("flag"), len(C.MISS_REASONS))
-            return hit[code]
-        # block: the block ids of the kinds that carry them
-        block = np.where(np.isin(kind, _BLOCK_KIND_CODES), col.col("block"), -1)
-        return Filter("", leaf).mask({"kind": block, "block": block})
+        return table_hit(leaf, _request_tenants(col.requests), False)[req]  # tenant
 
     def event_mask(node: Any) -> np.ndarray:
         if isinstance(node, Not):
@@ -316,6 +325,78 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False) -> np.ndarray | No
         return ~hit if negate else hit
 
     return event_mask(flt.root)
+
+
+_REMOTE_FIELDS = frozenset({"tier", "server", "rank", "model", "session", "request", "tenant"})
+
+
+class _RemoteRows:
+    """What the filter's fields read of a log with rows of attached servers (and cache
+    resets), per row from `r0` on as codes into small tables of values ('' or -1: none), as
+    `engine.analysis.filter_language.field_values` reads their events: a stored, removed or
+    reset row of a server names its tier, server, rank, LoRA (model) and session by its
+    RemoteInfo (`b`), no block, and its batch's request (a reset: none); a stored row's
+    tenant is its own salt, else its request's, learnt as `EventContext` learns it from the
+    whole log (the request id's first salt: a request_started's or a stored block's)."""
+
+    def __init__(self, log: Any, kind_all: np.ndarray, r0: int) -> None:
+        self.log, self.kind_all, self.r0 = log, kind_all, r0
+        col = log.columnar
+        self.kind, self.req = kind_all[r0:], col.col("request")[r0:]
+        self.info = self._info(r0)
+        self.fields = col.remote_info_columns()
+        self.is_reset = self.kind == C.RESET
+
+    def _info(self, r0: int) -> np.ndarray:
+        """Per row from `r0`, the number of its RemoteInfo (0: none)."""
+        col, kind = self.log.columnar, self.kind_all[r0:]
+        if not col.has_remote_rows:
+            return np.zeros(len(kind), np.int64)
+        return np.where(np.isin(kind, (C.STORED, C.EVICTED, C.RESET)), col.col("b")[r0:], 0).astype(np.int64)
+
+    def field(self, name: str) -> tuple[list[Any], np.ndarray]:
+        col, info = self.log.columnar, self.info
+        if name == "tier":  # a local block event (a reset too) is on the GPU
+            local = np.isin(self.kind, _BLOCK_KIND_CODES + (C.RESET,))
+            return (["", "gpu", *(str(m).lower() for m in self.fields["medium"])],
+                    np.where(info > 0, info + 1, local.astype(np.int64)))
+        if name == "server":
+            return ["", *(str(s).lower() for s in self.fields["source"])], info
+        if name == "rank":
+            return [-1, *(0 if r is None else int(r) for r in self.fields["rank"])], info
+        if name == "model":
+            return ["", *("" if m is None else str(m).lower() for m in self.fields["lora_name"])], info
+        if name == "session":
+            return ["", *("" if v is None else str(v).lower() for v in self.fields["session_id"])], info
+        if name == "request":  # a reset names none
+            return ["", *(x.lower() for x in col.requests.ids)], np.where(self.is_reset, 0, self.req.astype(np.int64) + 1)
+        return self._tenants()
+
+    def _store_salts(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """The stored rows of servers in the whole log, their salts as codes into names (0: none)."""
+        col = self.log.columnar
+        info = self._info(0) if self.r0 else self.info
+        rows = np.flatnonzero((self.kind_all == C.STORED) & (info > 0))
+        codes, names = col.store_salt_codes(np.asarray(col.values_at("a", rows), np.int64))
+        return rows, codes, [str(n).lower() for n in names]
+
+    def _tenants(self) -> tuple[list[str], np.ndarray]:
+        col = self.log.columnar
+        requests = _request_tenants(col.requests)  # per occurrence, its request_started's salt
+        rows, codes, names = self._store_salts()
+        salted = rows[codes > 0]
+        if len(salted):  # else the id's first salted stored row
+            id_code, _ = self.log.id_codes()
+            ids = id_code[col.col("request")[salted].astype(np.int64)]
+            uniq, at = np.unique(ids, return_index=True)
+            by_id = dict(zip(uniq.tolist(), (names[c - 1] for c in codes[codes > 0][at].tolist())))
+            requests = [t or by_id.get(int(i), "") for t, i in zip(requests, id_code.tolist())]
+        table = ["", *requests, *names]
+        out = np.where(self.is_reset, 0, self.req.astype(np.int64) + 1)
+        mine = rows >= self.r0
+        own = codes[mine] > 0  # a stored row's own salt before its request's
+        out[rows[mine][own] - self.r0] = len(requests) + codes[mine][own]
+        return table, out
 
 
 def _request_tenants(requests: Any) -> list[str]:

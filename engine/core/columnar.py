@@ -1110,6 +1110,23 @@ class ColumnarLog:
             return np.zeros(len(numbers), np.float64)
         return self._slots.batch_times(numbers)
 
+    def remote_info_columns(self) -> dict[str, list[Any]]:
+        """`RemoteSlots.info_columns` (empty lists without remote rows)."""
+        if self._slots is None:
+            return {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
+        return self._slots.info_columns()
+
+    def store_salt_codes(self, stores: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """The salt of remote stores `stores` (their rows' `a`) as codes into a list of
+        names (0: none, else names[code - 1])."""
+        attrs = self.store_attributes
+        if hasattr(attrs, "salt_codes"):  # a journal's (engine.core.live_journal.JournalStores)
+            return attrs.salt_codes(stores)
+        names: dict[str, int] = {}
+        codes = [0 if (salt := attrs[s][2]) is None else names.setdefault(salt, len(names) + 1)
+                 for s in np.asarray(stores, np.int64).tolist()]
+        return np.asarray(codes, np.int64), list(names)
+
     @property
     def has_remote_rows(self) -> bool:
         return self._slots is not None and bool(self._slots.infos)

@@ -375,6 +375,19 @@ class JournalStores(Sequence[tuple]):
                 out[i] = names[t - 1]
         return out
 
+    def salt_codes(self, stores: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """`salts` as codes into a list of names (0: none, else names[code - 1])."""
+        stores = np.asarray(stores, np.int64)
+        out = np.zeros(len(stores), np.int64)
+        names: list[str] = []
+        pool_of, local = self._pool.view[stores], self._local.take(stores)
+        for p in np.unique(pool_of).tolist():
+            at = np.flatnonzero(pool_of == p)
+            codes = np.asarray(self.journals[p].arrays().tenant[local[at]], np.int64)
+            out[at] = np.where(codes > 0, codes + len(names), 0)
+            names.extend(self._keys.pools[p].tenant_names)
+        return out, names
+
     def tenant_names(self, stores: np.ndarray) -> list[str | None]:
         """The tenant (`self[i][4]`) of many stores at once."""
         stores = np.asarray(stores, np.int64)

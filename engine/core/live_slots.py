@@ -121,6 +121,23 @@ class RemoteSlots:
         times[1:] = [x[3] if type(x) is tuple else x.batch_time for x in infos]
         return times[np.asarray(numbers, np.int64)]
 
+    def info_columns(self) -> dict[str, list[Any]]:
+        """Each RemoteInfo's source, rank, medium, LoRA name and session id, by number - 1
+        (a journal's, kept as fields, read without making their objects)."""
+        out: dict[str, list[Any]] = {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
+        for x in self.infos:
+            if type(x) is tuple:
+                source, rank, _seq, _time, medium = x
+                lora = session = None
+            else:
+                source, rank, medium, lora, session = x.source, x.rank, x.medium, x.lora_name, x.session_id
+            out["source"].append(source)
+            out["rank"].append(rank)
+            out["medium"].append(medium)
+            out["lora_name"].append(lora)
+            out["session_id"].append(session)
+        return out
+
     def info(self, number: int) -> RemoteInfo:
         """The RemoteInfo numbered `number` (1 + its index in `infos`)."""
         got = self.infos[number - 1]
