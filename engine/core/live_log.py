@@ -923,8 +923,10 @@ class LiveColumnarLog(ColumnarEventLog):
         self._refusals.append(seqs[kinds == REFUSED])
         self._resets.append(seqs[kinds == RESET])
         if self.columns_answer_filters and (col.has_remote_rows or int(kinds.max()) >= RESET):
-            # tiers, ranks and servers of a remote pool, resets and other engines' events
-            # are matched on the events (app.runtime.selection), not on these columns
+            # the kind and block columns alone no longer answer a filter: a remote pool's
+            # tiers, ranks and servers are read through its rows' RemoteInfos, a reset's
+            # fields by its kind (app.runtime.selection), and another engine's events
+            # (OTHER rows) only from the events themselves
             self.columns_answer_filters = False
         fused = bounds is None and self._seqs is None and col.journal_fed
         if not (fused and self._journal_tick(r0, r1, int(seqs[-1]))):
