@@ -266,17 +266,18 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False, start: int = 0) ->
     if not getattr(log, "columnar_log", False) or flt.root is None or not flt.fields <= _COLUMN_FIELDS:
         return None
     col = log.columnar
+    starts = np.asarray(log.starts)[start:]  # `reduceat` reads every event's first row
+    r0 = int(starts[0]) if len(starts) else col.num_rows
     kind_all = col.col("kind")
-    if not getattr(log, "columns_answer_filters", True) and bool((kind_all == C.OTHER).any()):
+    kind = kind_all[r0:]  # the rows asked for only (a live log's tick: its new rows)
+    if not getattr(log, "columns_answer_filters", True) and bool((kind == C.OTHER).any()):
         return None
     if probe:
         return np.zeros(0, bool)
-    starts = np.asarray(log.starts)[start:]  # `reduceat` reads every event's first row
-    r0 = int(starts[0]) if len(starts) else col.num_rows
     starts = starts - r0
-    kind, req = kind_all[r0:], col.col("request")[r0:]
+    req = col.values_at("request", slice(r0, col.num_rows))
     n_kinds = max(C.KIND_NAMES) + 1
-    remote = _RemoteRows(log, kind_all, r0) if col.has_remote_rows or bool((kind_all == C.RESET).any()) else None
+    remote = _RemoteRows(log, kind_all, r0, req) if col.has_remote_rows or bool((kind == C.RESET).any()) else None
 
     def table_hit(leaf: Comparison, values: list[Any], number: bool) -> np.ndarray:
         """The leaf (as a ':' match, or its own op) over a small table of values."""
@@ -289,14 +290,14 @@ def columnar_mask(log: Any, flt: Filter, probe: bool = False, start: int = 0) ->
             return table_hit(leaf, [C.KIND_NAMES.get(k, "") for k in range(n_kinds)], False)[kind]
         if f == "reason":
             hit = table_hit(leaf, [*C.MISS_REASONS, ""], False)
-            code = np.where(kind == C.LOOKUP, col.col("flag")[r0:], len(C.MISS_REASONS))
+            code = np.where(kind == C.LOOKUP, col.values_at("flag", slice(r0, col.num_rows)), len(C.MISS_REASONS))
             return hit[code]
         if remote is not None and f in _REMOTE_FIELDS:
             values, codes = remote.field(f)
             return table_hit(leaf, values, f == "rank")[codes]
         if f == "block":  # the block ids of the kinds that carry them; a server's rows carry none
             block = np.where(np.isin(kind, _BLOCK_KIND_CODES) & (remote is None or remote.info == 0),
-                             col.col("block")[r0:], -1)
+                             col.values_at("block", slice(r0, col.num_rows)), -1)
             return Filter("", leaf).mask({"kind": block, "block": block})
         if f == "tier":
             return table_hit(leaf, ["gpu" if k in _BLOCK_KIND_CODES else "" for k in range(n_kinds)], False)[kind]
@@ -339,37 +340,53 @@ class _RemoteRows:
     tenant is its own salt, else its request's, learnt as `EventContext` learns it from the
     whole log (the request id's first salt: a request_started's or a stored block's)."""
 
-    def __init__(self, log: Any, kind_all: np.ndarray, r0: int) -> None:
+    def __init__(self, log: Any, kind_all: np.ndarray, r0: int, req: np.ndarray) -> None:
         self.log, self.kind_all, self.r0 = log, kind_all, r0
-        col = log.columnar
-        self.kind, self.req = kind_all[r0:], col.col("request")[r0:]
+        self.kind, self.req = kind_all[r0:], np.asarray(req, np.int64)
         self.info = self._info(r0)
-        self.fields = col.remote_info_columns()
         self.is_reset = self.kind == C.RESET
+        self._named: tuple[dict[str, list[Any]], np.ndarray] | None = None
+
+    def _infos(self) -> tuple[dict[str, list[Any]], np.ndarray]:
+        """The fields of the RemoteInfos these rows name (`info_columns`), and per row 1 +
+        the index of its own among them (0: none): a tick's few hundred, not every batch's."""
+        if self._named is None:
+            info = self.info
+            used = np.flatnonzero(np.bincount(info)) if len(info) else np.zeros(0, np.int64)
+            used = used[used > 0]
+            number = np.zeros(int(info.max()) + 1 if len(info) else 1, np.int64)
+            number[used] = np.arange(1, len(used) + 1)
+            self._named = (self.log.columnar.remote_info_columns(used), number[info])
+        return self._named
 
     def _info(self, r0: int) -> np.ndarray:
         """Per row from `r0`, the number of its RemoteInfo (0: none)."""
         col, kind = self.log.columnar, self.kind_all[r0:]
         if not col.has_remote_rows:
             return np.zeros(len(kind), np.int64)
-        return np.where(np.isin(kind, (C.STORED, C.EVICTED, C.RESET)), col.col("b")[r0:], 0).astype(np.int64)
+        return np.where(np.isin(kind, (C.STORED, C.EVICTED, C.RESET)), col.values_at("b", slice(r0, col.num_rows)),
+                        0).astype(np.int64)
 
     def field(self, name: str) -> tuple[list[Any], np.ndarray]:
-        col, info = self.log.columnar, self.info
+        col = self.log.columnar
+        if name in ("tier", "server", "rank", "model", "session"):
+            fields, info = self._infos()
         if name == "tier":  # a local block event (a reset too) is on the GPU
             local = np.isin(self.kind, _BLOCK_KIND_CODES + (C.RESET,))
-            return (["", "gpu", *(str(m).lower() for m in self.fields["medium"])],
+            return (["", "gpu", *(str(m).lower() for m in fields["medium"])],
                     np.where(info > 0, info + 1, local.astype(np.int64)))
         if name == "server":
-            return ["", *(str(s).lower() for s in self.fields["source"])], info
+            return ["", *(str(s).lower() for s in fields["source"])], info
         if name == "rank":
-            return [-1, *(0 if r is None else int(r) for r in self.fields["rank"])], info
+            return [-1, *(0 if r is None else int(r) for r in fields["rank"])], info
         if name == "model":
-            return ["", *("" if m is None else str(m).lower() for m in self.fields["lora_name"])], info
+            return ["", *("" if m is None else str(m).lower() for m in fields["lora_name"])], info
         if name == "session":
-            return ["", *("" if v is None else str(v).lower() for v in self.fields["session_id"])], info
-        if name == "request":  # a reset names none
-            return ["", *(x.lower() for x in col.requests.ids)], np.where(self.is_reset, 0, self.req.astype(np.int64) + 1)
+            return ["", *("" if v is None else str(v).lower() for v in fields["session_id"])], info
+        if name == "request":  # a reset names none; the table: the requests these rows name
+            named, codes = np.unique(np.where(self.is_reset, -1, self.req), return_inverse=True)
+            ids = col.requests.ids
+            return [ids[r].lower() if r >= 0 else "" for r in named.tolist()], codes.reshape(-1)
         return self._tenants()
 
     def _store_salts(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -387,12 +404,12 @@ class _RemoteRows:
         salted = rows[codes > 0]
         if len(salted):  # else the id's first salted stored row
             id_code, _ = self.log.id_codes()
-            ids = id_code[col.col("request")[salted].astype(np.int64)]
+            ids = id_code[np.asarray(col.values_at("request", salted), np.int64)]
             uniq, at = np.unique(ids, return_index=True)
             by_id = dict(zip(uniq.tolist(), (names[c - 1] for c in codes[codes > 0][at].tolist())))
             requests = [t or by_id.get(int(i), "") for t, i in zip(requests, id_code.tolist())]
         table = ["", *requests, *names]
-        out = np.where(self.is_reset, 0, self.req.astype(np.int64) + 1)
+        out = np.where(self.is_reset, 0, self.req + 1)
         mine = rows >= self.r0
         own = codes[mine] > 0  # a stored row's own salt before its request's
         out[rows[mine][own] - self.r0] = len(requests) + codes[mine][own]

@@ -1110,11 +1110,11 @@ class ColumnarLog:
             return np.zeros(len(numbers), np.float64)
         return self._slots.batch_times(numbers)
 
-    def remote_info_columns(self) -> dict[str, list[Any]]:
+    def remote_info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
         """`RemoteSlots.info_columns` (empty lists without remote rows)."""
         if self._slots is None:
             return {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
-        return self._slots.info_columns()
+        return self._slots.info_columns(None if numbers is None else np.asarray(numbers, np.int64).tolist())
 
     def store_salt_codes(self, stores: np.ndarray) -> tuple[np.ndarray, list[str]]:
         """The salt of remote stores `stores` (their rows' `a`) as codes into a list of

@@ -380,6 +380,8 @@ class JournalStores(Sequence[tuple]):
         stores = np.asarray(stores, np.int64)
         out = np.zeros(len(stores), np.int64)
         names: list[str] = []
+        if not any(pool.tenant_names for pool in self._keys.pools):  # no server named a salt
+            return out, names
         pool_of, local = self._pool.view[stores], self._local.take(stores)
         for p in np.unique(pool_of).tolist():
             at = np.flatnonzero(pool_of == p)

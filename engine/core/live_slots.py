@@ -121,11 +121,13 @@ class RemoteSlots:
         times[1:] = [x[3] if type(x) is tuple else x.batch_time for x in infos]
         return times[np.asarray(numbers, np.int64)]
 
-    def info_columns(self) -> dict[str, list[Any]]:
-        """Each RemoteInfo's source, rank, medium, LoRA name and session id, by number - 1
-        (a journal's, kept as fields, read without making their objects)."""
+    def info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
+        """The source, rank, medium, LoRA name and session id of the RemoteInfos numbered
+        `numbers` (each 1 + its index; None: every one), read without making their objects
+        (a journal's are kept as fields)."""
         out: dict[str, list[Any]] = {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
-        for x in self.infos:
+        infos = self.infos if numbers is None else [self.infos[n - 1] for n in numbers]
+        for x in infos:
             if type(x) is tuple:
                 source, rank, _seq, _time, medium = x
                 lora = session = None
