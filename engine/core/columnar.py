@@ -1106,9 +1106,10 @@ class ColumnarLog:
 
     def remote_batch_times(self, numbers: np.ndarray) -> np.ndarray:
         """`remote_info(n).batch_time` of each of `numbers` (0.0 for 0, no info)."""
-        if self._slots is None:
-            return np.zeros(len(numbers), np.float64)
-        return self._slots.batch_times(numbers)
+        times = np.zeros(1 + (0 if self._slots is None else len(self._slots.infos)), np.float64)
+        if len(times) > 1:
+            times[1:] = self._slots.batch_times()
+        return times[np.asarray(numbers, np.int64)]
 
     def remote_info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
         """`RemoteSlots.info_columns` (empty lists without remote rows)."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-import numpy as np
-
 from engine.core.events import BlockEvicted, RemoteInfo
 from engine.core.projection import copy_to_free, stream_code
 
@@ -114,12 +112,9 @@ class RemoteSlots:
             out.append(got)
         return out
 
-    def batch_times(self, numbers: np.ndarray) -> np.ndarray:
-        """The batch time of the RemoteInfos numbered `numbers` (0: none, time 0.0)."""
-        infos = self.infos
-        times = np.zeros(len(infos) + 1, np.float64)
-        times[1:] = [x[3] if type(x) is tuple else x.batch_time for x in infos]
-        return times[np.asarray(numbers, np.int64)]
+    def batch_times(self) -> list[float]:
+        """The batch time of every RemoteInfo, by number - 1."""
+        return [x[3] if type(x) is tuple else x.batch_time for x in self.infos]
 
     def info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
         """The source, rank, medium, LoRA name and session id of the RemoteInfos numbered
