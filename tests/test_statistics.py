@@ -212,14 +212,9 @@ def test_the_columnar_path_equals_compute_on_real_traces(name, text, middle):
             assert want.lifetime.values
 
 
-@pytest.mark.parametrize("name", ["demo_tokens", "twin_tenants", "twin_retries"])
-def test_the_columnar_path_equals_compute_on_a_live_appended_log(name):
-    """A columnar log filled by `append_events` (a live source's route: digests and salts
-    per event, not the kernel's tables) gives `compute`'s statistics too, whole and under a
-    mask of about half the events."""
+def replayed_events(name: str) -> tuple[list, int, int]:
+    """The events of the Python engine's replay of trace `name` (TRACES), its block size and pool."""
     from app.runtime.jobs import trace_block_size
-    from engine.core.columnar import ColumnarLog
-    from engine.core.columnar_log import ColumnarEventLog
     from engine.core.trace import read_trace
 
     rel, capacity, _ = TRACES[name]
@@ -228,6 +223,18 @@ def test_the_columnar_path_equals_compute_on_a_live_appended_log(name):
     bus = EventBus()
     bus.subscribe(events.append)
     replay(list(read_trace(ROOT / rel, bs)), ReplayConfig(block_size=bs, capacity_blocks=capacity, seed=0), bus)
+    return events, bs, capacity
+
+
+@pytest.mark.parametrize("name", ["demo_tokens", "twin_tenants", "twin_retries"])
+def test_the_columnar_path_equals_compute_on_a_live_appended_log(name):
+    """A columnar log filled by `append_events` (a live source's route: digests and salts
+    per event, not the kernel's tables) gives `compute`'s statistics too, whole and under a
+    mask of about half the events."""
+    from engine.core.columnar import ColumnarLog
+    from engine.core.columnar_log import ColumnarEventLog
+
+    events, bs, capacity = replayed_events(name)
     col = ColumnarLog(capacity, bs)
     col.append_events(events)
     log = ColumnarEventLog(col)

@@ -85,19 +85,10 @@ def test_a_snapshot_counts_the_events_it_was_taken_with_while_the_log_grows():
 
 
 def test_a_local_engines_live_log_counts_as_its_events():
-    from app.runtime.jobs import trace_block_size
-    from engine.core.events import EventBus
     from engine.core.live_log import LiveColumnarLog
-    from engine.core.replay import ReplayConfig, replay
-    from engine.core.trace import read_trace
-    from tests.test_statistics import ROOT, TRACES
+    from tests.test_statistics import replayed_events
 
-    rel, capacity, _ = TRACES["twin_tenants"]
-    bs = trace_block_size(ROOT / rel)
-    events: list = []
-    bus = EventBus()
-    bus.subscribe(events.append)
-    replay(list(read_trace(ROOT / rel, bs)), ReplayConfig(block_size=bs, capacity_blocks=capacity, seed=0), bus)
+    events, bs, capacity = replayed_events("twin_tenants")
     log = LiveColumnarLog(capacity, bs)
     for at in range(0, len(events), 97):  # a batch at a time, as the app's ticks append
         log.extend(events[at:at + 97])
