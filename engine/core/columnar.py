@@ -38,7 +38,7 @@ from engine.core.events import (
     RequestFinished, RequestRefused, RequestStarted,
 )
 from engine.core.growth import regrow
-from engine.core.live_slots import RemoteSlots
+from engine.core.live_slots import RemoteSlots, info_columns
 from engine.core.pool_state import Counters
 
 STARTED, LOOKUP, ALLOCATED, STORED, REF, FREED, EVICTED, REFUSED, FINISHED = 1, 2, 3, 4, 5, 6, 7, 8, 9
@@ -1114,7 +1114,7 @@ class ColumnarLog:
     def remote_info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
         """`RemoteSlots.info_columns` (empty lists without remote rows)."""
         if self._slots is None:
-            return {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
+            return info_columns([])
         return self._slots.info_columns(None if numbers is None else np.asarray(numbers, np.int64).tolist())
 
     def store_salt_codes(self, stores: np.ndarray) -> tuple[np.ndarray, list[str]]:

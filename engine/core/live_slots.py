@@ -117,23 +117,9 @@ class RemoteSlots:
         return [x[3] if type(x) is tuple else x.batch_time for x in self.infos]
 
     def info_columns(self, numbers: Any = None) -> dict[str, list[Any]]:
-        """The source, rank, medium, LoRA name and session id of the RemoteInfos numbered
-        `numbers` (each 1 + its index; None: every one), read without making their objects
-        (a journal's are kept as fields)."""
-        out: dict[str, list[Any]] = {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
-        infos = self.infos if numbers is None else [self.infos[n - 1] for n in numbers]
-        for x in infos:
-            if type(x) is tuple:
-                source, rank, _seq, _time, medium = x
-                lora = session = None
-            else:
-                source, rank, medium, lora, session = x.source, x.rank, x.medium, x.lora_name, x.session_id
-            out["source"].append(source)
-            out["rank"].append(rank)
-            out["medium"].append(medium)
-            out["lora_name"].append(lora)
-            out["session_id"].append(session)
-        return out
+        """`info_columns` of the RemoteInfos numbered `numbers` (each 1 + its index; None:
+        every one)."""
+        return info_columns(self.infos if numbers is None else [self.infos[n - 1] for n in numbers])
 
     def info(self, number: int) -> RemoteInfo:
         """The RemoteInfo numbered `number` (1 + its index in `infos`)."""
@@ -206,3 +192,21 @@ class RemoteSlots:
         if info is not None and any(r != who for r in ranks if r >= 0):
             return [b for b in held_slots if ranks[b] == who], False
         return held_slots, True
+
+
+def info_columns(infos: list[Any]) -> dict[str, list[Any]]:
+    """The source, rank, medium, LoRA name and session id of each of `infos` (RemoteInfos, or
+    a journal's kept as their fields), read without making their objects."""
+    out: dict[str, list[Any]] = {"source": [], "rank": [], "medium": [], "lora_name": [], "session_id": []}
+    for x in infos:
+        if type(x) is tuple:
+            source, rank, _seq, _time, medium = x
+            lora = session = None
+        else:
+            source, rank, medium, lora, session = x.source, x.rank, x.medium, x.lora_name, x.session_id
+        out["source"].append(source)
+        out["rank"].append(rank)
+        out["medium"].append(medium)
+        out["lora_name"].append(lora)
+        out["session_id"].append(session)
+    return out
