@@ -15,26 +15,11 @@ from app.views.pool.event_log_view import SEARCH_PAUSE_MS, EventLogView, describ
 
 @pytest.fixture
 def ctx(qtbot, tmp_path):
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
-    from engine.core.live_journal import prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.overlay import journal_pool_class
     from tests.test_colpool import _synthetic
+    from tests.test_live_journal import feed_state
 
     c = make_test_context(tmp_path)
-    state = c.state
-    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
-    pool = journal_pool_class()("tcp://10.0.0.5:5557")
-    att, taken = _Pools([pool]), {}
-    frames = _synthetic(200, 3)
-    for at in range(0, len(frames), 16):
-        for i, (seq, payload) in enumerate(frames[at:at + 16]):
-            if (at + i) % 53 == 52:
-                pool.reset(seq)
-            pool.apply_many([fastwire.decode_columns(seq, payload)])
-        got = take_journal_rows(att, taken, 1 << 30)
-        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]])
+    feed_state(c.state, _synthetic(200, 3), reset_every=53)
     yield c
     c.shutdown()
 

@@ -91,15 +91,10 @@ def test_the_shared_filter_follows_an_attach_tick_by_tick_from_the_columns(monke
     equal to the events' at every step."""
     pytest.importorskip("pytestqt")
     from app.runtime import selection
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
     from app.runtime.state import PoolState
-    from engine.core.live_journal import prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.overlay import journal_pool_class
-    from tests.test_colpool import _synthetic
-
     from engine.analysis.filter_language import EventContext
+    from tests.test_colpool import _synthetic
+    from tests.test_live_journal import feed_state
 
     match = selection._match  # the reference, over the events
 
@@ -108,19 +103,12 @@ def test_the_shared_filter_follows_an_attach_tick_by_tick_from_the_columns(monke
 
     monkeypatch.setattr(selection, "_match", one_by_one)
     state = PoolState()
-    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
-    shared = selection.EventFilter(state)
+    shared = selection.EventFilter(state)  # set before the attach: feed_state makes the journal-fed log
     shared.set_filter("tier:cpu or kind:cache_reset")
-    pool = journal_pool_class()(SOURCE)
-    att, taken = _Pools([pool]), {}
-    frames = _synthetic(160, 2)
-    for at in range(0, len(frames), 16):
-        for i, (seq, payload) in enumerate(frames[at:at + 16]):
-            if (at + i) % 41 == 40:
-                pool.reset(seq)
-            pool.apply_many([fastwire.decode_columns(seq, payload)])
-        got = take_journal_rows(att, taken, 1 << 30)
-        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]])
+
+    def same_after_tick():
         want = match(state.log.events, shared.filter, EventContext({}, {}))
         assert shared.filter_mask().tolist() == want.tolist()
+
+    feed_state(state, _synthetic(160, 2), reset_every=41, source=SOURCE, after_tick=same_after_tick)
     assert shared.filter_mask().any() and len(state.log) > 500

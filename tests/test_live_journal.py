@@ -39,6 +39,31 @@ def _journal_fed(frames, reset_every: int = 0, per_tick: int = 1, source: str = 
     return log
 
 
+def feed_state(state, frames, reset_every: int = 0, per_tick: int = 16, source: str = "tcp://10.0.0.5:5557",
+               after_tick=None) -> None:
+    """`frames` into a journal-fed `PoolState` as an attach's window takes them: a journalling
+    pool (`journal_pool_class`) applies `per_tick` frames a tick (a restart every `reset_every`),
+    and the tick's rows are taken, placed and written (`take_journal_rows`, `prepare_journal`,
+    `apply_prepared`); `after_tick()` after each tick."""
+    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.live_path import _Pools
+    from engine.core.live_journal import prepare_journal
+    from engine.remote.overlay import journal_pool_class
+
+    state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
+    pool = journal_pool_class()(source)
+    att, taken = _Pools([pool]), {}
+    for at in range(0, len(frames), per_tick):
+        for i, (seq, payload) in enumerate(frames[at:at + per_tick]):
+            if reset_every and (at + i) % reset_every == reset_every - 1:
+                pool.reset(seq)
+            pool.apply_many([fastwire.decode_columns(seq, payload)])
+        got = take_journal_rows(att, taken, 1 << 30)
+        state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t) for h, p, t in got[0]])
+        if after_tick is not None:
+            after_tick()
+
+
 def _said(e) -> tuple:
     if e.kind == "block_stored":
         return e.kind, e.block_hash, e.parent_hash, tuple(e.token_ids), e.salt, e.remote.batch_seq

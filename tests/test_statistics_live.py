@@ -97,18 +97,14 @@ def test_a_local_engines_live_log_counts_as_its_events():
 
 
 def test_the_statistics_pane_counts_an_attach_from_its_columns(qtbot, tmp_path, monkeypatch):
-    """The pane on an attach's journal-fed log (recorded vLLM 0.33 frames, placed and written
-    as the window's ticks do) gives the reference's statistics without one event built per
+    """The pane on an attach's journal-fed log (synthetic vLLM frames with copies, placed and
+    written as the window's ticks do) gives the reference's statistics without one event built per
     row for it (the reference's job, which takes the events, is not run)."""
     pytest.importorskip("pytestqt")
     from app.runtime.context import make_test_context
-    from app.runtime.live_path import _Pools
-    from app.runtime.journal_feed import take_journal_rows
     from app.views.tools import statistics_view
-    from engine.core.live_journal import prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.overlay import journal_pool_class
     from tests.test_colpool import _synthetic
+    from tests.test_live_journal import feed_state
 
     def no_events(*_args):
         raise AssertionError("a columnar log's statistics were counted from its events")
@@ -117,15 +113,7 @@ def test_the_statistics_pane_counts_an_attach_from_its_columns(qtbot, tmp_path, 
     ctx = make_test_context(tmp_path)
     try:
         state = ctx.state
-        state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
-        pool = journal_pool_class()("tcp://10.0.0.5:5557")
-        att, taken = _Pools([pool]), {}
-        frames = _synthetic(220, 2)
-        for at in range(0, len(frames), 16):
-            pool.apply_many([fastwire.decode_columns(seq, p) for seq, p in frames[at:at + 16]])
-            got = take_journal_rows(att, taken, 1 << 30)
-            state.apply_prepared([(prepare_journal(state.log, h, p, p.source, int(p.rank)), t)
-                                  for h, p, t in got[0]])
+        feed_state(state, _synthetic(220, 2))
         assert state.journal_fed and len(state.log) > 1000
         view = statistics_view.StatisticsView(ctx)
         qtbot.addWidget(view)
