@@ -1394,6 +1394,7 @@ class ColumnarLog:
         key, a, b, flag = c["hash"].tolist(), c["a"].tolist(), c["b"].tolist(), c["flag"].tolist()
         reqs, keys, bs = self.requests, self.keys, self.block_size
         n = len(kind)
+        attrs_of, digest_of = self._bulk_attributes(c)
         i = 0
         while i < n:
             k, s, r = kind[i], seq[i], req[i]
@@ -1432,16 +1433,17 @@ class ColumnarLog:
             elif k == STORED:
                 info = self.remote_info(b[i])
                 parent, tokens, salt, ext = keys.attributes(key[i]) if info is None else \
-                    self.store_attributes[a[i]][:4]
+                    attrs_of[i] if i in attrs_of else self.store_attributes[a[i]][:4]
                 yield BlockStored(seq=s, time=time, request_id=rid, block_id=block[i] if info is None else -1,
-                                  block_hash=keys.digest(key[i]), parent_hash=parent, token_ids=tokens, salt=salt,
-                                  external_id=ext, remote=info)
+                                  block_hash=digest_of[i] if i in digest_of else keys.digest(key[i]),
+                                  parent_hash=parent, token_ids=tokens, salt=salt, external_id=ext, remote=info)
             elif k == FREED:
                 yield BlocksFreed(seq=s, time=time, request_id=rid, block_ids=tuple(block[i:j]))
             elif k == EVICTED:
                 info = self.remote_info(b[i])
                 yield BlockEvicted(seq=s, time=time, block_id=block[i] if info is None else -1,
-                                   block_hash=keys.digest(key[i]), by_request_id=rid, remote=info)
+                                   block_hash=digest_of[i] if i in digest_of else keys.digest(key[i]),
+                                   by_request_id=rid, remote=info)
             elif k == REFUSED:
                 yield RequestRefused(seq=s, time=time, request_id=rid, num_blocks_needed=a[i],
                                      num_blocks_available=b[i])
@@ -1453,6 +1455,22 @@ class ColumnarLog:
             elif k == OTHER:
                 yield self._others[s]
             i = j
+
+    def _bulk_attributes(self, c: dict[str, np.ndarray]) -> tuple[dict[int, tuple], dict[int, bytes]]:
+        """For the rows `c` (columns of a span, as `events` reads them) of a journal-fed log:
+        the (parent, token ids, salt, external id) of each remote stored row and the digest
+        of each stored and removed row, read for all of them at once (one at a time, a row's
+        store and digest were ~180 us: an event log search of 91,505 events took 13 s)."""
+        stores, keys = self.store_attributes, self.keys
+        if not (hasattr(stores, "parents") and hasattr(keys, "digests")) or self._slots is None:
+            return {}, {}
+        kind, b, key = c["kind"], c["b"], c["hash"]
+        rows = np.flatnonzero((kind == STORED) & (b > 0))
+        at = np.asarray(c["a"][rows], np.int64)
+        attrs = dict(zip(rows.tolist(), zip(stores.parents(at), stores.tokens(at), stores.salts(at),
+                                           [None] * len(rows))))
+        named = np.flatnonzero(np.isin(kind, (STORED, EVICTED)) & (key >= 0))
+        return attrs, dict(zip(named.tolist(), keys.digests(np.asarray(key[named], np.int64))))
 
     def rows_upto(self, seq: int | None) -> int:
         """How many rows belong to events with seq <= `seq` (all for None)."""
