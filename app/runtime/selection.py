@@ -343,7 +343,7 @@ class _RemoteRows:
     def __init__(self, log: Any, kind_all: np.ndarray, r0: int, req: np.ndarray) -> None:
         self.log, self.kind_all, self.r0 = log, kind_all, r0
         self.kind, self.req = kind_all[r0:], np.asarray(req, np.int64)
-        self.info = self._info(r0)
+        self.info = log.columnar.info_numbers(slice(r0, log.columnar.num_rows))
         self.is_reset = self.kind == C.RESET
         self._named: tuple[dict[str, list[Any]], np.ndarray] | None = None
 
@@ -358,14 +358,6 @@ class _RemoteRows:
             number[used] = np.arange(1, len(used) + 1)
             self._named = (self.log.columnar.remote_info_columns(used), number[info])
         return self._named
-
-    def _info(self, r0: int) -> np.ndarray:
-        """Per row from `r0`, the number of its RemoteInfo (0: none)."""
-        col, kind = self.log.columnar, self.kind_all[r0:]
-        if not col.has_remote_rows:
-            return np.zeros(len(kind), np.int64)
-        return np.where(np.isin(kind, (C.STORED, C.EVICTED, C.RESET)), col.values_at("b", slice(r0, col.num_rows)),
-                        0).astype(np.int64)
 
     def field(self, name: str) -> tuple[list[Any], np.ndarray]:
         col = self.log.columnar
@@ -392,7 +384,7 @@ class _RemoteRows:
     def _store_salts(self) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """The stored rows of servers in the whole log, their salts as codes into names (0: none)."""
         col = self.log.columnar
-        info = self._info(0) if self.r0 else self.info
+        info = col.info_numbers(slice(0, col.num_rows)) if self.r0 else self.info
         rows = np.flatnonzero((self.kind_all == C.STORED) & (info > 0))
         codes, names = col.store_salt_codes(np.asarray(col.values_at("a", rows), np.int64))
         return rows, codes, [str(n).lower() for n in names]

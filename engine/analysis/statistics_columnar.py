@@ -182,7 +182,7 @@ def compute_columnar(log: Any, keep: np.ndarray | None = None, prompts: Mapping[
     if has_requests:
         clock = (np.cumsum(is_start) - is_start).astype(np.float64)
     else:
-        clock = col.remote_batch_times(b.astype(np.int64) * np.isin(kind, (STORED, EVICTED, RESET)))
+        clock = col.remote_batch_times(col.info_numbers(rows))
         own = np.flatnonzero(clock == 0.0)
         if len(own):
             clock[own] = log.times_at(log.row_events()[rows[own]])

@@ -1104,6 +1104,15 @@ class ColumnarLog:
         """The `RemoteInfo` a row's `b` names (1 + its number), None for 0."""
         return self._slots.info(number) if number > 0 and self._slots is not None else None
 
+    def info_numbers(self, index: slice | np.ndarray) -> np.ndarray:
+        """Per row of `index` (a slice or row numbers) the number of its `RemoteInfo` (0:
+        none): a stored, removed or reset row's `b` names it (other rows' `b` is theirs)."""
+        if not self.has_remote_rows:
+            n = len(range(*index.indices(self.num_rows))) if isinstance(index, slice) else len(index)
+            return np.zeros(n, np.int64)
+        kind = self.col("kind")[index]
+        return np.where(np.isin(kind, (STORED, EVICTED, RESET)), self.values_at("b", index), 0).astype(np.int64)
+
     def remote_batch_times(self, numbers: np.ndarray) -> np.ndarray:
         """`remote_info(n).batch_time` of each of `numbers` (0.0 for 0, no info)."""
         times = np.zeros(1 + (0 if self._slots is None else len(self._slots.infos)), np.float64)

@@ -364,16 +364,8 @@ class JournalStores(Sequence[tuple]):
 
     def salts(self, stores: np.ndarray) -> list[str | None]:
         """The salt (`self[i][2]`) of many stores at once."""
-        stores = np.asarray(stores, np.int64)
-        out: list[str | None] = [None] * len(stores)
-        pool_of, local = self._pool.view[stores], self._local.take(stores)
-        for p in np.unique(pool_of).tolist():
-            at = np.flatnonzero(pool_of == p)
-            codes = np.asarray(self.journals[p].arrays().tenant[local[at]], np.int64)
-            names = self._keys.pools[p].tenant_names
-            for i, t in zip(at[codes > 0].tolist(), codes[codes > 0].tolist()):
-                out[i] = names[t - 1]
-        return out
+        codes, names = self.salt_codes(stores)
+        return [names[c - 1] if c else None for c in codes.tolist()]
 
     def salt_codes(self, stores: np.ndarray) -> tuple[np.ndarray, list[str]]:
         """`salts` as codes into a list of names (0: none, else names[code - 1])."""
