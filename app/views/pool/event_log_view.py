@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import html
 import re
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, QTimer
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QComboBox, QHBoxLayout, QHeaderView,
                                QLabel, QLineEdit, QSizePolicy, QTableView, QVBoxLayout, QWidget)
 
 from app.runtime.selection import EventFilter, shared_filter
+from app.runtime.state import PoolState
 from app.ui import theme
 from app.ui.filter_bar import FilterBar
 from app.ui.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
@@ -29,12 +32,13 @@ from engine.core.events import EVENT_TYPES, Event
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
-    from app.runtime.state import PoolState
 
 COLUMNS = ("seq", "time (s)", "kind", "request", "details")
 _MAX_LISTED = 8
 _SEARCH_SPAN = 4096  # candidate rows a free-text search builds the events of at once
 SEARCH_PAUSE_MS = 300  # the search box applies once typing pauses this long
+ASYNC_SEARCH = 2_000  # candidates searched on the GUI thread at most (~40 ms); more, on the worker
+SEARCH_JOB = 50_000  # candidates one worker job searches (about a second)
 
 
 def _ids(values: tuple[int, ...]) -> str:
@@ -137,16 +141,65 @@ def _joined(rows: Any, found: Any) -> Any:
     return np.concatenate([np.asarray(rows), np.asarray(found)])
 
 
+class _LogOnly:
+    """What `describe` reads of a `PoolState` (`contains`, `log`), over a log a worker may read
+    (a live log's `snapshot`): its "evicted at event N" as the view's, with no state touched."""
+
+    contains = PoolState.contains
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+
+
+def search_events(events: Any, positions: np.ndarray, text: str, state: Any = None,
+                  cancelled: Callable[[], bool] | None = None) -> np.ndarray | None:
+    """The `positions` (ascending, into `events`) whose event's kind, request or details
+    (`describe`, with `state` for its eviction phrases) contain `text`, lowercase. The events
+    are built a span at a time (one built alone read every column for its row: 145 us an
+    event, 13 s for a 91,505-event attach). None if `cancelled()` turned true on the way."""
+    found: list[int] = []
+    for a in range(0, len(positions), _SEARCH_SPAN):
+        if cancelled is not None and cancelled():
+            return None
+        part = positions[a:a + _SEARCH_SPAN].tolist()
+        lo, hi = part[0], part[-1] + 1
+        # dense: the span's events built together; sparse: each alone
+        built = list(events[lo:hi]) if hi - lo <= 4 * len(part) else None
+        for i in part:
+            e = events[i] if built is None else built[i - lo]
+            if text in f"{e.kind} {request_of(e)} {describe(e, state)}".lower():
+                found.append(i)
+    return np.array(found, np.int64)
+
+
+def _search_job(log: Any, positions: np.ndarray, text: str, cancelled: Callable[[], bool]) -> np.ndarray | None:
+    """`search_events` over `log` (what the worker reads: a trace's log, a live log's snapshot,
+    or a Python log's events as a list)."""
+    if isinstance(log, list):
+        return search_events(log, positions, text, None, cancelled)
+    return search_events(log.events, positions, text, _LogOnly(log), cancelled)
+
+
 class EventTableModel(QAbstractTableModel):
     """Rows are positions in the log that pass the filter (an int64 array; with no filter on
     a columnar log, an `engine.core.columnar.Consecutive` read as 0..n-1); grows as the
     log grows. On a columnar log the kind and request boxes and the shared filter are
-    matched on its columns, and an `Event` is built only for a row the table shows."""
+    matched on its columns, and an `Event` is built only for a row the table shows.
 
-    def __init__(self, state: Any, parent: Any = None, shared: EventFilter | None = None) -> None:
+    A search of the details reads each candidate's event. More than ASYNC_SEARCH candidates
+    are searched on `worker` (`app.runtime.worker.ModelWorker`), SEARCH_JOB at a time, so
+    the window stays live and the worker's other jobs wait no longer than one of them; rows
+    found are added as each job answers (`searching` says how far it is, `sigSearched`
+    when it moves), and the events that arrive meanwhile are searched after them."""
+
+    sigSearched = Signal()
+    sigSearchFailed = Signal(str)  # one sentence: a worker's search raised
+
+    def __init__(self, state: Any, parent: Any = None, shared: EventFilter | None = None, worker: Any = None) -> None:
         super().__init__(parent)
         self.state = state
         self.shared = shared
+        self.worker = worker
         self.kind = ""
         self.request = ""
         self.text = ""
@@ -154,35 +207,45 @@ class EventTableModel(QAbstractTableModel):
         self._scanned = 0  # log positions already filtered
         self._details: dict[int, str] = {}
         self._t0: float | None = None
+        # a search on the worker: the candidates still to search, up to log position `stop`,
+        # the log the worker reads, and how many of them its jobs have searched
+        self._job = 0
+        self._cancel = threading.Event()
+        self._todo: np.ndarray | None = None
+        self._todo_stop = 0
+        self._todo_log: Any = None
+        self._done = 0
 
     # ------------------------------------------------------------------ filtering
     def set_filter(self, kind: str = "", request: str = "", text: str = "") -> None:
         self.beginResetModel()
         self.kind, self.request, self.text = kind, request.strip(), text.strip().lower()
-        self.rows = np.zeros(0, np.int64)
-        self._scanned = 0
-        self._scan()
+        self._restart()
+        self.rows = self._scan()
         self.endResetModel()
 
-    def _matches(self, i: int, event: Event) -> bool:
-        if self.kind and event.kind != self.kind:
-            return False
-        if self.request and self.request not in request_of(event):
-            return False
-        if self.text:
-            # (the details of a row the table shows are kept; a searched one's are not: a
-            # search over a 1M-event log kept a string an event)
-            details = self._details.get(i)
-            hay = f"{event.kind} {request_of(event)} {describe(event, self.state) if details is None else details}"
-            if self.text not in hay.lower():
-                return False
-        return True
+    @property
+    def searching(self) -> tuple[int, int] | None:
+        """(candidates searched, candidates in all) while the worker searches; else None."""
+        if self._todo is None:
+            return None
+        return self._done, self._done + len(self._todo)
+
+    def _restart(self) -> None:
+        """No rows, nothing scanned, and a search on the worker dropped."""
+        self.rows = np.zeros(0, np.int64)
+        self._scanned = 0
+        self._job += 1
+        self._cancel.set()  # the job in hand stops at its next span
+        self._cancel = threading.Event()
+        self._todo, self._todo_log, self._done = None, None, 0
 
     def _shared_mask(self) -> Any:
         return self.shared.match_mask() if self.shared is not None and self.shared.active else None
 
-    def _found(self, start: int, stop: int) -> np.ndarray:
-        """Positions in [start, stop) that pass the boxes and the shared filter."""
+    def _candidates(self, start: int, stop: int) -> np.ndarray | Any:
+        """Positions in [start, stop) that pass the kind and request boxes and the shared
+        filter: what the search of the details (if any) reads."""
         log = self.state.log
         mask = self._shared_mask()
         if getattr(log, "columnar_log", False):
@@ -199,41 +262,70 @@ class EventTableModel(QAbstractTableModel):
                 ids = log.request_ids()
                 hit = np.char.find(ids, self.request) >= 0  # per request occurrence, then per event
                 keep &= hit[log.request_of_events()[start:stop]]
-            candidates = np.flatnonzero(keep) + start
-            if not self.text:
-                return candidates.astype(np.int64)
-            # free text reads each event's details: only the rows the columns let through,
-            # their events built a span at a time (one built alone read every column for its
-            # row: 145 us an event, 13 s for a 91,505-event attach)
-            events = log.events
-            found: list[int] = []
-            for a in range(0, len(candidates), _SEARCH_SPAN):
-                part = candidates[a:a + _SEARCH_SPAN].tolist()
-                lo, hi = part[0], part[-1] + 1
-                if hi - lo <= 4 * len(part):  # dense: the span's events built together
-                    built = list(events[lo:hi])
-                    found.extend(i for i in part if self._matches(i, built[i - lo]))
-                else:
-                    found.extend(i for i in part if self._matches(i, events[i]))
-            return np.array(found, np.int64)
+            return (np.flatnonzero(keep) + start).astype(np.int64)
         events = log.events
         return np.array([i for i in range(start, stop)
-                         if (mask is None or mask[i]) and self._matches(i, events[i])], np.int64)
+                         if (mask is None or mask[i]) and (not self.kind or events[i].kind == self.kind)
+                         and (not self.request or self.request in request_of(events[i]))], np.int64)
 
     def _scan(self) -> np.ndarray:
+        """Rows for the events past those scanned: found here, or (a long search) asked of
+        the worker, whose answers add them (`_searched`); the rows found here."""
+        if self._todo is not None:
+            return np.zeros(0, np.int64)  # the worker's answers come first, in order
         n = len(self.state.log.events)
-        found = self._found(self._scanned, n)
-        self._scanned = n
-        self.rows = _joined(self.rows, found)
-        return found
+        start, self._scanned = self._scanned, n
+        found = self._candidates(start, n)
+        if not self.text or not len(found):
+            return found
+        if self.worker is None or len(found) <= ASYNC_SEARCH:
+            return search_events(self.state.log.events, found, self.text, self.state)
+        log = self.state.log
+        if getattr(log, "live_log", False):
+            log = log.snapshot()  # (read while the log goes on growing here)
+        elif not getattr(log, "columnar_log", False):
+            log = list(log.events[:n])
+        self._todo, self._todo_stop, self._todo_log, self._done = found, n, log, 0
+        self._submit()
+        return np.zeros(0, np.int64)
+
+    def _submit(self) -> None:
+        job, cancel, part = self._job, self._cancel, self._todo[:SEARCH_JOB]
+        self.worker.submit(_search_job, self._todo_log, part, self.text, cancel.is_set,
+                           on_done=lambda found: self._searched(job, len(part), found),
+                           on_error=lambda exc: self._search_failed(job, exc))
+
+    def _searched(self, job: int, num: int, found: np.ndarray | None) -> None:
+        if job != self._job or found is None:
+            return  # another search was set since, or the log was replaced
+        if len(found):
+            first = len(self.rows)
+            self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
+            self.rows = _joined(self.rows, found)
+            self.endInsertRows()
+        self._todo, self._done = self._todo[num:], self._done + num
+        if len(self._todo):
+            self._submit()
+        else:
+            self._todo = self._todo_log = None
+            self._done = 0
+            self.catch_up()  # the events that came in meanwhile
+        self.sigSearched.emit()
+
+    def _search_failed(self, job: int, exc: BaseException) -> None:
+        if job != self._job:
+            return
+        self._todo = self._todo_log = None  # the rows found so far stay; the rest is not searched
+        self._done = 0
+        self.sigSearched.emit()
+        self.sigSearchFailed.emit(f"The search of the event log stopped: {exc}")
 
     def reset_log(self) -> None:
         self.beginResetModel()
-        self.rows = np.zeros(0, np.int64)
-        self._scanned = 0
+        self._restart()
         self._details = {}
         self._t0 = None
-        self._scan()
+        self.rows = self._scan()
         self.endResetModel()
 
     def catch_up(self) -> None:
@@ -245,14 +337,11 @@ class EventTableModel(QAbstractTableModel):
         if self._scanned == n:
             return
         first = len(self.rows)
-        found = self._found(self._scanned, n)
+        found = self._scan()
         if len(found):
             self.beginInsertRows(QModelIndex(), first, first + len(found) - 1)
             self.rows = _joined(self.rows, found)
-            self._scanned = n
             self.endInsertRows()
-        else:
-            self._scanned = n
 
     def details(self, i: int) -> str:
         text = self._details.get(i)
@@ -321,7 +410,9 @@ class EventLogView(PanelView):
         super().__init__(ctx, parent)
         self.setObjectName("event_log_view")
         self.shared = shared_filter(ctx)
-        self.model = EventTableModel(self.state, self, self.shared)
+        self.model = EventTableModel(self.state, self, self.shared, getattr(ctx, "worker", None))
+        self.model.sigSearched.connect(self._on_searched)
+        self.model.sigSearchFailed.connect(ctx.show_error)
         self.filter_bar = FilterBar(ctx.settings, self, "kind:evicted and tier:CPU and tenant:b")
         self.filter_bar.setObjectName("event_filter_bar")
         self.filter_bar.sigFilterChanged.connect(self.shared.set_filter)
@@ -443,13 +534,25 @@ class EventLogView(PanelView):
         self._select_current()
 
     def _update_count(self) -> None:
-        self.count_label.setText(f"{len(self.model.rows):,} of {len(self.state.log):,}")
+        searching = self.model.searching
+        if searching is not None:  # a long search, on the worker: how far (short: a 1280x800 dock)
+            done, total = searching
+            self.count_label.setText(f"searching {done / max(total, 1):.0%}\u2026")
+            self.count_label.setToolTip(f"{len(self.model.rows):,} rows found in {done:,} of the {total:,} "
+                                        "events searched so far")
+        else:
+            self.count_label.setText(f"{len(self.model.rows):,} of {len(self.state.log):,}")
+            self.count_label.setToolTip("")
         if self.shared.pending:
             self.filter_bar.count.setText("matching\u2026")
         elif self.shared.filter.root is not None:
             self.filter_bar.set_count(int(self.shared.match_mask().sum()), len(self.state.log))
         else:
             self.filter_bar.set_count(0, 0)
+
+    def _on_searched(self) -> None:
+        self._update_count()
+        self._select_current()
 
     def refresh(self) -> None:
         self.model.catch_up()
