@@ -112,3 +112,53 @@ def test_the_shared_filter_follows_an_attach_tick_by_tick_from_the_columns(monke
 
     feed_state(state, _synthetic(160, 2), reset_every=41, source=SOURCE, after_tick=same_after_tick)
     assert shared.filter_mask().any() and len(state.log) > 500
+
+
+def test_a_tenant_filter_reads_each_tick_once_and_keeps_to_the_whole_logs_answer(monkeypatch):
+    """Tenants are learnt for the log once per row and request (`selection._Tenants`): each
+    tick's `columnar_mask` from its first new event equals the events' mask over the whole log
+    so far, and the stores whose salts are read over all the ticks are each stored row once
+    (it read every stored row of the log at every tick: 58 ms a tick at 931K events)."""
+    from app.runtime import selection
+    from engine.core.columnar import ColumnarLog, STORED
+    from tests.test_colpool import _synthetic
+    from tests.test_live_journal import feed_state
+
+    pytest.importorskip("pytestqt")
+    from app.runtime.state import PoolState
+
+    asked: list[int] = []
+    real = ColumnarLog.store_salt_codes
+
+    def counted(self, stores):
+        asked.append(len(stores))
+        return real(self, stores)
+
+    monkeypatch.setattr(ColumnarLog, "store_salt_codes", counted)
+    state = PoolState()
+    seen = {"n": 0, "ticks": 0, "hits": 0, "texts": 0}
+
+    def after_tick():
+        log = state.log
+        n = len(log)
+        events = list(log.events)
+        salts = sorted({str(e.salt).lower() for e in events if getattr(e, "salt", None)})
+        texts = [f"tenant:{t}" for t in salts[:2]] + ["not tenant:a"]
+        seen["texts"] = max(seen["texts"], len(texts))
+        assert len(texts) == seen["texts"]
+        for text in texts:
+            flt = parse(text)
+            want, _ = match_events(events, flt)
+            got = columnar_mask(log, flt, start=seen["n"])
+            assert got.tolist() == want[seen["n"]:].tolist(), text
+            seen["hits"] += int(got.any())
+        seen["n"], seen["ticks"] = n, seen["ticks"] + 1
+
+    feed_state(state, _synthetic(160, 2), reset_every=41, source=SOURCE, after_tick=after_tick)
+    col = state.log.columnar
+    stored_rows = int(((col.col("kind") == STORED) & (col.info_numbers(slice(0, col.num_rows)) > 0)).sum())
+    learnt = selection._learnt(col)
+    assert seen["ticks"] > 5 and seen["hits"] > 5 and learnt.rows == col.num_rows
+    # each stored row's salt read once to learn its request's tenant, and once per text as its
+    # own tick's row (its own salt first): not the whole log's again at every tick
+    assert stored_rows > 500 and sum(asked) == (1 + seen["texts"]) * stored_rows
