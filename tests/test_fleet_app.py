@@ -274,7 +274,7 @@ def test_a_recorded_fleet_opens_offline(qtbot, win, pods, tmp_path):
 
     att = Attachment(AttachOptions(tuple(pods[n].endpoint for n in PODS), servers=PODS))
     db = tmp_path / "fleet.db"
-    rec = Recorder(str(db), att.options).start(att.events)
+    rec = Recorder(str(db), att.options).start(att)
     att.start()
     for n in PODS:
         wait_for_subscriber(pods[n].sock)

@@ -417,7 +417,7 @@ def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_pat
     att = Attachment(AttachOptions(endpoints=(f"tcp://127.0.0.1:{port}",),
                                    replay_endpoints=(f"tcp://127.0.0.1:{replay}",), topic="kv-events"))
     db = tmp_path / "capture.db"
-    rec = Recorder(str(db), att.options).start(att.events)
+    rec = Recorder(str(db), att.options).start(att)
     att.start()
 
     def joined() -> bool:

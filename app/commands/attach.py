@@ -263,13 +263,13 @@ def run(args: argparse.Namespace) -> int:
             out.text(f"note: {message}\n")
 
     att = Attachment(options, on_batch=on_batch, on_notice=on_notice)
-    # An empty event listener keeps the bus active, so events are built for --json and --record.
+    # An empty event listener keeps the bus active, so events are built for --json.
     unsubscribe = att.events.subscribe(lambda e: None) if args.json else None
     recorder = None
     if args.record:
         from engine.analysis.remote_capture import Recorder
 
-        recorder = Recorder(args.db, options).start(att.events)
+        recorder = Recorder(args.db, options).start(att)  # the frames as the servers send them
     try:
         att.start()
         with att.lock:
@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
             result["servers"] = servers
             result["shared_blocks"] = num_shared
         if recorder is not None:
-            result["recorded"] = {"session": recorder.session_id, "run": recorder.run_id, "events": recorder.num_events}
+            result["recorded"] = {"session": recorder.session_id, "run": recorder.run_id, "frames": recorder.num_frames}
         try:
             last = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
         except ValueError:
@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         if servers is not None:
             lines.append(f"{len(servers)} servers; {num_shared} block(s) held by more than one")
         if recorder is not None:
-            lines.append(f"recorded as session {recorder.session_id} ({recorder.num_events} events)")
+            lines.append(f"recorded as session {recorder.session_id} ({recorder.num_frames:,} batches)")
         out.close("".join(line + "\n" for line in lines))
     return 0
 

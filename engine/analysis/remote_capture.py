@@ -1,18 +1,23 @@
 """Keeping a vLLM attach in the session store (`attach --record`), so it opens later offline.
 
 A capture is a `trace` session (settings `{"source": "vllm-attach", ...}`) with one run of
-kind `attach` whose events are the converted Cachescope events, `remote` info included;
-`Store.events(run_id)` gives them back as objects. Uses only the store's public API and
-its writer thread. No Qt here.
+kind `attach` whose `frames` are each delivered batch's msgpack payload as the server sent
+it, in the order the streams delivered them, with the stream (its pool's source, server
+and rank), batch number and arrival time, and a row without payload where a server
+restarted (`Store.frames(run_id)`). Kept as sent, not as Cachescope events: a tenth of the
+bytes, written at the rate frames come, and opened through the same columnar route as a
+live attach (`app.runtime.captures`). Captures written before frames hold the converted
+events instead (`Store.events(run_id)`), and still open. Uses only the store's public API
+and its writer thread. No Qt here.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.events import EventBus
 from engine.remote.attachment import AttachOptions
 
 SOURCE = "vllm-attach"
@@ -20,56 +25,77 @@ SOURCE = "vllm-attach"
 
 @dataclass(slots=True)
 class Recorder:
-    """Open with `start(bus)`, close with `finish(totals)`; events are written on the
-    store's writer thread so a burst never blocks a subscriber."""
+    """Open with `start(attachment)` (before the attachment starts), close with
+    `finish(totals)`; the attachment's subscriber threads hand it their frames (`frames`,
+    `restart`), which the store's writer thread writes, so a burst never blocks a stream."""
 
     db: str | None
     options: AttachOptions
     title: str | None = None
     session_id: int = -1
     run_id: int = -1
+    num_frames: int = 0  # batches recorded (restarts not counted)
+    num_restarts: int = 0
     _store: Any = None
     _writer: Any = None
-    _unsubscribe: Any = None
-    num_events: int = 0
-    _counter: list[int] = field(default_factory=lambda: [0])
+    _idx: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self, bus: EventBus) -> Recorder:
+    def start(self, attachment: Any) -> Recorder:
         from engine.store.database import Store
         from engine.store.writer import StoreWriter
 
+        if attachment.started:
+            raise RuntimeError("start the recorder before the attachment: its first frames would be lost")
         self._store = Store(self.db)
         opts = self.options
         settings = {"source": SOURCE, "endpoints": list(opts.endpoints), "replay_endpoints": list(opts.replay_endpoints),
-                    "topic": opts.topic, "data_parallel_size": opts.data_parallel_size, "bind": opts.bind}
+                    "topic": opts.topic, "data_parallel_size": opts.data_parallel_size, "bind": opts.bind,
+                    "servers": list(opts.servers), "ranks": list(opts.ranks)}
         title = self.title or f"vLLM {', '.join(opts.endpoints)} {time.strftime('%Y-%m-%d %H:%M:%S')}"
         # vLLM's default prefix_caching_hash_algo: what a probe of this capture should assume.
         self.session_id = self._store.create_session(title, "trace", hash="vllm-sha256", source_format=SOURCE,
                                                      settings=settings)
         self.run_id = self._store.create_run(self.session_id, "attach", settings)
         self._writer = StoreWriter(self._store)
-        write = self._writer.listener(self.run_id)
-        counter = self._counter
-
-        def listener(event: Any) -> None:
-            counter[0] += 1
-            write(event)
-
-        self._unsubscribe = bus.subscribe(listener)
+        attachment.recorder = self
         return self
+
+    def frames(self, pool: Any, first: int, payloads: list[bytes]) -> None:
+        """A stream's batches `first`, `first` + 1, ... as delivered (any subscriber thread)."""
+        self._write(pool, [(first + j, p) for j, p in enumerate(payloads)])
+
+    def restart(self, pool: Any, seq: int) -> None:
+        """A stream's server restarted: its pool starts afresh, numbering from `seq`."""
+        self._write(pool, [(seq, None)])
+
+    def _write(self, pool: Any, items: list[tuple[int, bytes | None]]) -> None:
+        now = time.time()
+        source, server, rank = pool.source, pool.server or "", int(pool.rank)
+        with self._lock:  # one order across streams: `idx`
+            if self._writer is None:
+                return  # finished: a stream still stopping
+            at = self._idx
+            self._idx += len(items)
+            self._writer.record_frames(self.run_id, [(at + j, source, server, rank, seq, now, payload)
+                                                     for j, (seq, payload) in enumerate(items)])
+            if items[0][1] is None:
+                self.num_restarts += 1
+            else:
+                self.num_frames += len(items)
 
     def finish(self, totals: dict[str, Any], block_size: int | None = None) -> None:
         if self._store is None:
             return
-        self._unsubscribe()
         try:
-            self._writer.stop()
+            with self._lock:
+                writer, self._writer = self._writer, None
+            writer.stop()
             if block_size:
                 self._store.update_session(self.session_id, block_size=block_size)
-            self.num_events = self._counter[0]
             streams = totals.get("streams", [])
             # The same total names as a replay's, so `sessions show` counts a capture too.
-            self._store.finish_run(self.run_id, {**totals, "events": self.num_events,
+            self._store.finish_run(self.run_id, {**totals, "frames": self.num_frames, "restarts": self.num_restarts,
                                                  "stored_blocks": sum(s.get("stored", 0) for s in streams),
                                                  "evicted_blocks": sum(s.get("removed", 0) for s in streams)})
         finally:

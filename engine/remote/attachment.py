@@ -239,6 +239,10 @@ class Attachment:
     # Steps below the starting thread's priority its subscriber threads run at (Linux; see
     # `engine.core.threads`): the app's window keeps them below its GUI thread.
     nice: int = 0
+    # Told each stream's frames as they are delivered, `frames(pool, first_seq, payloads)`,
+    # and its restarts, `restart(pool, seq)`, on the stream's thread (set before `start`):
+    # `engine.analysis.remote_capture.Recorder` keeps them (`attach --record`).
+    recorder: Any = None
 
     def __post_init__(self) -> None:
         self.combined = CombinedPool(self.pools)
@@ -260,7 +264,8 @@ class Attachment:
                     max_frame_bytes=self.options.max_frame_bytes,
                     demux=self._demux_handler(spec) if self.options.bind else None, decode=self._decoder(),
                     on_idle=held.flush if held is not None else None,
-                    on_batches=held.add_many if held is not None else None, nice=self.nice)
+                    on_batches=held.add_many if held is not None else None, nice=self.nice,
+                    on_frames=self._frames_handler(pool))
                 self.pools.append(pool)
                 self.subscribers.append(sub)
         except BaseException:
@@ -357,7 +362,8 @@ class Attachment:
                     on_notice=self._notice_handler(pool, held), on_health=self._health_handler(),
                     refill_timeout=self.options.refill_timeout, max_frame_bytes=self.options.max_frame_bytes,
                     socket=False, decode=self._decoder(), on_idle=held.flush if held is not None else None,
-                    on_batches=held.add_many if held is not None else None, nice=self.nice)
+                    on_batches=held.add_many if held is not None else None, nice=self.nice,
+                    on_frames=self._frames_handler(pool))
                 sub.topic = topic  # exactly the pod's topic, whatever its bytes
                 self.pools.append(pool)
                 self.subscribers.append(sub)
@@ -366,8 +372,17 @@ class Attachment:
             return sub
         return make
 
+    def _frames_handler(self, pool: RemotePool) -> Callable[[int, list[bytes]], None] | None:
+        """The subscriber's frames callback: the recorder's, for this stream; None without one."""
+        recorder = self.recorder
+        if recorder is None:
+            return None
+        return lambda first, payloads: recorder.frames(pool, first, payloads)
+
     def _restart_handler(self, pool: RemotePool, held: _Held | None = None) -> Callable[[int], None]:
         def on_restart(seq: int) -> None:
+            if self.recorder is not None:
+                self.recorder.restart(pool, seq)
             if held is not None:
                 held.flush()  # the batches before the restart, then the reset
             with self.lock:

@@ -205,7 +205,8 @@ class VllmSubscriber:
                  demux: Callable[[bytes], VllmSubscriber | None] | None = None, socket: bool = True,
                  decode: Callable[[int, bytes], object] | None = None,
                  on_idle: Callable[[], None] | None = None,
-                 on_batches: Callable[[list], None] | None = None, nice: int = 0) -> None:
+                 on_batches: Callable[[list], None] | None = None, nice: int = 0,
+                 on_frames: Callable[[int, list[bytes]], None] | None = None) -> None:
         check_endpoint(endpoint, bind)
         if replay_endpoint is not None:
             check_endpoint(replay_endpoint)
@@ -224,6 +225,9 @@ class VllmSubscriber:
         self.on_notice = on_notice
         self.on_health = on_health
         self.on_idle = on_idle
+        # the payloads of the batches about to be delivered (the first's seq, then each, in
+        # order): what `attach --record` keeps (`engine.analysis.remote_capture`)
+        self.on_frames = on_frames
         self._busy = False  # a batch was delivered since `on_idle` was last called
         self.refill_timeout = refill_timeout
         self.max_frame_bytes = max_frame_bytes
@@ -392,6 +396,8 @@ class VllmSubscriber:
             # The sequence does not move on: a corrupt frame's number cannot be trusted.
             self._malformed(str(exc))
             return False
+        if self.on_frames is not None:
+            self.on_frames(seq, [payload])
         self.on_batch(batch)
         if replayed:
             self.health.refilled += 1
@@ -712,7 +718,10 @@ class VllmSubscriber:
                 if not batches:
                     i += 1
                     self.handle(messages[i - 1])
-                elif self.on_batches is not None and self.on_health is None:
+                    continue
+                if self.on_frames is not None:  # (a run's frames are [topic, seq, payload])
+                    self.on_frames(self.health.last_seq + 1, [m[2] for m in messages[i:i + len(batches)]])
+                if self.on_batches is not None and self.on_health is None:
                     i += len(batches)
                     self.on_batches(batches)
                     self._count(self.health.last_seq + len(batches), batches[-1].ts, len(batches))

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import sqlite_utils
 
@@ -64,6 +64,10 @@ class DamagedError(InputError):
 def _damaged(where: str, row: str, column: str, problem: str) -> DamagedError:
     return DamagedError(f"{where}: {row}, field '{column}' {problem}; the database is damaged "
                         f"(fix or delete that row, or import the session again)")
+
+
+_FRAME_COLUMNS = ("source", "server", "rank", "seq", "time", "payload")
+_FRAME_TYPES = (str, str, int, int, (int, float), (bytes, type(None)))
 
 
 def _kind_of(value: Any) -> str:
@@ -585,6 +589,39 @@ class Store:
     def events(self, run_id: int, since_seq: int = -1, limit: int | None = None) -> list[Event]:
         """Events of a run rebuilt as engine `Event` objects, in sequence order."""
         return [event_from_dict(d) for d in self.event_dicts(run_id, since_seq, limit)]
+
+    def record_frames(self, run_id: int, frames: Iterable[tuple[int, str, str, int, int, float, bytes | None]]) -> int:
+        """Append a recorded attach's frames to a run: rows of (idx, source, server, rank,
+        seq, time, payload), payload None for a restart (the `frames` table); how many."""
+        rows = [(run_id, *f) for f in frames]
+        with self.atomic():
+            self.db.conn.executemany("INSERT INTO frames (run_id, idx, source, server, rank, seq, time, payload) "
+                                     "VALUES (?,?,?,?,?,?,?,?)", rows)
+        return len(rows)
+
+    def num_frames(self, run_id: int) -> int:
+        """How many frames (restarts included) a run recorded; 0 for a file from before frames."""
+        if not self.has_table("frames"):
+            return 0
+        return self.query("SELECT COUNT(*) FROM frames WHERE run_id = ?", [run_id])[0][0]
+
+    def frames(self, run_id: int, chunk: int = 4096) -> Iterator[list[tuple[str, str, int, int, float, bytes | None]]]:
+        """A run's frames in the order they were recorded, `chunk` rows at a time: lists of
+        (source, server, rank, seq, time, payload); a payload that is not bytes (a damaged
+        file) raises InputError naming the run and the frame."""
+        last = -1
+        while True:
+            with self._lock:
+                rows = self.db.execute("SELECT idx, source, server, rank, seq, time, payload FROM frames "
+                                       "WHERE run_id = ? AND idx > ? ORDER BY idx LIMIT ?", [run_id, last, chunk]).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                for column, value, want in zip(_FRAME_COLUMNS, row[1:], _FRAME_TYPES):
+                    if not isinstance(value, want) or isinstance(value, bool):
+                        raise _damaged(self._where, f"run {run_id}, frame {row[0]}", column, f"holds {_kind_of(value)}")
+            last = rows[-1][0]
+            yield [r[1:] for r in rows]
 
     def count(self, table: str) -> int:
         """Rows in one of the store's tables (used by tests and `sessions show`)."""

@@ -17,7 +17,7 @@ from engine.core.errors import InputError
 from engine.store import semantic_tables
 
 APPLICATION_ID = 0x43534350  # "CSCP" in the header's application id field
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 CORE_V1 = (
     """CREATE TABLE IF NOT EXISTS sessions (
@@ -61,6 +61,16 @@ CORE_V1 = (
 # Which process runs a run ("host:pid:start time"), so a run whose process died can be
 # told from one still going and marked aborted.
 CORE_V2 = ("ALTER TABLE runs ADD COLUMN owner TEXT",)
+# A recorded attach's frames as its servers sent them (`attach --record`): each delivered
+# batch's msgpack payload, in the order the streams delivered them (`idx`), with the stream
+# it came on (its pool's source, server and rank), its batch number and when it came; a
+# row with no payload says the stream's server restarted there (a fresh pool from `seq`).
+CORE_V3 = (
+    """CREATE TABLE IF NOT EXISTS frames (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL, source TEXT NOT NULL, server TEXT NOT NULL, rank INTEGER NOT NULL,
+        seq INTEGER NOT NULL, time REAL NOT NULL, payload BLOB, PRIMARY KEY (run_id, idx))""",
+)
 
 # (name, statements) in order; a name is recorded once applied and never runs twice. The
 # semantic tables keep the names their modules registered before the store owned them.
@@ -69,9 +79,10 @@ MIGRATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (semantic_tables.SEMANTIC_MIGRATION, semantic_tables.SEMANTIC_V1),
     (semantic_tables.RESPONSE_MIGRATION, semantic_tables.RESPONSE_V1),
     ("core-0002-run-owner", CORE_V2),
+    ("core-0003-frames", CORE_V3),
 )
 OUR_TABLES = frozenset({"schema_migrations", "sessions", "messages", "trace_requests", "runs", "requests", "events",
-                        "semantic_entries", "response_entries"})
+                        "semantic_entries", "response_entries", "frames"})
 SESSION_COLUMNS = ("id", "title", "kind", "model", "block_size", "capacity_blocks", "seed", "hash", "created",
                    "source_path", "source_format", "settings")
 

@@ -44,6 +44,10 @@ class StoreWriter:
     def record_events(self, run_id: int, events: Iterable[Event | dict[str, Any]]) -> None:
         self._put(("events", run_id, list(events)))
 
+    def record_frames(self, run_id: int, frames: list[tuple]) -> None:
+        """Queue a recorded attach's frames (`Store.record_frames` rows) for `run_id`."""
+        self._put(("frames", run_id, frames))
+
     def record_request(self, run_id: int, idx: int, **fields: Any) -> None:
         self._put(("request", run_id, idx, fields))
 
@@ -92,6 +96,8 @@ class StoreWriter:
     def _apply(self, item: Any) -> None:
         if item[0] == "events":
             self.store.record_events(item[1], item[2])
+        elif item[0] == "frames":
+            self.store.record_frames(item[1], item[2])
         elif item[0] == "request":
             self.store.record_request(item[1], item[2], **item[3])
         else:

@@ -1,0 +1,188 @@
+"""Recorded attaches (`attach --record`) keep the frames their servers sent and open through
+the live attach's columnar route (`app.runtime.captures.replay_frames`): every recorded vLLM
+0.33 and SGLang 0.5.23 fixture, recorded and opened, shows what the reference pools make of the
+same frames, restarts included; a capture written before frames (converted events) still
+opens; a damaged frame is one sentence. (Before: a capture held one JSON event per block, 11x
+the frames' bytes, and opened through one Python event each: 15 s and 1.7 GB for 465K events.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from engine.analysis.remote_capture import SOURCE, Recorder
+from engine.core.events import EventBus
+from engine.remote.attachment import AttachOptions
+from engine.remote.wire import MalformedFrame
+from tests.test_live_journal import _fixtures, _said, _same
+from tests.test_live_log import _feed, _remote_events
+
+ENDPOINT = "tcp://10.0.0.5:5557"  # `_remote_events`' first pool
+
+
+def replayed_events(store, run_id: int) -> list:
+    """A capture's frames through the reference pools (`RemotePool`, one per stream): the
+    events the old captures kept, made from what the new ones keep."""
+    from engine.remote.fastwire import decode_batch
+    from engine.remote.pool import RemotePool
+
+    events: list = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    pools: dict = {}
+    for rows in store.frames(run_id):
+        for source, server, rank, seq, _, payload in rows:
+            pool = pools.get((source, server, rank))
+            if pool is None:
+                pool = pools[(source, server, rank)] = RemotePool(source, rank, bus, server=server)
+            if payload is None:
+                pool.reset(seq)
+            else:
+                pool.apply(decode_batch(seq, payload))
+    return events
+
+
+def record(db, frames: list[tuple[int, bytes]], reset_every: int = 0, per_call: int = 5) -> Recorder:
+    """`frames` recorded as a subscriber hands them over: the well-formed ones (a malformed
+    frame is never delivered), `per_call` at a time while they number on, a restart every
+    `reset_every` frames (as `_remote_events` restarts its pool)."""
+    from engine.remote.fastwire import decode_batch
+
+    att = SimpleNamespace(started=False, recorder=None)
+    rec = Recorder(str(db), AttachOptions((ENDPOINT,))).start(att)
+    assert att.recorder is rec
+    pool = SimpleNamespace(source=ENDPOINT, server="", rank=0)
+    run: list[tuple[int, bytes]] = []
+
+    def hand_over() -> None:
+        if run:
+            rec.frames(pool, run[0][0], [p for _, p in run])
+            run.clear()
+
+    for i, (seq, payload) in enumerate(frames):
+        if reset_every and i and i % reset_every == 0:
+            hand_over()
+            rec.restart(pool, seq)
+        try:
+            decode_batch(seq, payload)
+        except MalformedFrame:
+            hand_over()
+            continue
+        if run and (run[-1][0] + 1 != seq or len(run) >= per_call):
+            hand_over()
+        run.append((seq, payload))
+    hand_over()
+    rec.finish({"streams": []}, 16)
+    return rec
+
+
+@pytest.fixture
+def ctx(qtbot, tmp_path):
+    from app.runtime.context import make_test_context
+
+    c = make_test_context(tmp_path / "app")
+    yield c
+    c.shutdown()
+
+
+def _reference(frames, reset_every: int = 0):
+    events = _remote_events(frames, 1, reset_every)
+    ref, _ = _feed(events, 0, 16, [len(events)], every_batch=False)
+    return ref
+
+
+@pytest.mark.parametrize("name", sorted(_fixtures()))
+def test_a_recorded_fixture_opens_as_the_reference_pools_show_it(ctx, tmp_path, name):
+    from app.runtime.captures import open_capture
+    from engine.store.database import Store
+
+    frames = _fixtures()[name]
+    ref = _reference(frames)
+    if not len(ref):
+        pytest.skip("the fixture's frames carry no block event")
+    rec = record(tmp_path / "c.db", frames)
+    with Store(tmp_path / "c.db") as store:
+        run = store.runs(rec.session_id)[0].id
+        assert store.num_frames(run) == rec.num_frames > 0
+        assert [_said(e) for e in replayed_events(store, run)] == [_said(e) for e in ref.events]
+    assert open_capture(ctx, tmp_path / "c.db") == len(ref)
+    got = ctx.state.log
+    assert ctx.state.journal_fed and ctx.remote.recorded_fleet is not None
+    _same(got, ref, name)
+    assert [_said(e) for e in got.events] == [_said(e) for e in ref.events]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_restarts_recorded_open_as_fresh_pools(ctx, tmp_path, seed):
+    from app.runtime.captures import open_capture
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(180, seed)
+    ref = _reference(frames, reset_every=41)
+    rec = record(tmp_path / "c.db", frames, reset_every=41, per_call=7)
+    assert rec.num_restarts == 4
+    assert open_capture(ctx, tmp_path / "c.db") == len(ref)
+    _same(ctx.state.log, ref, f"seed {seed}")
+    assert [_said(e) for e in ctx.state.log.events] == [_said(e) for e in ref.events]
+    assert sum(e.kind == "cache_reset" for e in ref.events) >= 4
+
+
+def test_a_capture_of_events_from_before_frames_still_opens(ctx, tmp_path):
+    from app.runtime.captures import open_capture
+    from engine.store.database import Store
+    from tests.test_colpool import _synthetic
+
+    frames = _synthetic(60, 2)
+    ref = _reference(frames)
+    with Store(tmp_path / "old.db") as store:
+        session = store.create_session("an old capture", "trace", hash="vllm-sha256", source_format=SOURCE,
+                                       settings={"source": SOURCE, "endpoints": [ENDPOINT]})
+        run = store.create_run(session, "attach", {})
+        store.record_events(run, _remote_events(frames, 1, 0))
+        store.finish_run(run, {})
+    assert open_capture(ctx, tmp_path / "old.db") == len(ref)
+    assert not ctx.state.journal_fed  # the events' route
+    assert [_said(e) for e in ctx.state.log.events] == [_said(e) for e in ref.events]
+
+
+def test_a_damaged_frame_is_one_sentence_in_a_dialog(qtbot, tmp_path):
+    """A payload overwritten by another program: File > Open says which batch, the window stays."""
+    import sqlite3
+
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
+    from tests.test_colpool import _synthetic
+
+    record(tmp_path / "c.db", _synthetic(40, 0))
+    conn = sqlite3.connect(tmp_path / "c.db")
+    conn.execute("UPDATE frames SET payload = x'c1c1c1' WHERE idx = 7")
+    conn.commit()
+    conn.close()
+    win = MainWindow(make_test_context(tmp_path / "app"), load_model=False)
+    qtbot.addWidget(win)
+    try:
+        assert not win.open_file(tmp_path / "c.db")
+        assert win.ctx.errors[-1] == (f"{ENDPOINT}'s recorded batch 7 is not valid msgpack (FormatError); "
+                                      "the views show the batches before it")
+        assert {e.remote.batch_seq for e in win.ctx.state.log.events} == set(range(7))
+    finally:
+        win.ctx.shutdown()
+
+
+def test_a_frame_of_the_wrong_type_names_the_run_frame_and_field(tmp_path):
+    import sqlite3
+
+    from engine.core.errors import InputError
+    from engine.store.database import Store
+    from tests.test_colpool import _synthetic
+
+    rec = record(tmp_path / "c.db", _synthetic(20, 0))
+    conn = sqlite3.connect(tmp_path / "c.db")
+    conn.execute("UPDATE frames SET payload = 'text' WHERE idx = 3")
+    conn.commit()
+    conn.close()
+    with Store(tmp_path / "c.db") as store, pytest.raises(InputError) as err:
+        for _ in store.frames(store.runs(rec.session_id)[0].id):
+            pass
+    assert f"run {rec.run_id}, frame 3, field 'payload' holds text" in str(err.value)
