@@ -443,6 +443,41 @@ def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_pat
     assert state.projection.num_hashed == 4
 
 
+def test_an_attach_recorded_from_the_window_opens_again_as_it_was_shown(qtbot, win, servers, tmp_path):
+    """File > Attach with "Record" keeps the frames in the open database until detach; File >
+    Open of that database shows the same pool, offline, through the same columnar route."""
+    from tests.test_live_journal import _said
+
+    (server,), port, replay = servers(1)
+    win.ctx.open_store(tmp_path / "sessions.db")
+    opts = AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay}",), topic="kv-events")
+    win.attach_remote(AttachSettings(opts, record=True))
+    assert win.remote.recorder is not None
+    join(qtbot, win, server)
+    server.publish(2, drop=True)
+    server.publish(3)  # refills 2: GPU 3, CPU 1
+    qtbot.waitUntil(lambda: win.remote.health().batches >= 4, timeout=WAIT_MS)
+    settle(qtbot, win, lambda: tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0})
+    shown = [_said(e) for e in win.ctx.state.log.events]
+    win.detach_remote()
+    assert win.remote.recorder is None
+    assert win.remote_messages[-1].startswith("Recorded 4 batches as session ")
+    assert win.open_file(tmp_path / "sessions.db")
+    assert "recorded" in win.windowTitle() and not win.remote.is_attached
+    assert tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0}
+    assert [_said(e) for e in win.ctx.state.log.events] == shown
+
+
+def test_recording_without_a_database_is_one_sentence_and_no_attach(qtbot, win, servers):
+    (server,), port, replay = servers(1)
+    win.ctx.close_store()
+    opts = AttachOptions((f"tcp://127.0.0.1:{port}",), (f"tcp://127.0.0.1:{replay}",))
+    with pytest.raises(ValueError) as err:
+        win.attach_remote(AttachSettings(opts, record=True))
+    assert str(err.value) == "Could not record the attach: no session database is open (File > Open a .db first)."
+    assert not win.remote.is_attached and win.remote.recorder is None
+
+
 def test_probe_of_typed_text_and_before_attaching(qtbot, win, servers, default_tokenizer):
     probe = win.panels["remote_probe"]
     probe.set_prompt("What is a prefix cache?")

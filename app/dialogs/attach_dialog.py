@@ -100,6 +100,13 @@ class AttachDialog(QDialog):
         tok_row.addWidget(self.tokenizer, 1)
         tok_row.addWidget(browse)
 
+        self.record = QCheckBox("Record the frames into the session database, to open again later")
+        self.record.setObjectName("attach_record")
+        self.record.setChecked(s.record)
+        self.record.setToolTip("what the servers send, kept as a session of the open database until you "
+                               "detach (as cachescope attach --record keeps it); File > Open that database "
+                               "to see the attach again, offline")
+
         form = QFormLayout()
         form.addRow("Attach to", self.mode)
         form.addRow("Endpoint", self.endpoint)
@@ -113,6 +120,7 @@ class AttachDialog(QDialog):
         form.addRow("Hash scheme", self.hash_scheme)
         form.addRow("Block size", self.block_size)
         form.addRow("Tokenizer", tok_row)
+        form.addRow("", self.record)
 
         hint = QLabel(SERVER_HINT)
         hint.setWordWrap(True)
@@ -203,7 +211,7 @@ class AttachDialog(QDialog):
             options = AttachOptions((self.endpoint.text().strip(),), (replay,) if replay else (), topic,
                                     self.ranks.value(), self.bind.isChecked(), timeout)
         return AttachSettings(options, self.hash_scheme.currentText(), self.tokenizer.text().strip(),
-                              self.block_size.value())
+                              self.block_size.value(), self.record.isChecked())
 
     def show_error(self, text: str) -> None:
         """`text` under the form as a sentence (the engine's messages start in lower case)."""

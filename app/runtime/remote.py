@@ -67,12 +67,15 @@ class AttachSettings:
     (`options.servers[i]` is the server at `options.endpoints[i]`; in centralized mode the
     pod of each llm-d topic); `hash_scheme` (vLLM's --prefix-caching-hash-algo, or
     SGLang's page hash) and `block_size` are how the probes hash a prompt as the servers do;
-    `tokenizer` is a local Hugging Face folder ("" = the default model's)."""
+    `tokenizer` is a local Hugging Face folder ("" = the default model's); with `record` the
+    frames the servers send are kept as a session of the window's database until detach
+    (`engine.analysis.remote_capture`, what `attach --record` keeps), to open later."""
 
     options: AttachOptions = DEFAULT_OPTIONS
     hash_scheme: str = "vllm-sha256"
     tokenizer: str = ""
     block_size: int = 16
+    record: bool = False
 
     def __post_init__(self) -> None:
         if self.hash_scheme not in SERVER_HASHES:
@@ -104,14 +107,14 @@ class AttachSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.options.to_dict(), "hash_scheme": self.hash_scheme, "tokenizer": self.tokenizer,
-                "block_size": self.block_size}
+                "block_size": self.block_size, "record": self.record}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachSettings:
         """The inverse of `to_dict`; bad values raise InputError."""
         try:
             return cls(AttachOptions.from_dict(data), str(data.get("hash_scheme", "vllm-sha256")),
-                       str(data.get("tokenizer", "")), data.get("block_size", 16))
+                       str(data.get("tokenizer", "")), data.get("block_size", 16), bool(data.get("record", False)))
         except (TypeError, AttributeError) as exc:
             raise InputError(f"attach settings are not valid ({exc})") from None
 
@@ -133,6 +136,7 @@ class RemoteHost(Protocol):
 
     bridge: EngineBridge
     state: PoolState
+    store: Any  # the session database (engine.store.database.Store), or None: where a recording goes
     sigSubjectChanged: Any  # a Signal(object) carrying the new Subject
 
     def attach_events(self, bus: EventBus, info: dict[str, Any]) -> None: ...
@@ -227,6 +231,7 @@ class RemoteController(QObject):
         self._last_notify = float("-inf")  # never told: the first burst tells at once (the clock may be young)
         self._again = False  # a tick for rows left waiting is queued
         self._feed: JournalFeed | None = None  # the placing thread of this attach's journal
+        self.recorder: Any = None  # engine.analysis.remote_capture.Recorder while an attach records
         self._tell = False  # the views hear of the rows written at the next tick (its own loop pass)
         self.sigTokenizer.connect(self._set_tokenizer)
         # another subject (a trace, a chat) ends the attach
@@ -303,6 +308,7 @@ class RemoteController(QObject):
         self._num_ranks = max(opts.data_parallel_size, max(opts.ranks, default=0) + 1)
         info = self._engine_info(settings)
         info["journal"] = journal
+        recorder = self._recorder(settings, attachment) if settings.record else None
         # The views reset to an empty remote pool before the first batch can arrive.
         self.host.attach_events(bus, info)
         try:
@@ -310,8 +316,11 @@ class RemoteController(QObject):
         except Exception as exc:
             attachment.stop()
             self.host.bridge.detach()
+            if recorder is not None:  # nothing came: no session is left behind
+                recorder.discard()
             text = str(exc).rstrip(".")
             raise ValueError(f"Could not attach to {settings.endpoint}: {text}.") from None
+        self.recorder = recorder
         self.attachment = attachment
         self.settings = settings
         self.last_settings = settings
@@ -341,6 +350,33 @@ class RemoteController(QObject):
         self.host.bridge.detach()
         self.settings = None
         self.sigDetached.emit()
+        if self.recorder is not None:
+            self._finish_recording()
+
+    def _recorder(self, settings: AttachSettings, attachment: Any) -> Any:
+        """A recorder of `attachment`'s frames into the window's database (ValueError, one
+        sentence, when none is open)."""
+        from engine.analysis.remote_capture import Recorder
+
+        store = getattr(self.host, "store", None)
+        path = getattr(store, "path", None)
+        if path is None:
+            raise ValueError("Could not record the attach: no session database is open (File > Open a .db first).")
+        return Recorder(str(path), settings.options, block_size=settings.block_size).start(attachment)
+
+    def _finish_recording(self) -> None:
+        """The recording's run closed with its pools' counts, and the user told where it is."""
+        recorder, self.recorder = self.recorder, None
+        pools = self.attachment.pools if self.attachment is not None else []
+        try:
+            with self.attachment.lock:
+                streams = [{"stored": int(p.num_stored), "removed": int(p.num_removed)} for p in pools]
+            recorder.finish({"streams": streams})
+        except Exception as exc:  # noqa: BLE001 - a full disk, a removed file: said, never a crash
+            self.sigMessage.emit(f"The recording could not be finished: {exc}")
+            return
+        self.sigMessage.emit(f"Recorded {recorder.num_frames:,} batches as session {recorder.session_id} "
+                             f"of {Path(recorder.db).name}: open that file to see them again.")
 
     def uses_journal(self, settings: AttachSettings) -> bool:
         """True if an attach with `settings` goes through the pools' journal: any fleet (one

@@ -32,6 +32,7 @@ class Recorder:
     db: str | None
     options: AttachOptions
     title: str | None = None
+    block_size: int | None = None  # the servers' block size, if known: the session's
     session_id: int = -1
     run_id: int = -1
     num_frames: int = 0  # batches recorded (restarts not counted)
@@ -91,13 +92,26 @@ class Recorder:
             with self._lock:
                 writer, self._writer = self._writer, None
             writer.stop()
-            if block_size:
-                self._store.update_session(self.session_id, block_size=block_size)
+            if block_size or self.block_size:
+                self._store.update_session(self.session_id, block_size=block_size or self.block_size)
             streams = totals.get("streams", [])
             # The same total names as a replay's, so `sessions show` counts a capture too.
             self._store.finish_run(self.run_id, {**totals, "frames": self.num_frames, "restarts": self.num_restarts,
                                                  "stored_blocks": sum(s.get("stored", 0) for s in streams),
                                                  "evicted_blocks": sum(s.get("removed", 0) for s in streams)})
+        finally:
+            self._store.close()
+            self._store = None
+
+    def discard(self) -> None:
+        """Drop the recording and its session (an attach that never started)."""
+        if self._store is None:
+            return
+        try:
+            with self._lock:
+                writer, self._writer = self._writer, None
+            writer.stop()
+            self._store.delete_session(self.session_id)
         finally:
             self._store.close()
             self._store = None
