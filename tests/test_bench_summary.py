@@ -20,7 +20,7 @@ RECORDED = Path(__file__).parent / "data" / "bench" / "quick_2026-12-01.json"
 
 # The issue's "Done means" list, as rows of the table (issue 20, this session's brief).
 ISSUE_20_ROWS = {
-    "open_trace_app_vs_headless", "kernel_lookups_per_s", "kernel_loop_lookups_per_s", "kernel_first_use_s",
+    "open_trace_app_vs_headless", "open_capture_app_vs_headless_route", "kernel_lookups_per_s", "kernel_loop_lookups_per_s", "kernel_first_use_s",
     "scrub_worst_ms", "events_per_s_into_pool", "events_per_s_app_path", "attached_longest_stall_ms",
     "events_per_s_app_path_to_pool_state",
     "bytes_per_block_remote_pool", "bytes_per_block_app_remote_pool", "bytes_per_block_app_opened_trace",
@@ -56,6 +56,10 @@ def test_the_rows_are_the_benches_own_figures(recorded):
     opened = table["open_trace_app_vs_headless"]
     assert opened["value"] == gui["open_trace"]["app_open_to_last_event_drawn_s"]
     assert opened["anchor"] == gui["open_trace"]["headless_replay_s"]
+    captured = table["open_capture_app_vs_headless_route"]
+    assert captured["value"] == recorded["capture"]["frames_capture"]["open_to_last_event_drawn_s"]
+    assert captured["anchor"] == recorded["capture"]["headless_route_cpu_s"]
+    assert captured["extra"]["capture_of_events_open_s"] == recorded["capture"]["events_capture"]["open_to_last_event_drawn_s"]
     assert table["kernel_lookups_per_s"]["value"] == engine["kernel"]["kernel_blocks_per_s_cpu"]
     assert table["kernel_lookups_per_s"]["anchor"] == engine["kernel"]["python_blocks_per_s_cpu"]
     assert table["kernel_first_use_s"]["value"] == engine["kernel"]["first_use_after_install_s"]

@@ -48,6 +48,18 @@ def _open_trace(r: Results):
             {"events": o["events"], "requests": o["requests"]})
 
 
+def _open_capture(r: Results):
+    c = _dig(r, "capture")
+    opened = c["frames_capture"]
+    return (opened["open_to_last_event_drawn_s"], c["headless_route_cpu_s"],
+            opened["open_to_last_event_drawn_s"] <= 1.5 * c["headless_route_cpu_s"],
+            {"events": opened["events"], "rss_growth_mb": round(opened["rss_growth_bytes"] / 1e6, 1),
+             "frames_db_mb": c["frames_db_mb"],
+             "capture_of_events_open_s": c["events_capture"]["open_to_last_event_drawn_s"],
+             "capture_of_events_rss_growth_mb": round(c["events_capture"]["rss_growth_bytes"] / 1e6, 1),
+             "capture_of_events_db_mb": c["events_db_mb"]})
+
+
 def _kernel(r: Results):
     k = _dig(r, "engine", "kernel")
     return (k["kernel_blocks_per_s_cpu"], k["python_blocks_per_s_cpu"], k["kernel_blocks_per_s_cpu"] >= 5_000_000,
@@ -210,6 +222,11 @@ TARGETS: tuple[Target, ...] = (
            "File > Open of the Mooncake conversation trace in a real offscreen 1280x800 window until every view has "
            "drawn the last event", "s", "<= 1.5x the anchor",
            "headless `cachescope replay` of the same file, same pool", _open_trace),
+    Target("open_capture_app_vs_headless_route", "capture",
+           "File > Open of a recorded attach (100,000 vLLM events, `attach --record`'s frames) in a real offscreen "
+           "1280x800 window until every view has drawn the last event", "s", "<= 1.5x the anchor",
+           "the same frames through the attach's route headless (decoded, applied, placed, written to PoolState; "
+           "CPU time), same run", _open_capture),
     Target("kernel_lookups_per_s", "engine",
            "replay kernel on the parsed Mooncake trace, the whole of it: array preparation, interning, the compiled "
            "loop and the Python engine's result rows (best of 5)",
