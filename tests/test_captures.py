@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.analysis.remote_capture import SOURCE, Recorder
+from engine.analysis.remote_capture import SOURCE, Recorder, recorded_events
 from engine.core.events import EventBus
 from engine.remote.attachment import AttachOptions
 from engine.remote.wire import MalformedFrame
@@ -19,28 +19,6 @@ from tests.test_live_journal import _fixtures, _said, _same
 from tests.test_live_log import _feed, _remote_events
 
 ENDPOINT = "tcp://10.0.0.5:5557"  # `_remote_events`' first pool
-
-
-def replayed_events(store, run_id: int) -> list:
-    """A capture's frames through the reference pools (`RemotePool`, one per stream): the
-    events the old captures kept, made from what the new ones keep."""
-    from engine.remote.fastwire import decode_batch
-    from engine.remote.pool import RemotePool
-
-    events: list = []
-    bus = EventBus()
-    bus.subscribe(events.append)
-    pools: dict = {}
-    for rows in store.frames(run_id):
-        for source, server, rank, seq, _, payload in rows:
-            pool = pools.get((source, server, rank))
-            if pool is None:
-                pool = pools[(source, server, rank)] = RemotePool(source, rank, bus, server=server)
-            if payload is None:
-                pool.reset(seq)
-            else:
-                pool.apply(decode_batch(seq, payload))
-    return events
 
 
 def record(db, frames: list[tuple[int, bytes]], reset_every: int = 0, per_call: int = 5) -> Recorder:
@@ -105,7 +83,7 @@ def test_a_recorded_fixture_opens_as_the_reference_pools_show_it(ctx, tmp_path, 
     with Store(tmp_path / "c.db") as store:
         run = store.runs(rec.session_id)[0].id
         assert store.num_frames(run) == rec.num_frames > 0
-        assert [_said(e) for e in replayed_events(store, run)] == [_said(e) for e in ref.events]
+        assert [_said(e) for e in recorded_events(store, run)] == [_said(e) for e in ref.events]
     assert open_capture(ctx, tmp_path / "c.db") == len(ref)
     got = ctx.state.log
     assert ctx.state.journal_fed and ctx.remote.recorded_fleet is not None

@@ -278,10 +278,11 @@ def test_a_bad_demo_side_is_one_line_and_exit_2(capsys, argv, words):
 FLEET = ROOT / "tests" / "data" / "vllm_connector" / "vllm_connector_frames.jsonl"
 
 
-def recorded_fleet(db: Path) -> int:
+def recorded_fleet(db: Path, frames: bool = False) -> int:
     """vLLM 0.33.0's own frames of three pods (tests/data/vllm_connector, case
     three-pods-one-endpoint) applied as an attach applies them, one RemotePool per pod on
-    one bus, and recorded as an attach run; the run's id."""
+    one bus, and recorded as an attach run (its events, as captures were kept before
+    frames; with `frames`, its frames, as `attach --record` keeps them now); the run's id."""
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -292,11 +293,24 @@ def recorded_fleet(db: Path) -> int:
     from engine.remote.wire import decode_batch, parse_pub
     from engine.store.database import Store
 
+    if frames:
+        from types import SimpleNamespace
+
+        from engine.analysis.remote_capture import Recorder
+        from engine.remote.attachment import AttachOptions
+
+        rec = Recorder(str(db), AttachOptions(("tcp://*:5557",), bind=True)).start(
+            SimpleNamespace(started=False, recorder=None))
+        for message in recorded_frames(FLEET, case="three-pods-one-endpoint", socket="pub"):
+            _topic, seq, payload = parse_pub(message)
+            rec.frames(SimpleNamespace(source=message[0].decode().split("@")[1], server="", rank=0), seq, [payload])
+        rec.finish({"streams": []})
+        return rec.run_id
     bus, events, pools = EventBus(), [], {}
     bus.subscribe(events.append)
-    for frames in recorded_frames(FLEET, case="three-pods-one-endpoint", socket="pub"):
-        pod = frames[0].decode().split("@")[1]
-        _topic, seq, payload = parse_pub(frames)
+    for message in recorded_frames(FLEET, case="three-pods-one-endpoint", socket="pub"):
+        pod = message[0].decode().split("@")[1]
+        _topic, seq, payload = parse_pub(message)
         pools.setdefault(pod, RemotePool(source=pod, events=bus)).apply(decode_batch(seq, payload))
     with Store(db) as store:
         sid = store.create_session("fleet", "trace", hash="vllm-sha256")
@@ -306,9 +320,10 @@ def recorded_fleet(db: Path) -> int:
     return run_id
 
 
-def test_two_servers_of_a_recorded_fleet_attach(tmp_path, capsys):
+@pytest.mark.parametrize("frames", [False, True], ids=["events", "frames"])
+def test_two_servers_of_a_recorded_fleet_attach(tmp_path, capsys, frames):
     db = tmp_path / "fleet.db"
-    run = recorded_fleet(db)
+    run = recorded_fleet(db, frames)
     code, out, err = cli(capsys, f"run:{run}@10.0.0.11:8000", f"run:{run}@tcp://10.0.0.13:8000", "--db", str(db),
                          "--json")
     doc = json.loads(out)
@@ -326,6 +341,17 @@ def test_two_servers_of_a_recorded_fleet_attach(tmp_path, capsys):
     doc = json.loads(out)
     assert doc["a"]["totals"]["stored_blocks"] == 4 and doc["blocks"]["held_a"] == 2
     assert doc["blocks"]["held_by_both"] == 2 and doc["blocks"]["only_a"] == doc["blocks"]["only_b"] == 0
+
+
+def test_a_recorded_attach_as_frames_counts_what_it_did_as_events(tmp_path):
+    """`run:ID` of a capture that keeps frames counts the blocks its servers stored and removed
+    as the capture that kept the events counted them."""
+    got = {}
+    for frames in (False, True):
+        db = tmp_path / f"fleet-{frames}.db"
+        side = load_side(f"run:{recorded_fleet(db, frames)}", SideOptions(), str(db))
+        got[frames] = (side.stored_blocks, side.evicted_blocks)
+    assert got[True] == got[False] == (12, 2)
 
 
 def test_an_unknown_server_is_one_line_and_exit_2(tmp_path, capsys):

@@ -128,12 +128,12 @@ def test_attach_bind_cli_reports_each_pod_and_the_router_view(tmp_path):
         PODS[0]: (2, 2.0), PODS[1]: (2, 2.0), PODS[2]: (4, 4.0)}
     # the capture opens offline like any session, each event naming its server
     from engine.store.database import Store
-    from tests.test_captures import replayed_events
+    from engine.analysis.remote_capture import recorded_events
 
     store = Store(str(db))
     try:
         run = store.runs(summary["recorded"]["session"])[0]
-        events = replayed_events(store, run.id)  # the frames as the pods sent them, through the reference pools
+        events = recorded_events(store, run.id)  # the frames as the pods sent them, through the reference pools
         stored = [e for e in events if e.kind == "block_stored"]
         assert len(stored) == 12 and {e.remote.source for e in stored} == set(PODS)
         assert {e.remote.medium for e in stored if e.remote.source == PODS[1]} == {"GPU", "CPU"}

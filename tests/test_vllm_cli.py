@@ -55,13 +55,13 @@ def test_attach_prints_events_probe_answers_and_records(tmp_path):
     assert summary["refilled"] >= 1
     from engine.store.database import Store
 
-    from tests.test_captures import replayed_events
+    from engine.analysis.remote_capture import recorded_events
 
     with Store(db) as store:
         run = store.runs(result["recorded"]["session"])[0]
         # the capture keeps the frames as sent: the reference pools make the events above of them
         assert run.kind == "attach" and store.num_frames(run.id) == result["recorded"]["frames"] == 5
-        stored = replayed_events(store, run.id)
+        stored = recorded_events(store, run.id)
         assert [e.to_dict() | {"time": 0} for e in stored] == [e | {"time": 0} for e in events]
         assert (run.totals["stored_blocks"], run.totals["evicted_blocks"]) == (5, 1)
         assert store.get_session(result["recorded"]["session"]).hash == "vllm-sha256"

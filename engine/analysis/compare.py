@@ -12,6 +12,7 @@ that serves fewer requests never looks better (as `engine.analysis.sweep` counts
 
 from __future__ import annotations
 
+import collections
 import re
 import functools
 from dataclasses import dataclass, field, replace
@@ -356,7 +357,12 @@ def _stored(what: str, ident: int, opts: SideOptions, db: str | None,
         rows = [ServedRequest(r.idx, r.request_id, r.tenant, r.prompt_tokens, r.cached_tokens, r.computed_tokens,
                               len(r.output_token_ids or ()), r.miss_reason, r.first_miss_block, r.divergence_token,
                               bool(r.refused)) for r in stored]
-        counts = dict(store.query("SELECT kind, COUNT(*) FROM events WHERE run_id = ? GROUP BY kind", [ident]))
+        if store.num_frames(ident):  # a recorded attach's frames: its events as the reference pools make them
+            from engine.analysis.remote_capture import recorded_events
+
+            counts = collections.Counter(e.kind for e in recorded_events(store, ident))
+        else:
+            counts = dict(store.query("SELECT kind, COUNT(*) FROM events WHERE run_id = ? GROUP BY kind", [ident]))
         tokens = {r.request_id: tuple(r.prompt_token_ids) for r in stored if r.prompt_token_ids}
         label = f"run:{ident}"
         run = Run(label, "run", {**(info.config or {}), "run": ident, "run_kind": info.kind, "source": label,
@@ -382,7 +388,9 @@ def _server_side(ident: int, server: str, db: str | None) -> PreparedSide:
         if ident not in runs:
             raise InputError(f"there is no run {ident} in the database; 'cachescope sessions list' shows the sessions")
         info = runs[ident]
-        events = store.events(ident)
+        from engine.analysis.remote_capture import recorded_events
+
+        events = recorded_events(store, ident)
     sources: dict[str, None] = {}
     for e in events:
         remote = getattr(e, "remote", None)

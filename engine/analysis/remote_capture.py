@@ -115,3 +115,31 @@ class Recorder:
         finally:
             self._store.close()
             self._store = None
+
+
+def recorded_events(store: Any, run_id: int) -> list[Any]:
+    """A capture's events, as the reference pools (`engine.remote.pool.RemotePool`, one per
+    stream, numbered on one bus as an attachment numbers them) make them of its frames; a
+    capture from before frames: the events it kept. What the CLI's comparisons read
+    (`run:ID`, `run:ID@SERVER`); the app opens frames through its columnar route instead."""
+    if not store.num_frames(run_id):
+        return store.events(run_id)
+    from engine.core.events import EventBus
+    from engine.remote.fastwire import decode_batch
+    from engine.remote.pool import RemotePool
+
+    events: list[Any] = []
+    bus = EventBus()
+    bus.subscribe(events.append)
+    pools: dict[tuple[str, str, int], RemotePool] = {}
+    for rows in store.frames(run_id):
+        for source, server, rank, seq, _, payload in rows:
+            pool = pools.get((source, server, rank))
+            if pool is None:
+                pool = pools[(source, server, rank)] = RemotePool(source, rank, bus, server=server)
+            if payload is None:
+                pool.reset(seq)
+            else:
+                pool.apply(decode_batch(seq, payload))
+    return events
+
