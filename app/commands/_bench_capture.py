@@ -24,32 +24,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from app.commands._bench_gui import WINDOW_CHILD
+
 ROOT = Path(__file__).resolve().parents[2]
 ENDPOINT = "tcp://10.0.0.5:5557"
 HOLD = 64  # frames a subscriber hands over at once at most (`engine.remote.attachment.HOLD_FRAMES`)
 
-_OPEN_CHILD = """
-import gc, json, os, sys, time
-from PySide6.QtWidgets import QApplication
-app = QApplication(sys.argv[:1])
-from app.runtime.context import make_test_context
-from app.window.main_window import MainWindow
-ctx = make_test_context(sys.argv[1])
-w = MainWindow(ctx, load_model=False)
-w.resize(1280, 800)
-w.show()
-app.processEvents()
-getattr(w, "finish_startup", lambda: None)()
-app.processEvents()
-getattr(ctx, "wait_warm", lambda timeout=None: False)(120)
+_OPEN_CHILD = WINDOW_CHILD + """
 # numba's one-time load of the capture route's compiled code (from its disk cache), by the
 # open of a small capture first, as an opened trace's bench loads the kernel's before its open
 w.open_file(sys.argv[3])
 for _ in range(5):
     app.processEvents()
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 gc.collect()
 rss0 = rss()
 done = []

@@ -105,15 +105,15 @@ print(f"{time.time():.6f}", flush=True)
 """
 
 
-_OPEN_CHILD = """
-import json, sys, time
+# The start of a child process that opens a file in a window (`bench_open`, and
+# `app.commands._bench_capture`): a 1280x800 window on a test context in folder argv[1],
+# up and warm, and `rss()`.
+WINDOW_CHILD = """
+import gc, json, os, sys, time
 from PySide6.QtWidgets import QApplication
 app = QApplication(sys.argv[:1])
 from app.runtime.context import make_test_context
-from app.runtime.jobs import trace_block_size, trace_capacity
 from app.window.main_window import MainWindow
-from pathlib import Path
-path = Path(sys.argv[2])
 ctx = make_test_context(sys.argv[1])
 w = MainWindow(ctx, load_model=False)
 w.resize(1280, 800)
@@ -125,10 +125,15 @@ app.processEvents()
 # them): a user opens a file a moment later; here the open waits for it, so that neither
 # its time nor its memory counts a warm-up still running beside it
 getattr(ctx, "wait_warm", lambda timeout=None: False)(120)
-import gc, os
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+"""
+
+_OPEN_CHILD = WINDOW_CHILD + """
+from app.runtime.jobs import trace_block_size, trace_capacity
+from pathlib import Path
+path = Path(sys.argv[2])
 gc.collect()
 numba_before = "numba" in sys.modules
 # numba's one-time load, in this process: the kernel and the columnar log's compiled code

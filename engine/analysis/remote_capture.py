@@ -86,32 +86,31 @@ class Recorder:
                 self.num_frames += len(items)
 
     def finish(self, totals: dict[str, Any], block_size: int | None = None) -> None:
-        if self._store is None:
-            return
-        try:
-            with self._lock:
-                writer, self._writer = self._writer, None
-            writer.stop()
+        """Close the recording: what is queued written, the run finished with `totals` (its
+        streams' stored and removed counts summed), the session's block size set."""
+        def close(store: Any) -> None:
             if block_size or self.block_size:
-                self._store.update_session(self.session_id, block_size=block_size or self.block_size)
+                store.update_session(self.session_id, block_size=block_size or self.block_size)
             streams = totals.get("streams", [])
             # The same total names as a replay's, so `sessions show` counts a capture too.
-            self._store.finish_run(self.run_id, {**totals, "frames": self.num_frames, "restarts": self.num_restarts,
-                                                 "stored_blocks": sum(s.get("stored", 0) for s in streams),
-                                                 "evicted_blocks": sum(s.get("removed", 0) for s in streams)})
-        finally:
-            self._store.close()
-            self._store = None
+            store.finish_run(self.run_id, {**totals, "frames": self.num_frames, "restarts": self.num_restarts,
+                                           "stored_blocks": sum(s.get("stored", 0) for s in streams),
+                                           "evicted_blocks": sum(s.get("removed", 0) for s in streams)})
+        self._end(close)
 
     def discard(self) -> None:
         """Drop the recording and its session (an attach that never started)."""
+        self._end(lambda store: store.delete_session(self.session_id))
+
+    def _end(self, last: Any) -> None:
+        """Stop taking frames, write what is queued, `last(store)`, close the store; once."""
         if self._store is None:
             return
         try:
             with self._lock:
                 writer, self._writer = self._writer, None
             writer.stop()
-            self._store.delete_session(self.session_id)
+            last(self._store)
         finally:
             self._store.close()
             self._store = None
