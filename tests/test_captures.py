@@ -140,7 +140,9 @@ def test_a_damaged_frame_is_one_sentence_in_a_dialog(qtbot, tmp_path):
     win = MainWindow(make_test_context(tmp_path / "app"), load_model=False)
     qtbot.addWidget(win)
     try:
-        assert not win.open_file(tmp_path / "c.db")
+        done: list = []
+        assert win.open_file(tmp_path / "c.db", on_done=done.append)  # the views reset, the frames come
+        qtbot.waitUntil(lambda: bool(done), timeout=30_000)
         assert win.ctx.errors[-1] == (f"{ENDPOINT}'s recorded batch 7 is not valid msgpack (FormatError); "
                                       "the views show the batches before it")
         assert {e.remote.batch_seq for e in win.ctx.state.log.events} == set(range(7))
@@ -164,3 +166,60 @@ def test_a_frame_of_the_wrong_type_names_the_run_frame_and_field(tmp_path):
         for _ in store.frames(store.runs(rec.session_id)[0].id):
             pass
     assert f"run {rec.run_id}, frame 3, field 'payload' holds text" in str(err.value)
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    from app.runtime.context import make_test_context
+    from app.window.main_window import MainWindow
+
+    win = MainWindow(make_test_context(tmp_path / "app"), load_model=False)
+    qtbot.addWidget(win)
+    yield win
+    win.ctx.shutdown()
+
+
+def test_the_window_fills_the_views_a_slice_at_a_time_and_says_how_far(qtbot, tmp_path, window, monkeypatch):
+    """File > Open replays a capture between the window's passes (a tick a slice here), the
+    status bar says how far, and the end shows what the reference pools make of the frames."""
+    from app.window import files
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(files, "CAPTURE_SLICE_S", 0.0)
+    frames = _synthetic(1100, 1)  # five ticks of 256 frames
+    ref = _reference(frames)
+    record(tmp_path / "c.db", frames, per_call=64)
+    sizes, said = [], []
+    done: list = []
+    assert window.open_file(tmp_path / "c.db", on_done=done.append)
+    while not done:
+        qtbot.wait(1)
+        sizes.append(len(window.ctx.state.log))
+        said.append(window.statusBar().currentMessage())
+    assert len(set(sizes)) >= 3 and sizes == sorted(sizes)  # filled over several passes
+    assert any(m.startswith("Opening c.db: ") and m.endswith("%\u2026") for m in said)
+    assert window.statusBar().currentMessage() == (f"Opened c.db: {len(ref):,} events from {len(frames):,} "
+                                                   "recorded batches.")
+    assert [_said(e) for e in window.ctx.state.log.events] == [_said(e) for e in ref.events]
+    assert window.remote.recorded_fleet is not None
+
+
+def test_another_subject_stops_a_capture_being_opened(qtbot, tmp_path, window, monkeypatch):
+    from app.runtime.context import Subject
+    from app.window import files
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(files, "CAPTURE_SLICE_S", 0.0)
+    record(tmp_path / "c.db", _synthetic(2000, 1), per_call=64)  # eight ticks of 256 frames
+    done: list = []
+    assert window.open_file(tmp_path / "c.db", on_done=done.append)
+    while not len(window.ctx.state.log):
+        qtbot.wait(1)
+    assert not done
+    window.ctx.open_subject(Subject("trace", "another file"), ask=False)
+    assert done == [None]
+    assert window.statusBar().currentMessage() == "Stopped opening c.db."
+    shown = len(window.ctx.state.log)
+    qtbot.wait(50)
+    assert len(window.ctx.state.log) == shown and window.remote.recorded_fleet is None
+    (tmp_path / "c.db").unlink()  # the capture's database is closed

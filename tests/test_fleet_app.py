@@ -284,7 +284,9 @@ def test_a_recorded_fleet_opens_offline(qtbot, win, pods, tmp_path):
     att.stop()
     rec.finish({"streams": []})
 
-    assert win.open_file(db)
+    done: list = []
+    assert win.open_file(db, on_done=done.append)  # its frames replayed a slice at a time
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
     assert not win.remote.is_attached and win.remote.recorded_fleet is not None
     fleet = win.panels["fleet"]
     fleet.refresh()

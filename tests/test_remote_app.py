@@ -431,7 +431,9 @@ def test_a_recorded_attach_opens_offline_and_scrubs(qtbot, win, servers, tmp_pat
     att.stop()
     rec.finish({"streams": []})
 
-    assert win.open_file(db)
+    done: list = []
+    assert win.open_file(db, on_done=done.append)  # its frames replayed a slice at a time
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
     state = win.ctx.state
     assert state.remote is not None and win.ctx.subject.kind == "server" and not win.remote.is_attached
     assert tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0}
@@ -462,7 +464,9 @@ def test_an_attach_recorded_from_the_window_opens_again_as_it_was_shown(qtbot, w
     win.detach_remote()
     assert win.remote.recorder is None
     assert win.remote_messages[-1].startswith("Recorded 4 batches as session ")
-    assert win.open_file(tmp_path / "sessions.db")
+    done: list = []
+    assert win.open_file(tmp_path / "sessions.db", on_done=done.append)  # its frames replayed a slice at a time
+    qtbot.waitUntil(lambda: bool(done), timeout=WAIT_MS)
     assert "recorded" in win.windowTitle() and not win.remote.is_attached
     assert tiers(win) == {"GPU": 3, "CPU": 1, "STORAGE": 0}
     assert [_said(e) for e in win.ctx.state.log.events] == shown

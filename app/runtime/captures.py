@@ -2,7 +2,9 @@
 
 A capture is a store session whose run of kind `attach` holds the frames its servers sent
 (`Store.frames`): they are decoded and applied to one journalling columnar pool per stream
-and the pools' journal rows placed into the views' log a tick at a time (`replay_frames`),
+and the pools' journal rows placed into the views' log a tick at a time (`FrameReplay`; the
+window goes on a slice at a time, `begin_capture`, so a large capture fills the views as a
+live attach does and the window stays live),
 the route a live attach takes (`app.runtime.remote`), with no Python object per event, so
 a capture opens at the engine's speed; the pools are the fleet views' servers. A capture
 written before frames holds the converted events (`Store.events`): those are replayed into
@@ -13,6 +15,7 @@ the views as before, and the servers' pools rebuilt from them
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,14 +48,27 @@ def latest_capture(path: str | Path) -> Any:
 
 
 def open_capture(ctx: AppContext, path: str | Path, session_id: int | None = None) -> int:
-    """Show a recorded attach offline: its frames replayed into the views as a remote pool
-    (tiers, ages, lifetimes, scrubbing; `replay_frames`), or an older capture's events;
-    returns the number of events in the views' log. InputError when the database holds no
-    capture or a damaged one."""
+    """Show a recorded attach offline, at once: `begin_capture`, then its frames replayed to
+    the end; returns the number of events in the views' log. InputError when the database
+    holds no capture or a damaged one (the frames before a damaged one stay shown)."""
+    job = begin_capture(ctx, path, session_id)
+    if job is not None:
+        while not job.step():
+            pass
+    return len(ctx.state.log)
+
+
+def begin_capture(ctx: AppContext, path: str | Path, session_id: int | None = None) -> CaptureOpen | None:
+    """Start showing a recorded attach offline (the newest capture of the database, or
+    session `session_id`): the views reset to its servers' pool; a capture of frames is then
+    replayed a slice at a time by the `CaptureOpen` returned (`step`), its database open
+    until the last; a capture of events (from before frames) is shown here (None returned).
+    InputError, with nothing replaced, when the database holds no capture."""
     from engine.core.errors import InputError
     from engine.store.database import Store
 
-    with Store(path) as store:
+    store = Store(path)
+    try:
         if session_id is None:
             session = latest_capture(path)
             if session is None:
@@ -63,26 +79,64 @@ def open_capture(ctx: AppContext, path: str | Path, session_id: int | None = Non
         if not runs:
             raise InputError(f"session {session.id} of {path} holds no recorded stream")
         run = runs[-1].id
-        framed = store.num_frames(run) > 0
+        num_frames = store.num_frames(run)
         settings = session.settings or {}
         endpoint = ", ".join(settings.get("endpoints") or []) or "vLLM"
         info = engine_info(block_size=session.block_size or 16, num_blocks=0, model=f"vLLM {endpoint} (recorded)")
         info.update(remote=True, endpoint=endpoint, hash_scheme=session.hash,
-                    data_parallel_size=int(settings.get("data_parallel_size") or 1), recorded=True, journal=framed)
-        if not framed:  # (read before the views change: a damaged row is one sentence, nothing replaced)
-            events = store.events(run)
+                    data_parallel_size=int(settings.get("data_parallel_size") or 1), recorded=True,
+                    journal=num_frames > 0)
+        # (a capture of events is read before the views change: a damaged row is one sentence, nothing replaced)
+        events = None if num_frames else store.events(run)
         ctx.open_subject(Subject("server", f"{session.title} (recorded)", source=str(path)), ask=False)
         ctx.attach_events(EventBus(), info)
-        if framed:
-            fleet = Fleet()
-            for pool in replay_frames(ctx.state, store.frames(run)):
-                fleet.add(pool.server or pool.source, pool)
-        else:
-            ctx.bridge.push(events)
-            ctx.bridge.flush(everything=True)
-            fleet = fleet_from_events(events)
-    ctx.remote.show_recorded_fleet(fleet, _reading_settings(session, settings))
-    return len(ctx.state.log)
+    except BaseException:
+        store.close()
+        raise
+    reading = _reading_settings(session, settings)
+    if events is None:
+        return CaptureOpen(ctx, store, FrameReplay(ctx.state, store.frames(run)), num_frames, reading)
+    store.close()
+    ctx.bridge.push(events)
+    ctx.bridge.flush(everything=True)
+    ctx.remote.show_recorded_fleet(fleet_from_events(events), reading)
+    return None
+
+
+class CaptureOpen:
+    """A capture of frames being shown: `step(budget_s, notify)` replays its frames into the
+    views for about `budget_s` (`FrameReplay.step`) and, after the last, closes its database and hands
+    the streams' pools to the fleet views; True then. `cancel()` stops it where it is (another
+    subject came). A damaged frame raises InputError from `step` (the database closed)."""
+
+    def __init__(self, ctx: AppContext, store: Any, replay: FrameReplay, num_frames: int,
+                 reading: AttachSettings | None) -> None:
+        self.ctx, self.replay, self.num_frames = ctx, replay, num_frames
+        self._store, self._reading = store, reading
+
+    @property
+    def fraction(self) -> float:
+        """How much of the capture's frames is replayed, 0 to 1."""
+        return self.replay.num_read / max(1, self.num_frames)
+
+    def step(self, budget_s: float = float("inf"), notify: bool = True) -> bool:
+        try:
+            if not self.replay.step(budget_s, notify):
+                return False
+        except BaseException:
+            self.cancel()
+            raise
+        self.cancel()
+        fleet = Fleet()
+        for pool in self.replay.pools:
+            fleet.add(pool.server or pool.source, pool)
+        self.ctx.remote.show_recorded_fleet(fleet, self._reading)
+        return True
+
+    def cancel(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
 
 class _Streams:
@@ -105,60 +159,92 @@ class _Streams:
         return got
 
 
-def replay_frames(state: Any, chunks: Iterable[list[tuple]], frames_per_tick: int = 256) -> list[Any]:
+class FrameReplay:
     """A capture's frames (`Store.frames`: lists of (source, server, rank, seq, time,
     payload), payload None where the server restarted) into `state`, a journal-fed
-    `PoolState`: each stream's runs of frames decoded at once (`fastwire.decode_columns_many`)
-    and applied to its pool, and every `frames_per_tick` frames the pools' journal rows
-    taken, placed and written (`take_journal_rows`, `prepare_journal`, `apply_prepared`), as
-    a live attach's tick writes them; the views hear of it once, at the end. Returns the
-    streams' pools. A frame that does not decode (a damaged file) raises InputError naming
-    its stream and batch, the frames before it shown."""
-    from app.runtime.journal_feed import take_journal_rows
-    from engine.core.errors import InputError
-    from engine.core.live_journal import prepare_journal
-    from engine.remote import fastwire
-    from engine.remote.wire import MalformedFrame
+    `PoolState`, as a live attach's ticks write them: each stream's runs of frames decoded at
+    once (`fastwire.decode_columns_many`) and applied to its pool (`_Streams`), and every
+    `frames_per_tick` frames the pools' journal rows taken, placed and written
+    (`take_journal_rows`, `prepare_journal`, `apply_prepared`). `step(budget_s)` goes on for
+    about `budget_s` and tells the views once; True when every frame is in. A frame that does
+    not decode (a damaged file) raises InputError naming its stream and batch, the frames
+    before it written. Ticks of 64, 128, 256 and 2,048 frames opened a 7,213-frame capture in
+    0.28, 0.27, 0.25 and 0.31 s."""
 
-    streams, taken = _Streams(), {}
-    since = 0
+    def __init__(self, state: Any, chunks: Iterable[list[tuple]], frames_per_tick: int = 256) -> None:
+        self.state, self.frames_per_tick = state, frames_per_tick
+        self.streams = _Streams()
+        self.num_read = 0  # frames (and restarts) replayed
+        self._chunks = iter(chunks)
+        self._rows: list[tuple] = []
+        self._at = 0
+        self._since = 0  # frames applied since the last tick's commit
+        self._taken: dict[int, int] = {}
 
-    def commit() -> None:
-        got = take_journal_rows(streams, taken, 1 << 30)
-        state.apply_prepared([(prepare_journal(state.log, head, pool, pool.source, int(pool.rank)), times)
-                              for head, pool, times in got[0]], notify=False)
+    @property
+    def pools(self) -> list[Any]:
+        return self.streams.pools
 
-    for rows in chunks:
-        i = 0
-        while i < len(rows):
-            source, server, rank, seq, _, payload = rows[i]
-            pool = streams.pool(source, server, rank)
-            if payload is None:
-                pool.reset(seq)  # as the attachment's restart handler resets it
-                i += 1
-                continue
-            j = i + 1  # the run of this stream's frames that number on
-            while (j < len(rows) and j - i < frames_per_tick and rows[j][5] is not None
-                   and rows[j][3] == seq + j - i and rows[j][:3] == (source, server, rank)):
-                j += 1
-            try:
-                pool.apply_many(fastwire.decode_columns_many(seq, [r[5] for r in rows[i:j]]))
-            except MalformedFrame:  # a damaged file: the frames before the bad one shown, then why not more
-                for k in range(i, j):
-                    try:
-                        pool.apply_many([fastwire.decode_columns(rows[k][3], rows[k][5])])
-                    except MalformedFrame as exc:
-                        commit()
-                        state.notify()
-                        raise InputError(f"{source}'s recorded {exc}; the views show the batches before it") from None
-            since += j - i
-            i = j
-            if since >= frames_per_tick:
-                commit()
-                since = 0
-    commit()
-    state.notify()
-    return streams.pools
+    def step(self, budget_s: float = float("inf"), notify: bool = True) -> bool:
+        """Replay for about `budget_s`; True when every frame is in. The views hear of it at
+        the end of the step when `notify`, and always after the last frame (or a damaged one)."""
+        start = time.perf_counter()
+        done = True
+        try:
+            while True:
+                if self._at >= len(self._rows):
+                    rows = next(self._chunks, None)
+                    if rows is None:
+                        self._commit()
+                        return True
+                    self._rows, self._at = rows, 0
+                self._run()
+                if self._since >= self.frames_per_tick:
+                    self._commit()
+                    if time.perf_counter() - start >= budget_s:
+                        done = False
+                        return False
+        finally:
+            if notify or done:
+                self.state.notify()
+
+    def _run(self) -> None:
+        """The frames from `_at` that one call applies: a restart, or a run of one stream's
+        frames that number on (at most a tick's)."""
+        from engine.core.errors import InputError
+        from engine.remote import fastwire
+        from engine.remote.wire import MalformedFrame
+
+        rows, i = self._rows, self._at
+        source, server, rank, seq, _, payload = rows[i]
+        pool = self.streams.pool(source, server, rank)
+        if payload is None:
+            pool.reset(seq)  # as the attachment's restart handler resets it
+            self._at, self.num_read = i + 1, self.num_read + 1
+            return
+        j = i + 1
+        while (j < len(rows) and j - i < self.frames_per_tick and rows[j][5] is not None
+               and rows[j][3] == seq + j - i and rows[j][:3] == (source, server, rank)):
+            j += 1
+        try:
+            pool.apply_many(fastwire.decode_columns_many(seq, [r[5] for r in rows[i:j]]))
+        except MalformedFrame:  # a damaged file: the frames before the bad one written, then why no more
+            for k in range(i, j):
+                try:
+                    pool.apply_many([fastwire.decode_columns(rows[k][3], rows[k][5])])
+                except MalformedFrame as exc:
+                    self._commit()
+                    raise InputError(f"{source}'s recorded {exc}; the views show the batches before it") from None
+        self._at, self.num_read, self._since = j, self.num_read + j - i, self._since + j - i
+
+    def _commit(self) -> None:
+        from app.runtime.journal_feed import take_journal_rows
+        from engine.core.live_journal import prepare_journal
+
+        got = take_journal_rows(self.streams, self._taken, 1 << 30)
+        self.state.apply_prepared([(prepare_journal(self.state.log, head, pool, pool.source, int(pool.rank)), times)
+                                   for head, pool, times in got[0]], notify=False)
+        self._since = 0
 
 
 def _reading_settings(session: Any, settings: dict[str, Any]) -> AttachSettings | None:
