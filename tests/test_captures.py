@@ -223,3 +223,33 @@ def test_another_subject_stops_a_capture_being_opened(qtbot, tmp_path, window, m
     qtbot.wait(50)
     assert len(window.ctx.state.log) == shown and window.remote.recorded_fleet is None
     (tmp_path / "c.db").unlink()  # the capture's database is closed
+
+
+def test_a_replay_that_fails_part_way_is_one_sentence_and_stops(qtbot, tmp_path, window, monkeypatch):
+    """Whatever stops a capture's replay (here the disk, part way): one sentence, said once;
+    the slices stop and the window goes on."""
+    import sqlite3
+
+    from app.runtime import captures
+    from app.window import files
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(files, "CAPTURE_SLICE_S", 0.0)
+    record(tmp_path / "c.db", _synthetic(1100, 1), per_call=64)
+    real, calls = captures.FrameReplay._run, []
+
+    def failing(self):
+        calls.append(1)
+        if self.num_read > 300:
+            raise sqlite3.OperationalError("disk I/O error")
+        real(self)
+
+    monkeypatch.setattr(captures.FrameReplay, "_run", failing)
+    done: list = []
+    assert window.open_file(tmp_path / "c.db", on_done=done.append)
+    qtbot.waitUntil(lambda: bool(done), timeout=30_000)
+    made = len(calls)
+    qtbot.wait(50)
+    assert len(calls) == made  # no slice after it
+    assert window.ctx.errors == ["c.db could not be opened: OperationalError: disk I/O error."]
+    assert 0 < len(window.ctx.state.log)

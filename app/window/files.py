@@ -157,7 +157,7 @@ class FileOpener:
                 told[0] = now
             try:
                 done = job.step(CAPTURE_SLICE_S, tell)
-            except (InputError, ValueError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a damaged file, or whatever else stopped it: said once, stopped
                 self.ctx.show_error(_error_sentence(exc, f"{p.name} could not be opened"))
                 end()
                 return
