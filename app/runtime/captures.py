@@ -166,7 +166,7 @@ class FrameReplay:
     `PoolState`, as a live attach's ticks write them: each stream's runs of frames decoded at
     once (`fastwire.decode_columns_many`) and applied to its pool (`_Streams`), and every
     `frames_per_tick` frames the pools' journal rows taken, placed and written
-    (`take_journal_rows`, `prepare_journal`, `apply_prepared`). `step(budget_s)` goes on for
+    (`take_journal_rows`, `PoolState.apply_journal`). `step(budget_s)` goes on for
     about `budget_s` and tells the views once; True when every frame is in. A frame that does
     not decode (a damaged file) raises InputError naming its stream and batch, the frames
     before it written. Ticks of 64, 128, 256 and 2,048 frames opened a 7,213-frame capture in
@@ -239,12 +239,13 @@ class FrameReplay:
         self._at, self.num_read, self._since = j, self.num_read + j - i, self._since + j - i
 
     def _commit(self) -> None:
+        """The pools' new journal rows taken, then placed and written as a GUI tick with no
+        placing thread writes them (`PoolState.apply_journal`)."""
         from app.runtime.journal_feed import take_journal_rows
-        from engine.core.live_journal import prepare_journal
 
         got = take_journal_rows(self.streams, self._taken, 1 << 30)
-        self.state.apply_prepared([(prepare_journal(self.state.log, head, pool, pool.source, int(pool.rank)), times)
-                                   for head, pool, times in got[0]], notify=False)
+        self.state.apply_journal([(head, pool, int(pool.rank), 1, times) for head, pool, times in got[0]],
+                                 notify=False)
         self._since = 0
 
 

@@ -367,10 +367,10 @@ class RemoteController(QObject):
     def _finish_recording(self) -> None:
         """The recording's run closed with its pools' counts, and the user told where it is."""
         recorder, self.recorder = self.recorder, None
-        pools = self.attachment.pools if self.attachment is not None else []
+        att = self.attachment  # (a recorder is made only with an attachment, which stays after detach)
         try:
-            with self.attachment.lock:
-                streams = [{"stored": int(p.num_stored), "removed": int(p.num_removed)} for p in pools]
+            with att.lock:
+                streams = [{"stored": int(p.num_stored), "removed": int(p.num_removed)} for p in att.pools]
             recorder.finish({"streams": streams})
         except Exception as exc:  # noqa: BLE001 - a full disk, a removed file: said, never a crash
             self.sigMessage.emit(f"The recording could not be finished: {exc}")

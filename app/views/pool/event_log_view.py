@@ -207,12 +207,11 @@ class EventTableModel(QAbstractTableModel):
         self._scanned = 0  # log positions already filtered
         self._details: dict[int, str] = {}
         self._t0: float | None = None
-        # a search on the worker: the candidates still to search, up to log position `stop`,
-        # the log the worker reads, and how many of them its jobs have searched
+        # a search on the worker: the candidates still to search, the log the worker reads,
+        # and how many of them its jobs have searched
         self._job = 0
         self._cancel = threading.Event()
         self._todo: np.ndarray | None = None
-        self._todo_stop = 0
         self._todo_log: Any = None
         self._done = 0
 
@@ -285,7 +284,7 @@ class EventTableModel(QAbstractTableModel):
             log = log.snapshot()  # (read while the log goes on growing here)
         elif not getattr(log, "columnar_log", False):
             log = list(log.events[:n])
-        self._todo, self._todo_stop, self._todo_log, self._done = found, n, log, 0
+        self._todo, self._todo_log, self._done = found, log, 0
         self._submit()
         return np.zeros(0, np.int64)
 
