@@ -253,3 +253,22 @@ def test_a_replay_that_fails_part_way_is_one_sentence_and_stops(qtbot, tmp_path,
     assert len(calls) == made  # no slice after it
     assert window.ctx.errors == ["c.db could not be opened: OperationalError: disk I/O error."]
     assert 0 < len(window.ctx.state.log)
+
+
+@pytest.mark.parametrize("side", ["run:{run}", "run:{run}@10.0.0.5:5557"])
+def test_the_command_line_says_a_damaged_capture_in_one_line_and_exits_2(tmp_path, capsys, side):
+    import sqlite3
+
+    from app.cli import main
+    from tests.test_colpool import _synthetic
+
+    rec = record(tmp_path / "c.db", _synthetic(40, 0))
+    conn = sqlite3.connect(tmp_path / "c.db")
+    conn.execute("UPDATE frames SET payload = x'c1c1c1' WHERE idx = 7")
+    conn.commit()
+    conn.close()
+    spec = side.format(run=rec.run_id)
+    assert main(["compare", spec, spec, "--db", str(tmp_path / "c.db")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"cachescope: error: run {rec.run_id}: {ENDPOINT}'s recorded batch 7 is not valid msgpack (FormatError); "
+                   "the database is damaged\n")

@@ -120,12 +120,15 @@ def recorded_events(store: Any, run_id: int) -> list[Any]:
     """A capture's events, as the reference pools (`engine.remote.pool.RemotePool`, one per
     stream, numbered on one bus as an attachment numbers them) make them of its frames; a
     capture from before frames: the events it kept. What the CLI's comparisons read
-    (`run:ID`, `run:ID@SERVER`); the app opens frames through its columnar route instead."""
+    (`run:ID`, `run:ID@SERVER`); the app opens frames through its columnar route instead.
+    A frame that does not decode raises InputError naming the run, stream and batch."""
     if not store.num_frames(run_id):
         return store.events(run_id)
+    from engine.core.errors import InputError
     from engine.core.events import EventBus
     from engine.remote.fastwire import decode_batch
     from engine.remote.pool import RemotePool
+    from engine.remote.wire import MalformedFrame
 
     events: list[Any] = []
     bus = EventBus()
@@ -138,7 +141,11 @@ def recorded_events(store: Any, run_id: int) -> list[Any]:
                 pool = pools[(source, server, rank)] = RemotePool(source, rank, bus, server=server)
             if payload is None:
                 pool.reset(seq)
-            else:
-                pool.apply(decode_batch(seq, payload))
+                continue
+            try:
+                batch = decode_batch(seq, payload)
+            except MalformedFrame as exc:  # a damaged file (the recorder kept only frames that decoded)
+                raise InputError(f"run {run_id}: {source}'s recorded {exc}; the database is damaged") from None
+            pool.apply(batch)
     return events
 
