@@ -81,13 +81,22 @@ def _drawn(w) -> list:
     return out
 
 
+def _waiting(w) -> bool:
+    """True while a block table has a redraw ahead: the end of its live evictions' red flash
+    (`FLASH_SECONDS`, longer than one quiet spell of `_settle`: a flash that began just
+    before one could be drawn in two pictures alike) or the end of a frame."""
+    from app.views.pool.block_table_view import BlockTableView
+
+    return any(v._flash_timer.isActive() or v._frame_timer.isActive() for v in w.findChildren(BlockTableView))
+
+
 def _settle(app, w) -> list:
-    """Events handled until what the window draws holds still (the views' throttled redraws
-    and the status bar's timer run): what it then draws."""
+    """Events handled until what the window draws holds still (the views' throttled redraws,
+    the block table's flash and the status bar's timer run): what it then draws."""
     drawn, deadline = None, time.monotonic() + 30
     while time.monotonic() < deadline:
         end = time.monotonic() + 0.4
-        while time.monotonic() < end:
+        while time.monotonic() < end or _waiting(w):
             app.processEvents()
             time.sleep(0.005)
         now = _drawn(w)
