@@ -1089,7 +1089,7 @@ def _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_fre
             if stop_on_remove:
                 return i
             _remove(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                    dp_fifo, dp_os, t, -1, keys, widths, h0, nh, seq, ts, left, J, SO)
+                    dp_fifo, dp_os, t, np.int64(-1), keys, widths, h0, nh, seq, ts, left, J, SO)
         else:
             return i
     return n
@@ -1221,8 +1221,8 @@ def _run_frames(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v,
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
                       dp_os, rows, parents, keys, lo, hi, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                 dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, False, seqs[f],
-                 tss[f], left, hi, J, JS, SO, PX, RX, RM)
+                 dp_fifo, dp_os, rows, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, lo, np.bool_(False),
+                 seqs[f], tss[f], left, hi, J, JS, SO, PX, RX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -1252,10 +1252,10 @@ def _run_decoded(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v
             fr, parents, keys = rows[r:r + m], data[d:d + m], data[d + m:d + m + nk]
             ftok = words[2 * (d + m + nk):]
             _pretouch(tab, K, L, C, F, om_tab, om_k, om_w, om_v, ra_fifo, ra_os, om_tab, om_k, om_w, om_v, dp_fifo,
-                      dp_os, fr, parents, keys, 0, m, S[S_TENANTED] != 0)
+                      dp_os, fr, parents, keys, np.int64(0), m, S[S_TENANTED] != 0)
             _run(tab, K, L, C, F, T, G, tok, S, SF, TI, om_tab, om_k, om_w, om_v, om_free, om_es, ra_fifo, ra_os,
-                 dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, 0, False, seqs[f],
-                 tss[f], left, m, J, JS, SO, PX, RX, RM)
+                 dp_fifo, dp_os, fr, parents, keys, widths, ftok, empty_i64, empty_i64, empty_u8, np.int64(0),
+                 np.bool_(False), seqs[f], tss[f], left, m, J, JS, SO, PX, RX, RM)
             if S[S_LIVE] == 0 and S[S_JON] == 0:
                 S[S_TOKUSED] = 0
                 C[:, C_NTOK] = 0  # no free slot's token range is kept past this
@@ -2782,7 +2782,9 @@ class ColumnarPool:
         raw = e.token_bytes
         if not raw and e.token_ids:
             raw = np.asarray(e.token_ids, np.uint32).tobytes()
-        ftok = np.frombuffer(raw, np.uint32) if raw else np.zeros(0, np.uint32)
+        # writable, as the compiled loop's own token ids are: a read-only array is another
+        # signature of `_store` to compile (7 s each on this machine)
+        ftok = np.frombuffer(bytearray(raw), np.uint32) if raw else np.zeros(0, np.uint32)
         self._reserve(nh, len(ftok), ftok, removals=0, events=nh)  # (a salt a block: a run each)
         salts = np.full(nh, -1, np.int64)
         salt_names: list[str] = []
