@@ -153,9 +153,11 @@ def test_a_search_that_fails_on_the_worker_says_so_and_keeps_the_window(qtbot, c
     assert view.count_label.text() == f"0 of {len(ctx.state.log):,}"
 
 
-def test_a_search_on_the_worker_names_evictions_as_the_view_does(qtbot, tmp_path, monkeypatch):
+@pytest.mark.parametrize("columnar", [True, False])
+def test_a_search_on_the_worker_names_evictions_as_the_view_does(qtbot, tmp_path, monkeypatch, columnar):
     """A local engine's lookups that missed an evicted block say where it was evicted ("evicted
-    at event N"), read on the worker from the log's snapshot as the view reads its state."""
+    at event N"), read on the worker from the log's snapshot (a columnar log's, or a Python
+    log's events so far) as the view reads its state."""
     from app.views.pool import event_log_view
     from tests.test_statistics import replayed_events
 
@@ -163,13 +165,14 @@ def test_a_search_on_the_worker_names_evictions_as_the_view_does(qtbot, tmp_path
     events, bs, capacity = replayed_events("twin_evict")
     c = make_test_context(tmp_path)
     try:
+        c.state.columnar = columnar
         c.state.set_engine({"block_size": bs, "num_blocks": capacity})
         for at in range(0, len(events), 97):
             c.state.apply_events(events[at:at + 97])
         view = EventLogView(c)
         qtbot.addWidget(view)
         view.set_filter("lookup", "", "evicted at event")
-        assert getattr(c.state.log, "live_log", False) and view.model.searching is not None
+        assert bool(getattr(c.state.log, "live_log", False)) == columnar and view.model.searching is not None
         _searched(qtbot, view)
         want = _one_by_one(c.state, "lookup", "evicted at event")
         assert want and view.model.rows.tolist() == want

@@ -12,6 +12,7 @@ the line under the table repeats the shown event's details with its "event N" as
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 import threading
@@ -151,6 +152,22 @@ class _LogOnly:
         self.log = log
 
 
+class _EventList:
+    """A Python log's events as far as a search reads them (`log.events[:n]`, a list taken on
+    the GUI thread while the log goes on growing there): its events and `event_at_seq`, what
+    `_LogOnly` asks of a log."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+        self._seqs: list[int] | None = None
+
+    def event_at_seq(self, seq: int) -> Any:
+        if self._seqs is None:
+            self._seqs = [e.seq for e in self.events]
+        i = bisect.bisect_left(self._seqs, seq)
+        return self.events[i] if i < len(self._seqs) and self._seqs[i] == seq else None
+
+
 def search_events(events: Any, positions: np.ndarray, text: str, state: Any = None,
                   cancelled: Callable[[], bool] | None = None) -> np.ndarray | None:
     """The `positions` (ascending, into `events`) whose event's kind, request or details
@@ -174,9 +191,7 @@ def search_events(events: Any, positions: np.ndarray, text: str, state: Any = No
 
 def _search_job(log: Any, positions: np.ndarray, text: str, cancelled: Callable[[], bool]) -> np.ndarray | None:
     """`search_events` over `log` (what the worker reads: a trace's log, a live log's snapshot,
-    or a Python log's events as a list)."""
-    if isinstance(log, list):
-        return search_events(log, positions, text, None, cancelled)
+    or a Python log's events so far, `_EventList`)."""
     return search_events(log.events, positions, text, _LogOnly(log), cancelled)
 
 
@@ -283,7 +298,7 @@ class EventTableModel(QAbstractTableModel):
         if getattr(log, "live_log", False):
             log = log.snapshot()  # (read while the log goes on growing here)
         elif not getattr(log, "columnar_log", False):
-            log = list(log.events[:n])
+            log = _EventList(list(log.events[:n]))
         self._todo, self._todo_log, self._done = found, log, 0
         self._submit()
         return np.zeros(0, np.int64)
