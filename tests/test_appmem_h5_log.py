@@ -21,14 +21,14 @@ def _recorded_ticks(frames_per_tick: int = 16) -> list[list[bytes]]:
 
 def test_a_journal_logs_per_block_state_beside_its_hashes_and_places_is_not_kept():
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire
     from engine.remote.overlay import journal_pool_class
 
     pool = journal_pool_class()("bench")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     taken: dict[int, int] = {}

@@ -46,13 +46,13 @@ def feed_state(state, frames, reset_every: int = 0, per_tick: int = 16, source: 
     and the tick's rows are taken, placed and written (`take_journal_rows`, `prepare_journal`,
     `apply_prepared`); `after_tick()` after each tick."""
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from engine.core.live_journal import prepare_journal
     from engine.remote.overlay import journal_pool_class
 
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
     pool = journal_pool_class()(source)
-    att, taken = _Pools([pool]), {}
+    att, taken = JournalPools([pool]), {}
     for at in range(0, len(frames), per_tick):
         for i, (seq, payload) in enumerate(frames[at:at + per_tick]):
             if reset_every and (at + i) % reset_every == reset_every - 1:

@@ -11,7 +11,8 @@ import pytest
 @pytest.fixture(scope="module")
 def fed():
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import FRAMES_PER_TICK, _Pools
+    from app.runtime.journal_feed import JournalPools
+    from app.runtime.live_path import FRAMES_PER_TICK
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal
@@ -20,7 +21,7 @@ def fed():
 
     payloads, _, _ = recorded_stream(6000, gpu_blocks=600)  # evictions from the first ticks on
     pool = journal_pool_class()("test")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
     taken: dict[int, int] = {}

@@ -72,7 +72,7 @@ def routed():
     route, 8 frames a tick, the rates read after every tick; and every stored row's time and
     slot as the journal and the placer gave them."""
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal
@@ -81,7 +81,7 @@ def routed():
 
     payloads, _, _ = recorded_stream(30_000, gpu_blocks=3_000)
     pool = journal_pool_class()("test")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
     rates, taken, read = _Rates(), {}, []

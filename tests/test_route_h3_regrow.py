@@ -83,7 +83,7 @@ def _snapshot(state) -> dict:
 
 def _route(num_events: int, frames_per_tick: int) -> list[dict]:
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal
@@ -93,7 +93,7 @@ def _route(num_events: int, frames_per_tick: int) -> list[dict]:
     from engine.remote.overlay import journal_pool_class
 
     pool = journal_pool_class()("bench")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     taken: dict[int, int] = {}

@@ -30,14 +30,14 @@ def _pool_snapshot(state) -> dict:
 
 def _ticks(payload_ticks: list[list[bytes]], first_seq: int = 0) -> tuple[list[dict], int]:
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire
     from engine.remote.overlay import journal_pool_class
 
     pool = journal_pool_class()("bench")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     state.log.columnar.checkpoint_rows = 2_000  # many checkpoints: the fused pass must leave them as they were
@@ -155,7 +155,7 @@ def _servers_route(looked_up: bool) -> list[dict]:
     """Two ranks of one server whose batch seqs overlap, a batch of two tiers, a restart
     (seqs from 0 again, at later times), ticks of at most 3 rows (a batch's rows in two)."""
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import _Pools
+    from app.runtime.journal_feed import JournalPools
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire
@@ -163,7 +163,7 @@ def _servers_route(looked_up: bool) -> list[dict]:
     from engine.remote.wire import VllmEvent, encode_batch
 
     pools = [journal_pool_class()("srv", rank=r) for r in (0, 1)]
-    att = _Pools(pools)
+    att = JournalPools(pools)
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     if looked_up:

@@ -34,7 +34,8 @@ def journalled():
     """A recorded stream placed tick by tick into a journal-fed log (past one chunk of hash
     keys), and every tick's journal keys and widths as taken."""
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import FRAMES_PER_TICK, _Pools
+    from app.runtime.journal_feed import JournalPools
+    from app.runtime.live_path import FRAMES_PER_TICK
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal
@@ -43,7 +44,7 @@ def journalled():
 
     payloads, _, _ = recorded_stream(9_000, gpu_blocks=2_000)
     pool = journal_pool_class()("test")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM"})
     taken: dict[int, int] = {}

@@ -67,14 +67,15 @@ def test_the_chunks_room_is_a_sixteenth_of_the_values():
 def _ticks(num_events: int):
     """A recorded stream's ticks, as `journal_app_rate` takes them."""
     from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.live_path import FRAMES_PER_TICK, _Pools
+    from app.runtime.journal_feed import JournalPools
+    from app.runtime.live_path import FRAMES_PER_TICK
     from engine.bench.attach import recorded_stream
     from engine.remote import fastwire
     from engine.remote.overlay import journal_pool_class
 
     payloads, _, _ = recorded_stream(num_events, gpu_blocks=1_500)
     pool = journal_pool_class()("test")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     taken: dict[int, int] = {}
     for start in range(0, len(payloads), FRAMES_PER_TICK):
         with att.lock:

@@ -14,13 +14,13 @@ the views as before, and the servers' pools rebuilt from them
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from app.runtime.context import AppContext, Subject, engine_info
+from app.runtime.journal_feed import JournalPools, take_journal_rows
 from app.runtime.remote import AttachSettings
 from engine.core.events import EventBus
 from engine.remote.attachment import AttachOptions
@@ -140,31 +140,11 @@ class CaptureOpen:
             self._store = None
 
 
-class _Streams:
-    """A capture's streams' pools (one journalling columnar pool per source, server and
-    rank, in the order they first sent), read as `take_journal_rows` reads an attachment."""
-
-    def __init__(self) -> None:
-        from engine.remote.overlay import journal_pool_class
-
-        self.lock = threading.RLock()
-        self.pools: list[Any] = []
-        self._of: dict[tuple[str, str, int], Any] = {}
-        self._make = journal_pool_class()
-
-    def pool(self, source: str, server: str, rank: int) -> Any:
-        got = self._of.get((source, server, rank))
-        if got is None:
-            got = self._of[(source, server, rank)] = self._make(source, rank, server=server)
-            self.pools.append(got)
-        return got
-
-
 class FrameReplay:
     """A capture's frames (`Store.frames`: lists of (source, server, rank, seq, time,
     payload), payload None where the server restarted) into `state`, a journal-fed
     `PoolState`, as a live attach's ticks write them: each stream's runs of frames decoded at
-    once (`fastwire.decode_columns_many`) and applied to its pool (`_Streams`), and every
+    once (`fastwire.decode_columns_many`) and applied to its pool (`JournalPools`), and every
     `frames_per_tick` frames the pools' journal rows taken, placed and written
     (`take_journal_rows`, `PoolState.apply_journal`). `step(budget_s)` goes on for
     about `budget_s` and tells the views once; True when every frame is in. A frame that does
@@ -174,7 +154,7 @@ class FrameReplay:
 
     def __init__(self, state: Any, chunks: Iterable[list[tuple]], frames_per_tick: int = 256) -> None:
         self.state, self.frames_per_tick = state, frames_per_tick
-        self.streams = _Streams()
+        self.streams = JournalPools()
         self.num_read = 0  # frames (and restarts) replayed
         self._chunks = iter(chunks)
         self._rows: list[tuple] = []
@@ -241,8 +221,6 @@ class FrameReplay:
     def _commit(self) -> None:
         """The pools' new journal rows taken, then placed and written as a GUI tick with no
         placing thread writes them (`PoolState.apply_journal`)."""
-        from app.runtime.journal_feed import take_journal_rows
-
         got = take_journal_rows(self.streams, self._taken, 1 << 30)
         self.state.apply_journal([(head, pool, int(pool.rank), 1, times) for head, pool, times in got[0]],
                                  notify=False)

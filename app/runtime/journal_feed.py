@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, Callable
 
 from engine.core.threads import lower_priority
@@ -34,6 +35,28 @@ TAKE_EVERY_S = 0.05
 # between two looks, and a slow one brings fewer: both still take every TAKE_EVERY_S.
 QUIET_S = 0.004
 QUIET_ROWS = 2048
+
+
+class JournalPools:
+    """Journalling columnar pools read as `take_journal_rows` reads an `Attachment` (its lock
+    and pools) where no attachment holds them: a recorded attach replayed (`pool` makes one
+    per source, server and rank, in the order they first sent) and the headless route's
+    bench and tests (the pools given)."""
+
+    def __init__(self, pools: Iterable[Any] = ()) -> None:
+        self.lock = threading.RLock()
+        self.pools: list[Any] = list(pools)
+        self._of: dict[tuple[str, str, int], Any] = {}
+
+    def pool(self, source: str, server: str, rank: int) -> Any:
+        """The stream's pool, made (`engine.remote.overlay.journal_pool_class`) at its first use."""
+        got = self._of.get((source, server, rank))
+        if got is None:
+            from engine.remote.overlay import journal_pool_class
+
+            got = self._of[(source, server, rank)] = journal_pool_class()(source, rank, server=server)
+            self.pools.append(got)
+        return got
 
 
 def untaken_rows(att: Any, taken: dict[int, int]) -> int:

@@ -92,16 +92,6 @@ def journal_path_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
             "cachescope_events_per_s_cpu": round(rows / max(cpu, 1e-9))}
 
 
-class _Pools:
-    """What `take_journal_rows` reads of an `Attachment`: its lock and pools."""
-
-    def __init__(self, pools: list) -> None:
-        import threading
-
-        self.lock = threading.RLock()
-        self.pools = pools
-
-
 def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
                      frames_per_tick: int = FRAMES_PER_TICK, overlay: bool = True) -> dict[str, Any]:
     """vLLM events per second (CPU time) through the route an attach takes in the app, headless:
@@ -112,7 +102,7 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     (`prepare_journal`) and written to the window's `PoolState` (`apply_prepared`: log,
     live pool, series, checkpoints, the remote overlay), the calls `RemoteController.tick`
     makes, on one thread. Stages apart in CPU time: decode, pool, place, commit."""
-    from app.runtime.journal_feed import take_journal_rows
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import colpool
@@ -123,7 +113,7 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     colpool.warm_up()
     _warm_journal_state()
     pool = journal_pool_class()("bench")
-    att = _Pools([pool])
+    att = JournalPools([pool])
     state = PoolState()
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     if not overlay:
