@@ -224,9 +224,10 @@ TARGETS: tuple[Target, ...] = (
            "headless `cachescope replay` of the same file, same pool", _open_trace),
     Target("open_capture_app_vs_headless_route", "capture",
            "File > Open of a recorded attach (100,000 vLLM events, `attach --record`'s frames) in a real offscreen "
-           "1280x800 window until every view has drawn the last event", "s", "<= 1.5x the anchor",
+           "1280x800 window until every view has drawn the last event (median of 3 fresh processes)", "s",
+           "<= 1.5x the anchor",
            "the same frames through the attach's route headless (decoded, applied, placed, written to PoolState; "
-           "CPU time), same run", _open_capture),
+           "CPU time, median of 3), same run", _open_capture),
     Target("kernel_lookups_per_s", "engine",
            "replay kernel on the parsed Mooncake trace, the whole of it: array preparation, interning, the compiled "
            "loop and the Python engine's result rows (best of 5)",
