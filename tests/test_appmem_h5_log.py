@@ -20,8 +20,7 @@ def _recorded_ticks(frames_per_tick: int = 16) -> list[list[bytes]]:
 
 
 def test_a_journal_logs_per_block_state_beside_its_hashes_and_places_is_not_kept():
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire

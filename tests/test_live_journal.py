@@ -45,8 +45,7 @@ def feed_state(state, frames, reset_every: int = 0, per_tick: int = 16, source: 
     pool (`journal_pool_class`) applies `per_tick` frames a tick (a restart every `reset_every`),
     and the tick's rows are taken, placed and written (`take_journal_rows`, `prepare_journal`,
     `apply_prepared`); `after_tick()` after each tick."""
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from engine.core.live_journal import prepare_journal
     from engine.remote.overlay import journal_pool_class
 

@@ -10,8 +10,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def fed():
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.live_path import FRAMES_PER_TICK
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream

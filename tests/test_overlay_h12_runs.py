@@ -71,8 +71,7 @@ def routed():
     """A recorded vLLM stream (engine.bench.attach.recorded_stream) on the app's journal
     route, 8 frames a tick, the rates read after every tick; and every stored row's time and
     slot as the journal and the placer gave them."""
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal

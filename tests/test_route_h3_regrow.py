@@ -82,8 +82,7 @@ def _snapshot(state) -> dict:
 
 
 def _route(num_events: int, frames_per_tick: int) -> list[dict]:
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream
     from engine.core.live_journal import prepare_journal

@@ -29,8 +29,7 @@ def _pool_snapshot(state) -> dict:
 
 
 def _ticks(payload_ticks: list[list[bytes]], first_seq: int = 0) -> tuple[list[dict], int]:
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire
@@ -154,8 +153,7 @@ class _AlwaysSeen(dict):
 def _servers_route(looked_up: bool) -> list[dict]:
     """Two ranks of one server whose batch seqs overlap, a batch of two tiers, a restart
     (seqs from 0 again, at later times), ticks of at most 3 rows (a batch's rows in two)."""
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.state import PoolState
     from engine.core.live_journal import prepare_journal
     from engine.remote import fastwire

@@ -33,8 +33,7 @@ def test_one_value_appended_many_times_reads_back_as_given():
 def journalled():
     """A recorded stream placed tick by tick into a journal-fed log (past one chunk of hash
     keys), and every tick's journal keys and widths as taken."""
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.live_path import FRAMES_PER_TICK
     from app.runtime.state import PoolState
     from engine.bench.attach import recorded_stream

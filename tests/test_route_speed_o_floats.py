@@ -66,8 +66,7 @@ def test_the_chunks_room_is_a_sixteenth_of_the_values():
 
 def _ticks(num_events: int):
     """A recorded stream's ticks, as `journal_app_rate` takes them."""
-    from app.runtime.journal_feed import take_journal_rows
-    from app.runtime.journal_feed import JournalPools
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
     from app.runtime.live_path import FRAMES_PER_TICK
     from engine.bench.attach import recorded_stream
     from engine.remote import fastwire
