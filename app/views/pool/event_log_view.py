@@ -12,7 +12,6 @@ the line under the table repeats the shown event's details with its "event N" as
 
 from __future__ import annotations
 
-import bisect
 import html
 import re
 import threading
@@ -30,6 +29,7 @@ from app.ui import theme
 from app.ui.filter_bar import FilterBar
 from app.ui.widgets import EventLinkLabel, PanelView, event_link, eviction_phrase
 from engine.core.events import EVENT_TYPES, Event
+from engine.core.projection import EventLog
 
 if TYPE_CHECKING:
     from app.runtime.context import AppContext, Subject
@@ -153,19 +153,14 @@ class _LogOnly:
 
 
 class _EventList:
-    """A Python log's events as far as a search reads them (`log.events[:n]`, a list taken on
-    the GUI thread while the log goes on growing there): its events and `event_at_seq`, what
-    `_LogOnly` asks of a log."""
+    """A Python log (`engine.core.projection.EventLog`) as far as a search reads it: its first
+    `n` events and their seqs, lists taken on the GUI thread while the log goes on growing
+    there, and its own `event_at_seq` over them, what `_LogOnly` asks of a log."""
 
-    def __init__(self, events: list) -> None:
-        self.events = events
-        self._seqs: list[int] | None = None
+    event_at_seq = EventLog.event_at_seq
 
-    def event_at_seq(self, seq: int) -> Any:
-        if self._seqs is None:
-            self._seqs = [e.seq for e in self.events]
-        i = bisect.bisect_left(self._seqs, seq)
-        return self.events[i] if i < len(self._seqs) and self._seqs[i] == seq else None
+    def __init__(self, log: EventLog, n: int) -> None:
+        self.events, self.seqs = log.events[:n], log.seqs[:n]
 
 
 def search_events(events: Any, positions: np.ndarray, text: str, state: Any = None,
@@ -298,7 +293,7 @@ class EventTableModel(QAbstractTableModel):
         if getattr(log, "live_log", False):
             log = log.snapshot()  # (read while the log goes on growing here)
         elif not getattr(log, "columnar_log", False):
-            log = _EventList(list(log.events[:n]))
+            log = _EventList(log, n)
         self._todo, self._todo_log, self._done = found, log, 0
         self._submit()
         return np.zeros(0, np.int64)
