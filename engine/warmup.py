@@ -10,7 +10,8 @@ tables grow, so the signatures compiled are the ones real use asks for:
   the chunked stream (`engine.kernel.stream`);
 - the columnar log's series and indexes, and the columnar statistics;
 - a live source's columnar log (`engine.core.live_log.warm_up`);
-- the attached server's columnar pool and its wire decoder (`engine.remote.colpool.warm_up`).
+- the attached server's columnar pool and its wire decoder (`engine.remote.colpool.warm_up`),
+  and the subscriber's compiled receive (`engine.remote.receive.warm_up`).
 
 It never fails the install: a part that fails is named on one stderr line (that part then
 compiles at its first use, as before) and the exit status stays 0. Each part reports how
@@ -75,9 +76,11 @@ def _live_log() -> None:
 
 
 def _remote_pool() -> None:
+    from engine.remote import receive
     from engine.remote.colpool import warm_up
 
     warm_up()
+    receive.warm_up()
 
 
 def warm_journal_route() -> None:

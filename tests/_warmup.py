@@ -62,6 +62,9 @@ def warm_pool() -> None:
     from tests.test_fastwire import FIXTURES
 
     colpool.warm_up()
+    from engine.remote import receive
+
+    receive.warm_up()  # the subscriber's compiled receive
     for frames in FIXTURES.values():
         whole, short = ColumnarPool("warm-up"), ColumnarPool("warm-up-short", max_removed=64)
         # journalling pools, a frame at a time and many at once (the attach route's): the

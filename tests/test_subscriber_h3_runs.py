@@ -87,7 +87,7 @@ def test_handle_many_of_broken_runs_gives_what_handle_gives():
             alone.handle(frames)
         sub = subscriber(many, runs=True)
         payloads: list = []
-        sub._decode_run = lambda first, ps: (payloads.extend(ps), decode_columns_many(first, ps))[1]
+        sub._decode_run = lambda first, ps, at=None: (payloads.extend(ps), decode_columns_many(first, ps, at))[1]
         for i in range(0, len(messages), read):
             sub.handle_many(messages[i:i + read])
         assert many.entries == one.entries

@@ -601,7 +601,7 @@ class ColumnarBatch:
         if self.payload is None:
             return VllmBatch(self.seq, self.ts, tuple(self.events[i] for i in range(len(self.rows))),
                              self.data_parallel_rank)
-        return _fast(self.seq, self.payload)
+        return _fast(self.seq, bytes(self.payload))  # (a view of a receive's buffer, or bytes)
 
 
 def columns_of(batch: VllmBatch) -> ColumnarBatch:
@@ -1074,21 +1074,28 @@ class DecodedRun:
         self.meta, self.tss, self.rows, self.data = meta, tss, rows, data
 
 
-def decode_columns_many(first_seq: int, payloads: list[bytes]) -> list[ColumnarBatch]:
+def decode_columns_many(first_seq: int, payloads: list[bytes], at: tuple[np.ndarray, np.ndarray] | None = None
+                        ) -> list[ColumnarBatch]:
     """`[decode_columns(first_seq + i, p) for i, p in enumerate(payloads)]` (and the same
     MalformedFrame from the first bad frame), its frames of common events read by one
     compiled call (`_common_frames_at`); their rows and data are views of two arrays
     shared by the run's batches, which name it (`run`, `run_at`: the frame's index in it),
-    kept for later runs once nothing refers to them (`_RunRooms`)."""
+    kept for later runs once nothing refers to them (`_RunRooms`). `at`: where the
+    payloads' bytes lie (addresses, sizes), for payloads that are views of one buffer
+    (`engine.remote.receive.QueuedMessages.payloads`), which the batches keep."""
     if not payloads:
         return []
     n = len(payloads)
-    # the frames' data read where it lies: their addresses, held alive by `frames` for the
-    # call (bytes themselves; any other buffer as a bytes copy)
-    frames = payloads if all(map(_IS_BYTES, map(type, payloads))) else [bytes(p) for p in payloads]
-    addresses = np.fromiter(map(id, frames), np.int64, n)
-    addresses += _BYTES_DATA
-    sizes = np.fromiter(map(len, frames), np.int64, n)
+    if at is not None:
+        addresses, sizes = at
+        frames = payloads
+    else:
+        # the frames' data read where it lies: their addresses, held alive by `frames` for
+        # the call (bytes themselves; any other buffer as a bytes copy)
+        frames = payloads if all(map(_IS_BYTES, map(type, payloads))) else [bytes(p) for p in payloads]
+        addresses = np.fromiter(map(id, frames), np.int64, n)
+        addresses += _BYTES_DATA
+        sizes = np.fromiter(map(len, frames), np.int64, n)
     meta = np.zeros((n, NUM_M), np.int64)
     tss = np.zeros(n, np.float64)
     rows, data = _ROOMS.take(*_run_room(n, int(sizes.sum())))
@@ -1099,7 +1106,7 @@ def decode_columns_many(first_seq: int, payloads: list[bytes]) -> list[ColumnarB
         return list(map(ColumnarBatch.of_run, range(first_seq, first_seq + n), tss.tolist(), meta[:, M_RANK].tolist(),
                         payloads, meta[:, M_KEYS].tolist(), meta[:, M_TOKENS].tolist(), repeat(run, n), range(n)))
     return [ColumnarBatch(seq, ts, None if rank < 0 else rank, None, None, None, None, {}, payload, None, nk, ntok,
-                          run, at) if ok else _uncommon_columns(seq, payload)
+                          run, at) if ok else _uncommon_columns(seq, bytes(payload))
             for at, (seq, (ok, rank, nk, ntok), ts, payload)
             in enumerate(zip(range(first_seq, first_seq + len(payloads)),
                              meta[:, [M_OK, M_RANK, M_KEYS, M_TOKENS]].tolist(), tss.tolist(), payloads))]

@@ -35,6 +35,7 @@ import numpy as np
 from engine.core.errors import InputError
 from engine.core.threads import lower_priority
 from engine.remote.fleet import server_of_topic
+from engine.remote.receive import QueuedMessages
 from engine.remote.wire import MalformedFrame, VllmBatch, parse_pub, parse_replay, seq_frame
 
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:/\[\]]+):(?P<port>[^:/]+)$")
@@ -261,6 +262,7 @@ class VllmSubscriber:
         self._thread = threading.Thread(target=self._run, name=f"vllm-sub {endpoint}", daemon=True)
         self._sub = None
         self._monitor = None
+        self._receiver = None  # the compiled receive of the SUB socket (`engine.remote.receive`), where it runs
         if not socket:  # a stream fed by another subscriber's socket (demux)
             return
         self._sub = self._ctx.socket(zmq.SUB)
@@ -277,6 +279,10 @@ class VllmSubscriber:
         # A frame past MAXMSGSIZE makes ZMQ drop the connection and not come back; watching
         # for disconnects lets us connect again, so one oversized frame never ends the stream.
         self._monitor = None if bind else self._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        from engine.remote import receive
+
+        if receive.warm_up():  # (loaded from numba's cache once per process, as the skim above)
+            self._receiver = receive.Receiver(self._sub)
 
     @property
     def last_seq(self) -> int | None:
@@ -298,6 +304,8 @@ class VllmSubscriber:
         if self._monitor is not None:
             self._sub.disable_monitor()
             self._monitor.close(linger=0)
+        if self._receiver is not None and not self._thread.is_alive():
+            self._receiver.close()  # (a thread that did not stop may still be reading with it)
         self._sub.close(linger=0)
 
     # ---- the sequence rules ----------------------------------------------------------
@@ -696,31 +704,39 @@ class VllmSubscriber:
         while frames keep coming. The monitor, the stop flag and the join are looked at
         again after each DRAIN_FRAMES."""
         num_read = 0
+        receiver = self._receiver
         while num_read < DRAIN_FRAMES and not self._stop.is_set():
-            messages: list[list[bytes]] = []
-            if not read_queued(sub, messages, DRAIN_FRAMES - num_read, DRAIN_BYTES):
-                return
+            if receiver is not None:  # one compiled call, the GIL let go (`engine.remote.receive`)
+                messages = receiver.read(DRAIN_FRAMES - num_read, DRAIN_BYTES)
+                if messages is None:
+                    return
+            else:
+                messages = []
+                if not read_queued(sub, messages, DRAIN_FRAMES - num_read, DRAIN_BYTES):
+                    return
             num_read += len(messages)
             self.handle_many(messages)
 
-    def handle_many(self, messages: list[list[bytes]]) -> None:
+    def handle_many(self, messages: list[list[bytes]] | QueuedMessages) -> None:
         """PUB messages in the order they came, each as `handle` takes it; but a run of them
         that simply follows on (this stream's topic, each the number after the last batch,
         each well-formed) is decoded and delivered at once: one hand-off to `on_batches`
         (when set, and nobody listens per batch on `on_health`) and one count of the run.
         Whatever else (the first batch, a gap, a number back or far ahead, a malformed
         frame, another topic, a shared socket's pods) goes through `handle`. What is not
-        handled (stopping, or a callback raised) is kept, first in line, for `_run`."""
+        handled (stopping, or a callback raised) is kept, first in line, for `_run`.
+        `messages` may be what a compiled receive read (`QueuedMessages`): its runs are
+        decoded where they lie in its buffer."""
         i, num = 0, len(messages)
         try:
             while i < num and not self._stop.is_set():
-                batches = self._follow_on(messages, i)
+                batches, payloads = self._follow_on(messages, i)
                 if not batches:
                     i += 1
                     self.handle(messages[i - 1])
                     continue
-                if self.on_frames is not None:  # (a run's frames are [topic, seq, payload])
-                    self.on_frames(self.health.last_seq + 1, [m[2] for m in messages[i:i + len(batches)]])
+                if self.on_frames is not None:  # (the run's payloads, as bytes)
+                    self.on_frames(self.health.last_seq + 1, [bytes(p) for p in payloads[:len(batches)]])
                 if self.on_batches is not None and self.on_health is None:
                     i += len(batches)
                     self.on_batches(batches)
@@ -737,30 +753,40 @@ class VllmSubscriber:
             if i < num:
                 self._held.extendleft(reversed(messages[i:]))
 
-    def _follow_on(self, messages: list[list[bytes]], start: int) -> list:
+    def _follow_on(self, messages: list[list[bytes]] | QueuedMessages, start: int) -> tuple[list, list]:
         """The batches of messages[start:] that follow on from the last one, decoded, up to
         the first that does not (the rules `handle` applies to each frame all pass for
-        these: the next number is neither a gap, nor back, nor a jump). With fastwire's
-        columns for decoder (a columnar pool's attachment) the run is decoded by one call
-        (`decode_columns_many`); if a frame of it is malformed, the frames before it one at a time."""
+        these: the next number is neither a gap, nor back, nor a jump), and the payloads of
+        the run (bytes, or views of a `QueuedMessages`' buffer). With fastwire's columns
+        for decoder (a columnar pool's attachment) the run is decoded by one call
+        (`decode_columns_many`, from the buffer where the payloads lie); if a frame of it
+        is malformed, the frames before it one at a time."""
         last = self.health.last_seq
         if last is None or self._low or self._demux is not None:
-            return []
-        payloads = self._run_payloads(messages, start, last + 1)
-        if not payloads:
-            return []
+            return [], []
+        at = None
+        if isinstance(messages, QueuedMessages):
+            num = messages.follow_on(start, self.topic, last + 1)
+            if not num:
+                return [], []
+            payloads, *where = messages.payloads(start, num)
+            at = tuple(where)
+        else:
+            payloads = self._run_payloads(messages, start, last + 1)
+            if not payloads:
+                return [], []
         if self._decode_run is not None:  # the run in one compiled call, as bench attach times it
             try:
-                return self._decode_run(last + 1, payloads)
+                return self._decode_run(last + 1, payloads, at), payloads
             except MalformedFrame:
                 pass  # one of them is: those before it, one at a time
         batches = []
         for j, payload in enumerate(payloads):
             try:
-                batches.append(self._decode(last + 1 + j, payload))
+                batches.append(self._decode(last + 1 + j, bytes(payload)))
             except MalformedFrame:
                 break  # `handle` counts it
-        return batches
+        return batches, payloads
 
     def _run_payloads(self, messages: list[list[bytes]], start: int, first: int) -> list[bytes]:
         """The payloads of messages[start:] up to the first that is not a frame of this
