@@ -87,3 +87,26 @@ def test_a_burst_in_a_steady_stream_is_room_for_a_few_drops_only():
     usual = max(b for b, _ in sizes[-5:])
     assert sizes[12][0] > 5 * usual
     assert all(room <= 1.5 * usual + 1024 for _, room in sizes[12:])
+
+
+def test_the_arrays_rows_were_held_in_are_held_in_again_but_never_under_a_reader():
+    """A reader that keeps each tick's rows until after the next apply (as the window's
+    feed does, placed but not yet written): the journal holds its rows in the arrays it
+    dropped once no reader's rows refer to them, so a steady stream makes no new array
+    after its first drops, and rows a reader still holds are never written over."""
+    frames = _frames(60_000, 30_000, seed=8)
+    pool = ColumnarPool("t", journal=True)
+    held = kept = None
+    arrays = set()
+    num = 0
+    for n, i in enumerate(range(0, len(frames), HOLD)):
+        pool.apply_many(frames[i:i + HOLD])
+        if held is not None:  # the tick before, read after this apply
+            assert np.array_equal(_columns(held), kept)
+        rows = pool.take_journal()
+        held, kept = rows, _columns(rows)
+        pool.release_journal(rows.stop)
+        if n >= 2 * pool._journal_drops_seen:
+            arrays.add(id(pool.J))
+            num += 1
+    assert num > 50 and len(arrays) <= 3, (len(arrays), num)  # (the ids of arrays alive: none freed and made again)

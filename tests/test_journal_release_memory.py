@@ -6,11 +6,13 @@ array the pool dropped at `release_journal` (about 56 B a block while a stream i
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 
 import numpy as np
 
 from engine.core import live_journal
+from engine.remote import colpool
 
 
 def test_the_log_does_not_keep_a_released_row_array():
@@ -30,8 +32,12 @@ def test_the_log_does_not_keep_a_released_row_array():
         del rows
     gc.collect()
     assert pool.journal_base > 0 and len(old_arrays) > 2
-    alive = [r for r in old_arrays if r() is not None and r() is not pool.J]
+    # (the pool keeps at most JOURNAL_ROOMS of the arrays it dropped, to hold its rows in again)
+    rooms = pool._journal_rooms
+    assert len(rooms) <= colpool.JOURNAL_ROOMS
+    alive = [r for r in old_arrays if r() is not None and r() is not pool.J and not any(r() is a for a in rooms)]
     assert not alive, f"{len(alive)} released row arrays are still held"
+    assert all(sys.getrefcount(rooms[k]) == 2 for k in range(len(rooms)))  # the list's alone: none is read
     # and the stores still read back, through the arrays kept
     stores = log.columnar.store_attributes
     parent, tokens, _salt, _ext, _tenant = stores[len(stores) - 1]

@@ -125,6 +125,7 @@ recorded fixture and on corrupted frames.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from itertools import repeat
 from operator import attrgetter, is_, is_not
@@ -200,6 +201,10 @@ NUM_S = 26  # S_FREE: the first free slot + 1 (0: none); S_BID: the batch row be
 # (`_widen`). Each store's ids follow the one before's in the token array
 J_OP, J_TIER, J_SLOT, J_SEQ, J_STORE, J_KEY, J_WIDTH = range(7)
 NUM_J = 7
+# The arrays a journal's rows were held in, kept to hold them again (`ColumnarPool._journal_array`):
+# at most this many, of at most this many bytes each (a burst's larger array goes)
+JOURNAL_ROOMS = 2
+JOURNAL_ROOM_BYTES = 16 << 20
 # RX: the stores as runs of one token count and tenant (int64 rows: the run's first store,
 # the count, the tenant + 1, the first store's token start; in store order, S_NRX of them):
 # a store's count, tenant and token start are its run's (`StoreRuns`). An event's blocks
@@ -2050,6 +2055,7 @@ class ColumnarPool:
         # before the first), and the rows kept at the last: the journal's room after a drop
         self._journal_arrivals: tuple[int, ...] = (0,) * self._journal_drops_seen
         self._journal_kept = 0
+        self._journal_rooms: list[np.ndarray] = []  # arrays J was held in, to hold it again (`_journal_array`)
         self.SF = np.zeros(2, np.float64)
         self.TI = np.zeros((MAX_TIERS, NUM_T), np.int64)
         self.G = _new_group_dict()
@@ -2266,7 +2272,9 @@ class ColumnarPool:
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
             need = r + rows + 1024
-            _grow_rows(self, "J", max(len(self.J) + len(self.J) // 2, need))
+            J = self._journal_array(max(len(self.J) + len(self.J) // 2, need))
+            J[:r] = self.J[:r]
+            self._hold_journal(J)
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)
         for name, used, more in (("JS", o, stores), ("K", o, stores), ("PX", int(self.S[S_NPX]), events),
                                  ("RX", int(self.S[S_NRX]), min(stores, 3 * events))):
@@ -2915,13 +2923,38 @@ class ColumnarPool:
         # after the 1M blocks of bench gui's held pool were taken in two bites)
         self._journal_arrivals = self._journal_arrivals[1:] + (held - self._journal_kept,)
         steady = sorted(self._journal_arrivals)[len(self._journal_arrivals) // 2]
-        J = np.empty((keep + max(steady + steady // 4, 1024), NUM_J), np.int64)
+        J = self._journal_array(keep + max(steady + steady // 4, 1024))
         J[:keep] = self.J[drop:held]
-        self.J = J
+        self._hold_journal(J)
         self.S[S_JROWS] = keep
         self._journal_kept = keep
         self.journal_base += drop
         self._journal_released(drop)
+
+    def _journal_array(self, rows: int) -> np.ndarray:
+        """An array for the journal's rows, `rows` at least (rows past the held ones are
+        never read: not zeroed): one J was held in before that nothing refers to any more
+        (no `JournalRows` a reader kept), else a new one. An attached window's J grew 26-36
+        times per 100K vLLM events (its backlog between two takes), each growth and drop a
+        new array whose pages were faulted in again: 18-30 ms of the subscriber thread."""
+        rooms = self._journal_rooms
+        # one more than twice as large is a burst's: it goes (a steady stream's room is kept, not a peak's)
+        rooms[:] = [room for room in rooms if len(room) <= 2 * rows + 1024]
+        for k in range(len(rooms)):
+            if len(rooms[k]) >= rows and sys.getrefcount(rooms[k]) == 2:  # the list's and the argument
+                return rooms.pop(k)
+        # an eighth more: the next drops' room, about as large, fits in it again
+        return np.empty((rows + rows // 8, NUM_J), np.int64)
+
+    def _hold_journal(self, J: np.ndarray) -> None:
+        """J from now on; the array before kept for a later `_journal_array` (the largest
+        JOURNAL_ROOMS of at most JOURNAL_ROOM_BYTES each)."""
+        old, self.J = self.J, J
+        if old.nbytes <= JOURNAL_ROOM_BYTES:
+            rooms = self._journal_rooms
+            rooms.append(old)
+            if len(rooms) > JOURNAL_ROOMS:  # (by position: arrays compare element by element)
+                del rooms[min(range(len(rooms)), key=lambda k: len(rooms[k]))]
 
     def _journal_released(self, dropped: int) -> None:
         """Called after the journal dropped its first `dropped` held rows (`release_journal`):
@@ -3150,7 +3183,7 @@ class ColumnarPool:
     def nbytes(self) -> int:
         """Bytes of every array the pool holds (capacity, not only what is used)."""
         arrays = [self.K, self.L, self.C, self.F, self.T, self.BSEQ, self.tab, self.tok, self.S, self.SF, self.TI,
-                  self.J, self.JS, self.SO, self.PX, self.RX, self.RM]
+                  self.J, self.JS, self.SO, self.PX, self.RX, self.RM, *self._journal_rooms]
         return sum(a.nbytes for a in arrays) + self.maps.nbytes
 
 
