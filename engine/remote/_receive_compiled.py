@@ -1,7 +1,7 @@
 """The compiled half of `engine.remote.receive`: libzmq's message calls as numba
 intrinsics (each an external symbol `cachescope_<name>`, which `receive._make` hands to
-LLVM by address before this module is imported) and the loops that use them. Imported
-only through `receive`, once the symbols are there.
+LLVM by address before this module is imported), the loops that use them, and the codes
+they share with it. Imported only through `receive`, once the symbols are there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.remote.receive import DONE, ROOM, ST_FIRST, ST_LAST_BYTES, ST_NUM, ST_PARTS, ST_PENDING, ST_USED, ZMQ_DONTWAIT
+ZMQ_DONTWAIT = 1
+# the compiled call's outcomes (a negative one: -errno of a failed receive)
+DONE = 0  # the bounds were reached
+ROOM = 1  # a part did not fit: it is kept in the message struct until the call is made again
+# state: messages, parts, bytes used, a part kept (1), first part of the message in progress,
+# the last parts' bytes of the whole messages (the bound read_queued keeps to)
+ST_NUM, ST_PARTS, ST_USED, ST_PENDING, ST_FIRST, ST_LAST_BYTES = range(6)
+NUM_ST = 6
 
 _I8P = ir.IntType(8).as_pointer()
 _I32 = ir.IntType(32)

@@ -205,6 +205,7 @@ NUM_J = 7
 # at most this many, of at most this many bytes each (a burst's larger array goes)
 JOURNAL_ROOMS = 2
 JOURNAL_ROOM_BYTES = 16 << 20
+SLACK_ROWS = 1024  # the rows of room a growth keeps past what it needs
 # RX: the stores as runs of one token count and tenant (int64 rows: the run's first store,
 # the count, the tenant + 1, the first store's token start; in store order, S_NRX of them):
 # a store's count, tenant and token start are its run's (`StoreRuns`). An event's blocks
@@ -2272,7 +2273,8 @@ class ColumnarPool:
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
             need = r + rows + 1024
-            J = self._journal_array(max(len(self.J) + len(self.J) // 2, need))
+            rows = max(len(self.J) + len(self.J) // 2, need)
+            J = self._journal_array(rows, rows + SLACK_ROWS, rows)  # (growth leaves at most half again the room)
             J[:r] = self.J[:r]
             self._hold_journal(J)
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)
@@ -2923,7 +2925,11 @@ class ColumnarPool:
         # after the 1M blocks of bench gui's held pool were taken in two bites)
         self._journal_arrivals = self._journal_arrivals[1:] + (held - self._journal_kept,)
         steady = sorted(self._journal_arrivals)[len(self._journal_arrivals) // 2]
-        J = self._journal_array(keep + max(steady + steady // 4, 1024))
+        rows = keep + max(steady + steady // 4, 1024)
+        # one more than twice as large as that is a burst's: it goes (a steady stream's room is
+        # kept, not a peak's); a new one an eighth larger, so the next drops' room fits in it
+        self._journal_rooms[:] = [room for room in self._journal_rooms if len(room) <= 2 * rows + SLACK_ROWS]
+        J = self._journal_array(rows, 2 * rows + SLACK_ROWS, rows + rows // 8)
         J[:keep] = self.J[drop:held]
         self._hold_journal(J)
         self.S[S_JROWS] = keep
@@ -2931,20 +2937,18 @@ class ColumnarPool:
         self.journal_base += drop
         self._journal_released(drop)
 
-    def _journal_array(self, rows: int) -> np.ndarray:
-        """An array for the journal's rows, `rows` at least (rows past the held ones are
+    def _journal_array(self, rows: int, most: int, new: int) -> np.ndarray:
+        """An array for the journal's rows, `rows` to `most` (rows past the held ones are
         never read: not zeroed): one J was held in before that nothing refers to any more
-        (no `JournalRows` a reader kept), else a new one. An attached window's J grew 26-36
-        times per 100K vLLM events (its backlog between two takes), each growth and drop a
-        new array whose pages were faulted in again: 18-30 ms of the subscriber thread."""
+        (no `JournalRows` a reader kept), else a new one of `new`. An attached window's J
+        grew 26-36 times per 100K vLLM events (its backlog between two takes), each growth
+        and drop a new array whose pages were faulted in again: 18-30 ms of the subscriber
+        thread."""
         rooms = self._journal_rooms
-        # one more than twice as large is a burst's: it goes (a steady stream's room is kept, not a peak's)
-        rooms[:] = [room for room in rooms if len(room) <= 2 * rows + 1024]
         for k in range(len(rooms)):
-            if len(rooms[k]) >= rows and sys.getrefcount(rooms[k]) == 2:  # the list's and the argument
+            if rows <= len(rooms[k]) <= most and sys.getrefcount(rooms[k]) == 2:  # the list's and the argument
                 return rooms.pop(k)
-        # an eighth more: the next drops' room, about as large, fits in it again
-        return np.empty((rows + rows // 8, NUM_J), np.int64)
+        return np.empty((new, NUM_J), np.int64)
 
     def _hold_journal(self, J: np.ndarray) -> None:
         """J from now on; the array before kept for a later `_journal_array` (the largest

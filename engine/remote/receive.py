@@ -29,18 +29,9 @@ from typing import Any
 import numpy as np
 
 MSG_BYTES = 64  # sizeof(zmq_msg_t)
-ZMQ_DONTWAIT = 1
-# the compiled call's outcomes (a negative one: -errno of a failed receive)
-DONE = 0  # the bounds were reached
-ROOM = 1  # a part did not fit: it is kept in the message struct until the call is made again
-
-# state: messages, parts, bytes used, a part kept (1), first part of the message in progress,
-# the last parts' bytes of the whole messages (the bound read_queued keeps to)
-ST_NUM, ST_PARTS, ST_USED, ST_PENDING, ST_FIRST, ST_LAST_BYTES = range(6)
-
 _NAMES = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_msg_close",
           "zmq_errno")
-_READY: list[Any] = []  # [the compiled reader] once made; [None] when it cannot be
+_READY: list[Any] = []  # [the compiled half, `_receive_compiled`] once made; [None] when it cannot be
 _LOCK = threading.Lock()
 
 
@@ -112,7 +103,7 @@ def _make() -> Any:
         return None
     from engine.remote import _receive_compiled
 
-    return _receive_compiled.recv_queued
+    return _receive_compiled
 
 
 class QueuedMessages:
@@ -182,7 +173,7 @@ class Receiver:
     def __init__(self, sock: Any) -> None:
         self.sock = sock
         self.msg = np.zeros(MSG_BYTES // 8, np.int64)  # the zmq_msg_t (8-aligned)
-        self.st = np.zeros(6, np.int64)
+        self.st = np.zeros(8, np.int64)  # the compiled reader's state (`_receive_compiled.ST_*`)
         self._bufs: list[np.ndarray] = []
         self._parts = np.empty((1024, 3), np.int64)
         self._error: int = 0  # a receive's failure, raised at the next read
@@ -210,26 +201,26 @@ class Receiver:
         if self._error:
             e, self._error = self._error, 0
             raise zmq.ContextTerminated(e) if e == zmq.ETERM else zmq.ZMQError(e)
-        recv = _reader()
+        rc = _reader()
         sock = self.sock.underlying
         buf = self._buffer(max_bytes + (1 << 20))
         parts = self._parts
         st = self.st
-        st[ST_NUM] = st[ST_PARTS] = st[ST_USED] = st[ST_FIRST] = st[ST_LAST_BYTES] = 0  # (ST_PENDING stays)
+        st[rc.ST_NUM] = st[rc.ST_PARTS] = st[rc.ST_USED] = st[rc.ST_FIRST] = st[rc.ST_LAST_BYTES] = 0  # (PENDING stays)
         while True:
-            code = recv(sock, self.msg, buf, parts, st, max_messages, max_bytes)
-            if code != ROOM:
+            code = rc.recv_queued(sock, self.msg, buf, parts, st, max_messages, max_bytes)
+            if code != rc.ROOM:
                 break
-            used, num_parts = int(st[ST_USED]), int(st[ST_PARTS])
+            used, num_parts = int(st[rc.ST_USED]), int(st[rc.ST_PARTS])
             if num_parts == len(parts):
                 parts = self._parts = np.concatenate([parts, np.empty_like(parts)])
             else:  # the kept part's bytes: a buffer with room for it (what was read, copied)
-                grown = self._buffer(2 * len(buf) + _msg_size(self.msg))
+                grown = self._buffer(2 * len(buf) + int(rc.msg_size_of(self.msg)))
                 grown[:used] = buf[:used]
                 buf = grown
         if code < 0 and -code not in (zmq.EAGAIN, _errno_codes.EINTR):
             self._error = -code
-        num = int(st[ST_NUM])
+        num = int(st[rc.ST_NUM])
         if not num:
             if self._error:
                 return self.read(max_messages, max_bytes)  # raises it
@@ -237,27 +228,21 @@ class Receiver:
         # a message cut short (never, in libzmq: a message's parts come together) is dropped, as
         # read_queued drops it
         starts = np.empty(num + 1, np.int64)
-        whole = parts[:int(st[ST_FIRST]), 2]  # the `more` flags of the whole messages' parts
+        first = int(st[rc.ST_FIRST])  # (one past the whole messages' parts)
+        whole = parts[:first, 2]  # their `more` flags
         starts[0] = 0
         starts[1:] = np.flatnonzero(whole == 0) + 1
-        return QueuedMessages(buf, parts[:int(st[ST_FIRST]), :2].copy(), starts)
+        return QueuedMessages(buf, parts[:first, :2].copy(), starts)
 
     def close(self) -> None:
         """Free a part kept between reads (the socket closes after)."""
-        if self.st[ST_PENDING]:
-            from engine.remote import _receive_compiled
-
-            _receive_compiled.close_msg(self.msg)
-            self.st[ST_PENDING] = 0
+        rc = _READY[0] if _READY else None
+        if rc is not None and self.st[rc.ST_PENDING]:
+            rc.close_msg(self.msg)
+            self.st[rc.ST_PENDING] = 0
 
 
 def _unheld(bufs: list[np.ndarray], k: int) -> bool:
     # references to the buffer: the list's and getrefcount's argument, nothing else (a batch's
     # payload view, a `QueuedMessages`)
     return sys.getrefcount(bufs[k]) == 2
-
-
-def _msg_size(msg: np.ndarray) -> int:
-    from engine.remote import _receive_compiled
-
-    return int(_receive_compiled.msg_size_of(msg))
