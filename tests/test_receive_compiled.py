@@ -4,8 +4,8 @@
 messages `read_queued` reads, part for part, within the same bounds, whatever the
 messages (vLLM 0.33's own PUB frames, the recorded stream's, a part larger than its
 buffer, more parts than its table, empty parts). `QueuedMessages.follow_on` must count
-what `VllmSubscriber._run_payloads` hands on for every broken run, and a subscriber fed
-`QueuedMessages` must deliver and count what one fed lists does.
+what `VllmSubscriber._run_payloads` hands on for every broken run (a subscriber fed
+`QueuedMessages`: `tests.test_subscriber_h3_runs`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from engine.remote.fastwire import decode_columns
 from engine.remote.receive import QueuedMessages, Receiver
 from engine.remote.subscriber import VllmSubscriber, read_queued
 from tests.test_subscriber_h3_runs import PAYLOADS, VLLM, broken_runs, pub
-from tests.test_subscriber_runs import Log, counts, subscriber
 
 pytestmark = pytest.mark.skipif(not receive.available(), reason="libzmq is not one the compiled receive finds here")
 
@@ -95,17 +94,10 @@ def test_a_held_buffer_is_not_written_over():
         b.close(0)
 
 
-def _runs() -> dict[str, list[list[bytes]]]:
-    out = broken_runs()
-    run = out["whole"]
-    out["another topic as long"] = run[:10] + [pub(110, topic=b"kv-eventz")] + run[11:]
-    return out
-
-
-@pytest.mark.parametrize("name", list(_runs()))
+@pytest.mark.parametrize("name", list(broken_runs()))
 @pytest.mark.parametrize("topic", ["kv-events", ""])
 def test_follow_on_counts_what_run_payloads_hands_on(name, topic):
-    messages = _runs()[name]
+    messages = broken_runs()[name]
     queued = QueuedMessages.of(messages)
     assert queued[:] == [[bytes(p) for p in m] for m in messages]
     sub = VllmSubscriber("tcp://127.0.0.1:1", lambda b: None, topic=topic, socket=False, decode=decode_columns)
@@ -117,20 +109,3 @@ def test_follow_on_counts_what_run_payloads_hands_on(name, topic):
             assert num == len(want), (name, start, f)
             views, _, sizes = queued.payloads(start, num)
             assert [bytes(v) for v in views] == want and sizes.tolist() == list(map(len, want))
-
-
-def test_handle_many_of_queued_messages_gives_what_handle_gives():
-    messages = [pub(s) for s in range(100)]
-    for run in _runs().values():
-        messages += run
-    for read in (256, 5):
-        one, many = Log(), Log()
-        alone = subscriber(one, runs=False)
-        for frames in messages:
-            alone.handle(frames)
-        sub = subscriber(many, runs=True)
-        for i in range(0, len(messages), read):
-            sub.handle_many(QueuedMessages.of(messages[i:i + read]))
-        assert many.entries == one.entries
-        assert counts(sub) == counts(alone)
-        assert max(many.runs) >= min(read, 160)

@@ -15,6 +15,7 @@ import zmq
 from engine.bench.attach import recorded_stream
 from engine.remote import attachment
 from engine.remote.fastwire import decode_columns, decode_columns_many
+from engine.remote.receive import QueuedMessages
 from engine.remote.subscriber import VllmSubscriber, read_queued
 from tests.test_subscriber_runs import Log, counts, subscriber
 from tests.test_vllm_attach import fixture_frames
@@ -58,6 +59,7 @@ def broken_runs() -> dict[str, list[list[bytes]]]:
     out["the first is back"] = [pub(99)] + run
     out["one"] = run[:1]
     out["a restart at the end"] = run + [pub(0), pub(1)]
+    out["another topic as long"] = run[:10] + [pub(110, topic=b"kv-eventz")] + run[11:]
     return out
 
 
@@ -74,9 +76,12 @@ def test_a_run_is_checked_at_once_as_frame_by_frame(name, topic):
             assert all(type(p) is bytes for p in got)
 
 
-def test_handle_many_of_broken_runs_gives_what_handle_gives():
-    """Every broken run after a good start, read 256 and 5 at a time: the batches (bytes
-    payloads), their order, notices and counters of handling each frame alone."""
+@pytest.mark.parametrize("read_as", ["lists", "compiled receive"])
+def test_handle_many_of_broken_runs_gives_what_handle_gives(read_as):
+    """Every broken run after a good start, read 256 and 5 at a time (as `read_queued`'s
+    lists, or as the compiled receive's `QueuedMessages`, decoded where they lie): the
+    batches (bytes payloads), their order, notices and counters of handling each frame alone."""
+    wrap = list if read_as == "lists" else QueuedMessages.of
     messages = [pub(s) for s in range(100)]
     for run in broken_runs().values():
         messages += run
@@ -89,10 +94,11 @@ def test_handle_many_of_broken_runs_gives_what_handle_gives():
         payloads: list = []
         sub._decode_run = lambda first, ps, at=None: (payloads.extend(ps), decode_columns_many(first, ps, at))[1]
         for i in range(0, len(messages), read):
-            sub.handle_many(messages[i:i + read])
+            sub.handle_many(wrap(messages[i:i + read]))
         assert many.entries == one.entries
         assert counts(sub) == counts(alone)
-        assert max(many.runs) >= min(read, 160) and all(type(p) is bytes for p in payloads)
+        assert max(many.runs) >= min(read, 160)
+        assert all(type(p) is (bytes if read_as == "lists" else memoryview) for p in payloads)
 
 
 def _socket_pair(name: str):

@@ -6,6 +6,8 @@ they share with it. Imported only through `receive`, once the symbols are there.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -35,11 +37,28 @@ def _ptr(builder, address):
     return builder.inttoptr(address, _I8P)
 
 
-@intrinsic
-def _msg_init(typingctx, msg):  # pragma: no cover - compiled
-    def codegen(context, builder, signature, args):
-        return builder.sext(_call(builder, "zmq_msg_init", _I32, [_I8P], [_ptr(builder, args[0])]), _I64)
-    return types.int64(types.int64), codegen
+def _on_msg(name: str, returns: str) -> Any:
+    """An intrinsic f(address of a zmq_msg_t) -> int64 that calls libzmq's `name` on it;
+    what `name` returns: "int" (widened), "size" (a size_t) or "pointer" (as an address)."""
+    ret = {"int": _I32, "size": _I64, "pointer": _I8P}[returns]
+
+    @intrinsic
+    def call(typingctx, msg):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            got = _call(builder, name, ret, [_I8P], [_ptr(builder, args[0])])
+            if returns == "int":
+                return builder.sext(got, _I64)
+            return builder.ptrtoint(got, _I64) if returns == "pointer" else got
+        return types.int64(types.int64), codegen
+
+    return call
+
+
+_msg_init = _on_msg("zmq_msg_init", "int")
+_msg_data = _on_msg("zmq_msg_data", "pointer")
+_msg_size = _on_msg("zmq_msg_size", "size")
+_msg_more = _on_msg("zmq_msg_more", "int")
+_msg_close = _on_msg("zmq_msg_close", "int")
 
 
 @intrinsic
@@ -49,34 +68,6 @@ def _msg_recv(typingctx, msg, sock, flags):  # pragma: no cover - compiled
                     [_ptr(builder, args[0]), _ptr(builder, args[1]), builder.trunc(args[2], _I32)])
         return builder.sext(got, _I64)
     return types.int64(types.int64, types.int64, types.int64), codegen
-
-
-@intrinsic
-def _msg_data(typingctx, msg):  # pragma: no cover - compiled
-    def codegen(context, builder, signature, args):
-        return builder.ptrtoint(_call(builder, "zmq_msg_data", _I8P, [_I8P], [_ptr(builder, args[0])]), _I64)
-    return types.int64(types.int64), codegen
-
-
-@intrinsic
-def _msg_size(typingctx, msg):  # pragma: no cover - compiled
-    def codegen(context, builder, signature, args):
-        return _call(builder, "zmq_msg_size", _I64, [_I8P], [_ptr(builder, args[0])])
-    return types.int64(types.int64), codegen
-
-
-@intrinsic
-def _msg_more(typingctx, msg):  # pragma: no cover - compiled
-    def codegen(context, builder, signature, args):
-        return builder.sext(_call(builder, "zmq_msg_more", _I32, [_I8P], [_ptr(builder, args[0])]), _I64)
-    return types.int64(types.int64), codegen
-
-
-@intrinsic
-def _msg_close(typingctx, msg):  # pragma: no cover - compiled
-    def codegen(context, builder, signature, args):
-        return builder.sext(_call(builder, "zmq_msg_close", _I32, [_I8P], [_ptr(builder, args[0])]), _I64)
-    return types.int64(types.int64), codegen
 
 
 @intrinsic
