@@ -2,10 +2,11 @@
 Python object per part.
 
 `read_queued` (engine.remote.subscriber) reads a vLLM frame as three zmq Frames and three
-bytes objects, about 4.6 us a message: 33-37 ms of the subscriber thread for the 7,213
+bytes objects, about 4 us a message: 26-37 ms of the subscriber thread for the 7,213
 frames of 100K vLLM events, with the GIL held throughout. `Receiver.read` calls libzmq's
-`zmq_msg_recv` from numba (nogil) and copies each part into one buffer: 9 ms for the same
-frames (2026-12-06), the GUI thread free to run meanwhile. What it gives,
+`zmq_msg_recv` from numba (nogil) and copies each part into one buffer: 9-11 ms for the
+same frames, their run checked and its payload views made (2026-12-06), the GUI thread
+free to run meanwhile. What it gives,
 `QueuedMessages`, reads as the list of messages `read_queued` gives (`messages[i]` the
 parts of message i as bytes, made when asked for), and tells at once how many of them
 follow on (`follow_on`) and where their payloads lie (`payloads`), so the run the
