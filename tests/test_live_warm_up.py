@@ -63,7 +63,7 @@ def test_the_context_loads_the_live_logs_passes_off_the_gui_thread_once_its_runt
 
 
 _FIRST_ATTACH = r"""
-import os, socket, sys, tempfile, threading
+import os, socket, sys, threading
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 from numba.core import dispatcher
 from PySide6.QtWidgets import QApplication
@@ -72,7 +72,7 @@ from app.runtime.context import make_test_context
 from app.runtime.remote import AttachSettings
 from app.window.main_window import MainWindow
 from engine.remote.attachment import AttachOptions
-folder = tempfile.mkdtemp(prefix="cachescope-first-attach-")
+folder = sys.argv[1]  # the test's own tmp_path: nothing is left in /tmp
 w = MainWindow(make_test_context(folder), load_model=False)
 w.show()
 app.processEvents()
@@ -97,7 +97,7 @@ print(",".join(loads))
 """
 
 
-def test_an_attach_after_the_warm_up_loads_no_compiled_code_on_the_gui_thread():
+def test_an_attach_after_the_warm_up_loads_no_compiled_code_on_the_gui_thread(tmp_path):
     """The context's warm-up thread loads an attach's compiled code too: File > Attach in a
     fresh window (a process of its own, nothing loaded before) loads none on the GUI thread
     once `wait_warm` returns. Before, it loaded 49 functions there, 0.43-0.46 s frozen."""
@@ -106,8 +106,8 @@ def test_an_attach_after_the_warm_up_loads_no_compiled_code_on_the_gui_thread():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    got = subprocess.run([sys.executable, "-c", _FIRST_ATTACH], cwd=root, capture_output=True, text=True,
-                         timeout=240)
+    got = subprocess.run([sys.executable, "-c", _FIRST_ATTACH, str(tmp_path)], cwd=root, capture_output=True,
+                         text=True, timeout=240)
     assert got.returncode == 0, got.stderr[-2000:]
     loads = got.stdout.strip().splitlines()[-1] if got.stdout.strip() else ""
     assert loads == "", f"loaded on the GUI thread at the attach: {loads}"
