@@ -83,6 +83,13 @@ def _remote_pool() -> None:
     receive.warm_up()
 
 
+def warm_attach() -> None:
+    """What an attach runs, loaded (or compiled) in this process: the remote pool's part and
+    the journal route's (the app's warm-up thread calls it after the first paint)."""
+    _remote_pool()
+    warm_journal_route()
+
+
 def warm_journal_route() -> None:
     """An attach's journal route as the app runs it: a journalling pool's rows placed
     (`prepare_journal`) and written into a journal-fed live log, the overlay's pass over

@@ -92,24 +92,26 @@ def _warm_live_log() -> None:
             warm_up()
     except Exception:  # noqa: BLE001 - a failed warm-up only means the first batch loads them
         pass
-    _warm_attach()
 
 
 def _warm_attach() -> None:
-    """An attach's compiled code loaded too (the columnar pool and its typed dict, the wire
-    decoder, the compiled receive, the placer's and the overlay's passes: 0.4 s of CPU), after
-    the live log's: the first attach had loaded them on the GUI thread, the window frozen
+    """An attach's compiled code (the columnar pool and its typed dict, the wire decoder,
+    the compiled receive, the placer's and the overlay's passes: `engine.warmup.warm_attach`,
+    0.4 s of CPU): the first attach had loaded them on the GUI thread, the window frozen
     0.43-0.46 s at File > Attach."""
     try:
         with BACKGROUND_IMPORTS:
-            from engine.remote import colpool, receive
-            from engine.warmup import warm_journal_route
+            from engine.warmup import warm_attach
 
-            colpool.warm_up()
-            receive.warm_up()
-            warm_journal_route()
+            warm_attach()
     except Exception:  # noqa: BLE001 - a failed warm-up only means the first attach loads them
         pass
+
+
+def _warm_compiled() -> None:
+    """The warm-up thread: the live log's compiled passes, then an attach's."""
+    _warm_live_log()
+    _warm_attach()
 
 
 def __getattr__(name: str) -> Any:
@@ -248,7 +250,7 @@ class AppContext(QObject):
         # own now, not on the GUI thread at the first batch a chat, demo or stream appends
         # (0.4-1 s frozen, measured by bench gui's ingestion), and then an attach's.
         import_shared()  # not imported by both threads at once
-        self._warm = threading.Thread(target=_warm_live_log, name="live-log-warm-up", daemon=True)
+        self._warm = threading.Thread(target=_warm_compiled, name="live-log-warm-up", daemon=True)
         self._warm.start()
         self.sigRuntimeReady.emit()
 

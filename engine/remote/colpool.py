@@ -2268,13 +2268,13 @@ class ColumnarPool:
         # (resized where they lie unless a reader holds a view of them: `_grow_rows`). The
         # rows (J) hold only what the reader has not released, dropped into an array of their
         # own size when it does (`release_journal`): they grow by half again, room kept for a
-        # moment. An attached window's backlog (the rows its GUI ticks have not committed) grew
-        # them 28-35 times per 100K vLLM events by an eighth, 33-50 ms of the subscriber thread
+        # moment, into an array they were held in before when one is free (`_journal_array`).
+        # An attached window's backlog (the rows its GUI ticks have not committed) grew them
+        # 28-35 times per 100K vLLM events by an eighth, 33-50 ms of the subscriber thread
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
-            need = r + rows + 1024
-            rows = max(len(self.J) + len(self.J) // 2, need)
-            J = self._journal_array(rows, rows + SLACK_ROWS, rows)  # (growth leaves at most half again the room)
+            size = max(len(self.J) + len(self.J) // 2, r + rows + SLACK_ROWS)
+            J = self._journal_array(size, size + SLACK_ROWS, size)  # (growth leaves at most half again the room)
             J[:r] = self.J[:r]
             self._hold_journal(J)
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)

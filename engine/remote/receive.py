@@ -199,9 +199,7 @@ class Receiver:
         the messages read before it were handed out."""
         import zmq
 
-        if self._error:
-            e, self._error = self._error, 0
-            raise zmq.ContextTerminated(e) if e == zmq.ETERM else zmq.ZMQError(e)
+        self._raise_kept()
         rc = _reader()
         sock = self.sock.underlying
         buf = self._buffer(max_bytes + (1 << 20))
@@ -223,8 +221,7 @@ class Receiver:
             self._error = -code
         num = int(st[rc.ST_NUM])
         if not num:
-            if self._error:
-                return self.read(max_messages, max_bytes)  # raises it
+            self._raise_kept()  # (nothing read before it: raised now)
             return None
         # a message cut short (never, in libzmq: a message's parts come together) is dropped, as
         # read_queued drops it
@@ -234,6 +231,14 @@ class Receiver:
         starts[0] = 0
         starts[1:] = np.flatnonzero(whole == 0) + 1
         return QueuedMessages(buf, parts[:first, :2].copy(), starts)
+
+    def _raise_kept(self) -> None:
+        """Raise a receive's failure kept from the read before, as pyzmq raises it."""
+        if self._error:
+            import zmq
+
+            e, self._error = self._error, 0
+            raise zmq.ContextTerminated(e) if e == zmq.ETERM else zmq.ZMQError(e)
 
     def close(self) -> None:
         """Free a part kept between reads (the socket closes after)."""
