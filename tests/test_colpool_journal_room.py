@@ -110,3 +110,61 @@ def test_the_arrays_rows_were_held_in_are_held_in_again_but_never_under_a_reader
             arrays.add(id(pool.J))
             num += 1
     assert num > 50 and len(arrays) <= 3, (len(arrays), num)  # (the ids of arrays alive: none freed and made again)
+
+
+def test_rows_a_reader_copies_let_the_journal_grow_and_drop_where_it_lies():
+    """The window's feed copies the rows it takes (`take_journal_rows`, `JournalRows.copy`) and
+    holds them until they are written, past the next applies: no view keeps the pool's J, so
+    J grows (realloc) and drops (its kept rows moved to its front) in the one array, whatever
+    the backlog, and the copies read as a pool that never released any."""
+    from app.runtime.journal_feed import JournalPools, take_journal_rows
+    from engine.remote.overlay import journal_pool_class
+
+    frames = _frames(60_000, 30_000, seed=8)
+    pool = journal_pool_class()("t")  # (an attachment's: it keeps each row's batch time)
+    att, taken = JournalPools([pool]), {}
+    held, copies, arrays = [], [], set()
+    for n, i in enumerate(range(0, len(frames), HOLD)):
+        pool.apply_many(frames[i:i + HOLD])
+        if n % (1 + n % 5):  # a backlog of one to five applies between takes
+            continue
+        got, _ = take_journal_rows(att, taken, 1 << 30)
+        for head, p, _ in got:
+            assert p is pool and not np.shares_memory(head.op, pool.J)
+            held.append((head, _columns(head)))
+        for rows, cols in held[:-2]:  # written two takes later: unchanged meanwhile
+            assert np.array_equal(_columns(rows), cols)
+            copies.append(cols)
+        del held[:-2]
+        arrays.add(id(pool.J))
+    copies += [cols for _, cols in held]
+    assert pool.journal_base > 100_000 and len(arrays) == 1, (pool.journal_base, len(arrays))
+    whole = ColumnarPool("t", journal=True)  # the same applies (slot numbers follow the growths)
+    for i in range(0, len(frames), HOLD):
+        whole.apply_many(frames[i:i + HOLD])
+    assert np.array_equal(np.concatenate(copies), _columns(whole.take_journal()))
+
+
+def test_a_copy_of_rows_is_the_rows_in_an_array_of_their_own():
+    """`JournalRows.copy` of a tick's rows, of their first rows cut (`journal_head`) and of rows
+    whose columns are not views of one block: the same columns and numbers, no memory shared."""
+    from engine.core.live_journal import JOURNAL_ROW_FIELDS, journal_head
+
+    pool = ColumnarPool("t", journal=True)
+    frames = _frames(3_000, 2_000, seed=5)
+    pool.apply_many(frames[:100])
+    pool.take_journal()
+    pool.apply_many(frames[100:200])
+    rows = pool.take_journal()
+    head = journal_head(rows, len(rows) // 3)
+    loose = object.__new__(type(rows))
+    for name in type(rows).__slots__:
+        setattr(loose, name, getattr(rows, name))
+    for name in JOURNAL_ROW_FIELDS:
+        setattr(loose, name, np.array(getattr(rows, name)))  # each column an array of its own
+    for got in (rows, head, loose):
+        copy = got.copy()
+        assert (copy.start, copy.stop, copy.pool, copy.store_counts) == (got.start, got.stop, pool, got.store_counts)
+        assert len(copy) == len(got) > 100 and np.array_equal(_columns(copy), _columns(got))
+        assert copy.key.dtype == np.uint64 and not np.shares_memory(copy.op, pool.J)
+    assert np.array_equal(_columns(head.copy()), _columns(rows)[:len(head)])

@@ -50,7 +50,9 @@ def test_times_of_equal_a_pool_that_never_released(min_rows):
         assert np.array_equal(kept.times_of(kept.journal_since(released.journal_base)), released.times_of(held))
         step += 1
     assert num_drops >= 3 and released.journal_base > 0
-    assert len(released.row_times) == len(released.J) < len(kept.row_times) // 4
+    # (the times shift where they lie while J has at least half their room, `_journal_released`)
+    assert len(released.J) <= len(released.row_times) <= 2 * len(released.J)
+    assert len(released.row_times) < len(kept.row_times) // 4
     assert kept.num_journal_rows == released.num_journal_rows > 20_000
     # a take that reaches back past the rows released cannot be dated
     with pytest.raises(ValueError, match="released"):

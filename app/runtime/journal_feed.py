@@ -79,17 +79,20 @@ def take_journal_rows(att: Any, taken: dict[int, int], limit: int, timeout: floa
     if not att.lock.acquire(timeout=timeout):
         return None
     try:
-        pending = [(pool, pool.journal_since(taken.get(id(pool), 0))) for pool in att.pools]
-        pending = [(pool, rows) for pool, rows in pending if len(rows)]
+        waiting = [pool for pool in att.pools if pool.num_journal_rows > taken.get(id(pool), 0)]
         takes = []
         left = False
-        for pool, rows in pending:
-            head = journal_head(rows, max(1, limit // len(pending)))
+        for pool in waiting:
+            rows = pool.journal_since(taken.get(id(pool), 0))
+            # a copy (held until written: views would hold the pool's journal array, which it
+            # then could not grow or drop where it lies, `JournalRows.copy`)
+            head = journal_head(rows, max(1, limit // len(waiting))).copy()
             left = left or len(head) < len(rows)
+            del rows
             taken[id(pool)] = head.stop
             takes.append((head, pool, pool.times_of(head)))
             # the app reads taken rows only through `head` (placed into its own log): the pool
-            # may drop them (`head`'s views keep the array they were cut from)
+            # may drop them
             pool.release_journal(head.stop)
         if counted is not None:
             counted(sum(len(t[0]) for t in takes))

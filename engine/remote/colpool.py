@@ -1863,14 +1863,39 @@ class JournalRows:
     def __init__(self, pool: ColumnarPool, start: int) -> None:
         held = int(pool.S[S_JROWS])  # `start` a held row (local); start and stop are global
         self.pool, self.start, self.stop = pool, pool.journal_base + start, pool.journal_base + held
-        J = pool.J[start:held]
-        self.op, self.tier, self.slot, self.seq = J[:, J_OP], J[:, J_TIER], J[:, J_SLOT], J[:, J_SEQ]
-        self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
-        self.key = J[:, J_KEY].view(np.uint64)
+        self._columns(pool.J[start:held])
         # the per-store arrays are read through the pool when asked (`per_store`), as of these
         # counts: rows taken and not yet written (an app's placed ticks) hold no view of them,
         # and the pool grows them where they lie
         self.store_counts = pool.store_counts()
+
+    def _columns(self, J: np.ndarray) -> None:
+        self.op, self.tier, self.slot, self.seq = J[:, J_OP], J[:, J_TIER], J[:, J_SLOT], J[:, J_SEQ]
+        self.store, self.width = J[:, J_STORE], J[:, J_WIDTH]
+        self.key = J[:, J_KEY].view(np.uint64)
+
+    def copy(self) -> JournalRows:
+        """These rows in an array of their own (the per-store arrays still read through the
+        pool): a reader that keeps them while the pool goes on (the app's placed blocks, until
+        written) holds no view of the pool's J, which then grows and drops its rows where it
+        lies (`_journal_reserve`, `release_journal`). One copy of the rows: with views held,
+        an attached window's J grew into another array ~30 times per 100K vLLM events, each
+        growth a copy of every row held, 25-35 ms of the subscriber thread."""
+        rows = object.__new__(JournalRows)
+        rows.pool, rows.start, rows.stop, rows.store_counts = self.pool, self.start, self.stop, self.store_counts
+        n = len(self)
+        J = self.op.base  # the array the columns are views of: their rows are one block of it
+        if J is not None and J.ndim == 2 and J.shape[1] == NUM_J and J.dtype == np.int64 and J.flags.c_contiguous:
+            first = (self.op.ctypes.data - J.ctypes.data) // J.strides[0]
+            rows._columns(J[first:first + n].copy())  # (one copy of the block: half the time of seven columns)
+        else:
+            block = np.empty((n, NUM_J), np.int64)
+            for col, name in ((J_OP, "op"), (J_TIER, "tier"), (J_SLOT, "slot"), (J_SEQ, "seq"),
+                              (J_STORE, "store"), (J_WIDTH, "width")):
+                block[:, col] = getattr(self, name)
+            block[:, J_KEY] = self.key.view(np.int64)
+            rows._columns(block)
+        return rows
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -2266,17 +2291,23 @@ class ColumnarPool:
     def _journal_reserve(self, rows: int, stores: int, events: int = 0) -> None:
         # the store rows grow with every block held: by a fraction (`_growth`), not doubling
         # (resized where they lie unless a reader holds a view of them: `_grow_rows`). The
-        # rows (J) hold only what the reader has not released, dropped into an array of their
-        # own size when it does (`release_journal`): they grow by half again, room kept for a
-        # moment, into an array they were held in before when one is free (`_journal_array`).
-        # An attached window's backlog (the rows its GUI ticks have not committed) grew them
-        # 28-35 times per 100K vLLM events by an eighth, 33-50 ms of the subscriber thread
+        # rows (J) hold only what the reader has not released, dropped when it does
+        # (`release_journal`): they grow by half again, where they lie while no reader's rows
+        # refer to them (the app's feed copies what it takes, `JournalRows.copy`), else into
+        # an array they were held in before when one is free (`_journal_array`). An attached
+        # window's backlog (the rows its GUI ticks have not committed) grew them 28-35 times
+        # per 100K vLLM events by an eighth, 33-50 ms of the subscriber thread; into other
+        # arrays by half again while its feed held views, 25-35 ms
         r, o = int(self.S[S_JROWS]), int(self.S[S_JSTORES])
         if r + rows > len(self.J):
             size = max(len(self.J) + len(self.J) // 2, r + rows + SLACK_ROWS)
-            J = self._journal_array(size, size + SLACK_ROWS, size)  # (growth leaves at most half again the room)
-            J[:r] = self.J[:r]
-            self._hold_journal(J)
+            try:  # where it lies (realloc) while no reader's rows refer to it (`JournalRows.copy`)
+                self.J.resize((size, NUM_J))
+            except ValueError:  # else into an array held before of any size (its memory is
+                # held either way; a new one leaves at most half again the room)
+                J = self._journal_array(size, 1 << 62, size)
+                J[:r] = self.J[:r]
+                self._hold_journal(J)
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)
         for name, used, more in (("JS", o, stores), ("K", o, stores), ("PX", int(self.S[S_NPX]), events),
                                  ("RX", int(self.S[S_NRX]), min(stores, 3 * events))):
@@ -2902,8 +2933,9 @@ class ColumnarPool:
 
     def release_journal(self, row: int) -> None:
         """A reader no longer needs the journal's rows before global row `row` (it copied
-        what it reads of them): the pool may drop them, into a new array (a `JournalRows`
-        given out before stays valid: its views keep the old one). Global row numbers stay
+        what it reads of them): the pool may drop them, where J lies when no `JournalRows`
+        refers to it, else into another array (one given out before stays valid: its views
+        keep the old one). Global row numbers stay
         as they were (`journal_base` is the first held); the per-store arrays, the token
         ids and `SO` are kept whole. Rows already released are ignored."""
         if not self.journal:
@@ -2929,9 +2961,14 @@ class ColumnarPool:
         # one more than twice as large as that is a burst's: it goes (a steady stream's room is
         # kept, not a peak's); a new one an eighth larger, so the next drops' room fits in it
         self._journal_rooms[:] = [room for room in self._journal_rooms if len(room) <= 2 * rows + SLACK_ROWS]
-        J = self._journal_array(rows, 2 * rows + SLACK_ROWS, rows + rows // 8)
-        J[:keep] = self.J[drop:held]
-        self._hold_journal(J)
+        if sys.getrefcount(self.J) == 2 and rows <= len(self.J) and self.J.nbytes <= JOURNAL_ROOM_BYTES:
+            # no reader's rows refer to it (`JournalRows.copy`), and it is no larger than an
+            # array kept for later: the rows kept move to its front (drop >= keep: apart)
+            self.J[:keep] = self.J[drop:held]
+        else:
+            J = self._journal_array(rows, 2 * rows + SLACK_ROWS, rows + rows // 8)
+            J[:keep] = self.J[drop:held]
+            self._hold_journal(J)
         self.S[S_JROWS] = keep
         self._journal_kept = keep
         self.journal_base += drop

@@ -564,9 +564,11 @@ def journal_pool_class() -> Any:
                     self.row_times[r0:r1] = tss[at]
 
             def _journal_released(self, dropped: int) -> None:
-                # a new array as long as the new J, the rows still held at its front (a copy:
-                # the old one is left as it was)
                 held = self._num_rows()
+                if len(self.J) <= len(self.row_times) <= 2 * len(self.J):  # (nothing else holds it: `times_of` copies)
+                    self.row_times[:held] = self.row_times[dropped:dropped + held]
+                    return
+                # a new array as long as the new J, the rows still held at its front
                 shifted = np.zeros(max(len(self.J), held), np.float64)
                 shifted[:held] = self.row_times[dropped:dropped + held]
                 self.row_times = shifted
