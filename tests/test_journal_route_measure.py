@@ -17,6 +17,22 @@ def test_both_routes_reach_the_same_pool_state():
     assert journal["slots"] == events["slots"] > 0
     assert set(journal["stages_cpu_s"]) == {"decode", "pool", "place", "commit"}
     assert got["journal_events_per_s_cpu"] == journal["events_per_s_cpu"] > 0
+    # taken as the feed takes them (every TAKE_EVERY_S: here one take at the end, its rows
+    # written in blocks of a tick's budget) or once per tick's apply: the same log and pool
+    per_tick = got["journal_route_taken_per_tick"]
+    assert journal["takes"] == "feed" and per_tick["takes"] == "tick"
+    assert per_tick["num_takes"] > 5 * journal["num_takes"] >= 5
+    assert (per_tick["cachescope_events"], per_tick["slots"]) == (journal["cachescope_events"], journal["slots"])
+    assert got["journal_taken_per_tick_events_per_s_cpu"] == per_tick["events_per_s_cpu"] > 0
+
+
+def test_the_route_is_taken_as_the_feed_or_per_tick_only():
+    import pytest
+
+    from app.runtime.live_path import journal_app_rate
+
+    with pytest.raises(ValueError, match="'feed' or 'tick'"):
+        journal_app_rate(1_000, gpu_blocks=100, takes="sometimes")
 
 
 def test_the_median_run_is_the_middle_one_with_every_runs_figure():

@@ -8,9 +8,9 @@ drawn the last event, with the process's RSS growth (a capture of 3,000 events f
 of 500 blocks opened first in the same window, its tables grown: numba's one-time load of the
 route's code is not the open's); the frames capture three times, the median kept. Beside
 them, in the same run, the same frames through the attach's route headless, three times, the
-median kept (`app.runtime.live_path.journal_app_rate`: decoded, applied, placed and written
-to `PoolState`, CPU time): the engine's speed an opened capture is held to (<= 1.5x, as an
-opened trace is held to its headless replay).
+median kept (`app.runtime.live_path.journal_app_rate`: decoded, applied, taken as the
+window's feed takes them, placed and written to `PoolState`, CPU time): the engine's speed
+an opened capture is held to (<= 1.5x, as an opened trace is held to its headless replay).
 
     QT_QPA_PLATFORM=offscreen .venv/bin/cachescope bench capture --json
 """

@@ -93,21 +93,32 @@ def journal_path_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
 
 
 def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
-                     frames_per_tick: int = FRAMES_PER_TICK, overlay: bool = True) -> dict[str, Any]:
+                     frames_per_tick: int = FRAMES_PER_TICK, overlay: bool = True,
+                     takes: str = "feed") -> dict[str, Any]:
     """vLLM events per second (CPU time) through the route an attach takes in the app, headless:
     frames decoded to columns a tick's run at a time (`fastwire.decode_columns_many`, as the
     subscriber decodes the frames it finds waiting) and applied to the journalling pool
     an `Attachment` makes (`journal_pool_class`, `apply_many` per tick as its held batches
-    are), each tick's rows taken as `JournalFeed` takes them (`take_journal_rows`), placed
-    (`prepare_journal`) and written to the window's `PoolState` (`apply_prepared`: log,
-    live pool, series, checkpoints, the remote overlay), the calls `RemoteController.tick`
-    makes, on one thread. Stages apart in CPU time: decode, pool, place, commit."""
-    from app.runtime.journal_feed import JournalPools, take_journal_rows
+    are); the rows taken and placed by a `JournalFeed`'s steps (`take_journal_rows`,
+    `prepare_journal`) and written to the window's `PoolState` (`apply_prepared`: log, live
+    pool, series, checkpoints, the remote overlay) in blocks of a tick's budget, as
+    `RemoteController._commit_ready` writes them; all on one thread. Stages apart in CPU
+    time: decode, pool, place, write ("commit").
+
+    `takes` says when rows are taken: "feed", as the app's placing thread takes them (once
+    TAKE_EVERY_S has passed since its last take, in bites of what a GUI tick's budget
+    writes, TICK_BUDGET_S at the running estimate per row, until a bite is short); "tick",
+    every tick's rows at once after its apply (the app's route before it had a placing
+    thread: a take, a placing and a write per 64 frames, each with a fixed cost of numpy
+    calls that the feed's takes pay about 20 times less often)."""
+    from app.runtime.journal_feed import TAKE_EVERY_S, JournalFeed, JournalPools
+    from app.runtime.remote import MIN_TICK_ROWS, TICK_BUDGET_S
     from app.runtime.state import PoolState
-    from engine.core.live_journal import prepare_journal
     from engine.remote import colpool
     from engine.remote.overlay import journal_pool_class
 
+    if takes not in ("feed", "tick"):
+        raise ValueError(f"takes is 'feed' or 'tick', not {takes!r}")
     payloads, made, _ = recorded_stream(num_events, gpu_blocks=gpu_blocks)
     fastwire.warm_up()
     colpool.warm_up()
@@ -118,12 +129,18 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     if not overlay:
         state.remote = None
-    taken: dict[int, int] = {}
+    row_seconds = [2e-6]  # RemoteController's running estimate of a written row's time
+
+    def budget() -> int:
+        return 1 << 30 if takes == "tick" else max(MIN_TICK_ROWS, int(TICK_BUDGET_S / row_seconds[0]))
+
+    feed = JournalFeed(att, state.log, {}, budget)  # its steps, on this thread (not started)
     stages = dict.fromkeys(("decode", "pool", "place", "commit"), 0.0)
     clock = time.process_time
-    rows = 0
+    rows = num_takes = num_writes = 0
     gc.collect()
     w0, c0 = time.perf_counter(), clock()
+    last_take = time.monotonic()
     for start in range(0, len(payloads), frames_per_tick):
         t0 = clock()
         batches = fastwire.decode_columns_many(start, payloads[start:start + frames_per_tick])
@@ -131,18 +148,34 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
         with att.lock:
             pool.apply_many(batches)
         t2 = clock()
-        got = take_journal_rows(att, taken, 1 << 30)
-        prepared = [(prepare_journal(state.log, head, p, p.source, int(p.rank)), times) for head, p, times in got[0]]
-        t3 = clock()
-        rows += state.apply_prepared(prepared, notify=False)
-        t4 = clock()
         stages["decode"] += t1 - t0
         stages["pool"] += t2 - t1
+        last = start + frames_per_tick >= len(payloads)
+        if takes == "feed" and not last and time.monotonic() - last_take < TAKE_EVERY_S:
+            continue
+        last_take = time.monotonic()
+        while feed.step() >= budget():  # (JournalFeed._run: a full bite, and the next at once)
+            pass
+        num_takes += 1
+        t3 = clock()
+        while feed.num_ready:  # a GUI tick's blocks at a time
+            blocks, got = [], 0
+            limit = budget()
+            while got < limit and (item := feed.pop_ready()) is not None:
+                blocks.append(item)
+                got += len(item[0])
+            wrote = state.apply_prepared(blocks, notify=False)
+            if wrote:
+                row_seconds[0] = 0.7 * row_seconds[0] + 0.3 * max(state.journal_seconds / wrote, 1e-8)
+            rows += wrote
+            num_writes += 1
+        t4 = clock()
         stages["place"] += t3 - t2
         stages["commit"] += t4 - t3
     wall, cpu = time.perf_counter() - w0, clock() - c0
-    return {"route": "journal to PoolState" + ("" if overlay else " (no overlay)"), "vllm_events": made,
-            "cachescope_events": rows, "log_rows": len(state.log), "slots": state.projection.num_blocks,
+    return {"route": "journal to PoolState" + ("" if overlay else " (no overlay)"), "takes": takes,
+            "vllm_events": made, "cachescope_events": rows, "log_rows": len(state.log),
+            "slots": state.projection.num_blocks, "num_takes": num_takes, "num_writes": num_writes,
             "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
             "events_per_s_cpu": round(made / max(cpu, 1e-9)), "events_per_s_wall": round(made / wall),
             "stages_cpu_s": {k: round(v, 3) for k, v in stages.items()}}
@@ -175,14 +208,19 @@ def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def app_routes(num_events: int = 100_000, gpu_blocks: int = 30_000,
                frames_per_tick: int = FRAMES_PER_TICK, repeats: int = 3) -> dict[str, Any]:
     """An attach's path through the app, headless, both routes on the same stream in one run:
-    the journal route the app takes (`journal_app_rate`, `repeats` times: its median run by
-    rate) beside the event route it replaced (`app_path_rate`: the reference RemotePool's
-    events into the same `PoolState`, 36x slower, once)."""
+    the journal route the app takes (`journal_app_rate`, its rows taken as the feed takes
+    them, `repeats` times: its median run by rate) beside the event route it replaced
+    (`app_path_rate`: the reference RemotePool's events into the same `PoolState`, 36x
+    slower, once); and the journal route with a take per tick's apply, as it was timed
+    before it followed the feed (its median run too)."""
     journal = median_run([journal_app_rate(num_events, gpu_blocks, frames_per_tick) for _ in range(repeats)],
                          "events_per_s_cpu")
+    per_tick = median_run([journal_app_rate(num_events, gpu_blocks, frames_per_tick, takes="tick")
+                           for _ in range(repeats)], "events_per_s_cpu")
     events = app_path_rate(num_events, columnar=True, gpu_blocks=gpu_blocks, frames_per_tick=frames_per_tick)
-    return {"journal_route": journal, "event_route": events,
+    return {"journal_route": journal, "journal_route_taken_per_tick": per_tick, "event_route": events,
             "journal_events_per_s_cpu": journal["events_per_s_cpu"],
+            "journal_taken_per_tick_events_per_s_cpu": per_tick["events_per_s_cpu"],
             "event_events_per_s_cpu": events["events_per_s_cpu"],
             "journal_vs_event_route": round(journal["events_per_s_cpu"] / max(events["events_per_s_cpu"], 1), 3),
             "journal_vs_target_500k": round(journal["events_per_s_cpu"] / 500_000, 3)}
