@@ -1,7 +1,8 @@
 """The attach's route (frames -> journal pool -> placer -> `PoolState.apply_prepared`) with the
 log's, series' and overlay's arrays grown in mappings of their own (`growth.regrow` past
 `MAPPED_BYTES`) holds, after every tick, what it holds with every array on the heap; and
-`regrow` grows a mapped array where it lies unless a reader holds a view of it.
+`regrow` grows a mapped array where it lies unless a reader holds a view of it; `unheld`
+says whether anything but its holder refers to an array.
 """
 
 from __future__ import annotations
@@ -157,3 +158,30 @@ def test_prompt_sizes_read_every_request_in_place_for_a_live_table():
     assert fixed.prompt_sizes().tolist() == [7, 9]
     fixed.add("c", None, 11)
     assert fixed.prompt_sizes().tolist() == [7, 9, 11]
+
+
+def test_unheld_says_whether_anything_but_its_holder_refers_to_an_array():
+    """`unheld`: the journal's arrays, the decoder's rooms and the receive's buffers are
+    taken again only while nothing but their one attribute, list or tuple refers to them: a
+    view, a payload's memoryview or a name keeps them held until it goes."""
+    from engine.core.growth import unheld
+
+    class Pool:
+        pass
+
+    pool = Pool()
+    pool.J = np.zeros((8, 7), np.int64)
+    rooms = [np.zeros(16)]
+    room = (np.zeros(4), np.zeros(4))
+
+    def looks() -> list[bool]:  # (read outside `assert`: pytest's rewriting keeps what it shows)
+        return [unheld(pool.J), unheld(rooms[0]), unheld(room[0]), unheld(room[1])]
+
+    before = looks()
+    column = pool.J[2:, 3]
+    payload = memoryview(rooms[0])
+    name = room[1]
+    held = looks()
+    del column, payload, name
+    after = looks()
+    assert before == after == [True] * 4 and held == [False, False, True, False]

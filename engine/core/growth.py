@@ -32,6 +32,15 @@ MAPPED_BYTES = 1 << 18
 CAN_MAP = sys.platform.startswith("linux") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
+def unheld(array: Any) -> bool:
+    """True if nothing refers to `array` but the one list, tuple or attribute it is read from
+    (CPython's reference count): no reader's view, payload or rows of it, so it may be
+    written over or grown where it lies. The journal's arrays (`engine.remote.colpool`), the
+    decoder's rooms (`engine.remote.fastwire`) and the receive's buffers
+    (`engine.remote.receive`) are taken again only when this says so."""
+    return sys.getrefcount(array) == 3  # its holder, this call's argument and getrefcount's
+
+
 def regrow(owner: Any, name: str, size: int, keep: int) -> None:
     """The 1-D array `owner.<name>` (`owner[name]` of a dict) made `size` long, its first
     `keep` values kept, past them unset. From MAPPED_BYTES on it lies in a mapping of its own

@@ -125,7 +125,6 @@ recorded fixture and on corrupted frames.
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from itertools import repeat
 from operator import attrgetter, is_, is_not
@@ -135,6 +134,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict as NumbaDict
 
+from engine.core.growth import unheld
 from engine.core.live_journal import prefetch_intrinsic
 from engine.remote import fastwire
 from engine.remote.fastwire import (
@@ -2961,7 +2961,7 @@ class ColumnarPool:
         # one more than twice as large as that is a burst's: it goes (a steady stream's room is
         # kept, not a peak's); a new one an eighth larger, so the next drops' room fits in it
         self._journal_rooms[:] = [room for room in self._journal_rooms if len(room) <= 2 * rows + SLACK_ROWS]
-        if sys.getrefcount(self.J) == 2 and rows <= len(self.J) and self.J.nbytes <= JOURNAL_ROOM_BYTES:
+        if unheld(self.J) and rows <= len(self.J) and self.J.nbytes <= JOURNAL_ROOM_BYTES:
             # no reader's rows refer to it (`JournalRows.copy`), and it is no larger than an
             # array kept for later: the rows kept move to its front (drop >= keep: apart)
             self.J[:keep] = self.J[drop:held]
@@ -2983,7 +2983,7 @@ class ColumnarPool:
         thread."""
         rooms = self._journal_rooms
         for k in range(len(rooms)):
-            if rows <= len(rooms[k]) <= most and sys.getrefcount(rooms[k]) == 2:  # the list's and the argument
+            if rows <= len(rooms[k]) <= most and unheld(rooms[k]):  # (held by the list alone)
                 return rooms.pop(k)
         return np.empty((new, NUM_J), np.int64)
 

@@ -35,7 +35,6 @@ processes).
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from functools import partial
 from itertools import repeat
@@ -47,6 +46,7 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
+from engine.core.growth import unheld
 from engine.remote import wire
 from engine.remote.wire import MalformedFrame, VllmBatch, VllmEvent, _tupled, canonical_hash, encode_batch
 
@@ -1038,7 +1038,7 @@ class _RunRooms(threading.local):
         rooms = self.rooms
         small = -1
         for i, room in enumerate(rooms):
-            if _unheld(room):
+            if unheld(room[0]) and unheld(room[1]):  # (held by the room's tuple alone)
                 if len(room[0]) >= num_rows and len(room[1]) >= num_words:
                     return room
                 small = i
@@ -1050,11 +1050,6 @@ class _RunRooms(threading.local):
             elif len(rooms) < self.num_kept:
                 rooms.append(room)
         return room
-
-
-def _unheld(room: tuple[np.ndarray, np.ndarray]) -> bool:
-    # references to each array: the room's tuple and getrefcount's argument, nothing else
-    return sys.getrefcount(room[0]) == 2 and sys.getrefcount(room[1]) == 2
 
 
 # the process's rooms, one set per thread (as numba keeps its compiled code per process):

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.growth import unheld
+
 MSG_BYTES = 64  # sizeof(zmq_msg_t)
 _NAMES = ("zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_msg_close",
           "zmq_errno")
@@ -181,7 +183,8 @@ class Receiver:
 
     def _buffer(self, least: int) -> np.ndarray:
         """A kept buffer of `least` bytes at least that nothing else refers to, or a new one."""
-        free = [k for k in range(len(self._bufs)) if _unheld(self._bufs, k)]
+        # (held by the list alone: no batch's payload view or `QueuedMessages` of it)
+        free = [k for k in range(len(self._bufs)) if unheld(self._bufs[k])]
         for k in free:
             if len(self._bufs[k]) >= least:
                 return self._bufs[k]
@@ -246,9 +249,3 @@ class Receiver:
         if rc is not None and self.st[rc.ST_PENDING]:
             rc.close_msg(self.msg)
             self.st[rc.ST_PENDING] = 0
-
-
-def _unheld(bufs: list[np.ndarray], k: int) -> bool:
-    # references to the buffer: the list's and getrefcount's argument, nothing else (a batch's
-    # payload view, a `QueuedMessages`)
-    return sys.getrefcount(bufs[k]) == 2
