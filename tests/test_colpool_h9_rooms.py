@@ -51,7 +51,7 @@ def test_a_held_run_is_never_written_over():
 
 def test_the_check_fails_when_a_held_room_is_taken(monkeypatch):
     """The seeded mutant: every kept room taken as if nothing held it."""
-    monkeypatch.setattr(fastwire, "_unheld", lambda room: True)
+    monkeypatch.setattr(fastwire, "unheld", lambda array: True)
     assert not _held_runs_survive()
 
 
