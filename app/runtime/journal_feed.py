@@ -152,6 +152,19 @@ class JournalFeed:
         self.num_committed += len(item[0])
         return item
 
+    def pop_blocks(self, limit: int | None) -> list[tuple[Any, Any]]:
+        """Placed blocks in order (`pop_ready`) until they hold `limit` rows or more (a GUI
+        tick's budget; None: every one ready)."""
+        blocks: list[tuple[Any, Any]] = []
+        rows = 0
+        while limit is None or rows < limit:
+            item = self.pop_ready()
+            if item is None:
+                break
+            blocks.append(item)
+            rows += len(item[0])
+        return blocks
+
     def _run(self) -> None:
         lower_priority(self.nice)
         try:

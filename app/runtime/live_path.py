@@ -112,7 +112,7 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     thread: a take, a placing and a write per 64 frames, each with a fixed cost of numpy
     calls that the feed's takes pay about 20 times less often)."""
     from app.runtime.journal_feed import TAKE_EVERY_S, JournalFeed, JournalPools
-    from app.runtime.remote import MIN_TICK_ROWS, TICK_BUDGET_S
+    from app.runtime.remote import FIRST_ROW_SECONDS, next_row_seconds, tick_rows
     from app.runtime.state import PoolState
     from engine.remote import colpool
     from engine.remote.overlay import journal_pool_class
@@ -129,10 +129,10 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
     state.set_engine({"block_size": 16, "num_blocks": 0, "remote": True, "journal": True, "model": "vLLM bench"})
     if not overlay:
         state.remote = None
-    row_seconds = [2e-6]  # RemoteController's running estimate of a written row's time
+    row_seconds = [FIRST_ROW_SECONDS]  # RemoteController's running estimate of a written row's time
 
     def budget() -> int:
-        return 1 << 30 if takes == "tick" else max(MIN_TICK_ROWS, int(TICK_BUDGET_S / row_seconds[0]))
+        return 1 << 30 if takes == "tick" else tick_rows(row_seconds[0])
 
     feed = JournalFeed(att, state.log, {}, budget)  # its steps, on this thread (not started)
     stages = dict.fromkeys(("decode", "pool", "place", "commit"), 0.0)
@@ -159,14 +159,9 @@ def journal_app_rate(num_events: int = 100_000, gpu_blocks: int = 30_000,
         num_takes += 1
         t3 = clock()
         while feed.num_ready:  # a GUI tick's blocks at a time
-            blocks, got = [], 0
-            limit = budget()
-            while got < limit and (item := feed.pop_ready()) is not None:
-                blocks.append(item)
-                got += len(item[0])
-            wrote = state.apply_prepared(blocks, notify=False)
+            wrote = state.apply_prepared(feed.pop_blocks(budget()), notify=False)
             if wrote:
-                row_seconds[0] = 0.7 * row_seconds[0] + 0.3 * max(state.journal_seconds / wrote, 1e-8)
+                row_seconds[0] = next_row_seconds(row_seconds[0], state.journal_seconds, wrote)
             rows += wrote
             num_writes += 1
         t4 = clock()

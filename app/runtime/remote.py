@@ -61,6 +61,23 @@ MAX_BLOCK_SIZE = 4096
 DEFAULT_OPTIONS = AttachOptions(("tcp://127.0.0.1:5557",), ("tcp://127.0.0.1:5558",), "kv-events")
 
 
+FIRST_ROW_SECONDS = 2e-6  # the estimate of a written row's time before a tick has measured one
+
+
+def tick_rows(row_seconds: float) -> int:
+    """Rows a GUI tick writes: what TICK_BUDGET_S allows at `row_seconds` a row, at least
+    MIN_TICK_ROWS (`RemoteController`'s ticks, and the headless route that times them)."""
+    return max(MIN_TICK_ROWS, int(TICK_BUDGET_S / row_seconds))
+
+
+def next_row_seconds(row_seconds: float, seconds: float, rows: int) -> float:
+    """The running estimate of a written row's time after `rows` were written in `seconds`
+    (`PoolState.journal_seconds`). It follows the machine's load: wall clock, not the GUI
+    thread's CPU time (with that, a busy machine's ticks grew until a pass of the loop took
+    43-50 ms of CPU, against 22-33 ms, for no measurable gain in rate)."""
+    return 0.7 * row_seconds + 0.3 * max(seconds / rows, 1e-8)
+
+
 @dataclass(slots=True, frozen=True)
 class AttachSettings:
     """File > Attach's choices: `options` says where the streams are and names their servers
@@ -227,7 +244,7 @@ class RemoteController(QObject):
         self.journalling = False  # this attach runs the journal route
         self._num_ranks = 1
         self._taken: dict[int, int] = {}  # id(pool) -> its journal rows applied so far
-        self._row_seconds = 2e-6  # the journal append's time per row (a running estimate)
+        self._row_seconds = FIRST_ROW_SECONDS  # the journal append's time per row (a running estimate)
         self._last_notify = float("-inf")  # never told: the first burst tells at once (the clock may be young)
         self._again = False  # a tick for rows left waiting is queued
         self._feed: JournalFeed | None = None  # the placing thread of this attach's journal
@@ -434,16 +451,12 @@ class RemoteController(QObject):
                 return made
 
     def _limit(self) -> int:
-        """Rows a tick writes: what TICK_BUDGET_S allows at the running estimate per row."""
-        return max(MIN_TICK_ROWS, int(TICK_BUDGET_S / self._row_seconds))
+        return tick_rows(self._row_seconds)
 
     def _apply(self, state: PoolState, takes: list, prepared: bool = False) -> int:
         got = state.apply_prepared(takes, notify=False) if prepared else state.apply_journal(takes, notify=False)
         if got:
-            # the estimate follows the machine's load: wall clock, not the GUI thread's CPU
-            # time (with that, a busy machine's ticks grew until a pass of the loop took
-            # 43-50 ms of CPU, against 22-33 ms, for no measurable gain in rate)
-            self._row_seconds = 0.7 * self._row_seconds + 0.3 * max(state.journal_seconds / got, 1e-8)
+            self._row_seconds = next_row_seconds(self._row_seconds, state.journal_seconds, got)
         return got
 
     def _due(self, left: bool) -> bool:
@@ -461,14 +474,7 @@ class RemoteController(QObject):
 
     def _commit_ready(self, feed: JournalFeed, everything: bool = False) -> int:
         """Write the blocks `feed` placed, within the tick's budget (all: `everything`)."""
-        blocks: list = []
-        rows, limit = 0, self._limit()
-        while everything or rows < limit:
-            item = feed.pop_ready()
-            if item is None:
-                break
-            blocks.append(item)
-            rows += len(item[0])
+        blocks = feed.pop_blocks(None if everything else self._limit())
         state = self.host.state
         if not blocks:
             if state.unnotified and self._due(self._streaming(feed)):
