@@ -2305,7 +2305,7 @@ class ColumnarPool:
                 self.J.resize((size, NUM_J))
             except ValueError:  # else into an array held before of any size (its memory is
                 # held either way; a new one leaves at most half again the room)
-                J = self._journal_array(size, 1 << 62, size)
+                J = self._journal_array(size, None, size)
                 J[:r] = self.J[:r]
                 self._hold_journal(J)
         # (K: a row per store; PX at most a row per stored event, `StoreParents`)
@@ -2974,16 +2974,17 @@ class ColumnarPool:
         self.journal_base += drop
         self._journal_released(drop)
 
-    def _journal_array(self, rows: int, most: int, new: int) -> np.ndarray:
-        """An array for the journal's rows, `rows` to `most` (rows past the held ones are
-        never read: not zeroed): one J was held in before that nothing refers to any more
-        (no `JournalRows` a reader kept), else a new one of `new`. An attached window's J
+    def _journal_array(self, rows: int, most: int | None, new: int) -> np.ndarray:
+        """An array for the journal's rows, `rows` to `most` (None: any size; rows past the
+        held ones are never read: not zeroed): one J was held in before that nothing refers
+        to any more (no `JournalRows` a reader kept), else a new one of `new`. An attached window's J
         grew 26-36 times per 100K vLLM events (its backlog between two takes), each growth
         and drop a new array whose pages were faulted in again: 18-30 ms of the subscriber
         thread."""
         rooms = self._journal_rooms
         for k in range(len(rooms)):
-            if rows <= len(rooms[k]) <= most and unheld(rooms[k]):  # (held by the list alone)
+            if rows <= len(rooms[k]) and (most is None or len(rooms[k]) <= most) and unheld(rooms[k]):
+                # (held by the list alone)
                 return rooms.pop(k)
         return np.empty((new, NUM_J), np.int64)
 
