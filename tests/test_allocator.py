@@ -58,45 +58,6 @@ def test_a_window_process_is_tuned_by_its_context():
     assert _released("window") > 15
 
 
-ARENA = """
-import json, resource, sys, threading, ctypes
-import numpy as np
-if sys.argv[1] == "tuned":
-    from app.runtime.allocator import tune
-    assert tune()
-else:                                       # the mmap threshold alone (tune before 2026-12-06)
-    ctypes.CDLL("libc.so.6").mallopt(-3, 4 << 20)
-got = {}
-def work():                                 # a placing thread's ticks: arrays of 2 MB, made and freed
-    for i in range(3):                      # the thread's arena made and grown first
-        a = [np.ones(250_000) for _ in range(4)]
-        del a
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for i in range(20):
-        a = [np.ones(250_000) for _ in range(4)]
-        del a
-    got["faults"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 20
-t = threading.Thread(target=work)
-t.start()
-t.join()
-print(json.dumps({"faults_per_cycle": got["faults"], "pages_per_cycle": 4 * 2_000_000 // 4096}))
-"""
-
-
-def _arena_faults(arm: str) -> float:
-    out = subprocess.run([sys.executable, "-c", ARENA, arm], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])["faults_per_cycle"]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_a_threads_freed_arrays_stay_for_its_next_ones_when_tuned():
-    # fixing the mmap threshold fixes glibc's trim threshold at 128 KiB: a thread's arena handed
-    # its freed top back and faulted it in again at the next arrays (456 of 1,953 pages a cycle)
-    assert _arena_faults("tuned") < 50
-    assert _arena_faults("mmap threshold alone") > 200  # the test can fail: the old tune refaults
-
-
 HUGE = """
 import json, os, sys
 if sys.argv[1] == "before":

@@ -16,14 +16,7 @@ at 4 MiB it did not (276K against 274K, 12 runs each).
 `tune()` fixes the threshold at 4 MiB, once, as a process of the app starts (`cachescope`
 and every `AppContext`): an array of 4 MiB or more is mapped on its own and unmapped when
 freed. Smaller ones freed below the top still stay: `release_freed()` hands their pages
-back (malloc_trim), for a caller that has just freed many. It fixes the trim threshold too, at
-32 MiB (`TRIM_THRESHOLD`): an arena keeps that much free at its top for the next arrays. Fixing
-the mmap threshold alone had left it at 128 KiB, and an attached window's subscriber and
-placing threads faulted their ticks' arrays in afresh at every take: 9-18K minor faults each
-per 100K vLLM events against 5-11K, and the window's attach at a median 370K vLLM events/s
-against 391K (six runs a side alternating in one window, 2026-12-06). A 1M-block pool held
-(`bench held`) reads the same (100.7-103.0 B a block against 98.9-105.5). On another C library
-both do nothing.
+back (malloc_trim), for a caller that has just freed many. On another C library both do nothing.
 
 `tune()` also turns off numpy's request for transparent huge pages (madvise) on its large
 arrays, unless the user's NUMPY_MADVISE_HUGEPAGE says otherwise. Where the kernel honours
@@ -43,24 +36,14 @@ import sys
 import threading
 import time
 
-M_TRIM_THRESHOLD = -1  # glibc's malloc.h
-M_MMAP_THRESHOLD = -3
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 MMAP_THRESHOLD = 4 << 20
-# Setting the mmap threshold turns off glibc's adjustment of the trim threshold too (which
-# its default raises to twice the mmap threshold, up to 64 MiB), leaving it at 128 KiB: each
-# thread's arena handed back its top's free pages (madvise) whenever more than that was
-# free, and faulted them in again at the next allocation. An attached window's placing
-# thread allocates a tick's blocks (0.5-4 MiB arrays) that the GUI thread frees once it has
-# written them: its pages were handed back and faulted in again at every take (11-18K minor
-# faults per 100K vLLM events, 2026-12-06).
-TRIM_THRESHOLD = 32 << 20
 
 _tuned: bool | None = None
 
 
 def tune() -> bool:
-    """Fix glibc's mmap threshold at `MMAP_THRESHOLD` and its trim threshold at
-    `TRIM_THRESHOLD`; True if they are (now or before)."""
+    """Fix glibc's mmap threshold at `MMAP_THRESHOLD`; True if it is (now or before)."""
     global _tuned
     if _tuned is None:
         _no_huge_pages()
@@ -68,8 +51,7 @@ def tune() -> bool:
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL("libc.so.6")
-                _tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-                    bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+                _tuned = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
             except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
                 pass
     return _tuned
