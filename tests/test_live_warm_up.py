@@ -111,3 +111,40 @@ def test_an_attach_after_the_warm_up_loads_no_compiled_code_on_the_gui_thread(tm
     assert got.returncode == 0, got.stderr[-2000:]
     loads = got.stdout.strip().splitlines()[-1] if got.stdout.strip() else ""
     assert loads == "", f"loaded on the GUI thread at the attach: {loads}"
+
+
+_AT_ONCE = """
+import json, threading
+from engine.core import live_journal, live_log
+from engine.remote import overlay
+errors = {}
+for name, first_use in (("placer", live_journal._compiled), ("overlay", overlay._compiled_observe),
+                        ("cells", overlay._compiled_cells), ("log", live_log._compiled_journal_loop)):
+    barrier = threading.Barrier(4)
+    def run():
+        barrier.wait()
+        try:
+            first_use()
+        except Exception as exc:
+            errors.setdefault(name, []).append(type(exc).__name__)
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+print(json.dumps(errors))
+"""
+
+
+def test_the_compiled_code_made_at_first_use_is_made_once_when_threads_get_there_at_once():
+    """A window's warm-up thread and an attach's placing (or GUI) thread may be the first two
+    to use the placer's, the overlay's and the live log's compiled code, at once: each is made
+    under `engine.core.threads.COMPILE_ONCE`. Without it the second jitted the first's
+    dispatchers (numba's TypeError: the placer's, three of four threads in a fresh process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-c", _AT_ONCE], cwd=root, capture_output=True, text=True, timeout=240)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert json.loads(got.stdout.strip().splitlines()[-1]) == {}

@@ -1,4 +1,5 @@
-"""The CPU priority of a background thread, below the thread that draws.
+"""The CPU priority of a background thread, below the thread that draws; and the lock of
+the compiled code a module makes at its first use.
 
 A desktop app keeps its work threads below its GUI thread (Qt's `QThread.LowPriority`,
 macOS's utility QoS), so that when both are ready to run on a busy machine the window's
@@ -10,6 +11,11 @@ subscriber's, a placer's), never for a pool's threads shared with other work.
     def run():
         lower_priority(BACKGROUND_NICE)  # first thing on the thread
         ...
+
+`COMPILE_ONCE` is held while a module makes its numba functions at their first use (its
+helpers jitted and their module names rebound to the dispatchers): a window's warm-up thread
+and an attach's placing or GUI thread reached them at once, and the second jitted the
+first's dispatchers (numba's TypeError: the placing thread stopped, or a GUI tick failed).
 """
 
 from __future__ import annotations
@@ -31,3 +37,6 @@ def lower_priority(nice: int) -> int | None:
         return os.getpriority(os.PRIO_PROCESS, tid)
     except OSError:  # a sandbox without setpriority: the thread runs as it was
         return None
+
+
+COMPILE_ONCE = threading.RLock()  # (re-entrant: one module's first use makes another's)

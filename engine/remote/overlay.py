@@ -24,6 +24,7 @@ import numpy as np
 from engine.core.growth import regrow
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
 from engine.core.projection import PoolProjection, stream_code
+from engine.core.threads import COMPILE_ONCE
 from engine.remote.tiers import tier_of_medium
 
 # Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
@@ -859,13 +860,14 @@ _CELLS: list[Any] = []
 
 def _compiled_cells() -> Any:
     """`_cells_loop` compiled (with `_cell_code` and `_cells_at`)."""
-    if not _CELLS:
-        from numba import njit
+    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
+        if not _CELLS:
+            from numba import njit
 
-        global _cell_code
-        _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
-        _CELLS.append(njit(cache=True, nogil=True)(_cells_loop))
-        _CELLS.append(njit(cache=True, nogil=True)(_cells_at))
+            global _cell_code
+            _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
+            _CELLS.append(njit(cache=True, nogil=True)(_cells_loop))
+            _CELLS.append(njit(cache=True, nogil=True)(_cells_at))
     return _CELLS[0]
 
 
@@ -881,17 +883,18 @@ _OBSERVE: list[Any] = []
 def _compiled_observe() -> tuple[Any, Any, Any]:
     """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled. `_rehash` is compiled (or loaded)
     here, for its one signature: the table first grows mid-attach, not in a warm-up's few rows."""
-    if not _OBSERVE:
-        from numba import njit
+    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
+        if not _OBSERVE:
+            from numba import njit
 
-        from engine.core.live_journal import prefetch_intrinsic
+            from engine.core.live_journal import prefetch_intrinsic
 
-        global _observe_ahead, _prefetch
-        _prefetch = prefetch_intrinsic()
-        _observe_ahead = njit(cache=True, nogil=True)(_observe_ahead)  # called by the loop
-        scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
-        rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
-        _OBSERVE.append((scan, loop, rehash))
+            global _observe_ahead, _prefetch
+            _prefetch = prefetch_intrinsic()
+            _observe_ahead = njit(cache=True, nogil=True)(_observe_ahead)  # called by the loop
+            scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
+            rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
+            _OBSERVE.append((scan, loop, rehash))
     return _OBSERVE[0]
 
 
