@@ -627,6 +627,36 @@ def test_a_second_attach_takes_the_tokenizer_already_loaded(qtbot, win, servers,
     assert first.decode(first.encode("cached blocks", add_special_tokens=False)) == "cached blocks"
 
 
+def test_an_earlier_attachs_tokenizer_that_loads_last_is_not_taken(qtbot, win, monkeypatch):
+    """Each attach loads its tokenizer on a thread of its own: one chosen by an attach that
+    ended, whose load finished after the next attach's, is not the one the views decode with."""
+    import threading
+
+    import engine.model.loader as loader
+
+    slow_may_end = threading.Event()
+    chosen_before, chosen_now = object(), object()
+
+    def load(folder=None):
+        if folder == "/tokenizers/before":
+            assert slow_may_end.wait(10)
+            return chosen_before
+        return chosen_now
+
+    monkeypatch.setattr(loader, "load_tokenizer", load)
+    heard = []
+    win.remote.sigTokenizer.connect(heard.append)
+    win.remote._load_tokenizer("/tokenizers/before")  # an attach, detached before it loaded
+    win.remote._load_tokenizer("/tokenizers/now")  # the next attach's
+    qtbot.waitUntil(lambda: win.remote.tokenizer is chosen_now, timeout=5000)
+    slow_may_end.set()
+    qtbot.waitUntil(lambda: "/tokenizers/before" in win.remote._tokenizers, timeout=5000)
+    qtbot.wait(50)  # its signal, delivered at a pass of the loop
+    assert win.remote.tokenizer is chosen_now and heard == [chosen_now]
+    win.remote._load_tokenizer("/tokenizers/before")  # chosen again: loaded once, taken now
+    qtbot.waitUntil(lambda: win.remote.tokenizer is chosen_before, timeout=5000)
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("model, loads_one", [("default_model", False), ("tiny_model", True)])
 def test_an_attach_takes_the_default_models_tokenizer_from_the_window(qtbot, win, servers, monkeypatch, request,

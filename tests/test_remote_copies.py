@@ -282,3 +282,35 @@ def test_the_attach_path_over_zmq_holds_what_vllm_held():
     finally:
         att.stop()
         pub.close(linger=0)
+
+
+def test_a_new_stream_met_by_two_threads_at_once_gets_one_number(monkeypatch):
+    # an attach's placing thread, its GUI tick and the bridge's engine thread may meet a new
+    # stream first at the same moment; two numbers for it left a slot that its removals and
+    # clears no longer named. A lookup that misses is made slow here, so both threads miss.
+    import threading
+    import time
+
+    from engine.core import projection
+
+    class SlowMiss(dict):
+        def get(self, key, default=None):
+            got = super().get(key, default)
+            if got is None:
+                time.sleep(0.02)
+            return got
+
+    monkeypatch.setattr(projection, "_STREAMS", SlowMiss(projection._STREAMS))
+    barrier = threading.Barrier(4)
+    codes: list[int] = []
+
+    def meet() -> None:
+        barrier.wait()
+        codes.append(stream_code("met at once", 3))
+
+    threads = [threading.Thread(target=meet) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(codes)) == 1 and codes[0] == stream_code("met at once", 3)

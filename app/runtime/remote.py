@@ -215,6 +215,7 @@ class RemoteController(QObject):
     sigMessage = Signal(str)
     sigTokenizer = Signal(object)
     sigFleet = Signal()
+    _sigLoaded = Signal(str, object)  # a tokenizer load done: (folder, tokenizer), from its thread
     # Every stream (each server and rank, a bound endpoint's pods) goes through the columnar
     # pools' journal into the live columnar log at each GUI tick; False (or
     # PoolState(columnar=False)) keeps the reference route: RemotePool's events through the bridge.
@@ -250,7 +251,8 @@ class RemoteController(QObject):
         self._feed: JournalFeed | None = None  # the placing thread of this attach's journal
         self.recorder: Any = None  # engine.analysis.remote_capture.Recorder while an attach records
         self._tell = False  # the views hear of the rows written at the next tick (its own loop pass)
-        self.sigTokenizer.connect(self._set_tokenizer)
+        self._tokenizer_folder: str | None = None  # the folder the last attach chose
+        self._sigLoaded.connect(self._on_loaded)
         # another subject (a trace, a chat) ends the attach
         host.sigSubjectChanged.connect(self._on_subject)
 
@@ -578,12 +580,13 @@ class RemoteController(QObject):
         from engine.model.loader import load_tokenizer
 
         self.tokenizer = None
+        self._tokenizer_folder = folder
         loaded = self._tokenizers.get(folder)
         if loaded is None and not folder:  # the default model's: the window's model's, if that is the one loaded
             loaded = _default_model_tokenizer(getattr(self.host, "runner", None))
         if loaded is not None:
             self._tokenizers[folder] = loaded
-            QTimer.singleShot(0, self, lambda: self.sigTokenizer.emit(loaded))
+            QTimer.singleShot(0, self, lambda: self._on_loaded(folder, loaded))
             return
 
         def run() -> None:
@@ -598,15 +601,20 @@ class RemoteController(QObject):
                     pass
                 return
             try:
-                self.sigTokenizer.emit(tok)
+                self._sigLoaded.emit(folder, tok)
             except RuntimeError:  # the window closed while it loaded
                 pass
 
         threading.Thread(target=run, name="attach-tokenizer", daemon=True).start()
 
-    def _set_tokenizer(self, tok: Any) -> None:
+    def _on_loaded(self, folder: str, tok: Any) -> None:
+        """A tokenizer loaded: the views decode with it, unless a later attach chose another
+        folder meanwhile (an earlier attach's load that finished last is not taken for it)."""
+        if folder != self._tokenizer_folder:
+            return
         self.tokenizer = tok
         self.host.state.touch()  # views redraw their text with it
+        self.sigTokenizer.emit(tok)
 
     def stop(self) -> None:
         self.detach()

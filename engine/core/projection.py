@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import threading
 from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -108,16 +109,23 @@ class BlockInfo(BlockView):
 
 
 _STREAMS: dict[tuple[str, int], int] = {}
+_STREAMS_LOCK = threading.Lock()
 
 
 def stream_code(source: str, rank: int) -> int:
     """A number for the stream (server `source`, data-parallel `rank`) a remote event came
     from, the same for the whole process: a stream's removal frees its own copy and its
-    clear (or restart) its own blocks, whichever other servers and ranks hold."""
+    clear (or restart) its own blocks, whichever other servers and ranks hold. A new one is
+    numbered under a lock: an attach's placing thread, its GUI tick and the bridge's engine
+    thread may meet a stream first at once, and two numbers for one stream left a slot that
+    its removals and clears no longer named."""
     key = (source, int(rank))
     got = _STREAMS.get(key)
     if got is None:
-        got = _STREAMS[key] = len(_STREAMS)
+        with _STREAMS_LOCK:
+            got = _STREAMS.get(key)
+            if got is None:
+                got = _STREAMS[key] = len(_STREAMS)
     return got
 
 
