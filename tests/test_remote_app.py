@@ -637,7 +637,25 @@ def test_an_earlier_attachs_tokenizer_that_loads_last_is_not_taken(qtbot, win, m
     slow_may_end = threading.Event()
     chosen_before, chosen_now = object(), object()
 
+    from app.runtime import remote
+
+    class Turns:  # app.runtime.imports.BACKGROUND_IMPORTS, and which thread has it
+        def __init__(self) -> None:
+            self.lock, self.holder = threading.Lock(), None
+
+        def __enter__(self) -> None:
+            self.lock.acquire()
+            self.holder = threading.get_ident()
+
+        def __exit__(self, *exc) -> None:
+            self.holder = None
+            self.lock.release()
+
+    turns = Turns()
+    monkeypatch.setattr(remote, "BACKGROUND_IMPORTS", turns, raising=False)
+
     def load(folder=None):
+        assert turns.holder == threading.get_ident()  # its imports take turns with a model load's
         if folder == "/tokenizers/before":
             assert slow_may_end.wait(10)
             return chosen_before
@@ -647,11 +665,11 @@ def test_an_earlier_attachs_tokenizer_that_loads_last_is_not_taken(qtbot, win, m
     heard = []
     win.remote.sigTokenizer.connect(heard.append)
     win.remote._load_tokenizer("/tokenizers/before")  # an attach, detached before it loaded
-    win.remote._load_tokenizer("/tokenizers/now")  # the next attach's
-    qtbot.waitUntil(lambda: win.remote.tokenizer is chosen_now, timeout=5000)
+    win.remote._load_tokenizer("/tokenizers/now")  # the next attach's (it loads after: their turns)
     slow_may_end.set()
+    qtbot.waitUntil(lambda: win.remote.tokenizer is chosen_now, timeout=5000)
     qtbot.waitUntil(lambda: "/tokenizers/before" in win.remote._tokenizers, timeout=5000)
-    qtbot.wait(50)  # its signal, delivered at a pass of the loop
+    qtbot.wait(50)  # every signal delivered at a pass of the loop
     assert win.remote.tokenizer is chosen_now and heard == [chosen_now]
     win.remote._load_tokenizer("/tokenizers/before")  # chosen again: loaded once, taken now
     qtbot.waitUntil(lambda: win.remote.tokenizer is chosen_before, timeout=5000)

@@ -12,7 +12,8 @@ left unbuilt. So:
   threads share with the panels (`SHARED_IMPORTS`, about 30 ms, which the panels would import
   a moment later anyway); tests/test_startup_import_race.py finds any the list misses.
 - `BACKGROUND_IMPORTS`: the two threads take turns at their imports (the one that comes second
-  waits; the GUI thread never takes it).
+  waits; the GUI thread never takes it), and an attach's tokenizer load takes its turn too
+  (transformers imports its submodules as they are first used).
 """
 
 from __future__ import annotations

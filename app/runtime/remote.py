@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
 from app.runtime.bridge import FRAME_MS, engine_info
+from app.runtime.imports import BACKGROUND_IMPORTS
 from app.runtime.jobs import collector_paused
 from app.runtime.journal_feed import JournalFeed, take_journal_rows, untaken_rows
 from engine.core.errors import InputError
@@ -591,7 +592,9 @@ class RemoteController(QObject):
 
         def run() -> None:
             try:
-                with collector_paused():  # no collection on this thread (see app.runtime.jobs)
+                # no collection on this thread (see app.runtime.jobs); its imports (transformers'
+                # lazy submodules) not at the same moment as a model load's (app.runtime.imports)
+                with collector_paused(), BACKGROUND_IMPORTS:
                     tok = load_tokenizer(folder or None)
                 self._tokenizers[folder] = tok
             except Exception as exc:  # noqa: BLE001 - shown as a message; ids still show
