@@ -1789,34 +1789,20 @@ def _compiled() -> list[Any]:
                 from numba import njit
             except ImportError:
                 return _COMPILED
-            global _unlink_hash, _mend_fifos, _ht_slot, _ht_delete, _low_half, _joined, _ht_tag, _ht_home
-            global _fetch_ahead, _put_row, _ht_hold, _cp_tag, _cp_find, _cp_next, _cp_link, _cp_take
-            global _prefetch, _prefetch_at, _prefetch_record
+            global _prefetch, _prefetch_at
             # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
             # they allocate nothing, and every array they touch is held by the caller. With them,
             # each helper call on a row (`_ht_slot`, `_put_row`, `_unlink_hash`: 2 to 5 arrays each)
             # made an atomic increment and decrement of each array's count, a lock'ed instruction
             # apiece, ~6% of the place-and-commit's CPU time (perf: numba's NRT_incref and
             # NRT_decref); inlining the helpers (inline="always") kept them.
-            _low_half = njit(cache=True, nogil=True, _nrt=False)(_low_half)
-            _joined = njit(cache=True, nogil=True, _nrt=False)(_joined)
-            _ht_tag = njit(cache=True, nogil=True, _nrt=False)(_ht_tag)
-            _ht_home = njit(cache=True, nogil=True, _nrt=False)(_ht_home)
-            _ht_slot = njit(cache=True, nogil=True, _nrt=False)(_ht_slot)
             _prefetch = prefetch_intrinsic()
             _prefetch_at = prefetch_at_intrinsic()
-            _prefetch_record = njit(cache=True, nogil=True, _nrt=False)(_prefetch_record)
-            _fetch_ahead = njit(cache=True, nogil=True, _nrt=False)(_fetch_ahead)
-            _ht_delete = njit(cache=True, nogil=True, _nrt=False)(_ht_delete)
-            _cp_tag = njit(cache=True, nogil=True, _nrt=False)(_cp_tag)
-            _cp_find = njit(cache=True, nogil=True, _nrt=False)(_cp_find)
-            _cp_next = njit(cache=True, nogil=True, _nrt=False)(_cp_next)
-            _cp_link = njit(cache=True, nogil=True, _nrt=False)(_cp_link)
-            _cp_take = njit(cache=True, nogil=True, _nrt=False)(_cp_take)
-            _mend_fifos = njit(cache=True, nogil=True, _nrt=False)(_mend_fifos)
-            _unlink_hash = njit(cache=True, nogil=True, _nrt=False)(_unlink_hash)
-            _ht_hold = njit(cache=True, nogil=True, _nrt=False)(_ht_hold)
-            _put_row = njit(cache=True, nogil=True, _nrt=False)(_put_row)
+            helpers = globals()
+            for name in ("_low_half", "_joined", "_ht_tag", "_ht_home", "_ht_slot", "_prefetch_record",
+                         "_fetch_ahead", "_ht_delete", "_cp_tag", "_cp_find", "_cp_next", "_cp_link", "_cp_take",
+                         "_mend_fifos", "_unlink_hash", "_ht_hold", "_put_row"):
+                helpers[name] = njit(cache=True, nogil=True, _nrt=False)(helpers[name])
             _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
             _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
             _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
