@@ -1731,6 +1731,8 @@ def _prefetch_codegen(context, builder, aryty, ary, at):  # pragma: no cover - c
 def prefetch_at_intrinsic() -> Any:
     """`_prefetch_at(arr, i, j)` for compiled code: `prefetch_intrinsic`'s ask for the cache
     line of arr[i, j] of a 2-D array (i and j must be valid: not checked)."""
+    if _PREFETCH_AT:  # made: read without the lock (a tick does not wait while other code is made)
+        return _PREFETCH_AT[0]
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _PREFETCH_AT:
             from numba import types
@@ -1757,6 +1759,8 @@ def prefetch_intrinsic() -> Any:
     nothing written (i must be a valid index: it is not checked). A pass of loads instead
     holds the CPU's window on each miss (the columnar pool's and the overlay's passes
     use it too)."""
+    if _PREFETCH:  # made: read without the lock (a tick does not wait while other code is made)
+        return _PREFETCH[0]
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _PREFETCH:
             from numba import types
@@ -1783,6 +1787,8 @@ _COMPILED: list[Any] = []
 def _compiled() -> list[Any]:
     """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`,
     `_ht_build`, `_slot_run`, `_copies_ahead`] compiled by numba (cached on disk), or [] without numba."""
+    if _COMPILED:  # made: read without the lock (a tick does not wait while other code is made)
+        return _COMPILED
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _COMPILED:
             try:
@@ -1803,37 +1809,39 @@ def _compiled() -> list[Any]:
                          "_fetch_ahead", "_ht_delete", "_cp_tag", "_cp_find", "_cp_next", "_cp_link", "_cp_take",
                          "_mend_fifos", "_unlink_hash", "_ht_hold", "_put_row"):
                 helpers[name] = njit(cache=True, nogil=True, _nrt=False)(helpers[name])
-            _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
-            _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
-            _COMPILED.append(njit(cache=True, nogil=True)(_number_slots))
-            _COMPILED.append(njit(cache=True, nogil=True)(_scan_loop))
-            _COMPILED.append(njit(cache=True, nogil=True)(_store_fields_loop))
-            _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
-            _COMPILED.append(njit(cache=True, nogil=True)(_slot_run))
-            _COMPILED.append(njit(cache=True, nogil=True, _nrt=False)(_copies_ahead))
+            made: list[Any] = []  # published whole: a caller that finds the list filled reads every entry
+            made.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
+            made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
+            made.append(njit(cache=True, nogil=True)(_number_slots))
+            made.append(njit(cache=True, nogil=True)(_scan_loop))
+            made.append(njit(cache=True, nogil=True)(_store_fields_loop))
+            made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
+            made.append(njit(cache=True, nogil=True)(_slot_run))
+            made.append(njit(cache=True, nogil=True, _nrt=False)(_copies_ahead))
             # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
             # too: a table grows only past 512 hashes, at a first attach
             t = np.full(1, -1, np.int64)
-            _COMPILED[1](t, t.copy())
+            made[1](t, t.copy())
             # and the table's first making (at a first tenant, mid-attach): one held record
             rec = np.zeros((1, B_LNEXT + 1), np.int32)
-            _COMPILED[5](rec, 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
-            _COMPILED[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
+            made[5](rec, 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
+            made[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
             # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
             # rows) and a contiguous array
             rows = np.zeros((2, 3), np.int64)
             for slot in (rows[:, 1], rows[0]):
-                _COMPILED[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
+                made[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
                 # and by a table, int32 or int64, once a pool's slots leave their run (a slot
                 # below it, a long skip): mid-attach, where its compile cost 1.2 s of the GUI's
                 # placing (bench gui's route, after the run made the table path rare)
                 for kind in (np.int32, np.int64):
-                    _COMPILED[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
+                    made[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
             # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
             for kind in (np.int32, np.int64):
-                _COMPILED[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
-                             True)
+                made[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
+                        True)
             # and the store fields' reader, on engine.remote.colpool's per-store arrays (one layout)
-            _COMPILED[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64),
-                         np.zeros(2, np.uint8), np.zeros(1, np.int64), np.empty((3, 1), np.int64))
+            made[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64),
+                    np.zeros(2, np.uint8), np.zeros(1, np.int64), np.empty((3, 1), np.int64))
+            _COMPILED.extend(made)
     return _COMPILED

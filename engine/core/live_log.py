@@ -1358,6 +1358,8 @@ def _compiled_journal_loop() -> Any:
     log asks for it when made: `engine.core.live_journal.journal_log`), and with it the pass
     that appends to the columns a journal log keeps as runs (`ArithmeticRuns`)."""
     _compiled_runs_extend()
+    if _JOURNAL_LOOP:  # made: read without the lock (a tick does not wait while other code is made)
+        return _JOURNAL_LOOP[0]
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _JOURNAL_LOOP:
             try:

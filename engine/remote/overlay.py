@@ -860,14 +860,16 @@ _CELLS: list[Any] = []
 
 def _compiled_cells() -> Any:
     """`_cells_loop` compiled (with `_cell_code` and `_cells_at`)."""
+    if _CELLS:  # made: read without the lock (a tick does not wait while other code is made)
+        return _CELLS[0]
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _CELLS:
             from numba import njit
 
             global _cell_code
             _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
-            _CELLS.append(njit(cache=True, nogil=True)(_cells_loop))
-            _CELLS.append(njit(cache=True, nogil=True)(_cells_at))
+            # (both at once: a caller that finds the list filled reads either)
+            _CELLS.extend([njit(cache=True, nogil=True)(_cells_loop), njit(cache=True, nogil=True)(_cells_at)])
     return _CELLS[0]
 
 
@@ -883,6 +885,8 @@ _OBSERVE: list[Any] = []
 def _compiled_observe() -> tuple[Any, Any, Any]:
     """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled. `_rehash` is compiled (or loaded)
     here, for its one signature: the table first grows mid-attach, not in a warm-up's few rows."""
+    if _OBSERVE:  # made: read without the lock (a tick does not wait while other code is made)
+        return _OBSERVE[0]
     with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
         if not _OBSERVE:
             from numba import njit
