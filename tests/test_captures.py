@@ -185,8 +185,11 @@ def test_the_window_fills_the_views_a_slice_at_a_time_and_says_how_far(qtbot, tm
     from app.window import files
     from tests.test_colpool import _synthetic
 
+    from app.runtime import captures
+
     monkeypatch.setattr(files, "CAPTURE_SLICE_S", 0.0)
-    frames = _synthetic(1100, 1)  # five ticks of 256 frames
+    monkeypatch.setattr(captures, "TAKE_ROWS", 2048)  # a take a slice: five of the 10,048 rows
+    frames = _synthetic(1100, 1)
     ref = _reference(frames)
     record(tmp_path / "c.db", frames, per_call=64)
     sizes, said = [], []
@@ -236,7 +239,7 @@ def test_a_replay_that_fails_part_way_is_one_sentence_and_stops(qtbot, tmp_path,
 
     monkeypatch.setattr(files, "CAPTURE_SLICE_S", 0.0)
     record(tmp_path / "c.db", _synthetic(1100, 1), per_call=64)
-    real, calls = captures.FrameReplay._run, []
+    real, calls = captures.FrameReader._run, []
 
     def failing(self):
         calls.append(1)
@@ -244,7 +247,7 @@ def test_a_replay_that_fails_part_way_is_one_sentence_and_stops(qtbot, tmp_path,
             raise sqlite3.OperationalError("disk I/O error")
         real(self)
 
-    monkeypatch.setattr(captures.FrameReplay, "_run", failing)
+    monkeypatch.setattr(captures.FrameReader, "_run", failing)
     done: list = []
     assert window.open_file(tmp_path / "c.db", on_done=done.append)
     qtbot.waitUntil(lambda: bool(done), timeout=30_000)
@@ -272,3 +275,95 @@ def test_the_command_line_says_a_damaged_capture_in_one_line_and_exits_2(tmp_pat
     err = capsys.readouterr().err
     assert err == (f"cachescope: error: run {rec.run_id}: {ENDPOINT}'s recorded batch 7 is not valid msgpack (FormatError); "
                    "the database is damaged\n")
+
+
+def _reads(monkeypatch, log, slow_s: float = 0.0) -> list[tuple[int, int, int]]:
+    """Each run of frames the capture's reader applies: (its thread, the rows not yet taken
+    as it starts, the length of `log` then); `slow_s` a sleep before each."""
+    import threading
+    import time
+
+    from app.runtime import captures
+
+    real, seen = captures.FrameReader._run, []
+
+    def run(self):
+        seen.append((threading.get_ident(), captures.untaken_rows(self.streams, self.taken), len(log())))
+        time.sleep(slow_s)
+        real(self)
+
+    monkeypatch.setattr(captures.FrameReader, "_run", run)
+    return seen
+
+
+def test_the_frames_are_read_on_a_thread_of_their_own_while_the_views_fill(ctx, tmp_path, monkeypatch):
+    """The capture's reader (the recorded stream's subscriber) applies the frames on a thread
+    of its own while the state's thread writes the rows it applied: the log grows before the
+    last frame is read, and ends as the reference pools show the frames."""
+    import threading
+
+    from app.runtime import captures
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(captures, "MIN_TAKE_ROWS", 1)
+    frames = _synthetic(1100, 1)
+    ref = _reference(frames)
+    record(tmp_path / "c.db", frames, per_call=64)
+    seen = _reads(monkeypatch, lambda: ctx.state.log, slow_s=0.003)
+    job = captures.begin_capture(ctx, tmp_path / "c.db")
+    job.replay.reader.frames_per_run = 16  # 69 runs, 3 ms apart at least: the window writes between
+    while not job.step():
+        pass
+    readers = {who for who, _, _ in seen}
+    assert len(readers) == 1 and threading.get_ident() not in readers
+    assert seen[0][2] == 0 and any(shown > 0 for _, _, shown in seen)  # written while the reading went on
+    _same(ctx.state.log, ref, "read on a thread")
+    assert [_said(e) for e in ctx.state.log.events] == [_said(e) for e in ref.events]
+
+
+def test_the_reader_stays_at_most_AHEAD_ROWS_ahead_of_the_writes(ctx, tmp_path, monkeypatch):
+    """A window that writes slowly is not handed an unbounded backlog: the reader waits while
+    AHEAD_ROWS journal rows wait to be taken, and goes on as they are."""
+    import time
+
+    from app.runtime import captures
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(captures, "AHEAD_ROWS", 400)
+    monkeypatch.setattr(captures, "TAKE_ROWS", 100)
+    frames = _synthetic(600, 1)
+    ref = _reference(frames)
+    record(tmp_path / "c.db", frames, per_call=64)
+    seen = _reads(monkeypatch, lambda: ctx.state.log)
+    job = captures.begin_capture(ctx, tmp_path / "c.db")
+    job.replay.reader.frames_per_run = 8  # runs of ~60 rows: the reader meets the limit between two
+    while not job.step(0.0):
+        time.sleep(0.005)  # a slow window: the reader catches up with the limit
+    assert max(waiting for _, waiting, _ in seen) < 400  # no run starts at the limit
+    assert len(ctx.state.log) == len(ref) and len(seen) >= 10
+    assert max(waiting for _, waiting, _ in seen) >= 200  # it came near it: the limit was what held it
+
+
+@pytest.mark.parametrize("how", ["cancelled", "dropped"])
+def test_a_capture_stopped_part_way_ends_its_reading_thread(ctx, tmp_path, monkeypatch, how):
+    """Another subject (`cancel`) stops the reader before the database closes; a replay no one
+    steps any more (its window closed mid-open) ends it too, as it is dropped."""
+    import gc
+
+    from app.runtime import captures
+    from tests.test_colpool import _synthetic
+
+    monkeypatch.setattr(captures, "AHEAD_ROWS", 100)  # the reader waits for room after a run or two
+    record(tmp_path / "c.db", _synthetic(600, 1), per_call=64)
+    job = captures.begin_capture(ctx, tmp_path / "c.db")
+    assert not job.step(0.0)
+    reader = job.replay.reader._thread
+    assert reader.is_alive()
+    if how == "cancelled":
+        job.cancel()
+        assert not reader.is_alive() and job._store is None
+    else:
+        del job
+        gc.collect()
+        reader.join(5)
+        assert not reader.is_alive()
