@@ -129,3 +129,20 @@ def test_journal_events_carry_the_batch_time_the_event_routes_do(name):
     got = [e.remote.batch_time for e in state.log.events]
     assert got == [e.remote.batch_time for e in ref.log.events] and any(got)
     assert [time_of(e) for e in state.log.events] == [time_of(e) for e in ref.log.events]
+
+
+def test_the_metrics_hint_sits_mid_plot_before_the_first_refresh(qtbot):
+    """A metrics view shown before it has refreshed (a capture opening, whose views hear of
+    its rows after half a second) has its hint in the middle of the empty plot, as after a
+    refresh, not on the x axis (where the axes' autoscale left it)."""
+    from app.runtime.state import PoolState
+
+    metrics = RemoteMetrics(PoolState())
+    qtbot.addWidget(metrics)
+    metrics.resize(900, 420)
+    metrics.show()
+    qtbot.wait(20)
+    (x_lo, x_hi), (y_lo, y_hi) = metrics.p_life.viewRange()
+    pos = metrics.hint.pos()
+    assert metrics.hint.isVisible() and (x_lo, x_hi) == remote_plots.LIFETIME_X
+    assert x_lo < pos.x() < x_hi and y_lo + 0.4 * (y_hi - y_lo) < pos.y() < y_lo + 0.6 * (y_hi - y_lo)

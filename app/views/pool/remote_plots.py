@@ -405,6 +405,11 @@ class RemoteMetrics(_Throttled):
         self.hint = pg.TextItem("no block removed yet: lifetimes appear when the server removes blocks",
                                 anchor=(0.5, 0.5))
         self.p_life.addItem(self.hint, ignoreBounds=True)
+        # the axes and the hint where `refresh` keeps them with no lifetime yet, from the start:
+        # a view shown before its first refresh (a capture opening) had the hint on the x axis
+        self.p_life.setXRange(*LIFETIME_X, padding=0)
+        self.p_life.setYRange(0, 1.1, padding=0)
+        self.hint.setPos(1.0, 0.5)
         self.lifetime_counts = np.zeros(0)
         self._life = _Lifetimes()
         self._drawn: tuple | None = None  # what the items were last set from
