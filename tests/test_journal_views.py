@@ -139,10 +139,13 @@ def test_the_metrics_hint_sits_mid_plot_before_the_first_refresh(qtbot):
 
     metrics = RemoteMetrics(PoolState())
     qtbot.addWidget(metrics)
-    metrics.resize(900, 420)
+    metrics.resize(620, 240)  # the dock's size in a 1280x800 window
     metrics.show()
     qtbot.wait(20)
     (x_lo, x_hi), (y_lo, y_hi) = metrics.p_life.viewRange()
     pos = metrics.hint.pos()
     assert metrics.hint.isVisible() and (x_lo, x_hi) == remote_plots.LIFETIME_X
     assert x_lo < pos.x() < x_hi and y_lo + 0.4 * (y_hi - y_lo) < pos.y() < y_lo + 0.6 * (y_hi - y_lo)
+    # the whole sentence inside the plot
+    plot, text = metrics.p_life.getViewBox().sceneBoundingRect(), metrics.hint.sceneBoundingRect()
+    assert plot.left() <= text.left() and text.right() <= plot.right()

@@ -44,6 +44,8 @@ LIFETIME_TICKS = [(float(np.log10(s)), text) for s, text in (
 # room past both for half an end label ("10 ms", "1 day"): pyqtgraph drops a label that
 # would reach past the plot ("1 day" showed at no size, "10 ms" not in a 1280x800 window).
 LIFETIME_X = (-2.5, float(np.log10(86400)) + 0.4)
+# the empty plot's hint, at its middle (log10 seconds, removed blocks of a 0 to 1.1 range)
+LIFETIME_HINT_AT = (sum(LIFETIME_X) / 2, 0.55)
 
 
 def show_remote(view: Any) -> bool:
@@ -409,7 +411,7 @@ class RemoteMetrics(_Throttled):
         # a view shown before its first refresh (a capture opening) had the hint on the x axis
         self.p_life.setXRange(*LIFETIME_X, padding=0)
         self.p_life.setYRange(0, 1.1, padding=0)
-        self.hint.setPos(1.0, 0.5)
+        self.hint.setPos(*LIFETIME_HINT_AT)
         self.lifetime_counts = np.zeros(0)
         self._life = _Lifetimes()
         self._drawn: tuple | None = None  # what the items were last set from
@@ -453,7 +455,6 @@ class RemoteMetrics(_Throttled):
         self.p_life.setYRange(0, max(1.0, float(counts.max()) if len(counts) else 1.0) * 1.1, padding=0)
         self.p_life.setXRange(*LIFETIME_X, padding=0)
         self.hint.setVisible(num_life == 0)
-        self.hint.setPos(1.0, 0.5)
         items = [("", f"<b>{remote.num_stored:,}</b> blocks stored"),
                  ("", f"<b>{remote.num_removed:,}</b> removed")]
         if num_life:
