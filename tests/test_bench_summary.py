@@ -155,3 +155,25 @@ def test_an_interrupted_bench_all_prints_what_the_finished_benches_measured(monk
     assert out["gui"] == out["engine"] == {"error": "interrupted before it finished"}
     assert "interrupted" in out["targets"]["window_up_s"]["missing"]
     assert "not measured: gui, engine" in captured.err
+
+
+def test_bench_helds_memory_readings_wait_for_the_contexts_warm_up(qtbot, monkeypatch):
+    """`bench held` reads the process's RSS before and after a pool is held: a context's
+    warm-up thread (numba's code loaded, a small attach route run) still running then counted
+    its memory as the pool's (about 20 B a block of a 1M-block pool). No reading is taken
+    while one runs."""
+    import threading
+
+    from app.commands import _bench_gui
+
+    monkeypatch.setattr(_bench_gui, "HELD_WARM_BLOCKS", 2_000)
+    real, warming = _bench_gui._rss_bytes, []
+
+    def rss() -> int:
+        warming.append(any(t.name == "live-log-warm-up" and t.is_alive() for t in threading.enumerate()))
+        return real()
+
+    monkeypatch.setattr(_bench_gui, "_rss_bytes", rss)
+    got = _bench_gui.bench_held_pool(True, (4_000,))
+    assert got["4000"]["blocks_in_view"] >= 4_000 and len(warming) == 5  # two readings of the warm pool, three of this
+    assert not any(warming)
