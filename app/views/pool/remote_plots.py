@@ -404,7 +404,9 @@ class RemoteMetrics(_Throttled):
         self.p_life.getAxis("bottom").setTicks([LIFETIME_TICKS, []])
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.1)
         self.p_life.addItem(self.bars)
-        self.hint = pg.TextItem("no block removed yet: lifetimes appear when the server removes blocks",
+        # (two lines: on one it was as wide as the plot of a 1280x800 window's dock, wider with
+        # some fonts)
+        self.hint = pg.TextItem("no block removed yet:\nlifetimes appear when the server removes blocks",
                                 anchor=(0.5, 0.5))
         self.p_life.addItem(self.hint, ignoreBounds=True)
         # the axes and the hint where `refresh` keeps them with no lifetime yet, from the start:
