@@ -406,8 +406,10 @@ class RemoteMetrics(_Throttled):
         self.p_life.addItem(self.bars)
         # (two lines: on one it was as wide as the plot of a 1280x800 window's dock, wider with
         # some fonts)
-        self.hint = pg.TextItem("no block removed yet:\nlifetimes appear when the server removes blocks",
-                                anchor=(0.5, 0.5))
+        self.hint = pg.TextItem(html="<div align='center'>no block removed yet:<br>lifetimes appear when the "
+                                     "server removes blocks</div>", anchor=(0.5, 0.5))
+        text = self.hint.textItem  # (its lines centred within its widest one)
+        text.setTextWidth(text.document().idealWidth())
         self.p_life.addItem(self.hint, ignoreBounds=True)
         # the axes and the hint where `refresh` keeps them with no lifetime yet, from the start:
         # a view shown before its first refresh (a capture opening) had the hint on the x axis
