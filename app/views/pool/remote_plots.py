@@ -408,8 +408,6 @@ class RemoteMetrics(_Throttled):
         # some fonts)
         self.hint = pg.TextItem(html="<div align='center'>no block removed yet:<br>lifetimes appear when the "
                                      "server removes blocks</div>", anchor=(0.5, 0.5))
-        text = self.hint.textItem  # (its lines centred within its widest one)
-        text.setTextWidth(text.document().idealWidth())
         self.p_life.addItem(self.hint, ignoreBounds=True)
         # the axes and the hint where `refresh` keeps them with no lifetime yet, from the start:
         # a view shown before its first refresh (a capture opening) had the hint on the x axis
@@ -432,6 +430,9 @@ class RemoteMetrics(_Throttled):
         self.glw.setBackground(p["panel"])
         self.bars.setOpts(brush=pg.mkBrush(p["accent"]), pen=pg.mkPen(None))
         self.hint.setColor(p["text_dim"])
+        text = self.hint.textItem  # its lines centred within its widest one, in the font it has now
+        text.setTextWidth(-1)
+        text.setTextWidth(text.document().idealWidth())
         for side in ("left", "bottom"):
             self.p_life.getAxis(side).setTextPen(p["text_dim"])
             self.p_life.getAxis(side).setPen(p["text_dim"])
