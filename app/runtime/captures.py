@@ -200,19 +200,18 @@ class FrameReplay:
                 reader.applied.clear()
                 read_all = reader.read_all  # read before the count: every row applied before it is counted
                 waiting = untaken_rows(self.streams, self._taken)
-                enough = waiting >= min(MIN_TAKE_ROWS, AHEAD_ROWS)  # (the reader waits for room at AHEAD_ROWS)
-                if enough or (read_all and waiting):
+                # (the reader waits for room at AHEAD_ROWS)
+                if waiting >= min(MIN_TAKE_ROWS, AHEAD_ROWS) or (read_all and waiting):
                     self._commit()
                 elif read_all:
                     if reader.error is not None:
                         raise reader.error
                     return True
-                left = budget_s - (time.perf_counter() - start)
-                if left <= 0:
+                else:  # too few rows yet: the reader's next run awaited, within the budget
+                    reader.applied.wait(max(0.0, min(budget_s - (time.perf_counter() - start), WAIT_S)))
+                if time.perf_counter() - start >= budget_s:
                     done = False
                     return False
-                if not enough and not read_all:
-                    reader.applied.wait(min(left, WAIT_S))
         finally:
             if notify or done:
                 self.state.notify()
