@@ -25,7 +25,7 @@ import numpy as np
 from engine.core.columnar import EVICTED, RESET, STORED, KeyTable
 from engine.core.live_log import _Growing
 from engine.core.projection import stream_code
-from engine.core.threads import COMPILE_ONCE
+from engine.core.threads import made_once
 
 OP_STORED, OP_REMOVED, OP_CLEARED = 0, 1, 2  # engine.remote.colpool's journal ops
 W_U64 = 1  # engine.remote.colpool's width code of an 8-byte hash (its key is the value)
@@ -1731,26 +1731,24 @@ def _prefetch_codegen(context, builder, aryty, ary, at):  # pragma: no cover - c
 def prefetch_at_intrinsic() -> Any:
     """`_prefetch_at(arr, i, j)` for compiled code: `prefetch_intrinsic`'s ask for the cache
     line of arr[i, j] of a 2-D array (i and j must be valid: not checked)."""
-    if _PREFETCH_AT:  # made: read without the lock (a tick does not wait while other code is made)
-        return _PREFETCH_AT[0]
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _PREFETCH_AT:
-            from numba import types
-            from numba.extending import intrinsic
+    return made_once(_PREFETCH_AT, _make_prefetch_at)[0]
 
-            @intrinsic
-            def prefetch_at(typingctx, arr, i, j):  # pragma: no cover - compiled
-                def codegen(context, builder, signature, args):
-                    aryty, ity, jty = signature.args
-                    ary = context.make_array(aryty)(context, builder, args[0])
-                    at = [context.cast(builder, args[1], ity, types.intp),
-                          context.cast(builder, args[2], jty, types.intp)]
-                    _prefetch_codegen(context, builder, aryty, ary, at)
-                    return context.get_dummy_value()
-                return types.void(arr, i, j), codegen
 
-            _PREFETCH_AT.append(prefetch_at)
-    return _PREFETCH_AT[0]
+def _make_prefetch_at() -> list[Any]:
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_at(typingctx, arr, i, j):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            aryty, ity, jty = signature.args
+            ary = context.make_array(aryty)(context, builder, args[0])
+            at = [context.cast(builder, args[1], ity, types.intp), context.cast(builder, args[2], jty, types.intp)]
+            _prefetch_codegen(context, builder, aryty, ary, at)
+            return context.get_dummy_value()
+        return types.void(arr, i, j), codegen
+
+    return [prefetch_at]
 
 
 def prefetch_intrinsic() -> Any:
@@ -1759,26 +1757,25 @@ def prefetch_intrinsic() -> Any:
     nothing written (i must be a valid index: it is not checked). A pass of loads instead
     holds the CPU's window on each miss (the columnar pool's and the overlay's passes
     use it too)."""
-    if _PREFETCH:  # made: read without the lock (a tick does not wait while other code is made)
-        return _PREFETCH[0]
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _PREFETCH:
-            from numba import types
-            from numba.extending import intrinsic
+    return made_once(_PREFETCH, _make_prefetch)[0]
 
-            @intrinsic
-            def prefetch(typingctx, arr, i):  # pragma: no cover - compiled
-                def codegen(context, builder, signature, args):
-                    aryty, ity = signature.args
-                    ary = context.make_array(aryty)(context, builder, args[0])
-                    zero = context.get_constant(types.intp, 0)
-                    at = [context.cast(builder, args[1], ity, types.intp)] + [zero] * (aryty.ndim - 1)
-                    _prefetch_codegen(context, builder, aryty, ary, at)
-                    return context.get_dummy_value()
-                return types.void(arr, i), codegen
 
-            _PREFETCH.append(prefetch)
-    return _PREFETCH[0]
+def _make_prefetch() -> list[Any]:
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, arr, i):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            aryty, ity = signature.args
+            ary = context.make_array(aryty)(context, builder, args[0])
+            zero = context.get_constant(types.intp, 0)
+            at = [context.cast(builder, args[1], ity, types.intp)] + [zero] * (aryty.ndim - 1)
+            _prefetch_codegen(context, builder, aryty, ary, at)
+            return context.get_dummy_value()
+        return types.void(arr, i), codegen
+
+    return [prefetch]
 
 
 _COMPILED: list[Any] = []
@@ -1787,61 +1784,60 @@ _COMPILED: list[Any] = []
 def _compiled() -> list[Any]:
     """[`_place_loop`, `_ht_rehash`, `_number_slots`, `_scan_loop`, `_store_fields_loop`,
     `_ht_build`, `_slot_run`, `_copies_ahead`] compiled by numba (cached on disk), or [] without numba."""
-    if _COMPILED:  # made: read without the lock (a tick does not wait while other code is made)
-        return _COMPILED
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _COMPILED:
-            try:
-                from numba import njit
-            except ImportError:
-                return _COMPILED
-            global _prefetch, _prefetch_at
-            # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
-            # they allocate nothing, and every array they touch is held by the caller. With them,
-            # each helper call on a row (`_ht_slot`, `_put_row`, `_unlink_hash`: 2 to 5 arrays each)
-            # made an atomic increment and decrement of each array's count, a lock'ed instruction
-            # apiece, ~6% of the place-and-commit's CPU time (perf: numba's NRT_incref and
-            # NRT_decref); inlining the helpers (inline="always") kept them.
-            _prefetch = prefetch_intrinsic()
-            _prefetch_at = prefetch_at_intrinsic()
-            helpers = globals()
-            for name in ("_low_half", "_joined", "_ht_tag", "_ht_home", "_ht_slot", "_prefetch_record",
-                         "_fetch_ahead", "_ht_delete", "_cp_tag", "_cp_find", "_cp_next", "_cp_link", "_cp_take",
-                         "_mend_fifos", "_unlink_hash", "_ht_hold", "_put_row"):
-                helpers[name] = njit(cache=True, nogil=True, _nrt=False)(helpers[name])
-            made: list[Any] = []  # published whole: a caller that finds the list filled reads every entry
-            made.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
-            made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
-            made.append(njit(cache=True, nogil=True)(_number_slots))
-            made.append(njit(cache=True, nogil=True)(_scan_loop))
-            made.append(njit(cache=True, nogil=True)(_store_fields_loop))
-            made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
-            made.append(njit(cache=True, nogil=True)(_slot_run))
-            made.append(njit(cache=True, nogil=True, _nrt=False)(_copies_ahead))
-            # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
-            # too: a table grows only past 512 hashes, at a first attach
-            t = np.full(1, -1, np.int64)
-            made[1](t, t.copy())
-            # and the table's first making (at a first tenant, mid-attach): one held record
-            rec = np.zeros((1, B_LNEXT + 1), np.int32)
-            made[5](rec, 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
-            made[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
-            # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
-            # rows) and a contiguous array
-            rows = np.zeros((2, 3), np.int64)
-            for slot in (rows[:, 1], rows[0]):
-                made[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
-                # and by a table, int32 or int64, once a pool's slots leave their run (a slot
-                # below it, a long skip): mid-attach, where its compile cost 1.2 s of the GUI's
-                # placing (bench gui's route, after the run made the table path rare)
-                for kind in (np.int32, np.int64):
-                    made[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
-            # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
-            for kind in (np.int32, np.int64):
-                made[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
-                        True)
-            # and the store fields' reader, on engine.remote.colpool's per-store arrays (one layout)
-            made[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64),
-                    np.zeros(2, np.uint8), np.zeros(1, np.int64), np.empty((3, 1), np.int64))
-            _COMPILED.extend(made)
-    return _COMPILED
+    return made_once(_COMPILED, _make_compiled)
+
+
+def _make_compiled() -> list[Any]:
+    try:
+        from numba import njit
+    except ImportError:
+        return []
+    global _prefetch, _prefetch_at
+    # The placing loop and its helpers without numba's reference counts (`_nrt=False`):
+    # they allocate nothing, and every array they touch is held by the caller. With them,
+    # each helper call on a row (`_ht_slot`, `_put_row`, `_unlink_hash`: 2 to 5 arrays each)
+    # made an atomic increment and decrement of each array's count, a lock'ed instruction
+    # apiece, ~6% of the place-and-commit's CPU time (perf: numba's NRT_incref and
+    # NRT_decref); inlining the helpers (inline="always") kept them.
+    _prefetch = prefetch_intrinsic()
+    _prefetch_at = prefetch_at_intrinsic()
+    helpers = globals()
+    for name in ("_low_half", "_joined", "_ht_tag", "_ht_home", "_ht_slot", "_prefetch_record",
+                 "_fetch_ahead", "_ht_delete", "_cp_tag", "_cp_find", "_cp_next", "_cp_link", "_cp_take",
+                 "_mend_fifos", "_unlink_hash", "_ht_hold", "_put_row"):
+        helpers[name] = njit(cache=True, nogil=True, _nrt=False)(helpers[name])
+    made: list[Any] = []
+    made.append(njit(cache=True, nogil=True, _nrt=False)(_place_loop))
+    made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_rehash))
+    made.append(njit(cache=True, nogil=True)(_number_slots))
+    made.append(njit(cache=True, nogil=True)(_scan_loop))
+    made.append(njit(cache=True, nogil=True)(_store_fields_loop))
+    made.append(njit(cache=True, nogil=True, _nrt=False)(_ht_build))
+    made.append(njit(cache=True, nogil=True)(_slot_run))
+    made.append(njit(cache=True, nogil=True, _nrt=False)(_copies_ahead))
+    # compiled (or loaded) with the loop, so the warm-up that places a few rows caches it
+    # too: a table grows only past 512 hashes, at a first attach
+    t = np.full(1, -1, np.int64)
+    made[1](t, t.copy())
+    # and the table's first making (at a first tenant, mid-attach): one held record
+    rec = np.zeros((1, B_LNEXT + 1), np.int32)
+    made[5](rec, 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
+    made[5](rec.astype(np.int64), 1, np.full(4, -1, np.int64), np.zeros(10, np.int64))
+    # and a pool's slots numbered as a run: a pool's journal slots (a strided view of its
+    # rows) and a contiguous array
+    rows = np.zeros((2, 3), np.int64)
+    for slot in (rows[:, 1], rows[0]):
+        made[6](slot, 0, 0, 0, np.empty(len(slot), np.int64))
+        # and by a table, int32 or int64, once a pool's slots leave their run (a slot
+        # below it, a long skip): mid-attach, where its compile cost 1.2 s of the GUI's
+        # placing (bench gui's route, after the run made the table path rare)
+        for kind in (np.int32, np.int64):
+            made[2](np.full(4, -1, kind), slot, np.empty(len(slot), np.int64), 0)
+    # and the first copy's look ahead, on int32 and int64 FIFOs (`_fit` widens them)
+    for kind in (np.int32, np.int64):
+        made[7](np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, -1, kind), np.empty(2, np.int64),
+                True)
+    # and the store fields' reader, on engine.remote.colpool's per-store arrays (one layout)
+    made[4](np.zeros((2, 1), np.uint64)[:, 0], np.zeros((1, 2), np.int64), np.zeros((1, 4), np.int64),
+            np.zeros(2, np.uint8), np.zeros(1, np.int64), np.empty((3, 1), np.int64))
+    return made

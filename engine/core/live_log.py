@@ -35,7 +35,7 @@ from engine.core.columnar_log import (
 from engine.core.events import Event
 from engine.core.growth import regrow
 from engine.core.pool_state import Counters
-from engine.core.threads import COMPILE_ONCE
+from engine.core.threads import made_once
 
 # Rows between checkpoints at first; doubled whenever more than the budget allows pile up.
 FIRST_CHECKPOINT_ROWS = 16_384
@@ -1358,26 +1358,22 @@ def _compiled_journal_loop() -> Any:
     log asks for it when made: `engine.core.live_journal.journal_log`), and with it the pass
     that appends to the columns a journal log keeps as runs (`ArithmeticRuns`)."""
     _compiled_runs_extend()
-    if _JOURNAL_LOOP:  # made: read without the lock (a tick does not wait while other code is made)
-        return _JOURNAL_LOOP[0]
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _JOURNAL_LOOP:
-            try:
-                from numba import njit
-            except ImportError:
-                _JOURNAL_LOOP.append(None)
-            else:
-                global _all_first
-                _all_first = njit(cache=True, nogil=True)(_all_first)  # called by the loop
-                loop = njit(cache=True, nogil=True)(_journal_loop)
-                i32 = np.zeros(3, np.int32)
-                # short places, long places
-                for pos, base in ((np.zeros(1, np.int32), 0), (np.zeros(1, np.int64), TAIL_BASE)):
-                    loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
-                         np.zeros(6, np.int64), np.full(1, -1, np.int32), pos, base, np.empty(3, np.int32),
-                         np.zeros(5, np.int64))
-                _JOURNAL_LOOP.append(loop)
-    return _JOURNAL_LOOP[0]
+    return made_once(_JOURNAL_LOOP, _make_journal_loop)[0]
+
+
+def _make_journal_loop() -> list[Any]:
+    try:
+        from numba import njit
+    except ImportError:
+        return [None]
+    global _all_first
+    _all_first = njit(cache=True, nogil=True)(_all_first)  # called by the loop
+    loop = njit(cache=True, nogil=True)(_journal_loop)
+    i32 = np.zeros(3, np.int32)
+    for pos, base in ((np.zeros(1, np.int32), 0), (np.zeros(1, np.int64), TAIL_BASE)):  # short, long places
+        loop(np.array([STORED, EVICTED, RESET], np.uint8), i32, i32, np.ones(3, np.uint8), 0, 3,
+             np.zeros(6, np.int64), np.full(1, -1, np.int32), pos, base, np.empty(3, np.int32), np.zeros(5, np.int64))
+    return [loop]
 
 
 def warm_up() -> None:

@@ -13,9 +13,10 @@ subscriber's, a placer's), never for a pool's threads shared with other work.
         ...
 
 `COMPILE_ONCE` is held while a module makes its numba functions at their first use (its
-helpers jitted and their module names rebound to the dispatchers): a window's warm-up thread
-and an attach's placing or GUI thread reached them at once, and the second jitted the
-first's dispatchers (numba's TypeError: the placing thread stopped, or a GUI tick failed).
+helpers jitted and their module names rebound to the dispatchers; `made_once`): a window's
+warm-up thread and an attach's placing or GUI thread reached them at once, and the second
+jitted the first's dispatchers (numba's TypeError: the placing thread stopped, or a GUI tick
+failed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any, Callable
 
 
 def lower_priority(nice: int) -> int | None:
@@ -40,3 +42,16 @@ def lower_priority(nice: int) -> int | None:
 
 
 COMPILE_ONCE = threading.RLock()  # (re-entrant: one module's first use makes another's)
+
+
+def made_once(made: list[Any], make: Callable[[], list[Any]]) -> list[Any]:
+    """`made`, filled with what `make()` returns the first time it is asked for, under
+    COMPILE_ONCE (a thread that comes while another makes it waits for that one). A filled
+    list is read without the lock, so a GUI tick does not wait while other code is made; it
+    is filled whole (`extend`), so such a reader sees every entry. `make()` returning nothing
+    (numba missing) leaves it empty, to be tried again at the next ask."""
+    if not made:
+        with COMPILE_ONCE:
+            if not made:
+                made.extend(make())
+    return made

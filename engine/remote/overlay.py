@@ -24,7 +24,7 @@ import numpy as np
 from engine.core.growth import regrow
 from engine.core.events import BlockEvicted, BlockStored, CacheReset, Event
 from engine.core.projection import PoolProjection, stream_code
-from engine.core.threads import COMPILE_ONCE
+from engine.core.threads import made_once
 from engine.remote.tiers import tier_of_medium
 
 # Tiers as vLLM's events name them (`medium`); an event without one is on the GPU.
@@ -860,17 +860,15 @@ _CELLS: list[Any] = []
 
 def _compiled_cells() -> Any:
     """`_cells_loop` compiled (with `_cell_code` and `_cells_at`)."""
-    if _CELLS:  # made: read without the lock (a tick does not wait while other code is made)
-        return _CELLS[0]
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _CELLS:
-            from numba import njit
+    return made_once(_CELLS, _make_cells)[0]
 
-            global _cell_code
-            _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
-            # (both at once: a caller that finds the list filled reads either)
-            _CELLS.extend([njit(cache=True, nogil=True)(_cells_loop), njit(cache=True, nogil=True)(_cells_at)])
-    return _CELLS[0]
+
+def _make_cells() -> list[Any]:
+    from numba import njit
+
+    global _cell_code
+    _cell_code = njit(cache=True, nogil=True, inline="always")(_cell_code)
+    return [njit(cache=True, nogil=True)(_cells_loop), njit(cache=True, nogil=True)(_cells_at)]
 
 
 def _compiled_cells_at() -> Any:
@@ -885,21 +883,20 @@ _OBSERVE: list[Any] = []
 def _compiled_observe() -> tuple[Any, Any, Any]:
     """(`_scan_rows`, `_observe_loop`, `_rehash`) compiled. `_rehash` is compiled (or loaded)
     here, for its one signature: the table first grows mid-attach, not in a warm-up's few rows."""
-    if _OBSERVE:  # made: read without the lock (a tick does not wait while other code is made)
-        return _OBSERVE[0]
-    with COMPILE_ONCE:  # (a window's warm-up thread and an attach's may get here at once)
-        if not _OBSERVE:
-            from numba import njit
+    return made_once(_OBSERVE, _make_observe)[0]
 
-            from engine.core.live_journal import prefetch_intrinsic
 
-            global _observe_ahead, _prefetch
-            _prefetch = prefetch_intrinsic()
-            _observe_ahead = njit(cache=True, nogil=True)(_observe_ahead)  # called by the loop
-            scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
-            rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
-            _OBSERVE.append((scan, loop, rehash))
-    return _OBSERVE[0]
+def _make_observe() -> list[Any]:
+    from numba import njit
+
+    from engine.core.live_journal import prefetch_intrinsic
+
+    global _observe_ahead, _prefetch
+    _prefetch = prefetch_intrinsic()
+    _observe_ahead = njit(cache=True, nogil=True)(_observe_ahead)  # called by the loop
+    scan, loop = (njit(cache=True, nogil=True)(f) for f in (_scan_rows, _observe_loop))
+    rehash = njit("void(int64[:, ::1], int64[:, ::1], uint64)", cache=True, nogil=True)(_rehash)
+    return [(scan, loop, rehash)]
 
 
 class JournalFollower:
